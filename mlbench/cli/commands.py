@@ -1,0 +1,3 @@
+"""Imports every command module so that each registers its commands on the `cli` group."""
+
+from mlbench.cli import runs  # noqa: F401
