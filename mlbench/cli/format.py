@@ -1,0 +1,144 @@
+"""How runs look on the terminal: progress lines while training, and the details of one run."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import click
+from tabulate import tabulate
+
+from mlbench.launch.plan import RunRequest
+from mlbench.results.store import RunRecord
+from mlbench.results.summary import RunSummary, phase_table
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, float(seconds))
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{sec:02d}"
+
+
+def fmt_percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}%"
+
+
+def fmt_time(timestamp: float | None) -> str:
+    if not timestamp:
+        return "-"
+    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
+
+
+def fmt_bytes(count: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    return f"{count:.1f} TB"
+
+
+class ProgressPrinter:
+    """Prints rank 0's events as progress lines while a run trains (the launcher's callback)."""
+
+    def __init__(self, run: RunRecord, request: RunRequest):
+        self.run = run
+        self.request = request
+        self._last_time: float | None = None
+        self._samples = 0
+        self._train_time = 0.0
+
+    def header(self) -> None:
+        from mlbench.results.store import read_json
+        config = read_json(self.run.run_dir / "run.json")["config"]
+        goal = config["task"]["goal_light" if config["light"] else "goal_full"]
+        goal_text = "no goal (synthetic data)" if config["data"] == "synthetic" else f"goal {fmt_percent(goal)} test accuracy"
+        budget = f", time budget {fmt_duration(config['time_budget_s'])}" if config["time_budget_s"] else ""
+        click.echo(f"Run {self.run.id} ({self.run.name}): {self.run.task}, {self.run.workers} worker(s) "
+                   f"x {config['threads_per_worker']} thread(s), {config['device']}/{config['backend']}, "
+                   f"{self.run.division} division, {goal_text}{budget}")
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        name, value = event["name"], event["value"]
+        if name == "train/samples":
+            self._samples += int(value) * self.run.workers
+        elif name == "train/loss":
+            self._loss = float(value)
+        elif name == "train/time" and hasattr(self, "_loss"):
+            now = float(value)
+            rate = ""
+            if self._last_time is not None and now > self._last_time:
+                rate = f"  {self._samples / (now - self._last_time):8.0f} samples/s"
+            self._last_time = now
+            self._samples = 0
+            click.echo(f"  epoch {event['epoch']:7.2f}  step {event['step']:>7}  "
+                       f"loss {self._loss:.4f}{rate}  train {fmt_duration(now)}")
+            del self._loss
+        elif name == "eval/accuracy":
+            click.echo(f"  epoch {event['epoch']:7.2f}  test accuracy {fmt_percent(value)}")
+        elif name == "error":
+            click.echo(f"  worker {event['rank']}: {value}", err=True)
+
+    def footer(self, final: RunRecord, summary: RunSummary) -> None:
+        if final.state == "finished" and final.result:
+            click.echo(describe_result(final.result))
+        elif final.state == "cancelled":
+            click.echo(f"Run {final.id} cancelled; what it recorded is kept (mlbench status {final.id}).", err=True)
+        else:
+            click.echo(f"Run {final.id} {final.state}: {final.reason}", err=True)
+        if summary.ranks and final.state != "cancelled":
+            ratio = summary.communication_ratio
+            extra = f", communication/compute {ratio:.2f}" if ratio is not None else ""
+            tput = f"{summary.throughput:.0f} samples/s" if summary.throughput else "-"
+            click.echo(f"Throughput {tput}{extra}. Details: mlbench status {final.id}")
+
+
+def describe_result(result: dict[str, Any]) -> str:
+    if result.get("goal") is None:
+        return (f"Finished ({result['stop_reason']}): {result['steps']} steps, "
+                f"{result['epochs']:.2f} epochs in {fmt_duration(result['train_time'])} of training.")
+    if result.get("reached"):
+        return (f"Goal {fmt_percent(result['goal'])} reached: time to accuracy "
+                f"{fmt_duration(result['time_to_accuracy'])} (epoch {result['epochs_to_accuracy']:.2f}, "
+                f"evaluation excluded; {fmt_duration(result['wall_time_to_accuracy'])} with it); "
+                f"final accuracy {fmt_percent(result['final_accuracy'])}.")
+    return (f"Goal {fmt_percent(result['goal'])} not reached ({result['stop_reason']}): accuracy after "
+            f"{fmt_duration(result['train_time'])} of training: {fmt_percent(result['final_accuracy'])} "
+            f"(best {fmt_percent(result['best_accuracy'])}, {result['epochs']:.2f} epochs).")
+
+
+def print_run_details(run: RunRecord, summary: RunSummary) -> None:
+    rows = [["id", run.id], ["name", run.name], ["task", run.task], ["workers", run.workers],
+            ["state", run.state + (f" ({run.reason})" if run.reason else "")],
+            ["division", run.division], ["optimizer", run.optimizer], ["created", fmt_time(run.created_at)],
+            ["epoch", f"{summary.epoch:.2f}"], ["steps", summary.steps],
+            ["training time", fmt_duration(summary.train_time)]]
+    if summary.last_train_loss is not None:
+        rows.append(["last training loss", f"{summary.last_train_loss:.4f}"])
+    if summary.evaluations:
+        last = summary.evaluations[-1]
+        rows.append(["last test accuracy", f"{fmt_percent(last.get('accuracy'))} (epoch {last['epoch']:.2f})"])
+        rows.append(["last test loss", f"{last.get('loss', float('nan')):.4f}"])
+    if summary.throughput:
+        rows.append(["throughput", f"{summary.throughput:.0f} samples/s (all workers)"])
+    if run.result:
+        rows.append(["result", describe_result(run.result)])
+    click.echo(tabulate(rows, tablefmt="plain"))
+    if summary.ranks and any(summary.phase_seconds.values()):
+        click.echo("\nTime per phase over all workers (seconds):")
+        table = [[p, f"{m:.2f}", f"{mx:.2f}", f"{100 * share:.1f}%"] for p, m, mx, share in phase_table(summary)]
+        eval_mean = sum(summary.eval_seconds.values()) / max(1, len(summary.eval_seconds))
+        table.append(["evaluation", f"{eval_mean:.2f}", f"{max(summary.eval_seconds.values(), default=0):.2f}", ""])
+        click.echo(tabulate(table, headers=["phase", "mean", "max", "share of step"]))
+        ratio = summary.communication_ratio
+        if ratio is not None:
+            sent = sum(summary.bytes_sent.values()) / max(1, len(summary.bytes_sent))
+            click.echo(f"\nCompute vs communication: communication/compute = {ratio:.3f}; "
+                       f"{fmt_bytes(sent)} sent per worker")
+    if summary.errors:
+        click.echo("\nErrors:\n  " + "\n  ".join(summary.errors))
+

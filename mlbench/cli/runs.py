@@ -1,0 +1,218 @@
+"""`mlbench tasks | run | status | download | cancel | delete`: running benchmarks and their results."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from pathlib import Path
+
+import click
+from tabulate import tabulate
+
+from mlbench.cli import cli
+from mlbench.cli.format import (fmt_duration, fmt_percent, fmt_time, print_run_details,
+                                ProgressPrinter)
+from mlbench.errors import UsageError
+from mlbench.launch import local
+from mlbench.launch.plan import BACKENDS, RunRequest, create_run, parse_duration
+from mlbench.results.archive import write_archive
+from mlbench.results.events import read_run_events
+from mlbench.results.store import FINISHED, RunStore
+from mlbench.results.summary import summarize
+from mlbench.tasks.models import MODEL_NAMES
+from mlbench.tasks.spec import TASKS, parse_overrides
+
+
+def _store() -> RunStore:
+    return RunStore()
+
+
+def _parse_opts(pairs: tuple[str, ...]) -> dict[str, str]:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--opt {pair!r}: expected KEY=VALUE, e.g. --opt rank=2")
+        options[key.strip()] = value.strip()
+    return options
+
+
+@cli.command()
+def tasks() -> None:
+    """The benchmark tasks with their closed-division specification and goals."""
+    for spec in TASKS.values():
+        lr = spec.lr
+        if lr.kind == "warmup-multistep":
+            rule = (f"eta = {lr.eta_per_sample:.6g} per sample; warm-up from eta*b to eta*b*k over "
+                    f"{lr.warmup_epochs:g} epochs; / {lr.decay_factor:g} at epochs "
+                    f"{', '.join(str(m) for m in lr.milestones)}")
+        else:
+            table = ", ".join(f"{a:g} (k>={k})" for k, a in lr.alpha_by_workers)
+            rule = f"alpha / sqrt(t), alpha = {table}"
+        rows = [
+            ["model", spec.model], ["data", spec.dataset],
+            ["batch per worker", spec.batch_per_worker], ["learning rate", rule],
+            ["momentum", f"{spec.momentum:g}" + (" (Nesterov)" if spec.nesterov else "")],
+            ["weight decay", f"{spec.weight_decay:g}"], ["L2 regularisation", f"{spec.l2:g}"],
+            ["max epochs", spec.max_epochs],
+            ["goal", f"{fmt_percent(spec.goal_full)} test accuracy (light: {fmt_percent(spec.goal_light)})"],
+        ]
+        if spec.notes:
+            rows.append(["note", spec.notes])
+        click.echo(f"{spec.name}: {spec.title}")
+        click.echo(tabulate(rows, tablefmt="plain"))
+        click.echo("")
+    click.echo("Models for --model: " + ", ".join(MODEL_NAMES))
+
+
+@cli.command(context_settings={"show_default": True})
+@click.argument("task")
+@click.argument("workers", nargs=-1, required=True, type=int)
+@click.option("--light", is_flag=True, help="Use the light goal (task1a 70%, task2a 80%).")
+@click.option("--time-budget", metavar="DURATION",
+              help="Accuracy after time: stop training after this much training time (e.g. 10m).")
+@click.option("--no-stop", is_flag=True, help="Keep training after the goal is reached.")
+@click.option("--data", type=click.Choice(["real", "synthetic"]), default="real",
+              help="synthetic: random data of the task's shape, for throughput only (no goal).")
+@click.option("--data-dir", type=click.Path(file_okay=False), help="Where the data set is (else the cache, downloading it).")
+@click.option("--model", help="Model override, e.g. resnet56-v2 (open division).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a hyper-parameter, e.g. --set momentum=0 (open division).")
+@click.option("--optimizer", default="centralized-sgd", help="Distributed optimizer (`mlbench optimizers`).")
+@click.option("--opt", "opts", multiple=True, metavar="KEY=VALUE", help="Optimizer option, e.g. --opt by=layer.")
+@click.option("--backend", type=click.Choice(BACKENDS), help="torch.distributed backend [gloo on CPU, nccl on GPU].")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), help="[cuda when a GPU is visible, else cpu]")
+@click.option("--seed", type=int, default=0, help="Seed of model init, data order and augmentation.")
+@click.option("--max-steps", type=int, help="Stop after this many steps (for quick checks).")
+@click.option("--log-every", type=int, default=50, help="Record training metrics every N steps.")
+@click.option("--no-timing", is_flag=True, help="Do not time the phases of each step.")
+@click.option("--save-model", is_flag=True, help="Save each worker's final parameters in the run folder.")
+@click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
+@click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
+def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets, optimizer, opts,
+        backend, device, seed, max_steps, log_every, no_timing, save_model, name, detach) -> None:
+    """Run TASK on WORKERS processes on this machine (one run per worker count given).
+
+    \b
+    Examples:
+      mlbench run task1a 2 --light
+      mlbench run task2a 4 --data-dir ~/data/epsilon
+      mlbench run task1a 1 2 4 --time-budget 10m
+    """
+    if any(k < 1 for k in workers):
+        raise UsageError(f"the number of workers must be at least 1, not {min(workers)}")
+    if name and len(workers) > 1:
+        raise UsageError("--name names one run; give one worker count with it")
+    store = _store()
+    group = secrets.token_hex(4) if len(workers) > 1 else None
+    requests = [RunRequest(
+        task=task, workers=k, overrides=parse_overrides(sets), model=model, data=data,
+        data_dir=data_dir, light=light, stop_at_goal=not no_stop,
+        time_budget_s=parse_duration(time_budget) if time_budget else None, max_steps=max_steps,
+        seed=seed, backend=backend, device=device, optimizer=optimizer,
+        optimizer_options=_parse_opts(opts), log_every=log_every, timing=not no_timing,
+        save_model=save_model, name=name, group_id=group) for k in workers]
+    runs = [create_run(store, requests[0])]
+    if detach:
+        for request in requests[1:]:
+            runs.append(create_run(store, request))
+        if len(runs) > 1:
+            raise UsageError("--detach starts one run; give one worker count, or run without --detach")
+        local.start_detached(store, runs[0])
+        click.echo(f"Started run {runs[0].id} ({runs[0].name}) in the background. "
+                   f"Follow it with: mlbench status {runs[0].id}")
+        return
+    failed = False
+    for i, request in enumerate(requests):
+        record = runs[0] if i == 0 else create_run(store, request)
+        printer = ProgressPrinter(record, requests[i])
+        printer.header()
+        try:
+            final = local.run_local(store, record, on_event=printer)
+        except KeyboardInterrupt:  # Ctrl-C while starting: nothing more to run
+            final = local.cancel(store, record)
+        printer.footer(final, summarize(read_run_events(final.run_dir)))
+        if final.state == "cancelled":
+            sys.exit(130)
+        failed |= final.state != FINISHED
+    if failed:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("run_ref", metavar="[RUN]", required=False)
+@click.option("--all", "show_all", is_flag=True, help="With no RUN: list every run (default: the last 30).")
+def status(run_ref, show_all) -> None:
+    """A table of runs, or one run's progress, metrics, result and compute vs communication."""
+    store = _store()
+    if run_ref:
+        record = local.reconcile(store, store.get(run_ref))
+        print_run_details(record, summarize(read_run_events(record.run_dir)))
+        return
+    records = [local.reconcile(store, r) for r in store.list()]
+    if not records:
+        click.echo("No runs yet. Start one with: mlbench run task1a 2 --light")
+        return
+    if not show_all:
+        records = records[-30:]
+    rows = []
+    for r in records:
+        res = r.result or {}
+        if r.active:
+            summary = summarize(read_run_events(r.run_dir))
+            epoch = summary.epoch
+            acc = summary.evaluations[-1]["accuracy"] if summary.evaluations else None
+        else:
+            epoch = res.get("epochs")
+            acc = res.get("final_accuracy")
+        tta = fmt_duration(res["time_to_accuracy"]) if res.get("time_to_accuracy") is not None else "-"
+        rows.append([r.id, r.name, r.task, r.workers, r.state, r.division,
+                     f"{epoch:.2f}" if epoch is not None else "-", fmt_percent(acc), tta,
+                     fmt_time(r.created_at)])
+    click.echo(tabulate(rows, headers=["ID", "NAME", "TASK", "WORKERS", "STATE", "DIVISION", "EPOCH",
+                                       "ACCURACY", "TIME TO ACC.", "CREATED"]))
+
+
+@cli.command()
+@click.argument("run_ref", metavar="RUN")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Zip file to write [RUN_ID.zip].")
+def download(run_ref, output) -> None:
+    """Everything recorded about RUN (spec, environment, result, metrics, logs) as a zip file."""
+    store = _store()
+    record = local.reconcile(store, store.get(run_ref))
+    target = Path(output or f"{record.id}.zip")
+    if target.parent and not target.parent.exists():
+        raise UsageError(f"-o {target}: the folder {target.parent} does not exist")
+    path = write_archive(record, target)
+    click.echo(f"Wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
+
+
+@cli.command()
+@click.argument("run_ref", metavar="RUN")
+def cancel(run_ref) -> None:
+    """Stop a running RUN; what it recorded so far is kept."""
+    store = _store()
+    record = store.get(run_ref)
+    if not record.active:
+        click.echo(f"Run {record.id} is already {record.state}.")
+        return
+    final = local.cancel(store, record)
+    click.echo(f"Run {final.id} {final.state}.")
+
+
+@cli.command()
+@click.argument("run_refs", metavar="RUN...", nargs=-1, required=True)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def delete(run_refs, yes) -> None:
+    """Delete runs and everything they recorded (a running run is cancelled first)."""
+    store = _store()
+    records = [store.get(ref) for ref in run_refs]
+    if not yes and sys.stdin.isatty():
+        click.confirm(f"Delete {len(records)} run(s) ({', '.join(r.id for r in records)}) and "
+                      "their metrics?", abort=True)
+    for record in records:
+        if record.active:
+            local.cancel(store, record)
+        store.delete(record.id)
+        click.echo(f"Deleted run {record.id} ({record.name}).")
+

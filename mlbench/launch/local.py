@@ -1,0 +1,285 @@
+"""Run a benchmark's workers as processes on this machine, and watch them to the end.
+
+The supervisor (this module) binds the rendezvous socket to 127.0.0.1 on a port the OS picks,
+starts ``python -m mlbench.worker RUN_DIR --rank r`` for every rank, each in its own session (so
+a Ctrl-C at the terminal reaches the supervisor only) and tied to the supervisor's life
+(PR_SET_PDEATHSIG), and polls them. One worker failing ends the others and marks the run failed
+with that worker's reason; Ctrl-C or SIGTERM ends them and marks it cancelled; every worker exits
+within seconds either way, and whatever was recorded stays in the run folder.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from mlbench.results.events import EventTail, read_rank_events
+from mlbench.results.store import (CANCELLED, FAILED, FINISHED, RunRecord, RunStore, read_json,
+                                   write_json_atomic)
+
+POLL_SECONDS = 0.1
+TERMINATE_GRACE_SECONDS = 4.0
+PIDS_FILE = "pids.json"
+
+ProgressCallback = Callable[[dict[str, Any]], None]
+
+
+class Cancelled(Exception):
+    """The supervisor was asked to stop (Ctrl-C, SIGTERM)."""
+
+
+def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the worker gets SIGKILL if the supervisor dies, so no worker is ever orphaned."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _loopback_interface() -> str | None:
+    for _, name in socket.if_nameindex():
+        if name in ("lo", "lo0"):
+            return name
+    return None
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _last_error(run_dir: Path, rank: int) -> str | None:
+    errors = [e for e in read_rank_events(run_dir / "events" / f"rank-{rank}.jsonl")
+              if e["name"] == "error"]
+    return str(errors[-1]["value"]) if errors else None
+
+
+def _log_tail(run_dir: Path, rank: int, lines: int = 1) -> str | None:
+    try:
+        text = (run_dir / "logs" / f"rank-{rank}.log").read_text(errors="replace").strip()
+    except OSError:
+        return None
+    tail = [line for line in text.splitlines() if line.strip()][-lines:]
+    return " | ".join(tail) if tail else None
+
+
+class LocalLauncher:
+    """Starts and supervises the worker processes of one run."""
+
+    def __init__(self, store: RunStore, run: RunRecord):
+        self.store = store
+        self.run = run
+        self.run_dir = run.run_dir
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> None:
+        run_json = read_json(self.run_dir / "run.json")
+        config = run_json["config"]
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(config["workers"] * 2)
+        config["master_addr"], config["master_port"] = "127.0.0.1", listener.getsockname()[1]
+        write_json_atomic(self.run_dir / "run.json", run_json)
+        env = dict(os.environ)
+        threads = str(config["threads_per_worker"])
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
+        loopback = _loopback_interface()
+        if loopback:
+            env["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
+        try:
+            for rank in range(config["workers"]):
+                cmd = [sys.executable, "-m", "mlbench.worker", str(self.run_dir), "--rank", str(rank)]
+                pass_fds: tuple[int, ...] = ()
+                if rank == 0:
+                    cmd += ["--store-fd", str(listener.fileno())]
+                    pass_fds = (listener.fileno(),)
+                log = open(self.run_dir / "logs" / f"rank-{rank}.log", "ab")
+                try:
+                    self.procs.append(subprocess.Popen(
+                        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        env=env, pass_fds=pass_fds, start_new_session=True,
+                        preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None))
+                finally:
+                    log.close()
+        except BaseException:
+            self.stop_all()
+            raise
+        finally:
+            listener.close()
+        write_json_atomic(self.run_dir / PIDS_FILE, {"supervisor": os.getpid(),
+                                                     "workers": [p.pid for p in self.procs]})
+        self.store.mark_running(self.run.id, os.getpid())
+
+    def stop_all(self) -> None:
+        """SIGTERM every worker's process group, then SIGKILL what is left after a grace period."""
+        alive = [p for p in self.procs if p.poll() is None]
+        for proc in alive:
+            _signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + TERMINATE_GRACE_SECONDS
+        while alive and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+            alive = [p for p in alive if p.poll() is None]
+        for proc in alive:
+            _signal_group(proc.pid, signal.SIGKILL)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def supervise(self, on_event: ProgressCallback | None = None) -> RunRecord:
+        """Wait for the workers; record how the run ended; return its final record."""
+        tail = EventTail(self.run_dir / "events" / "rank-0.jsonl")
+        try:
+            while True:
+                if on_event:
+                    for event in tail.read_new():
+                        on_event(event)
+                codes = [p.poll() for p in self.procs]
+                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                if failed:
+                    rank, code = failed[0]
+                    self.stop_all()
+                    reason = f"worker {rank} {describe_exit(code)}"
+                    detail = _last_error(self.run_dir, rank) or _log_tail(self.run_dir, rank)
+                    if detail:
+                        reason += f": {detail}"
+                    self.store.mark_ended(self.run.id, FAILED, reason=reason)
+                    break
+                if all(c == 0 for c in codes):
+                    if on_event:
+                        for event in tail.read_new():
+                            on_event(event)
+                    self._finish()
+                    break
+                time.sleep(POLL_SECONDS)
+        except (KeyboardInterrupt, Cancelled):
+            self.stop_all()
+            self.store.mark_ended(self.run.id, CANCELLED, reason="cancelled by the user")
+        except BaseException as err:
+            self.stop_all()
+            self.store.mark_ended(self.run.id, FAILED, reason=f"supervisor error: {err}")
+            raise
+        return self.store.get(self.run.id)
+
+    def _finish(self) -> None:
+        results = [e for e in read_rank_events(self.run_dir / "events" / "rank-0.jsonl")
+                   if e["name"] == "result"]
+        if results:
+            self.store.mark_ended(self.run.id, FINISHED, result=results[-1]["value"])
+        else:
+            self.store.mark_ended(self.run.id, FAILED, reason="the workers exited without a result")
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _raise_cancelled(signum, frame) -> None:
+    raise Cancelled()
+
+
+def run_local(store: RunStore, run: RunRecord, on_event: ProgressCallback | None = None) -> RunRecord:
+    """Start the run's workers here and supervise them to the end (Ctrl-C / SIGTERM cancel)."""
+    previous = signal.signal(signal.SIGTERM, _raise_cancelled)
+    launcher = LocalLauncher(store, run)
+    try:
+        try:
+            launcher.start()
+        except (KeyboardInterrupt, Cancelled):
+            store.mark_ended(run.id, CANCELLED, reason="cancelled by the user")
+            return store.get(run.id)
+        return launcher.supervise(on_event)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def start_detached(store: RunStore, run: RunRecord) -> int:
+    """Supervise the run from a background process that outlives this one; returns its pid."""
+    log = open(run.run_dir / "logs" / "supervisor.log", "ab")
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "mlbench.launch.local", str(store.home), run.id],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    finally:
+        log.close()
+    store.update(run.id, supervisor_pid=proc.pid)
+    return proc.pid
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as gone
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def cancel(store: RunStore, run: RunRecord, timeout: float = 10.0) -> RunRecord:
+    """Stop an active run: ask its supervisor, or end orphaned workers directly."""
+    if pid_alive(run.supervisor_pid) and run.supervisor_pid != os.getpid():
+        os.kill(run.supervisor_pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and store.get(run.id).active:
+            time.sleep(POLL_SECONDS)
+    _kill_recorded_workers(run.run_dir)
+    run = store.get(run.id)
+    if run.active:
+        store.mark_ended(run.id, CANCELLED, reason="cancelled by the user")
+    return store.get(run.id)
+
+
+def _kill_recorded_workers(run_dir: Path) -> None:
+    try:
+        pids = read_json(run_dir / PIDS_FILE).get("workers", [])
+    except (OSError, ValueError):
+        return
+    for pid in pids:
+        if pid_alive(pid):
+            _signal_group(pid, signal.SIGKILL)
+
+
+def reconcile(store: RunStore, run: RunRecord) -> RunRecord:
+    """A run still marked active whose supervisor is gone ended without saying so: say it."""
+    if run.active and run.launcher == "local" and run.supervisor_pid and not pid_alive(run.supervisor_pid):
+        _kill_recorded_workers(run.run_dir)
+        store.mark_ended(run.id, FAILED, reason=f"its supervising process (pid {run.supervisor_pid}) "
+                                                 "ended unexpectedly")
+        return store.get(run.id)
+    return run
+
+
+def _main(argv: list[str]) -> int:
+    """Entry point of a detached supervisor: ``python -m mlbench.launch.local HOME RUN_ID``."""
+    store = RunStore(argv[0])
+    run = store.get(argv[1])
+    store.update(run.id, supervisor_pid=os.getpid())
+    final = run_local(store, run)
+    return 0 if final.state == FINISHED else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

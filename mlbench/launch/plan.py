@@ -1,0 +1,148 @@
+"""From what the user asked for to a run record ready to launch.
+
+Resolves the task spec with the user's overrides, decides the division (closed only when every
+closed-division value is untouched, the reference optimizer is used and the data are real),
+validates what can be validated before any process starts, and writes ``run.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mlbench.errors import UsageError
+from mlbench.optim.base import check_optimizer
+from mlbench.results.environment import describe_environment, usable_cores
+from mlbench.results.store import RunRecord, RunStore
+from mlbench.tasks.models import MODEL_NAMES
+from mlbench.tasks.spec import get_task, resolve
+from mlbench.worker.config import RunConfig
+
+BACKENDS = ("gloo", "nccl", "mpi")
+REFERENCE_OPTIMIZER = "centralized-sgd"
+
+
+@dataclass
+class RunRequest:
+    """Everything `mlbench run` accepts, independent of the terminal."""
+
+    task: str
+    workers: int
+    overrides: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+    data: str = "real"
+    data_dir: str | None = None
+    light: bool = False
+    stop_at_goal: bool = True
+    time_budget_s: float | None = None
+    max_steps: int | None = None
+    seed: int = 0
+    backend: str | None = None
+    device: str | None = None
+    optimizer: str = REFERENCE_OPTIMIZER
+    optimizer_options: dict[str, str] = field(default_factory=dict)
+    log_every: int = 50
+    timing: bool = True
+    save_model: bool = False
+    name: str | None = None
+    group_id: str | None = None
+
+
+_DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '10m', '1h30m', '2h' -> seconds."""
+    match = _DURATION.match(text or "")
+    if not text or not text.strip() or not match or not any(match.groups()):
+        raise UsageError(f"invalid duration {text!r}; use e.g. 90s, 10m, 1h30m")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise UsageError(f"invalid duration {text!r}: it must be longer than 0 seconds")
+    return total
+
+
+def _device_and_backend(request: RunRequest) -> tuple[str, str]:
+    device = request.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device}: choose cpu or cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA GPU is visible to PyTorch on this machine; "
+                         "use --device cpu")
+    backend = request.backend or ("nccl" if device == "cuda" else "gloo")
+    if backend not in BACKENDS:
+        raise UsageError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
+    if backend == "nccl" and device != "cuda":
+        raise UsageError("--backend nccl needs GPUs (--device cuda); use --backend gloo on CPUs")
+    import torch.distributed as dist
+    available = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
+                 "mpi": dist.is_mpi_available()}
+    if not available[backend]:
+        raise UsageError(f"--backend {backend}: this PyTorch build has no {backend} support")
+    return device, backend
+
+
+def build_config(request: RunRequest) -> tuple[RunConfig, list[str]]:
+    """The worker configuration and the list of closed-division values the request changed."""
+    if request.workers < 1:
+        raise UsageError(f"the number of workers must be at least 1, not {request.workers}")
+    if request.data not in ("real", "synthetic"):
+        raise UsageError(f"--data {request.data}: choose real or synthetic")
+    task = get_task(request.task)
+    overrides = dict(request.overrides)
+    if request.model:
+        if request.model.strip().lower() not in MODEL_NAMES + ("resnet20", "resnet32", "resnet44", "resnet56"):
+            raise UsageError(f"unknown model {request.model!r}; choose one of: {', '.join(MODEL_NAMES)}")
+        overrides["model"] = request.model.strip().lower()
+    if "model" in overrides and (overrides["model"] == "logreg") != (task.model == "logreg"):
+        raise UsageError(f"model {overrides['model']} does not fit {task.name}'s data set ({task.dataset})")
+    spec, changed = resolve(task, overrides)
+    if request.optimizer != REFERENCE_OPTIMIZER:
+        changed.append(f"optimizer={request.optimizer}")
+    if request.data == "synthetic":
+        changed.append("data=synthetic")
+    if request.data_dir is not None and request.data == "real":
+        path = Path(request.data_dir).expanduser()
+        if not path.is_dir():
+            raise UsageError(f"--data-dir {request.data_dir}: no such folder")
+        data_dir: str | None = str(path.resolve())
+    else:
+        data_dir = None
+    if request.max_steps is not None and request.max_steps < 1:
+        raise UsageError("--max-steps must be at least 1")
+    if request.log_every < 1:
+        raise UsageError("--log-every must be at least 1")
+    device, backend = _device_and_backend(request)
+    threads = max(1, usable_cores() // request.workers) if device == "cpu" else 1
+    config = RunConfig(
+        task=spec, workers=request.workers, backend=backend, device=device, data=request.data,
+        data_dir=data_dir, light=request.light, stop_at_goal=request.stop_at_goal,
+        time_budget_s=request.time_budget_s, max_steps=request.max_steps, seed=request.seed,
+        log_every=request.log_every, timing=request.timing, threads_per_worker=threads,
+        optimizer=request.optimizer, optimizer_options=dict(request.optimizer_options),
+        save_model=request.save_model)
+    return config, changed
+
+
+def create_run(store: RunStore, request: RunRequest, launcher: str = "local") -> RunRecord:
+    """Validate the request and record a new pending run."""
+    config, changed = build_config(request)
+    check_optimizer(request.optimizer, request.optimizer_options)
+    division = "open" if changed else "closed"
+    run_json = {
+        "task": request.task,
+        "division": division,
+        "changed": changed,
+        "config": config.to_dict(),
+        "environment": describe_environment(),
+        "command": os.environ.get("MLBENCH_COMMAND_LINE"),
+    }
+    return store.create(task=request.task, workers=request.workers, division=division,
+                        run_json=run_json, name=request.name, optimizer=request.optimizer,
+                        launcher=launcher, seed=request.seed, group_id=request.group_id)

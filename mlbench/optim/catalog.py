@@ -1,0 +1,3 @@
+"""Imports every optimizer module so that each registers itself (see base.register)."""
+
+from mlbench.optim import centralized  # noqa: F401

@@ -1,0 +1,67 @@
+"""`mlbench download`: everything recorded about a run, as one zip file.
+
+``run.json`` (spec, division, configuration, environment, state and result), ``metrics.jsonl``
+(every event of every worker, ordered by time), ``metrics.csv`` (the same events with numeric
+values, for spreadsheets and pandas), and the raw per-worker files under ``events/`` and
+``logs/``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import zipfile
+from dataclasses import asdict
+from pathlib import Path
+
+from mlbench.results.events import read_run_events
+from mlbench.results.store import RunRecord, read_json
+from mlbench.results.summary import summarize
+
+
+def run_document(run: RunRecord) -> dict:
+    """run.json as downloaded: what was asked for plus what happened."""
+    try:
+        doc = read_json(run.run_dir / "run.json")
+    except (OSError, ValueError):
+        doc = {}
+    events = read_run_events(run.run_dir)
+    summary = summarize(events)
+    record = asdict(run)
+    record.pop("run_dir", None)
+    doc.update({"state": run.state, "reason": run.reason, "result": run.result or summary.result,
+                "record": record})
+    if summary.environment:
+        doc["environment"] = summary.environment
+    return doc
+
+
+def write_archive(run: RunRecord, output: str | os.PathLike) -> Path:
+    output = Path(output)
+    events = read_run_events(run.run_dir)
+    tmp = output.with_name(output.name + ".part")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("run.json", json.dumps(run_document(run), indent=2, sort_keys=True, default=str))
+        zf.writestr("metrics.jsonl", "".join(json.dumps(e) + "\n" for e in events))
+        zf.writestr("metrics.csv", _csv(events))
+        for sub in ("events", "logs"):
+            folder = run.run_dir / sub
+            if folder.is_dir():
+                for path in sorted(folder.iterdir()):
+                    if path.is_file():
+                        zf.write(path, f"{sub}/{path.name}")
+    os.replace(tmp, output)
+    return output
+
+
+def _csv(events: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["time", "rank", "epoch", "step", "name", "value"])
+    for e in events:
+        value = e.get("value")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            writer.writerow([e.get("time"), e.get("rank"), e.get("epoch"), e.get("step"), e["name"], value])
+    return buf.getvalue()

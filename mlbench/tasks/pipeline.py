@@ -1,0 +1,106 @@
+"""From a task's data set to minibatches on the worker's device.
+
+The whole data set is held as tensors (CIFAR-10 as uint8, 150 MB; epsilon as a float32 memory
+map shared by all local workers through the page cache) and minibatches are gathered by index.
+On a GPU the images live on the device and augmentation runs there in batch; the same code runs
+on the CPU. ``--data synthetic`` replaces the data set by random tensors of the same shape for
+throughput-only runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mlbench.errors import UsageError
+from mlbench.tasks.data.augment import crop_flip, draw_augmentation, normalise
+from mlbench.tasks.data.cifar10 import Split
+
+#: (train, test) sample counts of the synthetic stand-ins; shapes are the real data sets'.
+SYNTHETIC_SIZES = {"cifar10": (50_000, 10_000), "epsilon": (40_000, 10_000)}
+EPSILON_FEATURES = 2000
+
+
+def load_splits(dataset: str, source: str, data_dir: str | None, seed: int = 0) -> tuple[Split, Split]:
+    """(train, test) for a task's data set: the real one, or random data of its shape."""
+    if source == "synthetic":
+        return synthetic_splits(dataset, seed)
+    if dataset == "cifar10":
+        from mlbench.tasks.data.cifar10 import load_cifar10
+        return load_cifar10(data_dir)
+    if dataset == "epsilon":
+        from mlbench.tasks.data.libsvm import load_libsvm_dataset
+        return load_libsvm_dataset(data_dir, name="epsilon")
+    raise UsageError(f"unknown data set {dataset!r}")
+
+
+def synthetic_splits(dataset: str, seed: int = 0) -> tuple[Split, Split]:
+    gen = torch.Generator().manual_seed(seed)
+    n_train, n_test = SYNTHETIC_SIZES[dataset]
+    splits = []
+    for n in (n_train, n_test):
+        if dataset == "cifar10":
+            x = torch.randint(0, 256, (n, 3, 32, 32), generator=gen, dtype=torch.uint8)
+            y = torch.randint(0, 10, (n,), generator=gen)
+        else:
+            x = torch.randn(n, EPSILON_FEATURES, generator=gen) / EPSILON_FEATURES ** 0.5
+            y = torch.randint(0, 2, (n,), generator=gen).float() * 2 - 1
+        splits.append(Split(x, y))
+    return splits[0], splits[1]
+
+
+class Pipeline:
+    """Minibatches of one task's data on one device."""
+
+    def __init__(self, train: Split, test: Split, device: torch.device, *, images: bool,
+                 channels_last: bool = False):
+        self.images = images
+        self.device = device
+        self.channels_last = channels_last
+        on_device = device.type != "cpu"
+        # Images move to the GPU whole (uint8); vectors stay in host memory (a memory map can be
+        # larger than the device) and only minibatches travel.
+        self.train = Split(*(t.to(device) for t in train)) if images and on_device else train
+        self.test = Split(*(t.to(device) for t in test)) if images and on_device else test
+        self._aug: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train.y.shape[0])
+
+    @property
+    def num_test(self) -> int:
+        return int(self.test.y.shape[0])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.train.x.shape[1])
+
+    def begin_epoch(self, seed: int, epoch: int) -> None:
+        """Draw this epoch's augmentation for every sample (the same on every worker)."""
+        if self.images:
+            self._aug = tuple(t.to(self.device) for t in
+                              draw_augmentation(self.num_train, seed=seed, epoch=epoch))
+
+    def train_batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.images:
+            idx = idx.to(self.train.x.device)
+            dy, dx, flip = (t[idx] for t in self._aug)
+            x = normalise(crop_flip(self.train.x[idx], dy, dx, flip))
+            y = self.train.y[idx]
+            return self._images_out(x), y.to(self.device, non_blocking=True)
+        return self._vectors_out(self.train, idx)
+
+    def test_batch(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.images:
+            x = normalise(self.test.x[start:stop])
+            return self._images_out(x), self.test.y[start:stop].to(self.device)
+        return self._vectors_out(self.test, slice(start, stop))
+
+    def _images_out(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.device, non_blocking=True)
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def _vectors_out(self, split: Split, idx) -> tuple[torch.Tensor, torch.Tensor]:
+        x = split.x[idx]
+        y = split.y[idx]
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)

@@ -1,0 +1,71 @@
+"""``python -m mlbench.worker RUN_DIR --rank R``: one worker process of a run.
+
+Reads ``RUN_DIR/run.json``, joins the torch.distributed group, trains, and records metric events.
+Exit codes: 0 done; 1 failed (the reason is the last ``error`` event and the log); 143 stopped by
+SIGTERM. A user mistake (missing data, ...) is recorded as one line, never as a traceback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from mlbench.errors import MlbenchError
+from mlbench.results.events import EventWriter, FileSink
+from mlbench.results.store import read_json
+from mlbench.worker.config import RunConfig
+from mlbench.worker.group import init_group, leave_group
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mlbench.worker")
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--store-fd", type=int, default=None,
+                        help="listening socket for the rendezvous store (rank 0, local runs)")
+    args = parser.parse_args(argv)
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+    config = RunConfig.from_dict(read_json(args.run_dir / "run.json")["config"])
+    events = EventWriter(FileSink(args.run_dir, args.rank), args.rank)
+    return run_worker(config, args.rank, events, store_fd=args.store_fd)
+
+
+def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int | None = None) -> int:
+    """Train as rank ``rank``; record the result (rank 0) or the error; return the exit code."""
+    import torch
+
+    from mlbench.results.environment import describe_environment
+    from mlbench.worker.trainer import Trainer
+
+    torch.set_num_threads(max(1, config.threads_per_worker))
+    try:
+        init_group(config, rank, store_fd)
+        if rank == 0:
+            events.emit("environment", describe_environment(), epoch=0, step=0)
+        trainer = Trainer(config, rank, events)
+        trainer.setup()
+        result = trainer.train()
+        if rank == 0:
+            events.emit("result", result, epoch=result["epochs"], step=result["steps"])
+        leave_group()
+        return 0
+    except MlbenchError as err:
+        events.emit("error", str(err), epoch=0, step=0)
+        print(f"Error: {err}", file=sys.stderr)
+        return 1
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as err:  # noqa: BLE001 - every failure must reach the run record
+        traceback.print_exc()
+        events.emit("error", f"{type(err).__name__}: {err}".splitlines()[0][:500], epoch=0, step=0)
+        return 1
+    finally:
+        events.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Per-step phase timing that does not change what it measures.
+
+A step is cut into consecutive phases (data, forward, backward, communication, optimizer) by
+calling :meth:`PhaseTimer.mark` at each boundary. On the CPU every operation is synchronous, so a
+``perf_counter`` at each boundary is exact. On a GPU the host runs ahead of the device, so the
+timer records a CUDA event at each boundary instead and reads the elapsed times only in
+:meth:`collect`, once per logging interval, after the last event of the interval has completed:
+no device synchronisation is added inside a step (ARCHITECTURE.md, "Timing").
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+PHASES = ("data", "forward", "backward", "communication", "optimizer")
+
+
+class PhaseTimer:
+    """Accumulates seconds per phase between :meth:`collect` calls."""
+
+    def __init__(self, device: torch.device, enabled: bool = True):
+        self.enabled = enabled
+        self.cuda = enabled and device.type == "cuda"
+        self._totals: dict[str, float] = defaultdict(float)
+        self._last_cpu = 0.0
+        self._pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self._last_event: torch.cuda.Event | None = None
+
+    @staticmethod
+    def _event() -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def begin(self) -> None:
+        """Start of a step: the next :meth:`mark` measures from here."""
+        if not self.enabled:
+            return
+        if self.cuda:
+            self._last_event = self._event()
+        else:
+            self._last_cpu = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """End of ``phase`` (which began at the previous mark or :meth:`begin`)."""
+        if not self.enabled:
+            return
+        if self.cuda:
+            event = self._event()
+            self._pending.append((phase, self._last_event, event))
+            self._last_event = event
+        else:
+            now = time.perf_counter()
+            self._totals[phase] += now - self._last_cpu
+            self._last_cpu = now
+
+    def collect(self) -> dict[str, float]:
+        """Seconds per phase since the last call (waits for the GPU to reach the last mark)."""
+        if self.cuda and self._pending:
+            self._pending[-1][2].synchronize()
+            for phase, start, end in self._pending:
+                self._totals[phase] += start.elapsed_time(end) / 1000.0
+            self._pending.clear()
+        totals = dict(self._totals)
+        self._totals.clear()
+        return totals
