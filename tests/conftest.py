@@ -1,0 +1,98 @@
+"""Shared fixtures: an isolated run store per test and small real data sets.
+
+Real data comes from ../shared/data (all 60,000 CIFAR-10 images as JPEG bytes, see its README);
+tests decode a small subset into the official python layout, so the product's own CIFAR-10
+reader reads it exactly as it reads the official download.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("MLBENCH_SHARED_DATA", REPO.parent / "shared" / "data"))
+CIFAR_NPZ = SHARED_DATA / "cifar10-jpeg.npz"
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path_factory, monkeypatch):
+    """Every test gets its own run store, config folder and data cache (never the user's)."""
+    base = tmp_path_factory.mktemp("mlbench-env")
+    monkeypatch.setenv("MLBENCH_HOME", str(base / "home"))
+    monkeypatch.setenv("MLBENCH_CONFIG_DIR", str(base / "config"))
+    monkeypatch.setenv("MLBENCH_DATA", str(base / "data-cache"))
+    return base / "home"
+
+
+def decode_cifar_subset(n_train: int, n_test: int, seed: int = 0):
+    """(train_images, train_labels, test_images, test_labels): uint8 [N,32,32,3] real CIFAR-10."""
+    from PIL import Image
+
+    if not CIFAR_NPZ.exists():
+        pytest.skip(f"real CIFAR-10 data not found at {CIFAR_NPZ}")
+    z = np.load(CIFAR_NPZ)
+    jpeg, offsets, labels, split = z["jpeg"], z["offsets"], z["labels"], z["split"]
+    rng = np.random.default_rng(seed)
+    out = []
+    for which, n in ((0, n_train), (1, n_test)):
+        idx = np.sort(rng.choice(np.flatnonzero(split == which), size=n, replace=False))
+        imgs = np.stack([np.asarray(Image.open(io.BytesIO(jpeg[offsets[i]:offsets[i + 1]].tobytes())).convert("RGB"))
+                         for i in idx])
+        out += [imgs, labels[idx].astype(np.int64)]
+    return tuple(out)
+
+
+def write_cifar_python_layout(root: Path, train_x, train_y, test_x, test_y) -> Path:
+    """The official `cifar-10-batches-py` layout (5 train batches, test_batch, batches.meta)."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def dump(name, images, labels):
+        data = images.transpose(0, 3, 1, 2).reshape(len(images), 3072)
+        with open(folder / name, "wb") as f:
+            pickle.dump({"batch_label": name, "labels": labels.tolist(), "data": data,
+                         "filenames": [f"{i}.png" for i in range(len(images))]}, f, protocol=4)
+
+    for b, part in enumerate(np.array_split(np.arange(len(train_x)), 5)):
+        dump(f"data_batch_{b + 1}", train_x[part], train_y[part])
+    dump("test_batch", test_x, test_y)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
+                                     "horse", "ship", "truck"], "num_cases_per_batch": 10000,
+                     "num_vis": 3072}, f, protocol=4)
+    return root
+
+
+@pytest.fixture(scope="session")
+def cifar_dir(tmp_path_factory) -> Path:
+    """A real CIFAR-10 subset (2,000 train / 500 test images) in the official python layout."""
+    root = tmp_path_factory.mktemp("cifar-subset")
+    return write_cifar_python_layout(root, *decode_cifar_subset(2000, 500))
+
+
+def write_libsvm(path: Path, x: np.ndarray, y: np.ndarray) -> Path:
+    """A LIBSVM text file (sparse: zero features omitted), labels -1/+1."""
+    with open(path, "w") as f:
+        for row, label in zip(x, y):
+            feats = " ".join(f"{j + 1}:{v:.6g}" for j, v in enumerate(row) if v != 0)
+            f.write(f"{int(label):+d} {feats}\n")
+    return path
+
+
+@pytest.fixture(scope="session")
+def libsvm_dir(tmp_path_factory) -> Path:
+    """A linearly separable-ish binary problem as a LIBSVM pair `small` / `small.t` (40 features)."""
+    root = tmp_path_factory.mktemp("libsvm")
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=40)
+    for name, n in (("small", 2000), ("small.t", 500)):
+        x = rng.normal(size=(n, 40)) * (rng.random((n, 40)) < 0.5)
+        y = np.where(x @ w + 0.1 * rng.normal(size=n) >= 0, 1, -1)
+        write_libsvm(root / name, x, y)
+    return root
