@@ -1,3 +1,4 @@
 """Imports every command module so that each registers its commands on the `cli` group."""
 
 from mlbench.cli import runs  # noqa: F401
+from mlbench.cli import clusters  # noqa: F401

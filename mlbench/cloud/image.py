@@ -1,0 +1,88 @@
+"""The mlbench worker image: ``docker/Dockerfile``, built through the docker SDK.
+
+The tag is the package version (``mlbench/worker:<version>``, ``-cuda`` for the CUDA variant),
+so a cluster runs exactly the code of the CLI that launched it. The CPU and CUDA variants are the
+same Dockerfile with another PyTorch wheel index: CUDA wheels bundle the CUDA runtime, and the
+node supplies the driver. The build context is assembled here (the Dockerfile, pyproject.toml,
+README.md and the ``mlbench`` package, without caches), so nothing else from the checkout, such
+as data sets, virtual environments or .git, is sent to the Docker engine.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+from typing import Any, Callable
+
+from mlbench import __version__
+from mlbench.errors import MlbenchError, UsageError
+
+REPOSITORY = "mlbench/worker"
+TORCH_INDEX = {"cpu": "https://download.pytorch.org/whl/cpu",
+               "cuda": "https://download.pytorch.org/whl/cu124"}
+_SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
+
+
+def worker_image_tag(cuda: bool = False) -> str:
+    """The image reference for this version of mlbench."""
+    return f"{REPOSITORY}:{__version__}{'-cuda' if cuda else ''}"
+
+
+def source_root() -> Path:
+    """The checkout mlbench runs from (the image is built from source, not from PyPI)."""
+    root = Path(__file__).resolve().parents[2]
+    if not (root / "docker" / "Dockerfile").is_file() or not (root / "pyproject.toml").is_file():
+        raise UsageError("The worker image is built from an mlbench source checkout, and this "
+                         "installation has none; clone the repository, `pip install -e .` it "
+                         "and rerun, or pass --source DIR.")
+    return root
+
+
+def build_context(root: Path) -> io.BytesIO:
+    """A tar archive of what the Dockerfile copies, with the Dockerfile at its top."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(root / "docker" / "Dockerfile", arcname="Dockerfile")
+        for name in ("pyproject.toml", "README.md"):
+            if (root / name).is_file():
+                tar.add(root / name, arcname=name)
+        for path in sorted((root / "mlbench").rglob("*")):
+            relative = path.relative_to(root)
+            if path.is_file() and not _SKIP_PARTS & set(relative.parts) \
+                    and path.suffix not in (".pyc", ".pyo"):
+                tar.add(path, arcname=str(relative))
+    buffer.seek(0)
+    return buffer
+
+
+def build_image(cuda: bool = False, tag: str | None = None, root: Path | None = None,
+                client: Any = None, progress: Callable[[str], None] = lambda _: None) -> str:
+    """Build the worker image and return its tag; Docker's output lines go to ``progress``."""
+    import docker
+    import requests
+
+    tag = tag or worker_image_tag(cuda)
+    root = root or source_root()
+    if not (root / "docker" / "Dockerfile").is_file():
+        raise UsageError(f"{root} has no docker/Dockerfile; pass an mlbench source checkout.")
+    context = build_context(root)
+    try:
+        client = client or docker.from_env()
+        stream = client.api.build(fileobj=context, custom_context=True, tag=tag, rm=True,
+                                  decode=True, buildargs={
+                                      "TORCH_INDEX_URL": TORCH_INDEX["cuda" if cuda else "cpu"],
+                                      "MLBENCH_VERSION": __version__})
+        for chunk in stream:
+            if "error" in chunk:
+                detail = str(chunk.get("error", "")).strip().splitlines()[-1]
+                raise MlbenchError(f"Building {tag} failed ({detail}); fix the cause (network "
+                                   "access for pip, the Dockerfile) and rerun.")
+            text = str(chunk.get("stream", "")).strip()
+            if text:
+                progress(text)
+    except (docker.errors.DockerException, requests.RequestException) as err:
+        raise MlbenchError(f"Docker is not running or refused the build "
+                           f"({err.__class__.__name__}: {str(err)[:200]}); start Docker (or set "
+                           "DOCKER_HOST) and rerun.") from None
+    return tag
