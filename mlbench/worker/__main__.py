@@ -31,11 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     config = RunConfig.from_dict(read_json(args.run_dir / "run.json")["config"])
     events = EventWriter(FileSink(args.run_dir, args.rank), args.rank)
-    return run_worker(config, args.rank, events, store_fd=args.store_fd)
+    return run_worker(config, args.rank, events, store_fd=args.store_fd, run_dir=args.run_dir)
 
 
-def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int | None = None) -> int:
-    """Train as rank ``rank``; record the result (rank 0) or the error; return the exit code."""
+def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int | None = None,
+               run_dir: Path | None = None) -> int:
+    """Train as rank ``rank``; record the result (rank 0) or the error; return the exit code.
+
+    With ``save_model`` the final parameters go to ``RUN_DIR/checkpoints/rank-<r>.pt``.
+    """
     import torch
 
     from mlbench.results.environment import describe_environment
@@ -49,6 +53,9 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
         trainer = Trainer(config, rank, events)
         trainer.setup()
         result = trainer.train()
+        if config.save_model and run_dir is not None:
+            (run_dir / "checkpoints").mkdir(exist_ok=True)
+            torch.save(trainer.model.state_dict(), run_dir / "checkpoints" / f"rank-{rank}.pt")
         if rank == 0:
             events.emit("result", result, epoch=result["epochs"], step=result["steps"])
         leave_group()

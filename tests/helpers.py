@@ -1,0 +1,43 @@
+"""Running the real `mlbench` command in a subprocess, as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+
+def mlbench(*args: str, timeout: float = 240, check: bool = False) -> subprocess.CompletedProcess:
+    """Run `python -m mlbench ARGS` with the test's environment (its isolated MLBENCH_HOME)."""
+    proc = subprocess.run([sys.executable, "-m", "mlbench", *args], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ))
+    if check and proc.returncode != 0:
+        raise AssertionError(f"mlbench {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def run_ids() -> list[str]:
+    from mlbench.results.store import RunStore
+    return [r.id for r in RunStore().list()]
+
+
+def last_run():
+    from mlbench.results.store import RunStore
+    return RunStore().list()[-1]
+
+
+def checkpoint(run, rank: int) -> dict[str, torch.Tensor]:
+    return torch.load(Path(run.run_dir) / "checkpoints" / f"rank-{rank}.pt")
+
+
+def events(run) -> list[dict]:
+    from mlbench.results.events import read_run_events
+    return read_run_events(run.run_dir)
+
+
+def run_json(run) -> dict:
+    return json.loads((Path(run.run_dir) / "run.json").read_text())
