@@ -1,0 +1,154 @@
+"""CIFAR-10 in its official python layout (`cifar-10-batches-py/`), as whole uint8 tensors.
+
+The official python version is read directly rather than through torchvision's CIFAR10 dataset:
+torchvision insists on the official md5 of every extracted file, which rejects faithful rebuilds
+of the data (such as the one made from ../shared/data for tests), and it yields PIL images one at
+a time, while the workers want the whole set as one tensor to shard, augment and move to a device
+in bulk. Only the downloaded archive's md5 is checked; the extracted batches are checked for the
+keys, shapes and label range the official files have.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import pickle
+import shutil
+import tempfile
+
+import numpy as np
+import torch
+from torchvision.datasets.utils import download_and_extract_archive
+
+from mlbench.errors import DataError
+from mlbench.tasks.data.download import (
+    DOWNLOAD_ERRORS,
+    Split,
+    default_data_root,
+    exclusive,
+    one_line,
+)
+
+__all__ = ["Split", "default_data_root", "load_cifar10", "URL", "MD5", "FOLDER"]
+
+URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+MD5 = "c58f30108f718f92721af3b95e74349a"
+FOLDER = "cifar-10-batches-py"
+TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
+TEST_FILE = "test_batch"
+_ROW = 3 * 32 * 32
+
+# The only globals an official batch (or a rebuild with numpy 1 or 2, any pickle protocol)
+# refers to. A batch file is a pickle from wherever the user got it; refusing every other global
+# keeps a tampered file from running code when it is loaded.
+_ALLOWED_GLOBALS = {
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("_codecs", "encode"),
+}
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) not in _ALLOWED_GLOBALS:
+            raise pickle.UnpicklingError(f"it refers to {module}.{name}, which a CIFAR-10 batch never does")
+        return super().find_class(module, name)
+
+
+def load_cifar10(data_dir: str | os.PathLike | None = None, download: bool = True) -> tuple[Split, Split]:
+    """The official train (50,000) and test (10,000) splits as (train, test).
+
+    `data_dir` may be the `cifar-10-batches-py` folder itself or a folder holding it; nothing is
+    downloaded into a folder the user named. With `data_dir` None the data lives in
+    default_data_root()/cifar10 and is downloaded there on first use when `download` is true.
+    """
+    if data_dir is not None:
+        folder = _batches_folder(pathlib.Path(data_dir).expanduser())
+    else:
+        root = default_data_root() / "cifar10"
+        folder = root / FOLDER
+        if _missing(folder):
+            if not download:
+                raise DataError(
+                    f"CIFAR-10 is not in {root}; put the official python version ({FOLDER}/) there, "
+                    "pass --data-dir DIR, or allow the download"
+                )
+            _download(root)
+    train = [_read_batch(folder / name) for name in TRAIN_FILES]
+    test = _read_batch(folder / TEST_FILE)
+    return Split(torch.cat([s.x for s in train]), torch.cat([s.y for s in train])), test
+
+
+def _missing(folder: pathlib.Path) -> list[str]:
+    return [name for name in (*TRAIN_FILES, TEST_FILE) if not (folder / name).is_file()]
+
+
+def _batches_folder(data_dir: pathlib.Path) -> pathlib.Path:
+    """The folder holding the batch files, given either it or its parent."""
+    if not data_dir.is_dir():
+        raise DataError(f"the data folder {data_dir} does not exist; pass the folder that holds {FOLDER}/")
+    folder = data_dir / FOLDER if (data_dir / FOLDER).is_dir() else data_dir
+    missing = _missing(folder)
+    if missing:
+        raise DataError(
+            f"CIFAR-10 in {folder} lacks {', '.join(missing)}; put the complete official python version "
+            f"({FOLDER}/ with {', '.join(TRAIN_FILES)} and {TEST_FILE}) there"
+        )
+    return folder
+
+
+def _download(root: pathlib.Path) -> None:
+    """Download and extract the official archive into root/cifar-10-batches-py.
+
+    Extraction goes to a temporary folder that is renamed into place, so an interrupted
+    extraction never looks like a complete data set; the archive is deleted once extracted.
+    """
+    with exclusive(root / ".lock"):
+        if not _missing(root / FOLDER):
+            return  # another worker finished it while this one waited for the lock
+        staging = pathlib.Path(tempfile.mkdtemp(prefix=".extract-", dir=root))
+        try:
+            download_and_extract_archive(URL, str(root), extract_root=str(staging), md5=MD5, remove_finished=True)
+            if _missing(staging / FOLDER):
+                raise RuntimeError(f"the archive has no complete {FOLDER}/ folder")
+            shutil.rmtree(root / FOLDER, ignore_errors=True)
+            os.replace(staging / FOLDER, root / FOLDER)
+        except DOWNLOAD_ERRORS as exc:
+            raise DataError(
+                f"could not download CIFAR-10 ({one_line(exc)}); put the official python version "
+                f"({FOLDER}/) in {root} or pass --data-dir DIR"
+            ) from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _read_batch(path: pathlib.Path) -> Split:
+    """One batch file as (uint8 [n, 3, 32, 32], int64 [n]); row layout: c*1024 + h*32 + w."""
+    try:
+        with open(path, "rb") as handle:
+            # latin1 turns the official files' Python 2 strings into str keys and byte buffers.
+            entry = _BatchUnpickler(handle, encoding="latin1").load()
+    except Exception as exc:  # a corrupt pickle can fail with almost any exception type
+        raise DataError(
+            f"{path} is not a readable CIFAR-10 batch ({one_line(exc)}); replace it with the file "
+            "from the official python version"
+        ) from None
+    data = entry.get("data") if isinstance(entry, dict) else None
+    labels = np.asarray(entry.get("labels", []) if isinstance(entry, dict) else [])
+    problem = None
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != _ROW:
+        problem = f"'data' is not a uint8 array of rows of {_ROW} values"
+    elif labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
+        problem = f"'labels' does not hold one integer per row of 'data' ({len(data)})"
+    elif len(labels) and (labels.min() < 0 or labels.max() > 9):
+        problem = "'labels' has values outside 0..9"
+    if problem:
+        raise DataError(
+            f"{path} is not a CIFAR-10 batch ({problem}); replace it with the file from the official python version"
+        )
+    x = torch.from_numpy(np.require(data, requirements=["C", "W"]).reshape(-1, 3, 32, 32))
+    return Split(x, torch.from_numpy(labels.astype(np.int64)))

@@ -1,0 +1,451 @@
+"""LIBSVM / svmlight text files (plain or bzip2) as dense float32 arrays, through a binary cache.
+
+epsilon, the data set of task 2a, is 12 GB of text (400,000 x 2,000 training values): parsing it
+takes minutes, loading 3.2 GB of float32 takes seconds. So each file is converted once into a
+cache entry (x.npy, y.npy, meta.json) and afterwards memory-mapped copy-on-write: the workers of
+a run share the page cache instead of holding a private copy each, and a run starts at once.
+
+Parsing works on chunks of whole lines: a handful of numpy passes check the structure of every
+line of the chunk ('<label> <index>:<value> ...') and np.fromstring turns all its numbers into
+floats in C. A chunk that fails the check (or holds comments or qid tokens) is parsed again line
+by line in Python, which either accepts it or names the offending line. For .bz2 files the next
+chunk is decompressed in a thread (bz2 releases the GIL) while the current one is parsed.
+"""
+
+from __future__ import annotations
+
+import bz2
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import shutil
+import struct
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import BinaryIO, NamedTuple
+
+import numpy as np
+import torch
+
+from mlbench.errors import DataError
+from mlbench.tasks.data.download import DOWNLOAD_ERRORS, Split, default_data_root, exclusive, fetch, one_line
+
+__all__ = ["read_libsvm", "load_libsvm_dataset", "find_pair", "EPSILON_BASE_URL", "EPSILON_FILES"]
+
+log = logging.getLogger(__name__)
+
+EPSILON_BASE_URL = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary/"
+EPSILON_FILES = ("epsilon_normalized.bz2", "epsilon_normalized.t.bz2")
+#: The file name (F of the pair F / F.t) that a data set name stands for on the LIBSVM site.
+_STEMS = {"epsilon": "epsilon_normalized"}
+
+CHUNK_BYTES = 1 << 24
+_CACHE_VERSION = 1
+_HEADER_BYTES = 128  # x.npy's header is reserved up front and written once the shape is known
+_MAX_INDEX = 2**31 - 1
+_SPACE = np.zeros(256, dtype=bool)
+_SPACE[list(b" \t\n\v\f\r")] = True
+_COLON = ord(":")
+
+
+def read_libsvm(
+    path: str | os.PathLike,
+    n_features: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Dense float32 features [N, d] and float32 labels [N] in {-1, +1} of one LIBSVM file.
+
+    d is `n_features` when given (a larger index is an error), else the largest feature index in
+    the file. Labels 0/1 and -1/+1 both map to -1/+1. The arrays come from the cache entry for
+    (absolute path, size, mtime, n_features) under `cache_dir` (default
+    default_data_root()/libsvm-cache), which is built on first use and rebuilt when the file
+    changes; x is a copy-on-write memory map of it.
+    """
+    if n_features is not None and n_features < 1:
+        raise ValueError(f"n_features must be positive, not {n_features}")
+    source = pathlib.Path(path).expanduser().resolve()
+    try:
+        stat = source.stat()
+    except OSError as exc:
+        raise DataError(f"cannot read the LIBSVM file {source} ({one_line(exc)}); check the path") from None
+    cache_root = pathlib.Path(cache_dir).expanduser() if cache_dir is not None else default_data_root() / "libsvm-cache"
+    key = {
+        "source": str(source),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "n_features": n_features,
+        "version": _CACHE_VERSION,
+    }
+    digest = hashlib.sha1(f"{source}\0{n_features}".encode()).hexdigest()[:16]
+    entry = cache_root / f"{source.name}-{digest}"
+    if not _is_current(entry, key):
+        try:
+            with exclusive(cache_root / f".{entry.name}.lock"):
+                if not _is_current(entry, key):  # another worker may have built it meanwhile
+                    _build_entry(source, n_features, entry, key)
+        except OSError as exc:  # reading errors are DataErrors already: this is the cache's disk
+            raise DataError(
+                f"could not write the binary cache for {source} in {cache_root} ({one_line(exc)}); "
+                "free disk space there or set MLBENCH_DATA to another folder"
+            ) from None
+    try:
+        return np.load(entry / "x.npy", mmap_mode="c"), np.load(entry / "y.npy")
+    except (OSError, ValueError) as exc:
+        raise DataError(f"the binary cache {entry} is unreadable ({one_line(exc)}); delete that folder") from None
+
+
+def load_libsvm_dataset(
+    data_dir: str | os.PathLike | None = None,
+    name: str = "epsilon",
+    download: bool = True,
+) -> tuple[Split, Split]:
+    """(train, test) of a LIBSVM data set as tensors; x shares the cache's memory map.
+
+    `data_dir` holds the pair F / F.t (each optionally .bz2), see find_pair. With `data_dir` None
+    the pair lives in default_data_root()/name, where epsilon is downloaded from the LIBSVM site
+    on first use when `download` is true. Train and test get the same width d, the largest
+    feature index in either file (a file narrower than d gets its own cache entry of width d).
+    """
+    folder = pathlib.Path(data_dir).expanduser() if data_dir is not None else default_data_root() / name
+    if data_dir is None and name == "epsilon" and download and _pick_pair(folder, _STEMS[name]) is None:
+        _download_epsilon(folder)
+    paths = find_pair(folder, name)
+    arrays = [read_libsvm(p) for p in paths]
+    d = max(x.shape[1] for x, _ in arrays)
+    arrays = [read_libsvm(p, n_features=d) if x.shape[1] < d else (x, y) for p, (x, y) in zip(paths, arrays)]
+    (x_train, y_train), (x_test, y_test) = arrays
+    return (
+        Split(torch.from_numpy(x_train), torch.from_numpy(y_train)),
+        Split(torch.from_numpy(x_test), torch.from_numpy(y_test)),
+    )
+
+
+def find_pair(folder: pathlib.Path, name: str = "epsilon") -> tuple[pathlib.Path, pathlib.Path]:
+    """The training and test file of a LIBSVM data set in `folder`.
+
+    The LIBSVM site names a test file after its training file plus `.t` (a9a / a9a.t), each
+    optionally compressed as .bz2 (the uncompressed file wins when both are there). The pair
+    named after `name` (epsilon: epsilon_normalized) is taken if present; otherwise the folder
+    must hold exactly one pair, so that `--data-dir DIR` works for any LIBSVM data set.
+    """
+    stem = _STEMS.get(name, name)
+    if not folder.is_dir():
+        raise DataError(
+            f"the data folder {folder} does not exist; put {stem}[.bz2] and {stem}.t[.bz2] in it or pass --data-dir DIR"
+        )
+    named = _pick_pair(folder, stem)
+    if named is not None:
+        return named
+    files = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    bases = sorted({f.removesuffix(".bz2") for f in files if not f.removesuffix(".bz2").endswith(".t")})
+    pairs = [pair for pair in (_pick_pair(folder, b) for b in bases) if pair is not None]
+    if len(pairs) == 1:
+        return pairs[0]
+    if pairs:
+        raise DataError(
+            f"{folder} holds several LIBSVM pairs ({', '.join(train.name for train, _ in pairs)}) and none named "
+            f"{stem}; keep one training file F and its test file F.t there"
+        )
+    found = ", ".join(files[:10]) + (f" and {len(files) - 10} more" if len(files) > 10 else "") if files else "nothing"
+    raise DataError(
+        f"no LIBSVM pair (a training file F and its test file F.t, each optionally .bz2) in {folder} "
+        f"(found: {found}); put {stem}[.bz2] and {stem}.t[.bz2] there"
+    )
+
+
+def _pick_pair(folder: pathlib.Path, base: str) -> tuple[pathlib.Path, pathlib.Path] | None:
+    def pick(name: str) -> pathlib.Path | None:
+        return next((p for p in (folder / name, folder / f"{name}.bz2") if p.is_file()), None)
+
+    train, test = pick(base), pick(f"{base}.t")
+    return (train, test) if train and test else None
+
+
+def _download_epsilon(folder: pathlib.Path) -> None:
+    with exclusive(folder / ".lock"):
+        try:
+            for name in EPSILON_FILES:
+                fetch(EPSILON_BASE_URL + name, folder / name)
+        except DOWNLOAD_ERRORS as exc:
+            raise DataError(
+                f"could not download epsilon ({one_line(exc)}); put {' and '.join(EPSILON_FILES)} (or their "
+                f"decompressed versions) from {EPSILON_BASE_URL} in {folder} or pass --data-dir DIR"
+            ) from None
+
+
+# --- the cache -----------------------------------------------------------------------------
+
+
+def _is_current(entry: pathlib.Path, key: dict) -> bool:
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return all(meta.get(k) == v for k, v in key.items())
+
+
+def _build_entry(source: pathlib.Path, n_features: int | None, entry: pathlib.Path, key: dict) -> None:
+    """Convert `source` into a staging folder and rename it to `entry` once complete.
+
+    Runs under the entry's lock, so staging folders left by an interrupted conversion of the same
+    entry can be removed, and an outdated entry replaced (a process still mapping its files keeps
+    reading them: unlinking does not take them away on POSIX).
+    """
+    cache_root = entry.parent
+    for leftover in cache_root.glob(".tmp-*"):
+        if leftover.name.startswith(f".tmp-{entry.name}-"):
+            shutil.rmtree(leftover, ignore_errors=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-", dir=cache_root))
+    try:
+        log.info("converting %s to a binary cache in %s (once)", source, entry)
+        started = time.monotonic()
+        rows, cols = _convert(source, n_features, staging)
+        (staging / "meta.json").write_text(json.dumps({**key, "rows": rows, "cols": cols}))
+        if entry.exists():
+            os.rename(entry, staging.with_name(staging.name + "-old"))
+        os.rename(staging, entry)
+        log.info("converted %s: %d x %d in %.1f s", source.name, rows, cols, time.monotonic() - started)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staging.with_name(staging.name + "-old"), ignore_errors=True)
+
+
+def _convert(source: pathlib.Path, n_features: int | None, out: pathlib.Path) -> tuple[int, int]:
+    """Write out/x.npy and out/y.npy from the text file; returns (rows, columns)."""
+    labels = []
+    line = 1
+    with _DenseWriter(out / "x.npy", n_features) as writer:
+        with _open_source(source) as stream, contextlib.closing(_chunks(stream, source)) as chunks:
+            for chunk in chunks:
+                parsed = _parse_fast(chunk) or _parse_lines(chunk, source, line)
+                _validate(parsed, source, line, n_features)
+                labels.append(np.where(parsed.labels > 0, 1.0, -1.0).astype(np.float32))
+                writer.add(parsed)
+                line += chunk.count(b"\n")
+        if writer.rows == 0:
+            raise DataError(f"{source} holds no data lines; give a file in LIBSVM format ('<label> <index>:<value> ...')")
+        writer.finish()
+    np.save(out / "y.npy", np.concatenate(labels))
+    return writer.rows, writer.width
+
+
+def _open_source(source: pathlib.Path) -> BinaryIO:
+    """The file's bytes, decompressed when it starts with bzip2's magic (whatever its name)."""
+    try:
+        with open(source, "rb") as probe:
+            compressed = probe.read(3) == b"BZh"
+        return bz2.open(source, "rb") if compressed else open(source, "rb")
+    except OSError as exc:
+        raise DataError(f"cannot read the LIBSVM file {source} ({one_line(exc)}); check its permissions") from None
+
+
+def _chunks(stream: BinaryIO, source: pathlib.Path) -> Iterator[bytes]:
+    """Whole lines, about CHUNK_BYTES at a time, each ending with a newline; the next block is
+    read (and decompressed) in a thread while the caller parses the current one."""
+    carry = b""
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        pending = reader.submit(stream.read, CHUNK_BYTES)
+        while True:
+            try:
+                block = pending.result()
+            except (OSError, EOFError) as exc:
+                raise DataError(
+                    f"cannot read {source} ({one_line(exc)}); the file is damaged or truncated, download it again"
+                ) from None
+            if not block:
+                break
+            pending = reader.submit(stream.read, CHUNK_BYTES)
+            block = carry + block
+            cut = block.rfind(b"\n") + 1
+            carry = block[cut:]
+            if cut:
+                yield block[:cut]
+    if carry:
+        yield carry + b"\n"
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+class _Parsed(NamedTuple):
+    labels: np.ndarray  # float64 [m], one per data line of the chunk
+    pair_row: np.ndarray  # int64 [p], the data line (0..m-1) each index:value pair belongs to
+    index: np.ndarray  # float64 [p], feature indices as written (validated later)
+    value: np.ndarray  # float64 [p]
+    line_offset: np.ndarray  # int64 [m], each data line's line number minus the chunk's first
+
+
+def _parse_fast(chunk: bytes) -> _Parsed | None:
+    """Parse a chunk with whole-chunk numpy operations; None when any line does not have the
+    plain form '<label> <index>:<value> ...' (the caller then parses line by line)."""
+    if b"#" in chunk or b"qid" in chunk:
+        return None
+    buf = np.frombuffer(chunk, dtype=np.uint8)
+    space = _SPACE[buf]
+    is_colon = buf == _COLON
+    words = np.flatnonzero(~space & np.concatenate(([True], space[:-1])))  # first byte of each word
+    colons = np.flatnonzero(is_colon)
+    line_end = np.flatnonzero(buf == ord("\n"))
+    line_start = np.concatenate(([0], line_end[:-1] + 1))
+    # A colon joins exactly two non-blank characters, and a word holds at most one colon.
+    if colons.size:
+        if colons[0] == 0:
+            return None
+        before, after = buf[colons - 1], buf[colons + 1]
+        if (_SPACE[before] | (before == _COLON) | _SPACE[after] | (after == _COLON)).any():
+            return None
+    colon_word = np.searchsorted(words, colons, side="right") - 1
+    if (np.diff(colon_word) == 0).any():
+        return None
+    # The first word of a line (the label) holds no colon; every other word holds one.
+    first_word = np.searchsorted(words, line_start)
+    if (colon_word == first_word[np.searchsorted(line_end, colons)]).any():
+        return None
+    words_per_line = np.diff(np.searchsorted(words, line_end), prepend=0)
+    colons_per_line = np.diff(np.searchsorted(colons, line_end), prepend=0)
+    data_line = words_per_line > 0
+    if (words_per_line[data_line] != colons_per_line[data_line] + 1).any():
+        return None
+    try:
+        numbers = np.fromstring(chunk.replace(b":", b" "), sep=" ")
+    except ValueError:  # a token that is not a number
+        return None
+    if numbers.size != words.size + colons.size:
+        return None
+    pairs_per_line = colons_per_line[data_line]
+    numbers_per_line = 1 + 2 * pairs_per_line
+    label_at = np.cumsum(numbers_per_line) - numbers_per_line
+    is_pair = np.ones(numbers.size, dtype=bool)
+    is_pair[label_at] = False
+    pairs = numbers[is_pair].reshape(-1, 2)
+    return _Parsed(
+        labels=numbers[label_at],
+        pair_row=np.repeat(np.arange(pairs_per_line.size), pairs_per_line),
+        index=pairs[:, 0],
+        value=pairs[:, 1],
+        line_offset=np.flatnonzero(data_line),
+    )
+
+
+def _parse_lines(chunk: bytes, source: pathlib.Path, first_line: int) -> _Parsed:
+    """The reference parser, line by line: accepts '#' comments and ignores qid:N tokens (the
+    svmlight extensions), and raises DataError naming the first line that is not LIBSVM."""
+    labels, rows, pairs, offsets = [], [], [], []
+    for offset, line in enumerate(chunk.split(b"\n")[:-1]):
+        tokens = line.split(b"#", 1)[0].split()
+        if not tokens:
+            continue
+        try:
+            label = float(tokens[0])
+            line_pairs = []
+            for token in tokens[1:]:
+                if token.startswith(b"qid:"):
+                    continue
+                index, value = token.split(b":")
+                line_pairs.append((float(index), float(value)))
+        except ValueError:
+            text = line.decode("utf-8", "replace").strip()
+            raise DataError(
+                f"{source}, line {first_line + offset} is not in LIBSVM format ('<label> <index>:<value> ...'): "
+                f"{text[:60]!r}{'...' if len(text) > 60 else ''}; fix or remove that line"
+            ) from None
+        rows.extend([len(labels)] * len(line_pairs))
+        pairs.extend(line_pairs)
+        labels.append(label)
+        offsets.append(offset)
+    pair_array = np.array(pairs, dtype=np.float64).reshape(-1, 2)
+    return _Parsed(
+        labels=np.array(labels, dtype=np.float64),
+        pair_row=np.array(rows, dtype=np.int64),
+        index=pair_array[:, 0],
+        value=pair_array[:, 1],
+        line_offset=np.array(offsets, dtype=np.int64),
+    )
+
+
+def _validate(parsed: _Parsed, source: pathlib.Path, first_line: int, n_features: int | None) -> None:
+    """Check what both parsers leave open: binary labels, positive integer indices within
+    n_features, finite values. The DataError names the first offending line."""
+
+    def fail(row: int, problem: str) -> None:
+        raise DataError(f"{source}, line {first_line + int(parsed.line_offset[row])}: {problem}")
+
+    bad = np.flatnonzero(~np.isin(parsed.labels, (-1.0, 0.0, 1.0)))
+    if bad.size:
+        fail(bad[0], f"label {parsed.labels[bad[0]]:g} is not binary; mlbench reads labels 0/1 or -1/+1")
+    index = parsed.index
+    limit = n_features if n_features is not None else _MAX_INDEX
+    bad = np.flatnonzero((index < 1) | (index > limit) | (index != np.floor(index)))
+    if bad.size:
+        value = index[bad[0]]
+        if n_features is not None and value > n_features and value == np.floor(value):
+            fail(parsed.pair_row[bad[0]], f"feature index {value:g} exceeds n_features={n_features}; raise n_features")
+        fail(parsed.pair_row[bad[0]], f"feature index {value:g} is not an integer in 1..{limit}; fix that line")
+    bad = np.flatnonzero(~np.isfinite(parsed.value))
+    if bad.size:
+        fail(parsed.pair_row[bad[0]], f"value {parsed.value[bad[0]]} is not a finite number; fix that line")
+
+
+class _DenseWriter:
+    """Appends dense float32 row blocks to an .npy file whose header is written at the end.
+
+    With n_features unknown, a block is as wide as the widest line seen so far; when the width
+    grew after the first block (sparse files), finish() re-lays the blocks out at the final
+    width. Dense files such as epsilon reach their full width in the first block, so their
+    rows are written exactly once.
+    """
+
+    def __init__(self, path: pathlib.Path, n_features: int | None) -> None:
+        self.path = path
+        self.width = n_features or 0
+        self.rows = 0
+        self.blocks: list[tuple[int, int]] = []  # (rows, width) of each block, in file order
+        self.handle = open(path, "wb")
+        self.handle.write(b"\0" * _HEADER_BYTES)
+
+    def __enter__(self) -> _DenseWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.handle.close()
+
+    def add(self, parsed: _Parsed) -> None:
+        if not parsed.labels.size:
+            return
+        columns = parsed.index.astype(np.int64) - 1
+        if columns.size:
+            self.width = max(self.width, int(columns.max()) + 1)
+        block = np.zeros((parsed.labels.size, self.width), dtype=np.float32)
+        block[parsed.pair_row, columns] = parsed.value
+        block.tofile(self.handle)
+        self.blocks.append(block.shape)
+        self.rows += block.shape[0]
+
+    def finish(self) -> None:
+        self.handle.close()
+        if all(width == self.width for _, width in self.blocks):
+            with open(self.path, "r+b") as handle:
+                handle.write(_npy_header((self.rows, self.width)))
+            return
+        narrow = self.path.with_name(self.path.name + ".blocks")
+        os.replace(self.path, narrow)
+        out = np.lib.format.open_memmap(self.path, mode="w+", dtype=np.float32, shape=(self.rows, self.width))
+        offset, row = _HEADER_BYTES, 0
+        for rows, width in self.blocks:
+            out[row : row + rows, :width] = np.memmap(narrow, np.float32, "r", offset, (rows, width))
+            offset += rows * width * 4
+            row += rows
+        out.flush()
+        del out
+        narrow.unlink()
+
+
+def _npy_header(shape: tuple[int, int]) -> bytes:
+    """An .npy (version 1.0) header of exactly _HEADER_BYTES for a C-order float32 array."""
+    text = repr({"descr": "<f4", "fortran_order": False, "shape": tuple(int(n) for n in shape)}).encode("latin1")
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", _HEADER_BYTES - 10) + text.ljust(_HEADER_BYTES - 11) + b"\n"

@@ -1,0 +1,246 @@
+"""LIBSVM reader, binary cache and data-set discovery, on files the tests write."""
+
+import bz2
+import os
+import pathlib
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from mlbench.errors import DataError
+from mlbench.tasks.data import libsvm
+from mlbench.tasks.data.libsvm import find_pair, load_libsvm_dataset, read_libsvm
+
+# Omitted indices, unsorted indices, a label-only line, a blank line, CRLF, tabs, '+1'.
+TEXT = b"1 3:0.5 1:2\n\n0\n0 2:-1e-3 5:4\r\n1\t4:7.25  1:1\n"
+X = np.array(
+    [[2, 0, 0.5, 0, 0], [0, 0, 0, 0, 0], [0, -1e-3, 0, 0, 4], [1, 0, 0, 7.25, 0]],
+    dtype=np.float32,
+)
+Y = np.array([1, -1, -1, 1], dtype=np.float32)
+SIGNED = TEXT.replace(b"0 2:", b"-1 2:").replace(b"\n0\n", b"\n-1\n").replace(b"1 3:", b"+1 3:")
+
+
+def write(path: pathlib.Path, data: bytes, compress: bool = False) -> pathlib.Path:
+    path.write_bytes(bz2.compress(data) if compress else data)
+    return path
+
+
+def test_plain_file_01_labels(tmp_path):
+    x, y = read_libsvm(write(tmp_path / "f", TEXT), cache_dir=tmp_path / "cache")
+    assert x.dtype == np.float32 and y.dtype == np.float32
+    np.testing.assert_array_equal(x, X)
+    np.testing.assert_array_equal(y, Y)
+
+
+def test_bz2_file_signed_labels(tmp_path):
+    assert SIGNED != TEXT
+    x, y = read_libsvm(write(tmp_path / "f.bz2", SIGNED, compress=True), cache_dir=tmp_path / "cache")
+    np.testing.assert_array_equal(x, X)
+    np.testing.assert_array_equal(y, Y)
+
+
+def test_n_features_pads_and_limits(tmp_path):
+    path = write(tmp_path / "f", TEXT)
+    x, _ = read_libsvm(path, n_features=7, cache_dir=tmp_path / "cache")
+    np.testing.assert_array_equal(x, np.pad(X, ((0, 0), (0, 2))))
+    with pytest.raises(DataError, match=r"f, line 4: feature index 5 exceeds n_features=4; raise n_features$"):
+        read_libsvm(path, n_features=4, cache_dir=tmp_path / "cache")
+
+
+def test_comments_and_qid_are_accepted(tmp_path):
+    text = b"# header comment\n1 qid:3 2:1.5 # trailing\n0 qid:3 1:2\n"
+    x, y = read_libsvm(write(tmp_path / "f", text), cache_dir=tmp_path / "cache")
+    np.testing.assert_array_equal(x, [[0, 1.5], [2, 0]])
+    np.testing.assert_array_equal(y, [1, -1])
+
+
+def random_file(rng, rows, max_index):
+    x = np.zeros((rows, max_index), dtype=np.float32)
+    lines = []
+    for i in range(rows):
+        k = rng.integers(0, 6)
+        idx = rng.choice(max_index, k, replace=False)
+        vals = rng.standard_normal(k).astype(np.float32)
+        x[i, idx] = vals
+        pairs = " ".join(f"{j + 1}:{v!r}" for j, v in zip(idx, vals.tolist()))
+        lines.append(f"{rng.choice(['0', '1', '-1', '+1'])} {pairs}".rstrip())
+    return x, ("\n".join(lines) + "\n").encode()
+
+
+def test_fast_and_line_parser_agree(tmp_path):
+    _, text = random_file(np.random.default_rng(1), 300, 40)
+    fast = libsvm._parse_fast(text)
+    slow = libsvm._parse_lines(text, tmp_path, 1)
+    assert fast is not None
+    for a, b in zip(fast, slow):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_many_chunks_with_growing_width(tmp_path, monkeypatch):
+    """Small chunks: lines split across reads, and later lines wider than earlier ones (the
+    writer re-lays its blocks out at the final width)."""
+    rng = np.random.default_rng(2)
+    x_narrow, narrow = random_file(rng, 150, 10)
+    x_wide, wide = random_file(rng, 150, 60)
+    monkeypatch.setattr(libsvm, "CHUNK_BYTES", 333)
+    x, y = read_libsvm(write(tmp_path / "f.bz2", narrow + wide, compress=True), cache_dir=tmp_path / "cache")
+    expected = np.zeros((300, 60), dtype=np.float32)
+    expected[:150, :10], expected[150:] = x_narrow, x_wide
+    d = int(np.flatnonzero(expected.any(axis=0)).max()) + 1
+    np.testing.assert_array_equal(x, expected[:, :d])
+    assert y.shape == (300,) and set(y.tolist()) <= {-1.0, 1.0}
+
+
+def test_cache_is_reused(tmp_path, monkeypatch):
+    path = write(tmp_path / "f", TEXT)
+    cache = tmp_path / "cache"
+    read_libsvm(path, cache_dir=cache)
+    (entry,) = [p for p in cache.iterdir() if not p.name.startswith(".")]
+    stamp = (entry / "x.npy").stat().st_mtime_ns
+
+    def refuse(*args):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(libsvm, "_convert", refuse)
+    x, y = read_libsvm(str(path), cache_dir=cache)
+    assert isinstance(x, np.memmap) and x.flags.writeable  # copy-on-write: torch may wrap it
+    np.testing.assert_array_equal(x, X)
+    np.testing.assert_array_equal(y, Y)
+    assert (entry / "x.npy").stat().st_mtime_ns == stamp
+
+
+def test_cache_is_rebuilt_when_the_file_changes(tmp_path):
+    path = write(tmp_path / "f", TEXT)
+    cache = tmp_path / "cache"
+    read_libsvm(path, cache_dir=cache)
+    write(path, b"0 1:3\n")
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    x, y = read_libsvm(path, cache_dir=cache)
+    np.testing.assert_array_equal(x, [[3]])
+    np.testing.assert_array_equal(y, [-1])
+    assert len([p for p in cache.iterdir() if not p.name.startswith(".")]) == 1
+    assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_interrupted_conversion_leaves_no_cache(tmp_path, monkeypatch):
+    path = write(tmp_path / "f", TEXT)
+    cache = tmp_path / "cache"
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(libsvm.np, "save", disk_full)
+    with pytest.raises(DataError, match=r"could not write the binary cache .*No space left on device.*free disk"):
+        read_libsvm(path, cache_dir=cache)
+    assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []
+    monkeypatch.undo()
+    np.testing.assert_array_equal(read_libsvm(path, cache_dir=cache)[0], X)
+
+
+@pytest.mark.parametrize(
+    "bad_line, message",
+    [
+        (b"1 3 :0.5", "is not in LIBSVM format"),
+        (b"1 3: 0.5", "is not in LIBSVM format"),
+        (b"3:0.5 4:1", "is not in LIBSVM format"),
+        (b"1 3:4:5", "is not in LIBSVM format"),
+        (b"1 3:4 5", "is not in LIBSVM format"),
+        (b"1 x:4", "is not in LIBSVM format"),
+        (b"yes 1:4", "is not in LIBSVM format"),
+        (b"2 1:4", "label 2 is not binary"),
+        (b"1 0:4", "feature index 0 is not an integer"),
+        (b"1 1.5:4", "feature index 1.5 is not an integer"),
+        (b"1 2:nan", "value nan is not a finite number"),
+    ],
+)
+def test_malformed_line_is_named(tmp_path, monkeypatch, bad_line, message):
+    monkeypatch.setattr(libsvm, "CHUNK_BYTES", 64)  # the bad line sits in a later chunk
+    good = b"1 1:1 2:2 3:3\n" * 20 + b"\n"
+    path = write(tmp_path / "f", good + bad_line + b"\n" + good)
+    with pytest.raises(DataError, match=rf"{re.escape(str(path))}, line 22(:| is not)") as err:
+        read_libsvm(path, cache_dir=tmp_path / "cache")
+    assert message in str(err.value)
+
+
+def test_damaged_files(tmp_path):
+    truncated = write(tmp_path / "t.bz2", bz2.compress(TEXT * 50)[:-20])
+    with pytest.raises(DataError, match=r"cannot read .*t\.bz2 .*damaged or truncated, download it again"):
+        read_libsvm(truncated, cache_dir=tmp_path / "cache")
+    with pytest.raises(DataError, match="holds no data lines"):
+        read_libsvm(write(tmp_path / "empty", b"\n\n"), cache_dir=tmp_path / "cache")
+    with pytest.raises(DataError, match="cannot read the LIBSVM file .*missing"):
+        read_libsvm(tmp_path / "missing", cache_dir=tmp_path / "cache")
+
+
+# --- data sets -----------------------------------------------------------------------------
+
+
+def test_dataset_pair_shares_width(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLBENCH_DATA", str(tmp_path / "data"))
+    folder = tmp_path / "a9a"
+    folder.mkdir()
+    write(folder / "a9a", b"1 1:1 6:2\n0 2:3\n")
+    write(folder / "a9a.t.bz2", b"-1 3:4\n", compress=True)
+    write(folder / "README", b"not data")
+    train, test = load_libsvm_dataset(folder, name="a9a")
+    assert train.x.dtype == torch.float32 and train.y.dtype == torch.float32
+    assert torch.equal(train.x, torch.tensor([[1, 0, 0, 0, 0, 2], [0, 3, 0, 0, 0, 0]], dtype=torch.float32))
+    assert torch.equal(test.x, torch.tensor([[0, 0, 4, 0, 0, 0]], dtype=torch.float32))
+    assert train.y.tolist() == [1, -1] and test.y.tolist() == [-1]
+    assert (tmp_path / "data" / "libsvm-cache").is_dir()  # the default cache folder
+
+
+def test_pair_discovery(tmp_path):
+    write(tmp_path / "epsilon_normalized.bz2", b"")
+    write(tmp_path / "epsilon_normalized.t", b"")
+    write(tmp_path / "other", b"")
+    write(tmp_path / "other.t", b"")
+    assert find_pair(tmp_path) == (tmp_path / "epsilon_normalized.bz2", tmp_path / "epsilon_normalized.t")
+    with pytest.raises(DataError, match=r"several LIBSVM pairs \(epsilon_normalized.bz2, other\) and none named rcv1"):
+        find_pair(tmp_path, "rcv1")
+    (tmp_path / "other.t").unlink()
+    assert find_pair(tmp_path, "rcv1") == (tmp_path / "epsilon_normalized.bz2", tmp_path / "epsilon_normalized.t")
+    write(tmp_path / "epsilon_normalized", b"")  # the decompressed file wins over the .bz2
+    assert find_pair(tmp_path)[0] == tmp_path / "epsilon_normalized"
+    (tmp_path / "epsilon_normalized.t").unlink()
+    with pytest.raises(DataError) as err:
+        find_pair(tmp_path)
+    assert str(err.value) == (
+        f"no LIBSVM pair (a training file F and its test file F.t, each optionally .bz2) in {tmp_path} "
+        "(found: epsilon_normalized, epsilon_normalized.bz2, other); "
+        "put epsilon_normalized[.bz2] and epsilon_normalized.t[.bz2] there"
+    )
+    with pytest.raises(DataError, match="the data folder .*nowhere does not exist"):
+        find_pair(tmp_path / "nowhere")
+
+
+def test_epsilon_offline_download_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLBENCH_DATA", str(tmp_path))
+    monkeypatch.setattr(libsvm, "EPSILON_BASE_URL", "http://127.0.0.1:9/")
+    with pytest.raises(DataError) as err:
+        load_libsvm_dataset()
+    message = str(err.value)
+    assert message.startswith("could not download epsilon (")
+    assert message.endswith(
+        "); put epsilon_normalized.bz2 and epsilon_normalized.t.bz2 (or their decompressed versions) "
+        f"from http://127.0.0.1:9/ in {tmp_path / 'epsilon'} or pass --data-dir DIR"
+    )
+    assert "\n" not in message
+    assert sorted(p.name for p in (tmp_path / "epsilon").iterdir()) == [".lock"]  # no partial file
+    with pytest.raises(DataError, match=r"no LIBSVM pair .* \(found: nothing\); put epsilon_normalized"):
+        load_libsvm_dataset(download=False)
+
+
+def test_epsilon_in_default_root_is_not_downloaded(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLBENCH_DATA", str(tmp_path))
+    monkeypatch.setattr(libsvm, "EPSILON_BASE_URL", "http://127.0.0.1:9/")
+    folder = tmp_path / "epsilon"
+    folder.mkdir()
+    write(folder / "epsilon_normalized.bz2", b"1 1:0.25 2:-0.5\n", compress=True)
+    write(folder / "epsilon_normalized.t.bz2", b"-1 1:0.75 2:1\n", compress=True)
+    train, test = load_libsvm_dataset()
+    assert train.x.tolist() == [[0.25, -0.5]] and test.x.tolist() == [[0.75, 1.0]]
+    assert train.y.tolist() == [1.0] and test.y.tolist() == [-1.0]
