@@ -26,8 +26,8 @@ from mlbench.tasks.pipeline import Pipeline, load_splits
 from mlbench.worker.config import RunConfig
 from mlbench.worker.timing import PhaseTimer
 
-#: How often (in steps) the workers agree on whether the time budget is spent.
-BUDGET_CHECK_EVERY = 10
+#: Target seconds between two checks of the time budget (the workers agree on the step count).
+BUDGET_CHECK_SECONDS = 0.25
 
 
 @dataclass
@@ -62,6 +62,7 @@ class Trainer:
         self.spec = config.task
         self.device = self._device()
         self.progress = Progress()
+        self._next_budget_check = 0
 
     # -- setup ------------------------------------------------------------------------------
     def _device(self) -> torch.device:
@@ -117,7 +118,7 @@ class Trainer:
                 if self.cfg.max_steps is not None and p.step >= self.cfg.max_steps:
                     stop = "max-steps"
                     break
-                if (self.cfg.time_budget_s is not None and p.step % BUDGET_CHECK_EVERY == 0
+                if (self.cfg.time_budget_s is not None and p.step >= self._next_budget_check
                         and self._budget_spent()):
                     stop = "time-budget"
                     break
@@ -162,12 +163,24 @@ class Trainer:
         return objective.detach()
 
     def _budget_spent(self) -> bool:
-        """All workers agree (max over ranks) on whether the training-time budget is spent."""
-        spent = torch.tensor([1.0 if self.progress.train_time() >= self.cfg.time_budget_s else 0.0],
+        """All workers agree on whether the training-time budget is spent, and on the next check.
+
+        One small all-reduce (MAX) carries "spent?" and minus each worker's proposal of how many
+        steps to wait until the next check (about BUDGET_CHECK_SECONDS of training), so the
+        slowest worker's pace sets the interval and the overshoot stays a fraction of a second
+        without a collective on every step.
+        """
+        p = self.progress
+        elapsed = p.train_time()
+        per_step = elapsed / p.step if p.step else 0.0
+        proposal = max(1, min(1000, int(BUDGET_CHECK_SECONDS / per_step))) if per_step > 0 else 1
+        flags = torch.tensor([1.0 if elapsed >= self.cfg.time_budget_s else 0.0, -float(proposal)],
                              device=self.device)
         if self.world > 1:
-            dist.all_reduce(spent, op=dist.ReduceOp.MAX)
-        return bool(spent.item() > 0)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        spent, interval = flags.tolist()
+        self._next_budget_check = p.step + int(-interval)
+        return spent > 0
 
     def _epoch_float(self) -> float:
         return self.progress.step / self.steps_per_epoch
