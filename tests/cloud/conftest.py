@@ -1,0 +1,153 @@
+"""Fixtures for the cluster tests: no cloud, no internet, nothing but 127.0.0.1.
+
+- ``cloud_env`` (autouse): a private config folder, no cloud credentials from this machine,
+  metadata servers pointed at a closed local port, Docker pointed nowhere.
+- ``moto``: moto's server on 127.0.0.1 (real boto3 over HTTP), reset for every test.
+- ``kube_local``: a real kube-apiserver from ../shared/k8s/kube-local.sh (once per session).
+- ``docker_engine``: Debian's dockerd started by the test on a private socket.
+- ``kind_standin``: a `kind` executable on PATH that replays kind's behaviour (kind_standin.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+KUBE_LOCAL = Path(os.environ.get("KUBE_LOCAL_SH", REPO.parent / "shared" / "k8s" / "kube-local.sh"))
+CLOSED = "127.0.0.1:9"  # nothing listens on the discard port: lookups fail at once, locally
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def cloud_env(tmp_path, monkeypatch):
+    """Isolate every test from this machine's cloud, Kubernetes and Docker settings."""
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "GOOGLE_", "CLOUDSDK_", "DOCKER_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("MLBENCH_CONFIG_DIR", str(tmp_path / "mlbench-config"))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
+    monkeypatch.setenv("GCE_METADATA_HOST", CLOSED)
+    monkeypatch.setenv("GCE_METADATA_IP", CLOSED)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def moto_url():
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def moto(moto_url, monkeypatch):
+    """AWS credentials and endpoint for a freshly reset moto server."""
+    import requests
+
+    # AWS's managed policies (AmazonEKSClusterPolicy...) exist in every real account
+    monkeypatch.setenv("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
+    requests.post(f"{moto_url}/moto-api/reset", timeout=10).raise_for_status()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAMLBENCHTEST00001")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "mlbench-test-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    return moto_url
+
+
+@pytest.fixture(scope="session")
+def kube_local(tmp_path_factory):
+    """A real control plane on 127.0.0.1; the path of its admin kubeconfig."""
+    if not KUBE_LOCAL.exists():
+        pytest.skip(f"kube-local.sh not found at {KUBE_LOCAL} (set KUBE_LOCAL_SH)")
+    build = subprocess.run(["bash", str(KUBE_LOCAL), "build"], capture_output=True, text=True,
+                           timeout=1500)
+    if build.returncode != 0:
+        pytest.skip("kube-apiserver could not be built by kube-local.sh: "
+                    + (build.stderr.strip().splitlines() or ["no output"])[-1])
+    state = tmp_path_factory.mktemp("kube-local")
+    start = subprocess.run(["bash", str(KUBE_LOCAL), "start", str(state)], capture_output=True,
+                           text=True, timeout=180)
+    if start.returncode != 0:
+        raise RuntimeError(f"kube-local.sh start failed: {start.stderr[-2000:]}")
+    yield state / "kubeconfig"
+    subprocess.run(["bash", str(KUBE_LOCAL), "stop", str(state)], capture_output=True,
+                   timeout=120)
+
+
+@pytest.fixture(scope="session")
+def docker_engine(tmp_path_factory):
+    """A Docker engine of this test session (Debian's docker.io) on a private socket."""
+    dockerd = shutil.which("dockerd")
+    if dockerd is None or os.geteuid() != 0:
+        pytest.skip("no Docker engine: dockerd is not installed or not root "
+                    "(apt-get install docker.io)")
+    base = Path(tmp_path_factory.mktemp("dockerd"))
+    sock = f"unix://{base}/docker.sock"
+    log = open(base / "dockerd.log", "w")
+    process = subprocess.Popen(
+        [dockerd, "--host", sock, "--data-root", str(base / "root"),
+         "--exec-root", str(base / "exec"), "--pidfile", str(base / "docker.pid"),
+         "--iptables=false", "--ip6tables=false", "--bridge=none"],
+        stdout=log, stderr=subprocess.STDOUT)
+    import docker
+
+    client = None
+    for _ in range(60):
+        if process.poll() is not None:
+            break
+        try:
+            client = docker.DockerClient(base_url=sock, timeout=30)
+            client.ping()
+            break
+        except Exception:
+            client = None
+            time.sleep(0.5)
+    if client is None:
+        process.kill()
+        process.wait()
+        tail = (base / "dockerd.log").read_text()[-300:].strip().splitlines()
+        pytest.skip(f"dockerd could not start here: {tail[-1] if tail else 'no log'}")
+    yield sock
+    for container in client.containers.list(all=True):
+        container.remove(force=True)
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    log.close()
+
+
+@pytest.fixture
+def kind_standin(tmp_path, monkeypatch):
+    """Put the recorded `kind` stand-in first on PATH (run by this interpreter)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "kind"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{HERE / "kind_standin.py"}" "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return wrapper
