@@ -41,6 +41,22 @@ def _authorized_http(credentials: Any) -> Any:
     return google_auth_httplib2.AuthorizedHttp(credentials)
 
 
+def _conditions(cluster: dict[str, Any]) -> str:
+    """What GKE says about the cluster's state (its conditions)."""
+    return "; ".join(c["message"] for c in cluster.get("conditions", []) if c.get("message"))
+
+
+def _op_progress(op: dict[str, Any]) -> str:
+    """A short progress note of a running operation ("3/4 nodes" or its running stages)."""
+    progress = op.get("progress", {})
+    metrics = {m.get("name"): m for m in progress.get("metrics", [])}
+    if "nodes done" in metrics and "nodes total" in metrics:
+        done, total = (metrics[k].get("intValue") for k in ("nodes done", "nodes total"))
+        return f"{done}/{total} nodes"
+    return ", ".join(s["name"] for s in progress.get("stages", [])
+                     if s.get("status") == "RUNNING" and s.get("name"))
+
+
 def _api_error(err: Exception, doing: str, project: str) -> ClusterError:
     """One readable sentence for a failed GKE API call (what happened, what to do)."""
     from googleapiclient.errors import HttpError
@@ -150,7 +166,7 @@ class GkeProvisioner(Provisioner):
         def check() -> tuple[bool, str]:
             op = state["op"] = self._call(self._api().operations().get(name=name),
                                           f"follow operation {operation['name']}")
-            detail = op.get("statusMessage") or op.get("detail") or ""
+            detail = op.get("detail") or _op_progress(op)
             return op.get("status") == "DONE", op.get("status", "?") + (f", {detail}" if detail
                                                                           else "")
 
@@ -210,10 +226,11 @@ class GkeProvisioner(Provisioner):
         if spec.kubernetes_version:
             cluster["initialClusterVersion"] = spec.kubernetes_version
         if spec.api_cidrs:
-            cluster["masterAuthorizedNetworksConfig"] = {
-                "enabled": True,
-                "cidrBlocks": [{"cidrBlock": c, "displayName": "mlbench"} for c in spec.api_cidrs],
-            }
+            cluster["controlPlaneEndpointsConfig"] = {"ipEndpointsConfig": {
+                "authorizedNetworksConfig": {
+                    "enabled": True,
+                    "cidrBlocks": [{"cidrBlock": c, "displayName": "mlbench"}
+                                   for c in spec.api_cidrs]}}}
         return {"cluster": cluster, "parent": self._parent()}
 
     def create(self, spec: ClusterSpec, progress: Progress) -> None:
@@ -245,7 +262,7 @@ class GkeProvisioner(Provisioner):
             status = cluster.get("status", "?")
             if status in ("ERROR", "DEGRADED"):
                 raise ClusterError(f"The GKE cluster {spec.name} is {status} "
-                                   f"({cluster.get('statusMessage', 'no detail')}); delete it "
+                                   f"({_conditions(cluster) or 'no detail'}); delete it "
                                    "with `mlbench delete-cluster gcloud` and create it again.")
             return status == "RUNNING", status
 
@@ -264,12 +281,12 @@ class GkeProvisioner(Provisioner):
     def query(self, name: str) -> ClusterStatus:
         cluster = self._get(name)
         if cluster is None:
-            return ClusterStatus("not found", f"no GKE cluster {name} in {self.project}/{self.zone}")
+            return ClusterStatus("not found",
+                                 f"no GKE cluster {name} in {self.project}/{self.zone}")
         status = cluster.get("status", "STATUS_UNSPECIFIED")
-        nodes = cluster.get("currentNodeCount")
-        return ClusterStatus(_STATES.get(status, "unknown"),
-                             cluster.get("statusMessage", "") or status.lower(),
-                             int(nodes) if nodes is not None else None)
+        nodes = sum(int(p.get("initialNodeCount", 0)) for p in cluster.get("nodePools", []))
+        return ClusterStatus(_STATES.get(status, "unknown"), _conditions(cluster) or status.lower(),
+                             nodes or None)
 
     def delete(self, name: str, progress: Progress) -> None:
         existing = self._get(name)

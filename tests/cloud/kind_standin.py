@@ -110,7 +110,8 @@ def create(args: list[str]) -> int:
     image = config["nodes"][0].get("image", NODE_IMAGE)
     err(f'Creating cluster "{name}" ...', f" ✓ Ensuring node image ({image}) 🖼",
         " ✓ Preparing nodes " + "📦 " * len(roles), " ✓ Writing configuration 📜",
-        " ✓ Starting control-plane 🕹️", " ✓ Installing CNI 🔌", " ✓ Installing StorageClass 💾")
+        " ✓ Starting control-plane 🕹️", " ✓ Installing CNI 🔌",
+        " ✓ Installing StorageClass 💾")
     base = node_image(c)
     workers = 0
     for role in roles:
