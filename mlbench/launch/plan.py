@@ -20,6 +20,7 @@ from mlbench.optim.base import check_optimizer
 from mlbench.results.environment import describe_environment, usable_cores
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.tasks.models import MODEL_NAMES
+from mlbench.tasks.pipeline import load_splits
 from mlbench.tasks.spec import get_task, resolve
 from mlbench.worker.config import RunConfig
 
@@ -130,10 +131,24 @@ def build_config(request: RunRequest) -> tuple[RunConfig, list[str]]:
     return config, changed
 
 
-def create_run(store: RunStore, request: RunRequest, launcher: str = "local") -> RunRecord:
-    """Validate the request and record a new pending run."""
+def prepare_data(config: RunConfig) -> None:
+    """Download / convert / validate the data set once, here, before any worker starts.
+
+    A missing or corrupt data set is then one error line before a run is even recorded, the
+    download happens once rather than in every worker, and epsilon's one-time conversion to the
+    binary cache is done before the workers, which then load it in seconds.
+    """
+    if config.data == "real":
+        load_splits(config.task.dataset, "real", config.data_dir)
+
+
+def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
+               check_data: bool = True) -> RunRecord:
+    """Validate the request (and, locally, the data) and record a new pending run."""
     config, changed = build_config(request)
     check_optimizer(request.optimizer, request.optimizer_options)
+    if check_data:
+        prepare_data(config)
     division = "open" if changed else "closed"
     run_json = {
         "task": request.task,

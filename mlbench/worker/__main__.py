@@ -61,17 +61,28 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
         leave_group()
         return 0
     except MlbenchError as err:
-        events.emit("error", str(err), epoch=0, step=0)
+        _record_error(events, str(err))
         print(f"Error: {err}", file=sys.stderr)
         return 1
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as err:  # noqa: BLE001 - every failure must reach the run record
         traceback.print_exc()
-        events.emit("error", f"{type(err).__name__}: {err}".splitlines()[0][:500], epoch=0, step=0)
+        _record_error(events, f"{type(err).__name__}: {err}".splitlines()[0][:500])
         return 1
     finally:
-        events.close()
+        try:
+            events.close()
+        except OSError:
+            pass
+
+
+def _record_error(events: EventWriter, message: str) -> None:
+    """Best effort: the error event may itself fail (a full disk); the log still has it."""
+    try:
+        events.emit("error", message, epoch=0, step=0)
+    except OSError as err:
+        print(f"could not record the error event: {err}", file=sys.stderr)
 
 
 if __name__ == "__main__":

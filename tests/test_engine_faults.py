@@ -1,0 +1,155 @@
+"""Faults and bad input: a crashed worker, Ctrl-C, detach/cancel, two runs at once, error lines."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mlbench.cli import cli
+from mlbench.cli import commands  # noqa: F401  (registers the commands)
+from mlbench.launch.local import pid_alive
+from mlbench.results.events import read_rank_events
+from mlbench.results.store import RunStore
+from tests.helpers import events, last_run, mlbench
+
+LONG_RUN = ("run", "task1a", "2", "--data", "synthetic", "--max-steps", "100000", "--log-every", "2")
+
+
+def start_cli(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mlbench", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+                            start_new_session=True)
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_training(timeout: float = 90):
+    """The newest run, once both workers have logged training steps; and its worker pids."""
+    def ready():
+        runs = RunStore().list()
+        if not runs:
+            return None
+        run = runs[-1]
+        pids_file = run.run_dir / "pids.json"
+        trained = all(any(e["name"] == "train/loss" for e in read_rank_events(run.run_dir / "events" / f"rank-{r}.jsonl"))
+                      for r in (0, 1))
+        return (run, json.loads(pids_file.read_text())["workers"]) if trained and pids_file.exists() else None
+    return wait_for(ready, timeout, "both workers to train")
+
+
+def test_a_killed_worker_fails_the_run_within_10s_and_leaves_no_process(tmp_path):
+    cli = start_cli(*LONG_RUN)
+    run, workers = wait_training()
+    os.kill(workers[1], signal.SIGKILL)
+    killed_at = time.monotonic()
+    out, err = cli.communicate(timeout=30)
+    assert time.monotonic() - killed_at < 10
+    assert cli.returncode == 1
+    assert "worker 1 was killed by SIGKILL" in err and "Traceback" not in err + out
+    assert all(not pid_alive(pid) for pid in workers)
+    record = RunStore().get(run.id)
+    assert record.state == "failed" and "worker 1 was killed by SIGKILL" in record.reason
+    # what was recorded before the crash is still readable
+    assert any(e["name"] == "train/loss" and e["rank"] == 1 for e in events(record))
+    assert mlbench("download", run.id, "-o", str(tmp_path / "f.zip")).returncode == 0
+
+
+def test_ctrl_c_cancels_the_run_and_ends_every_worker():
+    cli = start_cli(*LONG_RUN)
+    run, workers = wait_training()
+    cli.send_signal(signal.SIGINT)
+    out, err = cli.communicate(timeout=15)
+    assert cli.returncode == 130
+    assert "cancelled" in err and "Traceback" not in err + out
+    assert all(not pid_alive(pid) for pid in workers)
+    record = RunStore().get(run.id)
+    assert record.state == "cancelled"
+    assert any(e["name"] == "train/loss" for e in events(record))
+
+
+def test_detach_returns_at_once_and_cancel_stops_the_run():
+    started = time.monotonic()
+    proc = mlbench(*LONG_RUN, "--detach", check=True)
+    assert time.monotonic() - started < 30 and "in the background" in proc.stdout
+    run, workers = wait_training()
+    assert "running" in mlbench("status", check=True).stdout
+    assert mlbench("cancel", run.id, check=True).stdout.strip().endswith("cancelled.")
+    assert all(not pid_alive(pid) for pid in workers)
+    assert RunStore().get(run.id).state == "cancelled"
+
+
+def test_two_runs_at_once_each_get_their_own_rendezvous():
+    args = ("run", "task1a", "2", "--data", "synthetic", "--max-steps", "8", "--log-every", "4", "--detach")
+    mlbench(*args, check=True)
+    mlbench(*args, check=True)
+    store = RunStore()
+    wait_for(lambda: all(not r.active for r in store.list()), 120, "both runs to end")
+    runs = store.list()
+    assert [r.state for r in runs] == ["finished", "finished"]
+    ports = {json.loads((r.run_dir / "run.json").read_text())["config"]["master_port"] for r in runs}
+    assert len(ports) == 2
+
+
+def test_a_run_whose_supervisor_vanished_is_marked_failed_and_its_workers_ended():
+    mlbench(*LONG_RUN, "--detach", check=True)
+    run, workers = wait_training()
+    os.kill(RunStore().get(run.id).supervisor_pid, signal.SIGKILL)
+    wait_for(lambda: all(not pid_alive(p) for p in workers), 10, "workers to die with their supervisor")
+    table = mlbench("status", check=True).stdout
+    assert "failed" in table
+    assert "supervising process" in RunStore().get(run.id).reason
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (("run", "task9", "2"), 2, "unknown task 'task9'"),
+    (("run", "task1a", "0"), 2, "at least 1"),
+    (("run", "task1a", "2", "--data-dir", "/nonexistent/folder"), 2, "no such folder"),
+    (("run", "task1a", "2", "--set", "momentum=x"), 2, "expected a float"),
+    (("run", "task1a", "2", "--time-budget", "soon"), 2, "invalid duration"),
+    (("run", "task1a", "2", "--optimizer", "magic"), 2, "unknown optimizer"),
+    (("run", "task1a", "2", "--backend", "nccl", "--device", "cpu"), 2, "needs GPUs"),
+    (("status", "nosuchrun"), 2, "no run 'nosuchrun'"),
+    (("download", "nosuchrun"), 2, "no run 'nosuchrun'"),
+    (("delete", "nosuchrun", "--yes"), 2, "no run 'nosuchrun'"),
+])
+def test_usage_errors_are_one_line_with_exit_code_2(args, code, message):
+    result = CliRunner().invoke(cli, list(args))
+    assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+    assert isinstance(result.exception, SystemExit)  # a clean exit, not an escaped exception
+
+
+def test_missing_and_corrupt_data_are_one_line_and_record_nothing(cifar_dir, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = mlbench("run", "task1a", "2", "--data-dir", str(empty))
+    assert proc.returncode == 1 and "cifar-10-batches-py" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    broken = tmp_path / "broken" / "cifar-10-batches-py"
+    broken.mkdir(parents=True)
+    for f in (Path(cifar_dir) / "cifar-10-batches-py").iterdir():
+        (broken / f.name).write_bytes(f.read_bytes()[:200] if f.name == "data_batch_2" else f.read_bytes())
+    proc = mlbench("run", "task1a", "2", "--data-dir", str(broken.parent))
+    assert proc.returncode == 1 and "data_batch_2" in proc.stderr and "Traceback" not in proc.stderr
+    assert RunStore().list() == []
+
+
+def test_offline_download_says_where_to_put_the_files(monkeypatch, tmp_path):
+    proc = mlbench("run", "task1a", "1")  # MLBENCH_DATA is an empty folder and there is no internet
+    assert proc.returncode == 1
+    assert "could not download CIFAR-10" in proc.stderr and "--data-dir" in proc.stderr
