@@ -50,6 +50,9 @@ class RunRequest:
     log_every: int = 50
     timing: bool = True
     save_model: bool = False
+    precision: str = "fp32"
+    channels_last: bool = False
+    graph: bool = True
     name: str | None = None
     group_id: str | None = None
 
@@ -108,6 +111,10 @@ def build_config(request: RunRequest) -> tuple[RunConfig, list[str]]:
         changed.append(f"optimizer={request.optimizer}")
     if request.data == "synthetic":
         changed.append("data=synthetic")
+    if request.precision not in ("fp32", "bf16"):
+        raise UsageError(f"--precision {request.precision}: choose fp32 or bf16")
+    if request.precision != "fp32":
+        changed.append(f"precision={request.precision}")
     if request.data_dir is not None and request.data == "real":
         path = Path(request.data_dir).expanduser()
         if not path.is_dir():
@@ -127,7 +134,8 @@ def build_config(request: RunRequest) -> tuple[RunConfig, list[str]]:
         time_budget_s=request.time_budget_s, max_steps=request.max_steps, seed=request.seed,
         log_every=request.log_every, timing=request.timing, threads_per_worker=threads,
         optimizer=request.optimizer, optimizer_options=dict(request.optimizer_options),
-        save_model=request.save_model)
+        save_model=request.save_model, precision=request.precision,
+        channels_last=request.channels_last, graph=request.graph)
     return config, changed
 
 

@@ -35,6 +35,9 @@ class RunConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = 0
     eval_batch_size: int = 1000
+    precision: str = "fp32"             # "fp32" or "bf16" (autocast; open division)
+    channels_last: bool = False
+    graph: bool = True                  # capture the step in a CUDA graph where possible
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
