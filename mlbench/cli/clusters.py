@@ -34,10 +34,14 @@ class _Progress:
                 click.echo(message, err=True)
                 self.last_transient = time.monotonic()
             return
+        self.done()
+        click.echo(message, err=True)
+
+    def done(self) -> None:
+        """End an overwritten poll line, so that what follows starts on a line of its own."""
         if self.open_line:
             click.echo("", err=True)
             self.open_line = False
-        click.echo(message, err=True)
 
 
 def _options(*decorators: F) -> Callable[[F], F]:
@@ -63,7 +67,11 @@ _COMMON = _options(
 
 
 def _create(provisioner: Any, spec: ClusterSpec) -> None:
-    record = manager.create_cluster(provisioner, spec, _Progress())
+    progress = _Progress()
+    try:
+        record = manager.create_cluster(provisioner, spec, progress)
+    finally:
+        progress.done()
     click.echo(f"Cluster {record.provider} {record.name} is ready with {record.nodes} nodes and "
                "is now the current cluster (runs go there; `mlbench set-cluster --local` to "
                "run here again).")
@@ -208,7 +216,12 @@ def delete_cluster(provider: str, name: str, yes: bool, **locator: Any) -> None:
     if provider in manager.CREATED and not yes:
         click.confirm(f"Delete the {provider} cluster {name} and all its workloads?",
                       abort=True, err=True)
-    click.echo(manager.delete_cluster(provider, name, _Progress(), **locator))
+    progress = _Progress()
+    try:
+        message = manager.delete_cluster(provider, name, progress, **locator)
+    finally:
+        progress.done()
+    click.echo(message)
 
 
 @cli.group("image")

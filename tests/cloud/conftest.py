@@ -109,7 +109,7 @@ def docker_engine(tmp_path_factory):
     process = subprocess.Popen(
         [dockerd, "--host", sock, "--data-root", str(base / "root"),
          "--exec-root", str(base / "exec"), "--pidfile", str(base / "docker.pid"),
-         "--iptables=false", "--ip6tables=false", "--bridge=none"],
+         "--iptables=false", "--ip6tables=false", "--bridge=none", "--shutdown-timeout=1"],
         stdout=log, stderr=subprocess.STDOUT)
     import docker
 

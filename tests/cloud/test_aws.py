@@ -87,31 +87,34 @@ def test_create_list_delete_through_the_cli(moto):
     assert user["exec"]["args"] == ["-m", "mlbench.cloud.token", "aws", "--cluster", "my-exp",
                                     "--region", "us-east-1"]
 
+    # the kube context gets its token from mlbench (an exec plugin), not from the aws CLI
+    bearer = config.kube_api_client(record).configuration.api_key["BearerToken"]
+    assert bearer.startswith("Bearer " + EKS_TOKEN_PREFIX)
+    assert sigv4_signature_is_valid(decode_token(bearer.split()[1]), "my-exp",
+                                    "mlbench-test-secret")
+
+    # nothing is opened to the internet, and no SSH key exists
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    for group in ec2.describe_security_groups(Filters=[
+            {"Name": "vpc-id", "Values": [have["vpcs"][0]["VpcId"]]}])["SecurityGroups"]:
+        for rule in group["IpPermissions"]:
+            assert "0.0.0.0/0" not in [r["CidrIp"] for r in rule.get("IpRanges", [])]
+    assert ec2.describe_key_pairs()["KeyPairs"] == []
+
     listed = run("list-clusters")
     assert listed.exit_code == 0
     line = next(ln for ln in listed.output.splitlines() if "my-exp" in ln)
     assert line.split()[:5] == ["*", "aws", "my-exp", "4", "ready"]
 
+    again = run("create-cluster", "aws", "4", "my-exp")  # idempotent: nothing is duplicated
+    assert again.exit_code == 0 and "resuming" in again.output
+    assert aws_inventory("my-exp") == have
+
     deleted = run("delete-cluster", "aws", "my-exp", "--yes")
     assert deleted.exit_code == 0, deleted.output
-    assert aws_inventory("my-exp") == {k: [] for k in aws_inventory("my-exp")}
+    assert all(v == [] for v in aws_inventory("my-exp").values())
     assert config.load_clusters() == [] and config.current_cluster() is None
     assert "local" in run("list-clusters").output
-
-
-def test_nothing_is_opened_to_the_internet(moto):
-    assert run("create-cluster", "aws", "2", "safe").exit_code == 0
-    ec2 = boto3.client("ec2", region_name="us-east-1")
-    vpc = aws_inventory("safe")["vpcs"][0]["VpcId"]
-    for group in ec2.describe_security_groups(
-            Filters=[{"Name": "vpc-id", "Values": [vpc]}])["SecurityGroups"]:
-        for rule in group["IpPermissions"]:
-            assert "0.0.0.0/0" not in [r["CidrIp"] for r in rule.get("IpRanges", [])]
-    assert ec2.describe_key_pairs()["KeyPairs"] == []
-    vpc_config = boto3.client("eks", region_name="us-east-1").describe_cluster(
-        name="safe")["cluster"]["resourcesVpcConfig"]
-    assert vpc_config["subnetIds"] == [s["SubnetId"] for s in sorted(
-        aws_inventory("safe")["subnets"], key=lambda s: s["CidrBlock"])]
 
 
 def test_a_create_interrupted_half_way_is_finished_by_running_it_again(moto):
@@ -155,15 +158,7 @@ def test_a_delete_interrupted_half_way_is_finished_by_running_it_again(moto):
                                 if "gone" in ln)
     result = run("delete-cluster", "aws", "gone", "--yes")
     assert result.exit_code == 0, result.output
-    assert aws_inventory("gone") == {k: [] for k in aws_inventory("gone")}
-
-
-def test_create_is_idempotent_when_everything_exists(moto):
-    assert run("create-cluster", "aws", "2", "twice").exit_code == 0
-    result = run("create-cluster", "aws", "2", "twice")
-    assert result.exit_code == 0 and "resuming" in result.output
-    have = aws_inventory("twice")
-    assert (len(have["vpcs"]), len(have["subnets"]), have["nodegroups"]) == (1, 2, ["workers"])
+    assert all(v == [] for v in aws_inventory("gone").values())
 
 
 def test_gpu_instance_types_get_the_nvidia_ami_and_gpu_label(moto):
@@ -280,16 +275,15 @@ def test_the_eks_token_has_the_documented_format(monkeypatch):
     assert datetime.timedelta(minutes=13) < lifetime <= datetime.timedelta(minutes=14)
 
 
-def test_the_kube_context_gets_its_token_from_mlbench_not_the_aws_cli(moto):
-    assert run("create-cluster", "aws", "1", "ctx").exit_code == 0
-    api = config.kube_api_client(config.current_cluster())
-    bearer = api.configuration.api_key["BearerToken"]
-    assert bearer.startswith("Bearer " + EKS_TOKEN_PREFIX)
-    assert sigv4_signature_is_valid(decode_token(bearer.split()[1]), "ctx", "mlbench-test-secret")
+def test_the_exec_plugin_prints_an_exec_credential(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAMLBENCHTEST00003")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "plugin-secret")
     plugin = subprocess.run([sys.executable, "-m", "mlbench.cloud.token", "aws", "--cluster",
                              "ctx", "--region", "us-east-1"], capture_output=True, text=True,
                             timeout=60)
     credential = json.loads(plugin.stdout)
-    assert credential["kind"] == "ExecCredential"
-    assert credential["status"]["token"].startswith(EKS_TOKEN_PREFIX)
+    assert (credential["apiVersion"], credential["kind"]) == (
+        "client.authentication.k8s.io/v1beta1", "ExecCredential")
+    assert sigv4_signature_is_valid(decode_token(credential["status"]["token"]), "ctx",
+                                    "plugin-secret")
     assert credential["status"]["expirationTimestamp"].endswith("Z")
