@@ -28,6 +28,8 @@ DEFAULT_INSTANCE_TYPE = "m5.xlarge"
 NODEGROUP = "workers"
 AMI_STANDARD = "AL2023_x86_64_STANDARD"
 AMI_NVIDIA = "AL2023_x86_64_NVIDIA"
+_CLUSTER_STATES = {"CREATING": "creating", "PENDING": "creating", "UPDATING": "ready",
+                   "DELETING": "deleting", "FAILED": "error"}
 _NODEGROUP_STATES = {"CREATING": "creating", "ACTIVE": "ready", "UPDATING": "ready",
                      "DELETING": "deleting", "CREATE_FAILED": "error", "DELETE_FAILED": "error",
                      "DEGRADED": "error"}
@@ -45,6 +47,7 @@ class EksProvisioner(Provisioner):
         self._region = region
         self._partition = "aws"
         self._clients: dict[str, Any] = {}
+        self._gpu_types: dict[str, bool] = {}
 
     @property
     def session(self) -> Any:
@@ -106,6 +109,8 @@ class EksProvisioner(Provisioner):
 
     def _gpu_instance(self, instance_type: str) -> bool:
         """Whether ``instance_type`` has GPUs (and exists in this region)."""
+        if instance_type in self._gpu_types:
+            return self._gpu_types[instance_type]
         ec2 = self._client("ec2")
         with res.calling(f"look up instance type {instance_type}"):
             try:
@@ -116,7 +121,11 @@ class EksProvisioner(Provisioner):
                                      f"{self.region}; pick one from the EC2 console, e.g. "
                                      f"{DEFAULT_INSTANCE_TYPE} or g4dn.xlarge.") from None
                 raise
-        return bool(info and info[0].get("GpuInfo", {}).get("Gpus"))
+        self._gpu_types[instance_type] = bool(info and info[0].get("GpuInfo", {}).get("Gpus"))
+        return self._gpu_types[instance_type]
+
+    def preflight(self, spec: ClusterSpec) -> None:
+        self._gpu_instance(spec.machine_type or DEFAULT_INSTANCE_TYPE)
 
     # -- create ----------------------------------------------------------------------------------
     def create(self, spec: ClusterSpec, progress: Progress) -> None:
@@ -240,8 +249,7 @@ class EksProvisioner(Provisioner):
                                      "cluster; rerun create-cluster or delete-cluster")
             return ClusterStatus("not found", f"no EKS cluster {name} in {self.region}")
         if cluster["status"] != "ACTIVE":
-            state = {"CREATING": "creating", "DELETING": "deleting"}.get(cluster["status"],
-                                                                          "error")
+            state = _CLUSTER_STATES.get(cluster["status"], "unknown")
             return ClusterStatus(state, f"control plane {cluster['status'].lower()}")
         group = self._nodegroup(name)
         if group is None:

@@ -107,9 +107,11 @@ class KindProvisioner(Provisioner):
             raise ClusterError(f"The Docker image {image} is not on this machine; build it with "
                                "`mlbench image build` (or pass --image), then rerun.") from None
 
-    def create(self, spec: ClusterSpec, progress: Progress) -> None:
+    def preflight(self, spec: ClusterSpec) -> None:
         if spec.image:
             self._check_image(spec.image)  # before minutes of cluster creation, not after
+
+    def create(self, spec: ClusterSpec, progress: Progress) -> None:
         if spec.name in self._clusters():
             progress(f"KIND cluster {spec.name} exists; resuming.")
         else:

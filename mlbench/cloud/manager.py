@@ -45,6 +45,7 @@ def create_cluster(provisioner: Provisioner, spec: ClusterSpec,
     if known is not None and not known.created_by_mlbench:
         raise UsageError(f"{spec.name!r} is an adopted {provider} cluster; choose another name.")
     provisioner.check_credentials()
+    provisioner.preflight(spec)
     cost = provisioner.hourly_cost(spec)
     progress("Estimated cost: " + (f"${cost:.2f}/hour (on-demand list price)" if cost is not None
                                    else "unknown for this machine type; see the provider's "

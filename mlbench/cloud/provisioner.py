@@ -101,6 +101,9 @@ class Provisioner(ABC):
     def check_credentials(self) -> None:
         """Raise ClusterError (one sentence: what to do) unless the provider can be used."""
 
+    def preflight(self, spec: ClusterSpec) -> None:
+        """Reject a spec the provider cannot satisfy, before anything is recorded or created."""
+
     @abstractmethod
     def create(self, spec: ClusterSpec, progress: Progress) -> None:
         """Create what is missing of the cluster ``spec`` describes; reuse what exists."""

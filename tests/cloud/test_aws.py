@@ -213,6 +213,7 @@ def test_an_unknown_instance_type_is_a_usage_error(moto):
     result = run("create-cluster", "aws", "2", "typo", "--instance-type", "m5.huuuge")
     assert result.exit_code == 2
     assert "instance type 'm5.huuuge' does not exist in us-east-1" in result.output
+    assert config.load_clusters() == []  # refused before anything was recorded
 
 
 def test_quota_and_permission_errors_say_what_to_do():

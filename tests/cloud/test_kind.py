@@ -120,6 +120,7 @@ def test_a_missing_image_stops_the_create_before_any_node_starts(engine, kind_st
         "Error: The Docker image mlbench/worker:absent is not on this machine; build it with "
         "`mlbench image build` (or pass --image), then rerun.")
     assert engine.containers.list(all=True, filters={"label": CLUSTER_LABEL}) == []
+    assert config.load_clusters() == []
 
 
 def test_image_build_tags_the_version_and_streams_docker_output(engine, tiny_source):
