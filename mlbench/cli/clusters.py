@@ -18,24 +18,27 @@ F = Callable[..., Any]
 
 
 class _Progress:
-    """Prints steps as lines; poll ticks overwrite one line on a terminal (else one a minute)."""
+    """Prints steps as lines. Poll ticks overwrite one line on a terminal; elsewhere (logs, CI)
+    a tick is printed when its status changes, or once a minute while it does not."""
 
     def __init__(self) -> None:
         self.tty = sys.stderr.isatty()
-        self.last_transient = 0.0
+        self.last_status = ""
+        self.last_time = 0.0
         self.open_line = False
 
     def __call__(self, message: str, transient: bool = False) -> None:
-        if transient:
-            if self.tty:
-                click.echo(f"\r\033[K{message}", nl=False, err=True)
-                self.open_line = True
-            elif time.monotonic() - self.last_transient >= 60:
+        if not transient:
+            self.done()
+            click.echo(message, err=True)
+        elif self.tty:
+            click.echo(f"\r\033[K{message}", nl=False, err=True)
+            self.open_line = True
+        else:
+            status = message.rsplit(" (", 1)[0]  # without the elapsed time
+            if status != self.last_status or time.monotonic() - self.last_time >= 60:
                 click.echo(message, err=True)
-                self.last_transient = time.monotonic()
-            return
-        self.done()
-        click.echo(message, err=True)
+                self.last_status, self.last_time = status, time.monotonic()
 
     def done(self) -> None:
         """End an overwritten poll line, so that what follows starts on a line of its own."""

@@ -76,8 +76,10 @@ class EksProvisioner(Provisioner):
 
     def check_credentials(self) -> None:
         """Ask STS who we are: proves the credentials work and gives the ARN partition."""
+        from botocore.exceptions import NoCredentialsError
+
         if self.session.get_credentials() is None:
-            raise res.aws_error(_no_credentials(), "find credentials")
+            raise res.aws_error(NoCredentialsError(), "find credentials")
         with res.calling("check the AWS credentials"):
             arn = self._client("sts").get_caller_identity()["Arn"]
         self._partition = arn.split(":")[1]
@@ -309,8 +311,3 @@ def _gone(resource: dict[str, Any] | None, what: str) -> tuple[bool, str]:
                            "then rerun `mlbench delete-cluster aws`.")
     return False, resource["status"]
 
-
-def _no_credentials() -> Exception:
-    from botocore.exceptions import NoCredentialsError
-
-    return NoCredentialsError()

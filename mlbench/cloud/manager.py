@@ -117,6 +117,8 @@ def query_cluster(record: config.ClusterRecord) -> ClusterStatus:
         return status
     except MlbenchError as err:
         return ClusterStatus("unknown", str(err).split(";")[0])
+    except Exception as err:  # one provider failing must not hide the other clusters' state
+        return ClusterStatus("unknown", f"{err.__class__.__name__}: {str(err)[:120]}")
 
 
 def list_clusters(refresh: bool = True) -> list[ClusterRow]:

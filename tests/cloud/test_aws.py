@@ -209,6 +209,13 @@ def test_missing_credentials_are_one_line(monkeypatch):
     assert config.load_clusters() == []
 
 
+def test_an_unknown_profile_is_a_usage_error():
+    result = run("create-cluster", "aws", "2", "x", "--profile", "nope")
+    assert result.exit_code == 2
+    assert result.output.strip() == ("Error: The AWS profile 'nope' does not exist; check "
+                                     "~/.aws/config or pass another --profile.")
+
+
 def test_an_unknown_instance_type_is_a_usage_error(moto):
     result = run("create-cluster", "aws", "2", "typo", "--instance-type", "m5.huuuge")
     assert result.exit_code == 2
