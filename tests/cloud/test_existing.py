@@ -4,6 +4,7 @@ forget; permission and reachability errors; the GPU device plugin DaemonSet."""
 from __future__ import annotations
 
 import base64
+import socket
 import stat
 import time
 
@@ -135,12 +136,13 @@ def test_the_nvidia_device_plugin_is_installed_once(kube_local):
 
 
 def test_an_unreachable_cluster_is_one_line(tmp_path):
-    from tests.cloud.conftest import free_port
-
+    with socket.socket() as sock:  # a port nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     path = tmp_path / "gone.kubeconfig"
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "gone", "cluster": {"server": f"https://127.0.0.1:{free_port()}",
+        "clusters": [{"name": "gone", "cluster": {"server": f"https://127.0.0.1:{port}",
                                                   "insecure-skip-tls-verify": True}}],
         "users": [{"name": "gone", "user": {"token": "t"}}],
         "contexts": [{"name": "gone", "context": {"cluster": "gone", "user": "gone"}}]}))
