@@ -2,3 +2,4 @@
 
 from mlbench.cli import runs  # noqa: F401
 from mlbench.cli import clusters  # noqa: F401
+from mlbench.cli import results  # noqa: F401

@@ -17,6 +17,7 @@ from mlbench.launch import local
 from mlbench.launch.plan import BACKENDS, RunRequest, create_run, parse_duration
 from mlbench.results.archive import write_archive
 from mlbench.results.events import read_run_events
+from mlbench.results.mllog import write_mllog
 from mlbench.results.store import FINISHED, RunStore
 from mlbench.results.summary import summarize
 from mlbench.tasks.models import MODEL_NAMES
@@ -83,6 +84,9 @@ def tasks() -> None:
 @click.option("--backend", type=click.Choice(BACKENDS), help="torch.distributed backend [gloo on CPU, nccl on GPU].")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="[cuda when a GPU is visible, else cpu]")
 @click.option("--seed", type=int, default=0, help="Seed of model init, data order and augmentation.")
+@click.option("--repeat", type=int, default=1, metavar="N",
+              help="Run every worker count N times, with seeds SEED..SEED+N-1, in N rounds over the "
+                   "worker counts (so that load changes hit every count alike).")
 @click.option("--max-steps", type=int, help="Stop after this many steps (for quick checks).")
 @click.option("--log-every", type=int, default=50, help="Record training metrics every N steps.")
 @click.option("--no-timing", is_flag=True, help="Do not time the phases of each step.")
@@ -90,7 +94,7 @@ def tasks() -> None:
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
 def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets, optimizer, opts,
-        backend, device, seed, max_steps, log_every, no_timing, save_model, name, detach) -> None:
+        backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, name, detach) -> None:
     """Run TASK on WORKERS processes on this machine (one run per worker count given).
 
     \b
@@ -98,20 +102,23 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
       mlbench run task1a 2 --light
       mlbench run task2a 4 --data-dir ~/data/epsilon
       mlbench run task1a 1 2 4 --time-budget 10m
+      mlbench run task1a 1 2 4 8 --repeat 3
     """
     if any(k < 1 for k in workers):
         raise UsageError(f"the number of workers must be at least 1, not {min(workers)}")
-    if name and len(workers) > 1:
-        raise UsageError("--name names one run; give one worker count with it")
+    if repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, not {repeat}")
+    if name and len(workers) * repeat > 1:
+        raise UsageError("--name names one run; give one worker count and no --repeat with it")
     store = _store()
-    group = secrets.token_hex(4) if len(workers) > 1 else None
+    group = secrets.token_hex(4) if len(workers) * repeat > 1 else None
     requests = [RunRequest(
         task=task, workers=k, overrides=parse_overrides(sets), model=model, data=data,
         data_dir=data_dir, light=light, stop_at_goal=not no_stop,
         time_budget_s=parse_duration(time_budget) if time_budget else None, max_steps=max_steps,
-        seed=seed, backend=backend, device=device, optimizer=optimizer,
+        seed=seed + r, backend=backend, device=device, optimizer=optimizer,
         optimizer_options=_parse_opts(opts), log_every=log_every, timing=not no_timing,
-        save_model=save_model, name=name, group_id=group) for k in workers]
+        save_model=save_model, name=name, group_id=group) for r in range(repeat) for k in workers]
     runs = [create_run(store, requests[0])]
     if detach:
         for request in requests[1:]:
@@ -135,6 +142,8 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
         if final.state == "cancelled":
             sys.exit(130)
         failed |= final.state != FINISHED
+    if group:
+        click.echo(f"Compare these {len(requests)} runs: mlbench compare --group {group}")
     if failed:
         sys.exit(1)
 
@@ -176,7 +185,9 @@ def status(run_ref, show_all) -> None:
 @cli.command()
 @click.argument("run_ref", metavar="RUN")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Zip file to write [RUN_ID.zip].")
-def download(run_ref, output) -> None:
+@click.option("--format", "fmt", type=click.Choice(["zip", "mlperf"]), default="zip", show_default=True,
+              help="mlperf: also write an MLPerf :::MLLOG result log next to the zip (.mllog.txt).")
+def download(run_ref, output, fmt) -> None:
     """Everything recorded about RUN (spec, environment, result, metrics, logs) as a zip file."""
     store = _store()
     record = local.reconcile(store, store.get(run_ref))
@@ -185,6 +196,9 @@ def download(run_ref, output) -> None:
         raise UsageError(f"-o {target}: the folder {target.parent} does not exist")
     path = write_archive(record, target)
     click.echo(f"Wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
+    if fmt == "mlperf":
+        log = write_mllog(record, target.with_suffix(".mllog.txt"))
+        click.echo(f"Wrote {log} (MLPerf :::MLLOG result log)")
 
 
 @cli.command()

@@ -1,0 +1,171 @@
+"""`mlbench compare | charts | prices`: several runs as one table, as the four figures, and prices."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import click
+from tabulate import tabulate
+
+from mlbench.cli import cli
+from mlbench.cli.format import fmt_duration, fmt_percent
+from mlbench.cli.runs import _store
+from mlbench.errors import UsageError
+from mlbench.results.charts import FORMATS, write_charts
+from mlbench.results.compare import TIME_TO_ACCURACY, Comparison, Group, compare_runs, select_runs
+from mlbench.results.cost import PriceTable
+
+
+def _selection(command: Callable) -> Callable:
+    """RUN... or --task/--group: which runs a results command reads."""
+    command = click.argument("run_refs", metavar="[RUN]...", nargs=-1)(command)
+    command = click.option("--group", help="The runs of one `mlbench run` invocation (its group id).")(command)
+    return click.option("--task", help="Every run of this task.")(command)
+
+
+def _pricing(command: Callable) -> Callable:
+    """How runs are priced: a price per node-hour, directly or from the price table."""
+    command = click.option("--prices", "prices_file", type=click.Path(dir_okay=False),
+                           help="A price file (CSV or YAML) that adds to or replaces the shipped "
+                                "table [also $MLBENCH_PRICES].")(command)
+    command = click.option("--price-per-hour", type=float, metavar="USD",
+                           help="Price every run at USD per node-hour.")(command)
+    return click.option("--instance", metavar="NAME[+NAME]",
+                        help="Price every run as if on this instance type from the price table, e.g. "
+                             "n1-standard-4:preemptible+nvidia-tesla-k80:preemptible "
+                             "(`mlbench prices`).")(command)
+
+
+def _comparison(run_refs, task, group, instance, price_per_hour, prices_file) -> Comparison:
+    if instance and price_per_hour is not None:
+        raise UsageError("give --instance or --price-per-hour, not both")
+    if price_per_hour is not None and not (math.isfinite(price_per_hour) and price_per_hour >= 0):
+        raise UsageError(f"--price-per-hour {price_per_hour}: give a price in USD >= 0")
+    if prices_file and not instance:
+        raise UsageError("--prices FILE: say which of its prices applies with --instance NAME")
+    usd = PriceTable.load(prices_file).hourly(instance) if instance else price_per_hour
+    # the store `status` reads (the current cluster's, else this machine's); only finished runs
+    # count, so a run still marked running is left out whether or not it is alive
+    return compare_runs(select_runs(_store(), tuple(run_refs), task, group), usd)
+
+
+@cli.command()
+@_selection
+@_pricing
+def compare(run_refs, task, group, instance, price_per_hour, prices_file) -> None:
+    """Compare runs of one task: time to accuracy over repeats, speedup, efficiency, compute vs
+    communication and cost, per worker count.
+
+    \b
+    Examples:
+      mlbench compare --task task1a
+      mlbench compare 3f2a9c1d 7b0e44aa --instance n1-standard-4
+      mlbench compare --group 5d1e20c4 --price-per-hour 0.19
+    """
+    comparison = _comparison(run_refs, task, group, instance, price_per_hour, prices_file)
+    for i, (family, groups) in enumerate(comparison.families().items()):
+        if i:
+            click.echo("")
+        metric = ("speedup of time to accuracy" if family.metric == TIME_TO_ACCURACY
+                  else "no goal: speedup of throughput")
+        goal = f"goal {fmt_percent(family.goal)}" if family.goal is not None else "synthetic data"
+        click.echo(f"{family.task} | {family.division} division | {family.optimizer} | "
+                   f"{family.hardware} | {goal} | {metric}")
+        click.echo(tabulate([_row(g) for g in groups], disable_numparse=True, headers=[
+            "WORKERS", "CONVERGED", "TIME TO ACC.", "MIN..MAX", "OLYMPIC MEAN", "SPEEDUP",
+            "EFFICIENCY", "COMPUTE/COMM.", "SAMPLES/S", "ACCURACY", "COST TO ACC."]))
+    click.echo("")
+    click.echo("Time to accuracy: training time to the goal, evaluation excluded; median over the "
+               "repeats, olympic mean without the fastest and slowest run; a run that missed the "
+               "goal counts as the slowest.")
+    if comparison.usd_per_node_hour is None:
+        click.echo("Cost: local runs cost nothing unless priced (--price-per-hour USD or --instance NAME).")
+    else:
+        click.echo(f"Cost: node-seconds to the goal (evaluation included) at "
+                   f"${comparison.usd_per_node_hour:.4g} per node-hour.")
+    if comparison.skipped:
+        listed = ", ".join(f"{r.id} ({r.state})" for r in comparison.skipped)
+        click.echo(f"Left out {len(comparison.skipped)} run(s) that did not finish: {listed}.")
+
+
+def _row(g: Group) -> list[str]:
+    tta = g.time_to_accuracy
+    goal = g.family.metric == TIME_TO_ACCURACY
+    share = g.communication_share
+    cost = "-" if g.cost is None or not goal else _usd(g.cost.median)
+    return [
+        str(g.workers),
+        f"{tta.converged}/{tta.runs}" if goal else f"-/{tta.runs}",
+        _seconds(tta.median) if goal else "-",
+        f"{_seconds(tta.minimum)}..{_seconds(tta.maximum)}" if goal and tta.converged else "-",
+        _seconds(tta.olympic_mean) if goal else "-",
+        f"{g.speedup:.2f}x" if g.speedup is not None else "-",
+        f"{100 * g.efficiency:.0f}%" if g.efficiency is not None else "-",
+        f"{100 * (1 - share):.0f}% / {100 * share:.0f}%" if share is not None else "-",
+        f"{g.throughput.median:.0f}",
+        fmt_percent(g.final_accuracy),
+        cost,
+    ]
+
+
+def _seconds(value: float) -> str:
+    if not math.isfinite(value):
+        return "not reached"
+    if value < 1:
+        return f"{value:.3f}s"
+    return fmt_duration(value)
+
+
+def _usd(value: float) -> str:
+    if not math.isfinite(value):
+        return "not reached"
+    if value == 0:
+        return "$0"
+    if value < 0.0001:
+        return "<$0.0001"
+    return f"${value:.4f}" if value < 1 else f"${value:,.2f}"
+
+
+@cli.command()
+@_selection
+@_pricing
+@click.option("-o", "--output", "out_dir", default="charts", show_default=True,
+              type=click.Path(file_okay=False), help="Folder for the charts.")
+@click.option("--format", "formats", default=",".join(FORMATS), show_default=True,
+              help="Image formats, comma-separated (png, svg, pdf).")
+def charts(run_refs, task, group, instance, price_per_hour, prices_file, out_dir, formats) -> None:
+    """Draw the four figures of the original mlbench from runs of one task: speedup vs workers,
+    cost vs workers, loss and accuracy vs time per worker count, communication vs computation.
+
+    \b
+    Examples:
+      mlbench charts --task task1a -o charts/
+      mlbench charts --group 5d1e20c4 --instance n1-standard-4:preemptible --format png
+    """
+    chosen = tuple(f.strip().lower() for f in formats.split(",") if f.strip())
+    unknown = sorted(set(chosen) - {"png", "svg", "pdf"})
+    if not chosen or unknown:
+        raise UsageError(f"--format {formats}: choose from png, svg, pdf (comma-separated)")
+    comparison = _comparison(run_refs, task, group, instance, price_per_hour, prices_file)
+    paths = write_charts(comparison, out_dir, chosen)
+    click.echo(f"Wrote {len(paths)} files to {out_dir}:")
+    for path in paths:
+        click.echo(f"  {path.name} ({path.stat().st_size / 1024:.0f} KiB)")
+    if comparison.skipped:
+        click.echo(f"Left out {len(comparison.skipped)} run(s) that did not finish: "
+                   + ", ".join(f"{r.id} ({r.state})" for r in comparison.skipped) + ".")
+
+
+@cli.command()
+@click.option("--prices", "prices_file", type=click.Path(dir_okay=False),
+              help="A price file that adds to or replaces the shipped table [also $MLBENCH_PRICES].")
+def prices(prices_file) -> None:
+    """The price table that --instance reads: USD per node-hour (or per GPU-hour for GPUs)."""
+    table = PriceTable.load(prices_file)
+    rows = [[p.name, f"{p.usd_per_hour:.4g}", p.kind, p.provider, p.region, p.checked]
+            for p in sorted(table, key=lambda p: (p.provider, p.kind, p.name))]
+    click.echo(tabulate(rows, headers=["NAME", "USD/HOUR", "KIND", "PROVIDER", "REGION", "CHECKED"],
+                        disable_numparse=True))
+    click.echo("\nCombine a machine and its GPUs with '+', e.g. "
+               "--instance n1-standard-4:preemptible+nvidia-tesla-k80:preemptible.")

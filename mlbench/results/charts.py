@@ -1,0 +1,240 @@
+"""`mlbench charts`: the original's four figures per task, from the user's own runs.
+
+The original published, per task (seed 000/001): the speedup of time to accuracy against the number
+of workers, the cost of a run against the number of workers, loss against time for each worker
+count with the target line, and the communication/computation time ratio per worker count. Each
+is drawn here from a :class:`~mlbench.results.compare.Comparison`, so the charts show exactly the
+groups, repeats and families that `mlbench compare` prints. Figures are drawn on matplotlib's Agg
+canvas without pyplot: no display, no global state between calls.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, RunResult)
+
+CHART_NAMES = ("speedup", "cost", "loss-accuracy", "communication")
+FORMATS = ("png", "svg")
+_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+            "#17becf", "#7f7f7f", "#bcbd22")
+_STYLES = ("-", "--", ":", "-.")
+
+
+def write_charts(comparison: Comparison, out_dir: str | Path,
+                 formats: Sequence[str] = FORMATS) -> list[Path]:
+    """Draw the four charts and write each in every format; returns the files written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    drawers = {"speedup": speedup_chart, "cost": cost_chart, "loss-accuracy": loss_accuracy_chart,
+               "communication": communication_chart}
+    written = []
+    for name in CHART_NAMES:
+        fig = drawers[name](comparison)
+        for fmt in formats:
+            path = out / f"{comparison.task}-{name}.{fmt}"
+            fig.savefig(path, format=fmt, dpi=100, metadata=_metadata(fmt))
+            written.append(path)
+    return written
+
+
+def family_labels(families: Sequence[Family]) -> dict[Family, str]:
+    """Legend text per family: what tells the families apart (all of it when there is one)."""
+    fields = {
+        "division": lambda f: f"{f.division} division",
+        "optimizer": lambda f: f.optimizer,
+        "hardware": lambda f: f.hardware,
+        "goal": lambda f: f"goal {f.goal:.0%}" if f.goal is not None else "no goal",
+    }
+    varying = [k for k, text in fields.items() if len({text(f) for f in families}) > 1]
+    shown = varying or ["optimizer", "hardware"]
+    return {f: ", ".join(fields[k](f) for k in shown) for f in families}
+
+
+def speedup_chart(comparison: Comparison) -> Figure:
+    fig, ax = _figure()
+    families = comparison.families()
+    labels = family_labels(list(families))
+    counts = sorted({g.workers for g in comparison.groups})
+    drawn = False
+    for i, (family, groups) in enumerate(families.items()):
+        points = [g for g in groups if g.speedup is not None]
+        if not points:
+            continue
+        drawn = True
+        x = [g.workers for g in points]
+        y = [g.speedup for g in points]
+        low = [g.speedup - g.speedup_range[0] for g in points]
+        high = [g.speedup_range[1] - g.speedup for g in points]
+        ax.errorbar(x, y, yerr=[low, high], marker="o", capsize=4, color=_colour(i),
+                    label=f"{labels[family]} ({family.metric})")
+        base = min(g.workers for g in groups)
+        ideal_x = [k for k in counts if k >= base]
+        ax.plot(ideal_x, [k / base for k in ideal_x], linestyle="--", color=_colour(i), alpha=0.4,
+                label=f"ideal (linear) from {base} worker{'s' if base > 1 else ''}")
+    _worker_axis(ax, counts, log=True)
+    ax.set_ylabel("speedup (x)")
+    ax.set_title(f"{comparison.task}: speedup relative to the fewest workers")
+    if drawn:
+        ax.legend(fontsize=8)
+        _footnote(fig, "median of the repeats; bars: slowest to fastest run")
+    else:
+        _empty(ax, "no run reached its goal: no time to accuracy to compare")
+    return fig
+
+
+def cost_chart(comparison: Comparison) -> Figure:
+    fig, ax = _figure()
+    families = {f: gs for f, gs in comparison.families().items() if f.metric == TIME_TO_ACCURACY}
+    labels = family_labels(list(families))
+    counts = sorted({g.workers for gs in families.values() for g in gs})
+    width = 0.8 / max(1, len(families))
+    drawn = False
+    for i, (family, groups) in enumerate(families.items()):
+        bars = [g for g in groups if g.cost is not None and math.isfinite(g.cost.median)]
+        if not bars:
+            continue
+        drawn = True
+        x = [counts.index(g.workers) + (i - (len(families) - 1) / 2) * width for g in bars]
+        y = [g.cost.median for g in bars]
+        err = [[g.cost.median - g.cost.minimum for g in bars],
+               [g.cost.maximum - g.cost.median if math.isfinite(g.cost.maximum) else 0.0
+                for g in bars]]
+        ax.bar(x, y, width=width, yerr=err, capsize=3, color=_colour(i), label=labels[family])
+    ax.set_xticks(range(len(counts)), [str(k) for k in counts])
+    ax.set_xlabel("number of workers")
+    ax.set_ylabel("cost to accuracy (USD)")
+    ax.set_title(f"{comparison.task}: cost of training to the goal")
+    if comparison.usd_per_node_hour is None:
+        price = "no price given: local runs cost $0 (use --price-per-hour or --instance)"
+    else:
+        price = f"at ${comparison.usd_per_node_hour:.4g} per node-hour"
+    if drawn:
+        ax.legend(fontsize=8)
+        _footnote(fig, f"node-seconds to the goal (evaluation included) {price}")
+    else:
+        _empty(ax, "no run reached its goal: no cost to accuracy")
+    return fig
+
+
+def loss_accuracy_chart(comparison: Comparison) -> Figure:
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    loss_ax, acc_ax = fig.subplots(1, 2)
+    families = comparison.families()
+    labels = family_labels(list(families))
+    multi = len(families) > 1
+    goals = set()
+    for f_index, (family, groups) in enumerate(families.items()):
+        for g_index, g in enumerate(groups):
+            colour, style = _colour(g_index), _STYLES[f_index % len(_STYLES)]
+            label = f"{g.workers} worker{'s' if g.workers > 1 else ''}"
+            label = f"{label}, {labels[family]}" if multi else label
+            lead = _representative(g)
+            for run in g.runs:
+                alpha, lw = (1.0, 1.6) if run is lead else (0.35, 0.9)
+                name = label if run is lead else None
+                if run.losses:
+                    t, loss = zip(*run.losses)
+                    loss_ax.plot(t, loss, style, color=colour, alpha=alpha, lw=lw, label=name)
+                evals = [(e["time"], e["accuracy"]) for e in run.summary.evaluations
+                         if "time" in e and "accuracy" in e]
+                if evals:
+                    t, acc = zip(*evals)
+                    acc_ax.plot(t, [100 * a for a in acc], style, marker="o", ms=3, color=colour,
+                                alpha=alpha, lw=lw, label=name)
+        if family.goal is not None:
+            goals.add(family.goal)
+    for goal in sorted(goals):
+        acc_ax.axhline(100 * goal, color="black", linestyle=":", lw=1.2,
+                       label=f"target {goal:.0%}")
+    loss_ax.set_title("training loss vs training time")
+    loss_ax.set_xlabel("training time (s)")
+    loss_ax.set_ylabel("training loss")
+    acc_ax.set_title("test accuracy vs training time")
+    acc_ax.set_xlabel("training time (s)")
+    acc_ax.set_ylabel("test accuracy (%)")
+    for ax in (loss_ax, acc_ax):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{comparison.task}: loss and accuracy over time per worker count "
+                 "(bold: median run; faint: other repeats)", fontsize=11)
+    return fig
+
+
+def communication_chart(comparison: Comparison) -> Figure:
+    fig, ax = _figure()
+    families = comparison.families()
+    labels = family_labels(list(families))
+    counts = sorted({g.workers for g in comparison.groups})
+    width = 0.8 / max(1, len(families))
+    for i, (family, groups) in enumerate(families.items()):
+        bars = [g for g in groups if g.communication_share is not None]
+        x = [counts.index(g.workers) + (i - (len(families) - 1) / 2) * width for g in bars]
+        comm = [100 * g.communication_share for g in bars]
+        comp = [100 - c for c in comm]
+        suffix = f" ({labels[family]})" if len(families) > 1 else ""
+        ax.bar(x, comp, width=width, color="#4c72b0", alpha=1.0 - 0.25 * i, edgecolor="white",
+               label=f"computation{suffix}")
+        ax.bar(x, comm, width=width, bottom=comp, color="#dd8452", alpha=1.0 - 0.25 * i,
+               edgecolor="white", label=f"communication{suffix}")
+        for xx, g in zip(x, bars):
+            ratio = g.communication_seconds / g.compute_seconds if g.compute_seconds else float("inf")
+            ax.text(xx, 101, f"{ratio:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(counts)), [str(k) for k in counts])
+    ax.set_ylim(0, 112)
+    ax.set_xlabel("number of workers")
+    ax.set_ylabel("share of step time (%)")
+    ax.set_title(f"{comparison.task}: communication vs computation time")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="lower left")
+        _footnote(fig, "all workers of all runs; number above a bar: communication/computation ratio")
+    else:
+        _empty(ax, "no phase times recorded (runs made with --no-timing)")
+    return fig
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _figure() -> tuple[Figure, Axes]:
+    fig = Figure(figsize=(6.4, 4.4), layout="constrained")
+    ax = fig.subplots()
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _colour(i: int) -> str:
+    return _COLOURS[i % len(_COLOURS)]
+
+
+def _worker_axis(ax: Axes, counts: list[int], log: bool) -> None:
+    if log and counts and max(counts) > 1:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(k) for k in counts])
+    ax.minorticks_off()
+    ax.set_xlabel("number of workers")
+
+
+def _footnote(fig: Figure, text: str) -> None:
+    """A note under the axes; as the figure's x-label, the layout makes room for it."""
+    fig.supxlabel(text, fontsize=7, color="#555555")
+
+
+def _empty(ax: Axes, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=10,
+            color="#555555", wrap=True)
+
+
+def _representative(group: Group) -> RunResult:
+    """The run whose time to accuracy is the group's median (a run that missed counts as slowest)."""
+    ranked = sorted(group.runs, key=lambda r: math.inf if r.time_to_accuracy is None else r.time_to_accuracy)
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def _metadata(fmt: str) -> dict:
+    """No creation date in SVGs, so that the same runs give the same file."""
+    return {"Date": None} if fmt == "svg" else {}

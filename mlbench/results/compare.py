@@ -1,0 +1,263 @@
+"""`mlbench compare`: runs side by side, grouped so that only like is compared with like.
+
+Runs are grouped by *family* (task, division, optimizer, hardware, goal) and, within a family, by
+worker count; repeats of one configuration fall into one group and are summarised with
+:mod:`mlbench.results.repeats`. Within a family, speedup is relative to the smallest worker count
+present (the original's figures: "speedup relative to one node") and parallel efficiency is the
+speedup divided by the growth in workers. Closed and open division, different optimizers,
+hardware or goals never share a family: a speedup across them would compare two things at once.
+
+The measure behind the speedup is time to accuracy (SPEC.md); a family without a goal (synthetic
+data, for throughput only) is compared by training throughput instead, and says so. The compute /
+communication split adds up the phase times of every worker of every run in the group, not rank 0
+alone (ARCHITECTURE.md, "Timing").
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+from mlbench.errors import UsageError
+from mlbench.results.cost import cost_usd
+from mlbench.results.events import read_run_events
+from mlbench.results.repeats import RepeatStats, repeat_stats
+from mlbench.results.store import FINISHED, RunRecord, RunStore, read_json
+from mlbench.results.summary import RunSummary, summarize
+from mlbench.tasks.spec import get_task
+
+TIME_TO_ACCURACY, THROUGHPUT = "time to accuracy", "throughput"
+
+
+def hardware_label(config: dict[str, Any], environment: dict[str, Any]) -> str:
+    """What a worker ran on, coarse enough that repeats on one machine type share it."""
+    gpus = environment.get("gpus") or []
+    if config.get("device") == "cuda" and gpus:
+        return str(gpus[0])
+    cpu = str(environment.get("cpu") or "CPU")
+    cores = environment.get("cores")
+    return f"{cpu} ({cores} cores)" if cores else cpu
+
+
+def loss_curve(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(training seconds, training loss) of rank 0, one point per logging interval."""
+    points, pending = [], None
+    for e in events:
+        if e.get("rank", 0) != 0:
+            continue
+        if e["name"] == "train/loss":
+            pending = (int(e["step"]), float(e["value"]))
+        elif e["name"] == "train/time" and pending and pending[0] == int(e["step"]):
+            points.append((float(e["value"]), pending[1]))
+            pending = None
+    return points
+
+
+@dataclass
+class RunResult:
+    """One finished run as compare and charts see it."""
+
+    record: RunRecord
+    summary: RunSummary
+    config: dict[str, Any]
+    hardware: str
+    losses: list[tuple[float, float]] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, record: RunRecord) -> "RunResult":
+        events = read_run_events(record.run_dir)
+        summary = summarize(events)
+        try:
+            run_json = read_json(record.run_dir / "run.json")
+        except (OSError, ValueError):
+            run_json = {}
+        config = run_json.get("config") or {}
+        environment = summary.environment or run_json.get("environment") or {}
+        return cls(record, summary, config, hardware_label(config, environment), loss_curve(events))
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return self.record.result or self.summary.result or {}
+
+    @property
+    def goal(self) -> float | None:
+        return self.result.get("goal")
+
+    @property
+    def time_to_accuracy(self) -> float | None:
+        """Training seconds to the goal (evaluation excluded), None when it was not reached."""
+        return self.result.get("time_to_accuracy") if self.result.get("reached") else None
+
+    @property
+    def wall_time_to_accuracy(self) -> float | None:
+        """Seconds to the goal with evaluation: what the machines were paid for."""
+        return self.result.get("wall_time_to_accuracy") if self.result.get("reached") else None
+
+    @property
+    def nodes(self) -> int:
+        """Machines the run occupied: this one for a local run, one per worker on a cluster."""
+        return 1 if self.record.launcher == "local" else self.record.workers
+
+    def phase_totals(self) -> tuple[float, float]:
+        """(compute, communication) seconds summed over every worker."""
+        ranks = self.summary.ranks
+        return (sum(self.summary.compute_seconds(r) for r in ranks),
+                sum(self.summary.communication_seconds(r) for r in ranks))
+
+
+@dataclass(frozen=True)
+class Family:
+    """Runs that may be compared with each other across worker counts."""
+
+    task: str
+    division: str
+    optimizer: str
+    hardware: str
+    goal: float | None
+
+    @property
+    def metric(self) -> str:
+        return TIME_TO_ACCURACY if self.goal is not None else THROUGHPUT
+
+
+@dataclass
+class Group:
+    """The runs of one family with one worker count (repeats of one configuration)."""
+
+    family: Family
+    workers: int
+    runs: list[RunResult]
+    time_to_accuracy: RepeatStats
+    throughput: RepeatStats            # samples/s over all workers (higher is better)
+    final_accuracy: float | None       # median
+    compute_seconds: float             # over all workers of all runs
+    communication_seconds: float
+    cost: RepeatStats | None           # USD to accuracy per run; None: no price for these runs
+    speedup: float | None = None
+    speedup_range: tuple[float, float] | None = None
+    efficiency: float | None = None
+
+    @property
+    def communication_share(self) -> float | None:
+        total = self.compute_seconds + self.communication_seconds
+        return self.communication_seconds / total if total > 0 else None
+
+
+@dataclass
+class Comparison:
+    task: str
+    groups: list[Group]
+    skipped: list[RunRecord]
+    usd_per_node_hour: float | None
+
+    def families(self) -> dict[Family, list[Group]]:
+        out: dict[Family, list[Group]] = defaultdict(list)
+        for g in self.groups:
+            out[g.family].append(g)
+        return dict(out)
+
+
+def select_runs(store: RunStore, refs: tuple[str, ...] = (), task: str | None = None,
+                group: str | None = None) -> list[RunRecord]:
+    """The runs named by id/name, or all runs of a task and/or of one `mlbench run` invocation."""
+    if refs and (task or group):
+        raise UsageError("give run ids, or --task/--group, not both")
+    if refs:
+        return [store.get(ref) for ref in refs]
+    if not task and not group:
+        raise UsageError("say which runs: give run ids, --task TASK or --group GROUP")
+    if task:
+        get_task(task)
+    records = [r for r in store.list()
+               if (task is None or r.task == task) and (group is None or r.group_id == group)]
+    if not records:
+        what = " and ".join(x for x in (task and f"task {task}", group and f"group {group}") if x)
+        raise UsageError(f"no runs of {what} yet; `mlbench status` lists the runs")
+    return records
+
+
+def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = None) -> Comparison:
+    """Group finished runs and compute repeats statistics, speedup, efficiency and cost.
+
+    ``usd_per_node_hour`` prices every run; without it a local run costs nothing (the machine is
+    already paid for) and a cluster run has no known cost.
+    """
+    tasks = sorted({r.task for r in records})
+    if len(tasks) > 1:
+        by_task = "; ".join(f"{t}: {', '.join(r.id for r in records if r.task == t)}" for t in tasks)
+        raise UsageError(f"cannot compare runs of different tasks ({by_task}); compare one task at a time")
+    finished = [r for r in records if r.state == FINISHED]
+    if not finished:
+        states = ", ".join(sorted({r.state for r in records}))
+        raise UsageError(f"no finished run among the {len(records)} run(s) given ({states}); "
+                         "wait for them to finish or pick others (`mlbench status`)")
+    buckets: dict[tuple[Family, int], list[RunResult]] = defaultdict(list)
+    for record in finished:
+        run = RunResult.load(record)
+        family = Family(record.task, record.division, record.optimizer, run.hardware, run.goal)
+        buckets[(family, record.workers)].append(run)
+    groups = [_group(f, k, runs, usd_per_node_hour)
+              for (f, k), runs in sorted(buckets.items(), key=lambda item: _sort_key(*item[0]))]
+    by_family: dict[Family, list[Group]] = defaultdict(list)
+    for g in groups:
+        by_family[g.family].append(g)
+    for family_groups in by_family.values():
+        _add_speedup(family_groups)
+    return Comparison(tasks[0], groups, [r for r in records if r.state != FINISHED], usd_per_node_hour)
+
+
+def _sort_key(family: Family, workers: int) -> tuple:
+    return (family.division, family.optimizer, family.hardware, family.goal or 0.0, workers)
+
+
+def _group(family: Family, workers: int, runs: list[RunResult], usd: float | None) -> Group:
+    compute = communication = 0.0
+    for run in runs:
+        c, m = run.phase_totals()
+        compute, communication = compute + c, communication + m
+    accuracies = [run.result["final_accuracy"] for run in runs
+                  if run.result.get("final_accuracy") is not None]
+    return Group(
+        family=family, workers=workers, runs=runs,
+        time_to_accuracy=repeat_stats(run.time_to_accuracy for run in runs),
+        throughput=RepeatStats(tuple(sorted(run.summary.throughput or 0.0 for run in runs))),
+        final_accuracy=median(accuracies) if accuracies else None,
+        compute_seconds=compute, communication_seconds=communication,
+        cost=_costs(runs, usd))
+
+
+def _costs(runs: list[RunResult], usd: float | None) -> RepeatStats | None:
+    values = []
+    for run in runs:
+        price = usd if usd is not None else (0.0 if run.record.launcher == "local" else None)
+        if price is None:
+            return None
+        wall = run.wall_time_to_accuracy
+        values.append(None if wall is None else cost_usd(wall, run.nodes, price))
+    return repeat_stats(values)
+
+
+def _add_speedup(groups: list[Group]) -> None:
+    """Speedup and efficiency relative to the family's smallest worker count.
+
+    Time to accuracy: base median / median, with a range from the group's slowest to fastest run.
+    Throughput: median / base median, with the range from the group's lowest to highest rate.
+    """
+    base = min(groups, key=lambda g: g.workers)
+    for g in groups:
+        if g.family.metric == TIME_TO_ACCURACY:
+            ref, stats = base.time_to_accuracy.median, g.time_to_accuracy
+            if not (math.isfinite(ref) and math.isfinite(stats.median)) or stats.minimum <= 0:
+                continue
+            g.speedup = ref / stats.median
+            g.speedup_range = (ref / stats.maximum, ref / stats.minimum)
+        else:
+            ref, stats = base.throughput.median, g.throughput
+            if ref <= 0:
+                continue
+            g.speedup = stats.median / ref
+            g.speedup_range = (stats.minimum / ref, stats.maximum / ref)
+        g.efficiency = g.speedup / (g.workers / base.workers)

@@ -1,0 +1,175 @@
+"""A run as an MLPerf-style result log: ``:::MLLOG {json}`` lines (`mlbench download --format mlperf`).
+
+MLPerf Training reports every run as such a log (keys and event types from the mlperf-logging
+package's ``mllog.constants``): submission fields, ``init_start``/``init_stop``, ``run_start``,
+one ``epoch_start``/``epoch_stop`` and ``eval_start``/``eval_accuracy``/``eval_stop`` per
+evaluation, hyper-parameters (``global_batch_size``, ``seed``, ``opt_*``) and ``run_stop`` with a
+``status`` of ``success`` (goal reached) or ``aborted``. Writing the same format lets MLPerf's own
+parser and tooling read mlbench results. The log is rebuilt from the run's metric events after the
+fact, so it needs nothing from the workers beyond what every run records:
+
+* ``run_start`` is the wall-clock moment training began: rank 0's first training-time reading
+  minus the training and evaluation seconds before it;
+* an evaluation ends at rank 0's ``time/eval`` event and starts that many seconds earlier; the
+  epoch before it runs from the previous evaluation's end (or ``run_start``) to its start;
+* ``init_start`` is when the launcher started the run (process start, data loading and the
+  process group count as initialisation, as in MLPerf), ``run_stop`` the time of the result.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from mlbench.results.compare import hardware_label
+from mlbench.results.events import read_run_events
+from mlbench.results.store import RunRecord, read_json
+from mlbench.tasks.spec import TaskSpec, spec_from_dict
+
+TOKEN = ":::MLLOG"
+ORG = "mlbench"
+
+
+def mllog_lines(record: RunRecord, events: list[dict[str, Any]], run_json: dict[str, Any],
+                org: str = ORG) -> list[str]:
+    """The :::MLLOG lines of one run, in time order."""
+    config = run_json.get("config") or {}
+    spec = spec_from_dict(config["task"]) if config.get("task") else None
+    rank0 = [e for e in events if e.get("rank", 0) == 0]
+    result = record.result or next((e["value"] for e in rank0 if e["name"] == "result"), None) or {}
+    batch = record.workers * (spec.batch_per_worker if spec else 0)
+    environment = next((e["value"] for e in rank0 if e["name"] == "environment"),
+                       run_json.get("environment") or {})
+    log = _Log()
+
+    init_start = record.started_at or record.created_at
+    log.add(init_start, "submission_benchmark", record.task)
+    log.add(init_start, "submission_division", record.division)
+    log.add(init_start, "submission_org", org)
+    log.add(init_start, "submission_platform", _platform(record, config, environment))
+    log.add(init_start, "submission_status", "onprem" if record.launcher == "local" else "cloud")
+    log.add(init_start, "cache_clear", False)
+    log.add(init_start, "init_start", None, "INTERVAL_START")
+    log.add(init_start, "mlbench_run_id", record.id)
+    log.add(init_start, "number_of_workers", record.workers)
+    log.add(init_start, "global_batch_size", batch)
+    log.add(init_start, "gradient_accumulation_steps", 1)
+    log.add(init_start, "seed", record.seed if record.seed is not None else config.get("seed"))
+    log.add(init_start, "opt_name", record.optimizer)
+    for kind in ("tensor", "pipeline", "context", "expert"):  # data parallelism only
+        log.add(init_start, f"{kind}_parallelism", 1)
+    log.add(init_start, "config_filename", "run.json")
+    if spec is not None:
+        log.add(init_start, "micro_batch_size", spec.batch_per_worker)
+        for key, value in _hyper_parameters(spec, record.workers).items():
+            log.add(init_start, key, value)
+    steps_per_epoch = _steps_per_epoch(result)
+    train_samples = result.get("train_samples") or (steps_per_epoch and steps_per_epoch * batch)
+    if train_samples:
+        log.add(init_start, "train_samples", train_samples)
+    if result.get("test_samples"):
+        log.add(init_start, "eval_samples", result["test_samples"])
+
+    start = _run_start(rank0)
+    if start is not None:
+        log.add(start, "init_stop", None, "INTERVAL_END")
+        log.add(start, "run_start", None, "INTERVAL_START")
+        _epochs_and_evaluations(log, rank0, start, batch)
+    stop = next((e["time"] for e in rank0 if e["name"] == "result"), record.finished_at)
+    if stop is not None:
+        status = "success" if result.get("reached") else "aborted"
+        log.add(stop, "run_stop", None, "INTERVAL_END",
+                {"status": status, "epoch_num": _epoch_num(result.get("epochs") or 0.0)})
+    return log.lines()
+
+
+def write_mllog(record: RunRecord, output: str | os.PathLike) -> Path:
+    """Write the run's :::MLLOG log to ``output`` (atomically)."""
+    output = Path(output)
+    try:
+        run_json = read_json(record.run_dir / "run.json")
+    except (OSError, ValueError):
+        run_json = {}
+    lines = mllog_lines(record, read_run_events(record.run_dir), run_json)
+    tmp = output.with_name(output.name + ".part")
+    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    os.replace(tmp, output)
+    return output
+
+
+class _Log:
+    """Collects log records and renders them in time order (stable for equal times)."""
+
+    def __init__(self) -> None:
+        self._records: list[tuple[float, int, dict[str, Any]]] = []
+
+    def add(self, when: float, key: str, value: Any, event_type: str = "POINT_IN_TIME",
+            metadata: dict[str, Any] | None = None) -> None:
+        body = {"namespace": "", "time_ms": int(round(when * 1000)), "event_type": event_type,
+                "key": key, "value": value, "metadata": metadata or {}}
+        self._records.append((when, len(self._records), body))
+
+    def lines(self) -> list[str]:
+        return [f"{TOKEN} {json.dumps(body)}" for _, _, body in sorted(self._records, key=lambda r: r[:2])]
+
+
+def _platform(record: RunRecord, config: dict[str, Any], environment: dict[str, Any]) -> str:
+    nodes = 1 if record.launcher == "local" else record.workers
+    return f"{nodes}x {hardware_label(config, environment)}, {record.workers} worker(s), {record.launcher}"
+
+
+def _hyper_parameters(spec: TaskSpec, workers: int) -> dict[str, Any]:
+    """The optimiser settings as MLPerf names them; the base rate is the rate after warm-up."""
+    out: dict[str, Any] = {"opt_weight_decay": spec.weight_decay, "opt_momentum": spec.momentum,
+                           "opt_nesterov": spec.nesterov, "opt_l2_regularisation": spec.l2}
+    if spec.lr.kind == "warmup-multistep":
+        out["opt_base_learning_rate"] = spec.lr.eta_per_sample * spec.batch_per_worker * workers
+        out["opt_learning_rate_warmup_epochs"] = spec.lr.warmup_epochs
+        out["opt_learning_rate_decay_boundary_epochs"] = list(spec.lr.milestones)
+        out["opt_learning_rate_decay_factor"] = 1.0 / spec.lr.decay_factor
+    else:
+        out["opt_base_learning_rate"] = spec.lr.alpha(workers)
+        out["opt_learning_rate_schedule"] = "alpha / sqrt(t)"
+    return out
+
+
+def _steps_per_epoch(result: dict[str, Any]) -> int | None:
+    steps, epochs = result.get("steps"), result.get("epochs")
+    return round(steps / epochs) if steps and epochs else None
+
+
+def _epoch_num(epoch: float) -> int:
+    """MLPerf counts epochs from 1; a partial last epoch (a step cap) is still an epoch."""
+    return max(1, math.ceil(round(epoch, 6)))
+
+
+def _run_start(rank0: list[dict[str, Any]]) -> float | None:
+    eval_before = 0.0
+    for e in rank0:
+        if e["name"] == "time/eval":
+            eval_before += float(e["value"])
+        elif e["name"] == "train/time":
+            return float(e["time"]) - float(e["value"]) - eval_before
+    return None
+
+
+def _epochs_and_evaluations(log: _Log, rank0: list[dict[str, Any]], start: float, batch: int) -> None:
+    accuracy = {int(e["step"]): float(e["value"]) for e in rank0 if e["name"] == "eval/accuracy"}
+    epoch_begin = start
+    for e in rank0:
+        if e["name"] != "time/eval":
+            continue
+        end, step = float(e["time"]), int(e["step"])
+        begin = end - float(e["value"])
+        meta = {"epoch_num": _epoch_num(float(e["epoch"])), "samples_count": step * batch}
+        if begin > epoch_begin:
+            log.add(epoch_begin, "epoch_start", None, "INTERVAL_START", meta)
+            log.add(begin, "epoch_stop", None, "INTERVAL_END", meta)
+        log.add(begin, "eval_start", None, "INTERVAL_START", meta)
+        if step in accuracy:
+            log.add(end, "eval_accuracy", accuracy[step], metadata=meta)
+        log.add(end, "eval_stop", None, "INTERVAL_END", meta)
+        epoch_begin = end

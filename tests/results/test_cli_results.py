@@ -1,0 +1,98 @@
+"""`mlbench compare | charts | prices` and the --repeat/--format options, on recorded runs.
+
+Usage errors are one line on stderr and exit code 2, never a traceback.
+"""
+
+import pytest
+from click.testing import CliRunner
+
+import mlbench.cli.commands  # noqa: F401  (registers the commands)
+from mlbench.cli import cli
+from mlbench.results.store import RunStore
+
+from tests.results.recorded import record_run
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def assert_usage_error(result, text):
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and text in lines[0]
+    assert "Traceback" not in result.output
+
+
+@pytest.fixture
+def store():
+    return RunStore()
+
+
+@pytest.fixture
+def scaling(store):
+    runs = []
+    for k, times in {1: [100.0, 110.0, 120.0], 2: [50.0, None, 60.0]}.items():
+        runs += [record_run(store, workers=k, tta=t, wall=None if t is None else t + 10, seed=i,
+                            group_id="g7") for i, t in enumerate(times)]
+    return runs
+
+
+def test_compare_prints_one_row_per_worker_count_with_the_known_answers(scaling):
+    result = invoke("compare", "--group", "g7", "--instance", "n1-standard-4")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "task1a | closed division | centralized-sgd | Test CPU (8 cores) | goal 80.00%" in out
+    row1 = next(line.split() for line in out.splitlines() if line.startswith("1 "))
+    row2 = next(line.split() for line in out.splitlines() if line.startswith("2 "))
+    # workers, converged, median, range, olympic mean, speedup, efficiency
+    assert row1[:7] == ["1", "3/3", "0:01:50", "0:01:40..0:02:00", "0:01:50", "1.00x", "100%"]
+    # the missed run: "not reached" at the slow end; the olympic mean drops it as the slowest
+    assert row2[:8] == ["2", "2/3", "0:01:00", "50.0s..not", "reached", "0:01:00", "1.83x", "92%"]
+    # cost to accuracy: median wall time (120 s, 70 s) x 1 node x $0.19/h
+    assert row1[-1] == "$0.0063" and row2[-1] == "$0.0037"
+    assert "at $0.19 per node-hour" in out
+
+
+def test_compare_refuses_runs_of_different_tasks(store):
+    a = record_run(store, workers=1, tta=1.0, wall=2.0)
+    b = record_run(store, workers=1, task="task2a", tta=1.0, wall=2.0)
+    assert_usage_error(invoke("compare", a.id, b.id), "different tasks")
+
+
+def test_an_unknown_run_id_is_one_line(store):
+    assert_usage_error(invoke("compare", "zzzz"), "no run 'zzzz'")
+    assert_usage_error(invoke("charts", "zzzz"), "no run 'zzzz'")
+
+
+def test_charts_without_a_finished_run_is_one_line(store, tmp_path):
+    failed = record_run(store, workers=2, state="failed")
+    assert_usage_error(invoke("charts", failed.id, "-o", tmp_path / "c"), "no finished run")
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("args, text", [
+    (("compare", "--task", "task1a", "--instance", "n1-standard-4", "--price-per-hour", "1"), "not both"),
+    (("compare", "--task", "task1a", "--price-per-hour", "-1"), "USD >= 0"),
+    (("compare", "--task", "task1a", "--prices", "p.csv"), "--instance"),
+    (("compare", "--task", "task1a", "--instance", "no-such-box"), "no price for 'no-such-box'"),
+    (("compare",), "say which runs"),
+    (("charts", "--task", "task1a", "--format", "gif"), "choose from png, svg, pdf"),
+    (("run", "task2a", "1", "--repeat", "0"), "--repeat must be at least 1"),
+    (("run", "task2a", "1", "--repeat", "2", "--name", "x"), "--name names one run"),
+])
+def test_usage_errors_are_one_line_with_exit_code_2(args, text):
+    assert_usage_error(invoke(*args), text)
+
+
+def test_charts_write_the_four_figures_even_when_no_run_reached_its_goal(store, tmp_path):
+    runs = [record_run(store, workers=k, tta=None) for k in (1, 2)]
+    result = invoke("charts", *(r.id for r in runs), "-o", tmp_path, "--format", "png")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "task1a-communication.png", "task1a-cost.png", "task1a-loss-accuracy.png", "task1a-speedup.png"]
+
+
+def test_prices_lists_the_table_with_the_original_figures():
+    out = invoke("prices").stdout
+    assert "n1-standard-4:preemptible" in out and "0.04" in out and "nvidia-tesla-k80:preemptible" in out
