@@ -69,6 +69,8 @@ class Pipeline:
         self.test = Split(*(t.to(device) for t in test)) if resident else test
         self._aug: tuple[torch.Tensor, ...] | None = None
         self.begin_epoch(seed=0, epoch=0)  # allocates the augmentation buffers once
+        if images:
+            normalise(self.train.x[:1])  # makes the normalisation constants before any capture
 
     @property
     def num_train(self) -> int:

@@ -111,6 +111,7 @@ class ReferenceStep:
         self.timer.mark("backward")
         return objective.detach()
 
+    @torch.no_grad()
     def _communicate_and_update(self) -> None:
         if self.world > 1:
             flat = torch.cat([g.reshape(-1) for g in self.grads])

@@ -27,10 +27,21 @@ def draw_augmentation(num_samples: int, *, seed: int, epoch: int) -> tuple[torch
     return offsets[:, 0].contiguous(), offsets[:, 1].contiguous(), flips
 
 
+_CONSTANTS: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _mean_std(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel constants, made once per device: a CUDA graph may not copy from the host."""
+    key = (device, dtype)
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = (torch.tensor(CIFAR10_MEAN, dtype=dtype).view(1, 3, 1, 1).to(device),
+                           torch.tensor(CIFAR10_STD, dtype=dtype).view(1, 3, 1, 1).to(device))
+    return _CONSTANTS[key]
+
+
 def normalise(images: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """uint8 [B,3,H,W] -> normalised float [B,3,H,W]."""
-    mean = torch.tensor(CIFAR10_MEAN, device=images.device, dtype=dtype).view(1, 3, 1, 1)
-    std = torch.tensor(CIFAR10_STD, device=images.device, dtype=dtype).view(1, 3, 1, 1)
+    mean, std = _mean_std(images.device, dtype)
     return (images.to(dtype) / 255.0 - mean) / std
 
 

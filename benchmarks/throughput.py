@@ -1,0 +1,170 @@
+"""Training-step throughput: mlbench's reference step vs a plain PyTorch loop, in one run.
+
+    python benchmarks/throughput.py                # GPU if visible, else CPU
+    python benchmarks/throughput.py --device cpu --steps 60
+
+The plain loop is what a user writes from the PyTorch tutorials: the model, autograd,
+torch.optim.SGD (momentum 0.9, Nesterov, weight decay 1e-4), data already in memory (synthetic,
+CIFAR-shaped, normalised; no augmentation, which favours the baseline). mlbench's step does
+more: it gathers the minibatch and augments it (crop + flip) on the device, times every phase,
+and (on a GPU) runs the whole step as one CUDA graph. On the CPU, mlbench runs K worker
+processes through the real launcher (`mlbench run task1a K --data synthetic`), against a plain
+single process that uses every core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tabulate import tabulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mlbench.tasks.losses import batch_loss  # noqa: E402
+from mlbench.tasks.models import build_model  # noqa: E402
+from mlbench.tasks.pipeline import Pipeline, synthetic_splits  # noqa: E402
+from mlbench.tasks.spec import TASK1A, TASK2A, resolve  # noqa: E402
+from mlbench.worker.steps import ReferenceStep  # noqa: E402
+from mlbench.worker.timing import PhaseTimer  # noqa: E402
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(step, steps: int, device: torch.device, warmup: int = 20) -> float:
+    """Seconds per step over ``steps`` steps, after ``warmup`` untimed ones."""
+    for i in range(warmup):
+        step(i)
+    sync(device)
+    start = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    sync(device)
+    return (time.perf_counter() - start) / steps
+
+
+def plain_loop(model_name: str, batch: int, device: torch.device, precision: str, channels_last: bool,
+               features: int = 2000):
+    """The tutorial loop: returns step(i)."""
+    torch.manual_seed(0)
+    spec = TASK2A if model_name == "logreg" else TASK1A
+    model = build_model(model_name, in_features=features).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=spec.momentum, nesterov=spec.nesterov,
+                          weight_decay=spec.weight_decay)
+    n = 8192
+    if model_name == "logreg":
+        x = torch.randn(n, features, device=device)
+        y = torch.randint(0, 2, (n,), device=device).float() * 2 - 1
+    else:
+        x = torch.randn(n, 3, 32, 32, device=device)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, 10, (n,), device=device)
+    order = torch.randint(0, n, (10_000, batch), device=device)
+
+    def step(i: int) -> None:
+        idx = order[i % order.shape[0]]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = model(x[idx])
+            loss = batch_loss(spec.loss, out, y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return step
+
+
+def mlbench_step(model_name: str, batch: int, device: torch.device, precision: str, channels_last: bool,
+                 timing: bool = True, graph: bool = True):
+    """mlbench's reference step (the same code the workers run), on synthetic data of the task."""
+    torch.manual_seed(0)
+    base = TASK2A if model_name == "logreg" else TASK1A
+    spec, _ = resolve(base, {"batch_per_worker": batch, "model": model_name})
+    train, test = synthetic_splits(spec.dataset)
+    data = Pipeline(train, test, device, images=spec.dataset == "cifar10", channels_last=channels_last)
+    model = build_model(model_name, in_features=data.num_features if model_name == "logreg" else None).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    timer = PhaseTimer(device, enabled=timing)
+    ref = ReferenceStep(model, spec, data, timer, 1, capture=graph and device.type == "cuda", precision=precision)
+    order = torch.randint(0, data.num_train, (10_000, batch), device=device)
+    collect_every = 50
+
+    def step(i: int) -> None:
+        ref(order[i % order.shape[0]], 0.01)
+        if timing and i % collect_every == collect_every - 1:
+            timer.collect()
+    return step
+
+
+def gpu_table(steps: int) -> list[list]:
+    device = torch.device("cuda")
+    cases = [("resnet20-v1", 32, "fp32", False), ("resnet20-v1", 32, "bf16", True),
+             ("resnet20-v1", 512, "bf16", True), ("logreg", 100, "fp32", False)]
+    rows = []
+    for model, batch, precision, cl in cases:
+        base = timed(plain_loop(model, batch, device, precision, cl), steps, device)
+        ours = timed(mlbench_step(model, batch, device, precision, cl), steps, device)
+        untimed = timed(mlbench_step(model, batch, device, precision, cl, timing=False), steps, device)
+        label = f"{model}, batch {batch}, {precision}{' + channels-last' if cl else ''}"
+        rows.append([label, f"{batch / base:,.0f}", f"{base * 1e6:,.0f}", f"{batch / ours:,.0f}",
+                     f"{ours * 1e6:,.0f}", f"{base / ours:.2f}x", f"{100 * (ours / untimed - 1):+.1f}%"])
+    return rows
+
+
+def cpu_table(steps: int) -> list[list]:
+    """Plain single process on all cores vs `mlbench run task1a K --data synthetic`."""
+    from mlbench.launch.local import run_local
+    from mlbench.launch.plan import RunRequest, create_run
+    from mlbench.results.events import read_run_events
+    from mlbench.results.store import RunStore
+
+    device = torch.device("cpu")
+    threads = torch.get_num_threads()
+    base = timed(plain_loop("resnet20-v1", 32, device, "fp32", False), steps, device, warmup=5)
+    rows = [[f"plain PyTorch, 1 process x {threads} threads", f"{32 / base:,.0f}", "1.00x"]]
+    store = RunStore()
+    for workers in (1, 2):
+        run = create_run(store, RunRequest(task="task1a", workers=workers, data="synthetic",
+                                           max_steps=steps + 5, log_every=5))
+        final = run_local(store, run)
+        # rank 0's training clock at every logging interval; the first interval is warm-up
+        clock = [(e["step"], e["value"]) for e in read_run_events(final.run_dir)
+                 if e["name"] == "train/time" and e["rank"] == 0]
+        (s0, t0), (s1, t1) = clock[0], clock[-1]
+        tput = (s1 - s0) * 32 * workers / (t1 - t0)
+        rows.append([f"mlbench run task1a {workers} (processes x threads: {workers} x "
+                     f"{max(1, os.cpu_count() // workers)})", f"{tput:,.0f}", f"{tput * base / 32:.2f}x"])
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--steps", type=int, default=None)
+    args = parser.parse_args()
+    machine = (torch.cuda.get_device_name() if args.device == "cuda"
+               else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    print(f"# {datetime.date.today()} | {machine} | torch {torch.__version__}")
+    if args.device == "cuda":
+        rows = gpu_table(args.steps or 500)
+        print(tabulate(rows, headers=["step", "plain img/s", "plain us/step", "mlbench img/s",
+                                      "mlbench us/step", "speed-up", "timing cost"], tablefmt="github"))
+    else:
+        rows = cpu_table(args.steps or 60)
+        print(tabulate(rows, headers=["ResNet-20, batch 32 per worker", "samples/s", "vs plain"],
+                       tablefmt="github"))
+
+
+if __name__ == "__main__":
+    main()
