@@ -12,6 +12,7 @@ from mlbench.worker.steps import logistic_gradients_, sgd_update_
 def test_closed_form_logistic_gradient_equals_autograd():
     torch.manual_seed(0)
     model = build_model("logreg", in_features=50).double()
+    model.linear.bias = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))  # the step supports one too
     with torch.no_grad():
         model.linear.weight.normal_()
         model.linear.bias.fill_(0.3)

@@ -56,13 +56,14 @@ def logistic_gradients_(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
     """Closed-form gradient of mean log(1 + exp(-y z)) + l2/2 |w|^2 into p.grad; returns the loss."""
     linear = model.linear
     w, b = linear.weight, linear.bias
-    z = torch.addmv(b.expand(x.shape[0]), x, w[0])
+    z = x @ w[0] if b is None else torch.addmv(b.expand(x.shape[0]), x, w[0])
     margin = -y * z
     s = -y * torch.sigmoid(margin) / x.shape[0]
     w.grad.copy_((s @ x).unsqueeze(0))
     if l2:
         w.grad.add_(w, alpha=l2)
-    b.grad.copy_(s.sum().unsqueeze(0))
+    if b is not None:
+        b.grad.copy_(s.sum().unsqueeze(0))
     return torch.nn.functional.softplus(margin).mean() + 0.5 * l2 * (w * w).sum()
 
 

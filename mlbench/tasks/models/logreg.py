@@ -1,10 +1,12 @@
 """L2-regularised logistic regression for task 2a (epsilon, labels -1/+1).
 
-The model is only the linear score ``x @ w + b``: one logit per sample. The loss (mean log-loss
+The model is only the linear score ``x @ w``: one logit per sample, without a bias, as the
+original MLBench's ``LogisticRegression`` (``nn.Linear(n_features, 1, bias=False)``) and as the
+objective below, which regularises all of ``w``. The loss (mean log-loss
 ``log(1 + exp(-y * score))`` plus ``lambda/2 |w|^2``, SPEC.md task 2a, from the MLBench task
 specification "2a. Linear Learning") belongs to the task, not to the model, so the same module
 serves the SGD reference and any fused or closed-form update that reads
-``linear.weight`` and ``linear.bias`` directly.
+``linear.weight`` directly.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from torch import nn
 
 
 class LogisticRegression(nn.Module):
-    """A linear map from ``in_features`` to one logit per sample, with bias.
+    """A linear map from ``in_features`` to one logit per sample, without bias.
 
     The parameters start at zero: the objective is strictly convex (L2 term), so the start
     does not change the optimum, and zero gives every run and every worker the same
@@ -27,9 +29,8 @@ class LogisticRegression(nn.Module):
     def __init__(self, in_features: int) -> None:
         super().__init__()
         self.in_features = in_features
-        self.linear = nn.Linear(in_features, 1, bias=True)
+        self.linear = nn.Linear(in_features, 1, bias=False)
         nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of shape [N] (not [N, 1]) for inputs of shape [N, in_features]."""
