@@ -12,8 +12,9 @@ from tabulate import tabulate
 from mlbench.cli import cli
 from mlbench.cli.format import (fmt_duration, fmt_percent, fmt_time, print_run_details,
                                 ProgressPrinter)
+from mlbench.cloud.config import current_cluster
 from mlbench.errors import UsageError
-from mlbench.launch import local
+from mlbench.launch import kubernetes, local
 from mlbench.launch.plan import BACKENDS, RunRequest, create_run, parse_duration
 from mlbench.results.archive import write_archive
 from mlbench.results.events import read_run_events
@@ -25,7 +26,14 @@ from mlbench.tasks.spec import TASKS, parse_overrides
 
 
 def _store() -> RunStore:
-    return RunStore()
+    """The current cluster's runs (a mirror of its results service), else this machine's."""
+    cluster = current_cluster()
+    return kubernetes.open_store(cluster) if cluster else RunStore()
+
+
+def _engine(store: RunStore):
+    """The launcher of the store's runs: pods on the current cluster, or processes here."""
+    return kubernetes if isinstance(store, kubernetes.ClusterStore) else local
 
 
 def _parse_opts(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -93,9 +101,12 @@ def tasks() -> None:
 @click.option("--save-model", is_flag=True, help="Save each worker's final parameters in the run folder.")
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
+@click.option("--image", help="Worker image on a cluster [the cluster's, else mlbench/worker:VERSION].")
 def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets, optimizer, opts,
-        backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, name, detach) -> None:
-    """Run TASK on WORKERS processes on this machine (one run per worker count given).
+        backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, name, detach,
+        image) -> None:
+    """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
+    (`mlbench set-cluster`); one run per worker count given.
 
     \b
     Examples:
@@ -110,7 +121,16 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
         raise UsageError(f"--repeat must be at least 1, not {repeat}")
     if name and len(workers) * repeat > 1:
         raise UsageError("--name names one run; give one worker count and no --repeat with it")
-    store = _store()
+    cluster = current_cluster()
+    if image and not cluster:
+        raise UsageError("--image is for runs on a cluster; choose one with `mlbench set-cluster` first")
+    store = kubernetes.open_store(cluster) if cluster else RunStore()
+
+    def new_run(request: RunRequest):
+        if cluster:
+            return kubernetes.create_run(store, cluster, request, image=image, progress=click.echo)
+        return create_run(store, request)
+
     group = secrets.token_hex(4) if len(workers) * repeat > 1 else None
     requests = [RunRequest(
         task=task, workers=k, overrides=parse_overrides(sets), model=model, data=data,
@@ -119,25 +139,26 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
         seed=seed + r, backend=backend, device=device, optimizer=optimizer,
         optimizer_options=_parse_opts(opts), log_every=log_every, timing=not no_timing,
         save_model=save_model, name=name, group_id=group) for r in range(repeat) for k in workers]
-    runs = [create_run(store, requests[0])]
+    runs = [new_run(requests[0])]
     if detach:
         for request in requests[1:]:
-            runs.append(create_run(store, request))
+            runs.append(new_run(request))
         if len(runs) > 1:
             raise UsageError("--detach starts one run; give one worker count, or run without --detach")
-        local.start_detached(store, runs[0])
+        _engine(store).start_detached(store, runs[0])
         click.echo(f"Started run {runs[0].id} ({runs[0].name}) in the background. "
                    f"Follow it with: mlbench status {runs[0].id}")
         return
     failed = False
     for i, request in enumerate(requests):
-        record = runs[0] if i == 0 else create_run(store, request)
+        record = runs[0] if i == 0 else new_run(request)
         printer = ProgressPrinter(record, requests[i])
         printer.header()
         try:
-            final = local.run_local(store, record, on_event=printer)
+            final = (kubernetes.run_attached(store, record, on_event=printer) if cluster
+                     else local.run_local(store, record, on_event=printer))
         except KeyboardInterrupt:  # Ctrl-C while starting: nothing more to run
-            final = local.cancel(store, record)
+            final = _engine(store).cancel(store, record)
         printer.footer(final, summarize(read_run_events(final.run_dir)))
         if final.state == "cancelled":
             sys.exit(130)
@@ -155,10 +176,10 @@ def status(run_ref, show_all) -> None:
     """A table of runs, or one run's progress, metrics, result and compute vs communication."""
     store = _store()
     if run_ref:
-        record = local.reconcile(store, store.get(run_ref))
+        record = _engine(store).reconcile(store, store.get(run_ref))
         print_run_details(record, summarize(read_run_events(record.run_dir)))
         return
-    records = [local.reconcile(store, r) for r in store.list()]
+    records = [_engine(store).reconcile(store, r) for r in store.list()]
     if not records:
         click.echo("No runs yet. Start one with: mlbench run task1a 2 --light")
         return
@@ -190,7 +211,7 @@ def status(run_ref, show_all) -> None:
 def download(run_ref, output, fmt) -> None:
     """Everything recorded about RUN (spec, environment, result, metrics, logs) as a zip file."""
     store = _store()
-    record = local.reconcile(store, store.get(run_ref))
+    record = _engine(store).reconcile(store, store.get(run_ref))
     target = Path(output or f"{record.id}.zip")
     if target.parent and not target.parent.exists():
         raise UsageError(f"-o {target}: the folder {target.parent} does not exist")
@@ -210,7 +231,7 @@ def cancel(run_ref) -> None:
     if not record.active:
         click.echo(f"Run {record.id} is already {record.state}.")
         return
-    final = local.cancel(store, record)
+    final = _engine(store).cancel(store, record)
     click.echo(f"Run {final.id} {final.state}.")
 
 
@@ -226,7 +247,7 @@ def delete(run_refs, yes) -> None:
                       "their metrics?", abort=True)
     for record in records:
         if record.active:
-            local.cancel(store, record)
+            _engine(store).cancel(store, record)
         store.delete(record.id)
         click.echo(f"Deleted run {record.id} ({record.name}).")
 

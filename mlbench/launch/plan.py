@@ -72,18 +72,38 @@ def parse_duration(text: str) -> float:
     return total
 
 
-def _device_and_backend(request: RunRequest) -> tuple[str, str]:
-    device = request.device or ("cuda" if torch.cuda.is_available() else "cpu")
+@dataclass
+class WorkerResources:
+    """What each worker gets when it runs elsewhere than this machine (a pod on a cluster).
+
+    Its threads and GPUs, not this machine's, decide the device and the threads per worker;
+    ``placement`` (image, namespace, pod sizes) is recorded in run.json.
+    """
+
+    threads: int
+    gpus: int = 0
+    placement: dict[str, Any] = field(default_factory=dict)
+
+
+def _device_and_backend(request: RunRequest, resources: WorkerResources | None = None) -> tuple[str, str]:
+    has_gpu = torch.cuda.is_available() if resources is None else resources.gpus > 0
+    device = request.device or ("cuda" if has_gpu else "cpu")
     if device not in ("cpu", "cuda"):
         raise UsageError(f"--device {device}: choose cpu or cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA GPU is visible to PyTorch on this machine; "
-                         "use --device cpu")
+    if device == "cuda" and not has_gpu:
+        where = ("to PyTorch on this machine" if resources is None
+                 else "on the cluster's nodes (nvidia.com/gpu)")
+        raise UsageError(f"--device cuda: no CUDA GPU is visible {where}; use --device cpu")
     backend = request.backend or ("nccl" if device == "cuda" else "gloo")
     if backend not in BACKENDS:
         raise UsageError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
     if backend == "nccl" and device != "cuda":
         raise UsageError("--backend nccl needs GPUs (--device cuda); use --backend gloo on CPUs")
+    if resources is not None:  # the worker image's PyTorch, not this machine's, runs the workers
+        if backend == "mpi":
+            raise UsageError("--backend mpi: the worker image's PyTorch has no MPI support; "
+                             "use gloo or nccl")
+        return device, backend
     import torch.distributed as dist
     available = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
                  "mpi": dist.is_mpi_available()}
@@ -92,7 +112,8 @@ def _device_and_backend(request: RunRequest) -> tuple[str, str]:
     return device, backend
 
 
-def build_config(request: RunRequest) -> tuple[RunConfig, list[str]]:
+def build_config(request: RunRequest,
+                 resources: WorkerResources | None = None) -> tuple[RunConfig, list[str]]:
     """The worker configuration and the list of closed-division values the request changed."""
     if request.workers < 1:
         raise UsageError(f"the number of workers must be at least 1, not {request.workers}")
@@ -126,8 +147,11 @@ def build_config(request: RunRequest) -> tuple[RunConfig, list[str]]:
         raise UsageError("--max-steps must be at least 1")
     if request.log_every < 1:
         raise UsageError("--log-every must be at least 1")
-    device, backend = _device_and_backend(request)
-    threads = max(1, usable_cores() // request.workers) if device == "cpu" else 1
+    device, backend = _device_and_backend(request, resources)
+    if resources is not None:
+        threads = resources.threads
+    else:
+        threads = max(1, usable_cores() // request.workers) if device == "cpu" else 1
     config = RunConfig(
         task=spec, workers=request.workers, backend=backend, device=device, data=request.data,
         data_dir=data_dir, light=request.light, stop_at_goal=request.stop_at_goal,
@@ -151,9 +175,9 @@ def prepare_data(config: RunConfig) -> None:
 
 
 def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
-               check_data: bool = True) -> RunRecord:
+               check_data: bool = True, resources: WorkerResources | None = None) -> RunRecord:
     """Validate the request (and, locally, the data) and record a new pending run."""
-    config, changed = build_config(request)
+    config, changed = build_config(request, resources)
     check_optimizer(request.optimizer, request.optimizer_options)
     if check_data:
         prepare_data(config)
@@ -166,6 +190,8 @@ def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
         "environment": describe_environment(),
         "command": os.environ.get("MLBENCH_COMMAND_LINE"),
     }
+    if resources is not None:
+        run_json["placement"] = resources.placement
     return store.create(task=request.task, workers=request.workers, division=division,
                         run_json=run_json, name=request.name, optimizer=request.optimizer,
                         launcher=launcher, seed=request.seed, group_id=request.group_id)

@@ -166,6 +166,16 @@ class RunStore:
         with closing(self._connect()) as db, db:
             db.execute(f"UPDATE runs SET {sets} WHERE id = ?", (*values.values(), run_id))
 
+    def put(self, values: dict[str, Any]) -> None:
+        """Insert or replace a catalog row as given: a mirror of another store keeps its ids."""
+        row = {k: values.get(k) for k in _COLUMNS}
+        if row["result"] is not None:
+            row["result"] = json.dumps(row["result"])
+        (self.runs_dir / row["id"]).mkdir(parents=True, exist_ok=True)
+        with closing(self._connect()) as db, db:
+            db.execute(f"INSERT OR REPLACE INTO runs ({', '.join(_COLUMNS)}) "
+                       f"VALUES ({', '.join('?' * len(_COLUMNS))})", tuple(row.values()))
+
     def mark_running(self, run_id: str, supervisor_pid: int) -> None:
         self.update(run_id, state=RUNNING, started_at=time.time(), supervisor_pid=supervisor_pid)
 

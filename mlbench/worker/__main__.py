@@ -14,7 +14,8 @@ import traceback
 from pathlib import Path
 
 from mlbench.errors import MlbenchError
-from mlbench.results.events import EventWriter, FileSink
+from mlbench.results.events import EventWriter
+from mlbench.results.http_sink import open_sink
 from mlbench.results.store import read_json
 from mlbench.worker.config import RunConfig
 from mlbench.worker.group import init_group, leave_group
@@ -29,8 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
-    config = RunConfig.from_dict(read_json(args.run_dir / "run.json")["config"])
-    events = EventWriter(FileSink(args.run_dir, args.rank), args.rank)
+    run_json = read_json(args.run_dir / "run.json")
+    config = RunConfig.from_dict(run_json["config"])
+    # a file per rank locally; HTTP to the results service when the pod's environment says so
+    events = EventWriter(open_sink(args.run_dir, args.rank, run_json.get("id")), args.rank)
     return run_worker(config, args.rank, events, store_fd=args.store_fd, run_dir=args.run_dir)
 
 

@@ -1,0 +1,111 @@
+"""The runs of a cluster on this machine: a local mirror of the results service's run store.
+
+`status`, `download` (and anything else that reads a run store) work on a cluster's runs exactly
+as on local ones because :class:`ClusterStore` *is* a run store, kept in step with the service:
+the catalog is copied on open, and a run's folder (run.json, events, logs) is copied
+incrementally, whole lines only, whenever the run is looked at. Creating and deleting go to the
+service first. A run that ended and was copied completely is marked so and never fetched again,
+which is also why its results stay readable here after its pods, or even the cluster, are gone.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from mlbench.errors import ClusterError, RunNotFound
+from mlbench.launch.k8s_client import ResultsClient
+from mlbench.results.store import ACTIVE_STATES, RunRecord, RunStore
+
+COMPLETE_MARK = ".mirrored"
+_RUN_ID = re.compile(r"^[0-9a-f]{4,32}$")
+_FILE = re.compile(r"^(run\.json|events/rank-\d+\.jsonl|logs/[A-Za-z0-9_.-]+)$")
+
+
+class ClusterStore(RunStore):
+    """A run store mirroring one cluster's results service (``client`` None: not deployed yet)."""
+
+    def __init__(self, home: str | Path, where: str, client: ResultsClient | None = None,
+                 api: Any = None, namespace: str = "", context: str = ""):
+        super().__init__(home)
+        self.where = where
+        self.client = client
+        self.api = api
+        self.namespace = namespace
+        self.context = context
+
+    def service(self) -> ResultsClient:
+        if self.client is None:
+            raise ClusterError(f"No results service runs on {self.where} yet; `mlbench run` "
+                               "starts it with the first run.")
+        return self.client
+
+    def _put(self, record: dict[str, Any]) -> None:
+        if not _RUN_ID.match(str(record.get("id", ""))):
+            raise ClusterError(f"The results service of {self.where} sent a bad run id "
+                               f"{record.get('id')!r}; check what MLBENCH_RESULTS_URL points to.")
+        self.put(record)
+
+    # -- writing goes to the service first ------------------------------------------------
+    def create(self, **fields: Any) -> RunRecord:
+        """A new pending run, recorded by the service (same arguments as RunStore.create)."""
+        record = self.service().call("POST", "/v1/runs", fields)
+        self._put(record)
+        return self.sync_run(record["id"])
+
+    def delete(self, run_id: str) -> None:
+        if self.client is not None:
+            try:
+                self.client.call("DELETE", f"/v1/runs/{run_id}")
+            except RunNotFound:
+                pass
+        super().delete(run_id)
+
+    # -- keeping the mirror in step -------------------------------------------------------
+    def sync_catalog(self) -> None:
+        """Copy the service's catalog; forget runs it no longer has."""
+        if self.client is None:
+            return
+        remote = self.client.call("GET", "/v1/runs")["runs"]
+        for record in remote:
+            self._put(record)
+        known = {r["id"] for r in remote}
+        for record in super().list():
+            if record.id not in known:
+                super().delete(record.id)
+
+    def sync_run(self, run_id: str) -> RunRecord:
+        """Bring one run's record and folder up to date; return the record."""
+        if self.client is None or (self.runs_dir / run_id / COMPLETE_MARK).exists():
+            return self.get(run_id)
+        try:
+            record = self.client.call("GET", f"/v1/runs/{run_id}")
+        except RunNotFound:
+            super().delete(run_id)
+            raise
+        self._put(record)
+        files = self.client.call("GET", f"/v1/runs/{run_id}/files")["files"]
+        complete = record["state"] not in ACTIVE_STATES
+        for relative, size in files.items():
+            if _FILE.match(relative):
+                complete &= self._copy(run_id, relative, int(size))
+        if complete:
+            (self.runs_dir / run_id / COMPLETE_MARK).touch()
+        return self.get(run_id)
+
+    def _copy(self, run_id: str, relative: str, size: int) -> bool:
+        """Append what the local copy lacks, whole lines only; True when it is whole."""
+        local = self.runs_dir / run_id / relative
+        local.parent.mkdir(parents=True, exist_ok=True)
+        have = local.stat().st_size if local.exists() else 0
+        while have < size:
+            chunk = self.service().raw(f"/v1/runs/{run_id}/file?path={quote(relative)}&offset={have}")
+            whole = chunk[:chunk.rfind(b"\n") + 1]
+            if not whole:
+                break
+            with open(local, "ab") as f:
+                f.write(whole)
+            have += len(whole)
+        return have >= size

@@ -1,0 +1,218 @@
+"""The Kubernetes objects of mlbench, as the plain dicts the API server receives.
+
+Once per cluster (namespace): the results service (`mlbench serve`) as a Deployment with its run
+store on a PersistentVolumeClaim, a ClusterIP Service (never a NodePort or LoadBalancer), a
+ServiceAccount whose Role may only list and delete the objects of runs (it never creates pods),
+and a Secret with the two random tokens (workers' and the CLI's).
+
+Per run: a ConfigMap holding run.json (the worker's only input, as in a local run), a headless
+Service so that every worker finds rank 0's rendezvous store by DNS, and one Pod per worker
+running the same command as locally, ``python -m mlbench.worker RUN_DIR --rank R``. The
+ConfigMap owns the Service and the Pods, so deleting it lets the garbage collector remove
+whatever a crash left behind; the supervisor deletes all three explicitly when a run ends.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+DEFAULT_NAMESPACE = "mlbench"
+SERVICE = "mlbench-results"          # Deployment, Service, ServiceAccount, Role, Secret, PVC
+SERVICE_PORT = 8080
+RENDEZVOUS_PORT = 29500
+WORKER_TOKEN_KEY = "worker-token"
+ADMIN_TOKEN_KEY = "admin-token"
+RUN_LABEL = "mlbench/run"
+RANK_LABEL = "mlbench/rank"
+MANAGED = {"app.kubernetes.io/managed-by": "mlbench"}
+SERVICE_LABELS = {"app.kubernetes.io/name": SERVICE, **MANAGED}
+RUN_DIR = "/etc/mlbench/run"
+DATA_DIR = "/var/cache/mlbench"
+STORE_DIR = "/var/lib/mlbench"
+UID = 1000  # the image's unprivileged user (docker/Dockerfile)
+SCHEDULE_TIMEOUT_S = 600.0  # how long a run's pods may wait for a node before the run fails
+
+
+@dataclass
+class Placement:
+    """Where and with what a run's workers run; recorded in run.json as ``placement``."""
+
+    namespace: str
+    image: str
+    nodes: int
+    cpu_millis: int
+    memory_mib: int
+    gpus: int = 0
+    schedule_timeout_s: float = SCHEDULE_TIMEOUT_S
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"launcher": "kubernetes", **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Placement":
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def run_name(run_id: str) -> str:
+    """ConfigMap and headless Service of a run (a DNS label starting with a letter)."""
+    return f"mlbench-run-{run_id}"
+
+
+def pod_name(run_id: str, rank: int) -> str:
+    return f"{run_name(run_id)}-{rank}"
+
+
+def results_url(namespace: str) -> str:
+    """How pods reach the results service: its Service's cluster DNS name."""
+    return f"http://{SERVICE}.{namespace}.svc:{SERVICE_PORT}"
+
+
+def _security(read_only_root: bool) -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": read_only_root}
+
+
+def _pod_security() -> dict[str, Any]:
+    return {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _secret_env(name: str, key: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": SERVICE, "key": key}}}
+
+
+def role_rules() -> list[dict[str, Any]]:
+    """The results service's permissions: end runs and remove their objects, nothing more."""
+    return [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete"]},
+            {"apiGroups": [""], "resources": ["services", "configmaps"], "verbs": ["delete"]}]
+
+
+def service_objects(namespace: str, image: str, worker_token: str, admin_token: str,
+                    storage: str = "5Gi") -> list[dict[str, Any]]:
+    """The results service's objects, in the order they must be created."""
+    meta = {"name": SERVICE, "namespace": namespace, "labels": SERVICE_LABELS}
+    container = {
+        "name": "serve", "image": image, "command": ["python", "-m", "mlbench.server"],
+        "args": ["--host", "$(POD_IP)", "--port", str(SERVICE_PORT), "--home", STORE_DIR,
+                 "--namespace", "$(POD_NAMESPACE)"],
+        "env": [_field_env("POD_IP", "status.podIP"), _field_env("POD_NAMESPACE", "metadata.namespace"),
+                _secret_env("MLBENCH_WORKER_TOKEN", WORKER_TOKEN_KEY),
+                _secret_env("MLBENCH_ADMIN_TOKEN", ADMIN_TOKEN_KEY),
+                {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+                {"name": "HOME", "value": "/tmp"}],  # the root filesystem is read-only
+        "ports": [{"name": "http", "containerPort": SERVICE_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
+                          "initialDelaySeconds": 30, "periodSeconds": 20},
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "volumeMounts": [{"name": "store", "mountPath": STORE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": _security(read_only_root=True),
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
+         "automountServiceAccountToken": False},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+         "rules": role_rules()},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": SERVICE},
+         "subjects": [{"kind": "ServiceAccount", "name": SERVICE, "namespace": namespace}]},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
+         "stringData": {WORKER_TOKEN_KEY: worker_token, ADMIN_TOKEN_KEY: admin_token}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta,
+         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage}}}},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {
+            "replicas": 1, "strategy": {"type": "Recreate"},  # one writer of the volume at a time
+            "selector": {"matchLabels": {"app.kubernetes.io/name": SERVICE}},
+            "template": {"metadata": {"labels": SERVICE_LABELS}, "spec": {
+                "serviceAccountName": SERVICE, "automountServiceAccountToken": True,
+                "securityContext": _pod_security(), "containers": [container],
+                "volumes": [{"name": "store", "persistentVolumeClaim": {"claimName": SERVICE}},
+                            {"name": "tmp", "emptyDir": {}}]}}}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": {
+            "type": "ClusterIP", "selector": {"app.kubernetes.io/name": SERVICE},
+            "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http"}]}},
+    ]
+
+
+def _owned_by(owner: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"apiVersion": "v1", "kind": "ConfigMap", "name": owner["metadata"]["name"],
+             "uid": owner["metadata"]["uid"], "controller": True}]
+
+
+def run_configmap(run_id: str, run_json: dict[str, Any], namespace: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": run_name(run_id), "namespace": namespace,
+                         "labels": {RUN_LABEL: run_id, **MANAGED}},
+            "data": {"run.json": json.dumps(run_json, indent=2, sort_keys=True, default=str)}}
+
+
+def run_service(run_id: str, owner: dict[str, Any]) -> dict[str, Any]:
+    """Headless: ``<pod>.<service>`` resolves to a worker's pod IP, even before it is ready."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": run_name(run_id), "namespace": owner["metadata"]["namespace"],
+                         "labels": {RUN_LABEL: run_id, **MANAGED}, "ownerReferences": _owned_by(owner)},
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": {RUN_LABEL: run_id},
+                     "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT}]}}
+
+
+def _affinity(run_id: str, workers: int, nodes: int) -> dict[str, Any]:
+    """Workers on different nodes: required when there are enough nodes, else preferred."""
+    term = {"labelSelector": {"matchLabels": {RUN_LABEL: run_id}},
+            "topologyKey": "kubernetes.io/hostname"}
+    if 1 < workers <= nodes:
+        return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": term}]}}
+
+
+def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Placement,
+               owner: dict[str, Any]) -> dict[str, Any]:
+    """The pod of one worker: the local worker command, its run.json mounted from the ConfigMap."""
+    amount = {"cpu": f"{placement.cpu_millis}m", "memory": f"{placement.memory_mib}Mi"}
+    if placement.gpus:
+        amount["nvidia.com/gpu"] = str(placement.gpus)
+    env = [
+        {"name": "MLBENCH_RESULTS_URL", "value": results_url(placement.namespace)},
+        _secret_env("MLBENCH_RESULTS_TOKEN", WORKER_TOKEN_KEY),
+        {"name": "MLBENCH_MASTER_ADDR", "value": f"{pod_name(run_id, 0)}.{run_name(run_id)}"},
+        {"name": "MLBENCH_MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
+        _field_env("MLBENCH_BIND_ADDR", "status.podIP"),
+        {"name": "MLBENCH_DATA", "value": DATA_DIR},
+        {"name": "OMP_NUM_THREADS", "value": str(threads)},
+        {"name": "MKL_NUM_THREADS", "value": str(threads)},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never", "automountServiceAccountToken": False,
+        "hostname": pod_name(run_id, rank), "subdomain": run_name(run_id),
+        "terminationGracePeriodSeconds": 15, "securityContext": _pod_security(),
+        "affinity": _affinity(run_id, workers, placement.nodes),
+        "containers": [{
+            "name": "worker", "image": placement.image,
+            "command": ["python", "-m", "mlbench.worker", RUN_DIR, "--rank", str(rank)],
+            "env": env, "resources": {"requests": amount, "limits": dict(amount)},
+            "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}] if rank == 0 else [],
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "securityContext": _security(read_only_root=False),
+            "volumeMounts": [{"name": "run", "mountPath": RUN_DIR, "readOnly": True},
+                             {"name": "data", "mountPath": DATA_DIR},
+                             {"name": "shm", "mountPath": "/dev/shm"}]}],
+        "volumes": [{"name": "run", "configMap": {"name": run_name(run_id)}},
+                    {"name": "data", "emptyDir": {}},
+                    {"name": "shm", "emptyDir": {"medium": "Memory"}}],
+    }
+    if placement.gpus:
+        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod_name(run_id, rank), "namespace": placement.namespace,
+                         "labels": {RUN_LABEL: run_id, RANK_LABEL: str(rank),
+                                    "app.kubernetes.io/name": "mlbench-worker", **MANAGED},
+                         "ownerReferences": _owned_by(owner)},
+            "spec": spec}

@@ -1,0 +1,246 @@
+"""The supervisor of runs on a cluster: the part of `mlbench serve` that watches worker pods.
+
+It runs inside the cluster, next to the run store, so a run ends properly even when the laptop
+that started it is closed: every few seconds it lists the pods of runs and, for each active run,
+decides as the local launcher does: all workers succeeded -> finished (with rank 0's result);
+one failed, was evicted or lost its node -> failed with that pod's reason; pods still waiting
+after the run's schedule timeout (no capacity, an image that cannot be pulled) -> failed with
+the scheduler's or the kubelet's reason, never a hang. Whenever a run ends, for whatever reason,
+its pods, headless Service and ConfigMap are deleted; the results stay in the store.
+
+Its service account may only list pods and delete pods, services and configmaps (see
+:func:`mlbench.launch.k8s_objects.role_rules`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mlbench.errors import MlbenchError, RunNotFound
+from mlbench.launch.k8s_objects import RANK_LABEL, RUN_LABEL, SCHEDULE_TIMEOUT_S, run_name
+from mlbench.results.events import read_rank_events
+from mlbench.results.store import FAILED, FINISHED, PENDING, RUNNING, RunRecord, RunStore, read_json
+
+POLL_SECONDS = 2.0
+_WAITING_PROBLEMS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                     "CreateContainerError", "CrashLoopBackOff")
+
+
+@dataclass
+class PodState:
+    """What the supervisor needs to know of one worker pod."""
+
+    name: str
+    rank: int
+    phase: str                 # Pending, Running, Succeeded, Failed, Unknown
+    created: float
+    deleting: bool = False
+    ended: float | None = None
+    killed: bool = False       # by the system: evicted, OOM-killed, a signal
+    problem: str | None = None  # why it failed, or why it is not running yet
+    log: str | None = None      # the container's termination message (its last log lines)
+
+
+def _stamp(value: Any) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def pod_state(pod: Any) -> PodState:
+    """A :class:`PodState` from a kubernetes client ``V1Pod``."""
+    status = pod.status
+    problems, ended, log, killed = [], None, None, bool(status.reason)
+    if status.reason:
+        problems.append(f"{status.reason}: {status.message}" if status.message else status.reason)
+    for container in status.container_statuses or []:
+        state = container.state
+        if state and state.terminated and state.terminated.exit_code:
+            term = state.terminated
+            ended, log = _stamp(term.finished_at), term.message
+            killed = killed or term.exit_code >= 128 or term.reason == "OOMKilled"
+            last = [line for line in (term.message or "").splitlines() if line.strip()][-1:]
+            problems.append(f"exit code {term.exit_code} ({term.reason or 'Error'})"
+                            + (f": {last[0].strip()[:300]}" if last else ""))
+        elif state and state.waiting and state.waiting.reason in _WAITING_PROBLEMS:
+            problems.append(f"{state.waiting.reason}: {state.waiting.message or ''}".rstrip(": "))
+    for condition in status.conditions or []:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            problems.append(f"{condition.reason or 'not scheduled'}: {condition.message or ''}".rstrip(": "))
+    return PodState(name=pod.metadata.name, rank=int(pod.metadata.labels.get(RANK_LABEL, -1)),
+                    phase=status.phase or "Pending", created=_stamp(pod.metadata.creation_timestamp) or 0.0,
+                    deleting=pod.metadata.deletion_timestamp is not None, ended=ended, killed=killed,
+                    problem="; ".join(problems) or None, log=log)
+
+
+@dataclass
+class Verdict:
+    """How an active run stands now: FAILED (with the reason and the pod to blame), FINISHED or RUNNING."""
+
+    state: str
+    reason: str | None = None
+    pod: PodState | None = None
+
+
+def judge(run: RunRecord, pods: list[PodState], now: float, schedule_timeout: float) -> Verdict | None:
+    """The new state of an active run from its pods, or None when nothing changed."""
+    failed = [p for p in pods if p.phase in ("Failed", "Unknown")]
+    if failed:
+        # the first to end; on a tie (seconds), the one the system killed: its peers only lost it
+        pod = min(failed, key=lambda p: (p.ended or now, not p.killed, p.rank))
+        how = "failed" if pod.phase == "Failed" else "was lost with its node"
+        reason = f"worker {pod.rank} (pod {pod.name}) {how}: {pod.problem or 'no reason given'}"
+        return Verdict(FAILED, reason, pod)
+    gone = [p for p in pods if p.deleting and p.phase != "Succeeded"]
+    if gone:
+        return Verdict(FAILED, f"worker {gone[0].rank} (pod {gone[0].name}) was deleted before the run "
+                               "ended (evicted, preempted, or deleted by hand)", gone[0])
+    ranks = {p.rank for p in pods}
+    if run.started_at and len(ranks) < run.workers:
+        missing = min(set(range(run.workers)) - ranks)
+        return Verdict(FAILED, f"the pod of worker {missing} disappeared while the run trained")
+    if len(pods) == run.workers and all(p.phase == "Succeeded" for p in pods):
+        return Verdict(FINISHED)
+    waiting = [p for p in pods if p.phase == "Pending"]
+    limit = f"{schedule_timeout / 60:.0f} minutes" if schedule_timeout >= 120 else f"{schedule_timeout:.0f}s"
+    if waiting:
+        pod = min(waiting, key=lambda p: (p.created, p.rank))
+        if now - pod.created > schedule_timeout:
+            return Verdict(FAILED, f"worker {pod.rank} (pod {pod.name}) did not start within {limit}: "
+                                   f"{pod.problem or 'it was never scheduled'}", pod)
+    elif not pods and now - run.created_at > schedule_timeout:
+        return Verdict(FAILED, f"no worker pods were created within {limit}")
+    if run.state == PENDING and len(pods) == run.workers and not waiting:
+        return Verdict(RUNNING)
+    return None
+
+
+class PodSupervisor:
+    """Polls the pods of runs in ``namespace`` and ends runs as :func:`judge` says."""
+
+    def __init__(self, store: RunStore, core: Any, namespace: str, interval: float = POLL_SECONDS):
+        self.store = store
+        self.core = core
+        self.namespace = namespace
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def in_cluster(cls, store: RunStore, namespace: str) -> "PodSupervisor":
+        """Kubernetes access from the pod's service account (or $KUBECONFIG outside a cluster)."""
+        from kubernetes import client, config
+
+        try:
+            if os.environ.get("KUBECONFIG"):
+                config.load_kube_config()
+            else:
+                config.load_incluster_config()
+        except config.ConfigException as err:
+            raise MlbenchError(f"`mlbench serve --namespace {namespace}` needs Kubernetes access ({err}); "
+                               "run it in a pod with its service account, or set KUBECONFIG") from None
+        return cls(store, client.CoreV1Api(), namespace)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="pod-supervisor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.check_once()
+            except Exception as err:  # noqa: BLE001 - the API server may blip; try again next round
+                print(f"supervisor: {type(err).__name__}: {str(err)[:300]}", file=sys.stderr)
+            self._stop.wait(self.interval)
+
+    def check_once(self) -> None:
+        """One round: judge every active run on its pods; delete the pods of ended runs."""
+        listed = self.core.list_namespaced_pod(self.namespace, label_selector=RUN_LABEL).items
+        by_run: dict[str, list[PodState]] = {}
+        for pod in listed:
+            by_run.setdefault(pod.metadata.labels[RUN_LABEL], []).append(pod_state(pod))
+        now = time.time()
+        active = {r.id: r for r in self.store.list() if r.active and r.launcher == "kubernetes"}
+        for run in active.values():
+            pods = by_run.get(run.id, [])
+            verdict = judge(run, pods, now, self._schedule_timeout(run))
+            if verdict is None:
+                continue
+            if verdict.state == RUNNING:
+                self.store.update(run.id, state=RUNNING, started_at=now)
+            elif verdict.state == FINISHED:
+                self._finish(run)
+            else:
+                self._keep_logs(run, pods)
+                self.end_run(run.id, FAILED, self._reason(run, verdict))
+        for run_id in set(by_run) - set(active):
+            self.cleanup(run_id)
+
+    def _schedule_timeout(self, run: RunRecord) -> float:
+        try:
+            placement = read_json(run.run_dir / "run.json").get("placement") or {}
+        except (OSError, ValueError):
+            placement = {}
+        return float(placement.get("schedule_timeout_s") or SCHEDULE_TIMEOUT_S)
+
+    def _reason(self, run: RunRecord, verdict: Verdict) -> str:
+        """Prefer the failed worker's own last error line (as a local run does) to its exit code."""
+        pod = verdict.pod
+        if pod is not None and pod.phase == "Failed":
+            errors = [e for e in read_rank_events(run.run_dir / "events" / f"rank-{pod.rank}.jsonl")
+                      if e["name"] == "error"]
+            if errors:
+                return f"worker {pod.rank} (pod {pod.name}) failed: {errors[-1]['value']}"
+        return verdict.reason or "failed"
+
+    def _keep_logs(self, run: RunRecord, pods: list[PodState]) -> None:
+        """Failed pods' last log lines (their termination messages) outlive the pods."""
+        for pod in pods:
+            if pod.log:
+                (run.run_dir / "logs").mkdir(exist_ok=True)
+                with open(run.run_dir / "logs" / f"rank-{pod.rank}.log", "a", encoding="utf-8") as f:
+                    f.write(f"--- last lines of pod {pod.name} ({pod.problem}) ---\n{pod.log.rstrip()}\n")
+
+    def _finish(self, run: RunRecord) -> None:
+        events = read_rank_events(run.run_dir / "events" / "rank-0.jsonl")
+        results = [e for e in events if e["name"] == "result"]
+        if results:
+            self.end_run(run.id, FINISHED, None, result=results[-1]["value"])
+        else:
+            self.end_run(run.id, FAILED, "the workers exited without a result")
+
+    def end_run(self, run_id: str, state: str, reason: str | None,
+                result: dict[str, Any] | None = None) -> None:
+        """Record how an active run ended (once), then delete its objects."""
+        with self._lock:
+            try:
+                run = self.store.get(run_id)
+            except RunNotFound:
+                run = None
+            if run is not None and run.active:
+                self.store.mark_ended(run_id, state, reason=reason, result=result)
+        self.cleanup(run_id)
+
+    def cleanup(self, run_id: str) -> None:
+        """Delete a run's pods, headless Service and ConfigMap (what is already gone is fine)."""
+        from kubernetes.client.exceptions import ApiException
+
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{RUN_LABEL}={run_id}").items
+        calls = [(self.core.delete_namespaced_pod, p.metadata.name) for p in pods]
+        calls += [(self.core.delete_namespaced_service, run_name(run_id)),
+                  (self.core.delete_namespaced_config_map, run_name(run_id))]
+        for delete, name in calls:
+            try:  # the raw answer: some client versions fail to parse the Status that deletes return
+                delete(name, self.namespace, _preload_content=False)
+            except ApiException as err:
+                if err.status != 404:
+                    raise

@@ -1,0 +1,245 @@
+"""Runs on the current Kubernetes cluster: what `mlbench run | status | cancel | delete` do there.
+
+The CLI, with the user's credentials: deploys the results service once per cluster (see
+:mod:`mlbench.launch.k8s_objects`), sizes the worker pods from the nodes' allocatable CPU,
+memory and GPUs, records the run with the service, creates the run's ConfigMap, headless Service
+and pods, and follows the run through the service (progress lines as for a local run). The
+service's supervisor (:mod:`mlbench.launch.k8s_supervisor`), inside the cluster, decides how the
+run ended and deletes its objects, so a run ends properly even if this machine goes away
+(``--detach`` relies on that). Runs are read through a local mirror of the service's store
+(:class:`~mlbench.launch.k8s_mirror.ClusterStore`), so status and download are the local code.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import secrets
+import time
+from typing import Any, Callable
+
+from mlbench.cloud.config import ClusterRecord, kube_api_client
+from mlbench.cloud.existing import kube_error
+from mlbench.errors import ClusterError, UsageError
+from mlbench.launch import k8s_objects as objects
+from mlbench.launch.k8s_client import ResultsClient, transport_for
+from mlbench.launch.k8s_mirror import ClusterStore
+from mlbench.launch.k8s_supervisor import pod_state
+from mlbench.launch.plan import RunRequest, WorkerResources
+from mlbench.launch.plan import create_run as plan_run
+from mlbench.results.events import EventTail
+from mlbench.results.store import RunRecord, RunStore, read_json
+
+FOLLOW_SECONDS = 2.0
+SERVICE_START_TIMEOUT = 300.0
+Progress = Callable[[str], None]
+
+
+def namespace_of(cluster: ClusterRecord) -> str:
+    """Adopted clusters name their namespace; clusters mlbench created get ``mlbench``."""
+    return str(cluster.extra.get("namespace") or objects.DEFAULT_NAMESPACE)
+
+
+def _api_error(err: Exception, store: ClusterStore, doing: str) -> ClusterError:
+    return kube_error(err, store.context, doing)
+
+
+def _tokens(core: Any, namespace: str) -> dict[str, str] | None:
+    """The service's tokens from its Secret, or None when it was never deployed."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        secret = core.read_namespaced_secret(objects.SERVICE, namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+
+
+def open_store(cluster: ClusterRecord) -> ClusterStore:
+    """The cluster's runs (catalog copied from its results service, when one is deployed)."""
+    from kubernetes import client
+
+    api = kube_api_client(cluster)
+    namespace = namespace_of(cluster)
+    where = f"cluster {cluster.name} (namespace {namespace})"
+    store = ClusterStore(RunStore().home / "clusters" / f"{cluster.provider}-{cluster.name}", where,
+                         api=api, namespace=namespace, context=cluster.context)
+    try:
+        tokens = _tokens(client.CoreV1Api(api), namespace)
+    except Exception as err:
+        raise _api_error(err, store, f"read the Secret {objects.SERVICE} in namespace {namespace}") from None
+    if tokens:
+        store.client = ResultsClient(transport_for(api, namespace), tokens[objects.ADMIN_TOKEN_KEY],
+                                     where, namespace)
+        store.sync_catalog()
+    return store
+
+
+def ensure_service(store: ClusterStore, image: str, progress: Progress) -> None:
+    """Deploy the results service unless it exists, and wait until it answers."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core, ns = client.CoreV1Api(store.api), store.namespace
+    rbac, apps = client.RbacAuthorizationV1Api(store.api), client.AppsV1Api(store.api)
+    try:
+        try:
+            core.read_namespace(ns)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            core.create_namespace({"metadata": {"name": ns, "labels": objects.MANAGED}})
+        tokens = _tokens(core, ns) or {objects.WORKER_TOKEN_KEY: secrets.token_urlsafe(32),
+                                        objects.ADMIN_TOKEN_KEY: secrets.token_urlsafe(32)}
+        create = {"ServiceAccount": core.create_namespaced_service_account,
+                  "Role": rbac.create_namespaced_role, "RoleBinding": rbac.create_namespaced_role_binding,
+                  "Secret": core.create_namespaced_secret,
+                  "PersistentVolumeClaim": core.create_namespaced_persistent_volume_claim,
+                  "Deployment": apps.create_namespaced_deployment, "Service": core.create_namespaced_service}
+        for manifest in objects.service_objects(ns, image, tokens[objects.WORKER_TOKEN_KEY],
+                                                tokens[objects.ADMIN_TOKEN_KEY]):
+            try:
+                create[manifest["kind"]](ns, manifest)
+                if manifest["kind"] == "Deployment":
+                    progress(f"Starting the results service in namespace {ns} (once per cluster)...")
+            except ApiException as err:
+                if err.status != 409:  # exists already: deployed by an earlier run
+                    raise
+        _wait_available(apps, core, ns, image)
+    except ApiException as err:
+        raise _api_error(err, store, f"deploy the results service in namespace {ns}") from None
+    store.client = ResultsClient(transport_for(store.api, ns), tokens[objects.ADMIN_TOKEN_KEY],
+                                 store.where, ns)
+
+
+def _wait_available(apps: Any, core: Any, ns: str, image: str) -> None:
+    deadline = time.monotonic() + SERVICE_START_TIMEOUT
+    while True:
+        status = apps.read_namespaced_deployment_status(objects.SERVICE, ns).status
+        if (status.available_replicas or 0) >= 1:
+            return
+        if time.monotonic() > deadline:
+            pods = core.list_namespaced_pod(ns, label_selector=f"app.kubernetes.io/name={objects.SERVICE}")
+            problems = [f"pod {p.metadata.name}: {pod_state(p).problem}" for p in pods.items
+                        if pod_state(p).problem] or ["no pod became ready"]
+            raise ClusterError(f"The results service did not start within {SERVICE_START_TIMEOUT / 60:.0f} "
+                               f"minutes ({'; '.join(problems)}); check that the cluster can pull {image} "
+                               "(`mlbench image build`, or --image) and rerun.")
+        time.sleep(1.0)
+
+
+def plan_resources(store: ClusterStore, cluster: ClusterRecord, request: RunRequest, image: str | None,
+                   schedule_timeout_s: float) -> WorkerResources:
+    """Pod sizes from the nodes: an equal share of the smallest node for each worker on it."""
+    from kubernetes import client
+    from kubernetes.utils import parse_quantity
+
+    try:
+        nodes = [n for n in client.CoreV1Api(store.api).list_node().items if not n.spec.unschedulable]
+    except Exception:  # noqa: BLE001 - a user may not list nodes; fall back to modest pods
+        nodes = []
+    if nodes:
+        alloc = [n.status.allocatable or {} for n in nodes]
+        cpu = int(min(parse_quantity(a.get("cpu", "1")) for a in alloc) * 1000)
+        memory = int(min(parse_quantity(a.get("memory", "2Gi")) for a in alloc) / 2**20)
+        node_gpus = max(int(parse_quantity(a.get("nvidia.com/gpu", "0"))) for a in alloc)
+    else:
+        cpu, memory = 1500, 2560
+        node_gpus = int((cluster.extra.get("spec") or {}).get("gpus_per_node") or 0)
+    count = len(nodes) or cluster.nodes or 1
+    per_node = math.ceil(request.workers / count)
+    cpu_millis = max(100, (cpu - min(500, cpu // 4)) // per_node // 100 * 100)
+    gpus = 1 if node_gpus and request.device != "cpu" else 0
+    placement = objects.Placement(
+        namespace=store.namespace, nodes=count, cpu_millis=cpu_millis,
+        memory_mib=max(512, int(memory * 0.8) // per_node), gpus=gpus,
+        image=image or cluster.image or _default_image(gpus), schedule_timeout_s=schedule_timeout_s)
+    return WorkerResources(threads=max(1, cpu_millis // 1000), gpus=gpus, placement=placement.to_dict())
+
+
+def _default_image(gpus: int) -> str:
+    from mlbench.cloud.image import worker_image_tag
+
+    return worker_image_tag(cuda=gpus > 0)
+
+
+def create_run(store: ClusterStore, cluster: ClusterRecord, request: RunRequest, image: str | None = None,
+               schedule_timeout_s: float = objects.SCHEDULE_TIMEOUT_S,
+               progress: Progress = lambda _: None) -> RunRecord:
+    """Validate the request for the cluster, deploy the service if needed, record a pending run."""
+    if request.data_dir is not None and request.data == "real":
+        raise UsageError("--data-dir names a folder on this machine, which the cluster's pods cannot "
+                         "see; leave it out (each worker pod downloads the data set) or run locally "
+                         "with `mlbench set-cluster --local`")
+    if request.save_model:
+        raise UsageError("--save-model keeps parameters in a local run folder, which pods do not have; "
+                         "run locally (`mlbench set-cluster --local`) to save models")
+    resources = plan_resources(store, cluster, request, image, schedule_timeout_s)
+    ensure_service(store, resources.placement["image"], progress)
+    return plan_run(store, request, launcher="kubernetes", check_data=False, resources=resources)
+
+
+def launch(store: ClusterStore, run: RunRecord) -> None:
+    """Create the run's ConfigMap, headless Service and worker pods."""
+    from kubernetes import client
+
+    run_json = read_json(run.run_dir / "run.json")
+    placement = objects.Placement.from_dict(run_json["placement"])
+    threads = int(run_json["config"]["threads_per_worker"])
+    core = client.CoreV1Api(store.api)
+    try:
+        made = core.create_namespaced_config_map(
+            store.namespace, objects.run_configmap(run.id, run_json, store.namespace))
+        owner = store.api.sanitize_for_serialization(made)
+        core.create_namespaced_service(store.namespace, objects.run_service(run.id, owner))
+        for rank in range(run.workers):
+            pod = objects.worker_pod(run.id, rank, run.workers, threads, placement, owner)
+            core.create_namespaced_pod(store.namespace, pod)
+    except Exception as err:
+        error = _api_error(err, store, f"create the pods of run {run.id}")
+        store.service().call("POST", f"/v1/runs/{run.id}/fail", {"reason": str(error)})
+        raise error from None
+
+
+def run_attached(store: ClusterStore, run: RunRecord,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> RunRecord:
+    """Start the run's pods and follow it to its end (Ctrl-C cancels it)."""
+    try:
+        launch(store, run)
+        tail = EventTail(run.run_dir / "events" / "rank-0.jsonl")
+        misses = 0
+        while True:
+            try:
+                record = store.sync_run(run.id)
+                misses = 0
+            except ClusterError:
+                misses += 1  # the API server or the service blipped; the run goes on in the cluster
+                if misses * FOLLOW_SECONDS > 120:
+                    raise
+                record = store.get(run.id)
+            for event in tail.read_new() if on_event else ():
+                on_event(event)
+            if not record.active:
+                return record
+            time.sleep(FOLLOW_SECONDS)
+    except KeyboardInterrupt:
+        return cancel(store, run)
+
+
+def start_detached(store: ClusterStore, run: RunRecord) -> None:
+    """Start the run's pods and return; the service's supervisor sees the run to its end."""
+    launch(store, run)
+
+
+def cancel(store: ClusterStore, run: RunRecord) -> RunRecord:
+    """End an active run as cancelled; the service deletes its pods."""
+    store.service().call("POST", f"/v1/runs/{run.id}/cancel")
+    return store.sync_run(run.id)
+
+
+def reconcile(store: ClusterStore, run: RunRecord) -> RunRecord:
+    """The run as the service knows it now (its folder copied here)."""
+    return store.sync_run(run.id)
+

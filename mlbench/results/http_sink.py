@@ -1,0 +1,153 @@
+"""The worker's event sink on a cluster: events go over HTTP to the results service (`mlbench serve`).
+
+Training never waits for the network: :meth:`HttpSink.write` only appends to an in-memory buffer,
+and a background thread sends the buffer in batches. A batch that fails (the service restarts,
+the network blips) stays in the buffer and is sent again with exponential back-off, so a
+restart of the service loses nothing. Every event carries a per-rank sequence number; the service
+stores each (run, rank, seq) once and answers with the next sequence number it expects, so a
+batch that was stored but whose answer was lost is not stored twice when it is sent again.
+
+:meth:`close` (at the end of the worker) waits, up to a limit, until everything was delivered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from mlbench.errors import UsageError
+from mlbench.results.events import EventSink, FileSink
+
+TOKEN_HEADER = "X-Mlbench-Token"
+URL_ENV = "MLBENCH_RESULTS_URL"
+TOKEN_ENV = "MLBENCH_RESULTS_TOKEN"
+# statuses after which sending again cannot help (wrong token, run deleted, malformed batch)
+_PERMANENT = {400, 401, 403, 404, 413, 422}
+
+
+class _Permanent(Exception):
+    """The service refused the batch for good."""
+
+
+class HttpSink:
+    """Buffers events and posts them in batches to ``URL/v1/runs/RUN/events``."""
+
+    def __init__(self, url: str, token: str, run_id: str, rank: int, *, batch_size: int = 500,
+                 interval: float = 1.0, first_backoff: float = 0.5, max_backoff: float = 30.0,
+                 close_timeout: float = 120.0, request_timeout: float = 15.0):
+        self.endpoint = f"{url.rstrip('/')}/v1/runs/{run_id}/events"
+        self.token = token
+        self.rank = rank
+        self.batch_size = batch_size
+        self.interval = interval
+        self.first_backoff = first_backoff
+        self.max_backoff = max_backoff
+        self.close_timeout = close_timeout
+        self.request_timeout = request_timeout
+        self._buffer: deque[dict[str, Any]] = deque()
+        self._seq = 0
+        self._closing = False
+        self._dead = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._send_loop, name=f"events-rank-{rank}", daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        """Events written but not yet acknowledged by the service."""
+        with self._cond:
+            return len(self._buffer)
+
+    def write(self, event: dict[str, Any]) -> None:
+        """Queue one event (never blocks on the network)."""
+        with self._cond:
+            if self._dead:
+                return
+            self._buffer.append({**event, "seq": self._seq})
+            self._seq += 1
+            if len(self._buffer) in (1, self.batch_size):
+                self._cond.notify()
+
+    def close(self) -> None:
+        """Deliver what is left (waiting at most ``close_timeout`` seconds), then stop."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(self.close_timeout)
+        left = self.pending
+        if left and not self._dead:
+            print(f"mlbench: {left} metric events could not be delivered to the results service "
+                  f"within {self.close_timeout:.0f}s", file=sys.stderr)
+
+    # -- the sending thread -----------------------------------------------------------------
+    def _next_batch(self) -> list[dict[str, Any]] | None:
+        """Wait for a full batch, ``interval`` seconds, or close; None when done."""
+        with self._cond:
+            if not self._buffer and not self._closing:
+                self._cond.wait()
+            if self._buffer and len(self._buffer) < self.batch_size and not self._closing:
+                self._cond.wait(self.interval)
+            if not self._buffer:
+                return None if self._closing else []
+            return [self._buffer[i] for i in range(min(self.batch_size, len(self._buffer)))]
+
+    def _send_loop(self) -> None:
+        backoff = self.first_backoff
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            if not batch:
+                continue
+            try:
+                next_seq = self._post(batch)
+            except _Permanent as err:
+                print(f"mlbench: the results service refused metric events ({err}); "
+                      "no more events are sent", file=sys.stderr)
+                with self._cond:
+                    self._dead = True
+                    self._buffer.clear()
+                return
+            except (OSError, ValueError, KeyError):
+                # transient (refused, reset, timeout, 5xx, a garbled answer): try again later
+                time.sleep(backoff * (0.5 + random.random()))
+                backoff = min(self.max_backoff, backoff * 2)
+                continue
+            backoff = self.first_backoff
+            with self._cond:
+                while self._buffer and self._buffer[0]["seq"] < next_seq:
+                    self._buffer.popleft()
+
+    def _post(self, batch: list[dict[str, Any]]) -> int:
+        body = json.dumps({"rank": self.rank, "events": batch}, separators=(",", ":")).encode()
+        request = urllib.request.Request(self.endpoint, data=body, method="POST", headers={
+            "Content-Type": "application/json", TOKEN_HEADER: self.token})
+        try:
+            with urllib.request.urlopen(request, timeout=self.request_timeout) as response:
+                answer = json.loads(response.read())
+        except urllib.error.HTTPError as err:
+            if err.code in _PERMANENT:
+                raise _Permanent(f"HTTP {err.code}: {err.read()[:200].decode(errors='replace')}") from None
+            raise OSError(f"HTTP {err.code}") from None
+        return int(answer["next_seq"])
+
+
+def open_sink(run_dir: str | os.PathLike, rank: int, run_id: str | None) -> EventSink:
+    """HTTP to the results service when the environment names one (a pod), else a file per rank."""
+    url = os.environ.get(URL_ENV)
+    if not url:
+        return FileSink(Path(run_dir), rank)
+    token = os.environ.get(TOKEN_ENV)
+    if not token or not run_id:
+        raise UsageError(f"{URL_ENV} is set but {TOKEN_ENV} or the run id in run.json is missing; "
+                         "set both or unset the URL to write events to files")
+    return HttpSink(url, token, run_id, rank)

@@ -1,0 +1,105 @@
+"""The results service over real HTTP: exactly-once events, restarts without loss, tokens."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from mlbench.results.events import read_rank_events
+from mlbench.results.http_sink import HttpSink
+from mlbench.server.eventlog import EventLog
+from tests.server.conftest import ADMIN_TOKEN, WORKER_TOKEN, new_run
+
+
+def batch(rank: int, seqs) -> list[dict]:
+    return [{"time": 1.0 + s, "rank": rank, "epoch": 0.0, "step": s, "name": "train/loss",
+             "value": float(s), "seq": s} for s in seqs]
+
+
+def stored(service, run_id: str, rank: int) -> list[dict]:
+    return read_rank_events(service.home / "runs" / run_id / "events" / f"rank-{rank}.jsonl")
+
+
+def test_events_posted_twice_are_stored_once(service):
+    run_id = new_run(service)
+    path = f"/v1/runs/{run_id}/events"
+    assert service.call("POST", path, {"rank": 1, "events": batch(1, range(5))}, WORKER_TOKEN) == \
+        (200, {"next_seq": 5})
+    # the answer was lost: the worker sends the same batch again, then an overlapping one
+    assert service.call("POST", path, {"rank": 1, "events": batch(1, range(5))}, WORKER_TOKEN) == \
+        (200, {"next_seq": 5})
+    assert service.call("POST", path, {"rank": 1, "events": batch(1, range(3, 8))}, WORKER_TOKEN) == \
+        (200, {"next_seq": 8})
+    assert [e["seq"] for e in stored(service, run_id, 1)] == list(range(8))
+    assert stored(service, run_id, 0) == []
+
+    status, files = service.call("GET", f"/v1/runs/{run_id}/files")
+    assert status == 200 and set(files["files"]) == {"run.json", "events/rank-1.jsonl"}
+
+
+def test_a_request_without_the_right_token_is_refused(service):
+    run_id = new_run(service)
+    events = {"rank": 0, "events": batch(0, range(2))}
+    assert service.call("GET", "/v1/runs", token=None)[0] == 401
+    assert service.call("GET", "/v1/runs", token="not-the-token")[0] == 401
+    assert service.call("POST", f"/v1/runs/{run_id}/events", events, token=None)[0] == 401
+    assert service.call("POST", f"/v1/runs/{run_id}/events", events, token=ADMIN_TOKEN[:-1])[0] == 401
+    # the workers' token may post events and nothing else
+    assert service.call("GET", "/v1/runs", token=WORKER_TOKEN)[0] == 403
+    assert service.call("DELETE", f"/v1/runs/{run_id}", token=WORKER_TOKEN)[0] == 403
+    assert service.call("POST", "/v1/runs", {"task": "x"}, token=WORKER_TOKEN)[0] == 403
+    assert stored(service, run_id, 0) == []
+    assert service.call("GET", "/v1/runs")[1]["runs"][0]["id"] == run_id
+
+
+def test_a_restart_in_the_middle_of_a_run_loses_nothing(service):
+    run_id = new_run(service)
+    sink = HttpSink(service.url, WORKER_TOKEN, run_id, 0, batch_size=20, interval=0.05,
+                    first_backoff=0.05, max_backoff=0.2, close_timeout=30)
+    total = 600
+
+    def train():
+        for step in range(total):
+            sink.write({"time": time.time(), "rank": 0, "epoch": step / 100, "step": step,
+                        "name": "train/loss", "value": 1.0 / (step + 1)})
+            time.sleep(0.004)
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    time.sleep(0.6)
+    service.kill()                       # mid-run: batches in flight are lost on the wire
+    time.sleep(0.5)
+    service.start()
+    trainer.join()
+    sink.close()
+    assert sink.pending == 0
+    events = stored(service, run_id, 0)
+    assert [e["seq"] for e in events] == list(range(total))
+    assert [e["step"] for e in events] == list(range(total))
+
+
+def test_writing_never_waits_for_a_service_that_is_down(service):
+    run_id = new_run(service)
+    service.kill()
+    sink = HttpSink(service.url, WORKER_TOKEN, run_id, 1, batch_size=50, interval=0.05,
+                    first_backoff=0.05, max_backoff=0.2, close_timeout=30)
+    started = time.perf_counter()
+    for step in range(2000):
+        sink.write({"time": 0.0, "rank": 1, "epoch": 0.0, "step": step, "name": "x", "value": step})
+    assert time.perf_counter() - started < 0.5   # 2,000 events buffered, none sent
+    assert sink.pending == 2000
+    service.start()
+    sink.close()
+    assert [e["seq"] for e in stored(service, run_id, 1)] == list(range(2000))
+
+
+def test_a_torn_line_from_a_crash_is_cut_before_new_events_are_appended(tmp_path):
+    log = EventLog(tmp_path)
+    assert log.append("r1", 0, batch(0, range(3))) == 3
+    path = log.path("r1", 0)
+    with open(path, "a") as f:
+        f.write('{"time": 4.0, "rank": 0, "na')      # the service died mid-write
+    restarted = EventLog(tmp_path)
+    assert restarted.append("r1", 0, batch(0, range(2, 5))) == 5
+    assert [e["seq"] for e in read_rank_events(path)] == [0, 1, 2, 3, 4]
+    assert path.read_text().count("\n") == 5
