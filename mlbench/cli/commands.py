@@ -4,3 +4,4 @@ from mlbench.cli import runs  # noqa: F401
 from mlbench.cli import clusters  # noqa: F401
 from mlbench.cli import results  # noqa: F401
 from mlbench.cli import serve  # noqa: F401
+from mlbench.cli import optimizers  # noqa: F401

@@ -10,8 +10,10 @@ import click
 from tabulate import tabulate
 
 from mlbench.cli import cli
+from mlbench.cli.allreduce import AllreducePrinter, print_allreduce_table, task_rows
 from mlbench.cli.format import (fmt_duration, fmt_percent, fmt_time, print_run_details,
                                 ProgressPrinter)
+from mlbench.cli.optimizers import print_compression
 from mlbench.cloud.config import current_cluster
 from mlbench.errors import UsageError
 from mlbench.launch import kubernetes, local
@@ -22,7 +24,7 @@ from mlbench.results.mllog import write_mllog
 from mlbench.results.store import FINISHED, RunStore
 from mlbench.results.summary import summarize
 from mlbench.tasks.models import MODEL_NAMES
-from mlbench.tasks.spec import TASKS, parse_overrides
+from mlbench.tasks.spec import TASKS, get_task, parse_overrides
 
 
 def _store() -> RunStore:
@@ -50,6 +52,9 @@ def _parse_opts(pairs: tuple[str, ...]) -> dict[str, str]:
 def tasks() -> None:
     """The benchmark tasks with their closed-division specification and goals."""
     for spec in TASKS.values():
+        if spec.kind == "allreduce":
+            click.echo(f"{spec.name}: {spec.title}\n{tabulate(task_rows(spec.extra), tablefmt='plain')}\n")
+            continue
         lr = spec.lr
         if lr.kind == "warmup-multistep":
             rule = (f"eta = {lr.eta_per_sample:.6g} per sample; warm-up from eta*b to eta*b*k over "
@@ -99,17 +104,19 @@ def tasks() -> None:
 @click.option("--log-every", type=int, default=50, help="Record training metrics every N steps.")
 @click.option("--no-timing", is_flag=True, help="Do not time the phases of each step.")
 @click.option("--save-model", is_flag=True, help="Save each worker's final parameters in the run folder.")
+@click.option("--max-size", type=float, metavar="N", help="task0a: largest message, in elements [1e8].")
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
 @click.option("--image", help="Worker image on a cluster [the cluster's, else mlbench/worker:VERSION].")
 def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets, optimizer, opts,
-        backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, name, detach,
-        image) -> None:
+        backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, max_size, name,
+        detach, image) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
 
     \b
     Examples:
+      mlbench run task0a 4
       mlbench run task1a 2 --light
       mlbench run task2a 4 --data-dir ~/data/epsilon
       mlbench run task1a 1 2 4 --time-budget 10m
@@ -138,7 +145,8 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
         time_budget_s=parse_duration(time_budget) if time_budget else None, max_steps=max_steps,
         seed=seed + r, backend=backend, device=device, optimizer=optimizer,
         optimizer_options=_parse_opts(opts), log_every=log_every, timing=not no_timing,
-        save_model=save_model, name=name, group_id=group) for r in range(repeat) for k in workers]
+        save_model=save_model, name=name, group_id=group, max_size=max_size)
+        for r in range(repeat) for k in workers]
     runs = [new_run(requests[0])]
     if detach:
         for request in requests[1:]:
@@ -152,7 +160,8 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
     failed = False
     for i, request in enumerate(requests):
         record = runs[0] if i == 0 else new_run(request)
-        printer = ProgressPrinter(record, requests[i])
+        printer = (AllreducePrinter(record) if get_task(task).kind == "allreduce"
+                   else ProgressPrinter(record, requests[i]))
         printer.header()
         try:
             final = (kubernetes.run_attached(store, record, on_event=printer) if cluster
@@ -177,7 +186,11 @@ def status(run_ref, show_all) -> None:
     store = _store()
     if run_ref:
         record = _engine(store).reconcile(store, store.get(run_ref))
-        print_run_details(record, summarize(read_run_events(record.run_dir)))
+        events = read_run_events(record.run_dir)
+        print_run_details(record, summarize(events))
+        if record.result and record.result.get("kind") == "allreduce":
+            print_allreduce_table(record.result)
+        print_compression(events)
         return
     records = [_engine(store).reconcile(store, r) for r in store.list()]
     if not records:

@@ -19,6 +19,7 @@ from mlbench.errors import UsageError
 from mlbench.optim.base import check_optimizer
 from mlbench.results.environment import describe_environment, usable_cores
 from mlbench.results.store import RunRecord, RunStore
+from mlbench.tasks.allreduce import with_max_size
 from mlbench.tasks.models import MODEL_NAMES
 from mlbench.tasks.pipeline import load_splits
 from mlbench.tasks.spec import get_task, resolve
@@ -55,6 +56,7 @@ class RunRequest:
     graph: bool = True
     name: str | None = None
     group_id: str | None = None
+    max_size: float | None = None     # task0a: the largest message, in elements
 
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
@@ -128,6 +130,11 @@ def build_config(request: RunRequest,
     if "model" in overrides and (overrides["model"] == "logreg") != (task.model == "logreg"):
         raise UsageError(f"model {overrides['model']} does not fit {task.name}'s data set ({task.dataset})")
     spec, changed = resolve(task, overrides)
+    if request.max_size is not None:
+        spec, capped = with_max_size(spec, request.max_size)
+        changed += capped
+    if spec.kind == "allreduce" and request.optimizer != REFERENCE_OPTIMIZER:
+        raise UsageError(f"{spec.name} measures the all-reduce itself and takes no --optimizer")
     if request.optimizer != REFERENCE_OPTIMIZER:
         changed.append(f"optimizer={request.optimizer}")
     if request.data == "synthetic":
@@ -170,7 +177,7 @@ def prepare_data(config: RunConfig) -> None:
     download happens once rather than in every worker, and epsilon's one-time conversion to the
     binary cache is done before the workers, which then load it in seconds.
     """
-    if config.data == "real":
+    if config.data == "real" and config.task.kind == "training":
         load_splits(config.task.dataset, "real", config.data_dir)
 
 
@@ -178,7 +185,7 @@ def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
                check_data: bool = True, resources: WorkerResources | None = None) -> RunRecord:
     """Validate the request (and, locally, the data) and record a new pending run."""
     config, changed = build_config(request, resources)
-    check_optimizer(request.optimizer, request.optimizer_options)
+    check_optimizer(request.optimizer, request.optimizer_options, request.workers)
     if check_data:
         prepare_data(config)
     division = "open" if changed else "closed"

@@ -3,20 +3,71 @@
 A distributed optimizer owns both halves of an update after the backward pass: the
 communication (which it times as the "communication" phase and counts in bytes sent) and the
 local update (the "optimizer" phase). The worker calls :meth:`DistributedOptimizer.step` once per
-minibatch with the learning rate of that step.
+minibatch with the learning rate of that step. Encoding and decoding a compressed message count
+as communication: they are the price of sending fewer bytes.
+
+Options arrive as text (``--opt KEY=VALUE``); each optimizer declares them as :class:`Option`
+values, so that a wrong name or value is one sentence before any worker starts, and
+``mlbench optimizers`` can list them with their defaults.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from mlbench.errors import UsageError
 from mlbench.tasks.spec import TaskSpec
 from mlbench.worker.timing import PhaseTimer
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ``--opt KEY=VALUE`` of an optimizer: its type ("int", "float", "bool", "choice",
+    "text"), default, bounds and help."""
+
+    help: str
+    default: Any
+    kind: str = "text"
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def parse(self, key: str, raw: str) -> Any:
+        raw = raw.strip()
+        if self.kind == "bool":
+            if raw.lower() in _TRUE + _FALSE:
+                return raw.lower() in _TRUE
+            raise UsageError(f"option {key}={raw}: expected true or false")
+        if self.kind == "choice":
+            if raw not in self.choices:
+                raise UsageError(f"option {key}={raw}: expected one of {', '.join(self.choices)}")
+            return raw
+        if self.kind in ("int", "float"):
+            try:
+                value: Any = int(raw) if self.kind == "int" else float(raw)
+            except ValueError:
+                raise UsageError(f"option {key}={raw}: expected {'an integer' if self.kind == 'int' else 'a number'}") from None
+            if not math.isfinite(value) or (self.minimum is not None and value < self.minimum) \
+                    or (self.maximum is not None and value > self.maximum):
+                raise UsageError(f"option {key}={raw}: expected a value in "
+                                 f"[{_bound(self.minimum)}, {_bound(self.maximum)}]")
+            return value
+        if not raw:
+            raise UsageError(f"option {key} needs a value")
+        return raw
+
+
+def _bound(value: float | None) -> str:
+    return "inf" if value is None else f"{value:g}"
 
 
 @dataclass
@@ -33,17 +84,44 @@ class OptimizerContext:
 
 
 class DistributedOptimizer:
-    """Base class: subclasses implement :meth:`step`; ``bytes_sent`` counts what this rank sent."""
+    """Base class: subclasses implement :meth:`step`; ``bytes_sent`` counts what this rank sent.
 
-    name = ""
-    reference = ""
-    closed_division = False
-    options_help: dict[str, str] = {}
+    ``module`` is what the trainer forwards through (the model itself, or a wrapper such as
+    DistributedDataParallel).
+    """
+
+    name: ClassVar[str] = ""
+    reference: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    closed_division: ClassVar[bool] = False
+    options: ClassVar[dict[str, Option]] = {}
 
     def __init__(self, ctx: OptimizerContext):
         self.ctx = ctx
+        self.opts = self.parse_options(ctx.options, ctx.world_size)
+        self.module: torch.nn.Module = ctx.model
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self.bytes_sent = 0
+
+    @classmethod
+    def parse_options(cls, raw: dict[str, str], world_size: int | None) -> dict[str, Any]:
+        """Typed options (defaults filled in), or a UsageError naming the wrong one.
+
+        ``world_size`` None skips the checks that depend on the number of workers.
+        """
+        unknown = sorted(set(raw) - set(cls.options))
+        if unknown:
+            valid = ", ".join(cls.options) or "none"
+            raise UsageError(f"optimizer {cls.name} has no option {', '.join(unknown)}; "
+                             f"valid options: {valid}")
+        values = {key: opt.default for key, opt in cls.options.items()}
+        values.update({key: cls.options[key].parse(key, text) for key, text in raw.items()})
+        cls.check_options(values, world_size)
+        return values
+
+    @classmethod
+    def check_options(cls, values: dict[str, Any], world_size: int | None) -> None:
+        """Checks across options or against the worker count (subclasses override)."""
 
     def step(self, lr: float) -> None:
         raise NotImplementedError
@@ -52,8 +130,47 @@ class DistributedOptimizer:
         for p in self.params:
             p.grad = None
 
-    def state_for_eval(self) -> None:
-        """Make every rank's model ready for evaluation (decentralized methods override)."""
+    def state_for_eval(self) -> Callable[[], None] | None:
+        """Make every rank's model ready for evaluation; return what gives training its own
+        state back afterwards (None: nothing to undo; methods whose ranks differ override)."""
+        return None
+
+
+class ConsensusEvaluation:
+    """Evaluate the average of the ranks' models, then give each rank its own model back.
+
+    Methods whose ranks hold different models (gossip, periodic averaging) are analysed through
+    the average model (Lian et al. 2017, "Can decentralized algorithms outperform centralized
+    algorithms?", Theorem 1): evaluating that average on every rank makes the all-reduced test
+    metrics those of one model, and restoring the local models afterwards leaves the training
+    trajectory untouched. The averaging all-reduce is evaluation traffic, not counted in
+    ``bytes_sent``.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], world_size: int, group: Any = None):
+        self.params = params
+        self.world_size = world_size
+        self.group = group
+        self._saved: list[torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def enter(self) -> Callable[[], None] | None:
+        """Average the models in place; return the function that restores this rank's own."""
+        if self.world_size == 1:
+            return None
+        data = [p.data for p in self.params]
+        self._saved = [t.clone() for t in data]
+        flat = _flatten_dense_tensors(data)
+        all_reduce_mean_(flat, self.world_size, self.group)
+        for t, avg in zip(data, _unflatten_dense_tensors(flat, data)):
+            t.copy_(avg)
+        return self.exit
+
+    @torch.no_grad()
+    def exit(self) -> None:
+        for p, saved in zip(self.params, self._saved or []):
+            p.data.copy_(saved)
+        self._saved = None
 
 
 def local_sgd(ctx: OptimizerContext, params: list[torch.nn.Parameter]) -> torch.optim.SGD:
@@ -75,10 +192,44 @@ def allreduce_bytes(numel: int, element_size: int, world_size: int) -> int:
     return int(2 * (world_size - 1) * numel * element_size / world_size)
 
 
+def allgather_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes one rank sends in a ring all-gather of ``nbytes`` per rank: its share to k-1 peers."""
+    return (world_size - 1) * nbytes
+
+
 def all_reduce_mean_(tensor: torch.Tensor, world_size: int, group: Any = None) -> None:
     if world_size > 1:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
         tensor.div_(world_size)
+
+
+def all_gather(tensor: torch.Tensor, world_size: int, group: Any = None) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` (same shape on all ranks), in rank order."""
+    if world_size == 1:
+        return [tensor]
+    out = [torch.empty_like(tensor) for _ in range(world_size)]
+    dist.all_gather(out, tensor, group=group)
+    return out
+
+
+def flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """All gradients in one new flat fp32 vector (zeros for a parameter without a gradient)."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in params])
+
+
+def flat_params(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+@torch.no_grad()
+def assign_flat_(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    """Copy consecutive slices of ``flat`` into the parameters."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.copy_(flat[offset:offset + n].view_as(p))
+        offset += n
 
 
 OPTIMIZERS: dict[str, type[DistributedOptimizer]] = {}
@@ -89,8 +240,10 @@ def register(cls: type[DistributedOptimizer]) -> type[DistributedOptimizer]:
     return cls
 
 
-def check_optimizer(name: str, options: dict[str, str]) -> type[DistributedOptimizer]:
-    """The optimizer class for ``name``, after checking that it exists and takes ``options``."""
+def check_optimizer(name: str, options: dict[str, str],
+                    world_size: int | None = None) -> type[DistributedOptimizer]:
+    """The optimizer class for ``name``, after checking that it exists and takes ``options``
+    (and, given ``world_size``, that they fit that many workers)."""
     from mlbench.optim import catalog  # noqa: F401  (registers the optimizers)
 
     try:
@@ -98,13 +251,28 @@ def check_optimizer(name: str, options: dict[str, str]) -> type[DistributedOptim
     except KeyError:
         raise UsageError(f"unknown optimizer {name!r}; choose one of: {', '.join(sorted(OPTIMIZERS))} "
                          "(see `mlbench optimizers`)") from None
-    unknown = set(options) - set(cls.options_help)
-    if unknown:
-        valid = ", ".join(cls.options_help) or "none"
-        raise UsageError(f"optimizer {name} has no option {', '.join(sorted(unknown))}; "
-                         f"valid options: {valid}")
+    cls.parse_options(options, world_size)
     return cls
 
 
 def build_optimizer(name: str, ctx: OptimizerContext) -> DistributedOptimizer:
-    return check_optimizer(name, ctx.options)(ctx)
+    return check_optimizer(name, ctx.options, ctx.world_size)(ctx)
+
+
+def describe_optimizers() -> list[dict[str, Any]]:
+    """Every optimizer with its division, summary, reference and options (for the CLI/README)."""
+    from mlbench.optim import catalog
+
+    return [{"name": cls.name, "closed_division": cls.closed_division, "summary": cls.summary,
+             "reference": cls.reference,
+             "options": [{"name": key, "default": opt.default, "help": opt.help}
+                         for key, opt in cls.options.items()]}
+            for cls in (OPTIMIZERS[name] for name in catalog.ORDER)]
+
+
+def compression_ratio(events: list[dict[str, Any]]) -> float | None:
+    """Bytes the reference all-reduce would have sent / bytes sent, over a run's metric events
+    (``comm/dense_bytes`` and ``comm/bytes`` of all ranks); None when nothing was sent."""
+    sent = sum(e["value"] for e in events if e["name"] == "comm/bytes")
+    dense = sum(e["value"] for e in events if e["name"] == "comm/dense_bytes")
+    return dense / sent if sent > 0 and dense > 0 else None

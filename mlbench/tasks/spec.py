@@ -67,6 +67,7 @@ class TaskSpec:
     notes: str = ""
     reference: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    kind: str = "training"   # or "allreduce": task 0a, a communication benchmark (no model, no data)
 
     def goal(self, light: bool) -> float:
         return self.goal_light if light else self.goal_full
@@ -111,7 +112,30 @@ TASK2A = TaskSpec(
     reference="PASCAL 2008 large-scale challenge (epsilon); MLBench task 2a",
 )
 
-TASKS: dict[str, TaskSpec] = {t.name: t for t in (TASK1A, TASK2A)}
+TASK0A = TaskSpec(
+    name="task0a",
+    title="Communication: all-reduce latency and bandwidth of the backend",
+    model="none",
+    dataset="none",
+    batch_per_worker=0,
+    lr=LRSchedule(kind="none"),
+    momentum=0.0,
+    nesterov=False,
+    weight_decay=0.0,
+    l2=0.0,
+    max_epochs=0,
+    goal_full=0.0,
+    goal_light=0.0,
+    loss="none",
+    metric="bus bandwidth",
+    kind="allreduce",
+    extra={"max_size": 10**8, "dtypes": ("fp32", "fp16", "bf16"), "warmup": 5, "iterations": 20,
+           "seconds_per_size": 0.5},
+    notes="messages of 1..max_size elements (log-spaced); nccl-tests' time, algbw and busbw per size",
+    reference="MLBench task 0a; bandwidths as NVIDIA nccl-tests (doc/PERFORMANCE.md)",
+)
+
+TASKS: dict[str, TaskSpec] = {t.name: t for t in (TASK0A, TASK1A, TASK2A)}
 
 #: Fields a user may override with ``--set key=value``, with their type.
 OVERRIDABLE: dict[str, type] = {

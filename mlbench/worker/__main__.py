@@ -53,12 +53,16 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
         init_group(config, rank, store_fd)
         if rank == 0:
             events.emit("environment", describe_environment(), epoch=0, step=0)
-        trainer = Trainer(config, rank, events)
-        trainer.setup()
-        result = trainer.train()
-        if config.save_model and run_dir is not None:
-            (run_dir / "checkpoints").mkdir(exist_ok=True)
-            torch.save(trainer.model.state_dict(), run_dir / "checkpoints" / f"rank-{rank}.pt")
+        if config.task.kind == "allreduce":  # task 0a: a communication benchmark, no training
+            from mlbench.tasks.allreduce import run_benchmark
+            result = run_benchmark(config, rank, events)
+        else:
+            trainer = Trainer(config, rank, events)
+            trainer.setup()
+            result = trainer.train()
+            if config.save_model and run_dir is not None:
+                (run_dir / "checkpoints").mkdir(exist_ok=True)
+                torch.save(trainer.model.state_dict(), run_dir / "checkpoints" / f"rank-{rank}.pt")
         if rank == 0:
             events.emit("result", result, epoch=result["epochs"], step=result["steps"])
         leave_group()

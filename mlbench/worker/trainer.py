@@ -16,12 +16,12 @@ import torch
 import torch.distributed as dist
 
 from mlbench.errors import UsageError
-from mlbench.optim.base import OptimizerContext, build_optimizer
+from mlbench.optim.base import OptimizerContext, allreduce_bytes, build_optimizer
 from mlbench.optim.lr import learning_rate
 from mlbench.results.events import EventWriter
 from mlbench.tasks.data.sharding import epoch_batches, eval_shard, steps_per_epoch
 from mlbench.tasks.losses import batch_loss, correct_count, regulariser
-from mlbench.tasks.models import build_model
+from mlbench.tasks.models import build_model, count_trainable_parameters
 from mlbench.tasks.pipeline import Pipeline, load_splits
 from mlbench.worker.config import RunConfig
 from mlbench.worker.steps import ReferenceStep
@@ -86,6 +86,9 @@ class Trainer:
         if self.cfg.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.timer = PhaseTimer(self.device, enabled=self.cfg.timing)
+        # What the reference (one fp32 all-reduce of all gradients) sends per step and rank: the
+        # denominator of a compressing optimizer's compression ratio.
+        self.dense_bytes_per_step = allreduce_bytes(count_trainable_parameters(self.model), 4, self.world)
         self.steps_per_epoch = steps_per_epoch(self.data.num_train, self.world,
                                                self.spec.batch_per_worker)
         self.fast: ReferenceStep | None = None
@@ -177,7 +180,7 @@ class Trainer:
         self.timer.begin()
         x, y = self.data.train_batch(idx)
         self.timer.mark("data")
-        output = self.model(x)
+        output = self.optimizer.module(x)  # the model, or a wrapper such as DDP's
         loss = batch_loss(self.spec.loss, output, y)
         objective = loss + regulariser(self.model, self.spec.l2)
         self.timer.mark("forward")
@@ -222,6 +225,7 @@ class Trainer:
         for phase, seconds in self.timer.collect().items():
             emit(f"time/{phase}", seconds, epoch=epoch, step=step)
         emit("comm/bytes", self.optimizer.bytes_sent - start_bytes, epoch=epoch, step=step)
+        emit("comm/dense_bytes", steps * self.dense_bytes_per_step, epoch=epoch, step=step)
 
     # -- evaluation ---------------------------------------------------------------------------
     def _sync_buffers(self) -> None:
@@ -243,7 +247,7 @@ class Trainer:
         """Loss and accuracy on the whole test set (all-reduced); True when the goal is reached."""
         p = self.progress
         begin = time.perf_counter()
-        self.optimizer.state_for_eval()
+        restore = self.optimizer.state_for_eval()
         self._sync_buffers()
         self.model.eval()
         start, stop = eval_shard(self.data.num_test, workers=self.world, rank=self.rank)
@@ -258,6 +262,8 @@ class Trainer:
             dist.all_reduce(totals, op=dist.ReduceOp.SUM)
         self.model.train()
         loss = float(totals[0] / totals[2]) + float(regulariser(self.model, self.spec.l2))
+        if restore is not None:  # e.g. gossip: each rank goes on training its own model
+            restore()
         accuracy = float(totals[1] / totals[2])
         elapsed = time.perf_counter() - begin
         p.eval_time += elapsed

@@ -1,0 +1,82 @@
+"""How task 0a (the all-reduce benchmark) looks on the terminal: one line per measurement as it
+arrives, then the peak; and its table in ``mlbench status RUN``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from tabulate import tabulate
+
+from mlbench.results.store import RunRecord, read_json
+from mlbench.results.summary import RunSummary
+from mlbench.tasks.allreduce import TABLE_HEADERS, message_sizes, peak, table_row
+
+_WIDTHS = (5, 10, 11, 5, 12, 13, 13, 7)
+
+
+def _elements(n: int) -> str:
+    """1e8 rather than 100000000 (or 1e+08)."""
+    mantissa, exponent = f"{n:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}" if float(f"{n:.0e}") == n and n >= 1000 else str(n)
+
+
+def _line(cells: list[Any] | tuple[Any, ...]) -> str:
+    return "  ".join(f"{str(c):>{w}}" for c, w in zip(cells, _WIDTHS))
+
+
+class AllreducePrinter:
+    """The launcher's event callback for a task-0a run (same interface as ProgressPrinter)."""
+
+    def __init__(self, run: RunRecord):
+        self.run = run
+
+    def header(self) -> None:
+        config = read_json(self.run.run_dir / "run.json")["config"]
+        params = config["task"]["extra"]
+        sizes = message_sizes(int(params["max_size"]))
+        click.echo(f"Run {self.run.id} ({self.run.name}): task0a all-reduce sweep, {self.run.workers} "
+                   f"worker(s), {config['device']}/{config['backend']}, {sizes[0]}..{_elements(sizes[-1])} "
+                   f"elements, {', '.join(params['dtypes'])}")
+        click.echo(_line(TABLE_HEADERS))
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if event["name"] == "allreduce":
+            click.echo(_line(table_row(event["value"])))
+        elif event["name"] == "error":
+            click.echo(f"  worker {event['rank']}: {event['value']}", err=True)
+
+    def footer(self, final: RunRecord, summary: RunSummary) -> None:
+        if final.state != "finished" or not final.result:
+            click.echo(f"Run {final.id} {final.state}: {final.reason}", err=True)
+            return
+        click.echo(describe_peak(final.result) + f" Details: mlbench status {final.id}")
+
+
+def describe_peak(result: dict[str, Any]) -> str:
+    best = peak(result["rows"])
+    if best is None:
+        return "No measurements."
+    wrong = f" {result['wrong']} wrong elements!" if result.get("wrong") else ""
+    if result["workers"] == 1:
+        return (f"One worker: nothing travels; peak algorithm bandwidth {best['algbw_gbps']:.2f} GB/s "
+                f"({best['dtype']}, {best['elements']} elements).{wrong}")
+    return (f"Peak bus bandwidth {best['busbw_gbps']:.2f} GB/s ({best['dtype']}, {best['elements']} "
+            f"elements, {result['workers']} workers, {result['backend']}).{wrong}")
+
+
+def print_allreduce_table(result: dict[str, Any]) -> None:
+    """The whole sweep of a finished task-0a run (for `mlbench status RUN`)."""
+    click.echo("\nAll-reduce sweep (time: mean per operation over ranks; nccl-tests' algbw and busbw):")
+    click.echo(tabulate([table_row(r) for r in result["rows"]], headers=TABLE_HEADERS,
+                        disable_numparse=True, colalign=("left",) + ("right",) * 7))
+    click.echo(describe_peak(result))
+
+
+def task_rows(params: dict[str, Any]) -> list[list[str]]:
+    """Task 0a's specification for `mlbench tasks`."""
+    return [["messages", f"1 .. {_elements(params['max_size'])} elements, a power of 10 each (--max-size caps)"],
+            ["types", ", ".join(params["dtypes"])],
+            ["repetitions", f"up to {params['warmup']} warm-up and {params['iterations']} timed per size, "
+                            f"about {params['seconds_per_size']:g} s each"],
+            ["reports", "time per all-reduce, algorithm and bus bandwidth per size (nccl-tests)"]]

@@ -1,0 +1,41 @@
+"""`mlbench optimizers`: every distributed optimizer, its options and its paper."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from tabulate import tabulate
+
+from mlbench.cli import cli
+from mlbench.optim.base import compression_ratio, describe_optimizers
+
+
+def _default(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@cli.command()
+def optimizers() -> None:
+    """The distributed optimizers for `mlbench run --optimizer NAME --opt KEY=VALUE`."""
+    for info in describe_optimizers():
+        division = "closed division: the reference" if info["closed_division"] else "open division"
+        click.echo(f"{info['name']} ({division})")
+        click.echo(f"  {info['summary']}")
+        click.echo(f"  Reference: {info['reference']}")
+        if info["options"]:
+            rows = [[f"--opt {o['name']}=", _default(o["default"]), o["help"]] for o in info["options"]]
+            table = tabulate(rows, headers=["option", "default", ""], tablefmt="plain", maxcolwidths=[None, None, 70])
+            click.echo("  " + table.replace("\n", "\n  "))
+        click.echo("")
+    click.echo("Example: mlbench run task1a 4 --optimizer powersgd --opt rank=2")
+
+
+def print_compression(events: list[dict[str, Any]]) -> None:
+    """One line: bytes sent against the reference all-reduce's (for `mlbench status RUN`)."""
+    ratio = compression_ratio(events)
+    if ratio is not None:
+        click.echo(f"Compression: the reference all-reduce would have sent {ratio:.2f}x the bytes "
+                   "this run sent")

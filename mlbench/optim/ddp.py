@@ -1,0 +1,95 @@
+"""PyTorch DistributedDataParallel: the baseline a user would otherwise pick.
+
+DDP (Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel Training",
+VLDB, arXiv:2006.15704) groups the gradients into buckets and starts each bucket's all-reduce as
+soon as the backward pass has produced it, so communication overlaps the rest of the backward
+pass. The trainer forwards through the DDP wrapper (:attr:`module`); by the time ``backward()``
+returns the gradients are averaged, and :meth:`step` only applies the task's SGD. Hence the
+"communication" phase of a DDP run holds only the communication that did *not* overlap (none on
+the CPU, where the backward waits for the last bucket): the rest is inside "backward".
+
+Communication hooks (``hook=``) change what a bucket sends: ``fp16`` / ``bf16`` halve the bytes
+(torch's ``fp16_compress_hook`` / ``bf16_compress_hook``); ``powersgd`` is torch's PowerSGD hook
+(Vogels et al. 2019; vanilla all-reduce for the first ``start_iter`` steps, as torch requires).
+Bytes are counted from what each hook sends; DDP's broadcast of rank 0's buffers (BatchNorm
+statistics) before each forward counts as (k-1)/k of the buffers per rank, the mean share of a
+broadcast.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel
+
+from mlbench.errors import UsageError
+from mlbench.optim.base import (DistributedOptimizer, Option, OptimizerContext, allreduce_bytes,
+                                local_sgd, register, set_lr)
+
+_HALF_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+
+
+@register
+class DDP(DistributedOptimizer):
+    name = "ddp"
+    reference = ("PyTorch DistributedDataParallel (Li et al. 2020, VLDB, arXiv:2006.15704); "
+                 "hooks: torch.distributed.algorithms.ddp_comm_hooks")
+    summary = "torch's DistributedDataParallel: bucketed all-reduce overlapped with the backward pass."
+    options = {
+        "hook": Option("allreduce (DDP's own), fp16, bf16 (compressed all-reduce) or powersgd", "allreduce",
+                       kind="choice", choices=("allreduce", "fp16", "bf16", "powersgd")),
+        "rank": Option("hook=powersgd: rank of the approximation", 2, kind="int", minimum=1),
+        "start_iter": Option("hook=powersgd: steps of vanilla all-reduce before compressing", 2,
+                             kind="int", minimum=2),
+        "bucket_mb": Option("size of DDP's gradient buckets (MB)", 25.0, kind="float", minimum=0.0),
+        "broadcast_buffers": Option("broadcast rank 0's buffers before each forward (DDP's default)", True,
+                                    kind="bool"),
+    }
+
+    def __init__(self, ctx: OptimizerContext):
+        super().__init__(ctx)
+        o = self.opts
+        device = next(ctx.model.parameters()).device
+        self.module = DistributedDataParallel(
+            ctx.model, device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=o["bucket_mb"], process_group=ctx.group)
+        # An attribute in every torch version (the constructor argument is deprecated in newer ones).
+        self.module.broadcast_buffers = o["broadcast_buffers"]
+        self.hook = o["hook"]
+        self.powersgd: powerSGD_hook.PowerSGDState | None = None
+        if self.hook in _HALF_HOOKS:
+            self.module.register_comm_hook(ctx.group, _HALF_HOOKS[self.hook])
+        elif self.hook == "powersgd":
+            if device.type == "cpu" and torch.cuda.is_available():
+                # torch's hook calls torch.cuda.synchronize(device) whenever a GPU is visible.
+                raise UsageError("ddp hook=powersgd cannot run on the CPU of a machine with a GPU "
+                                 "(a limitation of torch's hook); use --device cuda or --optimizer powersgd")
+            self.powersgd = powerSGD_hook.PowerSGDState(
+                process_group=ctx.group, matrix_approximation_rank=o["rank"],
+                start_powerSGD_iter=o["start_iter"])
+            self.module.register_comm_hook(self.powersgd, powerSGD_hook.powerSGD_hook)
+        self.numel = sum(p.numel() for p in self.params)
+        buffers = [b for b in ctx.model.buffers()]
+        self.buffer_bytes = sum(b.numel() * b.element_size() for b in buffers) \
+            if o["broadcast_buffers"] and ctx.world_size > 1 else 0
+        self._compressed_seen = 0
+        self.local = local_sgd(ctx, self.params)
+
+    def _step_bytes(self) -> int:
+        """Bytes this rank sent for the forward and backward that just ran."""
+        world = self.ctx.world_size
+        buffers = self.buffer_bytes * (world - 1) // world
+        if self.hook in _HALF_HOOKS:
+            return buffers + allreduce_bytes(self.numel, 2, world)
+        if self.powersgd is not None:
+            after = self.powersgd.total_numel_after_compression
+            numel, self._compressed_seen = after - self._compressed_seen, after
+            return buffers + allreduce_bytes(numel or self.numel, 4, world)
+        return buffers + allreduce_bytes(self.numel, 4, world)
+
+    def step(self, lr: float) -> None:
+        self.bytes_sent += self._step_bytes()
+        self.ctx.timer.mark("communication")
+        set_lr(self.local, lr)
+        self.local.step()
+        self.ctx.timer.mark("optimizer")

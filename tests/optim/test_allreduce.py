@@ -1,0 +1,59 @@
+"""Task 0a, the all-reduce benchmark, on 2 and 4 real processes (gloo)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from mlbench.cli import cli
+from mlbench.cli import commands  # noqa: F401  (registers the commands)
+from mlbench.tasks.allreduce import bus_factor, message_sizes
+from tests.helpers import events, last_run, mlbench, run_json
+
+
+def test_message_sizes_are_decades_up_to_the_cap():
+    assert message_sizes(10**8) == [10**e for e in range(9)]
+    assert message_sizes(1) == [1]
+    assert message_sizes(5000) == [1, 10, 100, 1000, 5000]
+    assert bus_factor(1) == 0 and bus_factor(2) == 1 and bus_factor(4) == 1.5
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_sweep_has_every_size_and_bus_bandwidth_matches_the_measured_time(workers):
+    proc = mlbench("run", "task0a", str(workers), "--max-size", "1e4", check=True)
+    run = last_run()
+    assert run.state == "finished" and run.task == "task0a"
+    assert run_json(run)["changed"] == ["max_size=10000"] and run.division == "open"
+    rows = run.result["rows"]
+    sizes = [1, 10, 100, 1000, 10_000]
+    assert [(r["dtype"], r["elements"]) for r in rows] == [(d, n) for d in ("fp32", "fp16", "bf16") for n in sizes]
+    for row in rows:
+        size = row["elements"] * (4 if row["dtype"] == "fp32" else 2)
+        assert row["bytes"] == size and row["wrong"] == 0 and row["iterations"] >= 2
+        assert 0 < row["time_s"] <= row["time_max_s"]
+        assert row["algbw_gbps"] == pytest.approx(size / row["time_s"] / 1e9)
+        assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * (workers - 1) / workers)
+        line = next(l for l in proc.stdout.splitlines() if l.split()[:2] == [row["dtype"], str(row["elements"])])
+        assert f"{row['busbw_gbps']:.3f}" in line.split()
+    assert [e["value"] for e in events(run) if e["name"] == "allreduce"] == rows
+    assert "Peak bus bandwidth" in proc.stdout
+    details = mlbench("status", run.id, check=True).stdout
+    assert "busbw (GB/s)" in details and details.count("fp16 ") == len(sizes)
+
+
+@pytest.mark.parametrize("args,message", [
+    (("run", "task1a", "2", "--max-size", "100"), "--max-size applies to the all-reduce benchmark task0a"),
+    (("run", "task0a", "2", "--max-size", "0"), "expected a whole number of elements"),
+    (("run", "task0a", "2", "--max-size", "2.5"), "expected a whole number of elements"),
+    (("run", "task0a", "2", "--optimizer", "powersgd"), "takes no --optimizer"),
+])
+def test_wrong_benchmark_arguments_are_usage_errors(args, message):
+    result = CliRunner().invoke(cli, list(args))
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+
+
+def test_tasks_lists_the_benchmark():
+    result = CliRunner().invoke(cli, ["tasks"])
+    assert result.exit_code == 0
+    assert "task0a: Communication: all-reduce" in result.output and "1 .. 1e8 elements" in result.output

@@ -1,0 +1,67 @@
+"""The optimizers from the command line: `mlbench optimizers`, wrong options, open-division runs."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from mlbench.cli import cli
+from mlbench.cli import commands  # noqa: F401  (registers the commands)
+from mlbench.optim.base import OPTIMIZERS, describe_optimizers
+from tests.helpers import events, last_run, mlbench, run_ids, run_json
+
+
+def test_optimizers_lists_every_optimizer_with_its_options_defaults_and_paper():
+    result = CliRunner().invoke(cli, ["optimizers"])
+    assert result.exit_code == 0, result.output
+    described = describe_optimizers()
+    assert {d["name"] for d in described} == set(OPTIMIZERS) and len(described) == 8
+    for info in described:
+        assert f"{info['name']} (" in result.output
+        assert info["reference"][:40] in result.output
+        for option in info["options"]:
+            assert f"--opt {option['name']}=" in result.output
+    assert "centralized-sgd (closed division: the reference)" in result.output
+    assert "Vogels" in result.output and "Bernstein" in result.output and "Stich" in result.output
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--optimizer", "powersgd", "--opt", "rnak=2"), "has no option rnak; valid options: rank"),
+    (("--optimizer", "powersgd", "--opt", "rank=0"), "rank=0: expected a value in [1, inf]"),
+    (("--optimizer", "powersgd", "--opt", "rank=two"), "rank=two: expected an integer"),
+    (("--optimizer", "signsgd", "--opt", "error_feedback=maybe"), "expected true or false"),
+    (("--optimizer", "sparsified-sgd", "--opt", "method=best"), "expected one of topk, randomk"),
+    (("--optimizer", "decentralized-sgd", "--opt", "topology=torus"), "factors as R x C"),
+    (("--optimizer", "decentralized-sgd", "--opt", "topology=0-1"), "does not connect all 3 workers"),
+    (("--optimizer", "ddp", "--opt", "hook=int8"), "expected one of allreduce, fp16, bf16, powersgd"),
+])
+def test_wrong_optimizer_options_are_one_line_usage_errors_before_any_run(args, message):
+    result = CliRunner().invoke(cli, ["run", "task1a", "3", "--data", "synthetic", *args])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+    assert run_ids() == []
+
+
+def test_open_division_runs_report_bytes_communication_and_compression(cifar_dir):
+    """Real workers through the launcher: DDP (the trainer forwards through its wrapper), then
+    gossip (evaluation on the average model, then each rank's own model back)."""
+    for optimizer, options in (("ddp", ["--opt", "hook=fp16"]), ("decentralized-sgd", [])):
+        mlbench("run", "task1a", "2", "--data-dir", str(cifar_dir), "--max-steps", "4", "--log-every",
+                "2", "--optimizer", optimizer, *options, check=True)
+        run = last_run()
+        assert run.state == "finished" and run.division == "open" and run.optimizer == optimizer
+        assert run_json(run)["changed"] == [f"optimizer={optimizer}"]
+        evs = events(run)
+        for rank in (0, 1):
+            sent = sum(e["value"] for e in evs if e["rank"] == rank and e["name"] == "comm/bytes")
+            dense = sum(e["value"] for e in evs if e["rank"] == rank and e["name"] == "comm/dense_bytes")
+            assert sent > 0 and dense == 4 * 4 * 272_474      # 2 (k-1)/k of 4 bytes per parameter
+            assert {"time/communication", "time/backward"} <= {e["name"] for e in evs if e["rank"] == rank}
+        details = mlbench("status", run.id, check=True).stdout
+        assert "communication/compute" in details
+        ratio = float(details.split("would have sent ")[1].split("x")[0])
+        if optimizer == "ddp":      # fp16 halves the bytes; BatchNorm buffers are broadcast too
+            assert 1.9 < ratio < 2.0
+        else:                       # a 2-rank ring sends the model to one neighbour: as much as an all-reduce
+            assert ratio == 1.0
