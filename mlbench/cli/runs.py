@@ -104,13 +104,17 @@ def tasks() -> None:
 @click.option("--log-every", type=int, default=50, help="Record training metrics every N steps.")
 @click.option("--no-timing", is_flag=True, help="Do not time the phases of each step.")
 @click.option("--save-model", is_flag=True, help="Save each worker's final parameters in the run folder.")
+@click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32",
+              help="bf16: autocast forward on the GPU (open division).")
+@click.option("--channels-last", is_flag=True, help="Channels-last memory format for images and model.")
+@click.option("--no-graph", is_flag=True, help="Do not capture the GPU step in a CUDA graph.")
 @click.option("--max-size", type=float, metavar="N", help="task0a: largest message, in elements [1e8].")
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
 @click.option("--image", help="Worker image on a cluster [the cluster's, else mlbench/worker:VERSION].")
 def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets, optimizer, opts,
-        backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, max_size, name,
-        detach, image) -> None:
+        backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
+        channels_last, no_graph, max_size, name, detach, image) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
 
@@ -145,14 +149,13 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
         time_budget_s=parse_duration(time_budget) if time_budget else None, max_steps=max_steps,
         seed=seed + r, backend=backend, device=device, optimizer=optimizer,
         optimizer_options=_parse_opts(opts), log_every=log_every, timing=not no_timing,
-        save_model=save_model, name=name, group_id=group, max_size=max_size)
-        for r in range(repeat) for k in workers]
+        save_model=save_model, precision=precision, channels_last=channels_last, graph=not no_graph,
+        name=name, group_id=group, max_size=max_size) for r in range(repeat) for k in workers]
+    if detach and len(requests) > 1:
+        raise UsageError("--detach starts one run; give one worker count and no --repeat, "
+                         "or run without --detach")
     runs = [new_run(requests[0])]
     if detach:
-        for request in requests[1:]:
-            runs.append(new_run(request))
-        if len(runs) > 1:
-            raise UsageError("--detach starts one run; give one worker count, or run without --detach")
         _engine(store).start_detached(store, runs[0])
         click.echo(f"Started run {runs[0].id} ({runs[0].name}) in the background. "
                    f"Follow it with: mlbench status {runs[0].id}")
@@ -213,7 +216,7 @@ def status(run_ref, show_all) -> None:
                      f"{epoch:.2f}" if epoch is not None else "-", fmt_percent(acc), tta,
                      fmt_time(r.created_at)])
     click.echo(tabulate(rows, headers=["ID", "NAME", "TASK", "WORKERS", "STATE", "DIVISION", "EPOCH",
-                                       "ACCURACY", "TIME TO ACC.", "CREATED"]))
+                                       "ACCURACY", "TIME TO ACC.", "CREATED"], disable_numparse=True))
 
 
 @cli.command()

@@ -137,7 +137,7 @@ class Trainer:
             p.epoch = epoch
             batches = epoch_batches(self.data.num_train, workers=self.world, rank=self.rank,
                                     batch_per_worker=self.spec.batch_per_worker,
-                                    seed=self.cfg.seed, epoch=epoch)
+                                    seed=self.cfg.seed, epoch=epoch).to(self.device)
             self.data.begin_epoch(self.cfg.seed, epoch)
             stop = None
             for local_step in range(batches.shape[0]):
@@ -302,5 +302,7 @@ class Trainer:
             "steps": p.step,
             "stop_reason": stop_reason,
             "bytes_sent": self.optimizer.bytes_sent,
+            "train_samples": self.data.num_train,
+            "test_samples": self.data.num_test,
         }
 
