@@ -32,7 +32,12 @@ BY = Option("model (one all-reduce of all tensors) or layer (one all-reduce per 
 
 
 def average_tensors(tensors: list[torch.Tensor], world_size: int, by: str, group: Any = None) -> int:
-    """All-reduce-average the tensors in place; returns the bytes this rank sent."""
+    """All-reduce-average the tensors in place; returns the bytes this rank sent.
+
+    One worker has nothing to average: no packing into a flat buffer, no copies back.
+    """
+    if world_size == 1:
+        return 0
     if by == "model":
         flat = _flatten_dense_tensors(tensors)
         all_reduce_mean_(flat, world_size, group)
