@@ -86,8 +86,9 @@ def test_time_budget_gives_accuracy_after_time(cifar_dir):
     for run in runs:
         result = run.result
         assert run.state == "finished" and result["stop_reason"] == "time-budget"
-        # stopped within a few steps of the budget, then evaluated once more
-        assert 3.0 <= result["train_time"] < 8.0
+        # stopped within a few steps of the budget, then evaluated once more; the workers stop
+        # when the first of them has spent it, so rank 0's own clock may be a few ms short
+        assert 2.9 <= result["train_time"] < 8.0
         assert result["final_accuracy"] is not None
         assert run_json(run)["config"]["time_budget_s"] == 3.0
 
