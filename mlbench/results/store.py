@@ -18,7 +18,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from mlbench.errors import MlbenchError, RunNotFound
 
@@ -154,9 +154,6 @@ class RunStore:
             ids = ", ".join(r[0] for r in rows[:5])
             raise RunNotFound(f"{ref!r} matches several runs ({ids}); give more of the id")
         return self._record(rows[0])
-
-    def iter_events_dirs(self) -> Iterator[Path]:
-        yield from (r.run_dir for r in self.list())
 
     # -- updating -------------------------------------------------------------------------
     def update(self, run_id: str, **values: Any) -> None:
