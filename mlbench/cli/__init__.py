@@ -28,6 +28,11 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("Aborted.", err=True)
             ctx.exit(130)
+        except BrokenPipeError:
+            # the reader went away (`mlbench ... | head`): stop quietly, as other tools do
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            ctx.exit(141)
         except OSError as err:
             if os.environ.get("MLBENCH_DEBUG"):
                 raise
