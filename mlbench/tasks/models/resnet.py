@@ -54,6 +54,13 @@ def _projection(in_channels: int, out_channels: int, stride: int) -> nn.Sequenti
     )
 
 
+def _shortcut(in_channels: int, out_channels: int, stride: int) -> nn.Module:
+    """Identity where the shape stays, a projection where it changes (both versions)."""
+    if stride != 1 or in_channels != out_channels:
+        return _projection(in_channels, out_channels, stride)
+    return nn.Identity()
+
+
 class BasicBlockV1(nn.Module):
     """Post-activation basic block of He et al. 2015 (Fig. 2): conv-BN-ReLU-conv-BN, add, ReLU."""
 
@@ -64,11 +71,7 @@ class BasicBlockV1(nn.Module):
         self.conv2 = _conv3x3(out_channels, out_channels)
         self.bn2 = nn.BatchNorm2d(out_channels)
         self.relu = nn.ReLU(inplace=True)
-        self.shortcut: nn.Module = (
-            _projection(in_channels, out_channels, stride)
-            if stride != 1 or in_channels != out_channels
-            else nn.Identity()
-        )
+        self.shortcut = _shortcut(in_channels, out_channels, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Residual branch plus shortcut, then the post-addition ReLU of v1."""
@@ -91,11 +94,7 @@ class BasicBlockV2(nn.Module):
         self.bn2 = nn.BatchNorm2d(out_channels)
         self.conv2 = _conv3x3(out_channels, out_channels)
         self.relu = nn.ReLU(inplace=True)
-        self.shortcut: nn.Module = (
-            _projection(in_channels, out_channels, stride)
-            if stride != 1 or in_channels != out_channels
-            else nn.Identity()
-        )
+        self.shortcut = _shortcut(in_channels, out_channels, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Pre-activated residual branch plus shortcut; nothing after the addition (clean path)."""
