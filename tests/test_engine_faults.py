@@ -153,3 +153,19 @@ def test_offline_download_says_where_to_put_the_files(monkeypatch, tmp_path):
     proc = mlbench("run", "task1a", "1")  # MLBENCH_DATA is an empty folder and there is no internet
     assert proc.returncode == 1
     assert "could not download CIFAR-10" in proc.stderr and "--data-dir" in proc.stderr
+
+
+def test_reconciling_a_stale_record_does_not_overwrite_a_finished_run(tmp_path):
+    """`status` may hold a run as running while its supervisor marks it finished and exits."""
+    from mlbench.launch.local import reconcile
+    store = RunStore(tmp_path / "home")
+    run = store.create(task="task1a", workers=1, division="closed", run_json={})
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    store.mark_running(run.id, gone.pid)
+    stale = store.get(run.id)
+    assert store.mark_ended(run.id, "finished", result={"reached": True})
+    after = reconcile(store, stale)
+    assert (after.state, after.result) == ("finished", {"reached": True})
+    assert not store.mark_ended(run.id, "cancelled", reason="too late")
+    assert store.get(run.id).state == "finished"

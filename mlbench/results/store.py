@@ -177,11 +177,21 @@ class RunStore:
         self.update(run_id, state=RUNNING, started_at=time.time(), supervisor_pid=supervisor_pid)
 
     def mark_ended(self, run_id: str, state: str, reason: str | None = None,
-                   result: dict[str, Any] | None = None) -> None:
+                   result: dict[str, Any] | None = None) -> bool:
+        """End an active run; a run ends once: False (and no change) when it has already ended.
+
+        The check is in the UPDATE itself, so a reader holding a stale record (``status``
+        reconciling a run whose supervisor has just marked it finished and exited) cannot
+        overwrite the outcome.
+        """
         values: dict[str, Any] = {"state": state, "finished_at": time.time(), "reason": reason}
         if result is not None:
-            values["result"] = result
-        self.update(run_id, **values)
+            values["result"] = json.dumps(result)
+        sets = ", ".join(f"{k} = ?" for k in values)
+        with closing(self._connect()) as db, db:
+            cursor = db.execute(f"UPDATE runs SET {sets} WHERE id = ? AND state IN (?, ?)",
+                                (*values.values(), run_id, *ACTIVE_STATES))
+            return cursor.rowcount > 0
 
     def delete(self, run_id: str) -> None:
         with closing(self._connect()) as db, db:
