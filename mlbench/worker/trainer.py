@@ -161,6 +161,9 @@ class Trainer:
                 loss_sum.zero_()
                 interval_steps = 0
                 interval_start_bytes = self.optimizer.bytes_sent
+            if stop is not None and evaluated_at == p.step:
+                stop_reason = stop  # at an epoch's first step: the model was evaluated already
+                break
             reached = self.evaluate()
             evaluated_at = p.step
             if stop is not None:
