@@ -169,3 +169,19 @@ def test_reconciling_a_stale_record_does_not_overwrite_a_finished_run(tmp_path):
     assert (after.state, after.result) == ("finished", {"reached": True})
     assert not store.mark_ended(run.id, "cancelled", reason="too late")
     assert store.get(run.id).state == "finished"
+
+
+def test_a_run_whose_workers_cannot_be_started_is_marked_failed(tmp_path, monkeypatch):
+    from mlbench.launch import local
+
+    def no_processes(*args, **kwargs):
+        raise OSError(11, "Resource temporarily unavailable")
+
+    store = RunStore(tmp_path / "home")
+    run = store.create(task="task1a", workers=2, division="closed",
+                       run_json={"config": {"workers": 2, "threads_per_worker": 1}})
+    monkeypatch.setattr(local.subprocess, "Popen", no_processes)
+    with pytest.raises(OSError):
+        local.run_local(store, run)
+    after = store.get(run.id)
+    assert after.state == "failed" and "could not be started" in after.reason

@@ -204,6 +204,9 @@ def run_local(store: RunStore, run: RunRecord, on_event: ProgressCallback | None
         except (KeyboardInterrupt, Cancelled):
             store.mark_ended(run.id, CANCELLED, reason="cancelled by the user")
             return store.get(run.id)
+        except BaseException as err:  # e.g. no process could be started: not pending forever
+            store.mark_ended(run.id, FAILED, reason=f"the workers could not be started: {err}")
+            raise
         return launcher.supervise(on_event)
     finally:
         signal.signal(signal.SIGTERM, previous)
