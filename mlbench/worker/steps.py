@@ -18,8 +18,6 @@ Tests check both against the eager reference (autograd + torch.optim.SGD).
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 import torch.distributed as dist
 
@@ -28,8 +26,6 @@ from mlbench.tasks.losses import batch_loss, regulariser
 from mlbench.tasks.pipeline import Pipeline
 from mlbench.tasks.spec import TaskSpec
 from mlbench.worker.timing import PhaseTimer
-
-GradFn = Callable[[torch.Tensor], torch.Tensor]  # minibatch indices -> loss; fills p.grad
 
 
 def sgd_update_(params: list[torch.Tensor], grads: list[torch.Tensor], bufs: list[torch.Tensor],
