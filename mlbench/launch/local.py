@@ -11,6 +11,7 @@ within seconds either way, and whatever was recorded stays in the run folder.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import socket
@@ -35,13 +36,19 @@ class Cancelled(Exception):
     """The supervisor was asked to stop (Ctrl-C, SIGTERM)."""
 
 
-def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the worker gets SIGKILL if the supervisor dies, so no worker is ever orphaned."""
+def _set_pdeathsig(parent: int) -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the worker gets SIGKILL if the supervisor dies, so no worker is ever orphaned.
+
+    A supervisor that died between the fork and the prctl would not be noticed, so the child
+    checks afterwards that its parent is still the supervisor.
+    """
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
-        pass
+        return
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _loopback_interface() -> str | None:
@@ -110,7 +117,8 @@ class LocalLauncher:
                     self.procs.append(subprocess.Popen(
                         cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                         env=env, pass_fds=pass_fds, start_new_session=True,
-                        preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None))
+                        preexec_fn=(functools.partial(_set_pdeathsig, os.getpid())
+                                    if sys.platform.startswith("linux") else None)))
                 finally:
                     log.close()
         except BaseException:
@@ -150,7 +158,9 @@ class LocalLauncher:
                 codes = [p.poll() for p in self.procs]
                 failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
                 if failed:
-                    rank, code = failed[0]
+                    # a worker killed by a signal is the cause; the others' connection errors
+                    # are its consequence, even when they are seen in the same poll
+                    rank, code = min(failed, key=lambda rank_code: (rank_code[1] >= 0, rank_code[0]))
                     self.stop_all()
                     reason = f"worker {rank} {describe_exit(code)}"
                     detail = _last_error(self.run_dir, rank) or _log_tail(self.run_dir, rank)
