@@ -42,16 +42,20 @@ def write_archive(run: RunRecord, output: str | os.PathLike) -> Path:
     output = Path(output)
     events = read_run_events(run.run_dir)
     tmp = output.with_name(output.name + ".part")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        zf.writestr("run.json", json.dumps(run_document(run), indent=2, sort_keys=True, default=str))
-        zf.writestr("metrics.jsonl", "".join(json.dumps(e) + "\n" for e in events))
-        zf.writestr("metrics.csv", _csv(events))
-        for sub in ("events", "logs"):
-            folder = run.run_dir / sub
-            if folder.is_dir():
-                for path in sorted(folder.iterdir()):
-                    if path.is_file():
-                        zf.write(path, f"{sub}/{path.name}")
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr("run.json", json.dumps(run_document(run), indent=2, sort_keys=True, default=str))
+            zf.writestr("metrics.jsonl", "".join(json.dumps(e) + "\n" for e in events))
+            zf.writestr("metrics.csv", _csv(events))
+            for sub in ("events", "logs"):
+                folder = run.run_dir / sub
+                if folder.is_dir():
+                    for path in sorted(folder.iterdir()):
+                        if path.is_file():
+                            zf.write(path, f"{sub}/{path.name}")
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed download leaves nothing half-written behind
+        raise
     os.replace(tmp, output)
     return output
 

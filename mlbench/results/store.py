@@ -200,11 +200,14 @@ class RunStore:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via a temporary file and rename, so a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Write JSON via a temporary file (synced, one per process) and rename, so a reader never
+    sees half a file, even after a power loss."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True, default=str)
         f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
