@@ -27,12 +27,12 @@ from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlbench.tasks.losses import batch_loss  # noqa: E402
+from mlbench.results.events import EventWriter  # noqa: E402
+from mlbench.run_config import RunConfig  # noqa: E402
+from mlbench.tasks.losses import get_loss  # noqa: E402
 from mlbench.tasks.models import build_model  # noqa: E402
-from mlbench.tasks.pipeline import Pipeline, synthetic_splits  # noqa: E402
 from mlbench.tasks.spec import TASK1A, TASK2A, resolve  # noqa: E402
-from mlbench.worker.steps import ReferenceStep  # noqa: E402
-from mlbench.worker.timing import PhaseTimer  # noqa: E402
+from mlbench.worker.trainer import Trainer  # noqa: E402
 
 
 def sync(device: torch.device) -> None:
@@ -77,7 +77,7 @@ def plain_loop(model_name: str, batch: int, device: torch.device, precision: str
         idx = order[i % order.shape[0]]
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             out = model(x[idx])
-            loss = batch_loss(spec.loss, out, y[idx])
+            loss = get_loss(spec.loss).value(out, y[idx], "mean")
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -90,21 +90,30 @@ def mlbench_step(model_name: str, batch: int, device: torch.device, precision: s
     torch.manual_seed(0)
     base = TASK2A if model_name == "logreg" else TASK1A
     spec, _ = resolve(base, {"batch_per_worker": batch, "model": model_name})
-    train, test = synthetic_splits(spec.dataset)
-    data = Pipeline(train, test, device, images=spec.dataset == "cifar10", channels_last=channels_last)
-    model = build_model(model_name, in_features=data.num_features if model_name == "logreg" else None).to(device)
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    timer = PhaseTimer(device, enabled=timing)
-    ref = ReferenceStep(model, spec, data, timer, 1, capture=graph and device.type == "cuda", precision=precision)
-    order = torch.randint(0, data.num_train, (10_000, batch), device=device)
+    config = RunConfig(task=spec, workers=1, data="synthetic", device=device.type, precision=precision,
+                       channels_last=channels_last, timing=timing, graph=graph)
+    trainer = Trainer(config, 0, EventWriter(_Discard(), 0))
+    trainer.setup()
+    trainer.runtime.begin_epoch(0)
+    runtime, optimizer, timer = trainer.runtime, trainer.optimizer, trainer.timer
+    order = torch.randint(0, runtime.train_samples, (10_000, batch), device=device)
     collect_every = 50
 
     def step(i: int) -> None:
-        ref(order[i % order.shape[0]], 0.01)
+        runtime.train_step(order[i % order.shape[0]], 0.01, optimizer)
         if timing and i % collect_every == collect_every - 1:
             timer.collect()
     return step
+
+
+class _Discard:
+    """An event sink that keeps nothing (the benchmark times steps, it records no run)."""
+
+    def write(self, event) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def gpu_table(steps: int) -> list[list]:

@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mlbench.cli import cli
-from mlbench.cli import commands  # noqa: F401  (registers the commands)
+from mlbench.cli import (
+    cli,
+    commands,  # noqa: F401  (registers the commands)
+)
 from mlbench.launch.local import pid_alive
 from mlbench.results.events import read_rank_events
 from mlbench.results.store import RunStore
-from tests.helpers import events, last_run, mlbench
+from tests.helpers import events, mlbench
 
 LONG_RUN = ("run", "task1a", "2", "--data", "synthetic", "--max-steps", "100000", "--log-every", "2")
 

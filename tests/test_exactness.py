@@ -15,9 +15,10 @@ import torch
 from mlbench.optim.lr import learning_rate
 from mlbench.results.environment import usable_cores
 from mlbench.tasks.data.sharding import epoch_batches, steps_per_epoch
-from mlbench.tasks.losses import batch_loss, regulariser
+from mlbench.tasks.datasets import load_splits
+from mlbench.tasks.losses import get_loss, regulariser
 from mlbench.tasks.models import build_model
-from mlbench.tasks.pipeline import Pipeline, load_splits
+from mlbench.tasks.pipeline import Pipeline
 from mlbench.tasks.spec import TASK1A, TASK2A, resolve
 from tests.helpers import checkpoint, last_run, mlbench
 
@@ -44,7 +45,7 @@ def reference_parameters(spec, data_dir, batch_per_worker, steps, ghost_batches)
         x, y = pipe.train_batch(batches[step])
         opt.zero_grad()
         chunks = zip(x.chunk(ghost_batches), y.chunk(ghost_batches))
-        loss = sum(batch_loss(spec.loss, model(cx), cy) for cx, cy in chunks) / ghost_batches
+        loss = sum(get_loss(spec.loss).value(model(cx), cy, "mean") for cx, cy in chunks) / ghost_batches
         (loss + regulariser(model, spec.l2)).backward()
         for group in opt.param_groups:
             group["lr"] = learning_rate(spec.lr, workers=K, batch_per_worker=batch_per_worker,

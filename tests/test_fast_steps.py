@@ -4,9 +4,10 @@ import pytest
 import torch
 import torchvision.transforms.v2 as T
 
+from mlbench.optim.centralized import sgd_update_
 from mlbench.tasks.data.augment import crop_flip, draw_augmentation
+from mlbench.tasks.losses import logistic_gradients_
 from mlbench.tasks.models import build_model
-from mlbench.worker.steps import logistic_gradients_, sgd_update_
 
 
 def test_closed_form_logistic_gradient_equals_autograd():
@@ -75,15 +76,18 @@ def test_batched_augmentation_has_torchvision_pipelines_distribution():
 
 
 def test_reference_step_equals_autograd_and_torch_sgd_in_float64():
-    """ReferenceStep (eager) vs the textbook loop, 3 ResNet-20 steps, exact in float64.
+    """The reference optimizer's step (eager) vs the textbook loop, 3 ResNet-20 steps, exact in
+    float64.
 
-    In float32 the two differ by one rounding in the update (p - lr*g fused or not), which a
-    ResNet at initialisation amplifies by ~30x per step; float64 shows the algorithms are equal.
+    In float32 a fused and an unfused update differ by one rounding, which a ResNet at
+    initialisation amplifies by ~30x per step; float64 shows the algorithms are equal.
     """
-    from mlbench.tasks.pipeline import Pipeline, synthetic_splits
+    from mlbench.optim.base import OptimizerContext
+    from mlbench.optim.catalog import build_optimizer
+    from mlbench.tasks.datasets import synthetic_splits
+    from mlbench.tasks.pipeline import Pipeline
     from mlbench.tasks.spec import TASK1A
-    from mlbench.worker.steps import ReferenceStep
-    from mlbench.worker.timing import PhaseTimer
+    from mlbench.timing import PhaseTimer
 
     train, test = synthetic_splits("cifar10")
     cpu = torch.device("cpu")
@@ -95,11 +99,17 @@ def test_reference_step_equals_autograd_and_torch_sgd_in_float64():
         batches = [data.train_batch(torch.arange(i * 32, (i + 1) * 32)) for i in range(3)]
         batches = [(x.double(), y) for x, y in batches]
         if fast:
-            step = ReferenceStep(model, TASK1A, data, PhaseTimer(cpu), 1, capture=False)
-            step.lr = step.lr.double()
-            data.train_batch = lambda idx, it=iter(batches): next(it)
+            ctx = OptimizerContext(model=model, spec=TASK1A, world_size=1, rank=0, timer=PhaseTimer(cpu))
+            optimizer = build_optimizer("centralized-sgd", ctx)
+
+            def gradients(i):
+                x, y = batches[i]
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                return loss.detach()
+            step = optimizer.make_step(gradients)
             for i in range(3):
-                step(torch.arange(32), 0.05 * (i + 1))
+                step(i, 0.05 * (i + 1))
         else:
             opt = torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9, nesterov=True, weight_decay=1e-4)
             for i, (x, y) in enumerate(batches):
@@ -115,27 +125,33 @@ def test_reference_step_equals_autograd_and_torch_sgd_in_float64():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
 @pytest.mark.parametrize("model_name", ["resnet20-v1", "logreg"])
 def test_captured_cuda_graph_step_equals_eager_step_after_n_steps(model_name):
-    from mlbench.tasks.pipeline import Pipeline, synthetic_splits
+    from mlbench.results.events import EventWriter
+    from mlbench.run_config import RunConfig
     from mlbench.tasks.spec import TASK1A, TASK2A, resolve
-    from mlbench.worker.steps import ReferenceStep
-    from mlbench.worker.timing import PhaseTimer
+    from mlbench.worker.trainer import Trainer
+
+    class Discard:
+        def write(self, event):
+            pass
+
+        def close(self):
+            pass
 
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    device = torch.device("cuda")
     base = TASK2A if model_name == "logreg" else TASK1A
     spec, _ = resolve(base, {"batch_per_worker": 32})
-    train, test = synthetic_splits(spec.dataset)
     finals = []
     for capture in (False, True):
         torch.manual_seed(0)
-        data = Pipeline(train, test, device, images=spec.dataset == "cifar10")
-        data.begin_epoch(seed=0, epoch=0)
-        model = build_model(model_name, in_features=data.num_features if model_name == "logreg" else None).to(device)
-        step = ReferenceStep(model, spec, data, PhaseTimer(device), 1, capture=capture)
-        order = torch.randint(0, data.num_train, (8, 32), generator=torch.Generator().manual_seed(1))
+        trainer = Trainer(RunConfig(task=spec, workers=1, data="synthetic", device="cuda", graph=capture),
+                          0, EventWriter(Discard(), 0))
+        trainer.setup()
+        device = trainer.device
+        trainer.runtime.begin_epoch(0)
+        order = torch.randint(0, trainer.runtime.train_samples, (8, 32), generator=torch.Generator().manual_seed(1))
         for i in range(8):
-            step(order[i].to(device), 0.01 / (i + 1))
+            trainer.runtime.train_step(order[i].to(device), 0.01 / (i + 1), trainer.optimizer)
         torch.cuda.synchronize()
-        finals.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        finals.append({k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
     for name in finals[0]:
         torch.testing.assert_close(finals[1][name].float(), finals[0][name].float(), rtol=1e-4, atol=1e-5)

@@ -5,7 +5,15 @@ import pytest
 from mlbench.errors import UsageError
 from mlbench.launch.plan import RunRequest, build_config, parse_duration
 from mlbench.optim.lr import learning_rate
-from mlbench.tasks.spec import TASK1A, TASK2A, get_task, parse_overrides, resolve, spec_from_dict, spec_to_dict
+from mlbench.tasks.spec import (
+    TASK1A,
+    TASK2A,
+    get_task,
+    parse_overrides,
+    resolve,
+    spec_from_dict,
+    spec_to_dict,
+)
 
 
 def lr1a(step, workers=4, spe=100):

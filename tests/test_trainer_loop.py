@@ -2,7 +2,7 @@
 
 from mlbench.results.events import EventWriter
 from mlbench.tasks.spec import TASK2A, resolve
-from mlbench.worker.config import RunConfig
+from mlbench.run_config import RunConfig
 from mlbench.worker.trainer import Trainer
 
 

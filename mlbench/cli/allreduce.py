@@ -8,9 +8,11 @@ from typing import Any
 import click
 from tabulate import tabulate
 
-from mlbench.results.store import RunRecord, read_json
+from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary
+from mlbench.run_config import RunDocument
 from mlbench.tasks.allreduce import TABLE_HEADERS, message_sizes, peak, table_row
+from mlbench.tasks.spec import AllreduceSpec
 
 _WIDTHS = (5, 10, 11, 5, 12, 13, 13, 7)
 
@@ -32,12 +34,13 @@ class AllreducePrinter:
         self.run = run
 
     def header(self) -> None:
-        config = read_json(self.run.run_dir / "run.json")["config"]
-        params = config["task"]["extra"]
-        sizes = message_sizes(int(params["max_size"]))
+        config = RunDocument.load(self.run.run_dir).config
+        spec = config.task
+        assert isinstance(spec, AllreduceSpec)
+        sizes = message_sizes(spec.max_size)
         click.echo(f"Run {self.run.id} ({self.run.name}): task0a all-reduce sweep, {self.run.workers} "
-                   f"worker(s), {config['device']}/{config['backend']}, {sizes[0]}..{_elements(sizes[-1])} "
-                   f"elements, {', '.join(params['dtypes'])}")
+                   f"worker(s), {config.device}/{config.backend}, {sizes[0]}..{_elements(sizes[-1])} "
+                   f"elements, {', '.join(spec.dtypes)}")
         click.echo(_line(TABLE_HEADERS))
 
     def __call__(self, event: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from tabulate import tabulate
 
 from mlbench.cli import cli
 from mlbench.cloud import manager
+from mlbench.cloud.providers import ADOPTED, PROVIDER_MODULES
 from mlbench.cloud.provisioner import ClusterSpec
 
 F = Callable[..., Any]
@@ -207,7 +208,7 @@ def set_cluster(args: tuple[str, ...], local: bool) -> None:
 
 
 @cli.command("delete-cluster")
-@click.argument("provider", type=click.Choice(["gcloud", "aws", "kind", "existing"]))
+@click.argument("provider", type=click.Choice([*PROVIDER_MODULES, ADOPTED]))
 @click.argument("name")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--project", help="GKE: project, when mlbench has no record of the cluster.")

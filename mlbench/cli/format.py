@@ -11,6 +11,8 @@ from tabulate import tabulate
 from mlbench.launch.plan import RunRequest
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table
+from mlbench.run_config import RunDocument
+from mlbench.tasks.metrics import get_metric
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -53,13 +55,14 @@ class ProgressPrinter:
         self._train_time = 0.0
 
     def header(self) -> None:
-        from mlbench.results.store import read_json
-        config = read_json(self.run.run_dir / "run.json")["config"]
-        goal = config["task"]["goal_light" if config["light"] else "goal_full"]
-        goal_text = "no goal (synthetic data)" if config["data"] == "synthetic" else f"goal {fmt_percent(goal)} test accuracy"
-        budget = f", time budget {fmt_duration(config['time_budget_s'])}" if config["time_budget_s"] else ""
+        config = RunDocument.load(self.run.run_dir).config
+        goal = config.goal
+        metric = get_metric(config.task.metric)
+        goal_text = ("no goal (synthetic data)" if goal is None
+                     else f"goal {metric.describe_goal(goal)}")
+        budget = f", time budget {fmt_duration(config.time_budget_s)}" if config.time_budget_s else ""
         click.echo(f"Run {self.run.id} ({self.run.name}): {self.run.task}, {self.run.workers} worker(s) "
-                   f"x {config['threads_per_worker']} thread(s), {config['device']}/{config['backend']}, "
+                   f"x {config.threads_per_worker} thread(s), {config.device}/{config.backend}, "
                    f"{self.run.division} division, {goal_text}{budget}")
 
     def __call__(self, event: dict[str, Any]) -> None:

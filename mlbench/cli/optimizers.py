@@ -8,7 +8,8 @@ import click
 from tabulate import tabulate
 
 from mlbench.cli import cli
-from mlbench.optim.base import compression_ratio, describe_optimizers
+from mlbench.optim.base import compression_ratio
+from mlbench.optim.catalog import describe_optimizers
 
 
 def _default(value: Any) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import sys
 from pathlib import Path
@@ -11,8 +12,13 @@ from tabulate import tabulate
 
 from mlbench.cli import cli
 from mlbench.cli.allreduce import AllreducePrinter, print_allreduce_table, task_rows
-from mlbench.cli.format import (fmt_duration, fmt_percent, fmt_time, print_run_details,
-                                ProgressPrinter)
+from mlbench.cli.format import (
+    ProgressPrinter,
+    fmt_duration,
+    fmt_percent,
+    fmt_time,
+    print_run_details,
+)
 from mlbench.cli.optimizers import print_compression
 from mlbench.cloud.config import current_cluster
 from mlbench.errors import UsageError
@@ -53,7 +59,7 @@ def tasks() -> None:
     """The benchmark tasks with their closed-division specification and goals."""
     for spec in TASKS.values():
         if spec.kind == "allreduce":
-            click.echo(f"{spec.name}: {spec.title}\n{tabulate(task_rows(spec.extra), tablefmt='plain')}\n")
+            click.echo(f"{spec.name}: {spec.title}\n{tabulate(task_rows(dataclasses.asdict(spec)), tablefmt='plain')}\n")
             continue
         lr = spec.lr
         if lr.kind == "warmup-multistep":

@@ -18,8 +18,14 @@ from typing import Any
 from mlbench.cloud import aws_resources as res
 from mlbench.cloud import gpu, pricing
 from mlbench.cloud.config import kube_api_client
-from mlbench.cloud.provisioner import (ClusterSpec, ClusterStatus, KubeAccess, Progress,
-                                       Provisioner)
+from mlbench.cloud.providers import register
+from mlbench.cloud.provisioner import (
+    ClusterSpec,
+    ClusterStatus,
+    KubeAccess,
+    Progress,
+    Provisioner,
+)
 from mlbench.cloud.token import exec_user
 from mlbench.errors import ClusterError, UsageError
 
@@ -35,6 +41,7 @@ _NODEGROUP_STATES = {"CREATING": "creating", "ACTIVE": "ready", "UPDATING": "rea
                      "DEGRADED": "error"}
 
 
+@register
 class EksProvisioner(Provisioner):
     """EKS in one region, with credentials from boto3 (``session`` may be given, e.g. tests)."""
 
@@ -70,6 +77,10 @@ class EksProvisioner(Provisioner):
         if service not in self._clients:
             self._clients[service] = self.session.client(service, region_name=self.region)
         return self._clients[service]
+
+    @classmethod
+    def from_locator(cls, locator: dict[str, Any]) -> "EksProvisioner":
+        return cls(region=locator.get("region"), profile=locator.get("profile"))
 
     def locator(self) -> dict[str, Any]:
         return {"region": self.region, "profile": self.profile}

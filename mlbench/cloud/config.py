@@ -22,9 +22,10 @@ from typing import Any, Iterator
 
 import yaml
 
+from mlbench.cloud.providers import ADOPTED, PROVIDER_MODULES
 from mlbench.errors import ClusterError, UsageError
 
-PROVIDERS = ("gcloud", "aws", "kind", "existing")
+PROVIDERS = (*PROVIDER_MODULES, ADOPTED)
 CLUSTERS_FILE = "clusters.yaml"
 KUBECONFIG_FILE = "kubeconfig"
 

@@ -15,8 +15,14 @@ import json
 from typing import Any
 
 from mlbench.cloud import pricing
-from mlbench.cloud.provisioner import (ClusterSpec, ClusterStatus, KubeAccess, Progress,
-                                       Provisioner)
+from mlbench.cloud.providers import register
+from mlbench.cloud.provisioner import (
+    ClusterSpec,
+    ClusterStatus,
+    KubeAccess,
+    Progress,
+    Provisioner,
+)
 from mlbench.cloud.token import GOOGLE_SCOPES, exec_user
 from mlbench.errors import ClusterError, UsageError
 
@@ -87,6 +93,7 @@ def _api_error(err: Exception, doing: str, project: str) -> ClusterError:
                         f"{message}); fix the cause and rerun the same command to resume.")
 
 
+@register
 class GkeProvisioner(Provisioner):
     """GKE in one zone of one project. ``http`` replaces the authorized transport (tests)."""
 
@@ -101,6 +108,10 @@ class GkeProvisioner(Provisioner):
         self._service: Any = None
 
     # -- plumbing ------------------------------------------------------------------------------
+    @classmethod
+    def from_locator(cls, locator: dict[str, Any]) -> "GkeProvisioner":
+        return cls(project=locator.get("project"), zone=locator.get("zone"))
+
     def locator(self) -> dict[str, Any]:
         return {"project": self.project, "zone": self.zone}
 

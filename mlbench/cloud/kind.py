@@ -18,8 +18,14 @@ from typing import Any
 
 import yaml
 
-from mlbench.cloud.provisioner import (ClusterSpec, ClusterStatus, KubeAccess, Progress,
-                                       Provisioner)
+from mlbench.cloud.providers import register
+from mlbench.cloud.provisioner import (
+    ClusterSpec,
+    ClusterStatus,
+    KubeAccess,
+    Progress,
+    Provisioner,
+)
 from mlbench.errors import ClusterError
 
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"
@@ -36,6 +42,7 @@ def kind_config(spec: ClusterSpec) -> dict[str, Any]:
             "networking": {"apiServerAddress": "127.0.0.1"}, "nodes": [node, *workers]}
 
 
+@register
 class KindProvisioner(Provisioner):
     """Clusters of Docker containers on this machine. ``docker_client`` may be given (tests)."""
 

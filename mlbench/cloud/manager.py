@@ -13,28 +13,18 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mlbench.cloud import config, existing
-from mlbench.cloud.provisioner import (ClusterSpec, ClusterStatus, Progress, Provisioner,
-                                       check_name, no_progress)
+from mlbench.cloud.providers import PROVIDER_MODULES, provisioner_for
+from mlbench.cloud.provisioner import (
+    ClusterSpec,
+    ClusterStatus,
+    Progress,
+    Provisioner,
+    check_name,
+    no_progress,
+)
 from mlbench.errors import ClusterError, MlbenchError, UsageError
 
-CREATED = ("gcloud", "aws", "kind")
-
-
-def provisioner_for(provider: str, **locator: Any) -> Provisioner:
-    """The provisioner of ``provider``, set up to find clusters at ``locator``."""
-    if provider == "gcloud":
-        from mlbench.cloud.gcloud import GkeProvisioner
-
-        return GkeProvisioner(project=locator.get("project"), zone=locator.get("zone"))
-    if provider == "aws":
-        from mlbench.cloud.aws import EksProvisioner
-
-        return EksProvisioner(region=locator.get("region"), profile=locator.get("profile"))
-    if provider == "kind":
-        from mlbench.cloud.kind import KindProvisioner
-
-        return KindProvisioner()
-    raise UsageError(f"Unknown provider {provider!r}; use one of {', '.join(CREATED)}.")
+CREATED = tuple(PROVIDER_MODULES)
 
 
 def create_cluster(provisioner: Provisioner, spec: ClusterSpec,

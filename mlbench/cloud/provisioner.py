@@ -97,6 +97,11 @@ class Provisioner(ABC):
     def locator(self) -> dict[str, Any]:
         """What must be stored to find this provider's clusters again (project, region...)."""
 
+    @classmethod
+    def from_locator(cls, locator: dict[str, Any]) -> "Provisioner":
+        """The provisioner that finds the clusters a stored :meth:`locator` describes."""
+        return cls()
+
     @abstractmethod
     def check_credentials(self) -> None:
         """Raise ClusterError (one sentence: what to do) unless the provider can be used."""

@@ -22,9 +22,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlbench.errors import MlbenchError, RunNotFound
-from mlbench.launch.k8s_objects import RANK_LABEL, RUN_LABEL, SCHEDULE_TIMEOUT_S, run_name
+from mlbench.launch.k8s_objects import (
+    RANK_LABEL,
+    RUN_LABEL,
+    SCHEDULE_TIMEOUT_S,
+    run_name,
+)
 from mlbench.results.events import read_rank_events
-from mlbench.results.store import FAILED, FINISHED, PENDING, RUNNING, RunRecord, RunStore, read_json
+from mlbench.run_config import RunDocument
+from mlbench.results.store import (
+    FAILED,
+    FINISHED,
+    PENDING,
+    RUNNING,
+    RunRecord,
+    RunStore,
+)
 
 POLL_SECONDS = 2.0
 _WAITING_PROBLEMS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
@@ -187,7 +200,8 @@ class PodSupervisor:
 
     def _schedule_timeout(self, run: RunRecord) -> float:
         try:
-            placement = read_json(run.run_dir / "run.json").get("placement") or {}
+            document = RunDocument.load_or_none(run.run_dir)
+            placement = (document.placement if document else None) or {}
         except (OSError, ValueError):
             placement = {}
         return float(placement.get("schedule_timeout_s") or SCHEDULE_TIMEOUT_S)

@@ -28,7 +28,8 @@ from mlbench.launch.k8s_supervisor import pod_state
 from mlbench.launch.plan import RunRequest, WorkerResources
 from mlbench.launch.plan import create_run as plan_run
 from mlbench.results.events import EventTail
-from mlbench.results.store import RunRecord, RunStore, read_json
+from mlbench.run_config import RunDocument
+from mlbench.results.store import RunRecord, RunStore
 
 FOLLOW_SECONDS = 2.0
 SERVICE_START_TIMEOUT = 300.0
@@ -185,13 +186,13 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
     """Create the run's ConfigMap, headless Service and worker pods."""
     from kubernetes import client
 
-    run_json = read_json(run.run_dir / "run.json")
-    placement = objects.Placement.from_dict(run_json["placement"])
-    threads = int(run_json["config"]["threads_per_worker"])
+    document = RunDocument.load(run.run_dir)
+    placement = objects.Placement.from_dict(document.placement or {})
+    threads = document.config.threads_per_worker
     core = client.CoreV1Api(store.api)
     try:
         made = core.create_namespaced_config_map(
-            store.namespace, objects.run_configmap(run.id, run_json, store.namespace))
+            store.namespace, objects.run_configmap(run.id, document.to_dict(), store.namespace))
         owner = store.api.sanitize_for_serialization(made)
         core.create_namespaced_service(store.namespace, objects.run_service(run.id, owner))
         for rank in range(run.workers):

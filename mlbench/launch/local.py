@@ -22,8 +22,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mlbench.results.events import EventTail, read_rank_events
-from mlbench.results.store import (CANCELLED, FAILED, FINISHED, RunRecord, RunStore, read_json,
-                                   write_json_atomic)
+from mlbench.run_config import RunDocument
+from mlbench.results.store import (
+    CANCELLED,
+    FAILED,
+    FINISHED,
+    RunRecord,
+    RunStore,
+    read_json,
+    write_json_atomic,
+)
 
 POLL_SECONDS = 0.1
 TERMINATE_GRACE_SECONDS = 4.0
@@ -92,21 +100,21 @@ class LocalLauncher:
         self.procs: list[subprocess.Popen] = []
 
     def start(self) -> None:
-        run_json = read_json(self.run_dir / "run.json")
-        config = run_json["config"]
+        document = RunDocument.load(self.run_dir)
+        config = document.config
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.bind(("127.0.0.1", 0))
-        listener.listen(config["workers"] * 2)
-        config["master_addr"], config["master_port"] = "127.0.0.1", listener.getsockname()[1]
-        write_json_atomic(self.run_dir / "run.json", run_json)
+        listener.listen(config.workers * 2)
+        config.master_addr, config.master_port = "127.0.0.1", listener.getsockname()[1]
+        document.save(self.run_dir)
         env = dict(os.environ)
-        threads = str(config["threads_per_worker"])
+        threads = str(config.threads_per_worker)
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
         loopback = _loopback_interface()
         if loopback:
             env["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
         try:
-            for rank in range(config["workers"]):
+            for rank in range(config.workers):
                 cmd = [sys.executable, "-m", "mlbench.worker", str(self.run_dir), "--rank", str(rank)]
                 pass_fds: tuple[int, ...] = ()
                 if rank == 0:

@@ -16,14 +16,14 @@ from typing import Any
 import torch
 
 from mlbench.errors import UsageError
-from mlbench.optim.base import check_optimizer
+from mlbench.optim.catalog import check_optimizer
 from mlbench.results.environment import describe_environment, usable_cores
 from mlbench.results.store import RunRecord, RunStore
+from mlbench.run_config import RunConfig
 from mlbench.tasks.allreduce import with_max_size
+from mlbench.tasks.datasets import load_splits
 from mlbench.tasks.models import MODEL_NAMES
-from mlbench.tasks.pipeline import load_splits
-from mlbench.tasks.spec import get_task, resolve
-from mlbench.worker.config import RunConfig
+from mlbench.tasks.spec import TaskSpec, get_task, resolve
 
 BACKENDS = ("gloo", "nccl", "mpi")
 REFERENCE_OPTIMIZER = "centralized-sgd"
@@ -127,7 +127,8 @@ def build_config(request: RunRequest,
         if request.model.strip().lower() not in MODEL_NAMES + ("resnet20", "resnet32", "resnet44", "resnet56"):
             raise UsageError(f"unknown model {request.model!r}; choose one of: {', '.join(MODEL_NAMES)}")
         overrides["model"] = request.model.strip().lower()
-    if "model" in overrides and (overrides["model"] == "logreg") != (task.model == "logreg"):
+    if "model" in overrides and isinstance(task, TaskSpec) \
+            and (overrides["model"] == "logreg") != (task.model == "logreg"):
         raise UsageError(f"model {overrides['model']} does not fit {task.name}'s data set ({task.dataset})")
     spec, changed = resolve(task, overrides)
     if request.max_size is not None:

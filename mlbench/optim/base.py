@@ -1,4 +1,4 @@
-"""The interface every distributed optimizer implements, and the registry that names them.
+"""The interface every distributed optimizer implements, and the collectives they share.
 
 A distributed optimizer owns both halves of an update after the backward pass: the
 communication (which it times as the "communication" phase and counts in bytes sent) and the
@@ -23,7 +23,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from mlbench.errors import UsageError
 from mlbench.tasks.spec import TaskSpec
-from mlbench.worker.timing import PhaseTimer
+from mlbench.timing import PhaseTimer
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -230,44 +230,6 @@ def assign_flat_(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
         n = p.numel()
         p.copy_(flat[offset:offset + n].view_as(p))
         offset += n
-
-
-OPTIMIZERS: dict[str, type[DistributedOptimizer]] = {}
-
-
-def register(cls: type[DistributedOptimizer]) -> type[DistributedOptimizer]:
-    OPTIMIZERS[cls.name] = cls
-    return cls
-
-
-def check_optimizer(name: str, options: dict[str, str],
-                    world_size: int | None = None) -> type[DistributedOptimizer]:
-    """The optimizer class for ``name``, after checking that it exists and takes ``options``
-    (and, given ``world_size``, that they fit that many workers)."""
-    from mlbench.optim import catalog  # noqa: F401  (registers the optimizers)
-
-    try:
-        cls = OPTIMIZERS[name]
-    except KeyError:
-        raise UsageError(f"unknown optimizer {name!r}; choose one of: {', '.join(sorted(OPTIMIZERS))} "
-                         "(see `mlbench optimizers`)") from None
-    cls.parse_options(options, world_size)
-    return cls
-
-
-def build_optimizer(name: str, ctx: OptimizerContext) -> DistributedOptimizer:
-    return check_optimizer(name, ctx.options, ctx.world_size)(ctx)
-
-
-def describe_optimizers() -> list[dict[str, Any]]:
-    """Every optimizer with its division, summary, reference and options (for the CLI/README)."""
-    from mlbench.optim import catalog
-
-    return [{"name": cls.name, "closed_division": cls.closed_division, "summary": cls.summary,
-             "reference": cls.reference,
-             "options": [{"name": key, "default": opt.default, "help": opt.help}
-                         for key, opt in cls.options.items()]}
-            for cls in (OPTIMIZERS[name] for name in catalog.ORDER)]
 
 
 def compression_ratio(events: list[dict[str, Any]]) -> float | None:

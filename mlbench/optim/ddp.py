@@ -23,8 +23,15 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 from torch.nn.parallel import DistributedDataParallel
 
 from mlbench.errors import UsageError
-from mlbench.optim.base import (DistributedOptimizer, Option, OptimizerContext, allreduce_bytes,
-                                local_sgd, register, set_lr)
+from mlbench.optim.base import (
+    DistributedOptimizer,
+    OptimizerContext,
+    Option,
+    allreduce_bytes,
+    local_sgd,
+    set_lr,
+)
+from mlbench.optim.registry import register
 
 _HALF_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 

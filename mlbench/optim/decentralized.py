@@ -21,8 +21,17 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from mlbench.optim.base import (ConsensusEvaluation, DistributedOptimizer, Option, OptimizerContext,
-                                assign_flat_, flat_params, local_sgd, register, set_lr)
+from mlbench.optim.base import (
+    ConsensusEvaluation,
+    DistributedOptimizer,
+    OptimizerContext,
+    Option,
+    assign_flat_,
+    flat_params,
+    local_sgd,
+    set_lr,
+)
+from mlbench.optim.registry import register
 from mlbench.optim.topology import parse_topology
 
 

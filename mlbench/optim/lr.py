@@ -1,4 +1,4 @@
-"""Learning-rate schedules of the tasks (SPEC.md), as pure functions of the step.
+"""Learning-rate schedules of the tasks (docs/tasks.md), as pure functions of the step.
 
 Pure functions of (spec, workers, step) so that every worker computes the same rate without
 communicating, a test can check the documented values at the documented epochs, and a single

@@ -20,8 +20,16 @@ from __future__ import annotations
 
 import torch
 
-from mlbench.optim.base import (DistributedOptimizer, Option, OptimizerContext, all_reduce_mean_,
-                                allreduce_bytes, local_sgd, register, set_lr)
+from mlbench.optim.base import (
+    DistributedOptimizer,
+    OptimizerContext,
+    Option,
+    all_reduce_mean_,
+    allreduce_bytes,
+    local_sgd,
+    set_lr,
+)
+from mlbench.optim.registry import register
 
 #: Added to column norms in the orthonormalisation, so that a zero column stays finite.
 ORTHO_EPS = 1e-8

@@ -20,10 +20,25 @@ from __future__ import annotations
 
 import torch
 
-from mlbench.optim.base import (DistributedOptimizer, Option, OptimizerContext, all_gather,
-                                allgather_bytes, assign_flat_, flat_grads, flat_params, register)
-from mlbench.optim.compression import (LocalMomentum, Segments, count_positive, pack_signs, signs,
-                                       unpack_signs)
+from mlbench.optim.base import (
+    DistributedOptimizer,
+    OptimizerContext,
+    Option,
+    all_gather,
+    allgather_bytes,
+    assign_flat_,
+    flat_grads,
+    flat_params,
+)
+from mlbench.optim.compression import (
+    LocalMomentum,
+    Segments,
+    count_positive,
+    pack_signs,
+    signs,
+    unpack_signs,
+)
+from mlbench.optim.registry import register
 
 
 @register

@@ -17,16 +17,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 from mlbench.results.events import read_run_events
-from mlbench.results.store import RunRecord, read_json
+from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
+from mlbench.run_config import RunDocument
 
 
 def run_document(run: RunRecord) -> dict:
     """run.json as downloaded: what was asked for plus what happened."""
-    try:
-        doc = read_json(run.run_dir / "run.json")
-    except (OSError, ValueError):
-        doc = {}
+    document = RunDocument.load_or_none(run.run_dir)
+    doc = document.to_dict() if document else {}
     events = read_run_events(run.run_dir)
     summary = summarize(events)
     record = asdict(run)

@@ -1,6 +1,6 @@
 """`mlbench charts`: the original's four figures per task, from the user's own runs.
 
-The original published, per task (seed 000/001): the speedup of time to accuracy against the number
+The original published, per task (docs/tasks.md, "The original's published results"): the speedup of time to accuracy against the number
 of workers, the cost of a run against the number of workers, loss against time for each worker
 count with the target line, and the communication/computation time ratio per worker count. Each
 is drawn here from a :class:`~mlbench.results.compare.Comparison`, so the charts show exactly the

@@ -7,10 +7,10 @@ present (the original's figures: "speedup relative to one node") and parallel ef
 speedup divided by the growth in workers. Closed and open division, different optimizers,
 hardware or goals never share a family: a speedup across them would compare two things at once.
 
-The measure behind the speedup is time to accuracy (SPEC.md); a family without a goal (synthetic
+The measure behind the speedup is time to accuracy (docs/tasks.md); a family without a goal (synthetic
 data, for throughput only) is compared by training throughput instead, and says so. The compute /
 communication split adds up the phase times of every worker of every run in the group, not rank 0
-alone (ARCHITECTURE.md, "Timing").
+alone (docs/tasks.md, "What is timed").
 """
 
 from __future__ import annotations
@@ -25,17 +25,19 @@ from mlbench.errors import UsageError
 from mlbench.results.cost import cost_usd
 from mlbench.results.events import read_run_events
 from mlbench.results.repeats import RepeatStats, repeat_stats
-from mlbench.results.store import FINISHED, RunRecord, RunStore, read_json
+from mlbench.results.store import FINISHED, RunRecord, RunStore
 from mlbench.results.summary import RunSummary, summarize
+from mlbench.run_config import RunConfig, RunDocument
 from mlbench.tasks.spec import get_task
 
 TIME_TO_ACCURACY, THROUGHPUT = "time to accuracy", "throughput"
 
 
-def hardware_label(config: dict[str, Any], environment: dict[str, Any]) -> str:
-    """What a worker ran on, coarse enough that repeats on one machine type share it."""
+def hardware_label(device: str | None, environment: dict[str, Any]) -> str:
+    """What a worker ran on (``device``: cpu or cuda), coarse enough that repeats on one machine
+    type share it."""
     gpus = environment.get("gpus") or []
-    if config.get("device") == "cuda" and gpus:
+    if device == "cuda" and gpus:
         return str(gpus[0])
     cpu = str(environment.get("cpu") or "CPU")
     cores = environment.get("cores")
@@ -62,7 +64,7 @@ class RunResult:
 
     record: RunRecord
     summary: RunSummary
-    config: dict[str, Any]
+    config: RunConfig | None
     hardware: str
     losses: list[tuple[float, float]] = field(default_factory=list)
 
@@ -70,13 +72,10 @@ class RunResult:
     def load(cls, record: RunRecord) -> "RunResult":
         events = read_run_events(record.run_dir)
         summary = summarize(events)
-        try:
-            run_json = read_json(record.run_dir / "run.json")
-        except (OSError, ValueError):
-            run_json = {}
-        config = run_json.get("config") or {}
-        environment = summary.environment or run_json.get("environment") or {}
-        return cls(record, summary, config, hardware_label(config, environment), loss_curve(events))
+        document = RunDocument.load_or_none(record.run_dir)
+        config = document.config if document else None
+        environment = summary.environment or (document.environment if document else {})
+        return cls(record, summary, config, hardware_label(config.device if config else None, environment), loss_curve(events))
 
     @property
     def result(self) -> dict[str, Any]:

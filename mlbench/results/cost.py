@@ -1,6 +1,6 @@
 """What a run costs: node-seconds x price per node-hour, from a price table the user can override.
 
-The original mlbench priced its scaling runs on Google Cloud (seed 001: n1-standard-4 $0.19/h,
+The original mlbench priced its scaling runs on Google Cloud (the original's task results: n1-standard-4 $0.19/h,
 preemptible $0.04/h, a preemptible K80 $0.135/h per GPU). ``prices.csv`` beside this module ships
 those figures plus on-demand list prices of common GCP (us-central1) and AWS (us-east-1) instance
 types, each row with the date it was checked and its source. Prices change and differ by region

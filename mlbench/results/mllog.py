@@ -26,23 +26,24 @@ from typing import Any
 
 from mlbench.results.compare import hardware_label
 from mlbench.results.events import read_run_events
-from mlbench.results.store import RunRecord, read_json
-from mlbench.tasks.spec import TaskSpec, spec_from_dict
+from mlbench.results.store import RunRecord
+from mlbench.run_config import RunConfig, RunDocument
+from mlbench.tasks.spec import TaskSpec
 
 TOKEN = ":::MLLOG"
 ORG = "mlbench"
 
 
-def mllog_lines(record: RunRecord, events: list[dict[str, Any]], run_json: dict[str, Any],
+def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDocument | None,
                 org: str = ORG) -> list[str]:
     """The :::MLLOG lines of one run, in time order."""
-    config = run_json.get("config") or {}
-    spec = spec_from_dict(config["task"]) if config.get("task") else None
+    config = document.config if document else None
+    spec = config.task if config is not None and isinstance(config.task, TaskSpec) else None
     rank0 = [e for e in events if e.get("rank", 0) == 0]
     result = record.result or next((e["value"] for e in rank0 if e["name"] == "result"), None) or {}
     batch = record.workers * (spec.batch_per_worker if spec else 0)
     environment = next((e["value"] for e in rank0 if e["name"] == "environment"),
-                       run_json.get("environment") or {})
+                       document.environment if document else {})
     log = _Log()
 
     init_start = record.started_at or record.created_at
@@ -57,7 +58,7 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], run_json: dict[
     log.add(init_start, "number_of_workers", record.workers)
     log.add(init_start, "global_batch_size", batch)
     log.add(init_start, "gradient_accumulation_steps", 1)
-    log.add(init_start, "seed", record.seed if record.seed is not None else config.get("seed"))
+    log.add(init_start, "seed", record.seed if record.seed is not None else (config.seed if config else None))
     log.add(init_start, "opt_name", record.optimizer)
     for kind in ("tensor", "pipeline", "context", "expert"):  # data parallelism only
         log.add(init_start, f"{kind}_parallelism", 1)
@@ -89,11 +90,7 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], run_json: dict[
 def write_mllog(record: RunRecord, output: str | os.PathLike) -> Path:
     """Write the run's :::MLLOG log to ``output`` (atomically)."""
     output = Path(output)
-    try:
-        run_json = read_json(record.run_dir / "run.json")
-    except (OSError, ValueError):
-        run_json = {}
-    lines = mllog_lines(record, read_run_events(record.run_dir), run_json)
+    lines = mllog_lines(record, read_run_events(record.run_dir), RunDocument.load_or_none(record.run_dir))
     tmp = output.with_name(output.name + ".part")
     tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     os.replace(tmp, output)
@@ -116,9 +113,9 @@ class _Log:
         return [f"{TOKEN} {json.dumps(body)}" for _, _, body in sorted(self._records, key=lambda r: r[:2])]
 
 
-def _platform(record: RunRecord, config: dict[str, Any], environment: dict[str, Any]) -> str:
+def _platform(record: RunRecord, config: RunConfig | None, environment: dict[str, Any]) -> str:
     nodes = 1 if record.launcher == "local" else record.workers
-    return f"{nodes}x {hardware_label(config, environment)}, {record.workers} worker(s), {record.launcher}"
+    return f"{nodes}x {hardware_label(config.device if config else None, environment)}, {record.workers} worker(s), {record.launcher}"
 
 
 def _hyper_parameters(spec: TaskSpec, workers: int) -> dict[str, Any]:

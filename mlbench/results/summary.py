@@ -1,7 +1,7 @@
 """Summaries of a run from its metric events: progress, phases over all workers, throughput.
 
-Aggregates over every worker (mean, max and per rank), not rank 0 alone (ARCHITECTURE.md,
-"Timing"): in synchronous training the slowest worker sets the pace, and a straggler shows up as
+Aggregates over every worker (mean, max and per rank), not rank 0 alone (docs/tasks.md, "What is
+timed"): in synchronous training the slowest worker sets the pace, and a straggler shows up as
 a gap between the mean and the max.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from statistics import mean
 from typing import Any
 
-from mlbench.worker.timing import PHASES
+from mlbench.timing import PHASES
 
 COMPUTE_PHASES = ("data", "forward", "backward", "optimizer")
 

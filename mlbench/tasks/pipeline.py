@@ -3,49 +3,15 @@
 The whole data set is held as tensors (CIFAR-10 as uint8, 150 MB; epsilon as a float32 memory
 map shared by all local workers through the page cache) and minibatches are gathered by index.
 On a GPU the images live on the device and augmentation runs there in batch; the same code runs
-on the CPU. ``--data synthetic`` replaces the data set by random tensors of the same shape for
-throughput-only runs.
+on the CPU. Which data set, and its synthetic stand-in, is :mod:`mlbench.tasks.datasets`' business.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mlbench.errors import UsageError
 from mlbench.tasks.data.augment import crop_flip, draw_augmentation, normalise
 from mlbench.tasks.data.cifar10 import Split
-
-#: (train, test) sample counts of the synthetic stand-ins; shapes are the real data sets'.
-SYNTHETIC_SIZES = {"cifar10": (50_000, 10_000), "epsilon": (40_000, 10_000)}
-EPSILON_FEATURES = 2000
-
-
-def load_splits(dataset: str, source: str, data_dir: str | None, seed: int = 0) -> tuple[Split, Split]:
-    """(train, test) for a task's data set: the real one, or random data of its shape."""
-    if source == "synthetic":
-        return synthetic_splits(dataset, seed)
-    if dataset == "cifar10":
-        from mlbench.tasks.data.cifar10 import load_cifar10
-        return load_cifar10(data_dir)
-    if dataset == "epsilon":
-        from mlbench.tasks.data.libsvm import load_libsvm_dataset
-        return load_libsvm_dataset(data_dir, name="epsilon")
-    raise UsageError(f"unknown data set {dataset!r}")
-
-
-def synthetic_splits(dataset: str, seed: int = 0) -> tuple[Split, Split]:
-    gen = torch.Generator().manual_seed(seed)
-    n_train, n_test = SYNTHETIC_SIZES[dataset]
-    splits = []
-    for n in (n_train, n_test):
-        if dataset == "cifar10":
-            x = torch.randint(0, 256, (n, 3, 32, 32), generator=gen, dtype=torch.uint8)
-            y = torch.randint(0, 10, (n,), generator=gen)
-        else:
-            x = torch.randn(n, EPSILON_FEATURES, generator=gen) / EPSILON_FEATURES ** 0.5
-            y = torch.randint(0, 2, (n,), generator=gen).float() * 2 - 1
-        splits.append(Split(x, y))
-    return splits[0], splits[1]
 
 
 def _fits_on_device(train: Split, test: Split, device: torch.device) -> bool:

@@ -4,7 +4,7 @@ A :class:`TaskSpec` is data, not code (torchtitan's TrainSpec idea): the model n
 the batch per worker, the learning-rate rule, momentum, weight decay, L2, epochs and goals. The
 worker builds everything from it. Users may override fields (`--set key=value`, `--model`, ...);
 :func:`resolve` applies the overrides and reports which closed-division values changed, which is
-what makes a run "open division" (SPEC.md, "Beyond the closed division").
+what makes a run "open division" (docs/tasks.md, "Beyond the closed division").
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from mlbench.errors import UsageError
 class LRSchedule:
     """The learning-rate rule of a task.
 
-    kind "warmup-multistep" (task 1a, Goyal et al. 2017 as in SPEC.md): the rate per sample
+    kind "warmup-multistep" (task 1a, Goyal et al. 2017, docs/tasks.md): the rate per sample
     ``eta`` scales with the global batch; it rises linearly from ``eta*b`` to ``eta*b*k`` over
     ``warmup_epochs`` and is divided by ``decay_factor`` at each of ``milestones`` (epochs).
 
@@ -47,7 +47,7 @@ class LRSchedule:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One benchmark task of the closed division (SPEC.md), plus the knobs users may change."""
+    """One benchmark task of the closed division (docs/tasks.md), plus the knobs users may change."""
 
     name: str
     title: str
@@ -68,6 +68,7 @@ class TaskSpec:
     reference: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     kind: str = "training"   # or "allreduce": task 0a, a communication benchmark (no model, no data)
+    runtime: str = "classification"   # the builder of its worker-side runtime (worker/runtimes.py)
 
     def goal(self, light: bool) -> float:
         return self.goal_light if light else self.goal_full
@@ -112,30 +113,42 @@ TASK2A = TaskSpec(
     reference="PASCAL 2008 large-scale challenge (epsilon); MLBench task 2a",
 )
 
-TASK0A = TaskSpec(
+@dataclass(frozen=True)
+class AllreduceSpec:
+    """Task 0a: the all-reduce micro-benchmark (no model, no data, no goal; docs/tasks.md).
+
+    Messages of 1..``max_size`` elements (log-spaced) in each of ``dtypes``; per size up to
+    ``warmup`` warm-up and ``iterations`` timed operations within about ``seconds_per_size``.
+    """
+
+    name: str
+    title: str
+    max_size: int = 10**8
+    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
+    warmup: int = 5
+    iterations: int = 20
+    seconds_per_size: float = 0.5
+    metric: str = "bus bandwidth"
+    notes: str = ""
+    reference: str = ""
+    kind: str = "allreduce"
+
+    def goal(self, light: bool) -> None:
+        """A measurement has no goal."""
+        return None
+
+
+#: Any task's spec: a training task or the all-reduce benchmark.
+AnySpec = TaskSpec | AllreduceSpec
+
+TASK0A = AllreduceSpec(
     name="task0a",
     title="Communication: all-reduce latency and bandwidth of the backend",
-    model="none",
-    dataset="none",
-    batch_per_worker=0,
-    lr=LRSchedule(kind="none"),
-    momentum=0.0,
-    nesterov=False,
-    weight_decay=0.0,
-    l2=0.0,
-    max_epochs=0,
-    goal_full=0.0,
-    goal_light=0.0,
-    loss="none",
-    metric="bus bandwidth",
-    kind="allreduce",
-    extra={"max_size": 10**8, "dtypes": ("fp32", "fp16", "bf16"), "warmup": 5, "iterations": 20,
-           "seconds_per_size": 0.5},
     notes="messages of 1..max_size elements (log-spaced); nccl-tests' time, algbw and busbw per size",
     reference="MLBench task 0a; bandwidths as NVIDIA nccl-tests (doc/PERFORMANCE.md)",
 )
 
-TASKS: dict[str, TaskSpec] = {t.name: t for t in (TASK0A, TASK1A, TASK2A)}
+TASKS: dict[str, AnySpec] = {t.name: t for t in (TASK0A, TASK1A, TASK2A)}
 
 #: Fields a user may override with ``--set key=value``, with their type.
 OVERRIDABLE: dict[str, type] = {
@@ -156,7 +169,7 @@ OVERRIDABLE: dict[str, type] = {
 }
 
 
-def get_task(name: str) -> TaskSpec:
+def get_task(name: str) -> AnySpec:
     try:
         return TASKS[name]
     except KeyError:
@@ -196,11 +209,16 @@ def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
     return result
 
 
-def resolve(task: TaskSpec, overrides: dict[str, Any]) -> tuple[TaskSpec, list[str]]:
+def resolve(task: AnySpec, overrides: dict[str, Any]) -> tuple[AnySpec, list[str]]:
     """Apply overrides; return the new spec and the closed-division fields that changed.
 
     ``lr.alpha`` replaces the whole inverse-sqrt alpha table by one value (any worker count).
     """
+    if isinstance(task, AllreduceSpec):
+        if overrides:
+            raise UsageError(f"{task.name} measures the all-reduce itself and takes no --set or "
+                             "--model; use --max-size to cap the messages")
+        return task, []
     changed: list[str] = []
     top: dict[str, Any] = {}
     lr_fields: dict[str, Any] = {}
@@ -236,12 +254,18 @@ def _same_model(a: str, b: str) -> bool:
     return norm(a) == norm(b)
 
 
-def spec_to_dict(task: TaskSpec) -> dict[str, Any]:
+def spec_to_dict(task: AnySpec) -> dict[str, Any]:
     return dataclasses.asdict(task)
 
 
-def spec_from_dict(data: dict[str, Any]) -> TaskSpec:
+def spec_from_dict(data: dict[str, Any]) -> AnySpec:
     data = dict(data)
+    if data.get("kind") == "allreduce":
+        # records before AllreduceSpec kept the sweep's parameters under "extra"
+        flat = {**data, **data.pop("extra", {})}
+        known = {f.name for f in dataclasses.fields(AllreduceSpec)}
+        spec = AllreduceSpec(**{k: v for k, v in flat.items() if k in known})
+        return dataclasses.replace(spec, dtypes=tuple(spec.dtypes))
     lr = dict(data.pop("lr"))
     lr["milestones"] = tuple(lr.get("milestones", ()))
     lr["alpha_by_workers"] = tuple(tuple(p) for p in lr.get("alpha_by_workers", ()))

@@ -16,8 +16,7 @@ from pathlib import Path
 from mlbench.errors import MlbenchError
 from mlbench.results.events import EventWriter
 from mlbench.results.http_sink import open_sink
-from mlbench.results.store import read_json
-from mlbench.worker.config import RunConfig
+from mlbench.run_config import RunConfig, RunDocument
 from mlbench.worker.group import init_group, leave_group
 
 
@@ -30,10 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
-    run_json = read_json(args.run_dir / "run.json")
-    config = RunConfig.from_dict(run_json["config"])
+    document = RunDocument.load(args.run_dir)
+    config = document.config
     # a file per rank locally; HTTP to the results service when the pod's environment says so
-    events = EventWriter(open_sink(args.run_dir, args.rank, run_json.get("id")), args.rank)
+    events = EventWriter(open_sink(args.run_dir, args.rank, document.id), args.rank)
     return run_worker(config, args.rank, events, store_fd=args.store_fd, run_dir=args.run_dir)
 
 
@@ -54,7 +53,7 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
         if rank == 0:
             events.emit("environment", describe_environment(), epoch=0, step=0)
         if config.task.kind == "allreduce":  # task 0a: a communication benchmark, no training
-            from mlbench.tasks.allreduce import run_benchmark
+            from mlbench.worker.allreduce import run_benchmark
             result = run_benchmark(config, rank, events)
         else:
             trainer = Trainer(config, rank, events)

@@ -19,7 +19,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from mlbench.worker.config import RunConfig
+from mlbench.run_config import RunConfig
 
 RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("MLBENCH_RENDEZVOUS_TIMEOUT", 300)))
 

@@ -15,17 +15,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mlbench.errors import UsageError
-from mlbench.optim.base import OptimizerContext, allreduce_bytes, build_optimizer
-from mlbench.optim.lr import learning_rate
+from mlbench.optim.base import DistributedOptimizer, OptimizerContext, allreduce_bytes
+from mlbench.optim.catalog import build_optimizer
 from mlbench.results.events import EventWriter
-from mlbench.tasks.data.sharding import epoch_batches, eval_shard, steps_per_epoch
-from mlbench.tasks.losses import batch_loss, correct_count, regulariser
-from mlbench.tasks.models import build_model, count_trainable_parameters
-from mlbench.tasks.pipeline import Pipeline, load_splits
-from mlbench.worker.config import RunConfig
-from mlbench.worker.steps import ReferenceStep
-from mlbench.worker.timing import PhaseTimer
+from mlbench.run_config import RunConfig
+from mlbench.tasks.metrics import get_metric
+from mlbench.tasks.models import count_trainable_parameters
+from mlbench.tasks.runtime import TaskRuntime
+from mlbench.timing import PhaseTimer
+from mlbench.worker.runtimes import build_runtime
 
 #: Target seconds between two checks of the time budget (the workers agree on the step count).
 BUDGET_CHECK_SECONDS = 0.25
@@ -39,9 +37,10 @@ class Progress:
     epoch: int = 0
     train_start: float | None = None
     eval_time: float = 0.0
-    best_accuracy: float | None = None
-    last_accuracy: float | None = None
+    best_value: float | None = None      # of the task's goal metric (accuracy, perplexity, BLEU)
+    last_value: float | None = None
     last_loss: float | None = None
+    last_lr: float = 0.0
     goal_step: int | None = None
     goal_epoch: float | None = None
     goal_train_time: float | None = None
@@ -75,53 +74,18 @@ class Trainer:
 
     def setup(self) -> None:
         torch.manual_seed(self.cfg.seed)
-        train, test = load_splits(self.spec.dataset, self.cfg.data, self.cfg.data_dir, self.cfg.seed)
-        images = self.spec.dataset == "cifar10"
-        self.data = Pipeline(train, test, self.device, images=images,
-                             channels_last=self.cfg.channels_last)
-        in_features = None if images else self.data.num_features
-        # Every rank builds the model from the same seed, so all start from the same weights.
-        torch.manual_seed(self.cfg.seed)
-        self.model = build_model(self.spec.model, in_features=in_features).to(self.device)
-        if self.cfg.channels_last:
-            self.model = self.model.to(memory_format=torch.channels_last)
         self.timer = PhaseTimer(self.device, enabled=self.cfg.timing)
+        self.runtime: TaskRuntime = build_runtime(self.cfg, self.rank, self.device, self.timer)
+        self.model = self.runtime.model
+        self.metric = get_metric(self.runtime.metric_name)
         # What the reference (one fp32 all-reduce of all gradients) sends per step and rank: the
         # denominator of a compressing optimizer's compression ratio.
         self.dense_bytes_per_step = allreduce_bytes(count_trainable_parameters(self.model), 4, self.world)
-        self.steps_per_epoch = steps_per_epoch(self.data.num_train, self.world,
-                                               self.spec.batch_per_worker)
-        self.fast: ReferenceStep | None = None
-        if self._fast_path_applies(images):
-            self.fast = ReferenceStep(self.model, self.spec, self.data, self.timer, self.world,
-                                      capture=self._can_capture(), precision=self.cfg.precision)
-            self.optimizer = self.fast
-        else:
-            ctx = OptimizerContext(model=self.model, spec=self.spec, world_size=self.world,
-                                   rank=self.rank, timer=self.timer,
-                                   options=dict(self.cfg.optimizer_options))
-            self.optimizer = build_optimizer(self.cfg.optimizer, ctx)
-        if self.steps_per_epoch == 0:
-            raise UsageError(f"the training set has {self.data.num_train} samples, fewer than one "
-                             f"global batch ({self.world} workers x {self.spec.batch_per_worker})")
-
-    def _can_capture(self) -> bool:
-        """CUDA graphs need a GPU and a backend whose collectives can be captured (NCCL)."""
-        return (self.cfg.graph and self.device.type == "cuda"
-                and (self.world == 1 or self.cfg.backend == "nccl"))
-
-    def _fast_path_applies(self, images: bool) -> bool:
-        """The reference optimizer (one flat all-reduce) runs as :class:`ReferenceStep` when that
-        gains something: a captured CUDA graph, or task 2a's closed-form gradient."""
-        reference = (self.cfg.optimizer == "centralized-sgd"
-                     and self.cfg.optimizer_options.get("by", "model") == "model")
-        closed_form = self.spec.loss == "logistic" and not images
-        return reference and (self._can_capture() or closed_form)
-
-    def lr_at(self, step: int) -> float:
-        return learning_rate(self.spec.lr, workers=self.world,
-                             batch_per_worker=self.spec.batch_per_worker, step=step,
-                             steps_per_epoch=self.steps_per_epoch)
+        self.steps_per_epoch = self.runtime.steps_per_epoch()
+        ctx = OptimizerContext(model=self.model, spec=self.spec, world_size=self.world,
+                               rank=self.rank, timer=self.timer,
+                               options=dict(self.cfg.optimizer_options))
+        self.optimizer: DistributedOptimizer = build_optimizer(self.cfg.optimizer, ctx)
 
     # -- the loop -----------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -131,16 +95,13 @@ class Trainer:
         evaluated_at = -1
         p.train_start = time.perf_counter()
         loss_sum = torch.zeros((), device=self.device)
-        interval_steps = 0
+        interval_steps = interval_samples = 0
         interval_start_bytes = 0
         for epoch in range(self.spec.max_epochs):
             p.epoch = epoch
-            batches = epoch_batches(self.data.num_train, workers=self.world, rank=self.rank,
-                                    batch_per_worker=self.spec.batch_per_worker,
-                                    seed=self.cfg.seed, epoch=epoch).to(self.device)
-            self.data.begin_epoch(self.cfg.seed, epoch)
+            self.runtime.begin_epoch(epoch)
             stop = None
-            for local_step in range(batches.shape[0]):
+            for batch in self.runtime.batches(epoch):
                 if self.cfg.max_steps is not None and p.step >= self.cfg.max_steps:
                     stop = "max-steps"
                     break
@@ -148,18 +109,21 @@ class Trainer:
                         and self._budget_spent()):
                     stop = "time-budget"
                     break
-                loss_sum += self.train_step(batches[local_step], self.lr_at(p.step))
+                lr = self.runtime.lr(p.step, batch)
+                loss_sum += self.runtime.train_step(batch, lr, self.optimizer)
+                p.last_lr = lr
                 p.step += 1
                 interval_steps += 1
+                interval_samples += self.runtime.samples_in(batch)
                 if interval_steps == self.cfg.log_every:
-                    self._log_interval(loss_sum, interval_steps, interval_start_bytes)
+                    self._log_interval(loss_sum, interval_steps, interval_samples, interval_start_bytes)
                     loss_sum.zero_()
-                    interval_steps = 0
+                    interval_steps = interval_samples = 0
                     interval_start_bytes = self.optimizer.bytes_sent
             if interval_steps:
-                self._log_interval(loss_sum, interval_steps, interval_start_bytes)
+                self._log_interval(loss_sum, interval_steps, interval_samples, interval_start_bytes)
                 loss_sum.zero_()
-                interval_steps = 0
+                interval_steps = interval_samples = 0
                 interval_start_bytes = self.optimizer.bytes_sent
             if stop is not None and evaluated_at == p.step:
                 stop_reason = stop  # at an epoch's first step: the model was evaluated already
@@ -175,23 +139,6 @@ class Trainer:
         if evaluated_at != p.step:
             self.evaluate()
         return self._result(stop_reason)
-
-    def train_step(self, idx: torch.Tensor, lr: float) -> torch.Tensor:
-        """One synchronous SGD step; returns the minibatch loss (a device tensor, not synced)."""
-        if self.fast is not None:
-            return self.fast(idx, lr)
-        self.timer.begin()
-        x, y = self.data.train_batch(idx)
-        self.timer.mark("data")
-        output = self.optimizer.module(x)  # the model, or a wrapper such as DDP's
-        loss = batch_loss(self.spec.loss, output, y)
-        objective = loss + regulariser(self.model, self.spec.l2)
-        self.timer.mark("forward")
-        self.optimizer.zero_grad()
-        objective.backward()
-        self.timer.mark("backward")
-        self.optimizer.step(lr)
-        return objective.detach()
 
     def _budget_spent(self) -> bool:
         """All workers agree on whether the training-time budget is spent, and on the next check.
@@ -216,14 +163,14 @@ class Trainer:
     def _epoch_float(self) -> float:
         return self.progress.step / self.steps_per_epoch
 
-    def _log_interval(self, loss_sum: torch.Tensor, steps: int, start_bytes: int) -> None:
+    def _log_interval(self, loss_sum: torch.Tensor, steps: int, samples: int, start_bytes: int) -> None:
         p = self.progress
         epoch, step = self._epoch_float(), p.step
         emit = self.events.emit
         emit("train/loss", float(loss_sum.item()) / steps, epoch=epoch, step=step)
-        emit("train/lr", self.lr_at(max(0, step - 1)), epoch=epoch, step=step)
+        emit("train/lr", p.last_lr, epoch=epoch, step=step)
         emit("train/steps", steps, epoch=epoch, step=step)
-        emit("train/samples", steps * self.spec.batch_per_worker, epoch=epoch, step=step)
+        emit("train/samples", samples, epoch=epoch, step=step)
         emit("train/time", p.train_time(), epoch=epoch, step=step)
         for phase, seconds in self.timer.collect().items():
             emit(f"time/{phase}", seconds, epoch=epoch, step=step)
@@ -231,55 +178,28 @@ class Trainer:
         emit("comm/dense_bytes", steps * self.dense_bytes_per_step, epoch=epoch, step=step)
 
     # -- evaluation ---------------------------------------------------------------------------
-    def _sync_buffers(self) -> None:
-        """Average the BatchNorm running statistics over workers before evaluating.
-
-        Each worker's running mean/variance come from its own minibatches; averaging them (as
-        DistributedDataParallel keeps buffers in sync) makes the evaluated model the same on every
-        rank, so the all-reduced test metrics are those of one model.
-        """
-        if self.world == 1:
-            return
-        for buf in self.model.buffers():
-            if buf.is_floating_point():
-                dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-                buf.div_(self.world)
-
     @torch.no_grad()
     def evaluate(self) -> bool:
-        """Loss and accuracy on the whole test set (all-reduced); True when the goal is reached."""
+        """The task's metrics on its evaluation set (over all workers); True at the goal."""
         p = self.progress
         begin = time.perf_counter()
         restore = self.optimizer.state_for_eval()
-        self._sync_buffers()
-        self.model.eval()
-        start, stop = eval_shard(self.data.num_test, workers=self.world, rank=self.rank)
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
-        for lo in range(start, stop, self.cfg.eval_batch_size):
-            x, y = self.data.test_batch(lo, min(stop, lo + self.cfg.eval_batch_size))
-            output = self.model(x)
-            totals[0] += batch_loss(self.spec.loss, output, y, reduction="sum").double()
-            totals[1] += correct_count(self.spec.loss, output, y).double()
-            totals[2] += y.shape[0]
-        if self.world > 1:
-            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-        self.model.train()
-        loss = float(totals[0] / totals[2]) + float(regulariser(self.model, self.spec.l2))
+        metrics = self.runtime.evaluate()
         if restore is not None:  # e.g. gossip: each rank goes on training its own model
             restore()
-        accuracy = float(totals[1] / totals[2])
+        value = metrics[self.metric.name]
         elapsed = time.perf_counter() - begin
         p.eval_time += elapsed
         epoch, step = self._epoch_float(), p.step
         self.events.emit("time/eval", elapsed, epoch=epoch, step=step)
-        p.last_loss, p.last_accuracy = loss, accuracy
-        p.best_accuracy = accuracy if p.best_accuracy is None else max(p.best_accuracy, accuracy)
+        p.last_loss, p.last_value = metrics["loss"], value
+        p.best_value = self.metric.best([v for v in (p.best_value, value) if v is not None])
         if self.rank == 0:
-            self.events.emit("eval/loss", loss, epoch=epoch, step=step)
-            self.events.emit("eval/accuracy", accuracy, epoch=epoch, step=step)
+            for name, number in metrics.items():
+                self.events.emit(f"eval/{name}", number, epoch=epoch, step=step)
             self.events.emit("train/time", p.train_time(), epoch=epoch, step=step)
         goal = self.cfg.goal
-        reached = goal is not None and accuracy >= goal
+        reached = self.metric.reached(value, goal)
         if reached and p.goal_step is None:
             p.goal_step, p.goal_epoch = step, epoch
             p.goal_train_time = p.train_time()
@@ -296,16 +216,17 @@ class Trainer:
             "wall_time_to_accuracy": p.goal_wall_time,
             "epochs_to_accuracy": p.goal_epoch,
             "steps_to_accuracy": p.goal_step,
-            "final_accuracy": p.last_accuracy,
+            "metric": self.metric.name,
+            "final_accuracy": p.last_value,
             "final_loss": p.last_loss,
-            "best_accuracy": p.best_accuracy,
+            "best_accuracy": p.best_value,
             "train_time": p.train_time(),
             "eval_time": p.eval_time,
             "epochs": self._epoch_float(),
             "steps": p.step,
             "stop_reason": stop_reason,
             "bytes_sent": self.optimizer.bytes_sent,
-            "train_samples": self.data.num_train,
-            "test_samples": self.data.num_test,
+            "train_samples": getattr(self.runtime, "train_samples", None),
+            "test_samples": getattr(self.runtime, "test_samples", None),
         }
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from mlbench.cli import cli
-from mlbench.cli import commands  # noqa: F401  (registers the commands)
+from mlbench.cli import (
+    cli,
+    commands,  # noqa: F401  (registers the commands)
+)
 from mlbench.tasks.allreduce import bus_factor, message_sizes
 from tests.helpers import events, last_run, mlbench, run_json
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlbench.optim.base import OptimizerContext, build_optimizer
+from mlbench.optim.base import OptimizerContext
+from mlbench.optim.catalog import build_optimizer
 from mlbench.tasks.spec import TASK1A
-from mlbench.worker.timing import PhaseTimer
+from mlbench.timing import PhaseTimer
 from tests.optim.support import PLAIN, loss_on, params_of, run_on_ranks, tiny_data, tiny_model
 
 WORLD, BATCH = 2, 4

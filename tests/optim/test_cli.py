@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from mlbench.cli import cli
-from mlbench.cli import commands  # noqa: F401  (registers the commands)
-from mlbench.optim.base import OPTIMIZERS, describe_optimizers
+from mlbench.cli import (
+    cli,
+    commands,  # noqa: F401  (registers the commands)
+)
+from mlbench.optim.catalog import describe_optimizers
+from mlbench.optim.registry import OPTIMIZERS
 from tests.helpers import events, last_run, mlbench, run_ids, run_json
 
 

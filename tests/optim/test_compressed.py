@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mlbench.optim.base import OptimizerContext, build_optimizer, flat_params
+from mlbench.optim.base import OptimizerContext, flat_params
+from mlbench.optim.catalog import build_optimizer
 from mlbench.optim.compression import pack_signs, unpack_signs
-from mlbench.worker.timing import PhaseTimer
+from mlbench.timing import PhaseTimer
 from tests.optim.support import PLAIN, loss_on, tiny_data, tiny_model
 
 LR = 0.5

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from mlbench.errors import UsageError
-from mlbench.optim.base import OptimizerContext, build_optimizer, check_optimizer
+from mlbench.optim.base import OptimizerContext
+from mlbench.optim.catalog import build_optimizer, check_optimizer
 from mlbench.optim.decentralized import gossip_
 from mlbench.optim.topology import parse_topology
-from mlbench.worker.timing import PhaseTimer
+from mlbench.timing import PhaseTimer
 from tests.optim.support import PLAIN
 
 CASES = {2: ("ring", "complete"), 3: ("ring", "0-1,1-2"), 4: ("ring", "torus", "complete", "0-1,0-2,0-3")}

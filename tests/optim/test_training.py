@@ -14,13 +14,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mlbench.optim.base import OptimizerContext, allreduce_bytes, build_optimizer
+from mlbench.optim.base import OptimizerContext, allreduce_bytes
+from mlbench.optim.catalog import build_optimizer
 from mlbench.tasks.data.cifar10 import load_cifar10
 from mlbench.tasks.models import count_trainable_parameters
 from mlbench.tasks.data.sharding import epoch_batches, eval_shard
 from mlbench.tasks.pipeline import Pipeline
 from mlbench.tasks.spec import TASK1A
-from mlbench.worker.timing import PhaseTimer
+from mlbench.timing import PhaseTimer
 from tests.optim.support import run_on_ranks
 
 STEPS, BATCH, LR = 30, 32, 0.1

@@ -5,9 +5,14 @@ import math
 import pytest
 
 from mlbench.errors import RunNotFound, UsageError
-from mlbench.results.compare import THROUGHPUT, TIME_TO_ACCURACY, compare_runs, hardware_label, select_runs
+from mlbench.results.compare import (
+    THROUGHPUT,
+    TIME_TO_ACCURACY,
+    compare_runs,
+    hardware_label,
+    select_runs,
+)
 from mlbench.results.store import RunStore
-
 from tests.results.recorded import record_run
 
 # time to accuracy of the repeats per worker count (None: the goal was missed)
@@ -149,8 +154,8 @@ def test_selection_by_task_by_group_and_by_id(store):
 
 def test_hardware_is_the_gpu_model_on_cuda_and_the_cpu_otherwise():
     env = {"cpu": "AMD EPYC", "cores": 2, "gpus": ["NVIDIA H100 80GB HBM3"]}
-    assert hardware_label({"device": "cuda"}, env) == "NVIDIA H100 80GB HBM3"
-    assert hardware_label({"device": "cpu"}, env) == "AMD EPYC (2 cores)"
+    assert hardware_label("cuda", env) == "NVIDIA H100 80GB HBM3"
+    assert hardware_label("cpu", env) == "AMD EPYC (2 cores)"
 
 
 def test_time_to_accuracy_families_say_so(scaling):

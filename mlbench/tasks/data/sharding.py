@@ -2,7 +2,7 @@
 
 Every worker draws the same permutation of the training set from (seed, epoch); global step s
 uses samples ``perm[s*k*b : (s+1)*k*b]`` and worker r takes the r-th block of b of them. So in
-every round the workers see disjoint samples (SPEC.md, task 1a), an epoch covers the data once
+every round the workers see disjoint samples (docs/tasks.md, task 1a), an epoch covers the data once
 (the tail that does not fill a global batch is dropped, as torch's DistributedSampler with
 drop_last does), and k workers with batch b see exactly the samples one process with batch k*b
 sees: the basis of the exactness tests.

@@ -3,7 +3,7 @@
 The model is only the linear score ``x @ w``: one logit per sample, without a bias, as the
 original MLBench's ``LogisticRegression`` (``nn.Linear(n_features, 1, bias=False)``) and as the
 objective below, which regularises all of ``w``. The loss (mean log-loss
-``log(1 + exp(-y * score))`` plus ``lambda/2 |w|^2``, SPEC.md task 2a, from the MLBench task
+``log(1 + exp(-y * score))`` plus ``lambda/2 |w|^2``, docs/tasks.md task 2a, from the MLBench task
 specification "2a. Linear Learning") belongs to the task, not to the model, so the same module
 serves the SGD reference and any fused or closed-form update that reads
 ``linear.weight`` directly.

@@ -5,7 +5,7 @@ calling :meth:`PhaseTimer.mark` at each boundary. On the CPU every operation is 
 ``perf_counter`` at each boundary is exact. On a GPU the host runs ahead of the device, so the
 timer records a CUDA event at each boundary instead and reads the elapsed times only in
 :meth:`collect`, once per logging interval, after the last event of the interval has completed:
-no device synchronisation is added inside a step (ARCHITECTURE.md, "Timing").
+no device synchronisation is added inside a step (docs/tasks.md, "What is timed").
 
 A step captured in a CUDA graph carries its own timing events (recorded as graph nodes, which
 needs ``external=True`` events); every replay re-records them, so :meth:`collect` reads the phases

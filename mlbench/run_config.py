@@ -1,0 +1,138 @@
+"""A run's configuration: what the CLI asks for, the launcher records and the worker reads.
+
+``run.json`` in a run's folder is the one document of a run: written when the run is created,
+read by the launcher (which adds the rendezvous address), by every worker (locally from the
+folder, in a pod from the ConfigMap that holds the same file) and by status, compare, charts,
+download and the MLLOG export. It is read and written only through :class:`RunDocument`, so its
+shape is defined here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from mlbench.results.store import read_json, write_json_atomic
+from mlbench.tasks.spec import AnySpec, spec_from_dict, spec_to_dict
+
+Backend = Literal["gloo", "nccl", "mpi"]
+Device = Literal["cpu", "cuda"]
+DataSource = Literal["real", "synthetic"]
+Precision = Literal["fp32", "bf16"]
+Division = Literal["closed", "open"]
+
+RUN_JSON = "run.json"
+
+
+@dataclass
+class RunConfig:
+    """Everything a worker needs: the resolved task spec and how to run it."""
+
+    task: AnySpec
+    workers: int
+    backend: Backend = "gloo"
+    device: Device = "cpu"
+    data: DataSource = "real"
+    data_dir: str | None = None
+    light: bool = False
+    stop_at_goal: bool = True
+    time_budget_s: float | None = None
+    max_steps: int | None = None
+    seed: int = 0
+    log_every: int = 50
+    timing: bool = True
+    threads_per_worker: int = 1
+    optimizer: str = "centralized-sgd"
+    optimizer_options: dict[str, str] = field(default_factory=dict)
+    save_model: bool = False
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    eval_batch_size: int = 1000
+    precision: Precision = "fp32"       # bf16: autocast (open division)
+    channels_last: bool = False
+    graph: bool = True                  # capture the step in a CUDA graph where possible
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["task"] = spec_to_dict(self.task)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        data = dict(data)
+        data["task"] = spec_from_dict(data["task"])
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def goal(self) -> float | None:
+        """The goal of the task's metric, or None for synthetic data (throughput only) and for
+        the all-reduce benchmark."""
+        if self.data == "synthetic":
+            return None
+        return self.task.goal(self.light)
+
+
+@dataclass
+class RunDocument:
+    """``run.json``: the run's identity, division, configuration and the machine it ran on.
+
+    ``extra`` keeps the sections other parts of mlbench add (the network a run is shaped to, a
+    cluster job's id, ...) so that reading and writing the document never drops them.
+    """
+
+    task: str
+    config: RunConfig
+    division: Division = "closed"
+    changed: list[str] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    command: str | None = None
+    placement: dict[str, Any] | None = None
+    id: str | None = None
+    name: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "id": self.id, "name": self.name, "task": self.task, "division": self.division,
+            "changed": list(self.changed), "config": self.config.to_dict(),
+            "environment": self.environment, "command": self.command,
+        }
+        if self.placement is not None:
+            data["placement"] = self.placement
+        data.update(self.extra)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunDocument:
+        own = {"id", "name", "task", "division", "changed", "config", "environment", "command",
+               "placement"}
+        return cls(task=data["task"], config=RunConfig.from_dict(data["config"]),
+                   division=data.get("division", "closed"), changed=list(data.get("changed") or []),
+                   environment=dict(data.get("environment") or {}), command=data.get("command"),
+                   placement=data.get("placement"), id=data.get("id"), name=data.get("name"),
+                   extra={k: v for k, v in data.items() if k not in own})
+
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike) -> RunDocument:
+        """The run.json of ``run_dir`` (OSError if missing, ValueError if not a run document)."""
+        data = read_json(Path(run_dir) / RUN_JSON)
+        try:
+            return cls.from_dict(data)
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"{Path(run_dir) / RUN_JSON} is not a run document ({err})") from None
+
+    @classmethod
+    def load_or_none(cls, run_dir: str | os.PathLike) -> RunDocument | None:
+        """The document, or None when it is missing or unreadable (a run deleted half-way)."""
+        try:
+            return cls.load(run_dir)
+        except (OSError, ValueError):
+            return None
+
+    def save(self, run_dir: str | os.PathLike) -> None:
+        """Write run.json atomically (a reader never sees half a document)."""
+        write_json_atomic(Path(run_dir) / RUN_JSON, self.to_dict())

@@ -1,0 +1,85 @@
+"""The data sets of the classification tasks, by name, as (train, test) tensors.
+
+A task spec names its data set (``TaskSpec.dataset``); :data:`DATASETS` maps the name to a
+:class:`Dataset` registered with :func:`register_dataset`: how to load the real data (downloading
+it on first use), what random data of the same shape looks like (``--data synthetic``, for
+throughput only), and whether the samples are uint8 images (which get the batched crop/flip
+augmentation and per-channel normalisation of :mod:`mlbench.tasks.data.augment`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from mlbench.errors import UsageError
+from mlbench.tasks.data.cifar10 import Split
+
+#: Input width of epsilon (docs/tasks.md, task 2a).
+EPSILON_FEATURES = 2000
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    images: bool
+    load: Callable[[str | None], tuple[Split, Split]]
+    synthetic: Callable[[int], tuple[Split, Split]]
+
+
+DATASETS: dict[str, Dataset] = {}
+
+
+def register_dataset(dataset: Dataset) -> Dataset:
+    DATASETS[dataset.name] = dataset
+    return dataset
+
+
+def get_dataset(name: str) -> Dataset:
+    try:
+        return DATASETS[name]
+    except KeyError:
+        raise UsageError(f"unknown data set {name!r}") from None
+
+
+def load_splits(dataset: str, source: str, data_dir: str | None, seed: int = 0) -> tuple[Split, Split]:
+    """(train, test) for a task's data set: the real one, or random data of its shape."""
+    entry = get_dataset(dataset)
+    return entry.synthetic(seed) if source == "synthetic" else entry.load(data_dir)
+
+
+def synthetic_splits(dataset: str, seed: int = 0) -> tuple[Split, Split]:
+    """Random (train, test) data of ``dataset``'s shape (``--data synthetic``)."""
+    return get_dataset(dataset).synthetic(seed)
+
+
+def _load_cifar10(data_dir: str | None) -> tuple[Split, Split]:
+    from mlbench.tasks.data.cifar10 import load_cifar10
+
+    return load_cifar10(data_dir)
+
+
+def _synthetic_cifar10(seed: int) -> tuple[Split, Split]:
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(Split(torch.randint(0, 256, (n, 3, 32, 32), generator=gen, dtype=torch.uint8),  # type: ignore[return-value]
+                       torch.randint(0, 10, (n,), generator=gen))
+                 for n in (50_000, 10_000))
+
+
+def _load_epsilon(data_dir: str | None) -> tuple[Split, Split]:
+    from mlbench.tasks.data.libsvm import load_libsvm_dataset
+
+    return load_libsvm_dataset(data_dir, name="epsilon")
+
+
+def _synthetic_epsilon(seed: int) -> tuple[Split, Split]:
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(Split(torch.randn(n, EPSILON_FEATURES, generator=gen) / EPSILON_FEATURES ** 0.5,  # type: ignore[return-value]
+                       torch.randint(0, 2, (n,), generator=gen).float() * 2 - 1)
+                 for n in (40_000, 10_000))
+
+
+CIFAR10 = register_dataset(Dataset("cifar10", images=True, load=_load_cifar10, synthetic=_synthetic_cifar10))
+EPSILON = register_dataset(Dataset("epsilon", images=False, load=_load_epsilon, synthetic=_synthetic_epsilon))

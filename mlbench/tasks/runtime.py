@@ -1,0 +1,55 @@
+"""What the trainer asks of a task, on one worker: the contract between a task and the loop.
+
+The worker's loop (:mod:`mlbench.worker.trainer`) is the same for every training task: epochs,
+the time budget, logging, evaluation and the goal. What differs between an image classifier, a
+language model and a translation model (their batches, their forward pass, their learning-rate
+rule, their evaluation) is a :class:`TaskRuntime`, built by the builder that the task spec names
+(``TaskSpec.runtime``). A new kind of task is one new runtime plus its registration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import torch
+
+
+class StepOptimizer(Protocol):
+    """The part of a distributed optimizer (mlbench.optim) that a runtime drives."""
+
+    module: torch.nn.Module
+    bytes_sent: int
+
+    def zero_grad(self) -> None: ...
+
+    def step(self, lr: float) -> None: ...
+
+
+class TaskRuntime(Protocol):
+    """One training task on one worker (rank ``rank`` of ``world``).
+
+    ``batches(epoch)`` yields this worker's batches; every rank yields the same number, so that
+    all ranks stay in lock-step. ``train_step`` runs the forward and backward passes of one
+    global step (several micro-batches where the task accumulates gradients) and calls
+    ``optimizer.step(lr)`` exactly once; it returns the step's loss as a device tensor, not
+    synchronised. ``evaluate`` returns the metrics of the evaluation set, already reduced over
+    all workers: ``{"loss": ..., <metric name>: ...}``.
+    """
+
+    model: torch.nn.Module
+    metric_name: str
+
+    def steps_per_epoch(self) -> int: ...
+
+    def begin_epoch(self, epoch: int) -> None: ...
+
+    def batches(self, epoch: int) -> Iterator[Any]: ...
+
+    def lr(self, step: int, batch: Any) -> float: ...
+
+    def train_step(self, batch: Any, lr: float, optimizer: StepOptimizer) -> torch.Tensor: ...
+
+    def samples_in(self, batch: Any) -> int: ...
+
+    def evaluate(self) -> dict[str, float]: ...

@@ -1,0 +1,186 @@
+"""The runtime of the classification tasks (1a: ResNet on CIFAR-10; 2a: logistic regression on
+epsilon): minibatches gathered by index from tensors, one forward and backward pass per step,
+top-1 accuracy on the test set.
+
+Everything task-specific comes from the names in the spec: the data set
+(:mod:`mlbench.tasks.datasets`), the model (:mod:`mlbench.tasks.models`), the loss
+(:mod:`mlbench.tasks.losses`) and the learning-rate rule (:mod:`mlbench.optim.lr`). A loss with a
+closed-form gradient (logistic regression) skips autograd when the optimizer does not wrap the
+model (docs/tasks.md, task 2a).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mlbench.errors import UsageError
+from mlbench.optim.lr import learning_rate
+from mlbench.run_config import RunConfig
+from mlbench.tasks.data.sharding import epoch_batches, eval_shard, steps_per_epoch
+from mlbench.tasks.datasets import get_dataset, load_splits
+from mlbench.tasks.losses import get_loss, regulariser
+from mlbench.tasks.models import build_model
+from mlbench.tasks.pipeline import Pipeline
+from mlbench.tasks.runtime import StepOptimizer
+from mlbench.timing import PhaseTimer
+from mlbench.worker.runtimes import register_runtime
+
+
+class SupervisedRuntime:
+    """Classification on one worker: the shard of each global minibatch, the step, evaluation."""
+
+    metric_name = "accuracy"
+
+    def __init__(self, config: RunConfig, rank: int, device: torch.device, timer: PhaseTimer):
+        self.cfg = config
+        self.spec = config.task
+        self.rank = rank
+        self.world = config.workers
+        self.device = device
+        self.timer = timer
+        dataset = get_dataset(self.spec.dataset)
+        train, test = load_splits(self.spec.dataset, config.data, config.data_dir, config.seed)
+        self.data = Pipeline(train, test, device, images=dataset.images,
+                             channels_last=config.channels_last)
+        # Every rank builds the model from the same seed, so all start from the same weights.
+        torch.manual_seed(config.seed)
+        in_features = None if dataset.images else self.data.num_features
+        self.model = build_model(self.spec.model, in_features=in_features).to(device)
+        if config.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
+        self.loss = get_loss(self.spec.loss)
+        self._steps_per_epoch = steps_per_epoch(self.data.num_train, self.world, self.spec.batch_per_worker)
+        if self._steps_per_epoch == 0:
+            raise UsageError(f"the training set has {self.data.num_train} samples, fewer than one "
+                             f"global batch ({self.world} workers x {self.spec.batch_per_worker})")
+        self._step: Callable[[torch.Tensor, float], torch.Tensor] | None = None
+        self._optimizer: StepOptimizer | None = None
+
+    # -- training -------------------------------------------------------------------------------
+    def steps_per_epoch(self) -> int:
+        return self._steps_per_epoch
+
+    def begin_epoch(self, epoch: int) -> None:
+        self.data.begin_epoch(self.cfg.seed, epoch)
+
+    def batches(self, epoch: int) -> Iterator[torch.Tensor]:
+        indices = epoch_batches(self.data.num_train, workers=self.world, rank=self.rank,
+                                batch_per_worker=self.spec.batch_per_worker, seed=self.cfg.seed,
+                                epoch=epoch).to(self.device)
+        return iter(indices)
+
+    def lr(self, step: int, batch: Any = None) -> float:
+        return learning_rate(self.spec.lr, workers=self.world, batch_per_worker=self.spec.batch_per_worker,
+                             step=step, steps_per_epoch=self._steps_per_epoch)
+
+    def samples_in(self, batch: torch.Tensor) -> int:
+        return int(batch.shape[0])
+
+    def train_step(self, batch: torch.Tensor, lr: float, optimizer: StepOptimizer) -> torch.Tensor:
+        if self._step is None or optimizer is not self._optimizer:
+            self._optimizer = optimizer
+            self._step = self._make_step(optimizer)
+        return self._step(batch, lr)
+
+    def _make_step(self, optimizer: StepOptimizer) -> Callable[[torch.Tensor, float], torch.Tensor]:
+        """The optimizer's whole step around this task's gradients (captured in a CUDA graph
+        when the optimizer can and the run allows it)."""
+        closed_form = self.loss.closed_form is not None and optimizer.module is self.model
+        gradients = self._closed_form_gradients if closed_form else self._autograd_gradients
+        make_step = getattr(optimizer, "make_step", None)
+        if make_step is None:  # an optimizer without a step of its own: the textbook step
+            def step(idx: torch.Tensor, lr: float) -> torch.Tensor:
+                self.timer.begin()
+                optimizer.zero_grad()
+                loss = gradients(idx)
+                optimizer.step(lr)
+                return loss
+            return step
+        capture = None
+        if self._can_capture():
+            capture = torch.zeros(self.spec.batch_per_worker, dtype=torch.long, device=self.device)
+        return make_step(gradients, capture=capture, state=self.model.state_dict)
+
+    def _can_capture(self) -> bool:
+        """CUDA graphs need a GPU and a backend whose collectives can be captured (NCCL)."""
+        return (self.cfg.graph and self.device.type == "cuda"
+                and (self.world == 1 or self.cfg.backend == "nccl"))
+
+    def _autograd_gradients(self, idx: torch.Tensor) -> torch.Tensor:
+        x, y = self.data.train_batch(idx)
+        self.timer.mark("data")
+        module = self._optimizer.module if self._optimizer is not None else self.model
+        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16,
+                            enabled=self.cfg.precision == "bf16"):
+            output = module(x)
+            loss = self.loss.value(output, y, "mean")
+        objective = loss + regulariser(self.model, self.spec.l2)
+        self.timer.mark("forward")
+        objective.backward()
+        self.timer.mark("backward")
+        return objective.detach()
+
+    @torch.no_grad()
+    def _closed_form_gradients(self, idx: torch.Tensor) -> torch.Tensor:
+        x, y = self.data.train_batch(idx)
+        self.timer.mark("data")
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        assert self.loss.closed_form is not None
+        loss = self.loss.closed_form(self.model, x, y, self.spec.l2)
+        self.timer.mark("forward")
+        self.timer.mark("backward")
+        return loss
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def _sync_buffers(self) -> None:
+        """Average the BatchNorm running statistics over workers before evaluating.
+
+        Each worker's running mean/variance come from its own minibatches; averaging them (as
+        DistributedDataParallel keeps buffers in sync) makes the evaluated model the same on every
+        rank, so the all-reduced test metrics are those of one model.
+        """
+        if self.world == 1:
+            return
+        for buf in self.model.buffers():
+            if buf.is_floating_point():
+                dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+                buf.div_(self.world)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Loss (with the L2 term) and top-1 accuracy on the whole test set, over all workers."""
+        self._sync_buffers()
+        self.model.eval()
+        start, stop = eval_shard(self.data.num_test, workers=self.world, rank=self.rank)
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
+        for lo in range(start, stop, self.cfg.eval_batch_size):
+            x, y = self.data.test_batch(lo, min(stop, lo + self.cfg.eval_batch_size))
+            output = self.model(x)
+            totals[0] += self.loss.value(output, y, "sum").double()
+            totals[1] += self.loss.correct(output, y).double()
+            totals[2] += y.shape[0]
+        if self.world > 1:
+            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+        self.model.train()
+        loss = float(totals[0] / totals[2]) + float(regulariser(self.model, self.spec.l2))
+        return {"loss": loss, "accuracy": float(totals[1] / totals[2])}
+
+    @property
+    def train_samples(self) -> int:
+        return self.data.num_train
+
+    @property
+    def test_samples(self) -> int:
+        return self.data.num_test
+
+
+@register_runtime("classification")
+def build_classification(config: RunConfig, rank: int, device: torch.device,
+                         timer: PhaseTimer) -> SupervisedRuntime:
+    return SupervisedRuntime(config, rank, device, timer)
