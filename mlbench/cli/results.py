@@ -10,7 +10,7 @@ from tabulate import tabulate
 
 from mlbench.cli import cli
 from mlbench.cli.format import fmt_duration, fmt_percent
-from mlbench.cli.runs import _store
+from mlbench.launch.session import open_store
 from mlbench.errors import UsageError
 from mlbench.results.charts import FORMATS, write_charts
 from mlbench.results.compare import TIME_TO_ACCURACY, Comparison, Group, compare_runs, select_runs
@@ -47,7 +47,7 @@ def _comparison(run_refs, task, group, instance, price_per_hour, prices_file) ->
     usd = PriceTable.load(prices_file).hourly(instance) if instance else price_per_hour
     # the store `status` reads (the current cluster's, else this machine's); only finished runs
     # count, so a run still marked running is left out whether or not it is alive
-    return compare_runs(select_runs(_store(), tuple(run_refs), task, group), usd)
+    return compare_runs(select_runs(open_store(), tuple(run_refs), task, group), usd)
 
 
 @cli.command()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import sys
 from pathlib import Path
 
@@ -20,28 +19,17 @@ from mlbench.cli.format import (
     print_run_details,
 )
 from mlbench.cli.optimizers import print_compression
-from mlbench.cloud.config import current_cluster
 from mlbench.errors import UsageError
-from mlbench.launch import kubernetes, local
-from mlbench.launch.plan import BACKENDS, RunRequest, create_run, parse_duration
+from mlbench.launch import session
+from mlbench.launch.plan import BACKENDS, RunRequest, parse_duration
 from mlbench.results.archive import write_archive
 from mlbench.results.events import read_run_events
 from mlbench.results.mllog import write_mllog
-from mlbench.results.store import FINISHED, RunStore
+from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
+from mlbench.tasks.metrics import get_metric
 from mlbench.tasks.models import MODEL_NAMES
-from mlbench.tasks.spec import TASKS, get_task, parse_overrides
-
-
-def _store() -> RunStore:
-    """The current cluster's runs (a mirror of its results service), else this machine's."""
-    cluster = current_cluster()
-    return kubernetes.open_store(cluster) if cluster else RunStore()
-
-
-def _engine(store: RunStore):
-    """The launcher of the store's runs: pods on the current cluster, or processes here."""
-    return kubernetes if isinstance(store, kubernetes.ClusterStore) else local
+from mlbench.tasks.spec import TASKS, AllreduceSpec, get_task, parse_overrides
 
 
 def _parse_opts(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -62,6 +50,7 @@ def tasks() -> None:
             click.echo(f"{spec.name}: {spec.title}\n{tabulate(task_rows(dataclasses.asdict(spec)), tablefmt='plain')}\n")
             continue
         lr = spec.lr
+        metric = get_metric(spec.metric)
         if lr.kind == "warmup-multistep":
             rule = (f"eta = {lr.eta_per_sample:.6g} per sample; warm-up from eta*b to eta*b*k over "
                     f"{lr.warmup_epochs:g} epochs; / {lr.decay_factor:g} at epochs "
@@ -75,7 +64,7 @@ def tasks() -> None:
             ["momentum", f"{spec.momentum:g}" + (" (Nesterov)" if spec.nesterov else "")],
             ["weight decay", f"{spec.weight_decay:g}"], ["L2 regularisation", f"{spec.l2:g}"],
             ["max epochs", spec.max_epochs],
-            ["goal", f"{fmt_percent(spec.goal_full)} test accuracy (light: {fmt_percent(spec.goal_light)})"],
+            ["goal", f"{metric.describe_goal(spec.goal_full)} (light: {metric.format(spec.goal_light)})"],
         ]
         if spec.notes:
             rows.append(["note", spec.notes])
@@ -132,59 +121,43 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
       mlbench run task1a 1 2 4 --time-budget 10m
       mlbench run task1a 1 2 4 8 --repeat 3
     """
-    if any(k < 1 for k in workers):
-        raise UsageError(f"the number of workers must be at least 1, not {min(workers)}")
-    if repeat < 1:
-        raise UsageError(f"--repeat must be at least 1, not {repeat}")
-    if name and len(workers) * repeat > 1:
-        raise UsageError("--name names one run; give one worker count and no --repeat with it")
-    cluster = current_cluster()
-    if image and not cluster:
-        raise UsageError("--image is for runs on a cluster; choose one with `mlbench set-cluster` first")
-    store = kubernetes.open_store(cluster) if cluster else RunStore()
-
-    def new_run(request: RunRequest):
-        if cluster:
-            return kubernetes.create_run(store, cluster, request, image=image, progress=click.echo)
-        return create_run(store, request)
-
-    group = secrets.token_hex(4) if len(workers) * repeat > 1 else None
-    requests = [RunRequest(
-        task=task, workers=k, overrides=parse_overrides(sets), model=model, data=data,
-        data_dir=data_dir, light=light, stop_at_goal=not no_stop,
+    base = RunRequest(
+        task=task, workers=workers[0] if workers else 1, overrides=parse_overrides(sets), model=model,
+        data=data, data_dir=data_dir, light=light, stop_at_goal=not no_stop,
         time_budget_s=parse_duration(time_budget) if time_budget else None, max_steps=max_steps,
-        seed=seed + r, backend=backend, device=device, optimizer=optimizer,
+        seed=seed, backend=backend, device=device, optimizer=optimizer,
         optimizer_options=_parse_opts(opts), log_every=log_every, timing=not no_timing,
         save_model=save_model, precision=precision, channels_last=channels_last, graph=not no_graph,
-        name=name, group_id=group, max_size=max_size) for r in range(repeat) for k in workers]
-    if detach and len(requests) > 1:
-        raise UsageError("--detach starts one run; give one worker count and no --repeat, "
-                         "or run without --detach")
-    runs = [new_run(requests[0])]
+        name=name, max_size=max_size)
+    plan = session.plan_runs(base, workers, repeat, detach=detach)
+    launcher = session.launcher_for(session.open_store(), image=image, progress=click.echo)
     if detach:
-        _engine(store).start_detached(store, runs[0])
-        click.echo(f"Started run {runs[0].id} ({runs[0].name}) in the background. "
-                   f"Follow it with: mlbench status {runs[0].id}")
+        record = session.start_detached(launcher, plan)
+        click.echo(f"Started run {record.id} ({record.name}) in the background. "
+                   f"Follow it with: mlbench status {record.id}")
         return
-    failed = False
-    for i, request in enumerate(requests):
-        record = runs[0] if i == 0 else new_run(request)
-        printer = (AllreducePrinter(record) if get_task(task).kind == "allreduce"
-                   else ProgressPrinter(record, requests[i]))
-        printer.header()
-        try:
-            final = (kubernetes.run_attached(store, record, on_event=printer) if cluster
-                     else local.run_local(store, record, on_event=printer))
-        except KeyboardInterrupt:  # Ctrl-C while starting: nothing more to run
-            final = _engine(store).cancel(store, record)
-        printer.footer(final, summarize(read_run_events(final.run_dir)))
-        if final.state == "cancelled":
-            sys.exit(130)
-        failed |= final.state != FINISHED
-    if group:
-        click.echo(f"Compare these {len(requests)} runs: mlbench compare --group {group}")
-    if failed:
-        sys.exit(1)
+    outcome = session.execute(launcher, plan, _TerminalObserver())
+    if plan.group_id and not outcome.cancelled:
+        click.echo(f"Compare these {len(plan.requests)} runs: mlbench compare --group {plan.group_id}")
+    if outcome.exit_code:
+        sys.exit(outcome.exit_code)
+
+
+class _TerminalObserver:
+    """Progress lines while each run trains, and its result sentence when it ends."""
+
+    def __init__(self) -> None:
+        self.printer: AllreducePrinter | ProgressPrinter | None = None
+
+    def started(self, record: RunRecord, request: RunRequest) -> AllreducePrinter | ProgressPrinter:
+        self.printer = (AllreducePrinter(record) if isinstance(get_task(record.task), AllreduceSpec)
+                        else ProgressPrinter(record, request))
+        self.printer.header()
+        return self.printer
+
+    def finished(self, record: RunRecord) -> None:
+        assert self.printer is not None
+        self.printer.footer(record, summarize(read_run_events(record.run_dir)))
 
 
 @cli.command()
@@ -192,16 +165,17 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
 @click.option("--all", "show_all", is_flag=True, help="With no RUN: list every run (default: the last 30).")
 def status(run_ref, show_all) -> None:
     """A table of runs, or one run's progress, metrics, result and compute vs communication."""
-    store = _store()
+    launcher = session.launcher_for(session.open_store())
+    store = launcher.store
     if run_ref:
-        record = _engine(store).reconcile(store, store.get(run_ref))
+        record = launcher.reconcile(store.get(run_ref))
         events = read_run_events(record.run_dir)
         print_run_details(record, summarize(events))
         if record.result and record.result.get("kind") == "allreduce":
             print_allreduce_table(record.result)
         print_compression(events)
         return
-    records = [_engine(store).reconcile(store, r) for r in store.list()]
+    records = [launcher.reconcile(r) for r in store.list()]
     if not records:
         click.echo("No runs yet. Start one with: mlbench run task1a 2 --light")
         return
@@ -232,8 +206,8 @@ def status(run_ref, show_all) -> None:
               help="mlperf: also write an MLPerf :::MLLOG result log next to the zip (.mllog.txt).")
 def download(run_ref, output, fmt) -> None:
     """Everything recorded about RUN (spec, environment, result, metrics, logs) as a zip file."""
-    store = _store()
-    record = _engine(store).reconcile(store, store.get(run_ref))
+    launcher = session.launcher_for(session.open_store())
+    record = launcher.reconcile(launcher.store.get(run_ref))
     target = Path(output or f"{record.id}.zip")
     if target.parent and not target.parent.exists():
         raise UsageError(f"-o {target}: the folder {target.parent} does not exist")
@@ -248,12 +222,12 @@ def download(run_ref, output, fmt) -> None:
 @click.argument("run_ref", metavar="RUN")
 def cancel(run_ref) -> None:
     """Stop a running RUN; what it recorded so far is kept."""
-    store = _store()
-    record = store.get(run_ref)
+    launcher = session.launcher_for(session.open_store())
+    record = launcher.store.get(run_ref)
     if not record.active:
         click.echo(f"Run {record.id} is already {record.state}.")
         return
-    final = _engine(store).cancel(store, record)
+    final = launcher.cancel(record)
     click.echo(f"Run {final.id} {final.state}.")
 
 
@@ -262,14 +236,15 @@ def cancel(run_ref) -> None:
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def delete(run_refs, yes) -> None:
     """Delete runs and everything they recorded (a running run is cancelled first)."""
-    store = _store()
+    launcher = session.launcher_for(session.open_store())
+    store = launcher.store
     records = [store.get(ref) for ref in run_refs]
     if not yes and sys.stdin.isatty():
         click.confirm(f"Delete {len(records)} run(s) ({', '.join(r.id for r in records)}) and "
                       "their metrics?", abort=True)
     for record in records:
         if record.active:
-            _engine(store).cancel(store, record)
+            launcher.cancel(record)
         store.delete(record.id)
         click.echo(f"Deleted run {record.id} ({record.name}).")
 

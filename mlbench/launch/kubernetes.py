@@ -23,6 +23,7 @@ from mlbench.cloud.existing import kube_error
 from mlbench.errors import ClusterError, UsageError
 from mlbench.launch import k8s_objects as objects
 from mlbench.launch.k8s_client import ResultsClient, transport_for
+from mlbench.launch.base import EventCallback, Launcher
 from mlbench.launch.k8s_mirror import ClusterStore
 from mlbench.launch.k8s_supervisor import pod_state
 from mlbench.launch.plan import RunRequest, WorkerResources
@@ -244,3 +245,33 @@ def reconcile(store: ClusterStore, run: RunRecord) -> RunRecord:
     """The run as the service knows it now (its folder copied here)."""
     return store.sync_run(run.id)
 
+
+
+class KubernetesLauncher(Launcher):
+    """Runs on the current cluster: a pod per worker plus a headless Service, followed through
+    the cluster's results service (which supervises runs started with --detach)."""
+
+    name = "kubernetes"
+
+    def __init__(self, store: ClusterStore, cluster: ClusterRecord, image: str | None = None,
+                 progress: Progress = lambda _: None):
+        super().__init__(store)
+        self.cluster_store = store
+        self.cluster = cluster
+        self.image = image
+        self.progress = progress
+
+    def create(self, request: RunRequest) -> RunRecord:
+        return create_run(self.cluster_store, self.cluster, request, image=self.image, progress=self.progress)
+
+    def run_attached(self, record: RunRecord, on_event: EventCallback | None = None) -> RunRecord:
+        return run_attached(self.cluster_store, record, on_event)
+
+    def start_detached(self, record: RunRecord) -> None:
+        start_detached(self.cluster_store, record)
+
+    def cancel(self, record: RunRecord) -> RunRecord:
+        return cancel(self.cluster_store, record)
+
+    def reconcile(self, record: RunRecord) -> RunRecord:
+        return reconcile(self.cluster_store, record)

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from mlbench.launch.base import EventCallback, Launcher
+from mlbench.launch.plan import RunRequest, create_run
 from mlbench.results.events import EventTail, read_rank_events
 from mlbench.run_config import RunDocument
 from mlbench.results.store import (
@@ -90,7 +92,7 @@ def _log_tail(run_dir: Path, rank: int, lines: int = 1) -> str | None:
     return " | ".join(tail) if tail else None
 
 
-class LocalLauncher:
+class WorkerProcesses:
     """Starts and supervises the worker processes of one run."""
 
     def __init__(self, store: RunStore, run: RunRecord):
@@ -215,7 +217,7 @@ def _raise_cancelled(signum, frame) -> None:
 def run_local(store: RunStore, run: RunRecord, on_event: ProgressCallback | None = None) -> RunRecord:
     """Start the run's workers here and supervise them to the end (Ctrl-C / SIGTERM cancel)."""
     previous = signal.signal(signal.SIGTERM, _raise_cancelled)
-    launcher = LocalLauncher(store, run)
+    launcher = WorkerProcesses(store, run)
     try:
         try:
             launcher.start()
@@ -300,6 +302,28 @@ def _main(argv: list[str]) -> int:
     store.update(run.id, supervisor_pid=os.getpid())
     final = run_local(store, run)
     return 0 if final.state == FINISHED else 1
+
+
+class LocalLauncher(Launcher):
+    """Runs on this machine: one process per worker, supervised by this process (attached) or by
+    a background supervisor process (detached)."""
+
+    name = "local"
+
+    def create(self, request: RunRequest) -> RunRecord:
+        return create_run(self.store, request, launcher=self.name)
+
+    def run_attached(self, record: RunRecord, on_event: EventCallback | None = None) -> RunRecord:
+        return run_local(self.store, record, on_event)
+
+    def start_detached(self, record: RunRecord) -> None:
+        start_detached(self.store, record)
+
+    def cancel(self, record: RunRecord) -> RunRecord:
+        return cancel(self.store, record)
+
+    def reconcile(self, record: RunRecord) -> RunRecord:
+        return reconcile(self.store, record)
 
 
 if __name__ == "__main__":

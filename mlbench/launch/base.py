@@ -1,0 +1,51 @@
+"""The interface every launcher implements: how a run's workers are started and followed.
+
+A launcher owns one run store (this machine's, or a cluster's mirror) and answers five requests:
+record a new run (:meth:`Launcher.create`, which validates everything that can be validated
+before anything exists), run it in the foreground while reporting its events, start it in the
+background, cancel it, and tell its true state (:meth:`Launcher.reconcile`: a run whose
+processes or pods vanished is marked as such the next time anything looks). ``local`` (processes
+here), ``kubernetes`` (pods on the current cluster) and ``slurm`` (a batch job) implement it; a
+new one is one module plus its registration in :mod:`mlbench.launch.session`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from mlbench.launch.plan import RunRequest
+from mlbench.results.store import RunRecord, RunStore
+
+#: Called with each of rank 0's metric events while a run is followed in the foreground.
+EventCallback = Callable[[dict[str, Any]], None]
+
+
+class Launcher(ABC):
+    """Starts and follows the runs of one store."""
+
+    name: str = ""
+
+    def __init__(self, store: RunStore):
+        self.store = store
+
+    @abstractmethod
+    def create(self, request: RunRequest) -> RunRecord:
+        """Validate ``request`` for this launcher and record a pending run (nothing started)."""
+
+    @abstractmethod
+    def run_attached(self, record: RunRecord, on_event: EventCallback | None = None) -> RunRecord:
+        """Start the run and follow it to its end; Ctrl-C cancels it. Returns the final record."""
+
+    @abstractmethod
+    def start_detached(self, record: RunRecord) -> None:
+        """Start the run in the background and return at once."""
+
+    @abstractmethod
+    def cancel(self, record: RunRecord) -> RunRecord:
+        """End an active run as cancelled; what it recorded is kept."""
+
+    @abstractmethod
+    def reconcile(self, record: RunRecord) -> RunRecord:
+        """The run's true state now (a run whose workers vanished is marked failed)."""

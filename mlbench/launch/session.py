@@ -1,0 +1,140 @@
+"""From what `mlbench run` was asked to its runs: which launcher, which runs, in which order.
+
+The CLI parses options into a :class:`~mlbench.launch.plan.RunRequest` and calls
+:func:`plan_runs` (one request per worker count and repeat, in rounds, with a shared group id)
+and :func:`execute` (each run created, run in the foreground and reported to an
+:class:`RunObserver`, stopping at a Ctrl-C). Everything here is callable without a terminal, which
+is how the tests and the dashboard drive runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from mlbench.errors import UsageError
+from mlbench.launch.base import EventCallback, Launcher
+from mlbench.launch.plan import RunRequest
+from mlbench.results.store import CANCELLED, FINISHED, RunRecord, RunStore
+
+#: Exit codes of `mlbench run` (README, "CLI reference").
+EXIT_OK, EXIT_FAILED, EXIT_CANCELLED = 0, 1, 130
+
+
+def open_store() -> RunStore:
+    """The current cluster's runs (a mirror of its results service), else this machine's."""
+    from mlbench.cloud.config import current_cluster
+
+    cluster = current_cluster()
+    if cluster is None:
+        return RunStore()
+    from mlbench.launch import kubernetes
+
+    return kubernetes.open_store(cluster)
+
+
+def launcher_for(store: RunStore, *, image: str | None = None,
+                 progress: Callable[[str], None] | None = None) -> Launcher:
+    """The launcher of ``store``'s runs: pods on the current cluster, or processes here."""
+    from mlbench.launch.k8s_mirror import ClusterStore
+
+    if isinstance(store, ClusterStore):
+        from mlbench.cloud.config import current_cluster
+        from mlbench.launch.kubernetes import KubernetesLauncher
+
+        cluster = current_cluster()
+        assert cluster is not None
+        return KubernetesLauncher(store, cluster, image=image, progress=progress or (lambda _: None))
+    if image:
+        raise UsageError("--image is for runs on a cluster; choose one with `mlbench set-cluster` first")
+    from mlbench.launch.local import LocalLauncher
+
+    return LocalLauncher(store)
+
+
+@dataclass
+class RunPlan:
+    """The runs one `mlbench run` makes, in order; ``group_id`` ties them for `compare --group`."""
+
+    requests: list[RunRequest]
+    group_id: str | None = None
+
+
+def plan_runs(base: RunRequest, worker_counts: Sequence[int], repeat: int = 1,
+              detach: bool = False) -> RunPlan:
+    """One request per worker count and repeat (seeds ``base.seed .. base.seed + repeat - 1``),
+    in ``repeat`` rounds over the worker counts, so that a change of load hits every count alike."""
+    if not worker_counts:
+        raise UsageError("give at least one worker count")
+    if any(k < 1 for k in worker_counts):
+        raise UsageError(f"the number of workers must be at least 1, not {min(worker_counts)}")
+    if repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, not {repeat}")
+    count = len(worker_counts) * repeat
+    if base.name and count > 1:
+        raise UsageError("--name names one run; give one worker count and no --repeat with it")
+    if detach and count > 1:
+        raise UsageError("--detach starts one run; give one worker count and no --repeat, "
+                         "or run without --detach")
+    group = secrets.token_hex(4) if count > 1 else None
+    requests = [dataclasses.replace(base, workers=k, seed=base.seed + r, group_id=group)
+                for r in range(repeat) for k in worker_counts]
+    return RunPlan(requests, group)
+
+
+class RunObserver(Protocol):
+    """Who watches the runs of a plan (the terminal's progress printer, a test, the dashboard)."""
+
+    def started(self, record: RunRecord, request: RunRequest) -> EventCallback | None:
+        """A run is about to start; returns the callback for its events (or None)."""
+
+    def finished(self, record: RunRecord) -> None:
+        """A run ended (``record.state`` says how)."""
+
+
+@dataclass
+class Outcome:
+    """How the runs of a plan ended."""
+
+    records: list[RunRecord] = field(default_factory=list)
+    group_id: str | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return any(r.state == CANCELLED for r in self.records)
+
+    @property
+    def exit_code(self) -> int:
+        if self.cancelled:
+            return EXIT_CANCELLED
+        return EXIT_OK if all(r.state == FINISHED for r in self.records) else EXIT_FAILED
+
+
+def execute(launcher: Launcher, plan: RunPlan, observer: RunObserver) -> Outcome:
+    """Run the plan's runs one after the other in the foreground; a Ctrl-C cancels the current
+    run and ends the plan. Every run is validated and recorded just before it starts, so a
+    mistake shows before the first run and the later runs use the store's state of that moment."""
+    outcome = Outcome(group_id=plan.group_id)
+    first = launcher.create(plan.requests[0])
+    for i, request in enumerate(plan.requests):
+        record = first if i == 0 else launcher.create(request)
+        on_event = observer.started(record, request)
+        try:
+            final = launcher.run_attached(record, on_event)
+        except KeyboardInterrupt:  # Ctrl-C while starting: nothing more to run
+            final = launcher.cancel(record)
+        outcome.records.append(final)
+        observer.finished(final)
+        if final.state == CANCELLED:
+            break
+    return outcome
+
+
+def start_detached(launcher: Launcher, plan: RunPlan) -> RunRecord:
+    """Record the plan's single run and start it in the background."""
+    record = launcher.create(plan.requests[0])
+    launcher.start_detached(record)
+    return record
