@@ -14,7 +14,6 @@ from mlbench.cli.allreduce import AllreducePrinter, print_allreduce_table, task_
 from mlbench.cli.format import (
     ProgressPrinter,
     fmt_duration,
-    fmt_percent,
     fmt_time,
     print_run_details,
 )
@@ -25,6 +24,7 @@ from mlbench.launch.plan import BACKENDS, RunRequest, parse_duration
 from mlbench.results.archive import write_archive
 from mlbench.results.events import read_run_events
 from mlbench.results.mllog import write_mllog
+from mlbench.results.outcome import TrainingResult
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
 from mlbench.tasks.metrics import get_metric
@@ -183,20 +183,27 @@ def status(run_ref, show_all) -> None:
         records = records[-30:]
     rows = []
     for r in records:
-        res = r.result or {}
+        result = TrainingResult.from_dict(r.result)
+        metric = get_metric(result.metric if result else _metric_name(r.task))
         if r.active:
             summary = summarize(read_run_events(r.run_dir))
-            epoch = summary.epoch
-            acc = summary.evaluations[-1]["accuracy"] if summary.evaluations else None
+            epoch: float | None = summary.epoch
+            value = summary.evaluations[-1].get(metric.name) if summary.evaluations else None
         else:
-            epoch = res.get("epochs")
-            acc = res.get("final_accuracy")
-        tta = fmt_duration(res["time_to_accuracy"]) if res.get("time_to_accuracy") is not None else "-"
+            epoch = result.epochs if result else None
+            value = result.final_accuracy if result else None
+        tta = fmt_duration(result.time_to_accuracy) if result and result.time_to_accuracy is not None else "-"
         rows.append([r.id, r.name, r.task, r.workers, r.state, r.division,
-                     f"{epoch:.2f}" if epoch is not None else "-", fmt_percent(acc), tta,
+                     f"{epoch:.2f}" if epoch is not None else "-", metric.format(value), tta,
                      fmt_time(r.created_at)])
     click.echo(tabulate(rows, headers=["ID", "NAME", "TASK", "WORKERS", "STATE", "DIVISION", "EPOCH",
                                        "ACCURACY", "TIME TO ACC.", "CREATED"], disable_numparse=True))
+
+
+def _metric_name(task: str) -> str:
+    """The goal metric of a task by name (a run of a task this version does not know: accuracy)."""
+    spec = TASKS.get(task)
+    return spec.metric if spec is not None else "accuracy"
 
 
 @cli.command()

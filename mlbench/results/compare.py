@@ -25,6 +25,7 @@ from mlbench.errors import UsageError
 from mlbench.results.cost import cost_usd
 from mlbench.results.events import read_run_events
 from mlbench.results.repeats import RepeatStats, repeat_stats
+from mlbench.results.outcome import TrainingResult
 from mlbench.results.store import FINISHED, RunRecord, RunStore
 from mlbench.results.summary import RunSummary, summarize
 from mlbench.run_config import RunConfig, RunDocument
@@ -78,22 +79,22 @@ class RunResult:
         return cls(record, summary, config, hardware_label(config.device if config else None, environment), loss_curve(events))
 
     @property
-    def result(self) -> dict[str, Any]:
-        return self.record.result or self.summary.result or {}
+    def result(self) -> TrainingResult:
+        return TrainingResult.from_dict(self.record.result or self.summary.result) or TrainingResult()
 
     @property
     def goal(self) -> float | None:
-        return self.result.get("goal")
+        return self.result.goal
 
     @property
     def time_to_accuracy(self) -> float | None:
         """Training seconds to the goal (evaluation excluded), None when it was not reached."""
-        return self.result.get("time_to_accuracy") if self.result.get("reached") else None
+        return self.result.time_to_accuracy if self.result.reached else None
 
     @property
     def wall_time_to_accuracy(self) -> float | None:
         """Seconds to the goal with evaluation: what the machines were paid for."""
-        return self.result.get("wall_time_to_accuracy") if self.result.get("reached") else None
+        return self.result.wall_time_to_accuracy if self.result.reached else None
 
     @property
     def nodes(self) -> int:
@@ -217,8 +218,7 @@ def _group(family: Family, workers: int, runs: list[RunResult], usd: float | Non
     for run in runs:
         c, m = run.phase_totals()
         compute, communication = compute + c, communication + m
-    accuracies = [run.result["final_accuracy"] for run in runs
-                  if run.result.get("final_accuracy") is not None]
+    accuracies = [run.result.final_accuracy for run in runs if run.result.final_accuracy is not None]
     return Group(
         family=family, workers=workers, runs=runs,
         time_to_accuracy=repeat_stats(run.time_to_accuracy for run in runs),

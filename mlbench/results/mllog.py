@@ -26,6 +26,7 @@ from typing import Any
 
 from mlbench.results.compare import hardware_label
 from mlbench.results.events import read_run_events
+from mlbench.results.outcome import TrainingResult
 from mlbench.results.store import RunRecord
 from mlbench.run_config import RunConfig, RunDocument
 from mlbench.tasks.spec import TaskSpec
@@ -40,7 +41,8 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
     config = document.config if document else None
     spec = config.task if config is not None and isinstance(config.task, TaskSpec) else None
     rank0 = [e for e in events if e.get("rank", 0) == 0]
-    result = record.result or next((e["value"] for e in rank0 if e["name"] == "result"), None) or {}
+    result = TrainingResult.from_dict(
+        record.result or next((e["value"] for e in rank0 if e["name"] == "result"), None)) or TrainingResult()
     batch = record.workers * (spec.batch_per_worker if spec else 0)
     environment = next((e["value"] for e in rank0 if e["name"] == "environment"),
                        document.environment if document else {})
@@ -68,11 +70,11 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
         for key, value in _hyper_parameters(spec, record.workers).items():
             log.add(init_start, key, value)
     steps_per_epoch = _steps_per_epoch(result)
-    train_samples = result.get("train_samples") or (steps_per_epoch and steps_per_epoch * batch)
+    train_samples = result.train_samples or (steps_per_epoch and steps_per_epoch * batch)
     if train_samples:
         log.add(init_start, "train_samples", train_samples)
-    if result.get("test_samples"):
-        log.add(init_start, "eval_samples", result["test_samples"])
+    if result.test_samples:
+        log.add(init_start, "eval_samples", result.test_samples)
 
     start = _run_start(rank0)
     if start is not None:
@@ -81,9 +83,9 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
         _epochs_and_evaluations(log, rank0, start, batch)
     stop = next((e["time"] for e in rank0 if e["name"] == "result"), record.finished_at)
     if stop is not None:
-        status = "success" if result.get("reached") else "aborted"
+        status = "success" if result.reached else "aborted"
         log.add(stop, "run_stop", None, "INTERVAL_END",
-                {"status": status, "epoch_num": _epoch_num(result.get("epochs") or 0.0)})
+                {"status": status, "epoch_num": _epoch_num(result.epochs or 0.0)})
     return log.lines()
 
 
@@ -133,8 +135,8 @@ def _hyper_parameters(spec: TaskSpec, workers: int) -> dict[str, Any]:
     return out
 
 
-def _steps_per_epoch(result: dict[str, Any]) -> int | None:
-    steps, epochs = result.get("steps"), result.get("epochs")
+def _steps_per_epoch(result: TrainingResult) -> int | None:
+    steps, epochs = result.steps, result.epochs
     return round(steps / epochs) if steps and epochs else None
 
 
