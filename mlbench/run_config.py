@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mlbench.results.store import read_json, write_json_atomic
-from mlbench.tasks.spec import AnySpec, spec_from_dict, spec_to_dict
+from mlbench.tasks.spec import AnySpec, TaskSpec, spec_from_dict, spec_to_dict
 
 Backend = Literal["gloo", "nccl", "mpi"]
 Device = Literal["cpu", "cuda"]
@@ -66,6 +66,13 @@ class RunConfig:
         data["task"] = spec_from_dict(data["task"])
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def training_spec(self) -> TaskSpec:
+        """The spec of a training task (what the trainer and its runtimes read)."""
+        if not isinstance(self.task, TaskSpec):
+            raise ValueError(f"{self.task.name} is not a training task")
+        return self.task
 
     @property
     def goal(self) -> float | None:

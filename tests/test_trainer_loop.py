@@ -25,7 +25,7 @@ def test_a_step_cap_at_an_epoch_boundary_evaluates_the_model_once():
     trainer.setup()
     assert trainer.steps_per_epoch == 4
     result = trainer.train()
-    assert (result["stop_reason"], result["steps"]) == ("max-steps", 4)
+    assert (result.stop_reason, result.steps) == ("max-steps", 4)
     evals = [e for e in sink.events if e["name"] == "eval/accuracy"]
     assert [e["step"] for e in evals] == [4]
     assert len([e for e in sink.events if e["name"] == "time/eval"]) == 1

@@ -19,7 +19,7 @@ from mlbench.errors import UsageError
 from mlbench.optim.catalog import check_optimizer
 from mlbench.results.environment import describe_environment, usable_cores
 from mlbench.results.store import RunRecord, RunStore
-from mlbench.run_config import RunConfig
+from mlbench.run_config import Backend, DataSource, Device, Precision, RunConfig
 from mlbench.tasks.allreduce import with_max_size
 from mlbench.tasks.datasets import load_splits
 from mlbench.tasks.models import MODEL_NAMES
@@ -37,21 +37,21 @@ class RunRequest:
     workers: int
     overrides: dict[str, Any] = field(default_factory=dict)
     model: str | None = None
-    data: str = "real"
+    data: DataSource = "real"
     data_dir: str | None = None
     light: bool = False
     stop_at_goal: bool = True
     time_budget_s: float | None = None
     max_steps: int | None = None
     seed: int = 0
-    backend: str | None = None
-    device: str | None = None
+    backend: Backend | None = None
+    device: Device | None = None
     optimizer: str = REFERENCE_OPTIMIZER
     optimizer_options: dict[str, str] = field(default_factory=dict)
     log_every: int = 50
     timing: bool = True
     save_model: bool = False
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     channels_last: bool = False
     graph: bool = True
     name: str | None = None
@@ -87,7 +87,8 @@ class WorkerResources:
     placement: dict[str, Any] = field(default_factory=dict)
 
 
-def _device_and_backend(request: RunRequest, resources: WorkerResources | None = None) -> tuple[str, str]:
+def _device_and_backend(request: RunRequest,
+                        resources: WorkerResources | None = None) -> tuple[Device, Backend]:
     has_gpu = torch.cuda.is_available() if resources is None else resources.gpus > 0
     device = request.device or ("cuda" if has_gpu else "cpu")
     if device not in ("cpu", "cuda"):
@@ -178,7 +179,7 @@ def prepare_data(config: RunConfig) -> None:
     download happens once rather than in every worker, and epsilon's one-time conversion to the
     binary cache is done before the workers, which then load it in seconds.
     """
-    if config.data == "real" and config.task.kind == "training":
+    if config.data == "real" and isinstance(config.task, TaskSpec):
         load_splits(config.task.dataset, "real", config.data_dir)
 
 

@@ -72,15 +72,16 @@ def logistic_gradients_(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
     The gradient of the mean logistic loss is ``X^T s / n`` with ``s = -y * sigmoid(-y z)``: two
     matrix-vector products and no autograd graph, which is most of task 2a's step time.
     """
-    linear = model.linear
+    linear: torch.nn.Linear = model.linear  # type: ignore[assignment]  # the task's LogisticRegression
     w, b = linear.weight, linear.bias
+    assert w.grad is not None
     z = x @ w[0] if b is None else torch.addmv(b.expand(x.shape[0]), x, w[0])
     margin = -y * z
     s = -y * torch.sigmoid(margin) / x.shape[0]
     w.grad.copy_((s @ x).unsqueeze(0))
     if l2:
         w.grad.add_(w, alpha=l2)
-    if b is not None:
+    if b is not None and b.grad is not None:
         b.grad.copy_(s.sum().unsqueeze(0))
     return F.softplus(margin).mean() + 0.5 * l2 * (w * w).sum()
 

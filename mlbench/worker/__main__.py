@@ -58,7 +58,7 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
         else:
             trainer = Trainer(config, rank, events)
             trainer.setup()
-            result = trainer.train()
+            result = trainer.train().to_dict()
             if config.save_model and run_dir is not None:
                 (run_dir / "checkpoints").mkdir(exist_ok=True)
                 torch.save(trainer.model.state_dict(), run_dir / "checkpoints" / f"rank-{rank}.pt")

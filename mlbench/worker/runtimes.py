@@ -35,9 +35,10 @@ def register_runtime(name: str) -> Callable[[RuntimeBuilder], RuntimeBuilder]:
 def build_runtime(config: RunConfig, rank: int, device: torch.device, timer: PhaseTimer) -> TaskRuntime:
     for module in RUNTIME_MODULES:
         importlib.import_module(module)
+    spec = config.training_spec
     try:
-        builder = RUNTIMES[config.task.runtime]
+        builder = RUNTIMES[spec.runtime]
     except KeyError:
-        raise ValueError(f"task {config.task.name} names the runtime {config.task.runtime!r}, "
+        raise ValueError(f"task {spec.name} names the runtime {spec.runtime!r}, "
                          f"which is not registered ({', '.join(RUNTIMES)})") from None
     return builder(config, rank, device, timer)

@@ -37,7 +37,7 @@ class SupervisedRuntime:
 
     def __init__(self, config: RunConfig, rank: int, device: torch.device, timer: PhaseTimer):
         self.cfg = config
-        self.spec = config.task
+        self.spec = config.training_spec
         self.rank = rank
         self.world = config.workers
         self.device = device

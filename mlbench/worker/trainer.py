@@ -18,6 +18,7 @@ import torch.distributed as dist
 from mlbench.optim.base import DistributedOptimizer, OptimizerContext, allreduce_bytes
 from mlbench.optim.catalog import build_optimizer
 from mlbench.results.events import EventWriter
+from mlbench.results.outcome import TrainingResult
 from mlbench.run_config import RunConfig
 from mlbench.tasks.metrics import get_metric
 from mlbench.tasks.models import count_trainable_parameters
@@ -59,7 +60,7 @@ class Trainer:
         self.rank = rank
         self.world = config.workers
         self.events = events
-        self.spec = config.task
+        self.spec = config.training_spec
         self.device = self._device()
         self.progress = Progress()
         self._next_budget_check = 0
@@ -88,7 +89,7 @@ class Trainer:
         self.optimizer: DistributedOptimizer = build_optimizer(self.cfg.optimizer, ctx)
 
     # -- the loop -----------------------------------------------------------------------------
-    def train(self) -> dict[str, Any]:
+    def train(self) -> TrainingResult:
         """Train until the goal, the epoch cap, the time budget or the step cap; return the result."""
         p = self.progress
         stop_reason = "max-epochs"
@@ -152,7 +153,9 @@ class Trainer:
         elapsed = p.train_time()
         per_step = elapsed / p.step if p.step else 0.0
         proposal = max(1, min(1000, int(BUDGET_CHECK_SECONDS / per_step))) if per_step > 0 else 1
-        flags = torch.tensor([1.0 if elapsed >= self.cfg.time_budget_s else 0.0, -float(proposal)],
+        budget = self.cfg.time_budget_s
+        assert budget is not None
+        flags = torch.tensor([1.0 if elapsed >= budget else 0.0, -float(proposal)],
                              device=self.device)
         if self.world > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
@@ -203,30 +206,19 @@ class Trainer:
         if reached and p.goal_step is None:
             p.goal_step, p.goal_epoch = step, epoch
             p.goal_train_time = p.train_time()
-            p.goal_wall_time = time.perf_counter() - p.train_start
+            p.goal_wall_time = time.perf_counter() - (p.train_start or 0.0)
         return reached
 
-    def _result(self, stop_reason: str) -> dict[str, Any]:
+    def _result(self, stop_reason: str) -> TrainingResult:
         p = self.progress
-        return {
-            "goal": self.cfg.goal,
-            "light": self.cfg.light,
-            "reached": p.goal_step is not None,
-            "time_to_accuracy": p.goal_train_time,
-            "wall_time_to_accuracy": p.goal_wall_time,
-            "epochs_to_accuracy": p.goal_epoch,
-            "steps_to_accuracy": p.goal_step,
-            "metric": self.metric.name,
-            "final_accuracy": p.last_value,
-            "final_loss": p.last_loss,
-            "best_accuracy": p.best_value,
-            "train_time": p.train_time(),
-            "eval_time": p.eval_time,
-            "epochs": self._epoch_float(),
-            "steps": p.step,
-            "stop_reason": stop_reason,
-            "bytes_sent": self.optimizer.bytes_sent,
-            "train_samples": getattr(self.runtime, "train_samples", None),
-            "test_samples": getattr(self.runtime, "test_samples", None),
-        }
+        return TrainingResult(
+            goal=self.cfg.goal, light=self.cfg.light, reached=p.goal_step is not None,
+            metric=self.metric.name, time_to_accuracy=p.goal_train_time,
+            wall_time_to_accuracy=p.goal_wall_time, epochs_to_accuracy=p.goal_epoch,
+            steps_to_accuracy=p.goal_step, final_accuracy=p.last_value, final_loss=p.last_loss,
+            best_accuracy=p.best_value, train_time=p.train_time(), eval_time=p.eval_time,
+            epochs=self._epoch_float(), steps=p.step, stop_reason=stop_reason,
+            bytes_sent=self.optimizer.bytes_sent,
+            train_samples=getattr(self.runtime, "train_samples", None),
+            test_samples=getattr(self.runtime, "test_samples", None))
 
