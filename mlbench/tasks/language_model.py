@@ -64,6 +64,13 @@ class LanguageModelSettings:
     synthetic_vocab: int = 33_278
 
 
+def nonmonotone_trigger(history: list[float], loss: float, nonmono: int) -> bool:
+    """NT-ASGD's condition (Merity et al. 2018, Algorithm 1, as their code applies it): more than
+    ``nonmono`` earlier evaluations, and ``loss`` worse than the best of all but the last
+    ``nonmono`` of them."""
+    return len(history) > nonmono and loss > min(history[:-nonmono])
+
+
 class LMBatch(NamedTuple):
     data: torch.Tensor      # [seq_len, batch] token ids
     target: torch.Tensor    # [seq_len * batch] next tokens
@@ -167,10 +174,9 @@ class LanguageModelRuntime:
         for p, value in zip(self.model.parameters(), saved):
             p.copy_(value)
         loss = total / tokens
-        history, n = self._history, self.s.nonmono
-        if not self.averaging and len(history) > n and loss > min(history[:-n]):
+        if not self.averaging and nonmonotone_trigger(self._history, loss, self.s.nonmono):
             self.averaging = True
-        history.append(loss)
+        self._history.append(loss)
         return {"loss": loss, "perplexity": math.exp(loss)}
 
     # -- clipping and averaging -----------------------------------------------------------------

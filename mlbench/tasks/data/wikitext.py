@@ -49,9 +49,11 @@ class Corpus(NamedTuple):
     vocab: list[str]
 
 
+_NAMES = "wiki.train.tokens, wiki.valid.tokens and wiki.test.tokens (from wikitext-2-v1.zip, " + URL + ")"
+
+
 def _hint(where: str) -> str:
-    return (f"put {', '.join(FILES.values())} (from wikitext-2-v1.zip, {URL}) into {where} "
-            "or pass --data-dir DIR")
+    return f"put {_NAMES} into {where} or pass --data-dir DIR holding them"
 
 
 def load_wikitext2(data_dir: str | os.PathLike | None = None, download: bool = True) -> Corpus:
@@ -74,7 +76,7 @@ def _find_files(base: pathlib.Path, label: str) -> pathlib.Path:
         if all((folder / name).is_file() for name in FILES.values()):
             return folder
     missing = [name for name in FILES.values() if not (base / name).is_file()]
-    raise DataError(f"{label} has no {', '.join(missing)}; {_hint(str(base))}")
+    raise DataError(f"{label} has no {', '.join(missing)}; it must hold {_NAMES}")
 
 
 def _download(root: pathlib.Path) -> None:

@@ -71,9 +71,13 @@ TEST_ARCHIVE = Archive("newstest2014", ("https://statmt.org/wmt14/test-full.tgz"
                        md5="a8cd784e006feb32ac6f3d9ec7eb389a")
 
 
-def _hint(where: str) -> str:
-    return (f"put {', '.join(FILES)} (line-aligned text, one sentence per line) into {where} "
-            "or pass --data-dir DIR")
+_NAMES = "train.en, train.de, newstest2014.en and newstest2014.de (line-aligned text, one sentence per line)"
+
+
+def _hint(folder: pathlib.Path) -> str:
+    if folder == default_data_root() / "wmt17-en-de":
+        return f"put {_NAMES} into {folder} or pass --data-dir DIR holding them"
+    return f"--data-dir must hold {_NAMES}"
 
 
 def wmt17_folder(data_dir: str | os.PathLike | None = None, download: bool = True) -> pathlib.Path:
@@ -86,7 +90,7 @@ def wmt17_folder(data_dir: str | os.PathLike | None = None, download: bool = Tru
         folder = default_data_root() / "wmt17-en-de"
         if not all((folder / name).is_file() for name in FILES):
             if not download:
-                raise DataError(f"WMT17 en-de is not in {folder}; {_hint(str(folder))}")
+                raise DataError(f"WMT17 en-de is not in {folder}; {_hint(folder)}")
             _download(folder)
     check_parallel(folder)
     return folder
@@ -110,10 +114,10 @@ def check_parallel(folder: pathlib.Path) -> dict[str, int]:
         for lang in LANGS:
             path = folder / f"{split}.{lang}"
             if not path.is_file():
-                raise DataError(f"{path} is missing (the {_SIDE_NAMES[lang]} side of {split}); {_hint(str(folder))}")
+                raise DataError(f"{path} is missing (the {_SIDE_NAMES[lang]} side of {split}); {_hint(folder)}")
             counts[lang] = count_lines(path)
             if counts[lang] == 0:
-                raise DataError(f"{path} is empty; {_hint(str(folder))}")
+                raise DataError(f"{path} is empty; {_hint(folder)}")
         if counts["en"] != counts["de"]:
             raise DataError(f"{folder / (split + '.en')} has {counts['en']} lines but "
                             f"{folder / (split + '.de')} has {counts['de']}; the two sides of a parallel "
@@ -137,7 +141,7 @@ def _download(folder: pathlib.Path) -> None:
             for name in FILES:
                 os.replace(staging / name, folder / name)
         except (*DOWNLOAD_ERRORS, KeyError) as exc:
-            raise DataError(f"could not download WMT17 en-de ({one_line(exc)}); {_hint(str(folder))}") from None
+            raise DataError(f"could not download WMT17 en-de ({one_line(exc)}); {_hint(folder)}") from None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -165,7 +169,7 @@ def _members(archive: Archive, staging: pathlib.Path) -> dict[str, pathlib.Path]
                 lang = wanted.get(info.name.removeprefix("./"))
                 source = tar.extractfile(info) if lang else None
                 if source is not None:
-                    out[lang] = staging / f"{archive.name}.{lang}"
+                    out[lang] = staging / f"{archive.name}.{lang}.part"
                     with source, open(out[lang], "wb") as target:
                         shutil.copyfileobj(source, target)
     finally:

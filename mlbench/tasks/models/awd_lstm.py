@@ -53,8 +53,10 @@ class WeightDropLSTM(nn.LSTM):
 
     def forward(self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
         raw = self.weight_hh_l0_raw
-        dropped = self.training and self.weight_drop > 0
-        self._use_hh(F.dropout(raw, self.weight_drop, training=True) if dropped else raw.detach())
+        if self.training and self.weight_drop > 0:
+            self._use_hh(F.dropout(raw, self.weight_drop, training=True))
+        else:
+            self._use_hh(raw.view_as(raw))  # a view, not the Parameter itself: gradients still flow
         try:
             return super().forward(input, hx)
         finally:
