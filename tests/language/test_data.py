@@ -25,7 +25,8 @@ from tests.language.corpus import sentence_pairs, sgm, wikitext_lines, write_par
 # -- Wikitext-2 -------------------------------------------------------------------------------
 def test_wikitext_ids_follow_the_reference_tokenisation(wikitext_dir):
     corpus = wikitext.load_wikitext2(wikitext_dir)
-    lines = {split: (wikitext_dir / f"wiki.{split}.tokens").read_text().splitlines() for split in ("train", "valid", "test")}
+    lines = {split: (wikitext_dir / f"wiki.{split}.tokens").read_text().splitlines()
+             for split in ("train", "valid", "test")}
     vocab: dict[str, int] = {}
     for split in ("train", "valid", "test"):
         expected = [vocab.setdefault(w, len(vocab)) for line in lines[split] for w in line.split() + ["<eos>"]]
@@ -158,9 +159,11 @@ def test_wmt_download_concatenates_the_corpora_and_reads_the_sgml_test_set(http_
     (en1, de1), (en2, de2), (test_en, test_de) = sentence_pairs(5, 0), sentence_pairs(3, 1), sentence_pairs(4, 2)
     _tgz(served / "one.tgz", {"training/one.en": "\n".join(en1) + "\n", "training/one.de": "\n".join(de1) + "\n"})
     _tgz(served / "two.tgz", {"two.en": "\n".join(en2), "two.de": "\n".join(de2)})  # no final newline
-    _tgz(served / "test.tgz", {"test-full/src.en.sgm": sgm(test_en, "src"), "test-full/ref.de.sgm": sgm(test_de, "ref")})
+    _tgz(served / "test.tgz", {"test-full/src.en.sgm": sgm(test_en, "src"),
+                               "test-full/ref.de.sgm": sgm(test_de, "ref")})
     monkeypatch.setattr(wmt, "TRAIN_ARCHIVES", (
-        wmt.Archive("one", ("http://127.0.0.1:9/dead.tgz", f"{base}/one.tgz"), {"en": "training/one.en", "de": "training/one.de"}),
+        wmt.Archive("one", ("http://127.0.0.1:9/dead.tgz", f"{base}/one.tgz"),  # the first address is down
+                    {"en": "training/one.en", "de": "training/one.de"}),
         wmt.Archive("two", (f"{base}/two.tgz",), {"en": "two.en", "de": "two.de"})))
     monkeypatch.setattr(wmt, "TEST_ARCHIVE", wmt.Archive(
         "newstest2014", (f"{base}/test.tgz",), {"en": "test-full/src.en.sgm", "de": "test-full/ref.de.sgm"},
@@ -173,7 +176,8 @@ def test_wmt_download_concatenates_the_corpora_and_reads_the_sgml_test_set(http_
 
 
 def test_sgml_segments_are_read_as_sacrebleu_reads_them():
-    text = '<refset>\n<doc docid="x">\n<seg id="1">  Ein   Satz &amp; mehr </seg>\n<p>\n<seg id="2">Zwei</seg>\n</doc>\n'
+    text = ('<refset>\n<doc docid="x">\n<seg id="1">  Ein   Satz &amp; mehr </seg>\n<p>\n'
+            '<seg id="2">Zwei</seg>\n</doc>\n')
     assert wmt.sgm_segments(text) == ["Ein Satz &amp; mehr", "Zwei"]
 
 

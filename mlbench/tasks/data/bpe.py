@@ -23,7 +23,7 @@ import os
 import pathlib
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,12 +45,16 @@ class Side:
 
     tokens: np.ndarray
     offsets: np.ndarray
+    _lengths: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
     def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
+        """Tokens per sentence (computed once: batching asks for it per micro-batch)."""
+        if self._lengths is None:
+            self._lengths = np.diff(self.offsets)
+        return self._lengths
 
     def sentence(self, i: int) -> np.ndarray:
         return self.tokens[self.offsets[i]:self.offsets[i + 1]]

@@ -143,7 +143,8 @@ class Transformer(nn.Module):
         self.vocab_size, self.dim, self.pad_id, self.max_positions = vocab_size, dim, pad_id, max_positions
         self.dropout = dropout
         self.embed = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
-        self.register_buffer("positions", sinusoidal_table(max_positions, dim, pad_id), persistent=False)
+        # A constant, not a buffer: DDP would broadcast a buffer before every forward pass.
+        self._positions: dict[torch.device, torch.Tensor] = {}
         args = (dim, ffn, heads, dropout, attention_dropout, activation_dropout)
         self.encoder = nn.ModuleList(EncoderLayer(*args) for _ in range(encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(*args) for _ in range(decoder_layers))
@@ -163,7 +164,10 @@ class Transformer(nn.Module):
         t = tokens.size(1)
         if start + t > self.max_positions:
             raise ValueError(f"sequence of {start + t} tokens is longer than the model's {self.max_positions}")
-        positions = self.positions[self.pad_id + 1 + start: self.pad_id + 1 + start + t]
+        device = self.embed.weight.device
+        if device not in self._positions:
+            self._positions[device] = sinusoidal_table(self.max_positions, self.dim, self.pad_id).to(device)
+        positions = self._positions[device][self.pad_id + 1 + start: self.pad_id + 1 + start + t]
         x = self.embed(tokens) * math.sqrt(self.dim) + positions.to(self.embed.weight.dtype)
         return F.dropout(x, self.dropout, self.training)
 
