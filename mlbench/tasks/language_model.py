@@ -172,7 +172,7 @@ class LanguageModelRuntime:
         total, tokens = all_reduce_sum([float(nll), float(count)], self.world, self.device)
         self.model.train()
         for p, value in zip(self.model.parameters(), saved):
-            p.copy_(value)
+            p.copy_(value)  # the training weights back
         loss = total / tokens
         if not self.averaging and nonmonotone_trigger(self._history, loss, self.s.nonmono):
             self.averaging = True
@@ -197,10 +197,12 @@ class LanguageModelRuntime:
 
     @torch.no_grad()
     def _swap_in_average(self) -> list[torch.Tensor]:
-        """Put the averaged weights in the model (if any); return the training weights."""
+        """Put the averaged weights in the model; return the training weights (none to restore
+        before averaging starts)."""
+        if not (self.averaging and self._average):
+            return []
         params = list(self.model.parameters())
         saved = [p.detach().clone() for p in params]
-        if self.averaging and self._average:
-            for p, avg in zip(params, self._average):
-                p.copy_(avg)
+        for p, avg in zip(params, self._average):
+            p.copy_(avg)
         return saved

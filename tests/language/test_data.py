@@ -129,7 +129,7 @@ def test_bpe_cache_encodes_both_sides_with_one_shared_vocabulary(parallel_dir):
 def test_bad_parallel_corpus_is_one_line_data_error(parallel_dir, damage, expected):
     damage(parallel_dir)
     with pytest.raises(DataError, match=expected) as info:
-        wmt.wmt17_folder(parallel_dir)
+        bpe.encode_wmt17(wmt.wmt17_folder(parallel_dir), vocab_size=120)
     assert "\n" not in str(info.value)
 
 

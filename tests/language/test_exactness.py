@@ -44,11 +44,12 @@ def optimizer(name: str, model: nn.Module, spec, rank: int, world: int):
                                                   timer=PhaseTimer(CPU, enabled=False)))
 
 
-def train_lm(rank: int, world: int, data_root: str, data_dir: str, batch: int) -> tuple[list, dict]:
+def train_lm(rank: int, world: int, data_root: str, data_dir: str, batch: int,
+             name: str = "centralized-sgd") -> tuple[list, dict]:
     os.environ["MLBENCH_DATA"] = data_root
     runtime = LanguageModelRuntime(dataclasses.replace(LM, batch_per_worker=batch), data_dir=data_dir,
                                    rank=rank, world=world)
-    opt = optimizer("centralized-sgd", runtime.model, SGD_3A, rank, world)
+    opt = optimizer(name, runtime.model, SGD_3A, rank, world)
     lengths = []
     for _, b in zip(range(STEPS), runtime.batches(0)):
         lengths.append(b.data.size(0))
@@ -56,15 +57,21 @@ def train_lm(rank: int, world: int, data_root: str, data_dir: str, batch: int) -
     return [p.detach().clone() for p in runtime.model.parameters()], {**runtime.evaluate(), "lengths": lengths}
 
 
-def train_mt(rank: int, world: int, data_root: str, data_dir: str) -> tuple[list, dict]:
+def train_mt(rank: int, world: int, data_root: str, data_dir: str,
+             name: str = "centralized-sgd") -> tuple[list, dict]:
     os.environ["MLBENCH_DATA"] = data_root
     runtime = TranslationRuntime(MT, data_dir=data_dir, rank=rank, world=world)
-    opt = optimizer("centralized-sgd", runtime.model, SGD_3A, rank, world)
+    opt = optimizer(name, runtime.model, SGD_3A, rank, world)
     micro = []
     for _, b in zip(range(STEPS), runtime.batches(0)):
         micro.append(len(b.micro))
         runtime.train_step(b, 0.5, opt)
     return [p.detach().clone() for p in runtime.model.parameters()], {**runtime.evaluate(), "micro": micro}
+
+
+def both_optimizers(rank: int, world: int, train, *args) -> dict[str, tuple[list, dict]]:
+    """The reference all-reduce and DDP (which clips and accumulates through its own path)."""
+    return {name: train(rank, world, *args, name=name) for name in ("centralized-sgd", "ddp")}
 
 
 def assert_same_parameters(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
@@ -75,7 +82,8 @@ def assert_same_parameters(a: list[torch.Tensor], b: list[torch.Tensor]) -> None
 def test_3a_two_workers_equal_one_process_with_twice_the_columns(on_ranks, wikitext_dir):
     root = os.environ["MLBENCH_DATA"]
     single, single_eval = train_lm(0, 1, root, str(wikitext_dir), batch=4)
-    ranks = on_ranks(train_lm, 2, root, str(wikitext_dir), 2)
+    ranks = [run for by_name in on_ranks(both_optimizers, 2, train_lm, root, str(wikitext_dir), 2)
+             for run in by_name.values()]
     for params, evaluation in ranks:
         assert_same_parameters(params, single)
         assert evaluation["lengths"] == single_eval["lengths"]
@@ -87,7 +95,8 @@ def test_3a_two_workers_equal_one_process_with_twice_the_columns(on_ranks, wikit
 def test_4b_two_workers_equal_one_process_accumulating_their_micro_batches(on_ranks, parallel_dir):
     root = os.environ["MLBENCH_DATA"]
     single, single_eval = train_mt(0, 1, root, str(parallel_dir))
-    ranks = on_ranks(train_mt, 2, root, str(parallel_dir))
+    ranks = [run for by_name in on_ranks(both_optimizers, 2, train_mt, root, str(parallel_dir))
+             for run in by_name.values()]
     assert single_eval["micro"] == [4] * STEPS
     for params, evaluation in ranks:
         assert evaluation["micro"] == [2] * STEPS

@@ -29,7 +29,7 @@ import numpy as np
 
 from mlbench.errors import DataError
 from mlbench.tasks.data.download import default_data_root, exclusive, one_line
-from mlbench.tasks.data.wmt import FILES, LANGS, TEST, TRAIN
+from mlbench.tasks.data.wmt import FILES, LANGS, TEST, TRAIN, check_parallel
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 DEFAULT_VOCAB = 32768
@@ -159,6 +159,7 @@ def _encode_file(processor, source: pathlib.Path, stem: pathlib.Path, dtype: np.
 
 def _build(folder: pathlib.Path, entry: pathlib.Path, key: dict, vocab_size: int) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
+    check_parallel(folder)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
     try:
         _train_bpe(folder, staging / "spm", vocab_size)

@@ -81,9 +81,9 @@ def _hint(folder: pathlib.Path) -> str:
 
 
 def wmt17_folder(data_dir: str | os.PathLike | None = None, download: bool = True) -> pathlib.Path:
-    """The folder holding the four text files, checked (a missing or empty file, or sides of
-    different lengths, is a DataError); with ``data_dir`` None, ``default_data_root()/wmt17-en-de``,
-    downloaded there on first use."""
+    """The folder holding the four text files (a missing or empty one is a DataError; the line
+    counts are checked by :func:`check_parallel` when the BPE cache is built); with ``data_dir``
+    None, ``default_data_root()/wmt17-en-de``, downloaded there on first use."""
     if data_dir is not None:
         folder = pathlib.Path(data_dir).expanduser()
     else:
@@ -92,7 +92,13 @@ def wmt17_folder(data_dir: str | os.PathLike | None = None, download: bool = Tru
             if not download:
                 raise DataError(f"WMT17 en-de is not in {folder}; {_hint(folder)}")
             _download(folder)
-    check_parallel(folder)
+    for split in (TRAIN, TEST):
+        for lang in LANGS:
+            path = folder / f"{split}.{lang}"
+            if not path.is_file():
+                raise DataError(f"{path} is missing (the {_SIDE_NAMES[lang]} side of {split}); {_hint(folder)}")
+            if path.stat().st_size == 0:
+                raise DataError(f"{path} is empty; {_hint(folder)}")
     return folder
 
 
@@ -107,17 +113,11 @@ def count_lines(path: pathlib.Path) -> int:
 
 
 def check_parallel(folder: pathlib.Path) -> dict[str, int]:
-    """Sentence pairs per split; a DataError names the first missing, empty or unaligned file."""
+    """Sentence pairs per split of a folder :func:`wmt17_folder` accepted; a DataError when the
+    two sides of a split have different line counts."""
     pairs = {}
     for split in (TRAIN, TEST):
-        counts = {}
-        for lang in LANGS:
-            path = folder / f"{split}.{lang}"
-            if not path.is_file():
-                raise DataError(f"{path} is missing (the {_SIDE_NAMES[lang]} side of {split}); {_hint(folder)}")
-            counts[lang] = count_lines(path)
-            if counts[lang] == 0:
-                raise DataError(f"{path} is empty; {_hint(folder)}")
+        counts = {lang: count_lines(folder / f"{split}.{lang}") for lang in LANGS}
         if counts["en"] != counts["de"]:
             raise DataError(f"{folder / (split + '.en')} has {counts['en']} lines but "
                             f"{folder / (split + '.de')} has {counts['de']}; the two sides of a parallel "
