@@ -29,7 +29,7 @@ from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
 from mlbench.tasks.metrics import get_metric
 from mlbench.tasks.models import MODEL_NAMES
-from mlbench.tasks.spec import TASKS, AllreduceSpec, get_task, parse_overrides
+from mlbench.tasks.spec import TASKS, AllreduceSpec, describe_task, get_task, parse_overrides
 
 
 def _parse_opts(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -49,23 +49,7 @@ def tasks() -> None:
         if spec.kind == "allreduce":
             click.echo(f"{spec.name}: {spec.title}\n{tabulate(task_rows(dataclasses.asdict(spec)), tablefmt='plain')}\n")
             continue
-        lr = spec.lr
-        metric = get_metric(spec.metric)
-        if lr.kind == "warmup-multistep":
-            rule = (f"eta = {lr.eta_per_sample:.6g} per sample; warm-up from eta*b to eta*b*k over "
-                    f"{lr.warmup_epochs:g} epochs; / {lr.decay_factor:g} at epochs "
-                    f"{', '.join(str(m) for m in lr.milestones)}")
-        else:
-            table = ", ".join(f"{a:g} (k>={k})" for k, a in lr.alpha_by_workers)
-            rule = f"alpha / sqrt(t), alpha = {table}"
-        rows = [
-            ["model", spec.model], ["data", spec.dataset],
-            ["batch per worker", spec.batch_per_worker], ["learning rate", rule],
-            ["momentum", f"{spec.momentum:g}" + (" (Nesterov)" if spec.nesterov else "")],
-            ["weight decay", f"{spec.weight_decay:g}"], ["L2 regularisation", f"{spec.l2:g}"],
-            ["max epochs", spec.max_epochs],
-            ["goal", f"{metric.describe_goal(spec.goal_full)} (light: {metric.format(spec.goal_light)})"],
-        ]
+        rows = describe_task(spec)
         if spec.notes:
             rows.append(["note", spec.notes])
         click.echo(f"{spec.name}: {spec.title}")
@@ -87,7 +71,8 @@ def tasks() -> None:
 @click.option("--model", help="Model override, e.g. resnet56-v2 (open division).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a hyper-parameter, e.g. --set momentum=0 (open division).")
-@click.option("--optimizer", default="centralized-sgd", help="Distributed optimizer (`mlbench optimizers`).")
+@click.option("--optimizer", help="Distributed optimizer (`mlbench optimizers`) [the task's reference: "
+                                  "centralized-sgd; centralized-adam for task4b].")
 @click.option("--opt", "opts", multiple=True, metavar="KEY=VALUE", help="Optimizer option, e.g. --opt by=layer.")
 @click.option("--backend", type=click.Choice(BACKENDS), help="torch.distributed backend [gloo on CPU, nccl on GPU].")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="[cuda when a GPU is visible, else cpu]")

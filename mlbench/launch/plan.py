@@ -21,9 +21,9 @@ from mlbench.results.environment import describe_environment, usable_cores
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import Backend, DataSource, Device, Precision, RunConfig
 from mlbench.tasks.allreduce import with_max_size
-from mlbench.tasks.datasets import load_splits
+from mlbench.tasks.datasets import get_dataset
 from mlbench.tasks.models import MODEL_NAMES
-from mlbench.tasks.spec import TaskSpec, get_task, resolve
+from mlbench.tasks.spec import AllreduceSpec, TaskSpec, get_task, resolve
 
 BACKENDS = ("gloo", "nccl", "mpi")
 REFERENCE_OPTIMIZER = "centralized-sgd"
@@ -46,7 +46,7 @@ class RunRequest:
     seed: int = 0
     backend: Backend | None = None
     device: Device | None = None
-    optimizer: str = REFERENCE_OPTIMIZER
+    optimizer: str | None = None      # None: the task's reference (closed division)
     optimizer_options: dict[str, str] = field(default_factory=dict)
     log_every: int = 50
     timing: bool = True
@@ -125,6 +125,9 @@ def build_config(request: RunRequest,
     task = get_task(request.task)
     overrides = dict(request.overrides)
     if request.model:
+        if isinstance(task, TaskSpec) and task.runtime != "classification":
+            raise UsageError(f"--model chooses among the models of task1a and task2a; change {task.name}'s "
+                             "model with --set extra.NAME=VALUE (see `mlbench tasks`)")
         if request.model.strip().lower() not in MODEL_NAMES + ("resnet20", "resnet32", "resnet44", "resnet56"):
             raise UsageError(f"unknown model {request.model!r}; choose one of: {', '.join(MODEL_NAMES)}")
         overrides["model"] = request.model.strip().lower()
@@ -135,10 +138,12 @@ def build_config(request: RunRequest,
     if request.max_size is not None:
         spec, capped = with_max_size(spec, request.max_size)
         changed += capped
-    if spec.kind == "allreduce" and request.optimizer != REFERENCE_OPTIMIZER:
+    reference = spec.optimizer if isinstance(spec, TaskSpec) else REFERENCE_OPTIMIZER
+    if isinstance(spec, AllreduceSpec) and request.optimizer not in (None, reference):
         raise UsageError(f"{spec.name} measures the all-reduce itself and takes no --optimizer")
-    if request.optimizer != REFERENCE_OPTIMIZER:
-        changed.append(f"optimizer={request.optimizer}")
+    optimizer = request.optimizer or reference
+    if optimizer != reference:
+        changed.append(f"optimizer={optimizer}")
     if request.data == "synthetic":
         changed.append("data=synthetic")
     if request.precision not in ("fp32", "bf16"):
@@ -166,7 +171,7 @@ def build_config(request: RunRequest,
         data_dir=data_dir, light=request.light, stop_at_goal=request.stop_at_goal,
         time_budget_s=request.time_budget_s, max_steps=request.max_steps, seed=request.seed,
         log_every=request.log_every, timing=request.timing, threads_per_worker=threads,
-        optimizer=request.optimizer, optimizer_options=dict(request.optimizer_options),
+        optimizer=optimizer, optimizer_options=dict(request.optimizer_options),
         save_model=request.save_model, precision=request.precision,
         channels_last=request.channels_last, graph=request.graph)
     return config, changed
@@ -180,14 +185,14 @@ def prepare_data(config: RunConfig) -> None:
     binary cache is done before the workers, which then load it in seconds.
     """
     if config.data == "real" and isinstance(config.task, TaskSpec):
-        load_splits(config.task.dataset, "real", config.data_dir)
+        get_dataset(config.task.dataset).prepare(config.data_dir)
 
 
 def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
                check_data: bool = True, resources: WorkerResources | None = None) -> RunRecord:
     """Validate the request (and, locally, the data) and record a new pending run."""
     config, changed = build_config(request, resources)
-    check_optimizer(request.optimizer, request.optimizer_options, request.workers)
+    check_optimizer(config.optimizer, request.optimizer_options, request.workers)
     if check_data:
         prepare_data(config)
     division = "open" if changed else "closed"
@@ -202,5 +207,5 @@ def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
     if resources is not None:
         run_json["placement"] = resources.placement
     return store.create(task=request.task, workers=request.workers, division=division,
-                        run_json=run_json, name=request.name, optimizer=request.optimizer,
+                        run_json=run_json, name=request.name, optimizer=config.optimizer,
                         launcher=launcher, seed=request.seed, group_id=request.group_id)

@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from mlbench.errors import UsageError
+from mlbench.optim.registry import OPTIMIZERS
 from mlbench.tasks.spec import TaskSpec
 from mlbench.timing import PhaseTimer
 
@@ -95,6 +96,9 @@ class DistributedOptimizer:
     summary: ClassVar[str] = ""
     closed_division: ClassVar[bool] = False
     options: ClassVar[dict[str, Option]] = {}
+    #: Whether :meth:`step` runs the gradient hook (see :meth:`set_grad_hook`): the methods that
+    #: hold the averaged gradient on every rank before their update.
+    supports_grad_hook: ClassVar[bool] = False
 
     def __init__(self, ctx: OptimizerContext):
         self.ctx = ctx
@@ -102,6 +106,22 @@ class DistributedOptimizer:
         self.module: torch.nn.Module = ctx.model
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self.bytes_sent = 0
+        self.grad_hook: Callable[[], bool] | None = None
+
+    def set_grad_hook(self, hook: Callable[[], bool], purpose: str) -> None:
+        """Run ``hook()`` on the averaged gradients before every update: what a task must do
+        after averaging and before the update (task 3a's gradient clipping, the unscaling of
+        fp16 loss scaling). ``hook`` returning False skips that update (an overflow). A method
+        whose ranks never hold the averaged gradient refuses, naming ``purpose``."""
+        if not self.supports_grad_hook:
+            usable = ", ".join(sorted(n for n, c in OPTIMIZERS.items() if c.supports_grad_hook))
+            raise UsageError(f"optimizer {self.name} cannot {purpose}: it never holds the averaged "
+                             f"gradient; use one of {usable}")
+        self.grad_hook = hook
+
+    def grad_hook_allows_update(self) -> bool:
+        """Call between averaging and updating: False means skip this update."""
+        return self.grad_hook is None or bool(self.grad_hook())
 
     @classmethod
     def parse_options(cls, raw: dict[str, str], world_size: int | None) -> dict[str, Any]:

@@ -107,6 +107,7 @@ class CentralizedSGD(DistributedOptimizer):
     summary = "The reference: average the gradients with an all-reduce, then the same SGD step everywhere."
     closed_division = True
     options = {"by": BY}
+    supports_grad_hook = True
 
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)
@@ -125,8 +126,9 @@ class CentralizedSGD(DistributedOptimizer):
     def step(self, lr: float | torch.Tensor) -> None:
         self.bytes_sent += average_gradients(self.params, self.ctx.world_size, self.by, self.ctx.group)
         self.ctx.timer.mark("communication")
-        sgd_update_(self.params, self.grads, self.bufs, lr, momentum=self.ctx.spec.momentum,
-                    nesterov=self.ctx.spec.nesterov, weight_decay=self.ctx.spec.weight_decay)
+        if self.grad_hook_allows_update():
+            sgd_update_(self.params, self.grads, self.bufs, lr, momentum=self.ctx.spec.momentum,
+                        nesterov=self.ctx.spec.nesterov, weight_decay=self.ctx.spec.weight_decay)
         self.ctx.timer.mark("optimizer")
 
     def make_step(self, gradients: Callable[[torch.Tensor], torch.Tensor], *,
@@ -218,10 +220,14 @@ class CentralizedAdam(DistributedOptimizer):
         "beta2": Option("second-moment decay", 0.999, kind="float", minimum=0.0, maximum=1.0),
         "eps": Option("denominator term", 1e-8, kind="float", minimum=0.0),
     }
+    supports_grad_hook = True
 
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)
-        o = self.opts
+        # A task whose reference optimizer is Adam (4b) states its own values in
+        # spec.extra["adam"]; they replace the defaults, not what the user set.
+        task_values = {k: v for k, v in ctx.spec.extra.get("adam", {}).items() if k not in ctx.options}
+        o = self.opts = {**self.opts, **task_values}
         self.by = o["by"]
         self.local = torch.optim.Adam(self.params, lr=0.0, betas=(o["beta1"], o["beta2"]), eps=o["eps"],
                                       weight_decay=ctx.spec.weight_decay)
@@ -229,8 +235,9 @@ class CentralizedAdam(DistributedOptimizer):
     def step(self, lr: float) -> None:
         self.bytes_sent += average_gradients(self.params, self.ctx.world_size, self.by, self.ctx.group)
         self.ctx.timer.mark("communication")
-        set_lr(self.local, lr * self.opts["lr_scale"])
-        self.local.step()
+        if self.grad_hook_allows_update():
+            set_lr(self.local, lr * self.opts["lr_scale"])
+            self.local.step()
         self.ctx.timer.mark("optimizer")
 
 

@@ -52,6 +52,7 @@ class DDP(DistributedOptimizer):
         "broadcast_buffers": Option("broadcast rank 0's buffers before each forward (DDP's default)", True,
                                     kind="bool"),
     }
+    supports_grad_hook = True
 
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)
@@ -97,6 +98,7 @@ class DDP(DistributedOptimizer):
     def step(self, lr: float) -> None:
         self.bytes_sent += self._step_bytes()
         self.ctx.timer.mark("communication")
-        set_lr(self.local, lr)
-        self.local.step()
+        if self.grad_hook_allows_update():
+            set_lr(self.local, lr)
+            self.local.step()
         self.ctx.timer.mark("optimizer")

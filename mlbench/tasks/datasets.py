@@ -1,10 +1,13 @@
-"""The data sets of the classification tasks, by name, as (train, test) tensors.
+"""The data sets of the tasks, by name.
 
 A task spec names its data set (``TaskSpec.dataset``); :data:`DATASETS` maps the name to a
-:class:`Dataset` registered with :func:`register_dataset`: how to load the real data (downloading
-it on first use), what random data of the same shape looks like (``--data synthetic``, for
-throughput only), and whether the samples are uint8 images (which get the batched crop/flip
-augmentation and per-channel normalisation of :mod:`mlbench.tasks.data.augment`).
+:class:`Dataset` registered with :func:`register_dataset`. Every data set can be *prepared*
+(downloaded, converted and checked once, before any worker starts, so that a missing data set is
+one line and the download happens once). The classification data sets also load as (train, test)
+tensors, have a synthetic stand-in of the same shape (``--data synthetic``, for throughput only)
+and say whether the samples are uint8 images (which get the batched crop/flip augmentation and
+per-channel normalisation of :mod:`mlbench.tasks.data.augment`); the language data sets are read
+by their tasks' runtimes.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ EPSILON_FEATURES = 2000
 @dataclass(frozen=True)
 class Dataset:
     name: str
-    images: bool
-    load: Callable[[str | None], tuple[Split, Split]]
-    synthetic: Callable[[int], tuple[Split, Split]]
+    prepare: Callable[[str | None], object]
+    images: bool = False
+    load: Callable[[str | None], tuple[Split, Split]] | None = None
+    synthetic: Callable[[int], tuple[Split, Split]] | None = None
 
 
 DATASETS: dict[str, Dataset] = {}
@@ -47,12 +51,15 @@ def get_dataset(name: str) -> Dataset:
 def load_splits(dataset: str, source: str, data_dir: str | None, seed: int = 0) -> tuple[Split, Split]:
     """(train, test) for a task's data set: the real one, or random data of its shape."""
     entry = get_dataset(dataset)
-    return entry.synthetic(seed) if source == "synthetic" else entry.load(data_dir)
+    loader = entry.synthetic if source == "synthetic" else entry.load
+    if loader is None:
+        raise UsageError(f"the data set {dataset!r} is read by its task's runtime, not as tensors")
+    return loader(seed) if source == "synthetic" else loader(data_dir)  # type: ignore[arg-type]
 
 
 def synthetic_splits(dataset: str, seed: int = 0) -> tuple[Split, Split]:
     """Random (train, test) data of ``dataset``'s shape (``--data synthetic``)."""
-    return get_dataset(dataset).synthetic(seed)
+    return load_splits(dataset, "synthetic", None, seed)
 
 
 def _load_cifar10(data_dir: str | None) -> tuple[Split, Split]:
@@ -81,5 +88,23 @@ def _synthetic_epsilon(seed: int) -> tuple[Split, Split]:
                  for n in (40_000, 10_000))
 
 
-CIFAR10 = register_dataset(Dataset("cifar10", images=True, load=_load_cifar10, synthetic=_synthetic_cifar10))
-EPSILON = register_dataset(Dataset("epsilon", images=False, load=_load_epsilon, synthetic=_synthetic_epsilon))
+def _prepare_wikitext2(data_dir: str | None) -> object:
+    from mlbench.tasks.data.wikitext import load_wikitext2
+
+    return load_wikitext2(data_dir)
+
+
+def _prepare_wmt17(data_dir: str | None) -> object:
+    from mlbench.tasks.data.bpe import encode_wmt17
+    from mlbench.tasks.data.wmt import wmt17_folder
+    from mlbench.tasks.translation import TranslationSettings
+
+    return encode_wmt17(wmt17_folder(data_dir), TranslationSettings().vocab_size)
+
+
+CIFAR10 = register_dataset(Dataset("cifar10", prepare=_load_cifar10, images=True, load=_load_cifar10,
+                                   synthetic=_synthetic_cifar10))
+EPSILON = register_dataset(Dataset("epsilon", prepare=_load_epsilon, load=_load_epsilon,
+                                   synthetic=_synthetic_epsilon))
+WIKITEXT2 = register_dataset(Dataset("wikitext2", prepare=_prepare_wikitext2))
+WMT17 = register_dataset(Dataset("wmt17-en-de", prepare=_prepare_wmt17))

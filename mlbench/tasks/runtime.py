@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 
 
 class StepOptimizer(Protocol):
@@ -53,3 +54,11 @@ class TaskRuntime(Protocol):
     def samples_in(self, batch: Any) -> int: ...
 
     def evaluate(self) -> dict[str, float]: ...
+
+
+def all_reduce_sum(values: list[float], world: int, device: torch.device) -> list[float]:
+    """Element-wise sum of ``values`` over the workers (float64; on ``device`` for the backend)."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if world > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor.tolist()

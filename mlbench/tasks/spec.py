@@ -27,6 +27,14 @@ class LRSchedule:
 
     kind "inverse-sqrt" (task 2a): ``alpha(k) / sqrt(t)`` with t the step counted from 1 and
     ``alpha`` looked up by worker count in ``alpha_by_workers`` (the largest key <= k).
+
+    kind "sqrt-workers-seq-len" (task 3a): ``base * sqrt(k)``, rescaled per batch by its sequence
+    length over the BPTT length (then ``base`` again once averaged SGD starts).
+
+    kind "warmup-inverse-sqrt" (task 4b): from 0 linearly to ``base`` over ``warmup_steps``,
+    then ``base * sqrt(warmup_steps / step)``.
+
+    The last two are computed by their tasks' runtimes, which know the batch and the switch.
     """
 
     kind: str
@@ -35,6 +43,8 @@ class LRSchedule:
     milestones: tuple[int, ...] = ()
     decay_factor: float = 10.0
     alpha_by_workers: tuple[tuple[int, float], ...] = ()
+    base: float = 0.0
+    warmup_steps: int = 0
 
     def alpha(self, workers: int) -> float:
         """The inverse-sqrt rule's alpha for this worker count (the table's largest key <= k)."""
@@ -69,6 +79,7 @@ class TaskSpec:
     extra: dict[str, Any] = field(default_factory=dict)
     kind: str = "training"   # or "allreduce": task 0a, a communication benchmark (no model, no data)
     runtime: str = "classification"   # the builder of its worker-side runtime (worker/runtimes.py)
+    optimizer: str = "centralized-sgd"  # the closed division's distributed optimizer
 
     def goal(self, light: bool) -> float:
         return self.goal_light if light else self.goal_full
@@ -113,6 +124,58 @@ TASK2A = TaskSpec(
     reference="PASCAL 2008 large-scale challenge (epsilon); MLBench task 2a",
 )
 
+TASK3A = TaskSpec(
+    name="task3a",
+    title="Language modelling: AWD-LSTM on Wikitext-2",
+    model="awd-lstm",
+    dataset="wikitext2",
+    batch_per_worker=20,
+    lr=LRSchedule(kind="sqrt-workers-seq-len", base=15.0),
+    momentum=0.0,
+    nesterov=False,
+    weight_decay=1.2e-6,
+    l2=0.0,
+    max_epochs=750,
+    goal_full=70.0,
+    goal_light=90.0,
+    loss="cross-entropy",
+    metric="perplexity",
+    runtime="language-model",
+    extra={"eval_batch": 10, "bptt": 70, "asgd_lr": 15.0, "grad_clip": 0.25, "ar_alpha": 2.0,
+           "tar_beta": 1.0, "nonmono": 5, "embedding": 400, "hidden": 1150, "layers": 3,
+           "dropout": 0.4, "dropout_h": 0.2, "dropout_i": 0.65, "dropout_e": 0.1, "weight_drop": 0.5},
+    notes="validation perplexity, lower is better; averaged SGD after the non-monotone trigger",
+    reference="Merity et al. 2018 (AWD-LSTM, arXiv:1708.02182); MLBench task 3a",
+)
+
+TASK4B = TaskSpec(
+    name="task4b",
+    title="Machine translation: Transformer (big) on WMT17 en-de",
+    model="transformer-big",
+    dataset="wmt17-en-de",
+    batch_per_worker=2**13,  # tokens
+    lr=LRSchedule(kind="warmup-inverse-sqrt", base=1.976e-3, warmup_steps=1000),
+    momentum=0.0,
+    nesterov=False,
+    weight_decay=0.0,
+    l2=0.0,
+    max_epochs=10,
+    goal_full=25.0,
+    goal_light=20.0,
+    loss="label-smoothed-cross-entropy",
+    metric="bleu",
+    runtime="translation",
+    optimizer="centralized-adam",
+    extra={"adam": {"beta1": 0.9, "beta2": 0.98, "eps": 1e-9, "lr_scale": 1.0},
+           "global_tokens": 2**17, "batch_multiple": 8, "max_len": 80, "label_smoothing": 0.1,
+           "beam": 4, "length_penalty": 0.6, "dim": 1024, "ffn": 4096, "heads": 16,
+           "encoder_layers": 6, "decoder_layers": 6, "dropout": 0.1, "attention_dropout": 0.1,
+           "activation_dropout": 0.1},
+    notes="batch_per_worker counts tokens; BLEU on newstest2014 (sacreBLEU), beam 4, length penalty 0.6",
+    reference="Vaswani et al. 2017 (Transformer big, pre-norm); MLBench task 4b",
+)
+
+
 @dataclass(frozen=True)
 class AllreduceSpec:
     """Task 0a: the all-reduce micro-benchmark (no model, no data, no goal; docs/tasks.md).
@@ -148,7 +211,7 @@ TASK0A = AllreduceSpec(
     reference="MLBench task 0a; bandwidths as NVIDIA nccl-tests (doc/PERFORMANCE.md)",
 )
 
-TASKS: dict[str, AnySpec] = {t.name: t for t in (TASK0A, TASK1A, TASK2A)}
+TASKS: dict[str, AnySpec] = {t.name: t for t in (TASK0A, TASK1A, TASK2A, TASK3A, TASK4B)}
 
 #: Fields a user may override with ``--set key=value``, with their type.
 OVERRIDABLE: dict[str, type] = {
@@ -167,6 +230,43 @@ OVERRIDABLE: dict[str, type] = {
     "lr.decay_factor": float,
     "lr.alpha": float,
 }
+
+
+def describe_rule(lr: LRSchedule) -> str:
+    """A learning-rate rule in words, as `mlbench tasks` shows it."""
+    if lr.kind == "warmup-multistep":
+        return (f"eta = {lr.eta_per_sample:.6g} per sample; warm-up from eta*b to eta*b*k over "
+                f"{lr.warmup_epochs:g} epochs; / {lr.decay_factor:g} at epochs "
+                f"{', '.join(str(m) for m in lr.milestones)}")
+    if lr.kind == "inverse-sqrt":
+        table = ", ".join(f"{a:g} (k>={k})" for k, a in lr.alpha_by_workers)
+        return f"alpha / sqrt(t), alpha = {table}"
+    if lr.kind == "sqrt-workers-seq-len":
+        return f"{lr.base:g} x sqrt(k), x seq_len / bptt per batch; {lr.base:g} x seq_len / bptt once averaging"
+    if lr.kind == "warmup-inverse-sqrt":
+        return (f"{lr.base:g}, warmed up linearly from 0 over {lr.warmup_steps} steps, then "
+                f"x sqrt({lr.warmup_steps} / step)")
+    return lr.kind
+
+
+def describe_task(spec: TaskSpec) -> list[list[Any]]:
+    """The closed-division values of a training task as (name, value) rows."""
+    from mlbench.tasks.metrics import get_metric
+
+    metric = get_metric(spec.metric)
+    rows: list[list[Any]] = [
+        ["model", spec.model], ["data", spec.dataset],
+        ["batch per worker", spec.batch_per_worker], ["learning rate", describe_rule(spec.lr)],
+        ["optimizer", spec.optimizer],
+        ["momentum", f"{spec.momentum:g}" + (" (Nesterov)" if spec.nesterov else "")],
+        ["weight decay", f"{spec.weight_decay:g}"], ["L2 regularisation", f"{spec.l2:g}"],
+        ["max epochs", spec.max_epochs],
+        ["goal", f"{metric.describe_goal(spec.goal_full)} (light: {metric.format(spec.goal_light)})"],
+    ]
+    for key, value in spec.extra.items():
+        shown = ", ".join(f"{k} {v:g}" for k, v in value.items()) if isinstance(value, dict) else value
+        rows.append([key.replace("_", " "), shown])
+    return rows
 
 
 def get_task(name: str) -> AnySpec:
@@ -202,11 +302,35 @@ def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         key = key.strip()
+        if sep and key.startswith("extra.") and len(key) > 6:
+            result[key] = raw.strip()  # typed by resolve(), which knows the task's value
+            continue
         if not sep or key not in OVERRIDABLE:
             raise UsageError(f"--set {pair!r}: expected KEY=VALUE with KEY one of "
-                             f"{', '.join(OVERRIDABLE)}")
+                             f"{', '.join(OVERRIDABLE)}, or extra.NAME for a task's own setting")
         result[key] = _parse_value(key, raw.strip())
     return result
+
+
+def _extra_value(task: TaskSpec, name: str, raw: Any) -> Any:
+    """``--set extra.NAME=VALUE``: VALUE typed like the task's own value of NAME."""
+    if name not in task.extra or isinstance(task.extra[name], dict):
+        settable = ", ".join(k for k, v in task.extra.items() if not isinstance(v, dict)) or "none"
+        raise UsageError(f"--set extra.{name}: {task.name} has no setting {name!r}; its settings: {settable}")
+    current = task.extra[name]
+    if not isinstance(raw, str):
+        return raw
+    try:
+        if isinstance(current, bool):
+            if raw.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                return raw.lower() in ("1", "true", "yes", "on")
+            raise ValueError(raw)
+        value = type(current)(raw)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(raw)
+        return value
+    except ValueError:
+        raise UsageError(f"--set extra.{name}={raw}: expected a {type(current).__name__}") from None
 
 
 def resolve(task: AnySpec, overrides: dict[str, Any]) -> tuple[AnySpec, list[str]]:
@@ -222,7 +346,15 @@ def resolve(task: AnySpec, overrides: dict[str, Any]) -> tuple[AnySpec, list[str
     changed: list[str] = []
     top: dict[str, Any] = {}
     lr_fields: dict[str, Any] = {}
+    extra = dict(task.extra)
     for key, value in overrides.items():
+        if key.startswith("extra."):
+            name = key[6:]
+            typed = _extra_value(task, name, value)
+            if typed != task.extra[name]:
+                changed.append(key)
+            extra[name] = typed
+            continue
         if key.startswith("lr."):
             sub = key[3:]
             if sub == "alpha":
@@ -245,7 +377,7 @@ def resolve(task: AnySpec, overrides: dict[str, Any]) -> tuple[AnySpec, list[str
                 changed.append(key)
             top[key] = value
     lr = dataclasses.replace(task.lr, **lr_fields) if lr_fields else task.lr
-    return dataclasses.replace(task, lr=lr, **top), changed
+    return dataclasses.replace(task, lr=lr, extra=extra, **top), changed
 
 
 def _same_model(a: str, b: str) -> bool:

@@ -22,7 +22,7 @@ RUNTIMES: dict[str, RuntimeBuilder] = {}
 
 #: The modules whose import registers the runtimes (imported on first use: each pulls its task's
 #: models and data code).
-RUNTIME_MODULES = ("mlbench.worker.supervised",)
+RUNTIME_MODULES = ("mlbench.worker.supervised", "mlbench.worker.language")
 
 
 def register_runtime(name: str) -> Callable[[RuntimeBuilder], RuntimeBuilder]:

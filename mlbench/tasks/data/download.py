@@ -59,14 +59,19 @@ def exclusive(lock_path: pathlib.Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def fetch(url: str, dest: pathlib.Path) -> None:
+def fetch(url: str, dest: pathlib.Path, md5: str | None = None) -> None:
     """Download `url` to `dest` unless `dest` exists; an interrupted download leaves only a
-    `.part` file, never a truncated file under the final name."""
+    `.part` file, never a truncated file under the final name. With `md5`, a download with
+    another checksum fails (RuntimeError) and is removed."""
     if dest.is_file():
         return
     part = dest.with_name(dest.name + ".part")
     part.unlink(missing_ok=True)
-    download_url(url, str(dest.parent), filename=part.name)
+    try:
+        download_url(url, str(dest.parent), filename=part.name, md5=md5)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
     os.replace(part, dest)
 
 

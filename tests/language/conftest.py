@@ -1,0 +1,36 @@
+"""Fixtures of the language-task tests: small real-format data and real gloo process groups."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.language.corpus import write_parallel, write_wikitext
+from tests.optim.support import run_on_ranks
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread, and the machine is shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def wikitext_dir(tmp_path):
+    return write_wikitext(tmp_path / "wikitext")
+
+
+@pytest.fixture
+def parallel_dir(tmp_path):
+    return write_parallel(tmp_path / "wmt")
+
+
+@pytest.fixture
+def on_ranks(tmp_path):
+    """``on_ranks(fn, world, *args)``: ``fn(rank, world, *args)`` on real gloo processes."""
+    def run(fn, world, *args, timeout: float = 120):
+        return run_on_ranks(fn, world, *args, store_dir=str(tmp_path), timeout=timeout)
+    return run
