@@ -17,6 +17,7 @@ import torch
 
 from mlbench.errors import UsageError
 from mlbench.optim.catalog import check_optimizer
+from mlbench.optim.registry import OPTIMIZERS
 from mlbench.results.environment import describe_environment, usable_cores
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import Backend, DataSource, Device, Precision, RunConfig
@@ -192,7 +193,13 @@ def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
                check_data: bool = True, resources: WorkerResources | None = None) -> RunRecord:
     """Validate the request (and, locally, the data) and record a new pending run."""
     config, changed = build_config(request, resources)
-    check_optimizer(config.optimizer, request.optimizer_options, request.workers)
+    optimizer_class = check_optimizer(config.optimizer, request.optimizer_options, request.workers)
+    spec = config.task
+    if isinstance(spec, TaskSpec) and spec.runtime == "language-model" and not optimizer_class.supports_grad_hook:
+        # task 3a clips the averaged gradient between the all-reduce and the update
+        usable = ", ".join(sorted(n for n, c in OPTIMIZERS.items() if c.supports_grad_hook))
+        raise UsageError(f"optimizer {config.optimizer} cannot clip the averaged gradient that {spec.name} "
+                         f"clips (it never holds it); use one of {usable}")
     if check_data:
         prepare_data(config)
     division = "open" if changed else "closed"
