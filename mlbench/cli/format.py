@@ -9,23 +9,9 @@ import click
 from tabulate import tabulate
 
 from mlbench.launch.plan import RunRequest
+from mlbench.results.report import describe_result, fmt_duration, fmt_percent
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = max(0.0, float(seconds))
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, sec = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{sec:02d}"
-
-
-def fmt_percent(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.2f}%"
 
 
 def fmt_time(timestamp: float | None) -> str:
@@ -95,20 +81,6 @@ class ProgressPrinter:
             extra = f", communication/compute {ratio:.2f}" if ratio is not None else ""
             tput = f"{summary.throughput:.0f} samples/s" if summary.throughput else "-"
             click.echo(f"Throughput {tput}{extra}. Details: mlbench status {final.id}")
-
-
-def describe_result(result: dict[str, Any]) -> str:
-    if result.get("goal") is None:
-        return (f"Finished ({result['stop_reason']}): {result['steps']} steps, "
-                f"{result['epochs']:.2f} epochs in {fmt_duration(result['train_time'])} of training.")
-    if result.get("reached"):
-        return (f"Goal {fmt_percent(result['goal'])} reached: time to accuracy "
-                f"{fmt_duration(result['time_to_accuracy'])} (epoch {result['epochs_to_accuracy']:.2f}, "
-                f"evaluation excluded; {fmt_duration(result['wall_time_to_accuracy'])} with it); "
-                f"final accuracy {fmt_percent(result['final_accuracy'])}.")
-    return (f"Goal {fmt_percent(result['goal'])} not reached ({result['stop_reason']}): accuracy after "
-            f"{fmt_duration(result['train_time'])} of training: {fmt_percent(result['final_accuracy'])} "
-            f"(best {fmt_percent(result['best_accuracy'])}, {result['epochs']:.2f} epochs).")
 
 
 def print_run_details(run: RunRecord, summary: RunSummary) -> None:

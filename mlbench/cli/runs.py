@@ -21,6 +21,7 @@ from mlbench.launch.plan import BACKENDS, RunRequest, create_run, parse_duration
 from mlbench.results.archive import write_archive
 from mlbench.results.events import read_run_events
 from mlbench.results.mllog import write_mllog
+from mlbench.results.report import run_progress
 from mlbench.results.store import FINISHED, RunStore
 from mlbench.results.summary import summarize
 from mlbench.tasks.models import MODEL_NAMES
@@ -203,17 +204,10 @@ def status(run_ref, show_all) -> None:
         records = records[-30:]
     rows = []
     for r in records:
-        res = r.result or {}
-        if r.active:
-            summary = summarize(read_run_events(r.run_dir))
-            epoch = summary.epoch
-            acc = summary.evaluations[-1]["accuracy"] if summary.evaluations else None
-        else:
-            epoch = res.get("epochs")
-            acc = res.get("final_accuracy")
-        tta = fmt_duration(res["time_to_accuracy"]) if res.get("time_to_accuracy") is not None else "-"
+        progress = run_progress(r)
         rows.append([r.id, r.name, r.task, r.workers, r.state, r.division,
-                     f"{epoch:.2f}" if epoch is not None else "-", fmt_percent(acc), tta,
+                     f"{progress.epoch:.2f}" if progress.epoch is not None else "-",
+                     fmt_percent(progress.accuracy), fmt_duration(progress.time_to_accuracy),
                      fmt_time(r.created_at)])
     click.echo(tabulate(rows, headers=["ID", "NAME", "TASK", "WORKERS", "STATE", "DIVISION", "EPOCH",
                                        "ACCURACY", "TIME TO ACC.", "CREATED"], disable_numparse=True))

@@ -22,7 +22,7 @@ from statistics import median
 from typing import Any
 
 from mlbench.errors import UsageError
-from mlbench.results.cost import cost_usd
+from mlbench.results.cost import PriceTable, cost_usd
 from mlbench.results.events import read_run_events
 from mlbench.results.repeats import RepeatStats, repeat_stats
 from mlbench.results.store import FINISHED, RunRecord, RunStore, read_json
@@ -177,6 +177,21 @@ def select_runs(store: RunStore, refs: tuple[str, ...] = (), task: str | None = 
         what = " and ".join(x for x in (task and f"task {task}", group and f"group {group}") if x)
         raise UsageError(f"no runs of {what} yet; `mlbench status` lists the runs")
     return records
+
+
+def comparison_of(store: RunStore, refs: tuple[str, ...] = (), task: str | None = None,
+                  group: str | None = None, instance: str | None = None,
+                  price_per_hour: float | None = None, prices_file: str | None = None) -> Comparison:
+    """The comparison `compare` and `charts` show: runs chosen as :func:`select_runs` chooses
+    them, priced by an instance type of the price table or a price per node-hour."""
+    if instance and price_per_hour is not None:
+        raise UsageError("give --instance or --price-per-hour, not both")
+    if price_per_hour is not None and not (math.isfinite(price_per_hour) and price_per_hour >= 0):
+        raise UsageError(f"--price-per-hour {price_per_hour}: give a price in USD >= 0")
+    if prices_file and not instance:
+        raise UsageError("--prices FILE: say which of its prices applies with --instance NAME")
+    usd = PriceTable.load(prices_file).hourly(instance) if instance else price_per_hour
+    return compare_runs(select_runs(store, tuple(refs), task, group), usd)
 
 
 def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = None) -> Comparison:
