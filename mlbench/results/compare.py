@@ -42,18 +42,36 @@ def hardware_label(config: dict[str, Any], environment: dict[str, Any]) -> str:
     return f"{cpu} ({cores} cores)" if cores else cpu
 
 
-def loss_curve(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
-    """(training seconds, training loss) of rank 0, one point per logging interval."""
-    points, pending = [], None
+def training_curve(events: list[dict[str, Any]], workers: int = 1) -> list[dict[str, float]]:
+    """Rank 0's logging intervals: training seconds, epoch, step, training loss, samples/s over
+    all workers in the interval (rank 0's x workers: the steps are synchronous) and the bytes
+    rank 0 has sent so far."""
+    points: list[dict[str, float]] = []
+    pending: tuple[int, float] | None = None
+    samples, sent, last_time = 0, 0, 0.0
     for e in events:
         if e.get("rank", 0) != 0:
             continue
         if e["name"] == "train/loss":
             pending = (int(e["step"]), float(e["value"]))
+        elif e["name"] == "train/samples":
+            samples += int(e["value"])
+        elif e["name"] == "comm/bytes":  # written after the interval's train/time
+            sent += int(e["value"])
+            if points and points[-1]["step"] == int(e["step"]):
+                points[-1]["bytes"] = sent
         elif e["name"] == "train/time" and pending and pending[0] == int(e["step"]):
-            points.append((float(e["value"]), pending[1]))
-            pending = None
+            now = float(e["value"])
+            rate = samples * workers / (now - last_time) if now > last_time else None
+            points.append({"time": now, "epoch": float(e["epoch"]), "step": pending[0],
+                           "loss": pending[1], "throughput": rate, "bytes": sent})
+            pending, samples, last_time = None, 0, now
     return points
+
+
+def loss_curve(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(training seconds, training loss) of rank 0, one point per logging interval."""
+    return [(p["time"], p["loss"]) for p in training_curve(events)]
 
 
 @dataclass
