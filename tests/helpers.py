@@ -11,10 +11,12 @@ from pathlib import Path
 import torch
 
 
-def mlbench(*args: str, timeout: float = 240, check: bool = False) -> subprocess.CompletedProcess:
-    """Run `python -m mlbench ARGS` with the test's environment (its isolated MLBENCH_HOME)."""
+def mlbench(*args: str, timeout: float = 240, check: bool = False,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m mlbench ARGS` with the test's environment (its isolated MLBENCH_HOME), or
+    with ``env`` (a run store shared by the tests of a module)."""
     proc = subprocess.run([sys.executable, "-m", "mlbench", *args], capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ))
+                          timeout=timeout, env=dict(os.environ) if env is None else env)
     if check and proc.returncode != 0:
         raise AssertionError(f"mlbench {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -9,15 +9,11 @@ import click
 from tabulate import tabulate
 
 from mlbench.launch.plan import RunRequest
+from mlbench.results.report import describe_result, fmt_duration, fmt_percent
 from mlbench.results.store import RunRecord
-from mlbench.results.outcome import TrainingResult, fmt_duration
 from mlbench.results.summary import RunSummary, phase_table
 from mlbench.run_config import RunDocument
 from mlbench.tasks.metrics import get_metric
-
-
-def fmt_percent(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.2f}%"
 
 
 def fmt_time(timestamp: float | None) -> str:
@@ -88,12 +84,6 @@ class ProgressPrinter:
             extra = f", communication/compute {ratio:.2f}" if ratio is not None else ""
             tput = f"{summary.throughput:.0f} samples/s" if summary.throughput else "-"
             click.echo(f"Throughput {tput}{extra}. Details: mlbench status {final.id}")
-
-
-def describe_result(result: dict[str, Any]) -> str:
-    """The result sentence of a recorded training result."""
-    outcome = TrainingResult.from_dict(result)
-    return outcome.sentence() if outcome else ""
 
 
 def print_run_details(run: RunRecord, summary: RunSummary) -> None:

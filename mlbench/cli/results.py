@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import click
 from tabulate import tabulate
 
 from mlbench.cli import cli
-from mlbench.cli.format import fmt_duration, fmt_percent
 from mlbench.launch.session import open_store
 from mlbench.errors import UsageError
 from mlbench.results.charts import FORMATS, write_charts
-from mlbench.results.compare import TIME_TO_ACCURACY, Comparison, Group, compare_runs, select_runs
+from mlbench.results.compare import Comparison, comparison_of
 from mlbench.results.cost import PriceTable
+from mlbench.results.report import COMPARE_HEADERS, compare_notes, compare_row, family_heading
 
 
 def _selection(command: Callable) -> Callable:
@@ -38,16 +37,9 @@ def _pricing(command: Callable) -> Callable:
 
 
 def _comparison(run_refs, task, group, instance, price_per_hour, prices_file) -> Comparison:
-    if instance and price_per_hour is not None:
-        raise UsageError("give --instance or --price-per-hour, not both")
-    if price_per_hour is not None and not (math.isfinite(price_per_hour) and price_per_hour >= 0):
-        raise UsageError(f"--price-per-hour {price_per_hour}: give a price in USD >= 0")
-    if prices_file and not instance:
-        raise UsageError("--prices FILE: say which of its prices applies with --instance NAME")
-    usd = PriceTable.load(prices_file).hourly(instance) if instance else price_per_hour
     # the store `status` reads (the current cluster's, else this machine's); only finished runs
     # count, so a run still marked running is left out whether or not it is alive
-    return compare_runs(select_runs(open_store(), tuple(run_refs), task, group), usd)
+    return comparison_of(open_store(), tuple(run_refs), task, group, instance, price_per_hour, prices_file)
 
 
 @cli.command()
@@ -67,64 +59,12 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file) -> Non
     for i, (family, groups) in enumerate(comparison.families().items()):
         if i:
             click.echo("")
-        metric = ("speedup of time to accuracy" if family.metric == TIME_TO_ACCURACY
-                  else "no goal: speedup of throughput")
-        goal = f"goal {fmt_percent(family.goal)}" if family.goal is not None else "synthetic data"
-        click.echo(f"{family.task} | {family.division} division | {family.optimizer} | "
-                   f"{family.hardware} | {goal} | {metric}")
-        click.echo(tabulate([_row(g) for g in groups], disable_numparse=True, headers=[
-            "WORKERS", "CONVERGED", "TIME TO ACC.", "MIN..MAX", "OLYMPIC MEAN", "SPEEDUP",
-            "EFFICIENCY", "COMPUTE/COMM.", "SAMPLES/S", "ACCURACY", "COST TO ACC."]))
+        click.echo(family_heading(family))
+        click.echo(tabulate([compare_row(g) for g in groups], disable_numparse=True,
+                            headers=COMPARE_HEADERS))
     click.echo("")
-    click.echo("Time to accuracy: training time to the goal, evaluation excluded; median over the "
-               "repeats, olympic mean without the fastest and slowest run; a run that missed the "
-               "goal counts as the slowest.")
-    if comparison.usd_per_node_hour is None:
-        click.echo("Cost: local runs cost nothing unless priced (--price-per-hour USD or --instance NAME).")
-    else:
-        click.echo(f"Cost: node-seconds to the goal (evaluation included) at "
-                   f"${comparison.usd_per_node_hour:.4g} per node-hour.")
-    if comparison.skipped:
-        listed = ", ".join(f"{r.id} ({r.state})" for r in comparison.skipped)
-        click.echo(f"Left out {len(comparison.skipped)} run(s) that did not finish: {listed}.")
-
-
-def _row(g: Group) -> list[str]:
-    tta = g.time_to_accuracy
-    goal = g.family.metric == TIME_TO_ACCURACY
-    share = g.communication_share
-    cost = "-" if g.cost is None or not goal else _usd(g.cost.median)
-    return [
-        str(g.workers),
-        f"{tta.converged}/{tta.runs}" if goal else f"-/{tta.runs}",
-        _seconds(tta.median) if goal else "-",
-        f"{_seconds(tta.minimum)}..{_seconds(tta.maximum)}" if goal and tta.converged else "-",
-        _seconds(tta.olympic_mean) if goal else "-",
-        f"{g.speedup:.2f}x" if g.speedup is not None else "-",
-        f"{100 * g.efficiency:.0f}%" if g.efficiency is not None else "-",
-        f"{100 * (1 - share):.0f}% / {100 * share:.0f}%" if share is not None else "-",
-        f"{g.throughput.median:.0f}",
-        fmt_percent(g.final_accuracy),
-        cost,
-    ]
-
-
-def _seconds(value: float) -> str:
-    if not math.isfinite(value):
-        return "not reached"
-    if value < 1:
-        return f"{value:.3f}s"
-    return fmt_duration(value)
-
-
-def _usd(value: float) -> str:
-    if not math.isfinite(value):
-        return "not reached"
-    if value == 0:
-        return "$0"
-    if value < 0.0001:
-        return "<$0.0001"
-    return f"${value:.4f}" if value < 1 else f"${value:,.2f}"
+    for note in compare_notes(comparison):
+        click.echo(note)
 
 
 @cli.command()

@@ -24,10 +24,9 @@ from mlbench.launch.plan import BACKENDS, RunRequest, parse_duration
 from mlbench.results.archive import write_archive
 from mlbench.results.events import read_run_events
 from mlbench.results.mllog import write_mllog
-from mlbench.results.outcome import TrainingResult
+from mlbench.results.report import run_progress
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
-from mlbench.tasks.metrics import get_metric
 from mlbench.tasks.models import MODEL_NAMES
 from mlbench.tasks.spec import TASKS, AllreduceSpec, describe_task, get_task, parse_overrides
 
@@ -168,27 +167,13 @@ def status(run_ref, show_all) -> None:
         records = records[-30:]
     rows = []
     for r in records:
-        result = TrainingResult.from_dict(r.result)
-        metric = get_metric(result.metric if result else _metric_name(r.task))
-        if r.active:
-            summary = summarize(read_run_events(r.run_dir))
-            epoch: float | None = summary.epoch
-            value = summary.evaluations[-1].get(metric.name) if summary.evaluations else None
-        else:
-            epoch = result.epochs if result else None
-            value = result.final_accuracy if result else None
-        tta = fmt_duration(result.time_to_accuracy) if result and result.time_to_accuracy is not None else "-"
+        progress = run_progress(r)
         rows.append([r.id, r.name, r.task, r.workers, r.state, r.division,
-                     f"{epoch:.2f}" if epoch is not None else "-", metric.format(value), tta,
+                     f"{progress.epoch:.2f}" if progress.epoch is not None else "-",
+                     progress.metric.format(progress.accuracy), fmt_duration(progress.time_to_accuracy),
                      fmt_time(r.created_at)])
     click.echo(tabulate(rows, headers=["ID", "NAME", "TASK", "WORKERS", "STATE", "DIVISION", "EPOCH",
                                        "ACCURACY", "TIME TO ACC.", "CREATED"], disable_numparse=True))
-
-
-def _metric_name(task: str) -> str:
-    """The goal metric of a task by name (a run of a task this version does not know: accuracy)."""
-    spec = TASKS.get(task)
-    return spec.metric if spec is not None else "accuracy"
 
 
 @cli.command()

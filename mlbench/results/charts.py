@@ -134,7 +134,7 @@ def loss_accuracy_chart(comparison: Comparison) -> Figure:
             colour, style = _colour(g_index), _STYLES[f_index % len(_STYLES)]
             label = f"{g.workers} worker{'s' if g.workers > 1 else ''}"
             label = f"{label}, {labels[family]}" if multi else label
-            lead = _representative(g)
+            lead = representative(g)
             for run in g.runs:
                 alpha, lw = (1.0, 1.6) if run is lead else (0.35, 0.9)
                 name = label if run is lead else None
@@ -229,7 +229,7 @@ def _empty(ax: Axes, text: str) -> None:
             color="#555555", wrap=True)
 
 
-def _representative(group: Group) -> RunResult:
+def representative(group: Group) -> RunResult:
     """The run whose time to accuracy is the group's median (a run that missed counts as slowest)."""
     ranked = sorted(group.runs, key=lambda r: math.inf if r.time_to_accuracy is None else r.time_to_accuracy)
     return ranked[(len(ranked) - 1) // 2]

@@ -22,7 +22,7 @@ from statistics import median
 from typing import Any
 
 from mlbench.errors import UsageError
-from mlbench.results.cost import cost_usd
+from mlbench.results.cost import PriceTable, cost_usd
 from mlbench.results.events import read_run_events
 from mlbench.results.repeats import RepeatStats, repeat_stats
 from mlbench.results.outcome import TrainingResult
@@ -45,18 +45,36 @@ def hardware_label(device: str | None, environment: dict[str, Any]) -> str:
     return f"{cpu} ({cores} cores)" if cores else cpu
 
 
-def loss_curve(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
-    """(training seconds, training loss) of rank 0, one point per logging interval."""
-    points, pending = [], None
+def training_curve(events: list[dict[str, Any]], workers: int = 1) -> list[dict[str, float]]:
+    """Rank 0's logging intervals: training seconds, epoch, step, training loss, samples/s over
+    all workers in the interval (rank 0's x workers: the steps are synchronous) and the bytes
+    rank 0 has sent so far."""
+    points: list[dict[str, float]] = []
+    pending: tuple[int, float] | None = None
+    samples, sent, last_time = 0, 0, 0.0
     for e in events:
         if e.get("rank", 0) != 0:
             continue
         if e["name"] == "train/loss":
             pending = (int(e["step"]), float(e["value"]))
+        elif e["name"] == "train/samples":
+            samples += int(e["value"])
+        elif e["name"] == "comm/bytes":  # written after the interval's train/time
+            sent += int(e["value"])
+            if points and points[-1]["step"] == int(e["step"]):
+                points[-1]["bytes"] = sent
         elif e["name"] == "train/time" and pending and pending[0] == int(e["step"]):
-            points.append((float(e["value"]), pending[1]))
-            pending = None
+            now = float(e["value"])
+            rate = samples * workers / (now - last_time) if now > last_time else None
+            points.append({"time": now, "epoch": float(e["epoch"]), "step": pending[0],
+                           "loss": pending[1], "throughput": rate, "bytes": sent})
+            pending, samples, last_time = None, 0, now
     return points
+
+
+def loss_curve(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(training seconds, training loss) of rank 0, one point per logging interval."""
+    return [(p["time"], p["loss"]) for p in training_curve(events)]
 
 
 @dataclass
@@ -177,6 +195,21 @@ def select_runs(store: RunStore, refs: tuple[str, ...] = (), task: str | None = 
         what = " and ".join(x for x in (task and f"task {task}", group and f"group {group}") if x)
         raise UsageError(f"no runs of {what} yet; `mlbench status` lists the runs")
     return records
+
+
+def comparison_of(store: RunStore, refs: tuple[str, ...] = (), task: str | None = None,
+                  group: str | None = None, instance: str | None = None,
+                  price_per_hour: float | None = None, prices_file: str | None = None) -> Comparison:
+    """The comparison `compare` and `charts` show: runs chosen as :func:`select_runs` chooses
+    them, priced by an instance type of the price table or a price per node-hour."""
+    if instance and price_per_hour is not None:
+        raise UsageError("give --instance or --price-per-hour, not both")
+    if price_per_hour is not None and not (math.isfinite(price_per_hour) and price_per_hour >= 0):
+        raise UsageError(f"--price-per-hour {price_per_hour}: give a price in USD >= 0")
+    if prices_file and not instance:
+        raise UsageError("--prices FILE: say which of its prices applies with --instance NAME")
+    usd = PriceTable.load(prices_file).hourly(instance) if instance else price_per_hour
+    return compare_runs(select_runs(store, tuple(refs), task, group), usd)
 
 
 def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = None) -> Comparison:

@@ -87,6 +87,20 @@ def read_run_events(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return events
 
 
+def read_events_from(path: str | os.PathLike, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """The events of the whole lines written after byte ``offset`` of one file, and the offset
+    after the last whole line: where the next read starts, so a reader (the dashboard's API and
+    live stream) sees every event once, and a line being written only when it is complete."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = chunk.rfind(b"\n") + 1
+    return list(parse_lines(chunk[:end].decode("utf-8", errors="replace").split("\n"))), offset + end
+
+
 class EventTail:
     """Reads the events appended to one file since the last call (for live progress)."""
 

@@ -1,0 +1,242 @@
+"""The dashboard's JSON API, which its pages use and scripts can use too (README, "Dashboard").
+
+Handlers are plain functions, which Starlette runs in its thread pool: they read the run store
+(SQLite, files) and start processes, none of which may block the event loop that serves the
+live streams. Errors the library raises on purpose become ``{"error": sentence}`` with 400 (404
+for an unknown run), as the CLI turns them into one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shutil
+import tempfile
+from functools import wraps
+from pathlib import Path
+from typing import Any, Callable
+
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from mlbench.dashboard import views
+from mlbench.dashboard.live import Hub, read_log, run_document
+from mlbench.dashboard.newrun import FormError, RunQueue, create_runs, form_choices
+from mlbench.dashboard.sources import Sources
+from mlbench.errors import MlbenchError, RunNotFound, UsageError
+from mlbench.results.archive import write_archive
+from mlbench.results.compare import comparison_of
+from mlbench.results.events import read_events_from, read_run_events
+from mlbench.results.mllog import write_mllog
+from mlbench.results.summary import summarize
+
+KEEPALIVE_SECONDS = 15.0
+
+
+def clean(value: Any) -> Any:
+    """JSON has no NaN or infinity (a diverged loss, a statistic of runs that missed the goal)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(clean(value), separators=(",", ":"), default=str)
+
+
+class Json(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return dumps(content).encode("utf-8")
+
+
+def _errors_as_json(handler: Callable[..., Response]) -> Callable[..., Response]:
+    @wraps(handler)
+    def wrapped(self: "Api", arg: Any) -> Response:
+        try:
+            return handler(self, arg)
+        except FormError as err:
+            return Json({"error": str(err), "errors": err.errors}, status_code=400)
+        except RunNotFound as err:
+            return Json({"error": str(err)}, status_code=404)
+        except UsageError as err:
+            return Json({"error": str(err)}, status_code=400)
+        except MlbenchError as err:
+            return Json({"error": str(err)}, status_code=502)
+    return wrapped
+
+
+def parse_cursor(text: str) -> dict[int, int]:
+    """``0:1234,1:987`` (rank:byte offset) -> {0: 1234, 1: 987}."""
+    cursor = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        rank, sep, offset = part.partition(":")
+        if not (sep and rank.isdigit() and offset.isdigit()):
+            raise UsageError(f"since={text!r}: expected RANK:OFFSET,... as the last answer's 'next' gave")
+        cursor[int(rank)] = int(offset)
+    return cursor
+
+
+class Api:
+    """The endpoints, over the dashboard's sources, live hub and run queue."""
+
+    def __init__(self, sources: Sources, hub: Hub, queue: RunQueue):
+        self.sources = sources
+        self.hub = hub
+        self.queue = queue
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/api/runs", self.list_runs, methods=["GET"]),
+            Route("/api/runs", self.start, methods=["POST"]),
+            Route("/api/runs/{run_id}", self.run, methods=["GET"]),
+            Route("/api/runs/{run_id}", self.delete, methods=["DELETE"]),
+            Route("/api/runs/{run_id}/cancel", self.cancel, methods=["POST"]),
+            Route("/api/runs/{run_id}/events", self.events, methods=["GET"]),
+            Route("/api/runs/{run_id}/logs", self.logs, methods=["GET"]),
+            Route("/api/runs/{run_id}/logs/{name}", self.log, methods=["GET"]),
+            Route("/api/runs/{run_id}/download", self.download, methods=["GET"]),
+            Route("/api/runs/{run_id}/mllog", self.mllog, methods=["GET"]),
+            Route("/api/compare", self.compare, methods=["GET"]),
+            Route("/api/form", self.form, methods=["GET"]),
+            Route("/api/stream", self.stream, methods=["GET"]),
+        ]
+
+    # -- reading --------------------------------------------------------------------------------
+    @_errors_as_json
+    def list_runs(self, request: Request) -> Response:
+        return Json({"runs": self.hub.rows(), "sources": [s.describe() for s in self.sources.all()]})
+
+    @_errors_as_json
+    def run(self, request: Request) -> Response:
+        source, record = self.sources.find(request.path_params["run_id"])
+        events = read_run_events(record.run_dir)
+        return Json(run_document(source, record, events, summarize(events)))
+
+    @_errors_as_json
+    def events(self, request: Request) -> Response:
+        _, record = self.sources.find(request.path_params["run_id"])
+        cursor = parse_cursor(request.query_params.get("since", ""))
+        events, after = [], {}
+        for path in sorted((record.run_dir / "events").glob("rank-*.jsonl")):
+            rank = int(path.stem.split("-")[1])
+            new, after[rank] = read_events_from(path, cursor.get(rank, 0))
+            events += new
+        events.sort(key=lambda e: (e.get("time", 0), e.get("rank", 0)))
+        return Json({"events": events, "next": ",".join(f"{r}:{o}" for r, o in sorted(after.items()))})
+
+    @_errors_as_json
+    def logs(self, request: Request) -> Response:
+        _, record = self.sources.find(request.path_params["run_id"])
+        folder = record.run_dir / "logs"
+        return Json({"logs": [{"name": n, "size": (folder / n).stat().st_size} for n in views.log_names(record)]})
+
+    @_errors_as_json
+    def log(self, request: Request) -> Response:
+        _, record = self.sources.find(request.path_params["run_id"])
+        name = request.path_params["name"]
+        if name not in views.log_names(record):
+            return Json({"error": f"run {record.id} has no log {name!r}"}, status_code=404)
+        offset = request.query_params.get("offset")
+        if offset is not None and not offset.isdigit():
+            raise UsageError(f"offset={offset!r}: expected a byte offset (a whole number)")
+        text, start, end = read_log(record.run_dir / "logs" / name, int(offset) if offset else None)
+        return Json({"name": name, "text": text, "start": start, "next": end})
+
+    @_errors_as_json
+    def download(self, request: Request) -> Response:
+        _, record = self.sources.find(request.path_params["run_id"])
+        folder = Path(tempfile.mkdtemp(prefix="mlbench-download-"))
+        path = write_archive(record, folder / f"{record.id}.zip")
+        return FileResponse(path, media_type="application/zip", filename=path.name,
+                            background=BackgroundTask(shutil.rmtree, folder, True))
+
+    @_errors_as_json
+    def mllog(self, request: Request) -> Response:
+        _, record = self.sources.find(request.path_params["run_id"])
+        folder = Path(tempfile.mkdtemp(prefix="mlbench-download-"))
+        path = write_mllog(record, folder / f"{record.id}.mllog.txt")
+        return FileResponse(path, media_type="text/plain; charset=utf-8", filename=path.name,
+                            background=BackgroundTask(shutil.rmtree, folder, True))
+
+    @_errors_as_json
+    def compare(self, request: Request) -> Response:
+        q = request.query_params
+        refs = tuple(r for r in q.get("runs", "").replace(" ", ",").split(",") if r)
+        price = q.get("price_per_hour", "").strip()
+        try:
+            usd = float(price) if price else None
+        except ValueError:
+            raise UsageError(f"price per hour {price!r}: give a number of USD") from None
+        stores = {self.sources.find(ref)[0].key for ref in refs} or {q.get("source", "local")}
+        if len(stores) > 1:
+            raise UsageError("compare runs of one place at a time: this machine's or the cluster's")
+        source = self.sources.by_key(stores.pop())
+        comparison = comparison_of(source.store, refs, q.get("task") or None, q.get("group") or None,
+                                   q.get("instance") or None, usd)
+        return Json(views.comparison_document(comparison))
+
+    @_errors_as_json
+    def form(self, request: Request) -> Response:
+        return Json(form_choices(self.sources))
+
+    # -- changing -------------------------------------------------------------------------------
+    async def start(self, request: Request) -> Response:
+        try:
+            form = await request.json()
+        except ValueError:
+            form = None
+        if not isinstance(form, dict):
+            return Json({"error": "the new-run form must be sent as a JSON object"}, status_code=400)
+        return await run_in_threadpool(self._start, form)
+
+    @_errors_as_json
+    def _start(self, form: dict[str, Any]) -> Response:
+        source, records = create_runs(self.sources, form)
+        self.queue.submit(source, records)
+        return Json({"runs": [r.id for r in records], "group": records[0].group_id,
+                     "url": f"/runs/{records[0].id}"}, status_code=201)
+
+    @_errors_as_json
+    def cancel(self, request: Request) -> Response:
+        source, record = self.sources.find(request.path_params["run_id"])
+        if record.active:
+            record = source.engine.cancel(source.store, record)
+        return Json({"id": record.id, "state": record.state, "reason": record.reason})
+
+    @_errors_as_json
+    def delete(self, request: Request) -> Response:
+        source, record = self.sources.find(request.path_params["run_id"])
+        if record.active:
+            source.engine.cancel(source.store, record)
+        source.store.delete(record.id)
+        return Json({"deleted": record.id})
+
+    # -- live -----------------------------------------------------------------------------------
+    async def stream(self, request: Request) -> Response:
+        """Server-sent events: ``runs`` (rows that changed), ``run``, ``log``, ``gone``."""
+        sub = self.hub.subscribe(runs=request.query_params.get("runs") == "1",
+                                 run_id=request.query_params.get("run") or None)
+
+        async def events():
+            try:
+                yield "retry: 2000\n\n"
+                while True:
+                    try:
+                        kind, data = await asyncio.wait_for(sub.queue.get(), KEEPALIVE_SECONDS)
+                    except asyncio.TimeoutError:
+                        yield ": keep-alive\n\n"
+                        continue
+                    yield f"event: {kind}\ndata: {dumps(data)}\n\n"
+            finally:
+                self.hub.unsubscribe(sub)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

@@ -1,0 +1,242 @@
+"""Live updates: one watcher tails the run store and pushes what changed to every open page.
+
+Pages do not poll: each holds one server-sent-event stream (``/api/stream``). A single task of the
+server looks at the run store once per ``interval`` while any page is connected, reads only
+what the runs' event and log files gained since the last look (whole lines, byte offsets:
+:func:`mlbench.results.events.read_events_from`), and sends each page the rows of the runs
+table that changed, or, for a run's page, the new points of its curves and its workers' new log
+output. Summaries are made by :func:`mlbench.results.summary.summarize`, as for `status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlbench.dashboard import views
+from mlbench.dashboard.sources import Source, Sources
+from mlbench.errors import MlbenchError, RunNotFound
+from mlbench.results.events import read_events_from, read_run_events
+from mlbench.results.store import RunRecord
+from mlbench.results.summary import RunSummary, summarize
+
+log = logging.getLogger("mlbench.dashboard")
+
+LOG_TAIL_BYTES = 64 * 1024       # what a page first sees of a long log
+LOG_CHUNK_BYTES = 256 * 1024     # the most one update carries per log
+Message = tuple[str, dict[str, Any]]
+
+
+class RunEvents:
+    """A run's events read so far; :meth:`refresh` adds what its files gained since."""
+
+    def __init__(self, run_dir: Path):
+        self.folder = Path(run_dir) / "events"
+        self.offsets: dict[str, int] = {}
+        self.events: list[dict[str, Any]] = []
+        self.version = 0
+        self._summary: tuple[int, RunSummary] | None = None
+
+    def refresh(self) -> bool:
+        new: list[dict[str, Any]] = []
+        for path in sorted(self.folder.glob("rank-*.jsonl")):
+            events, self.offsets[path.name] = read_events_from(path, self.offsets.get(path.name, 0))
+            new += events
+        if new:
+            self.events += new
+            # the order read_run_events gives: by time, then rank (sort is stable)
+            self.events.sort(key=lambda e: (e.get("time", 0), e.get("rank", 0)))
+            self.version += 1
+        return bool(new)
+
+    def summary(self) -> RunSummary:
+        if self._summary is None or self._summary[0] != self.version:
+            self._summary = (self.version, summarize(self.events))
+        return self._summary[1]
+
+
+def read_log(path: Path, offset: int | None, limit: int = LOG_CHUNK_BYTES) -> tuple[str, int, int]:
+    """(text, start, next offset) of a log from ``offset``; None: its last LOG_TAIL_BYTES."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return "", 0, 0
+    start = max(0, size - LOG_TAIL_BYTES) if offset is None else min(max(0, offset), size)
+    with open(path, "rb") as f:
+        f.seek(start)
+        chunk = f.read(limit)
+    return chunk.decode("utf-8", errors="replace"), start, start + len(chunk)
+
+
+def run_document(source: Source, record: RunRecord, events: list[dict[str, Any]],
+                 summary: RunSummary) -> dict[str, Any]:
+    """Everything a run's page shows."""
+    from mlbench.optim.base import compression_ratio  # torch: only once a run's page is open
+
+    run_json = views.read_run_json(record)
+    return {"run": views.run_row(source.key, record, summary, run_json),
+            "spec": views.run_spec(record, run_json, summary),
+            "summary": views.run_summary(summary, compression_ratio(events)),
+            "result": views.result_sentence(record, summary),
+            "series": views.run_series(record, events, summary),
+            "logs": views.log_names(record)}
+
+
+@dataclass(eq=False)
+class Subscriber:
+    """One open page: what it wants and what it has been sent."""
+
+    runs: bool = False
+    run_id: str | None = None
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    fresh: bool = True
+    version: int = -1
+    state: tuple = ()
+    sent: dict[str, int] = field(default_factory=dict)
+    log_offsets: dict[str, int] = field(default_factory=dict)
+
+
+class Hub:
+    """The one watcher of the run store and the pages it feeds."""
+
+    def __init__(self, sources: Sources, interval: float = 1.0):
+        self.sources = sources
+        self.interval = interval
+        self.subscribers: set[Subscriber] = set()
+        self._lock = threading.Lock()
+        self._wake: asyncio.Event | None = None
+        self._rows: dict[tuple[str, str], dict[str, Any]] = {}
+        self._ended: dict[tuple[str, str], tuple[tuple, dict[str, Any]]] = {}
+        self._live: dict[tuple[str, str], RunEvents] = {}
+
+    # -- the pages ----------------------------------------------------------------------------
+    def subscribe(self, runs: bool, run_id: str | None) -> Subscriber:
+        sub = Subscriber(runs=runs, run_id=run_id)
+        self.subscribers.add(sub)
+        if self._wake is not None:
+            self._wake.set()  # a new page gets its first picture now, not at the next tick
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self.subscribers.discard(sub)
+
+    async def run(self) -> None:
+        """Look at the store every ``interval`` seconds while any page is open."""
+        self._wake = asyncio.Event()
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            subs = list(self.subscribers)
+            if not subs:
+                continue
+            try:
+                messages = await asyncio.to_thread(self.tick, subs)
+            except Exception:  # a bad run folder must not stop the updates of the others
+                log.exception("dashboard update failed")
+                continue
+            for sub, message in messages:
+                sub.queue.put_nowait(message)
+
+    # -- the runs table -----------------------------------------------------------------------
+    def rows(self) -> list[dict[str, Any]]:
+        """Every run's row, as the runs table shows it (also the API's list)."""
+        with self._lock:
+            return list(self._current_rows().values())
+
+    def _current_rows(self) -> dict[tuple[str, str], dict[str, Any]]:
+        rows = {}
+        for source, record in self.sources.records():
+            key = (source.key, record.id)
+            if record.active:
+                events = self._live.setdefault(key, RunEvents(record.run_dir))
+                events.refresh()
+                rows[key] = views.run_row(source.key, record, events.summary(), views.read_run_json(record))
+                continue
+            stamp = (record.state, record.finished_at, record.name)
+            cached = self._ended.get(key)
+            if cached is None or cached[0] != stamp:
+                summary = summarize(read_run_events(record.run_dir))
+                cached = (stamp, views.run_row(source.key, record, summary, views.read_run_json(record)))
+                self._ended[key] = cached
+            rows[key] = cached[1]
+        for key in set(self._ended) - set(rows):
+            del self._ended[key]
+        return rows
+
+    def _sources(self) -> list[dict[str, Any]]:
+        return [s.describe() for s in self.sources.all()]
+
+    # -- one look at the store ----------------------------------------------------------------
+    def tick(self, subs: list[Subscriber]) -> list[tuple[Subscriber, Message]]:
+        with self._lock:
+            out: list[tuple[Subscriber, Message]] = []
+            if any(s.runs for s in subs):
+                rows = self._current_rows()
+                changed = [row for key, row in rows.items() if self._rows.get(key) != row]
+                removed = [key[1] for key in self._rows if key not in rows]
+                self._rows = rows
+                for sub in (s for s in subs if s.runs):
+                    if sub.fresh:
+                        out.append((sub, ("runs", {"reset": True, "rows": list(rows.values()),
+                                                   "sources": self._sources()})))
+                    elif changed or removed:
+                        out.append((sub, ("runs", {"rows": changed, "removed": removed,
+                                                   "sources": self._sources()})))
+            watched = {s.run_id for s in subs if s.run_id}
+            for run_id in watched:
+                out += self._run_updates(run_id, [s for s in subs if s.run_id == run_id])
+            live_keys = {key for key, row in self._rows.items() if row["state"] in ("pending", "running")}
+            for key in set(self._live) - live_keys - {k for k in self._live if k[1] in watched}:
+                del self._live[key]
+            for sub in subs:
+                sub.fresh = False
+            return out
+
+    def _run_updates(self, run_id: str, subs: list[Subscriber]) -> list[tuple[Subscriber, Message]]:
+        try:
+            source, record = self.sources.find(run_id)
+        except RunNotFound:
+            return [(sub, ("gone", {"id": run_id})) for sub in subs]
+        except MlbenchError as err:
+            return [(sub, ("problem", {"error": str(err)})) for sub in subs]
+        events = self._live.setdefault((source.key, record.id), RunEvents(record.run_dir))
+        events.refresh()
+        state = (record.state, record.reason, record.finished_at)
+        document = None
+        out: list[tuple[Subscriber, Message]] = []
+        for sub in subs:
+            if sub.fresh or sub.version != events.version or sub.state != state:
+                document = document or run_document(source, record, events.events, events.summary())
+                out.append((sub, ("run", self._run_message(sub, document))))
+                sub.version, sub.state = events.version, state
+            for name in views.log_names(record):
+                text, start, end = read_log(record.run_dir / "logs" / name, sub.log_offsets.get(name))
+                if text or name not in sub.log_offsets:
+                    out.append((sub, ("log", {"name": name, "text": text,
+                                              "reset": name not in sub.log_offsets, "start": start})))
+                sub.log_offsets[name] = end
+        return out
+
+    @staticmethod
+    def _run_message(sub: Subscriber, document: dict[str, Any]) -> dict[str, Any]:
+        """The whole page the first time; then the series' new points (from the last one sent,
+        which may have been completed since)."""
+        series = document["series"]
+        if sub.fresh:
+            sub.sent = {name: len(points) for name, points in series.items()}
+            return {"reset": True, **document}
+        append = {}
+        for name, points in series.items():
+            start = min(max(0, sub.sent.get(name, 0) - 1), len(points))
+            append[name] = {"from": start, "points": points[start:]}
+            sub.sent[name] = len(points)
+        message = {k: v for k, v in document.items() if k != "series"}
+        message["append"] = append
+        return message

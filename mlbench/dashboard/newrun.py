@@ -1,0 +1,195 @@
+"""The new-run form: the choices of `mlbench run`, checked by the code `mlbench run` uses.
+
+The form's fields become :class:`~mlbench.launch.plan.RunRequest` objects through the library's
+own parsers (``parse_duration``, ``parse_overrides``) and are validated and recorded by
+``create_run`` (``build_config``, ``check_optimizer``, the data check), so a wrong value is
+refused with the sentence the CLI prints. The sentence is shown beside the field it is about;
+one the form cannot place is shown above the form.
+
+Several worker counts make several runs (one group id, as `mlbench run task1a 1 2 4`); they are
+started one after another by :class:`RunQueue`, as the CLI runs them, so that they do not
+compete for this machine's cores.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from mlbench.dashboard.sources import CLUSTER, LOCAL, Source, Sources
+from mlbench.errors import DataError, MlbenchError, UsageError
+from mlbench.results.store import CANCELLED, PENDING, RunRecord
+from mlbench.tasks.spec import TASKS, get_task, parse_overrides
+
+#: Where a refusal belongs, by how its sentence begins (the CLI's sentences name their option).
+_FIELD_OF = (
+    ("unknown task", "task"), ("the number of workers", "workers"), ("invalid duration", "time_budget"),
+    ("--set", "overrides"), ("unknown model", "overrides"), ("model ", "overrides"),
+    ("--max-steps", "max_steps"), ("--data-dir", "data_dir"), ("--data ", "data"),
+    ("unknown optimizer", "optimizer"), ("optimizer ", "optimizer"), ("topology", "opt.topology"),
+    ("ddp hook", "opt.hook"), ("--save-model", "form"),
+)
+_OPTION = re.compile(r"^option (\w+)[= ]")
+
+
+class FormError(MlbenchError):
+    """The form was refused: a sentence per field."""
+
+    exit_code = 2
+
+    def __init__(self, errors: dict[str, str]):
+        super().__init__("; ".join(errors.values()))
+        self.errors = errors
+
+
+def field_of(message: str) -> str:
+    match = _OPTION.match(message)
+    if match:
+        return f"opt.{match.group(1)}"
+    for prefix, name in _FIELD_OF:
+        if message.startswith(prefix):
+            return name
+    return "form"
+
+
+def form_choices(sources: Sources) -> dict[str, Any]:
+    """What the form offers: the tasks, the optimizers with their options, where to run."""
+    from mlbench.optim.base import describe_optimizers
+
+    where = [{"key": LOCAL, "label": "this machine"}]
+    if sources.cluster is not None:
+        where.append({"key": CLUSTER, "label": sources.cluster.label})
+    return {
+        "tasks": [{"name": t.name, "title": t.title, "kind": t.kind, "dataset": t.dataset,
+                   "goal_full": t.goal_full, "goal_light": t.goal_light} for t in TASKS.values()],
+        "optimizers": describe_optimizers(),
+        "where": where,
+    }
+
+
+def _integer(text: Any, name: str, errors: dict[str, str]) -> int | None:
+    text = str(text if text is not None else "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        errors.setdefault(name, f"{text!r} is not a valid integer")
+        return None
+
+
+def parse_form(form: dict[str, Any]) -> list[Any]:
+    """One RunRequest per worker count, or a FormError naming every field that is wrong."""
+    from mlbench.launch.plan import RunRequest, parse_duration
+
+    errors: dict[str, str] = {}
+
+    def check(name: str, parse, *args):
+        try:
+            return parse(*args)
+        except UsageError as err:
+            errors.setdefault(name, str(err))
+            return None
+
+    task = str(form.get("task") or "")
+    check("task", get_task, task)
+    counts = [_integer(tok, "workers", errors) for tok in re.split(r"[\s,]+", str(form.get("workers") or "").strip()) if tok]
+    if not counts and "workers" not in errors:
+        errors["workers"] = "give one or more worker counts, e.g. 1 2 4"
+    budget = str(form.get("time_budget") or "").strip()
+    budget_s = check("time_budget", parse_duration, budget) if budget else None
+    lines = [line.strip() for line in re.split(r"[\n;]+", str(form.get("overrides") or "")) if line.strip()]
+    overrides = check("overrides", parse_overrides, lines) or {}
+    max_steps = _integer(form.get("max_steps"), "max_steps", errors)
+    seed = _integer(form.get("seed"), "seed", errors)
+    options = {str(k): str(v).strip() for k, v in (form.get("options") or {}).items() if str(v).strip()}
+    if errors:
+        raise FormError(errors)
+    group = secrets.token_hex(4) if len(counts) > 1 else None
+    data_dir = str(form.get("data_dir") or "").strip() or None
+    return [RunRequest(task=task, workers=k, overrides=overrides, data=str(form.get("data") or "real"),
+                       data_dir=data_dir, light=bool(form.get("light")),
+                       stop_at_goal=not form.get("no_stop"), time_budget_s=budget_s,
+                       max_steps=max_steps, seed=seed or 0,
+                       optimizer=str(form.get("optimizer") or "") or None,
+                       optimizer_options=options, group_id=group)
+            for k in counts]
+
+
+def _refused(err: MlbenchError) -> FormError:
+    name = "data_dir" if isinstance(err, DataError) else field_of(str(err))
+    return FormError({name: str(err)})
+
+
+def create_runs(sources: Sources, form: dict[str, Any]) -> tuple[Source, list[RunRecord]]:
+    """Validate the form and record its runs (pending); nothing is recorded when one is wrong."""
+    requests = parse_form(form)
+    where = str(form.get("where") or LOCAL)
+    try:
+        if where == CLUSTER and sources.cluster is not None:
+            from mlbench.launch import kubernetes
+
+            source = sources.by_key(CLUSTER)
+            return source, [kubernetes.create_run(source.store, sources.cluster_record, r) for r in requests]
+        from mlbench.launch.plan import build_config, create_run
+        from mlbench.optim.catalog import check_optimizer
+
+        for request in requests:  # every worker count first, as `mlbench run` checks them all
+            config, _ = build_config(request)
+            check_optimizer(config.optimizer, request.optimizer_options, request.workers)
+        store = sources.local.store
+        records = [create_run(store, r, check_data=i == 0) for i, r in enumerate(requests)]
+        return sources.local, records
+    except MlbenchError as err:
+        raise _refused(err) from None
+
+
+class RunQueue:
+    """Starts recorded runs one after another, each when the one before it has ended."""
+
+    def __init__(self, poll_s: float = 1.0):
+        self.poll_s = poll_s
+        self._pending: deque[tuple[Source, RunRecord]] = deque()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, source: Source, records: list[RunRecord]) -> None:
+        with self._lock:
+            self._pending.extend((source, r) for r in records)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._work, name="mlbench-run-queue", daemon=True)
+                self._thread.start()
+
+    def _next(self) -> tuple[Source, RunRecord] | None:
+        with self._lock:
+            return self._pending.popleft() if self._pending else None
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            item = self._next()
+            if item is None:
+                return
+            source, record = item
+            try:
+                record = source.store.get(record.id)
+                if record.state != PENDING:  # cancelled or deleted while it waited
+                    continue
+                source.engine.start_detached(source.store, record)
+                while not self._stop.is_set() and source.store.get(record.id).active:
+                    time.sleep(self.poll_s)
+            except MlbenchError:
+                continue
+
+    def close(self) -> None:
+        """The dashboard stops: the runs that have not started yet are cancelled, with why."""
+        self._stop.set()
+        with self._lock:
+            left, self._pending = list(self._pending), deque()
+        for source, record in left:
+            source.store.mark_ended(record.id, CANCELLED,
+                                    reason="the dashboard that queued it stopped before its turn")

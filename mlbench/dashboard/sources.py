@@ -1,0 +1,111 @@
+"""Where the dashboard's runs live: this machine's run store and, when a cluster is current, the
+cluster's (the stores `mlbench status` reads), each with the launcher that owns its runs.
+
+The cluster's store is a mirror that is brought up to date over the network
+(:func:`mlbench.launch.kubernetes.open_store`); the dashboard refreshes it at most every
+``refresh_s`` seconds and shows what went wrong instead of failing when the cluster cannot be
+reached, so this machine's runs stay visible whatever the cluster does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Callable
+
+from mlbench.cloud.config import ClusterRecord
+from mlbench.errors import MlbenchError, RunNotFound
+from mlbench.launch import local
+from mlbench.results.store import RunRecord, RunStore
+
+LOCAL = "local"
+CLUSTER = "cluster"
+
+
+@dataclass
+class Source:
+    """One run store, its launcher module (`local` or `kubernetes`) and how reading it went."""
+
+    key: str
+    label: str
+    store: RunStore | None
+    engine: ModuleType
+    error: str | None = None
+
+    def describe(self) -> dict:
+        return {"key": self.key, "label": self.label, "error": self.error}
+
+
+class Sources:
+    """This machine's runs, plus the current cluster's (best effort)."""
+
+    def __init__(self, store: RunStore, cluster: ClusterRecord | None = None,
+                 open_cluster: Callable[[ClusterRecord], RunStore] | None = None,
+                 refresh_s: float = 10.0):
+        self.local = Source(LOCAL, "this machine", store, local)
+        self.cluster_record = cluster
+        self.cluster: Source | None = None
+        self._open_cluster = open_cluster
+        self._refresh_s = refresh_s
+        self._opened_at = 0.0
+        self._lock = threading.Lock()
+        if cluster is not None:
+            from mlbench.launch import kubernetes
+
+            self.cluster = Source(CLUSTER, f"cluster {cluster.provider}/{cluster.name}", None, kubernetes)
+            self._open_cluster = open_cluster or kubernetes.open_store
+
+    def all(self) -> list[Source]:
+        """The sources, the cluster's store refreshed when it is older than ``refresh_s``."""
+        if self.cluster is None:
+            return [self.local]
+        with self._lock:
+            if time.monotonic() - self._opened_at >= self._refresh_s:
+                self._opened_at = time.monotonic()
+                try:
+                    self.cluster.store = self._open_cluster(self.cluster_record)
+                    self.cluster.error = None
+                except MlbenchError as err:
+                    self.cluster.error = str(err)
+                except Exception as err:  # a cluster's API can fail in many ways; keep serving
+                    self.cluster.error = f"cannot read the cluster's runs ({err.__class__.__name__}: {err})"
+        return [self.local, self.cluster]
+
+    def by_key(self, key: str) -> Source:
+        for source in self.all():
+            if source.key == key and source.store is not None:
+                return source
+        raise MlbenchError(f"no run store {key!r} is open; see the runs page for why")
+
+    def records(self, reconcile_cluster: bool = False) -> list[tuple[Source, RunRecord]]:
+        """Every run, oldest first per source; local runs whose supervisor died are marked so
+        (as `status` does); cluster runs are brought up to date only when asked."""
+        out = []
+        for source in self.all():
+            if source.store is None:
+                continue
+            try:
+                records = source.store.list()
+                if source.key == LOCAL or reconcile_cluster:
+                    records = [source.engine.reconcile(source.store, r) if r.active else r for r in records]
+            except Exception as err:
+                if source.key == LOCAL:
+                    raise
+                source.error = f"cannot read the cluster's runs ({err})"
+                continue
+            out += [(source, r) for r in records]
+        return out
+
+    def find(self, ref: str) -> tuple[Source, RunRecord]:
+        """A run by id (or name, or unique prefix) in whichever store holds it, up to date."""
+        for source in self.all():
+            if source.store is None:
+                continue
+            try:
+                record = source.store.get(ref)
+            except RunNotFound:
+                continue
+            return source, source.engine.reconcile(source.store, record)
+        raise RunNotFound(f"no run {ref!r}; the runs page lists the runs")

@@ -1,0 +1,173 @@
+/* Compare: the table of `mlbench compare` and the four figures of `mlbench charts`, interactive. */
+"use strict";
+
+(() => {
+  const { el, fmt, api, COLOURS } = MB;
+  MB.navigation("compare");
+  const form = document.getElementById("selection");
+  const params = new URLSearchParams(location.search);
+  for (const input of form.querySelectorAll("input")) input.value = params.get(input.name) || "";
+
+  const axis = (label, values, size) => ({ label, stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" },
+    ...(values ? { values } : {}), ...(size ? { size } : {}) });
+  const bars = (align) => uPlot.paths.bars({ size: [0.35, 60], align });
+  const show = (v, f) => (v === null || v === undefined ? "-" : f(v));
+  const workerLabel = (k) => `${k} worker${k > 1 ? "s" : ""}`;
+  const charts = {};
+  /** One chart per container, kept across reloads of the comparison. */
+  function chart(id, make, emptyText) {
+    const c = charts[id] || (charts[id] = new MB.Chart(document.getElementById(id), make, emptyText));
+    c.make = make;
+    return c;
+  }
+
+  function tables(doc) {
+    const out = [];
+    for (const family of doc.families) {
+      out.push(el("h3", {}, family.heading));
+      out.push(el("div", { style: "overflow-x: auto" }, el("table", { class: "data compare", "data-metric": family.metric },
+        el("thead", {}, el("tr", {}, doc.headers.map((h, i) => el("th", { class: i ? "num" : null }, h)))),
+        el("tbody", {}, family.groups.map((g) => el("tr", { "data-workers": g.workers },
+          g.row.map((cell, i) => el("td", { class: i ? "num" : null, "data-col": doc.headers[i] }, cell))))))));
+    }
+    document.getElementById("tables").replaceChildren(...out);
+    document.getElementById("notes").replaceChildren(...doc.notes.map((n) => el("p", { style: "margin: 8px 0 0" }, n)));
+  }
+
+  /** x: the worker counts (evenly spaced, as the original's log2 axis). */
+  function workerCounts(doc) {
+    return [...new Set(doc.families.flatMap((f) => f.groups.map((g) => g.workers)))].sort((a, b) => a - b);
+  }
+  // x is the index of the worker count: evenly spaced counts (as the original's log2 axis),
+  // with half a slot of margin for the bars
+  const ordinal = () => ({ x: { time: false, range: () => [-0.5, counts.length - 0.5] } });
+  const slots = () => counts.map((_, i) => i);
+  const xSeries = () => ({ label: "workers", value: (u, v) => (v === null || v === undefined ? "-" : counts[v]) });
+  let counts = [];
+  const xAxis = () => ({ ...axis("number of workers"), splits: () => counts.map((_, i) => i),
+    values: (u, splits) => splits.map((i) => (counts[i] === undefined ? "" : counts[i])) });
+  const byCount = (counts, groups, value) => counts.map((k) => { const g = groups.find((x) => x.workers === k); return g ? value(g) : null; });
+
+  function speedupChart(doc, counts) {
+    const series = [xSeries()], data = [slots()];
+    doc.families.forEach((family, i) => {
+      const colour = COLOURS[i % COLOURS.length], base = Math.min(...family.groups.map((g) => g.workers));
+      const name = doc.families.length > 1 ? ` (${family.label})` : "";
+      series.push({ label: `speedup${name}`, stroke: colour, width: 2, spanGaps: true, points: { show: true, size: 7 }, value: (u, v) => show(v, (x) => `${x.toFixed(2)}x`) });
+      data.push(byCount(counts, family.groups, (g) => g.speedup));
+      series.push({ label: `slowest..fastest run${name}`, stroke: colour, width: 1, dash: [2, 4], alpha: 0.6, spanGaps: true, points: { show: true, size: 4 }, value: (u, v) => show(v, (x) => `${x.toFixed(2)}x`) });
+      data.push(byCount(counts, family.groups, (g) => (g.speedup_range ? g.speedup_range[1] : null)));
+      series.push({ label: `ideal (linear) from ${workerLabel(base)}${name}`, stroke: colour, width: 1, dash: [8, 6], alpha: 0.45, value: (u, v) => show(v, (x) => `${x.toFixed(2)}x`) });
+      data.push(counts.map((k) => (k >= base ? k / base : null)));
+    });
+    chart("chart-speedup", (width) => ({
+      width, height: 280, scales: ordinal(), axes: [xAxis(), axis("speedup (x)")], series }), "no runs").update(data, true);
+    const any = doc.families.some((f) => f.groups.some((g) => g.speedup !== null));
+    document.getElementById("speedup-note").textContent = any
+      ? "Median of the repeats; the dotted line joins each count's fastest run."
+      : "No run reached its goal: no time to accuracy to compare.";
+    document.getElementById("chart-speedup").dataset.speedups = JSON.stringify(
+      doc.families.flatMap((f) => f.groups.map((g) => [g.workers, g.speedup])));
+  }
+
+  function costChart(doc, counts) {
+    const families = doc.families.filter((f) => f.metric === "time to accuracy");
+    const series = [xSeries()], data = [slots()];
+    families.forEach((family, i) => {
+      const align = families.length === 1 ? 0 : (i % 2 ? 1 : -1);
+      series.push({ label: families.length > 1 ? family.label : "cost to accuracy (median)", stroke: COLOURS[i], fill: COLOURS[i] + "bb",
+        paths: bars(align), points: { show: false }, value: (u, v) => show(v, (x) => `$${x.toFixed(4)}`) });
+      data.push(byCount(counts, family.groups, (g) => (g.cost ? g.cost.median : null)));
+    });
+    chart("chart-cost", (width) => ({
+      width, height: 280, scales: { ...ordinal(), y: { range: (u, min, max) => [0, max > 0 ? max * 1.15 : 1] } },
+      axes: [xAxis(), axis("USD", (u, vals) => vals.map((v) => `$${v.toPrecision(2)}`), 70)], series }), "no run reached its goal").update(families.length ? data : null, true);
+    document.getElementById("cost-note").textContent = doc.usd_per_node_hour === null
+      ? "No price given: local runs cost $0 (enter a price per node-hour or an instance above)."
+      : `Node-seconds to the goal (evaluation included) at $${doc.usd_per_node_hour} per node-hour.`;
+  }
+
+  /** One series per run (the median run of each worker count bold, other repeats faint). */
+  function curveChart(doc, id, key, yLabel, format, scale = 1) {
+    const tables = [], series = [{ label: "training time", value: (u, v) => show(v, fmt.dur) }];
+    const multi = doc.families.length > 1;
+    const goals = new Set();
+    doc.families.forEach((family, f) => {
+      if (family.goal !== null && key === "evaluations") goals.add(family.goal);
+      family.groups.forEach((group, g) => {
+        for (const run of group.runs) {
+          const points = run[key];
+          if (!points.length) continue;
+          tables.push([points.map((p) => p[0]), points.map((p) => scale * p[1])]);
+          const label = `${workerLabel(group.workers)}${multi ? `, ${family.label}` : ""}${run.lead ? "" : ` (${run.id})`}`;
+          series.push({ label, stroke: COLOURS[g % COLOURS.length], width: run.lead ? 2 : 1, alpha: run.lead ? 1 : 0.35,
+            dash: f % 2 ? [6, 4] : undefined, spanGaps: true, points: { size: 4 }, value: (u, v) => show(v, format) });
+        }
+      });
+    });
+    let data = tables.length ? uPlot.join(tables) : null;
+    if (data) {
+      for (const goal of goals) {
+        series.push({ label: `target ${(100 * goal).toFixed(0)}%`, stroke: "#111827", width: 1.2, dash: [3, 4], points: { show: false }, value: (u, v) => show(v, format) });
+        data.push(data[0].map(() => 100 * goal));
+      }
+    }
+    chart(id, (width) => ({
+      width, height: 280, scales: { x: { time: false, range: (u, min, max) => [0, max > 0 ? max * 1.04 : 1] } },
+      axes: [axis("training time (s)"), axis(yLabel)], series }), "no curve recorded").update(data, true);
+  }
+
+  function communicationChart(doc, counts) {
+    const series = [xSeries()], data = [slots()];
+    const multi = doc.families.length > 1;
+    doc.families.forEach((family) => {
+      const name = multi ? ` (${family.label})` : "";
+      const ratio = (g) => (g.compute_seconds ? (g.communication_seconds / g.compute_seconds).toFixed(2) : "-");
+      const groupAt = (u, i) => family.groups.find((x) => x.workers === counts[i]);
+      series.push({ label: `computation${name}`, stroke: "#4c72b0", fill: "#4c72b0cc", paths: bars(-1), points: { show: false },
+        value: (u, v, si, i) => show(v, (x) => `${x.toFixed(1)}%`) });
+      data.push(byCount(counts, family.groups, (g) => (g.communication_share === null ? null : 100 * (1 - g.communication_share))));
+      series.push({ label: `communication${name}`, stroke: "#dd8452", fill: "#dd8452cc", paths: bars(1), points: { show: false },
+        value: (u, v, si, i) => { const g = i === null || i === undefined ? null : groupAt(u, i); return show(v, (x) => `${x.toFixed(1)}% (ratio ${g ? ratio(g) : "-"})`); } });
+      data.push(byCount(counts, family.groups, (g) => (g.communication_share === null ? null : 100 * g.communication_share)));
+    });
+    chart("chart-communication", (width) => ({
+      width, height: 280, scales: { ...ordinal(), y: { range: [0, 100] } },
+      axes: [xAxis(), axis("share of step time (%)")], series }), "no phase times recorded").update(data, true);
+  }
+
+  async function load() {
+    const query = new URLSearchParams([...new FormData(form)].filter(([, v]) => String(v).trim()));
+    const problem = document.getElementById("problem");
+    if (![...query.keys()].some((k) => ["runs", "group", "task"].includes(k))) {
+      problem.textContent = "Choose runs to compare: select them on the Runs page, or give run ids, a group or a task above.";
+      problem.classList.remove("hidden");
+      return;
+    }
+    try {
+      const doc = await api(`/api/compare?${query}`);
+      problem.classList.add("hidden");
+      document.getElementById("content").classList.remove("hidden");
+      document.getElementById("heading").textContent = `Compare: ${doc.task}`;
+      counts = workerCounts(doc);
+      tables(doc);
+      speedupChart(doc, counts);
+      costChart(doc, counts);
+      curveChart(doc, "chart-loss", "losses", "training loss", (x) => x.toFixed(4));
+      curveChart(doc, "chart-accuracy", "evaluations", "test accuracy (%)", (x) => `${x.toFixed(2)}%`, 100);
+      communicationChart(doc, counts);
+    } catch (err) {
+      problem.textContent = err.message;
+      problem.classList.remove("hidden");
+      document.getElementById("content").classList.add("hidden");
+    }
+  }
+
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const query = new URLSearchParams([...new FormData(form)].filter(([, v]) => String(v).trim()));
+    history.replaceState(null, "", `/compare?${query}`);
+    load();
+  });
+  load();
+})();

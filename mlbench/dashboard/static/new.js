@@ -1,0 +1,77 @@
+/* The new-run form: sent to the API, which checks it with the CLI's code and starts the run. */
+"use strict";
+
+(() => {
+  const { el, fmt, api } = MB;
+  MB.navigation("new");
+  const form = document.getElementById("run-form");
+  let choices = null;
+
+  function showOptions() {
+    const info = choices.optimizers.find((o) => o.name === form.optimizer.value);
+    document.getElementById("optimizer-summary").textContent = info ? info.summary : "";
+    document.getElementById("options").replaceChildren(...(info ? info.options : []).flatMap((option) => [
+      el("label", { for: `opt-${option.name}`, title: option.help }, option.name),
+      el("div", { class: "field", "data-option": option.name },
+        el("input", { type: "text", id: `opt-${option.name}`, "data-option": option.name, placeholder: `${option.default}`, title: option.help }),
+        el("div", { class: "error", "data-for": `opt.${option.name}` })),
+    ]));
+  }
+
+  function showTask() {
+    const task = choices.tasks.find((t) => t.name === form.task.value);
+    document.getElementById("task-title").textContent = task ? task.title : "";
+    document.getElementById("light-goal").textContent = task && task.kind === "training"
+      ? `(${fmt.pct(task.goal_light)} instead of ${fmt.pct(task.goal_full)})` : "";
+  }
+
+  function clearErrors() {
+    for (const box of document.querySelectorAll(".error[data-for]")) box.textContent = "";
+    for (const field of document.querySelectorAll(".field.invalid")) field.classList.remove("invalid");
+  }
+
+  function showErrors(errors) {
+    for (const [name, sentence] of Object.entries(errors)) {
+      const box = document.querySelector(`.error[data-for="${CSS.escape(name)}"]`) || document.querySelector('.error[data-for="form"]');
+      box.textContent = sentence;
+      const row = box.previousElementSibling;
+      if (row && row.classList.contains("field")) row.classList.add("invalid");
+      if (box.parentElement && box.parentElement.classList.contains("field")) box.parentElement.classList.add("invalid");
+    }
+  }
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    clearErrors();
+    const body = {
+      task: form.task.value, workers: form.workers.value, where: form.where.value,
+      light: form.light.checked, no_stop: form.no_stop.checked, time_budget: form.time_budget.value,
+      max_steps: form.max_steps.value, data: form.querySelector("input[name=data]:checked").value,
+      data_dir: form.data_dir.value, optimizer: form.optimizer.value, overrides: form.overrides.value,
+      seed: form.seed.value,
+      options: Object.fromEntries([...form.querySelectorAll("input[data-option]")].map((i) => [i.dataset.option, i.value]).filter(([, v]) => v.trim())),
+    };
+    const button = document.getElementById("start");
+    button.disabled = true; button.textContent = "Checking and starting...";
+    try {
+      const answer = await api("/api/runs", { method: "POST", body });
+      location.href = answer.url;
+    } catch (err) {
+      showErrors((err.data && err.data.errors) || { form: err.message });
+      button.disabled = false; button.textContent = "Start run";
+    }
+  });
+
+  (async () => {
+    choices = await api("/api/form");
+    form.task.replaceChildren(...choices.tasks.map((t) => el("option", { value: t.name }, t.name)));
+    form.task.value = choices.tasks.some((t) => t.name === "task1a") ? "task1a" : choices.tasks[0].name;
+    form.optimizer.replaceChildren(...choices.optimizers.map((o) => el("option", { value: o.name }, o.name)));
+    form.where.replaceChildren(...choices.where.map((w) => el("option", { value: w.key }, w.label)));
+    form.task.addEventListener("change", showTask);
+    form.optimizer.addEventListener("change", showOptions);
+    showTask();
+    showOptions();
+    document.body.dataset.ready = "1";
+  })();
+})();

@@ -1,0 +1,203 @@
+/* A run's page: what it is, how it goes (live curves), where time goes, its workers' logs. */
+"use strict";
+
+(() => {
+  const { el, fmt, api } = MB;
+  MB.navigation("runs");
+  const runId = decodeURIComponent(location.pathname.split("/").pop());
+  const state = { doc: null, training: [], evaluations: [], logs: new Map(), logShown: null };
+  const MAX_LOG_CHARS = 2000000;
+
+  document.getElementById("download").href = `/api/runs/${runId}/download`;
+  document.getElementById("mllog").href = `/api/runs/${runId}/mllog`;
+
+  // -- charts --------------------------------------------------------------------------------
+  const axis = (label, values, size) => ({ label, stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" },
+    ...(values ? { values } : {}), ...(size ? { size } : {}) });
+  const fromZero = { time: false, range: (u, min, max) => [0, max > 0 ? max * 1.04 : 1] };
+  const pctValue = (u, v) => (v === null || v === undefined ? "-" : `${v.toFixed(2)}%`);
+  const lossValue = (u, v) => (v === null || v === undefined ? "-" : v.toFixed(4));
+
+  function accuracyLossOptions(xLabel, xValue) {
+    return (width) => ({
+      width, height: 260,
+      scales: { x: fromZero, "%": { range: (u, min, max) => [Math.max(0, Math.min(min, 50) - 5), Math.min(100, Math.max(max, 60) + 5)] } },
+      axes: [axis(xLabel), { ...axis("test accuracy (%)"), scale: "%" }, { ...axis("training loss"), scale: "loss", side: 1, grid: { show: false } }],
+      series: [
+        { label: xLabel, value: xValue },
+        { label: "test accuracy", scale: "%", stroke: "#2563eb", width: 2, spanGaps: true, points: { show: true, size: 5 }, value: pctValue },
+        { label: "goal", scale: "%", stroke: "#111827", width: 1.2, dash: [6, 5], points: { show: false }, value: pctValue },
+        { label: "training loss", scale: "loss", stroke: "#ea580c", width: 1.5, spanGaps: true, value: lossValue },
+      ],
+    });
+  }
+  const seconds = (u, v) => (v === null || v === undefined ? "-" : fmt.dur(v));
+  const charts = {
+    time: new MB.Chart(document.getElementById("chart-time"), accuracyLossOptions("training time (s)", seconds), "no measurement yet"),
+    epoch: new MB.Chart(document.getElementById("chart-epoch"), accuracyLossOptions("epoch", (u, v) => fmt.num(v)), "no measurement yet"),
+    throughput: new MB.Chart(document.getElementById("chart-throughput"), (width) => ({
+      width, height: 220, scales: { x: fromZero },
+      axes: [axis("training time (s)"), axis("samples/s", null, 70)],
+      series: [{ label: "training time", value: seconds },
+               { label: "samples/s", stroke: "#16a34a", width: 1.5, fill: "rgba(22,163,74,.08)", value: (u, v) => fmt.rate(v) }],
+    }), "no measurement yet"),
+    bytes: new MB.Chart(document.getElementById("chart-bytes"), (width) => ({
+      width, height: 220, scales: { x: fromZero },
+      axes: [axis("training time (s)"), axis("sent", (u, vals) => vals.map((v) => fmt.bytes(v)), 70)],
+      series: [{ label: "training time", value: seconds },
+               { label: "bytes sent", stroke: "#7c3aed", width: 1.5, value: (u, v) => fmt.bytes(v) }],
+    }), "nothing sent yet (one worker sends nothing)"),
+  };
+
+  function accuracyLossData(key) {
+    const goal = state.doc && state.doc.spec.goal;
+    const train = state.training.filter((p) => p[key] !== null && p.loss !== null);
+    const evals = state.evaluations.filter((p) => p[key] !== null && p[key] !== undefined);
+    if (!train.length && !evals.length) return null;
+    const joined = uPlot.join([
+      [evals.map((p) => p[key]), evals.map((p) => 100 * p.accuracy)],
+      [train.map((p) => p[key]), train.map((p) => p.loss)],
+    ]);
+    const goalLine = joined[0].map(() => (goal === null || goal === undefined ? null : 100 * goal));
+    return [joined[0], joined[1], goalLine, joined[2]];
+  }
+
+  function drawCharts() {
+    charts.time.update(accuracyLossData("time"));
+    charts.epoch.update(accuracyLossData("epoch"));
+    const rated = state.training.filter((p) => p.throughput !== null);
+    charts.throughput.update(rated.length ? [rated.map((p) => p.time), rated.map((p) => p.throughput)] : null);
+    const sent = state.training.filter((p) => p.bytes > 0);
+    charts.bytes.update(sent.length ? [state.training.map((p) => p.time), state.training.map((p) => p.bytes)] : null);
+    document.getElementById("chart-time").dataset.evaluations = state.evaluations.length;
+    document.getElementById("chart-time").dataset.training = state.training.length;
+  }
+
+  // -- facts -----------------------------------------------------------------------------------
+  function facts(target, pairs) {
+    document.getElementById(target).replaceChildren(...pairs.filter(([, v]) => v !== null && v !== undefined && v !== "")
+      .flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-fact": k }, v)]));
+  }
+
+  function showRun(doc) {
+    const run = doc.run, spec = doc.spec, s = doc.summary;
+    document.title = `${run.name} · mlbench dashboard`;
+    document.getElementById("name").textContent = run.name;
+    document.getElementById("state").replaceChildren(MB.badge(run.state));
+    document.getElementById("run-id").textContent = run.id;
+    document.getElementById("cancel").classList.toggle("hidden", !(run.state === "running" || run.state === "pending"));
+    const result = document.getElementById("result");
+    result.textContent = doc.result || "";
+    result.className = `result ${run.state}` + (doc.result ? "" : " hidden");
+    const options = Object.entries(spec.optimizer_options || {}).map(([k, v]) => `${k}=${v}`).join(" ");
+    facts("spec", [
+      ["task", spec.title ? `${spec.task}: ${spec.title}` : spec.task],
+      ["model", spec.model],
+      ["workers", spec.threads_per_worker ? `${spec.workers} x ${spec.threads_per_worker} thread(s)` : spec.workers],
+      ["optimizer", options ? `${spec.optimizer} (${options})` : spec.optimizer],
+      ["division", spec.changed.length ? `${spec.division} (${spec.changed.join(", ")})` : spec.division],
+      ["device", [spec.device, spec.backend].filter(Boolean).join(" / ")],
+      ["network", spec.network || "not shaped"],
+      ["data", spec.data_dir ? `${spec.data} (${spec.data_dir})` : spec.data],
+      ["goal", spec.goal === null ? "none (synthetic data)" : `${fmt.pct(spec.goal)} test accuracy${spec.light ? " (light)" : ""}`],
+      ["stop at goal", spec.stop_at_goal === false ? "no (--no-stop)" : null],
+      ["time budget", spec.time_budget_s ? fmt.dur(spec.time_budget_s) : null],
+      ["max steps", spec.max_steps],
+      ["seed", spec.seed],
+      ["machine", [spec.host, spec.cpu && `${spec.cpu}${spec.cores ? ` (${spec.cores} cores)` : ""}`, ...(spec.gpus || [])].filter(Boolean).join(", ")],
+      ["created", fmt.time(run.created_at)],
+      ["reason", run.reason],
+    ]);
+    facts("progress", [
+      ["epoch", fmt.num(s.epoch)],
+      ["steps", s.steps],
+      ["training time", fmt.dur(s.train_time)],
+      ["last training loss", s.last_train_loss === null ? "-" : s.last_train_loss.toFixed(4)],
+      ["last test accuracy", fmt.pct(s.last_accuracy)],
+      ["last test loss", s.last_test_loss === null || s.last_test_loss === undefined ? "-" : s.last_test_loss.toFixed(4)],
+      ["throughput", s.throughput ? `${fmt.rate(s.throughput)} (all workers)` : "-"],
+      ["bytes sent", s.ranks.length ? `${fmt.bytes(s.bytes_sent_mean)} per worker (${s.bytes_sent.map(fmt.bytes).join(", ")})` : "-"],
+      ["communication / compute", s.communication_ratio === null ? "-" : s.communication_ratio.toFixed(3)],
+      ["compression", s.compression ? `the reference all-reduce would have sent ${s.compression.toFixed(2)}x the bytes` : null],
+      ["errors", s.errors.length ? s.errors.join("; ") : null],
+    ]);
+    showPhases(s);
+    showLogTabs(doc.logs);
+  }
+
+  function showPhases(s) {
+    const table = document.getElementById("phases");
+    const ranks = s.ranks || [];
+    const head = el("tr", {}, el("th", {}, "phase"), el("th", { class: "num" }, "mean"), el("th", { class: "num" }, "max"),
+      el("th", { class: "num" }, "share of step"), ...ranks.map((r) => el("th", { class: "num" }, `worker ${r}`)));
+    const line = (name, mean, max, share, values) => el("tr", { "data-phase": name }, el("td", {}, name),
+      el("td", { class: "num" }, mean.toFixed(2)), el("td", { class: "num" }, max.toFixed(2)),
+      el("td", { class: "num" }, share === null ? "" : `${(100 * share).toFixed(1)}%`),
+      ...values.map((v) => el("td", { class: "num" }, v.toFixed(2))));
+    table.replaceChildren(el("thead", {}, head), el("tbody", {},
+      ...(s.phases || []).map((p) => line(p.phase, p.mean, p.max, p.share, p.ranks)),
+      ranks.length ? line("evaluation", s.evaluation.mean, s.evaluation.max, null, s.evaluation.ranks) : null));
+    document.getElementById("comm").textContent = s.communication_ratio === null ? "" :
+      `Compute vs communication: communication/compute = ${s.communication_ratio.toFixed(3)}; ${fmt.bytes(s.bytes_sent_mean)} sent per worker.`;
+  }
+
+  // -- logs --------------------------------------------------------------------------------------
+  function showLogTabs(names) {
+    for (const name of names) if (!state.logs.has(name)) state.logs.set(name, "");
+    if (!state.logShown && names.length) state.logShown = names[0];
+    document.getElementById("log-tabs").replaceChildren(...[...state.logs.keys()].map((name) =>
+      el("button", { type: "button", class: name === state.logShown ? "here" : null, "data-log": name,
+        onclick: () => { state.logShown = name; showLogTabs([]); showLog(true); } }, name.replace(/\.log$/, ""))));
+  }
+
+  function showLog(jump) {
+    const pre = document.getElementById("log");
+    const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 30;
+    pre.textContent = state.logs.get(state.logShown) || "(nothing written yet)";
+    if (jump || atEnd) pre.scrollTop = pre.scrollHeight;
+  }
+
+  // -- live --------------------------------------------------------------------------------------
+  MB.stream({ run: runId }, {
+    run(message) {
+      if (message.reset) {
+        state.training = message.series.training;
+        state.evaluations = message.series.evaluations;
+      } else {
+        for (const [name, part] of Object.entries(message.append)) {
+          state[name].length = part.from;
+          state[name].push(...part.points);
+        }
+      }
+      state.doc = message;
+      showRun(message);
+      drawCharts();
+    },
+    log(message) {
+      let text = (message.reset ? "" : state.logs.get(message.name) || "") + message.text;
+      if (text.length > MAX_LOG_CHARS) text = text.slice(text.length - MAX_LOG_CHARS);
+      state.logs.set(message.name, text);
+      showLogTabs([message.name]);
+      if (message.name === state.logShown) showLog(false);
+    },
+    gone() {
+      const box = document.getElementById("problem");
+      box.textContent = "This run no longer exists (it was deleted).";
+      box.classList.remove("hidden");
+    },
+    problem(message) {
+      const box = document.getElementById("problem");
+      box.textContent = message.error;
+      box.classList.remove("hidden");
+    },
+  });
+
+  document.getElementById("cancel").addEventListener("click", async () => {
+    try { await api(`/api/runs/${runId}/cancel`, { method: "POST" }); } catch (err) { alert(err.message); }
+  });
+  document.getElementById("delete").addEventListener("click", async () => {
+    const name = state.doc ? `${runId} (${state.doc.run.name})` : runId;
+    if (!(await MB.confirmDialog(`Delete run ${name} and everything it recorded?`))) return;
+    try { await api(`/api/runs/${runId}`, { method: "DELETE" }); location.href = "/"; } catch (err) { alert(err.message); }
+  });
+})();

@@ -1,0 +1,185 @@
+"""The dashboard's JSON documents: a row of the runs table, one run's page, a comparison.
+
+Everything here is a view of what :mod:`mlbench.results` computes (``summarize``,
+``run_progress``, ``describe_result``, ``compare_runs`` and the rows of `mlbench compare`): values
+are passed through, renamed for JSON, never recomputed. Infinite values (a repeat statistic of
+runs that missed the goal) become ``null``, which JSON can carry.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from mlbench.results.charts import family_labels, representative
+from mlbench.results.compare import Comparison, Group, training_curve
+from mlbench.results.report import (COMPARE_HEADERS, compare_notes, compare_row, describe_result,
+                                    family_heading, run_progress)
+from mlbench.results.repeats import RepeatStats
+from mlbench.results.store import RunRecord, read_json
+from mlbench.results.summary import RunSummary, phase_table
+from mlbench.worker.config import RunConfig
+
+LOG_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def read_run_json(record: RunRecord) -> dict[str, Any]:
+    try:
+        return read_json(record.run_dir / "run.json")
+    except (OSError, ValueError):
+        return {}
+
+
+def network_label(run_json: dict[str, Any]) -> str | None:
+    """The run's network settings in a few words (None: the links were not shaped)."""
+    network = run_json.get("network") or (run_json.get("config") or {}).get("network")
+    if not network:
+        return None
+    if isinstance(network, dict):
+        parts = [f"{k} {v}" for k, v in network.items() if isinstance(v, (str, int, float)) and v is not None]
+        return ", ".join(parts) or "shaped"
+    return str(network)
+
+
+def result_sentence(record: RunRecord, summary: RunSummary | None = None) -> str | None:
+    """`status`'s result line; the reason when the run failed or was cancelled."""
+    result = record.result or (summary.result if summary else None)
+    if result and not record.active:
+        try:
+            return describe_result(result)
+        except (KeyError, TypeError, ValueError):
+            return None
+    if record.reason:
+        return f"Run {record.state}: {record.reason}"
+    return None
+
+
+def run_row(source_key: str, record: RunRecord, summary: RunSummary | None,
+            run_json: dict[str, Any]) -> dict[str, Any]:
+    """One row of the runs table: the columns of `mlbench status` plus throughput and network."""
+    progress = run_progress(record, summary)
+    config = run_json.get("config") or {}
+    return {
+        "id": record.id, "name": record.name, "task": record.task, "workers": record.workers,
+        "state": record.state, "reason": record.reason, "division": record.division,
+        "optimizer": record.optimizer, "launcher": record.launcher, "source": source_key,
+        "device": config.get("device"), "network": network_label(run_json),
+        "epoch": progress.epoch, "accuracy": progress.accuracy,
+        "time_to_accuracy": progress.time_to_accuracy, "throughput": progress.throughput,
+        "created_at": record.created_at, "started_at": record.started_at,
+        "finished_at": record.finished_at, "group_id": record.group_id,
+    }
+
+
+def _goal(config: dict[str, Any], record: RunRecord) -> float | None:
+    if record.result and "goal" in record.result:
+        return record.result["goal"]
+    try:
+        return RunConfig.from_dict(config).goal
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -> dict[str, Any]:
+    """What was asked for (run.json) and where it ran."""
+    config = run_json.get("config") or {}
+    environment = summary.environment or run_json.get("environment") or {}
+    task = config.get("task") or {}
+    return {
+        "task": record.task, "title": task.get("title"), "model": task.get("model"),
+        "workers": record.workers, "threads_per_worker": config.get("threads_per_worker"),
+        "optimizer": record.optimizer, "optimizer_options": config.get("optimizer_options") or {},
+        "division": record.division, "changed": run_json.get("changed") or [],
+        "device": config.get("device"), "backend": config.get("backend"),
+        "data": config.get("data"), "data_dir": config.get("data_dir"),
+        "light": config.get("light"), "goal": _goal(config, record),
+        "stop_at_goal": config.get("stop_at_goal"), "time_budget_s": config.get("time_budget_s"),
+        "max_steps": config.get("max_steps"), "seed": record.seed,
+        "network": network_label(run_json), "placement": run_json.get("placement"),
+        "host": environment.get("host"), "cpu": environment.get("cpu"),
+        "cores": environment.get("cores"), "gpus": environment.get("gpus") or [],
+        "command": run_json.get("command"),
+    }
+
+
+def run_summary(summary: RunSummary, compression: float | None) -> dict[str, Any]:
+    """Progress, phase times per worker (mean, max, each rank) and bytes sent."""
+    phases = [{"phase": p, "mean": m, "max": mx, "share": share,
+               "ranks": [summary.phase_seconds.get(r, {}).get(p, 0.0) for r in summary.ranks]}
+              for p, m, mx, share in phase_table(summary)]
+    evals = [summary.eval_seconds.get(r, 0.0) for r in summary.ranks]
+    last = summary.evaluations[-1] if summary.evaluations else {}
+    sent = [summary.bytes_sent.get(r, 0) for r in summary.ranks]
+    return {
+        "ranks": summary.ranks, "epoch": summary.epoch, "steps": summary.steps,
+        "train_time": summary.train_time, "last_train_loss": summary.last_train_loss,
+        "last_accuracy": last.get("accuracy"), "last_test_loss": last.get("loss"),
+        "throughput": summary.throughput, "communication_ratio": summary.communication_ratio,
+        "phases": phases,
+        "evaluation": {"mean": sum(evals) / len(evals) if evals else 0.0,
+                       "max": max(evals, default=0.0), "ranks": evals},
+        "bytes_sent": sent, "bytes_sent_mean": sum(sent) / len(sent) if sent else 0.0,
+        "compression": compression, "errors": summary.errors,
+    }
+
+
+def run_series(record: RunRecord, events: list[dict[str, Any]], summary: RunSummary) -> dict[str, list]:
+    """The curves of the run's page: rank 0's logging intervals and the evaluations."""
+    evaluations = [{"time": e.get("time"), "epoch": e["epoch"], "step": e["step"],
+                    "accuracy": e["accuracy"], "loss": e.get("loss")}
+                   for e in summary.evaluations if "accuracy" in e]
+    return {"training": training_curve(events, record.workers), "evaluations": evaluations}
+
+
+def log_names(record: RunRecord) -> list[str]:
+    folder = Path(record.run_dir) / "logs"
+    if not folder.is_dir():
+        return []
+    names = [p.name for p in folder.iterdir() if p.is_file() and set(p.name) <= LOG_NAME_CHARS]
+    return sorted(names, key=lambda n: (not n.startswith("rank-"), len(n), n))
+
+
+# -- compare ------------------------------------------------------------------------------------
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _stats(stats: RepeatStats | None) -> dict[str, Any] | None:
+    if stats is None:
+        return None
+    return {"median": _finite(stats.median), "min": _finite(stats.minimum),
+            "max": _finite(stats.maximum), "runs": stats.runs, "converged": stats.converged}
+
+
+def _group(g: Group) -> dict[str, Any]:
+    lead = representative(g)
+    return {
+        "workers": g.workers, "speedup": g.speedup,
+        "speedup_range": list(g.speedup_range) if g.speedup_range else None,
+        "efficiency": g.efficiency, "cost": _stats(g.cost),
+        "time_to_accuracy": _stats(g.time_to_accuracy), "throughput": _stats(g.throughput),
+        "compute_seconds": g.compute_seconds, "communication_seconds": g.communication_seconds,
+        "communication_share": g.communication_share, "final_accuracy": g.final_accuracy,
+        "row": compare_row(g),
+        "runs": [{"id": run.record.id, "name": run.record.name, "lead": run is lead,
+                  "losses": [list(p) for p in run.losses],
+                  "evaluations": [[e["time"], e["accuracy"]] for e in run.summary.evaluations
+                                  if "time" in e and "accuracy" in e]}
+                 for run in g.runs],
+    }
+
+
+def comparison_document(comparison: Comparison) -> dict[str, Any]:
+    """The table of `mlbench compare` and the data of the four figures of `mlbench charts`."""
+    families = comparison.families()
+    labels = family_labels(list(families))
+    return {
+        "task": comparison.task, "headers": list(COMPARE_HEADERS),
+        "usd_per_node_hour": comparison.usd_per_node_hour,
+        "notes": compare_notes(comparison),
+        "skipped": [{"id": r.id, "state": r.state} for r in comparison.skipped],
+        "families": [{"label": labels[f], "heading": family_heading(f), "metric": f.metric,
+                      "goal": f.goal, "groups": [_group(g) for g in groups]}
+                     for f, groups in families.items()],
+    }

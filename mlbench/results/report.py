@@ -1,0 +1,136 @@
+"""What `status` and `compare` say about runs, as values and sentences.
+
+One implementation for every view of the run store: the CLI prints these rows and sentences in
+its tables, the dashboard (`mlbench dashboard`) shows the same ones in the browser, so a run's
+progress, its result sentence and a comparison's table read the same wherever they are looked at.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from mlbench.results.compare import TIME_TO_ACCURACY, Comparison, Family, Group
+from mlbench.results.events import read_run_events
+from mlbench.results.outcome import TrainingResult, fmt_duration
+from mlbench.results.store import RunRecord
+from mlbench.results.summary import RunSummary, summarize
+from mlbench.tasks.metrics import ACCURACY, Metric, get_metric
+from mlbench.tasks.spec import TASKS
+
+
+def fmt_percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}%"
+
+
+def describe_result(result: dict[str, Any] | None) -> str:
+    """The one-sentence outcome of a run: time to accuracy, or accuracy after time."""
+    outcome = TrainingResult.from_dict(result)
+    return outcome.sentence() if outcome else ""
+
+
+def task_metric(task: str) -> Metric:
+    """The goal metric of a task by name (a task this version does not know: accuracy)."""
+    spec = TASKS.get(task)
+    return get_metric(spec.metric if spec is not None else "accuracy")
+
+
+# -- one run: a row of `mlbench status` ----------------------------------------------------------
+@dataclass
+class RunProgress:
+    """Where a run stands, as the table of runs shows it."""
+
+    epoch: float | None
+    accuracy: float | None           # the last value of the task's goal metric (accuracy, perplexity, BLEU)
+    time_to_accuracy: float | None
+    throughput: float | None         # training samples/s over all workers; None when unknown
+    metric: Metric = ACCURACY
+
+
+def run_progress(record: RunRecord, summary: RunSummary | None = None) -> RunProgress:
+    """From the metric events while a run is active, from its result once it has ended.
+
+    ``summary`` (of the run's events) saves reading them again; without it an ended run has no
+    throughput, which the result does not hold.
+    """
+    if record.active and summary is None:
+        summary = summarize(read_run_events(record.run_dir))
+    result = TrainingResult.from_dict(record.result)
+    metric = result.goal_metric if result else task_metric(record.task)
+    throughput = summary.throughput if summary is not None else None
+    if record.active and summary is not None:
+        value = summary.evaluations[-1].get(metric.name) if summary.evaluations else None
+        return RunProgress(summary.epoch, value, None, throughput, metric)
+    if result is None:
+        return RunProgress(None, None, None, throughput, metric)
+    return RunProgress(result.epochs, result.final_accuracy, result.time_to_accuracy, throughput, metric)
+
+
+# -- several runs: the table of `mlbench compare` ------------------------------------------------
+COMPARE_HEADERS = ("WORKERS", "CONVERGED", "TIME TO ACC.", "MIN..MAX", "OLYMPIC MEAN", "SPEEDUP",
+                   "EFFICIENCY", "COMPUTE/COMM.", "SAMPLES/S", "ACCURACY", "COST TO ACC.")
+
+
+def family_heading(family: Family) -> str:
+    """What the runs of one table have in common, and the measure of their speedup."""
+    metric = ("speedup of time to accuracy" if family.metric == TIME_TO_ACCURACY
+              else "no goal: speedup of throughput")
+    goal = f"goal {task_metric(family.task).format(family.goal)}" if family.goal is not None else "synthetic data"
+    return (f"{family.task} | {family.division} division | {family.optimizer} | "
+            f"{family.hardware} | {goal} | {metric}")
+
+
+def compare_row(g: Group) -> list[str]:
+    """One worker count of a family, in the columns of :data:`COMPARE_HEADERS`."""
+    tta = g.time_to_accuracy
+    goal = g.family.metric == TIME_TO_ACCURACY
+    share = g.communication_share
+    cost = "-" if g.cost is None or not goal else _usd(g.cost.median)
+    return [
+        str(g.workers),
+        f"{tta.converged}/{tta.runs}" if goal else f"-/{tta.runs}",
+        _seconds(tta.median) if goal else "-",
+        f"{_seconds(tta.minimum)}..{_seconds(tta.maximum)}" if goal and tta.converged else "-",
+        _seconds(tta.olympic_mean) if goal else "-",
+        f"{g.speedup:.2f}x" if g.speedup is not None else "-",
+        f"{100 * g.efficiency:.0f}%" if g.efficiency is not None else "-",
+        f"{100 * (1 - share):.0f}% / {100 * share:.0f}%" if share is not None else "-",
+        f"{g.throughput.median:.0f}",
+        task_metric(g.family.task).format(g.final_accuracy),
+        cost,
+    ]
+
+
+def compare_notes(comparison: Comparison) -> list[str]:
+    """The sentences under the table: what the columns measure, the price, what was left out."""
+    notes = [("Time to accuracy: training time to the goal, evaluation excluded; median over the "
+              "repeats, olympic mean without the fastest and slowest run; a run that missed the "
+              "goal counts as the slowest.")]
+    if comparison.usd_per_node_hour is None:
+        notes.append("Cost: local runs cost nothing unless priced (--price-per-hour USD or --instance NAME).")
+    else:
+        notes.append(f"Cost: node-seconds to the goal (evaluation included) at "
+                     f"${comparison.usd_per_node_hour:.4g} per node-hour.")
+    if comparison.skipped:
+        listed = ", ".join(f"{r.id} ({r.state})" for r in comparison.skipped)
+        notes.append(f"Left out {len(comparison.skipped)} run(s) that did not finish: {listed}.")
+    return notes
+
+
+def _seconds(value: float) -> str:
+    if not math.isfinite(value):
+        return "not reached"
+    if value < 1:
+        return f"{value:.3f}s"
+    return fmt_duration(value)
+
+
+def _usd(value: float) -> str:
+    if not math.isfinite(value):
+        return "not reached"
+    if value == 0:
+        return "$0"
+    if value < 0.0001:
+        return "<$0.0001"
+    return f"${value:.4f}" if value < 1 else f"${value:,.2f}"
