@@ -58,7 +58,7 @@ def field_of(message: str) -> str:
 
 def form_choices(sources: Sources) -> dict[str, Any]:
     """What the form offers: the tasks, the optimizers with their options, where to run."""
-    from mlbench.optim.base import describe_optimizers
+    from mlbench.optim.catalog import describe_optimizers
 
     where = [{"key": LOCAL, "label": "this machine"}]
     if sources.cluster is not None:

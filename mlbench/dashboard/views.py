@@ -17,18 +17,17 @@ from mlbench.results.compare import Comparison, Group, training_curve
 from mlbench.results.report import (COMPARE_HEADERS, compare_notes, compare_row, describe_result,
                                     family_heading, run_progress)
 from mlbench.results.repeats import RepeatStats
-from mlbench.results.store import RunRecord, read_json
+from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table
-from mlbench.worker.config import RunConfig
+from mlbench.run_config import RunConfig, RunDocument
 
 LOG_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
 def read_run_json(record: RunRecord) -> dict[str, Any]:
-    try:
-        return read_json(record.run_dir / "run.json")
-    except (OSError, ValueError):
-        return {}
+    """The run's run.json, read through :class:`RunDocument` (empty when missing or unreadable)."""
+    document = RunDocument.load_or_none(record.run_dir)
+    return document.to_dict() if document else {}
 
 
 def network_label(run_json: dict[str, Any]) -> str | None:
