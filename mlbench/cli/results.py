@@ -47,7 +47,7 @@ def _comparison(run_refs, task, group, instance, price_per_hour, prices_file) ->
     usd = PriceTable.load(prices_file).hourly(instance) if instance else price_per_hour
     # the store `status` reads (the current cluster's, else this machine's); only finished runs
     # count, so a run still marked running is left out whether or not it is alive
-    return compare_runs(select_runs(_store(), tuple(run_refs), task, group), usd)
+    return compare_runs(select_runs(_store(read_only=True), tuple(run_refs), task, group), usd)
 
 
 @cli.command()

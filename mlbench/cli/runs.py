@@ -27,10 +27,11 @@ from mlbench.tasks.models import MODEL_NAMES
 from mlbench.tasks.spec import TASKS, get_task, parse_overrides
 
 
-def _store() -> RunStore:
-    """The current cluster's runs (a mirror of its results service), else this machine's."""
+def _store(read_only: bool = False) -> RunStore:
+    """The current cluster's runs (a mirror of its results service), else this machine's
+    (``read_only``: the commands that only read open it read-only and create nothing)."""
     cluster = current_cluster()
-    return kubernetes.open_store(cluster) if cluster else RunStore()
+    return kubernetes.open_store(cluster) if cluster else RunStore(read_only=read_only)
 
 
 def _engine(store: RunStore):
@@ -186,7 +187,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
 @click.option("--all", "show_all", is_flag=True, help="With no RUN: list every run (default: the last 30).")
 def status(run_ref, show_all) -> None:
     """A table of runs, or one run's progress, metrics, result and compute vs communication."""
-    store = _store()
+    store = _store(read_only=True)
     if run_ref:
         record = _engine(store).reconcile(store, store.get(run_ref))
         events = read_run_events(record.run_dir)
@@ -226,7 +227,7 @@ def status(run_ref, show_all) -> None:
               help="mlperf: also write an MLPerf :::MLLOG result log next to the zip (.mllog.txt).")
 def download(run_ref, output, fmt) -> None:
     """Everything recorded about RUN (spec, environment, result, metrics, logs) as a zip file."""
-    store = _store()
+    store = _store(read_only=True)
     record = _engine(store).reconcile(store, store.get(run_ref))
     target = Path(output or f"{record.id}.zip")
     if target.parent and not target.parent.exists():

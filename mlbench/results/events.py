@@ -24,13 +24,15 @@ class EventSink(Protocol):
 
 
 class FileSink:
-    """Appends events to ``RUN_DIR/events/rank-<r>.jsonl`` (line-buffered, flushed per line)."""
+    """Appends events to ``RUN_DIR/events/rank-<r>.jsonl`` (flushed per line, mode 600: the run
+    store is its user's alone)."""
 
     def __init__(self, run_dir: str | os.PathLike, rank: int):
         folder = Path(run_dir) / EVENTS_DIR
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = folder / f"rank-{rank}.jsonl"
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a",
+                          encoding="utf-8")
 
     def write(self, event: dict[str, Any]) -> None:
         self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
