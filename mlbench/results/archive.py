@@ -35,6 +35,8 @@ def run_document(run: RunRecord) -> dict:
                 "record": record})
     if summary.environment:
         doc["environment"] = summary.environment
+    if summary.skipped_events:
+        doc["skipped_event_lines"] = summary.skipped_events
     return doc
 
 
