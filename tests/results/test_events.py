@@ -72,3 +72,22 @@ def test_status_download_and_compare_read_a_run_with_wrongly_typed_lines(tmp_pat
     compare = runner.invoke(cli, ["compare", *[r.id for r in runs]])
     assert compare.exit_code == 0 and compare.exception is None, compare.output
     assert "2.00x" in compare.stdout
+
+
+def test_download_never_follows_a_link_planted_at_its_partial_file(tmp_path):
+    run = record_run(RunStore(), workers=1, tta=1.0, wall=2.0)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    target = tmp_path / "run.zip"
+    part = tmp_path / "run.zip.part"
+    for planted in (victim, tmp_path / "would-be-created"):
+        part.symlink_to(planted)
+        result = CliRunner().invoke(cli, ["download", run.id, "-o", str(target)])
+        assert result.exit_code == 1, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "run.zip.part already exists" in lines[0], result.output
+        assert part.is_symlink() and victim.read_text() == "precious\n"
+        assert not (tmp_path / "would-be-created").exists() and not target.exists()
+        part.unlink()
+    result = CliRunner().invoke(cli, ["download", run.id, "-o", str(target)])
+    assert result.exit_code == 0 and zipfile.is_zipfile(target) and not part.exists()
