@@ -81,19 +81,30 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def valid_event(event: Any) -> bool:
-    """Whether ``event`` has the fields of an event, each of its type (see the module)."""
-    if not isinstance(event, dict) or not isinstance(event.get("name"), str):
-        return False
-    if not (_number(event.get("time")) and math.isfinite(event["time"]) and _integer(event.get("rank"))
-            and _number(event.get("epoch")) and _integer(event.get("step"))):
-        return False
+def event_problem(event: Any) -> str | None:
+    """What is wrong with ``event`` as an event (see the module), or None when nothing is."""
+    if not isinstance(event, dict):
+        return "an event must be a JSON object"
+    if not isinstance(event.get("name"), str):
+        return "'name' must be a string"
+    if not (_number(event.get("time")) and math.isfinite(event["time"])):
+        return "'time' must be a finite number (unix seconds)"
+    if not _integer(event.get("rank")):
+        return "'rank' must be an integer"
+    if not _number(event.get("epoch")):
+        return "'epoch' must be a number"
+    if not _integer(event.get("step")):
+        return "'step' must be an integer"
     name, value = event["name"], event.get("value")
-    if name.startswith(NUMERIC_PREFIXES):
-        return _number(value)
-    if name in OBJECT_NAMES:
-        return isinstance(value, dict)
-    return True
+    if name.startswith(NUMERIC_PREFIXES) and not _number(value):
+        return f"the 'value' of {name} must be a number"
+    if name in OBJECT_NAMES and not isinstance(value, dict):
+        return f"the 'value' of {name} must be an object"
+    return None
+
+
+def valid_event(event: Any) -> bool:
+    return event_problem(event) is None
 
 
 def parse_lines(lines: Iterable[str], skipped: EventList | None = None) -> Iterator[dict[str, Any]]:
