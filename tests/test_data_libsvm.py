@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mlbench.errors import DataError
-from mlbench.tasks.data import libsvm
+from mlbench.tasks.data import libsvm, libsvm_text
 from mlbench.tasks.data.libsvm import find_pair, load_libsvm_dataset, read_libsvm
 
 # Omitted indices, unsorted indices, a label-only line, a blank line, CRLF, tabs, '+1'.
@@ -72,8 +72,8 @@ def random_file(rng, rows, max_index):
 
 def test_fast_and_line_parser_agree(tmp_path):
     _, text = random_file(np.random.default_rng(1), 300, 40)
-    fast = libsvm._parse_fast(text)
-    slow = libsvm._parse_lines(text, tmp_path, 1)
+    fast = libsvm_text.parse_fast(text)
+    slow = libsvm_text.parse_lines(text, tmp_path, 1)
     assert fast is not None
     for a, b in zip(fast, slow):
         np.testing.assert_array_equal(a, b)
@@ -173,6 +173,51 @@ def test_damaged_files(tmp_path):
         read_libsvm(write(tmp_path / "empty", b"\n\n"), cache_dir=tmp_path / "cache")
     with pytest.raises(DataError, match="cannot read the LIBSVM file .*missing"):
         read_libsvm(tmp_path / "missing", cache_dir=tmp_path / "cache")
+
+
+def cache_bytes(cache: pathlib.Path) -> int:
+    return sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()) if cache.exists() else 0
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_file_cut_in_the_middle_of_a_line_is_refused_with_its_line_number(tmp_path, compress):
+    rows = b"1 1:0.5 2:0.25 3:1\n" * 5
+    cut = write(tmp_path / "cut", rows + b"0 1:0.5 2:0.", compress=compress)  # an interrupted copy
+    with pytest.raises(DataError) as err:
+        read_libsvm(cut, cache_dir=tmp_path / "cache")
+    message = str(err.value)
+    assert message.startswith(f"{cut}, line 6: the file ends in the middle of this line") and "\n" not in message
+    assert "download it again" in message
+    # mid-token too: a torn pair is not reported as a format error of the data
+    with pytest.raises(DataError, match=r"line 6: the file ends in the middle of this line"):
+        read_libsvm(write(tmp_path / "torn", rows + b"0 1:0.5 2", compress=compress), cache_dir=tmp_path / "cache")
+    assert not [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
+
+
+def test_a_complete_last_line_without_its_newline_is_read(tmp_path):
+    # every line has the same features (dense, like epsilon): only the final newline is missing
+    x, y = read_libsvm(write(tmp_path / "f", b"1 1:1 2:2\n0 1:3 2:4\n1 1:5 2:6"), cache_dir=tmp_path / "cache")
+    np.testing.assert_array_equal(x, [[1, 2], [3, 4], [5, 6]])
+    np.testing.assert_array_equal(y, [1, -1, 1])
+    # a sparse file cannot tell a short last line from a cut one: refused, with the remedy
+    with pytest.raises(DataError, match=r"line 3: the file ends .* end the file with a newline"):
+        read_libsvm(write(tmp_path / "g", b"1 1:1 5:2\n0 2:3\n1 3:5"), cache_dir=tmp_path / "cache")
+
+
+@pytest.mark.parametrize("index", ["2000000000", "100000000"])
+def test_a_width_the_file_cannot_justify_is_refused_in_one_line(tmp_path, index):
+    path = write(tmp_path / "f", b"+1 1:0.5 " + index.encode() + b":1\n")  # 21 or 22 bytes
+    with pytest.raises(DataError) as err:
+        read_libsvm(path, cache_dir=tmp_path / "cache")
+    message = str(err.value)
+    assert message.startswith(f"{path}, line 1: feature index {index} would make") and "\n" not in message
+    assert "renumber" in message
+    assert cache_bytes(tmp_path / "cache") < 1 << 20  # no 400 MB (or 8 GB) cache was written
+
+
+def test_a_sparse_but_modest_width_is_still_read(tmp_path):
+    x, _ = read_libsvm(write(tmp_path / "f", b"1 1:1\n0 20000:2\n"), cache_dir=tmp_path / "cache")
+    assert x.shape == (2, 20000) and x[1, 19999] == 2
 
 
 # --- data sets -----------------------------------------------------------------------------

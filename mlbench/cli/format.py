@@ -116,4 +116,7 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
                        f"{fmt_bytes(sent)} sent per worker")
     if summary.errors:
         click.echo("\nErrors:\n  " + "\n  ".join(summary.errors))
+    if summary.skipped_events:
+        click.echo(f"\nSkipped {summary.skipped_events} unreadable metric event lines (not JSON, or "
+                   "fields of the wrong type).")
 

@@ -149,7 +149,7 @@ class _TerminalObserver:
 @click.option("--all", "show_all", is_flag=True, help="With no RUN: list every run (default: the last 30).")
 def status(run_ref, show_all) -> None:
     """A table of runs, or one run's progress, metrics, result and compute vs communication."""
-    launcher = session.launcher_for(session.open_store())
+    launcher = session.launcher_for(session.open_store(read_only=True))
     store = launcher.store
     if run_ref:
         record = launcher.reconcile(store.get(run_ref))
@@ -183,7 +183,7 @@ def status(run_ref, show_all) -> None:
               help="mlperf: also write an MLPerf :::MLLOG result log next to the zip (.mllog.txt).")
 def download(run_ref, output, fmt) -> None:
     """Everything recorded about RUN (spec, environment, result, metrics, logs) as a zip file."""
-    launcher = session.launcher_for(session.open_store())
+    launcher = session.launcher_for(session.open_store(read_only=True))
     record = launcher.reconcile(launcher.store.get(run_ref))
     target = Path(output or f"{record.id}.zip")
     if target.parent and not target.parent.exists():

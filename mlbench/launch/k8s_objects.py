@@ -5,11 +5,13 @@ store on a PersistentVolumeClaim, a ClusterIP Service (never a NodePort or LoadB
 ServiceAccount whose Role may only list and delete the objects of runs (it never creates pods),
 and a Secret with the two random tokens (workers' and the CLI's).
 
-Per run: a ConfigMap holding run.json (the worker's only input, as in a local run), a headless
-Service so that every worker finds rank 0's rendezvous store by DNS, and one Pod per worker
-running the same command as locally, ``python -m mlbench.worker RUN_DIR --rank R``. The
-ConfigMap owns the Service and the Pods, so deleting it lets the garbage collector remove
-whatever a crash left behind; the supervisor deletes all three explicitly when a run ends.
+Per run: a ConfigMap holding run.json (the worker's only input, as in a local run), a Secret with
+the run's own results token (workers never hold the shared worker secret), a headless Service so
+that every worker finds rank 0's rendezvous store by DNS, and one Pod per worker running the
+same command as locally, ``python -m mlbench.worker RUN_DIR --rank R``. The ConfigMap owns the
+Secret, the Service and the Pods, so deleting it lets the garbage collector remove whatever a
+crash left behind; the supervisor deletes the ConfigMap, Service and Pods explicitly when a run
+ends (the Secret goes with the ConfigMap).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ SERVICE_PORT = 8080
 RENDEZVOUS_PORT = 29500
 WORKER_TOKEN_KEY = "worker-token"
 ADMIN_TOKEN_KEY = "admin-token"
+RUN_TOKEN_KEY = "token"
 RUN_LABEL = "mlbench/run"
 RANK_LABEL = "mlbench/rank"
 MANAGED = {"app.kubernetes.io/managed-by": "mlbench"}
@@ -152,6 +155,14 @@ def run_configmap(run_id: str, run_json: dict[str, Any], namespace: str) -> dict
             "data": {"run.json": json.dumps(run_json, indent=2, sort_keys=True, default=str)}}
 
 
+def run_secret(run_id: str, token: str, owner: dict[str, Any]) -> dict[str, Any]:
+    """The run's own results token (see mlbench.results.http_sink.run_token), for its pods."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": run_name(run_id), "namespace": owner["metadata"]["namespace"],
+                         "labels": {RUN_LABEL: run_id, **MANAGED}, "ownerReferences": _owned_by(owner)},
+            "stringData": {RUN_TOKEN_KEY: token}}
+
+
 def run_service(run_id: str, owner: dict[str, Any]) -> dict[str, Any]:
     """Headless: ``<pod>.<service>`` resolves to a worker's pod IP, even before it is ready."""
     return {"apiVersion": "v1", "kind": "Service",
@@ -180,7 +191,8 @@ def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Pl
         amount["nvidia.com/gpu"] = str(placement.gpus)
     env = [
         {"name": "MLBENCH_RESULTS_URL", "value": results_url(placement.namespace)},
-        _secret_env("MLBENCH_RESULTS_TOKEN", WORKER_TOKEN_KEY),
+        {"name": "MLBENCH_RESULTS_TOKEN",
+         "valueFrom": {"secretKeyRef": {"name": run_name(run_id), "key": RUN_TOKEN_KEY}}},
         {"name": "MLBENCH_MASTER_ADDR", "value": f"{pod_name(run_id, 0)}.{run_name(run_id)}"},
         {"name": "MLBENCH_MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
         _field_env("MLBENCH_BIND_ADDR", "status.podIP"),

@@ -29,8 +29,9 @@ from mlbench.launch.k8s_supervisor import pod_state
 from mlbench.launch.plan import RunRequest, WorkerResources
 from mlbench.launch.plan import create_run as plan_run
 from mlbench.results.events import EventTail
-from mlbench.run_config import RunDocument
+from mlbench.results.http_sink import run_token
 from mlbench.results.store import RunRecord, RunStore
+from mlbench.run_config import RunDocument
 
 FOLLOW_SECONDS = 2.0
 SERVICE_START_TIMEOUT = 300.0
@@ -195,6 +196,9 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
         made = core.create_namespaced_config_map(
             store.namespace, objects.run_configmap(run.id, document.to_dict(), store.namespace))
         owner = store.api.sanitize_for_serialization(made)
+        secret = _tokens(core, store.namespace)[objects.WORKER_TOKEN_KEY]  # the service runs: it exists
+        core.create_namespaced_secret(store.namespace,
+                                      objects.run_secret(run.id, run_token(secret, run.id), owner))
         core.create_namespaced_service(store.namespace, objects.run_service(run.id, owner))
         for rank in range(run.workers):
             pod = objects.worker_pod(run.id, rank, run.workers, threads, placement, owner)

@@ -24,13 +24,14 @@ from mlbench.results.store import CANCELLED, FINISHED, RunRecord, RunStore
 EXIT_OK, EXIT_FAILED, EXIT_CANCELLED = 0, 1, 130
 
 
-def open_store() -> RunStore:
-    """The current cluster's runs (a mirror of its results service), else this machine's."""
+def open_store(read_only: bool = False) -> RunStore:
+    """The current cluster's runs (a mirror of its results service), else this machine's
+    (``read_only``: for the commands that only read; such a store creates nothing)."""
     from mlbench.cloud.config import current_cluster
 
     cluster = current_cluster()
     if cluster is None:
-        return RunStore()
+        return RunStore(read_only=read_only)
     from mlbench.launch import kubernetes
 
     return kubernetes.open_store(cluster)

@@ -16,6 +16,7 @@ import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
+from mlbench.errors import MlbenchError
 from mlbench.results.events import read_run_events
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
@@ -34,15 +35,28 @@ def run_document(run: RunRecord) -> dict:
                 "record": record})
     if summary.environment:
         doc["environment"] = summary.environment
+    if summary.skipped_events:
+        doc["skipped_event_lines"] = summary.skipped_events
     return doc
 
 
 def write_archive(run: RunRecord, output: str | os.PathLike) -> Path:
+    """Write the zip as ``OUTPUT.part``, then rename it to ``OUTPUT``.
+
+    The partial file is created exclusively and never through a link (O_EXCL | O_NOFOLLOW): a
+    file or link already at that name (planted, or left by an interrupted download) is refused,
+    not followed or overwritten; the rename replaces a link at ``OUTPUT`` itself, not its target.
+    """
     output = Path(output)
     events = read_run_events(run.run_dir)
     tmp = output.with_name(output.name + ".part")
     try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    except FileExistsError:
+        raise MlbenchError(f"{tmp} already exists (another download writing it, or one that was "
+                           "interrupted); remove it and try again") from None
+    try:
+        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as zf:
             zf.writestr("run.json", json.dumps(run_document(run), indent=2, sort_keys=True, default=str))
             zf.writestr("metrics.jsonl", "".join(json.dumps(e) + "\n" for e in events))
             zf.writestr("metrics.csv", _csv(events))
@@ -50,7 +64,7 @@ def write_archive(run: RunRecord, output: str | os.PathLike) -> Path:
                 folder = run.run_dir / sub
                 if folder.is_dir():
                     for path in sorted(folder.iterdir()):
-                        if path.is_file():
+                        if path.is_file() and not path.is_symlink():  # never what a link points to
                             zf.write(path, f"{sub}/{path.name}")
     except BaseException:
         tmp.unlink(missing_ok=True)  # a failed download leaves nothing half-written behind

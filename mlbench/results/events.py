@@ -5,17 +5,27 @@ An event is ``{"time": unix seconds, "rank": r, "epoch": float, "step": int, "na
 disk) loses at most the line being written, and a reader skips a torn last line. The same
 records travel over HTTP to the results service on a cluster (README, "Design": "A run, as
 data"); locally the sink is a file per rank.
+
+Readers trust nothing about a line: one that is not JSON, or whose fields have the wrong types
+(``"time": "x"``, a rank that is a bool, a null where a metric's number belongs), is skipped and
+counted (:attr:`EventList.skipped`), so one damaged line never stops `status`, `download` or
+`compare`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol
 
 EVENTS_DIR = "events"
+#: names whose value is a number (phase seconds, training and evaluation metrics, bytes sent)
+NUMERIC_PREFIXES = ("time/", "train/", "eval/", "comm/")
+#: names whose value is an object
+OBJECT_NAMES = ("result", "environment", "allreduce")
 
 
 class EventSink(Protocol):
@@ -24,13 +34,15 @@ class EventSink(Protocol):
 
 
 class FileSink:
-    """Appends events to ``RUN_DIR/events/rank-<r>.jsonl`` (line-buffered, flushed per line)."""
+    """Appends events to ``RUN_DIR/events/rank-<r>.jsonl`` (flushed per line, mode 600: the run
+    store is its user's alone)."""
 
     def __init__(self, run_dir: str | os.PathLike, rank: int):
         folder = Path(run_dir) / EVENTS_DIR
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = folder / f"rank-{rank}.jsonl"
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a",
+                          encoding="utf-8")
 
     def write(self, event: dict[str, Any]) -> None:
         self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
@@ -55,35 +67,83 @@ class EventWriter:
         self.sink.close()
 
 
-def parse_lines(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """Events from JSON lines; a torn or corrupt line (a crash mid-write) is skipped."""
+class EventList(list):
+    """Events read from files, with the number of lines skipped as unreadable."""
+
+    skipped: int = 0
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def event_problem(event: Any) -> str | None:
+    """What is wrong with ``event`` as an event (see the module), or None when nothing is."""
+    if not isinstance(event, dict):
+        return "an event must be a JSON object"
+    if not isinstance(event.get("name"), str):
+        return "'name' must be a string"
+    if not (_number(event.get("time")) and math.isfinite(event["time"])):
+        return "'time' must be a finite number (unix seconds)"
+    if not _integer(event.get("rank")):
+        return "'rank' must be an integer"
+    if not _number(event.get("epoch")):
+        return "'epoch' must be a number"
+    if not _integer(event.get("step")):
+        return "'step' must be an integer"
+    name, value = event["name"], event.get("value")
+    if name.startswith(NUMERIC_PREFIXES) and not _number(value):
+        return f"the 'value' of {name} must be a number"
+    if name in OBJECT_NAMES and not isinstance(value, dict):
+        return f"the 'value' of {name} must be an object"
+    return None
+
+
+def valid_event(event: Any) -> bool:
+    return event_problem(event) is None
+
+
+def parse_lines(lines: Iterable[str], skipped: EventList | None = None) -> Iterator[dict[str, Any]]:
+    """Events from JSON lines; a line that is not an event is skipped and counted in ``skipped``."""
     for line in lines:
         line = line.strip()
         if not line:
             continue
         try:
             event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(event, dict) and "name" in event:
+        except ValueError:
+            event = None
+        if valid_event(event):
             yield event
+        elif skipped is not None:
+            skipped.skipped += 1
 
 
-def read_rank_events(path: str | os.PathLike) -> list[dict[str, Any]]:
+def read_rank_events(path: str | os.PathLike) -> EventList:
+    """The events of one file; a last line without its newline is still being written: left out."""
+    events = EventList()
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            return list(parse_lines(f))
+            text = f.read()
     except FileNotFoundError:
-        return []
+        return events
+    events.extend(parse_lines(text[:text.rfind("\n") + 1].splitlines(), events))
+    return events
 
 
-def read_run_events(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+def read_run_events(run_dir: str | os.PathLike) -> EventList:
     """All events of a run, every rank, ordered by time."""
     folder = Path(run_dir) / EVENTS_DIR
-    events: list[dict[str, Any]] = []
+    events = EventList()
     for path in sorted(folder.glob("rank-*.jsonl")):
-        events.extend(read_rank_events(path))
-    events.sort(key=lambda e: (e.get("time", 0), e.get("rank", 0)))
+        rank_events = read_rank_events(path)
+        events.extend(rank_events)
+        events.skipped += rank_events.skipped
+    events.sort(key=lambda e: (e["time"], e["rank"]))
     return events
 
 

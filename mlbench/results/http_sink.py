@@ -8,10 +8,17 @@ stores each (run, rank, seq) once and answers with the next sequence number it e
 batch that was stored but whose answer was lost is not stored twice when it is sent again.
 
 :meth:`close` (at the end of the worker) waits, up to a limit, until everything was delivered.
+
+The buffer is bounded (``max_pending`` events): during a long outage the *oldest* unsent events
+are dropped, counted, and reported on stderr (once when dropping starts, and in total at close),
+so a worker's memory stays bounded and training still never waits; the newest events (the latest
+progress, the result) are the ones kept. Blocking instead would stall training on the network.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import random
@@ -28,10 +35,18 @@ from mlbench.errors import UsageError
 from mlbench.results.events import EventSink, FileSink
 
 TOKEN_HEADER = "X-Mlbench-Token"
+MAX_PENDING = 200_000  # events (a few hundred bytes each): hours of outage at the usual rates
 URL_ENV = "MLBENCH_RESULTS_URL"
 TOKEN_ENV = "MLBENCH_RESULTS_TOKEN"
 # statuses after which sending again cannot help (wrong token, run deleted, malformed batch)
-_PERMANENT = {400, 401, 403, 404, 413, 422}
+_PERMANENT = {400, 401, 403, 404, 411, 413, 422}
+
+
+def run_token(secret: str, run_id: str) -> str:
+    """The token that lets the workers of one run, and only of that run, post its events:
+    HMAC-SHA256 of the run id under the service's worker secret (RFC 2104). The service derives
+    it again to check a request; the CLI derives it for the run's pods."""
+    return hmac.new(secret.encode(), f"mlbench-run:{run_id}".encode(), hashlib.sha256).hexdigest()
 
 
 class _Permanent(Exception):
@@ -43,7 +58,8 @@ class HttpSink:
 
     def __init__(self, url: str, token: str, run_id: str, rank: int, *, batch_size: int = 500,
                  interval: float = 1.0, first_backoff: float = 0.5, max_backoff: float = 30.0,
-                 close_timeout: float = 120.0, request_timeout: float = 15.0):
+                 close_timeout: float = 120.0, request_timeout: float = 15.0,
+                 max_pending: int = MAX_PENDING):
         self.endpoint = f"{url.rstrip('/')}/v1/runs/{run_id}/events"
         self.token = token
         self.rank = rank
@@ -53,6 +69,8 @@ class HttpSink:
         self.max_backoff = max_backoff
         self.close_timeout = close_timeout
         self.request_timeout = request_timeout
+        self.max_pending = max_pending
+        self.dropped = 0
         self._buffer: deque[dict[str, Any]] = deque()
         self._seq = 0
         self._closing = False
@@ -68,10 +86,16 @@ class HttpSink:
             return len(self._buffer)
 
     def write(self, event: dict[str, Any]) -> None:
-        """Queue one event (never blocks on the network)."""
+        """Queue one event (never blocks on the network; drops the oldest when the buffer is full)."""
         with self._cond:
             if self._dead:
                 return
+            if len(self._buffer) >= self.max_pending:
+                self._buffer.popleft()
+                self.dropped += 1
+                if self.dropped == 1:
+                    print(f"mlbench: the results service is unreachable and {self.max_pending} metric "
+                          "events are waiting; the oldest are dropped from now on", file=sys.stderr)
             self._buffer.append({**event, "seq": self._seq})
             self._seq += 1
             if len(self._buffer) in (1, self.batch_size):
@@ -83,6 +107,9 @@ class HttpSink:
             self._closing = True
             self._cond.notify()
         self._thread.join(self.close_timeout)
+        if self.dropped:
+            print(f"mlbench: {self.dropped} metric events were dropped while the results service was "
+                  f"unreachable (at most {self.max_pending} are kept)", file=sys.stderr)
         left = self.pending
         if left and not self._dead:
             print(f"mlbench: {left} metric events could not be delivered to the results service "

@@ -4,7 +4,11 @@
 ``run.json`` (what was asked for: spec, division, worker configuration, environment), the
 workers' metric events (``events/rank-<r>.jsonl``) and logs (``logs/``). The catalog is the index
 that `status` lists; the folder is the record that `download` packs. SQLite in WAL mode lets the
-supervisor of a running benchmark update a run while the CLI reads it.
+supervisor of a running benchmark update a run while the CLI reads it. The catalog's schema
+versions, read-only opening and one-line errors are in :mod:`mlbench.results.catalog`.
+
+Runs hold hyper-parameters, host names and logs, so the store is its user's alone, as the
+cluster config is: folders are created with mode 700 and files with mode 600.
 """
 
 from __future__ import annotations
@@ -13,39 +17,18 @@ import json
 import os
 import secrets
 import shutil
-import sqlite3
 import time
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlbench.errors import MlbenchError, RunNotFound
+from mlbench.results.catalog import SCHEMA_VERSION, StoreError  # noqa: F401  (part of this API)
+from mlbench.results.catalog import (Catalog, StoreReadOnly, disk_full, free_bytes, release_space,
+                                     reserve_space)
 
 PENDING, RUNNING, FINISHED, FAILED, CANCELLED = "pending", "running", "finished", "failed", "cancelled"
 ACTIVE_STATES = (PENDING, RUNNING)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    task TEXT NOT NULL,
-    workers INTEGER NOT NULL,
-    state TEXT NOT NULL,
-    division TEXT NOT NULL,
-    optimizer TEXT NOT NULL DEFAULT 'centralized-sgd',
-    launcher TEXT NOT NULL DEFAULT 'local',
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    reason TEXT,
-    result TEXT,
-    supervisor_pid INTEGER,
-    seed INTEGER,
-    group_id TEXT
-);
-CREATE INDEX IF NOT EXISTS runs_name ON runs(name);
-"""
 
 _COLUMNS = ("id", "name", "task", "workers", "state", "division", "optimizer", "launcher",
             "created_at", "started_at", "finished_at", "reason", "result", "supervisor_pid",
@@ -88,25 +71,36 @@ class RunRecord:
 
 
 class RunStore:
-    """Create, find, update and delete runs."""
+    """Create, find, update and delete runs.
 
-    def __init__(self, home: str | os.PathLike | None = None):
+    ``read_only`` (`status`, `download`, `compare`, `charts`): create nothing, read the catalog
+    with SQLite's ``mode=ro``; a store that does not exist yet has no runs. Such a store still
+    writes where it can (``status`` records that a run's supervisor vanished), but a store that
+    cannot be written keeps the state it recorded.
+    """
+
+    def __init__(self, home: str | os.PathLike | None = None, read_only: bool = False):
         self.home = Path(home) if home is not None else default_home()
         self.runs_dir = self.home / "runs"
+        self.db_path = self.home / "runs.db"
+        self.read_only = read_only
+        self.catalog = Catalog(self.home, read_only)
+        if read_only:
+            self.catalog.check_readable()
+            return
+        created = not self.home.exists()
         try:
-            self.runs_dir.mkdir(parents=True, exist_ok=True)
+            self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.runs_dir.mkdir(exist_ok=True, mode=0o700)
         except OSError as err:
             raise MlbenchError(f"cannot create the run store at {self.home} ({err.strerror}); "
                                "set MLBENCH_HOME to a writable folder") from None
-        self.db_path = self.home / "runs.db"
-        with closing(self._connect()) as db, db:
-            db.executescript(_SCHEMA)
-
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.db_path, timeout=30)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA busy_timeout=30000")
-        return db
+        if self.catalog.prepare() == 0 and not created:
+            # a store of the first release (or an empty folder given as MLBENCH_HOME): make it
+            # private as a new one is; a store the user opened up again later is left as it is
+            for folder in (self.home, self.runs_dir):
+                os.chmod(folder, 0o700)
+        reserve_space(self.home)
 
     def _record(self, row: tuple) -> RunRecord:
         data = dict(zip(_COLUMNS, row))
@@ -121,12 +115,13 @@ class RunStore:
         run_id = secrets.token_hex(4)
         name = name or f"{task}-{workers}w-{run_id[:4]}"
         run_dir = self.runs_dir / run_id
-        (run_dir / "events").mkdir(parents=True)
-        (run_dir / "logs").mkdir()
+        run_dir.mkdir(mode=0o700)
+        (run_dir / "events").mkdir(mode=0o700)
+        (run_dir / "logs").mkdir(mode=0o700)
         run_json = {"id": run_id, "name": name, **run_json}
         write_json_atomic(run_dir / "run.json", run_json)
         now = time.time()
-        with closing(self._connect()) as db, db:
+        with self.catalog.connect(write=True) as db:
             db.execute(
                 "INSERT INTO runs (id, name, task, workers, state, division, optimizer, launcher, "
                 "created_at, seed, group_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
@@ -136,13 +131,13 @@ class RunStore:
 
     # -- reading --------------------------------------------------------------------------
     def list(self) -> list[RunRecord]:
-        with closing(self._connect()) as db:
+        with self.catalog.connect() as db:
             rows = db.execute(f"SELECT {', '.join(_COLUMNS)} FROM runs ORDER BY created_at").fetchall()
         return [self._record(r) for r in rows]
 
     def get(self, ref: str) -> RunRecord:
         """A run by id, by name, or by a unique prefix of its id."""
-        with closing(self._connect()) as db:
+        with self.catalog.connect() as db:
             cols = ", ".join(_COLUMNS)
             rows = db.execute(f"SELECT {cols} FROM runs WHERE id = ? OR name = ?", (ref, ref)).fetchall()
             if not rows and ref:
@@ -160,7 +155,7 @@ class RunStore:
         if "result" in values and values["result"] is not None:
             values["result"] = json.dumps(values["result"])
         sets = ", ".join(f"{k} = ?" for k in values)
-        with closing(self._connect()) as db, db:
+        with self.catalog.connect(write=True) as db:
             db.execute(f"UPDATE runs SET {sets} WHERE id = ?", (*values.values(), run_id))
 
     def put(self, values: dict[str, Any]) -> None:
@@ -168,8 +163,8 @@ class RunStore:
         row = {k: values.get(k) for k in _COLUMNS}
         if row["result"] is not None:
             row["result"] = json.dumps(row["result"])
-        (self.runs_dir / row["id"]).mkdir(parents=True, exist_ok=True)
-        with closing(self._connect()) as db, db:
+        (self.runs_dir / row["id"]).mkdir(exist_ok=True, mode=0o700)
+        with self.catalog.connect(write=True) as db:
             db.execute(f"INSERT OR REPLACE INTO runs ({', '.join(_COLUMNS)}) "
                        f"VALUES ({', '.join('?' * len(_COLUMNS))})", tuple(row.values()))
 
@@ -182,28 +177,46 @@ class RunStore:
 
         The check is in the UPDATE itself, so a reader holding a stale record (``status``
         reconciling a run whose supervisor has just marked it finished and exited) cannot
-        overwrite the outcome.
+        overwrite the outcome. A run that failed on a full disk says so in its reason, and is
+        recorded even then: the space reserve is given up for it when nothing else is left. A
+        store that cannot be written (read-only) keeps the state it had (False).
         """
+        if state == FAILED and disk_full(self.home):
+            free = free_bytes(self.home)
+            reason = (f"no space left on the device of the run store {self.home} ({free} bytes free)"
+                      + (f"; {reason}" if reason else ""))
         values: dict[str, Any] = {"state": state, "finished_at": time.time(), "reason": reason}
         if result is not None:
             values["result"] = json.dumps(result)
+        try:
+            return self._end(run_id, values)
+        except StoreReadOnly:
+            if self.read_only:
+                return False
+            raise
+        except StoreError:
+            if not release_space(self.home):
+                raise
+            return self._end(run_id, values)
+
+    def _end(self, run_id: str, values: dict[str, Any]) -> bool:
         sets = ", ".join(f"{k} = ?" for k in values)
-        with closing(self._connect()) as db, db:
+        with self.catalog.connect(write=True) as db:
             cursor = db.execute(f"UPDATE runs SET {sets} WHERE id = ? AND state IN (?, ?)",
                                 (*values.values(), run_id, *ACTIVE_STATES))
             return cursor.rowcount > 0
 
     def delete(self, run_id: str) -> None:
-        with closing(self._connect()) as db, db:
+        with self.catalog.connect(write=True) as db:
             db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
         shutil.rmtree(self.runs_dir / run_id, ignore_errors=True)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via a temporary file (synced, one per process) and rename, so a reader never
-    sees half a file, even after a power loss."""
+    """Write JSON via a temporary file (synced, one per process, mode 600) and rename, so a
+    reader never sees half a file, even after a power loss."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True, default=str)
         f.write("\n")
         f.flush()

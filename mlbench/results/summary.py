@@ -33,6 +33,7 @@ class RunSummary:
     result: dict[str, Any] | None = None
     environment: dict[str, Any] | None = None
     errors: list[str] = field(default_factory=list)
+    skipped_events: int = 0                # unreadable event lines the reader left out
 
     def phase_stat(self, phase: str, how: str = "mean") -> float:
         values = [self.phase_seconds.get(r, {}).get(phase, 0.0) for r in self.ranks]
@@ -62,7 +63,9 @@ class RunSummary:
 
 
 def summarize(events: list[dict[str, Any]]) -> RunSummary:
-    s = RunSummary()
+    """The summary of events as the readers of :mod:`mlbench.results.events` return them (each
+    field of its type); their count of skipped lines is carried over."""
+    s = RunSummary(skipped_events=getattr(events, "skipped", 0))
     phases: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     steps_by_rank: dict[int, int] = defaultdict(int)
     samples_by_rank: dict[int, int] = defaultdict(int)

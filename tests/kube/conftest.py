@@ -50,6 +50,8 @@ class Cluster:
                   self.core.list_namespaced_service(self.namespace, label_selector=selector).items]
         found += [f"ConfigMap/{c.metadata.name}" for c in
                   self.core.list_namespaced_config_map(self.namespace, label_selector=selector).items]
+        found += [f"Secret/{s.metadata.name}" for s in
+                  self.core.list_namespaced_secret(self.namespace, label_selector=selector).items]
         return found
 
     def service_folder(self) -> Path:

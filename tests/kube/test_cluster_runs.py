@@ -61,7 +61,7 @@ def test_a_two_worker_run_trains_in_pods_and_its_results_outlive_them(cluster, t
             {"cpu": "1500m", "memory": "3276Mi"}
         env = {e["name"]: e.get("value") or e["valueFrom"] for e in container["env"]}
         assert env["MLBENCH_RESULTS_URL"] == f"http://mlbench-results.{cluster.namespace}.svc:8080"
-        assert env["MLBENCH_RESULTS_TOKEN"] == {"secretKeyRef": {"name": "mlbench-results", "key": "worker-token"}}
+        assert env["MLBENCH_RESULTS_TOKEN"] == {"secretKeyRef": {"name": run_name(run.id), "key": "token"}}
         assert env["MLBENCH_MASTER_ADDR"] == f"{pod_name(run.id, 0)}.{run_name(run.id)}"
         assert env["MLBENCH_BIND_ADDR"] == {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}
         assert env["OMP_NUM_THREADS"] == "1"
@@ -138,10 +138,13 @@ def test_an_evicted_pod_ends_the_run_as_failed_with_the_pods_reason(cluster):
 def test_deleting_a_running_run_removes_every_object_it_created(cluster):
     run_id = start_long_run(cluster)
     assert sorted(cluster.run_objects(run_id)) == [f"ConfigMap/{run_name(run_id)}", f"Pod/{pod_name(run_id, 0)}",
-                                                   f"Pod/{pod_name(run_id, 1)}", f"Service/{run_name(run_id)}"]
+                                                   f"Pod/{pod_name(run_id, 1)}", f"Secret/{run_name(run_id)}",
+                                                   f"Service/{run_name(run_id)}"]
     result = mlbench_cli("delete", run_id, "--yes")
     assert result.exit_code == 0 and f"Deleted run {run_id}" in result.output
-    assert cluster.run_objects(run_id) == []
+    # deleted at once: pods, Service, ConfigMap; the run's Secret goes with its owner, the ConfigMap
+    assert cluster.run_objects(run_id) in ([], [f"Secret/{run_name(run_id)}"])
+    wait_for(lambda: cluster.run_objects(run_id) == [], 30, "the garbage collector to delete the run's Secret")
     wait_for(lambda: all(p.proc.poll() is not None for p in cluster.harness.pods.values()
                          if p.name.startswith(run_name(run_id))), 15, "the workers to be stopped")
     assert not (cluster.service_folder() / "runs" / run_id).exists()

@@ -6,7 +6,7 @@ import threading
 import time
 
 from mlbench.results.events import read_rank_events
-from mlbench.results.http_sink import HttpSink
+from mlbench.results.http_sink import HttpSink, run_token
 from mlbench.server.eventlog import EventLog
 from tests.server.conftest import ADMIN_TOKEN, WORKER_TOKEN, new_run
 
@@ -22,13 +22,13 @@ def stored(service, run_id: str, rank: int) -> list[dict]:
 
 def test_events_posted_twice_are_stored_once(service):
     run_id = new_run(service)
-    path = f"/v1/runs/{run_id}/events"
-    assert service.call("POST", path, {"rank": 1, "events": batch(1, range(5))}, WORKER_TOKEN) == \
+    path, token = f"/v1/runs/{run_id}/events", run_token(WORKER_TOKEN, run_id)
+    assert service.call("POST", path, {"rank": 1, "events": batch(1, range(5))}, token) == \
         (200, {"next_seq": 5})
     # the answer was lost: the worker sends the same batch again, then an overlapping one
-    assert service.call("POST", path, {"rank": 1, "events": batch(1, range(5))}, WORKER_TOKEN) == \
+    assert service.call("POST", path, {"rank": 1, "events": batch(1, range(5))}, token) == \
         (200, {"next_seq": 5})
-    assert service.call("POST", path, {"rank": 1, "events": batch(1, range(3, 8))}, WORKER_TOKEN) == \
+    assert service.call("POST", path, {"rank": 1, "events": batch(1, range(3, 8))}, token) == \
         (200, {"next_seq": 8})
     assert [e["seq"] for e in stored(service, run_id, 1)] == list(range(8))
     assert stored(service, run_id, 0) == []
@@ -44,17 +44,19 @@ def test_a_request_without_the_right_token_is_refused(service):
     assert service.call("GET", "/v1/runs", token="not-the-token")[0] == 401
     assert service.call("POST", f"/v1/runs/{run_id}/events", events, token=None)[0] == 401
     assert service.call("POST", f"/v1/runs/{run_id}/events", events, token=ADMIN_TOKEN[:-1])[0] == 401
-    # the workers' token may post events and nothing else
-    assert service.call("GET", "/v1/runs", token=WORKER_TOKEN)[0] == 403
-    assert service.call("DELETE", f"/v1/runs/{run_id}", token=WORKER_TOKEN)[0] == 403
-    assert service.call("POST", "/v1/runs", {"task": "x"}, token=WORKER_TOKEN)[0] == 403
+    assert service.call("POST", f"/v1/runs/{run_id}/events", events, token=WORKER_TOKEN)[0] == 401
+    # the worker secret, and a run's own token derived from it, may do nothing else
+    for worker in (WORKER_TOKEN, run_token(WORKER_TOKEN, run_id)):
+        assert service.call("GET", "/v1/runs", token=worker)[0] in (401, 403)
+        assert service.call("DELETE", f"/v1/runs/{run_id}", token=worker)[0] in (401, 403)
+        assert service.call("POST", "/v1/runs", {"task": "x"}, token=worker)[0] in (401, 403)
     assert stored(service, run_id, 0) == []
     assert service.call("GET", "/v1/runs")[1]["runs"][0]["id"] == run_id
 
 
 def test_a_restart_in_the_middle_of_a_run_loses_nothing(service):
     run_id = new_run(service)
-    sink = HttpSink(service.url, WORKER_TOKEN, run_id, 0, batch_size=20, interval=0.05,
+    sink = HttpSink(service.url, run_token(WORKER_TOKEN, run_id), run_id, 0, batch_size=20, interval=0.05,
                     first_backoff=0.05, max_backoff=0.2, close_timeout=30)
     total = 600
 
@@ -81,7 +83,7 @@ def test_a_restart_in_the_middle_of_a_run_loses_nothing(service):
 def test_writing_never_waits_for_a_service_that_is_down(service):
     run_id = new_run(service)
     service.kill()
-    sink = HttpSink(service.url, WORKER_TOKEN, run_id, 1, batch_size=50, interval=0.05,
+    sink = HttpSink(service.url, run_token(WORKER_TOKEN, run_id), run_id, 1, batch_size=50, interval=0.05,
                     first_backoff=0.05, max_backoff=0.2, close_timeout=30)
     started = time.perf_counter()
     for step in range(2000):
@@ -103,3 +105,19 @@ def test_a_torn_line_from_a_crash_is_cut_before_new_events_are_appended(tmp_path
     assert restarted.append("r1", 0, batch(0, range(2, 5))) == 5
     assert [e["seq"] for e in read_rank_events(path)] == [0, 1, 2, 3, 4]
     assert path.read_text().count("\n") == 5
+
+
+def test_a_long_outage_keeps_only_the_newest_events_up_to_a_bound(service, capfd):
+    run_id = new_run(service)
+    service.kill()
+    sink = HttpSink(service.url, run_token(WORKER_TOKEN, run_id), run_id, 0, batch_size=100, interval=0.05,
+                    first_backoff=0.05, max_backoff=0.2, close_timeout=30, max_pending=1000)
+    for step in range(5000):
+        sink.write({"time": 1.0, "rank": 0, "epoch": 0.0, "step": step, "name": "train/loss", "value": 0.5})
+    assert sink.pending == 1000 and sink.dropped == 4000
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "dropped" in line]
+    assert len(warnings) == 1 and "1000" in warnings[0], warnings  # said once, not per event
+    service.start()
+    sink.close()
+    assert [e["seq"] for e in stored(service, run_id, 0)] == list(range(4000, 5000))
+    assert "4000 metric events were dropped" in capfd.readouterr().err

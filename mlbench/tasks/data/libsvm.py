@@ -5,11 +5,9 @@ takes minutes, loading 3.2 GB of float32 takes seconds. So each file is converte
 cache entry (x.npy, y.npy, meta.json) and afterwards memory-mapped copy-on-write: the workers of
 a run share the page cache instead of holding a private copy each, and a run starts at once.
 
-Parsing works on chunks of whole lines: a handful of numpy passes check the structure of every
-line of the chunk ('<label> <index>:<value> ...') and np.fromstring turns all its numbers into
-floats in C. A chunk that fails the check (or holds comments or qid tokens) is parsed again line
-by line in Python, which either accepts it or names the offending line. For .bz2 files the next
-chunk is decompressed in a thread (bz2 releases the GIL) while the current one is parsed.
+The file is read in chunks of whole lines (:mod:`mlbench.tasks.data.libsvm_text` parses and
+checks them); for .bz2 files the next chunk is decompressed in a thread (bz2 releases the GIL)
+while the current one is parsed.
 """
 
 from __future__ import annotations
@@ -27,13 +25,15 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO
 
 import numpy as np
 import torch
 
 from mlbench.errors import DataError
 from mlbench.tasks.data.download import DOWNLOAD_ERRORS, Split, default_data_root, exclusive, fetch, one_line
+from mlbench.tasks.data.libsvm_text import (Parsed, check_width, cut_off, last_line_shape, parse_fast,
+                                            parse_lines, validate)
 
 __all__ = ["read_libsvm", "load_libsvm_dataset", "find_pair", "EPSILON_BASE_URL", "EPSILON_FILES"]
 
@@ -47,10 +47,6 @@ _STEMS = {"epsilon": "epsilon_normalized"}
 CHUNK_BYTES = 1 << 24
 _CACHE_VERSION = 1
 _HEADER_BYTES = 128  # x.npy's header is reserved up front and written once the shape is known
-_MAX_INDEX = 2**31 - 1
-_SPACE = np.zeros(256, dtype=bool)
-_SPACE[list(b" \t\n\v\f\r")] = True
-_COLON = ord(":")
 
 
 def read_libsvm(
@@ -219,13 +215,26 @@ def _convert(source: pathlib.Path, n_features: int | None, out: pathlib.Path) ->
     """Write out/x.npy and out/y.npy from the text file; returns (rows, columns)."""
     labels = []
     line = 1
+    text_bytes = 0
+    previous: tuple[int, float] | None = None  # (pairs, largest index) of the last data line
     with _DenseWriter(out / "x.npy", n_features) as writer:
         with _open_source(source) as stream, contextlib.closing(_chunks(stream, source)) as chunks:
-            for chunk in chunks:
-                parsed = _parse_fast(chunk) or _parse_lines(chunk, source, line)
-                _validate(parsed, source, line, n_features)
+            for chunk, whole in chunks:
+                try:
+                    parsed = parse_fast(chunk) or parse_lines(chunk, source, line)
+                except DataError:
+                    if whole:
+                        raise
+                    raise cut_off(source, line) from None
+                if not whole and parsed.labels.size and last_line_shape(parsed) != previous:
+                    raise cut_off(source, line)
+                validate(parsed, source, line, n_features)
+                text_bytes += len(chunk)
+                check_width(parsed, source, line, writer.rows, writer.width, text_bytes)
                 labels.append(np.where(parsed.labels > 0, 1.0, -1.0).astype(np.float32))
                 writer.add(parsed)
+                if parsed.labels.size:
+                    previous = last_line_shape(parsed)
                 line += chunk.count(b"\n")
         if writer.rows == 0:
             raise DataError(f"{source} holds no data lines; give a file in LIBSVM format ('<label> <index>:<value> ...')")
@@ -244,9 +253,10 @@ def _open_source(source: pathlib.Path) -> BinaryIO:
         raise DataError(f"cannot read the LIBSVM file {source} ({one_line(exc)}); check its permissions") from None
 
 
-def _chunks(stream: BinaryIO, source: pathlib.Path) -> Iterator[bytes]:
-    """Whole lines, about CHUNK_BYTES at a time, each ending with a newline; the next block is
-    read (and decompressed) in a thread while the caller parses the current one."""
+def _chunks(stream: BinaryIO, source: pathlib.Path) -> Iterator[tuple[bytes, bool]]:
+    """(lines, whole): whole lines, about CHUNK_BYTES at a time, each ending with a newline; the
+    next block is read (and decompressed) in a thread while the caller parses the current one.
+    A last line without its line end comes alone, newline added, with whole False."""
     carry = b""
     with ThreadPoolExecutor(max_workers=1) as reader:
         pending = reader.submit(stream.read, CHUNK_BYTES)
@@ -264,131 +274,9 @@ def _chunks(stream: BinaryIO, source: pathlib.Path) -> Iterator[bytes]:
             cut = block.rfind(b"\n") + 1
             carry = block[cut:]
             if cut:
-                yield block[:cut]
+                yield block[:cut], True
     if carry:
-        yield carry + b"\n"
-
-
-# --- parsing -------------------------------------------------------------------------------
-
-
-class _Parsed(NamedTuple):
-    labels: np.ndarray  # float64 [m], one per data line of the chunk
-    pair_row: np.ndarray  # int64 [p], the data line (0..m-1) each index:value pair belongs to
-    index: np.ndarray  # float64 [p], feature indices as written (validated later)
-    value: np.ndarray  # float64 [p]
-    line_offset: np.ndarray  # int64 [m], each data line's line number minus the chunk's first
-
-
-def _parse_fast(chunk: bytes) -> _Parsed | None:
-    """Parse a chunk with whole-chunk numpy operations; None when any line does not have the
-    plain form '<label> <index>:<value> ...' (the caller then parses line by line)."""
-    if b"#" in chunk or b"qid" in chunk:
-        return None
-    buf = np.frombuffer(chunk, dtype=np.uint8)
-    space = _SPACE[buf]
-    is_colon = buf == _COLON
-    words = np.flatnonzero(~space & np.concatenate(([True], space[:-1])))  # first byte of each word
-    colons = np.flatnonzero(is_colon)
-    line_end = np.flatnonzero(buf == ord("\n"))
-    line_start = np.concatenate(([0], line_end[:-1] + 1))
-    # A colon joins exactly two non-blank characters, and a word holds at most one colon.
-    if colons.size:
-        if colons[0] == 0:
-            return None
-        before, after = buf[colons - 1], buf[colons + 1]
-        if (_SPACE[before] | (before == _COLON) | _SPACE[after] | (after == _COLON)).any():
-            return None
-    colon_word = np.searchsorted(words, colons, side="right") - 1
-    if (np.diff(colon_word) == 0).any():
-        return None
-    # The first word of a line (the label) holds no colon; every other word holds one.
-    first_word = np.searchsorted(words, line_start)
-    if (colon_word == first_word[np.searchsorted(line_end, colons)]).any():
-        return None
-    words_per_line = np.diff(np.searchsorted(words, line_end), prepend=0)
-    colons_per_line = np.diff(np.searchsorted(colons, line_end), prepend=0)
-    data_line = words_per_line > 0
-    if (words_per_line[data_line] != colons_per_line[data_line] + 1).any():
-        return None
-    try:
-        numbers = np.fromstring(chunk.replace(b":", b" "), sep=" ")
-    except ValueError:  # a token that is not a number
-        return None
-    if numbers.size != words.size + colons.size:
-        return None
-    pairs_per_line = colons_per_line[data_line]
-    numbers_per_line = 1 + 2 * pairs_per_line
-    label_at = np.cumsum(numbers_per_line) - numbers_per_line
-    is_pair = np.ones(numbers.size, dtype=bool)
-    is_pair[label_at] = False
-    pairs = numbers[is_pair].reshape(-1, 2)
-    return _Parsed(
-        labels=numbers[label_at],
-        pair_row=np.repeat(np.arange(pairs_per_line.size), pairs_per_line),
-        index=pairs[:, 0],
-        value=pairs[:, 1],
-        line_offset=np.flatnonzero(data_line),
-    )
-
-
-def _parse_lines(chunk: bytes, source: pathlib.Path, first_line: int) -> _Parsed:
-    """The reference parser, line by line: accepts '#' comments and ignores qid:N tokens (the
-    svmlight extensions), and raises DataError naming the first line that is not LIBSVM."""
-    labels, rows, pairs, offsets = [], [], [], []
-    for offset, line in enumerate(chunk.split(b"\n")[:-1]):
-        tokens = line.split(b"#", 1)[0].split()
-        if not tokens:
-            continue
-        try:
-            label = float(tokens[0])
-            line_pairs = []
-            for token in tokens[1:]:
-                if token.startswith(b"qid:"):
-                    continue
-                index, value = token.split(b":")
-                line_pairs.append((float(index), float(value)))
-        except ValueError:
-            text = line.decode("utf-8", "replace").strip()
-            raise DataError(
-                f"{source}, line {first_line + offset} is not in LIBSVM format ('<label> <index>:<value> ...'): "
-                f"{text[:60]!r}{'...' if len(text) > 60 else ''}; fix or remove that line"
-            ) from None
-        rows.extend([len(labels)] * len(line_pairs))
-        pairs.extend(line_pairs)
-        labels.append(label)
-        offsets.append(offset)
-    pair_array = np.array(pairs, dtype=np.float64).reshape(-1, 2)
-    return _Parsed(
-        labels=np.array(labels, dtype=np.float64),
-        pair_row=np.array(rows, dtype=np.int64),
-        index=pair_array[:, 0],
-        value=pair_array[:, 1],
-        line_offset=np.array(offsets, dtype=np.int64),
-    )
-
-
-def _validate(parsed: _Parsed, source: pathlib.Path, first_line: int, n_features: int | None) -> None:
-    """Check what both parsers leave open: binary labels, positive integer indices within
-    n_features, finite values. The DataError names the first offending line."""
-
-    def fail(row: int, problem: str) -> None:
-        raise DataError(f"{source}, line {first_line + int(parsed.line_offset[row])}: {problem}")
-
-    bad = np.flatnonzero(~np.isin(parsed.labels, (-1.0, 0.0, 1.0)))
-    if bad.size:
-        fail(bad[0], f"label {parsed.labels[bad[0]]:g} is not binary; mlbench reads labels 0/1 or -1/+1")
-    index = parsed.index
-    limit = n_features if n_features is not None else _MAX_INDEX
-    bad = np.flatnonzero((index < 1) | (index > limit) | (index != np.floor(index)))
-    if bad.size:
-        value = index[bad[0]]
-        if n_features is not None and value > n_features and value == np.floor(value):
-            fail(parsed.pair_row[bad[0]], f"feature index {value:g} exceeds n_features={n_features}; raise n_features")
-        fail(parsed.pair_row[bad[0]], f"feature index {value:g} is not an integer in 1..{limit}; fix that line")
-    bad = np.flatnonzero(~np.isfinite(parsed.value))
-    if bad.size:
-        fail(parsed.pair_row[bad[0]], f"value {parsed.value[bad[0]]} is not a finite number; fix that line")
+        yield carry + b"\n", False
 
 
 class _DenseWriter:
@@ -414,7 +302,7 @@ class _DenseWriter:
     def __exit__(self, *exc_info: object) -> None:
         self.handle.close()
 
-    def add(self, parsed: _Parsed) -> None:
+    def add(self, parsed: Parsed) -> None:
         if not parsed.labels.size:
             return
         columns = parsed.index.astype(np.int64) - 1
