@@ -42,12 +42,13 @@ from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlbench.optim.base import OptimizerContext, build_optimizer  # noqa: E402
+from mlbench.optim.base import OptimizerContext  # noqa: E402
+from mlbench.optim.catalog import build_optimizer  # noqa: E402
 from mlbench.tasks.data.bpe import PAD  # noqa: E402
 from mlbench.tasks.precision import autocast  # noqa: E402
 from mlbench.tasks.spec import TASK1A  # noqa: E402
 from mlbench.tasks.translation import TranslationRuntime, TranslationSettings  # noqa: E402
-from mlbench.worker.timing import PhaseTimer  # noqa: E402
+from mlbench.timing import PhaseTimer  # noqa: E402
 
 SIZES = {  # dim, ffn, heads, layers per stack
     "big": (1024, 4096, 16, 6),      # task 4b's model (about 210 M parameters with 32k words)

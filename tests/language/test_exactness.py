@@ -22,12 +22,13 @@ import os
 import torch
 from torch import nn
 
-from mlbench.optim.base import OptimizerContext, build_optimizer
+from mlbench.optim.base import OptimizerContext
+from mlbench.optim.catalog import build_optimizer
 from mlbench.tasks.language_model import LanguageModelRuntime, LanguageModelSettings
 from mlbench.tasks.precision import DynamicLossScaler
 from mlbench.tasks.spec import TASK1A
 from mlbench.tasks.translation import TranslationRuntime, TranslationSettings
-from mlbench.worker.timing import PhaseTimer
+from mlbench.timing import PhaseTimer
 
 CPU = torch.device("cpu")
 SGD_3A = dataclasses.replace(TASK1A, momentum=0.0, nesterov=False, weight_decay=1.2e-6)

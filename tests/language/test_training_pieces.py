@@ -13,14 +13,15 @@ import torch
 import torch.nn.functional as F
 
 from mlbench.errors import UsageError
-from mlbench.optim.base import OptimizerContext, build_optimizer
+from mlbench.optim.base import OptimizerContext
+from mlbench.optim.catalog import build_optimizer
 from mlbench.tasks.beam_search import beam_search, length_penalty
 from mlbench.tasks.bleu import bleu_from_statistics, bleu_statistics
 from mlbench.tasks.language_model import LanguageModelRuntime, LanguageModelSettings, LMBatch, nonmonotone_trigger
 from mlbench.tasks.models.transformer import Transformer
 from mlbench.tasks.spec import TASK1A
 from mlbench.tasks.translation import TranslationRuntime, TranslationSettings
-from mlbench.worker.timing import PhaseTimer
+from mlbench.timing import PhaseTimer
 
 CPU = torch.device("cpu")
 TINY_LM = LanguageModelSettings(batch_per_worker=4, eval_batch=2, bptt=10, embedding=8, hidden=12, layers=3,
