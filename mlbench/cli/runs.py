@@ -11,12 +11,14 @@ from tabulate import tabulate
 
 from mlbench.cli import cli
 from mlbench.cli.allreduce import AllreducePrinter, print_allreduce_table, task_rows
+from mlbench.cli.launchers import launcher_options, print_worker_commands
 from mlbench.cli.format import (fmt_duration, fmt_percent, fmt_time, print_run_details,
                                 ProgressPrinter)
 from mlbench.cli.optimizers import print_compression
 from mlbench.cloud.config import current_cluster
 from mlbench.errors import UsageError
-from mlbench.launch import kubernetes, local
+from mlbench.launch import external, kubernetes, local
+from mlbench.launch import slurm as slurm_launch
 from mlbench.launch.plan import BACKENDS, RunRequest, create_run, parse_duration
 from mlbench.results.archive import write_archive
 from mlbench.results.events import read_run_events
@@ -33,9 +35,13 @@ def _store() -> RunStore:
     return kubernetes.open_store(cluster) if cluster else RunStore()
 
 
-def _engine(store: RunStore):
-    """The launcher of the store's runs: pods on the current cluster, or processes here."""
-    return kubernetes if isinstance(store, kubernetes.ClusterStore) else local
+def _engine(store: RunStore, record=None):
+    """The launcher of a run: pods on the current cluster, a Slurm job, workers the user started
+    (--record-only), or processes here."""
+    if isinstance(store, kubernetes.ClusterStore):
+        return kubernetes
+    engines = {slurm_launch.LAUNCHER: slurm_launch, external.LAUNCHER: external}
+    return engines.get(getattr(record, "launcher", None), local)
 
 
 def _parse_opts(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -112,9 +118,10 @@ def tasks() -> None:
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
 @click.option("--image", help="Worker image on a cluster [the cluster's, else mlbench/worker:VERSION].")
+@launcher_options
 def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets, optimizer, opts,
         backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
-        channels_last, no_graph, max_size, name, detach, image) -> None:
+        channels_last, no_graph, max_size, name, detach, image, slurm, record_only) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
 
@@ -125,6 +132,8 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
       mlbench run task2a 4 --data-dir ~/data/epsilon
       mlbench run task1a 1 2 4 --time-budget 10m
       mlbench run task1a 1 2 4 8 --repeat 3
+      mlbench run task1a 8 --slurm --partition gpu --gpus-per-task 1 --time 01:00:00
+      mlbench run task1a 8 --record-only     # then: torchrun ... -m mlbench.worker RUN_DIR
     """
     if any(k < 1 for k in workers):
         raise UsageError(f"the number of workers must be at least 1, not {min(workers)}")
@@ -135,12 +144,18 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
     cluster = current_cluster()
     if image and not cluster:
         raise UsageError("--image is for runs on a cluster; choose one with `mlbench set-cluster` first")
+    if cluster and (slurm or record_only):
+        raise UsageError(f"{'--slurm' if slurm else '--record-only'} runs are kept in this machine's "
+                         f"run store, but cluster {cluster.name} is current; choose this machine "
+                         "with `mlbench set-cluster --local` first")
     store = kubernetes.open_store(cluster) if cluster else RunStore()
 
     def new_run(request: RunRequest):
         if cluster:
             return kubernetes.create_run(store, cluster, request, image=image, progress=click.echo)
-        return create_run(store, request)
+        if slurm:
+            return slurm_launch.create_run(store, request, slurm)
+        return create_run(store, request, launcher=external.LAUNCHER if record_only else "local")
 
     group = secrets.token_hex(4) if len(workers) * repeat > 1 else None
     requests = [RunRequest(
@@ -154,10 +169,15 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
     if detach and len(requests) > 1:
         raise UsageError("--detach starts one run; give one worker count and no --repeat, "
                          "or run without --detach")
+    if record_only:
+        for request in requests:
+            print_worker_commands(new_run(request))
+        return
     runs = [new_run(requests[0])]
     if detach:
-        _engine(store).start_detached(store, runs[0])
-        click.echo(f"Started run {runs[0].id} ({runs[0].name}) in the background. "
+        started = _engine(store, runs[0]).start_detached(store, runs[0])
+        how = f"as Slurm job {started}" if slurm else "in the background"
+        click.echo(f"Started run {runs[0].id} ({runs[0].name}) {how}. "
                    f"Follow it with: mlbench status {runs[0].id}")
         return
     failed = False
@@ -167,10 +187,14 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
                    else ProgressPrinter(record, requests[i]))
         printer.header()
         try:
-            final = (kubernetes.run_attached(store, record, on_event=printer) if cluster
-                     else local.run_local(store, record, on_event=printer))
+            if cluster:
+                final = kubernetes.run_attached(store, record, on_event=printer)
+            elif slurm:
+                final = slurm_launch.run_attached(store, record, on_event=printer, progress=click.echo)
+            else:
+                final = local.run_local(store, record, on_event=printer)
         except KeyboardInterrupt:  # Ctrl-C while starting: nothing more to run
-            final = _engine(store).cancel(store, record)
+            final = _engine(store, record).cancel(store, record)
         printer.footer(final, summarize(read_run_events(final.run_dir)))
         if final.state == "cancelled":
             sys.exit(130)
@@ -188,14 +212,15 @@ def status(run_ref, show_all) -> None:
     """A table of runs, or one run's progress, metrics, result and compute vs communication."""
     store = _store()
     if run_ref:
-        record = _engine(store).reconcile(store, store.get(run_ref))
+        record = store.get(run_ref)
+        record = _engine(store, record).reconcile(store, record)
         events = read_run_events(record.run_dir)
         print_run_details(record, summarize(events))
         if record.result and record.result.get("kind") == "allreduce":
             print_allreduce_table(record.result)
         print_compression(events)
         return
-    records = [_engine(store).reconcile(store, r) for r in store.list()]
+    records = [_engine(store, r).reconcile(store, r) for r in store.list()]
     if not records:
         click.echo("No runs yet. Start one with: mlbench run task1a 2 --light")
         return
@@ -227,7 +252,8 @@ def status(run_ref, show_all) -> None:
 def download(run_ref, output, fmt) -> None:
     """Everything recorded about RUN (spec, environment, result, metrics, logs) as a zip file."""
     store = _store()
-    record = _engine(store).reconcile(store, store.get(run_ref))
+    record = store.get(run_ref)
+    record = _engine(store, record).reconcile(store, record)
     target = Path(output or f"{record.id}.zip")
     if target.parent and not target.parent.exists():
         raise UsageError(f"-o {target}: the folder {target.parent} does not exist")
@@ -247,7 +273,7 @@ def cancel(run_ref) -> None:
     if not record.active:
         click.echo(f"Run {record.id} is already {record.state}.")
         return
-    final = _engine(store).cancel(store, record)
+    final = _engine(store, record).cancel(store, record)
     click.echo(f"Run {final.id} {final.state}.")
 
 
@@ -263,7 +289,7 @@ def delete(run_refs, yes) -> None:
                       "their metrics?", abort=True)
     for record in records:
         if record.active:
-            _engine(store).cancel(store, record)
+            _engine(store, record).cancel(store, record)
         store.delete(record.id)
         click.echo(f"Deleted run {record.id} ({record.name}).")
 
