@@ -198,8 +198,9 @@ def _srun_blame(run: RunRecord, job: str) -> str | None:
         if not match or match.group(3).strip() in _CONSEQUENCES:
             continue
         rank = int(re.split(r"[-,]", match.group(2))[0])
-        what = match.group(3).strip()
-        what = "was killed" if what == "Killed" else what[0].lower() + what[1:]
+        what = match.group(3).strip()  # "Killed", "Exited with exit code 1", ...
+        what = "was killed" if what == "Killed" else re.sub(r"^exited with exit code", "exited with code",
+                                                             what[0].lower() + what[1:])
         detail = rank_error(run.run_dir, rank) or log_tail(run.run_dir / "logs" / f"rank-{rank}.log")
         return f"worker {rank} {what}" + (f": {detail}" if detail else "")
     return None
