@@ -11,15 +11,12 @@ from tabulate import tabulate
 
 from mlbench.cli import cli
 from mlbench.cli.allreduce import AllreducePrinter, print_allreduce_table, task_rows
-from mlbench.cli.format import (
-    ProgressPrinter,
-    fmt_duration,
-    fmt_time,
-    print_run_details,
-)
+from mlbench.cli.format import ProgressPrinter, fmt_duration, fmt_time, print_run_details
+from mlbench.cli.launchers import launcher_options, print_worker_commands
 from mlbench.cli.optimizers import print_compression
 from mlbench.errors import UsageError
 from mlbench.launch import session
+from mlbench.launch.slurm import job_id as slurm_job_id
 from mlbench.launch.plan import BACKENDS, RunRequest, parse_duration
 from mlbench.results.archive import write_archive
 from mlbench.results.events import read_run_events
@@ -91,9 +88,10 @@ def tasks() -> None:
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
 @click.option("--image", help="Worker image on a cluster [the cluster's, else mlbench/worker:VERSION].")
+@launcher_options
 def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets, optimizer, opts,
         backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
-        channels_last, no_graph, max_size, name, detach, image) -> None:
+        channels_last, no_graph, max_size, name, detach, image, slurm, record_only) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
 
@@ -104,6 +102,8 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
       mlbench run task2a 4 --data-dir ~/data/epsilon
       mlbench run task1a 1 2 4 --time-budget 10m
       mlbench run task1a 1 2 4 8 --repeat 3
+      mlbench run task1a 8 --slurm --partition gpu --gpus-per-task 1 --time 01:00:00
+      mlbench run task1a 8 --record-only     # then: torchrun ... -m mlbench.worker RUN_DIR
     """
     base = RunRequest(
         task=task, workers=workers[0] if workers else 1, overrides=parse_overrides(sets), model=model,
@@ -114,10 +114,17 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
         save_model=save_model, precision=precision, channels_last=channels_last, graph=not no_graph,
         name=name, max_size=max_size)
     plan = session.plan_runs(base, workers, repeat, detach=detach)
-    launcher = session.launcher_for(session.open_store(), image=image, progress=click.echo)
+    kind = "slurm" if slurm else "external" if record_only else "local"
+    launcher = session.launcher_for(session.open_store(), kind=kind, image=image, progress=click.echo,
+                                    slurm=slurm)
+    if record_only:
+        for request in plan.requests:
+            print_worker_commands(launcher.create(request))
+        return
     if detach:
         record = session.start_detached(launcher, plan)
-        click.echo(f"Started run {record.id} ({record.name}) in the background. "
+        how = f"as Slurm job {slurm_job_id(record)}" if slurm else "in the background"
+        click.echo(f"Started run {record.id} ({record.name}) {how}. "
                    f"Follow it with: mlbench status {record.id}")
         return
     outcome = session.execute(launcher, plan, _TerminalObserver())
@@ -149,17 +156,16 @@ class _TerminalObserver:
 @click.option("--all", "show_all", is_flag=True, help="With no RUN: list every run (default: the last 30).")
 def status(run_ref, show_all) -> None:
     """A table of runs, or one run's progress, metrics, result and compute vs communication."""
-    launcher = session.launcher_for(session.open_store(read_only=True))
-    store = launcher.store
+    store = session.open_store(read_only=True)
     if run_ref:
-        record = launcher.reconcile(store.get(run_ref))
+        record = session.reconcile(store, store.get(run_ref))
         events = read_run_events(record.run_dir)
         print_run_details(record, summarize(events))
         if record.result and record.result.get("kind") == "allreduce":
             print_allreduce_table(record.result)
         print_compression(events)
         return
-    records = [launcher.reconcile(r) for r in store.list()]
+    records = [session.reconcile(store, r) for r in store.list()]
     if not records:
         click.echo("No runs yet. Start one with: mlbench run task1a 2 --light")
         return
@@ -183,8 +189,8 @@ def status(run_ref, show_all) -> None:
               help="mlperf: also write an MLPerf :::MLLOG result log next to the zip (.mllog.txt).")
 def download(run_ref, output, fmt) -> None:
     """Everything recorded about RUN (spec, environment, result, metrics, logs) as a zip file."""
-    launcher = session.launcher_for(session.open_store(read_only=True))
-    record = launcher.reconcile(launcher.store.get(run_ref))
+    store = session.open_store(read_only=True)
+    record = session.reconcile(store, store.get(run_ref))
     target = Path(output or f"{record.id}.zip")
     if target.parent and not target.parent.exists():
         raise UsageError(f"-o {target}: the folder {target.parent} does not exist")
@@ -199,12 +205,12 @@ def download(run_ref, output, fmt) -> None:
 @click.argument("run_ref", metavar="RUN")
 def cancel(run_ref) -> None:
     """Stop a running RUN; what it recorded so far is kept."""
-    launcher = session.launcher_for(session.open_store())
-    record = launcher.store.get(run_ref)
+    store = session.open_store()
+    record = store.get(run_ref)
     if not record.active:
         click.echo(f"Run {record.id} is already {record.state}.")
         return
-    final = launcher.cancel(record)
+    final = session.cancel(store, record)
     click.echo(f"Run {final.id} {final.state}.")
 
 
@@ -213,15 +219,14 @@ def cancel(run_ref) -> None:
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def delete(run_refs, yes) -> None:
     """Delete runs and everything they recorded (a running run is cancelled first)."""
-    launcher = session.launcher_for(session.open_store())
-    store = launcher.store
+    store = session.open_store()
     records = [store.get(ref) for ref in run_refs]
     if not yes and sys.stdin.isatty():
         click.confirm(f"Delete {len(records)} run(s) ({', '.join(r.id for r in records)}) and "
                       "their metrics?", abort=True)
     for record in records:
         if record.active:
-            launcher.cancel(record)
+            session.cancel(store, record)
         store.delete(record.id)
         click.echo(f"Deleted run {record.id} ({record.name}).")
 

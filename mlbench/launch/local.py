@@ -122,15 +122,7 @@ class WorkerProcesses:
                 if rank == 0:
                     cmd += ["--store-fd", str(listener.fileno())]
                     pass_fds = (listener.fileno(),)
-                log = open(self.run_dir / "logs" / f"rank-{rank}.log", "ab")
-                try:
-                    self.procs.append(subprocess.Popen(
-                        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        env=env, pass_fds=pass_fds, start_new_session=True,
-                        preexec_fn=(functools.partial(_set_pdeathsig, os.getpid())
-                                    if sys.platform.startswith("linux") else None)))
-                finally:
-                    log.close()
+                self.procs.append(self.spawn(cmd, f"rank-{rank}.log", env, pass_fds))
         except BaseException:
             self.stop_all()
             raise
@@ -139,6 +131,22 @@ class WorkerProcesses:
         write_json_atomic(self.run_dir / PIDS_FILE, {"supervisor": os.getpid(),
                                                      "workers": [p.pid for p in self.procs]})
         self.store.mark_running(self.run.id, os.getpid())
+
+    def spawn(self, cmd: list[str], log_name: str, env: dict[str, str],
+              pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+        """One process in its own session, logging to ``logs/LOG_NAME``, tied to our life."""
+        with open(self.run_dir / "logs" / log_name, "ab") as log:
+            return subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, pass_fds=pass_fds, start_new_session=True,
+                preexec_fn=(functools.partial(_set_pdeathsig, os.getpid())
+                            if sys.platform.startswith("linux") else None))
+
+    def failure_reason(self, index: int, code: int) -> str:
+        """Why the run failed, given the process (a worker's rank) that exited first."""
+        reason = f"worker {index} {describe_exit(code)}"
+        detail = _last_error(self.run_dir, index) or _log_tail(self.run_dir, index)
+        return f"{reason}: {detail}" if detail else reason
 
     def stop_all(self) -> None:
         """SIGTERM every worker's process group, then SIGKILL what is left after a grace period."""
@@ -172,11 +180,7 @@ class WorkerProcesses:
                     # are its consequence, even when they are seen in the same poll
                     rank, code = min(failed, key=lambda rank_code: (rank_code[1] >= 0, rank_code[0]))
                     self.stop_all()
-                    reason = f"worker {rank} {describe_exit(code)}"
-                    detail = _last_error(self.run_dir, rank) or _log_tail(self.run_dir, rank)
-                    if detail:
-                        reason += f": {detail}"
-                    self.store.mark_ended(self.run.id, FAILED, reason=reason)
+                    self.store.mark_ended(self.run.id, FAILED, reason=self.failure_reason(rank, code))
                     break
                 if all(c == 0 for c in codes):
                     if on_event:
@@ -217,7 +221,9 @@ def _raise_cancelled(signum, frame) -> None:
 def run_local(store: RunStore, run: RunRecord, on_event: ProgressCallback | None = None) -> RunRecord:
     """Start the run's workers here and supervise them to the end (Ctrl-C / SIGTERM cancel)."""
     previous = signal.signal(signal.SIGTERM, _raise_cancelled)
-    launcher = WorkerProcesses(store, run)
+    from mlbench.launch.mpi import MpiLauncher, uses_mpirun  # --backend mpi: mpirun's ranks
+
+    launcher = (MpiLauncher if uses_mpirun(run.run_dir) else WorkerProcesses)(store, run)
     try:
         try:
             launcher.start()

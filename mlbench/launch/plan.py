@@ -86,6 +86,9 @@ class WorkerResources:
     threads: int
     gpus: int = 0
     placement: dict[str, Any] = field(default_factory=dict)
+    # the workers run this machine's PyTorch (a Slurm cluster sharing its file system), so its
+    # backends are checked here; False: the worker image's PyTorch (pods)
+    local_torch: bool = False
 
 
 def _device_and_backend(request: RunRequest,
@@ -103,7 +106,7 @@ def _device_and_backend(request: RunRequest,
         raise UsageError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
     if backend == "nccl" and device != "cuda":
         raise UsageError("--backend nccl needs GPUs (--device cuda); use --backend gloo on CPUs")
-    if resources is not None:  # the worker image's PyTorch, not this machine's, runs the workers
+    if resources is not None and not resources.local_torch:  # the image's PyTorch runs the workers
         if backend == "mpi":
             raise UsageError("--backend mpi: the worker image's PyTorch has no MPI support; "
                              "use gloo or nccl")

@@ -10,10 +10,11 @@ is how the tests and the dashboard drive runs.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from mlbench.errors import UsageError
 from mlbench.launch.base import EventCallback, Launcher
@@ -37,12 +38,25 @@ def open_store(read_only: bool = False) -> RunStore:
     return kubernetes.open_store(cluster)
 
 
-def launcher_for(store: RunStore, *, image: str | None = None,
-                 progress: Callable[[str], None] | None = None) -> Launcher:
-    """The launcher of ``store``'s runs: pods on the current cluster, or processes here."""
+#: The launchers of this machine's run store by the name a run records (``RunRecord.launcher``):
+#: module and class, imported when first needed.
+LOCAL_LAUNCHERS = {"local": ("mlbench.launch.local", "LocalLauncher"),
+                   "slurm": ("mlbench.launch.slurm", "SlurmLauncher"),
+                   "external": ("mlbench.launch.external", "ExternalLauncher")}
+
+
+def launcher_for(store: RunStore, *, kind: str = "local", image: str | None = None,
+                 progress: Callable[[str], None] | None = None, **options: Any) -> Launcher:
+    """The launcher of new runs in ``store``: pods on the current cluster when ``store`` is a
+    cluster's, else ``kind`` (local processes, a Slurm job, or workers the user starts);
+    ``options`` go to that launcher (a Slurm job's SlurmOptions as ``slurm``)."""
     from mlbench.launch.k8s_mirror import ClusterStore
 
     if isinstance(store, ClusterStore):
+        if kind != "local":
+            raise UsageError(f"{'--slurm' if kind == 'slurm' else '--record-only'} runs are kept in this "
+                             "machine's run store, but a cluster is current; choose this machine with "
+                             "`mlbench set-cluster --local` first")
         from mlbench.cloud.config import current_cluster
         from mlbench.launch.kubernetes import KubernetesLauncher
 
@@ -51,9 +65,30 @@ def launcher_for(store: RunStore, *, image: str | None = None,
         return KubernetesLauncher(store, cluster, image=image, progress=progress or (lambda _: None))
     if image:
         raise UsageError("--image is for runs on a cluster; choose one with `mlbench set-cluster` first")
-    from mlbench.launch.local import LocalLauncher
+    module, name = LOCAL_LAUNCHERS[kind]
+    cls = getattr(importlib.import_module(module), name)
+    if kind == "slurm":
+        return cls(store, options.get("slurm"), progress)
+    return cls(store)
 
-    return LocalLauncher(store)
+
+def launcher_of(store: RunStore, record: RunRecord) -> Launcher:
+    """The launcher that runs ``record`` (the one it was created by)."""
+    from mlbench.launch.k8s_mirror import ClusterStore
+
+    if isinstance(store, ClusterStore):
+        return launcher_for(store)
+    return launcher_for(store, kind=record.launcher if record.launcher in LOCAL_LAUNCHERS else "local")
+
+
+def reconcile(store: RunStore, record: RunRecord) -> RunRecord:
+    """``record``'s true state now, asked of the launcher that runs it."""
+    return launcher_of(store, record).reconcile(record)
+
+
+def cancel(store: RunStore, record: RunRecord) -> RunRecord:
+    """Cancel ``record`` through the launcher that runs it."""
+    return launcher_of(store, record).cancel(record)
 
 
 @dataclass

@@ -3,7 +3,7 @@
 ``run.json`` (spec, division, configuration, environment, state and result), ``metrics.jsonl``
 (every event of every worker, ordered by time), ``metrics.csv`` (the same events with numeric
 values, for spreadsheets and pandas), and the raw per-worker files under ``events/`` and
-``logs/``.
+``logs/``, and the batch script of a Slurm job (``job.sbatch``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from mlbench.results.events import read_run_events
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
 from mlbench.run_config import RunDocument
+
+# files a launcher keeps in the run folder beside run.json: the batch script of a Slurm job
+RECORDED_FILES = ("job.sbatch",)
 
 
 def run_document(run: RunRecord) -> dict:
@@ -60,6 +63,9 @@ def write_archive(run: RunRecord, output: str | os.PathLike) -> Path:
             zf.writestr("run.json", json.dumps(run_document(run), indent=2, sort_keys=True, default=str))
             zf.writestr("metrics.jsonl", "".join(json.dumps(e) + "\n" for e in events))
             zf.writestr("metrics.csv", _csv(events))
+            for name in RECORDED_FILES:
+                if (run.run_dir / name).is_file():
+                    zf.write(run.run_dir / name, name)
             for sub in ("events", "logs"):
                 folder = run.run_dir / sub
                 if folder.is_dir():

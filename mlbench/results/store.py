@@ -171,6 +171,14 @@ class RunStore:
     def mark_running(self, run_id: str, supervisor_pid: int) -> None:
         self.update(run_id, state=RUNNING, started_at=time.time(), supervisor_pid=supervisor_pid)
 
+    def mark_started(self, run_id: str, started_at: float | None = None) -> bool:
+        """A pending run is running (once: False when it has moved on already), for launchers
+        whose workers no local supervisor owns (Slurm jobs, workers started by the user)."""
+        with self.catalog.connect(write=True) as db:
+            cursor = db.execute("UPDATE runs SET state = ?, started_at = ? WHERE id = ? AND state = ?",
+                                (RUNNING, started_at or time.time(), run_id, PENDING))
+            return cursor.rowcount > 0
+
     def mark_ended(self, run_id: str, state: str, reason: str | None = None,
                    result: dict[str, Any] | None = None) -> bool:
         """End an active run; a run ends once: False (and no change) when it has already ended.

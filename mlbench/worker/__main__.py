@@ -1,6 +1,9 @@
-"""``python -m mlbench.worker RUN_DIR --rank R``: one worker process of a run.
+"""``python -m mlbench.worker RUN_DIR [--rank R]``: one worker process of a run.
 
 Reads ``RUN_DIR/run.json``, joins the torch.distributed group, trains, and records metric events.
+Without ``--rank`` the rank, world size and rendezvous come from the launcher that started it
+(torchrun, srun, mpirun: :mod:`mlbench.worker.launcher_env`); the number of workers it started
+must be the run's.
 Exit codes: 0 done; 1 failed (the reason is the last ``error`` event and the log); 143 stopped by
 SIGTERM. A user mistake (missing data, ...) is recorded as one line, never as a traceback only.
 """
@@ -18,12 +21,16 @@ from mlbench.results.events import EventWriter
 from mlbench.results.http_sink import open_sink
 from mlbench.run_config import RunConfig, RunDocument
 from mlbench.worker.group import init_group, leave_group
+from mlbench.worker.launcher_env import LaunchEnv, check_world_size, launcher_env
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlbench.worker")
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--rank", type=int, default=None,
+                        help="this worker's rank [from torchrun's, srun's or mpirun's environment]")
+    parser.add_argument("--iface", default=None,
+                        help="network interface for the backends' traffic between machines")
     parser.add_argument("--store-fd", type=int, default=None,
                         help="listening socket for the rendezvous store (rank 0, local runs)")
     args = parser.parse_args(argv)
@@ -31,13 +38,22 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
     document = RunDocument.load(args.run_dir)
     config = document.config
-    # a file per rank locally; HTTP to the results service when the pod's environment says so
-    events = EventWriter(open_sink(args.run_dir, args.rank, document.id), args.rank)
-    return run_worker(config, args.rank, events, store_fd=args.store_fd, run_dir=args.run_dir)
+    try:
+        launch = launcher_env(args.rank)
+        check_world_size(launch, config.workers, args.run_dir)
+    except MlbenchError as err:
+        print(f"Error: {err}", file=sys.stderr)
+        return err.exit_code
+    # a file per rank on the run folder's (shared) file system; HTTP to the results service
+    # when the environment names one (a pod)
+    events = EventWriter(open_sink(args.run_dir, launch.rank, document.id), launch.rank)
+    return run_worker(config, launch.rank, events, store_fd=args.store_fd, run_dir=args.run_dir,
+                      launch=launch, iface=args.iface)
 
 
 def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int | None = None,
-               run_dir: Path | None = None) -> int:
+               run_dir: Path | None = None, launch: LaunchEnv | None = None,
+               iface: str | None = None) -> int:
     """Train as rank ``rank``; record the result (rank 0) or the error; return the exit code.
 
     With ``save_model`` the final parameters go to ``RUN_DIR/checkpoints/rank-<r>.pt``.
@@ -49,7 +65,7 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
 
     torch.set_num_threads(max(1, config.threads_per_worker))
     try:
-        init_group(config, rank, store_fd)
+        init_group(config, rank, store_fd, launch, iface)
         if rank == 0:
             events.emit("environment", describe_environment(), epoch=0, step=0)
         if config.task.kind == "allreduce":  # task 0a: a communication benchmark, no training

@@ -1,0 +1,87 @@
+"""``--backend mpi``: the workers are the ranks of one ``mpirun``.
+
+PyTorch's MPI backend takes its rank and world size from MPI itself (PyTorch's documentation,
+"Distributed communication package", MPI backend: available only when PyTorch was built with
+MPI), so its ranks cannot be started one by one as mlbench starts gloo's: one ``mpirun`` starts
+them all, each running ``python -m mlbench.worker RUN_DIR`` without ``--rank`` (the worker reads
+its rank from Open MPI's environment, see :mod:`mlbench.worker.launcher_env`). The options are
+Open MPI's, the MPI that PyTorch's MPI builds use: no binding of ranks to cores (mlbench sets
+the threads per worker itself) and more ranks than cores allowed, as for local gloo runs.
+
+Locally the supervisor of :mod:`mlbench.launch.local` watches the one mpirun process; in a Slurm
+job the batch script runs the same command inside the allocation (launch/slurm_script.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from mlbench.errors import UsageError
+from mlbench.launch.local import PIDS_FILE, WorkerProcesses, _last_error, describe_exit
+from mlbench.results.store import write_json_atomic
+from mlbench.run_config import RunDocument
+
+MPIRUN_LOG = "mpirun.log"
+
+
+def uses_mpirun(run_dir: Path) -> bool:
+    """Whether the run's backend is MPI (an unreadable run.json is the local launcher's to report)."""
+    document = RunDocument.load_or_none(run_dir)
+    return document is not None and document.config.backend == "mpi"
+
+
+def mpirun_command(workers: int, run_dir: str | os.PathLike, python: str = sys.executable,
+                   mpirun: str = "mpirun", oversubscribe: bool = True,
+                   worker_args: tuple[str, ...] = ()) -> list[str]:
+    """The command that starts the run's ``workers`` ranks (Open MPI's options)."""
+    if workers < 1:
+        raise UsageError(f"the number of workers must be at least 1, not {workers}")
+    cmd = [mpirun, "-np", str(workers), "--bind-to", "none", "--tag-output"]
+    if oversubscribe:
+        cmd.append("--oversubscribe")
+    return cmd + [python, "-m", "mlbench.worker", str(run_dir), *worker_args]
+
+
+def find_mpirun() -> str:
+    path = shutil.which("mpirun")
+    if path is None:
+        raise UsageError("--backend mpi: mpirun is not on PATH; install the MPI that PyTorch was "
+                         "built with (Open MPI), or use --backend gloo")
+    return path
+
+
+class MpiLauncher(WorkerProcesses):
+    """One ``mpirun`` process in place of one process per worker; the same supervision."""
+
+    def start(self) -> None:
+        config = RunDocument.load(self.run_dir).config
+        threads = str(config.threads_per_worker)
+        env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
+        cmd = mpirun_command(config.workers, self.run_dir, mpirun=find_mpirun())
+        self.procs.append(self.spawn(cmd, MPIRUN_LOG, env))
+        write_json_atomic(self.run_dir / PIDS_FILE, {"supervisor": os.getpid(),
+                                                       "workers": [p.pid for p in self.procs]})
+        self.store.mark_running(self.run.id, os.getpid())
+
+    def failure_reason(self, index: int, code: int) -> str:
+        """mpirun ended badly: the first worker that recorded an error says why."""
+        reason = f"mpirun {describe_exit(code)}"
+        workers = RunDocument.load(self.run_dir).config.workers
+        for rank in range(workers):
+            error = _last_error(self.run_dir, rank)
+            if error:
+                return f"{reason}: worker {rank}: {error}"
+        tail = _mpirun_tail(self.run_dir)
+        return f"{reason}: {tail}" if tail else reason
+
+
+def _mpirun_tail(run_dir: Path) -> str | None:
+    try:
+        lines = (run_dir / "logs" / MPIRUN_LOG).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    lines = [line.strip() for line in lines if line.strip()]
+    return lines[-1] if lines else None
