@@ -7,6 +7,7 @@ import datetime
 import hashlib
 import hmac
 import json
+import os
 import string
 import subprocess
 import sys
@@ -88,8 +89,8 @@ def test_create_list_delete_through_the_cli(moto):
     assert record.key == ("aws", "my-exp") and record.nodes == 4
     kube = yaml.safe_load(record.kubeconfig.read_text())
     user = next(u["user"] for u in kube["users"] if u["name"] == record.context)
-    assert user["exec"]["args"] == ["-m", "mlbench.cloud.token", "aws", "--cluster", "my-exp",
-                                    "--region", "us-east-1"]
+    assert user["exec"]["command"] == "mlbench"
+    assert user["exec"]["args"] == ["token", "aws", "--cluster", "my-exp", "--region", "us-east-1"]
 
     # the kube context gets its token from mlbench (an exec plugin), not from the aws CLI
     bearer = config.kube_api_client(record).configuration.api_key["BearerToken"]
@@ -334,6 +335,28 @@ def test_the_eks_token_has_the_documented_format(monkeypatch):
     assert not sigv4_signature_is_valid(url, "other-cluster", "mlbench-test-secret")
     lifetime = expires - datetime.datetime.now(datetime.timezone.utc)
     assert datetime.timedelta(minutes=13) < lifetime <= datetime.timedelta(minutes=14)
+
+
+def test_the_kube_context_runs_the_mlbench_on_path_not_the_interpreter_that_made_it(moto, tmp_path,
+                                                                                   monkeypatch):
+    assert run("create-cluster", "aws", "1", "moved").exit_code == 0
+    record = config.current_cluster()
+    text = record.kubeconfig.read_text()
+    assert sys.executable not in text and "python" not in text
+    user = next(u["user"] for u in yaml.safe_load(text)["users"] if u["name"] == record.context)["exec"]
+    # the virtual environment that made the cluster is gone; mlbench is installed elsewhere
+    bin_dir = tmp_path / "another-venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "mlbench").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m mlbench "$@"\n')
+    (bin_dir / "mlbench").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
+    plugin = subprocess.run([user["command"], *user["args"]], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **{e["name"]: e["value"] for e in user.get("env", [])}})
+    assert plugin.returncode == 0, plugin.stderr
+    credential = json.loads(plugin.stdout)
+    assert credential["kind"] == "ExecCredential"
+    assert sigv4_signature_is_valid(decode_token(credential["status"]["token"]), "moved",
+                                    "mlbench-test-secret")
 
 
 def test_the_exec_plugin_prints_an_exec_credential(monkeypatch):

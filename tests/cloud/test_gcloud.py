@@ -149,7 +149,7 @@ def test_create_sends_a_valid_request_polls_the_operation_and_writes_a_context()
     assert entry == {"server": "https://203.0.113.7",
                      "certificate-authority-data": "LS0tLS1CRUdJTi1DQS0tLS0t"}
     user = next(u["user"] for u in kube["users"] if u["name"] == record.context)
-    assert user["exec"]["args"] == ["-m", "mlbench.cloud.token", "gcloud"]
+    assert (user["exec"]["command"], user["exec"]["args"]) == ("mlbench", ["token", "gcloud"])
     assert config.current_cluster().key == ("gcloud", "my-exp")
     assert record.extra["project"] == "proj" and record.extra["zone"] == "us-central1-a"
 
