@@ -27,6 +27,9 @@ from mlbench.tasks.models import MODEL_NAMES
 from mlbench.tasks.spec import TASKS, get_task, parse_overrides
 
 
+MISSED_GOAL_EXIT = 3  # a run finished without reaching its goal (README, CLI reference)
+
+
 def _store(read_only: bool = False) -> RunStore:
     """The current cluster's runs (a mirror of its results service), else this machine's
     (``read_only``: the commands that only read open it read-only and create nothing)."""
@@ -161,7 +164,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
         click.echo(f"Started run {runs[0].id} ({runs[0].name}) in the background. "
                    f"Follow it with: mlbench status {runs[0].id}")
         return
-    failed = False
+    failed = missed = False
     for i, request in enumerate(requests):
         record = runs[0] if i == 0 else new_run(request)
         printer = (AllreducePrinter(record) if get_task(task).kind == "allreduce"
@@ -176,10 +179,13 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
         if final.state == "cancelled":
             sys.exit(130)
         failed |= final.state != FINISHED
+        missed |= final.missed_goal
     if group:
         click.echo(f"Compare these {len(requests)} runs: mlbench compare --group {group}")
     if failed:
         sys.exit(1)
+    if missed:
+        sys.exit(MISSED_GOAL_EXIT)
 
 
 @cli.command()
