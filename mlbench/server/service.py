@@ -39,7 +39,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
@@ -168,12 +168,16 @@ class ResultsService:
         self.events.forget(record.id)
 
 
+@dataclass(frozen=True)
 class _Route:
     """One endpoint: who may call it (None: anyone, 'admin', 'run': the run's own token) and
     whether it takes a body ('none', 'optional', 'required')."""
 
-    def __init__(self, method: str, pattern: str, scope: str | None, body: str, fn: Callable[..., Any]):
-        self.method, self.pattern, self.scope, self.body, self.fn = method, re.compile(f"^{pattern}$"), scope, body, fn
+    method: str
+    pattern: re.Pattern
+    scope: str | None
+    body: str
+    fn: Callable[..., Any]
 
 
 def _routes(service: ResultsService) -> list[_Route]:
@@ -187,23 +191,25 @@ def _routes(service: ResultsService) -> list[_Route]:
         return service.read(service.run(ref), query.get("path", [""])[0],
                             int(offset) if offset.isdigit() else 0)
 
-    return [
-        _Route("GET", "/healthz", None, "none", lambda body, query: b"ok"),
-        _Route("GET", "/v1/runs", "admin", "none",
-               lambda body, query: {"runs": [record_json(r) for r in service.store.list()]}),
-        _Route("POST", "/v1/runs", "admin", "required", lambda body, query: service.create(body)),
-        _Route("GET", run, "admin", "none", lambda ref, body, query: record_json(service.run(ref))),
-        _Route("DELETE", run, "admin", "none",
-               lambda ref, body, query: service.delete(service.run(ref)) or {}),
-        _Route("GET", run + "/files", "admin", "none",
-               lambda ref, body, query: {"files": service.files(service.run(ref))}),
-        _Route("GET", run + "/file", "admin", "none", read_file),
-        _Route("POST", run + "/events", "run", "required",
-               lambda ref, body, query: service.post_events(ref, body)),
-        _Route("POST", run + "/cancel", "admin", "none",
-               lambda ref, body, query: service.end(service.run(ref), CANCELLED, "cancelled by the user")),
-        _Route("POST", run + "/fail", "admin", "optional", fail),
+    table = [
+        ("GET", "/healthz", None, "none", lambda body, query: b"ok"),
+        ("GET", "/v1/runs", "admin", "none",
+         lambda body, query: {"runs": [record_json(r) for r in service.store.list()]}),
+        ("POST", "/v1/runs", "admin", "required", lambda body, query: service.create(body)),
+        ("GET", run, "admin", "none", lambda ref, body, query: record_json(service.run(ref))),
+        ("DELETE", run, "admin", "none",
+         lambda ref, body, query: service.delete(service.run(ref)) or {}),
+        ("GET", run + "/files", "admin", "none",
+         lambda ref, body, query: {"files": service.files(service.run(ref))}),
+        ("GET", run + "/file", "admin", "none", read_file),
+        ("POST", run + "/events", "run", "required",
+         lambda ref, body, query: service.post_events(ref, body)),
+        ("POST", run + "/cancel", "admin", "none",
+         lambda ref, body, query: service.end(service.run(ref), CANCELLED, "cancelled by the user")),
+        ("POST", run + "/fail", "admin", "optional", fail),
     ]
+    return [_Route(method, re.compile(f"^{pattern}$"), scope, body, fn)
+            for method, pattern, scope, body, fn in table]
 
 
 def _escaped(text: str) -> str:
