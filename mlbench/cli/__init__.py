@@ -50,6 +50,10 @@ def cli() -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    if sys.argv[1:2] == ["token"]:  # the kubeconfig's exec plugin: at once, without the commands
+        from mlbench.cloud.token import main as token
+
+        sys.exit(token(sys.argv[2:]))
     from mlbench.cli import commands  # noqa: F401  (registers the commands)
 
     cli(prog_name="mlbench")

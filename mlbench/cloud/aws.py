@@ -6,8 +6,11 @@ half way finishes the job. Credentials come from boto3's usual chain (environmen
 SSO, instance role) and ``AWS_ENDPOINT_URL`` is honoured by boto3 itself. Kubernetes access uses
 a token mlbench signs with boto3 (:mod:`mlbench.cloud.token`), and EKS access entries
 (``bootstrapClusterCreatorAdminPermissions``) make the creating identity an administrator, so
-neither the `aws` CLI nor the ``aws-auth`` ConfigMap is involved. Nodes have no SSH key. GPU
-instance types get the NVIDIA AMI (drivers included) and the NVIDIA device plugin DaemonSet.
+neither the `aws` CLI nor the ``aws-auth`` ConfigMap is involved. Nodes have no SSH key and no
+public address (private subnets behind a NAT gateway, see :mod:`mlbench.cloud.aws_resources`),
+and the API endpoint admits only ``--allow-api-from`` or this machine's public address
+(:mod:`mlbench.cloud.address`). GPU instance types get the NVIDIA AMI (drivers included) and the
+NVIDIA device plugin DaemonSet.
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from mlbench.cloud import address, gpu, pricing
 from mlbench.cloud import aws_resources as res
-from mlbench.cloud import gpu, pricing
 from mlbench.cloud.config import kube_api_client
 from mlbench.cloud.providers import register
 from mlbench.cloud.provisioner import (
@@ -139,6 +142,7 @@ class EksProvisioner(Provisioner):
 
     def preflight(self, spec: ClusterSpec) -> None:
         self._gpu_instance(spec.machine_type or DEFAULT_INSTANCE_TYPE)
+        spec.api_cidrs, spec.options["api_cidrs_found_here"] = address.api_cidrs(spec.api_cidrs)
 
     # -- create ----------------------------------------------------------------------------------
     def create(self, spec: ClusterSpec, progress: Progress) -> None:
@@ -156,10 +160,11 @@ class EksProvisioner(Provisioner):
                  f"{res.role_name('node', spec.name)}.")
         cluster_role = res.ensure_role(iam, "cluster", spec.name, self._partition)
         node_role = res.ensure_role(iam, "node", spec.name, self._partition)
-        subnets = res.ensure_network(self._client("ec2"), spec.name, progress)
+        subnets, nat = res.ensure_network(self._client("ec2"), spec.name, progress)
         if cluster is None:
             self._create_cluster(spec, cluster_role, subnets, progress)
         self._wait_cluster_active(spec.name, progress)
+        self._wait_nat_gateway(nat, spec.name, progress)  # private nodes need it to join
         if self._nodegroup(spec.name) is None:
             progress(f"Creating node group {NODEGROUP}: {spec.nodes} x {instance_type}"
                      f"{' (spot)' if spec.spot else ''}.")
@@ -177,10 +182,11 @@ class EksProvisioner(Provisioner):
 
     def _create_cluster(self, spec: ClusterSpec, role: str, subnets: list[str],
                         progress: Progress) -> None:
+        if not spec.api_cidrs:  # create() without preflight (library use): the same default
+            spec.api_cidrs, spec.options["api_cidrs_found_here"] = address.api_cidrs(())
         vpc_config: dict[str, Any] = {"subnetIds": subnets, "endpointPublicAccess": True,
-                                      "endpointPrivateAccess": True}
-        if spec.api_cidrs:
-            vpc_config["publicAccessCidrs"] = list(spec.api_cidrs)
+                                      "endpointPrivateAccess": True,
+                                      "publicAccessCidrs": list(spec.api_cidrs)}
         request: dict[str, Any] = {
             "name": spec.name, "roleArn": role, "resourcesVpcConfig": vpc_config,
             "tags": res.tags(spec.name),
@@ -190,6 +196,7 @@ class EksProvisioner(Provisioner):
         if spec.kubernetes_version:
             request["version"] = spec.kubernetes_version
         progress(f"Creating EKS cluster {spec.name} in {self.region}.")
+        progress(address.describe(spec.api_cidrs, bool(spec.options.get("api_cidrs_found_here"))))
         eks = self._client("eks")
         for attempt in range(6):  # a new IAM role takes a few seconds to become assumable
             try:
@@ -214,6 +221,16 @@ class EksProvisioner(Provisioner):
             return status == "ACTIVE", status
 
         self.poll(check, f"EKS control plane {name}", progress)
+
+    def _wait_nat_gateway(self, nat: str, name: str, progress: Progress) -> None:
+        def check() -> tuple[bool, str]:
+            state = res.nat_gateway_state(self._client("ec2"), nat)
+            if state in ("failed", "deleted", "missing"):
+                raise ClusterError(f"The NAT gateway of {name} is {state}; delete the cluster with "
+                                   f"`mlbench delete-cluster aws {name}` and create it again.")
+            return state == "available", state
+
+        self.poll(check, f"NAT gateway of {name}", progress)
 
     def wait(self, spec: ClusterSpec, progress: Progress) -> None:
         def check() -> tuple[bool, str]:

@@ -4,10 +4,13 @@ Every resource is found by name or by the tag ``mlbench-cluster=<name>`` before 
 so each ``ensure_*`` function can run again after any failure and only adds what is missing;
 each ``remove_*`` function likewise succeeds when there is nothing left to remove.
 
-The network is one VPC with two public subnets in two availability zones (EKS requires two),
-an internet gateway and a route table. Nodes get public addresses so that they can reach the
-EKS endpoint and pull images without a NAT gateway (which would cost ~$33/month); no security
-group rule admits traffic from the internet (EKS's cluster security group only admits itself).
+The network is one VPC with, in each of two availability zones (EKS requires two), a public
+and a private subnet. Nodes live in the private subnets and have no public address: they reach
+the EKS endpoint (its private endpoint is on), registries and the internet through one NAT
+gateway in the first public subnet (an Elastic IP; about $0.05/hour plus $0.045 per GB it
+carries, see mlbench.cloud.pricing). The public subnets hold nothing else and give no public
+address by default. No security group rule admits traffic from the internet (EKS's cluster
+security group only admits itself).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from mlbench.errors import ClusterError
 
 TAG = "mlbench-cluster"
 VPC_CIDR = "10.42.0.0/16"
-SUBNET_CIDRS = ("10.42.0.0/18", "10.42.64.0/18")
+SUBNET_CIDRS = ("10.42.0.0/18", "10.42.64.0/18")            # public: the NAT gateway
+PRIVATE_SUBNET_CIDRS = ("10.42.128.0/18", "10.42.192.0/18")  # private: the nodes
 EKS_UNSUPPORTED_AZS = {"us-east-1e"}  # EKS control planes are not offered there
 POLICY = "arn:{partition}:iam::aws:policy/{name}"
 ROLES = {
@@ -151,8 +155,12 @@ def find_vpc(ec2: Any, name: str) -> str | None:
 
 
 def leftovers(ec2: Any, iam: Any, name: str) -> list[str]:
-    """What of the cluster's VPC and IAM roles exists (to report a half-done create/delete)."""
+    """What of the cluster's VPC, address and IAM roles exists (to report a half-done
+    create/delete)."""
     found = ["VPC"] if find_vpc(ec2, name) else []
+    with calling("look up the Elastic IP"):
+        if ec2.describe_addresses(Filters=_tagged(name))["Addresses"]:
+            found.append("Elastic IP")
     with calling("look up the IAM roles"):
         for kind in ROLES:
             try:
@@ -163,8 +171,48 @@ def leftovers(ec2: Any, iam: Any, name: str) -> list[str]:
     return found
 
 
-def ensure_network(ec2: Any, name: str, progress: Callable[[str], None]) -> list[str]:
-    """The two public subnets of the cluster's VPC, creating whatever part is missing."""
+def _route_table(ec2: Any, vpc: str, name: str, kind: str) -> dict[str, Any]:
+    """The cluster's public or private route table (the first release's one table is public)."""
+    for table in ec2.describe_route_tables(Filters=_tagged(name))["RouteTables"]:
+        tags = {t["Key"]: t["Value"] for t in table.get("Tags", [])}
+        if tags.get("mlbench-route", "public") == kind:
+            return table
+    return ec2.create_route_table(VpcId=vpc, TagSpecifications=_tag_spec(
+        "route-table", name, **{"mlbench-route": kind}))["RouteTable"]
+
+
+def _subnets(ec2: Any, vpc: str, name: str, table: dict[str, Any], zones: list[str],
+             cidrs: tuple[str, ...], label: str) -> list[str]:
+    """The subnets of one kind (``label`` "" public, "private-" private), one per zone, without
+    public addresses on launch, each associated with ``table``."""
+    existing = {next(t["Value"] for t in s["Tags"] if t["Key"] == "mlbench-subnet"): s
+                for s in ec2.describe_subnets(Filters=_tagged(name))["Subnets"]
+                if any(t["Key"] == "mlbench-subnet" for t in s.get("Tags", []))}
+    associated = {a.get("SubnetId") for a in table.get("Associations", [])}
+    subnets = []
+    for index, cidr in enumerate(cidrs):
+        subnet = existing.get(f"{label}{index}")
+        if subnet is None:
+            subnet = ec2.create_subnet(
+                VpcId=vpc, CidrBlock=cidr, AvailabilityZone=zones[index],
+                TagSpecifications=_tag_spec("subnet", name, **{"mlbench-subnet": f"{label}{index}"})
+            )["Subnet"]
+        if subnet.get("MapPublicIpOnLaunch"):
+            ec2.modify_subnet_attribute(SubnetId=subnet["SubnetId"], MapPublicIpOnLaunch={"Value": False})
+        if subnet["SubnetId"] not in associated:
+            ec2.associate_route_table(RouteTableId=table["RouteTableId"], SubnetId=subnet["SubnetId"])
+        subnets.append(subnet["SubnetId"])
+    return subnets
+
+
+def _live_nat_gateways(ec2: Any, name: str) -> list[dict[str, Any]]:
+    return ec2.describe_nat_gateways(Filters=[*_tagged(name), {
+        "Name": "state", "Values": ["pending", "available", "deleting"]}])["NatGateways"]
+
+
+def ensure_network(ec2: Any, name: str, progress: Callable[[str], None]) -> tuple[list[str], str]:
+    """(the private subnets for the cluster and its nodes, the NAT gateway's id), creating
+    whatever part of the network is missing."""
     with calling("create the VPC"):
         vpc = find_vpc(ec2, name)
         if vpc is None:
@@ -184,14 +232,11 @@ def ensure_network(ec2: Any, name: str, progress: Callable[[str], None]) -> list
             attached = []
         if vpc not in attached:
             ec2.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc)
-    with calling("create the route table"):
-        tables = ec2.describe_route_tables(Filters=_tagged(name))["RouteTables"]
-        table = tables[0] if tables else ec2.create_route_table(
-            VpcId=vpc, TagSpecifications=_tag_spec("route-table", name))["RouteTable"]
-        if not any(r.get("DestinationCidrBlock") == "0.0.0.0/0" for r in table.get("Routes", [])):
-            ec2.create_route(RouteTableId=table["RouteTableId"],
+    with calling("create the public route table"):
+        public = _route_table(ec2, vpc, name, "public")
+        if not any(r.get("DestinationCidrBlock") == "0.0.0.0/0" for r in public.get("Routes", [])):
+            ec2.create_route(RouteTableId=public["RouteTableId"],
                              DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
-        associated = {a.get("SubnetId") for a in table.get("Associations", [])}
     with calling("create the subnets"):
         zones = sorted(z["ZoneName"] for z in ec2.describe_availability_zones(
             Filters=[{"Name": "state", "Values": ["available"]}])["AvailabilityZones"]
@@ -199,34 +244,60 @@ def ensure_network(ec2: Any, name: str, progress: Callable[[str], None]) -> list
         if len(zones) < 2:
             raise ClusterError("EKS needs two availability zones and this region offers fewer; "
                                "choose another region with --region.")
-        existing = {next(t["Value"] for t in s["Tags"] if t["Key"] == "mlbench-subnet"): s
-                    for s in ec2.describe_subnets(Filters=_tagged(name))["Subnets"]
-                    if any(t["Key"] == "mlbench-subnet" for t in s.get("Tags", []))}
-        subnets = []
-        for index, cidr in enumerate(SUBNET_CIDRS):
-            subnet = existing.get(str(index))
-            if subnet is None:
-                subnet = ec2.create_subnet(
-                    VpcId=vpc, CidrBlock=cidr, AvailabilityZone=zones[index],
-                    TagSpecifications=_tag_spec("subnet", name, **{"mlbench-subnet": str(index)})
-                )["Subnet"]
-            if not subnet.get("MapPublicIpOnLaunch"):
-                ec2.modify_subnet_attribute(SubnetId=subnet["SubnetId"],
-                                            MapPublicIpOnLaunch={"Value": True})
-            if subnet["SubnetId"] not in associated:
-                ec2.associate_route_table(RouteTableId=table["RouteTableId"],
-                                          SubnetId=subnet["SubnetId"])
-            subnets.append(subnet["SubnetId"])
-    return subnets
+        public_subnets = _subnets(ec2, vpc, name, public, zones, SUBNET_CIDRS, "")
+    with calling("create the NAT gateway"):
+        nats = _live_nat_gateways(ec2, name)
+        if nats and nats[0]["State"] == "deleting":
+            raise ClusterError(f"The NAT gateway of {name} is being deleted; wait for "
+                               "`mlbench delete-cluster` to finish, then create it again.")
+        if nats:
+            nat = nats[0]["NatGatewayId"]
+        else:
+            progress(f"Creating a NAT gateway for the private nodes of {name}.")
+            addresses = ec2.describe_addresses(Filters=_tagged(name))["Addresses"]
+            allocation = (addresses[0]["AllocationId"] if addresses else ec2.allocate_address(
+                Domain="vpc", TagSpecifications=_tag_spec("elastic-ip", name))["AllocationId"])
+            nat = ec2.create_nat_gateway(SubnetId=public_subnets[0], AllocationId=allocation,
+                                         TagSpecifications=_tag_spec("natgateway", name)
+                                         )["NatGateway"]["NatGatewayId"]
+    with calling("create the private route table and subnets"):
+        private = _route_table(ec2, vpc, name, "private")
+        if not any(r.get("DestinationCidrBlock") == "0.0.0.0/0" for r in private.get("Routes", [])):
+            ec2.create_route(RouteTableId=private["RouteTableId"],
+                             DestinationCidrBlock="0.0.0.0/0", NatGatewayId=nat)
+        subnets = _subnets(ec2, vpc, name, private, zones, PRIVATE_SUBNET_CIDRS, "private-")
+    return subnets, nat
+
+
+def nat_gateway_state(ec2: Any, nat: str) -> str:
+    with calling("read the NAT gateway"):
+        found = ec2.describe_nat_gateways(NatGatewayIds=[nat])["NatGateways"]
+    return found[0]["State"] if found else "missing"
 
 
 def remove_network(ec2: Any, name: str) -> bool:
-    """Delete the cluster's VPC and everything in it; False when there was nothing to delete.
+    """Delete the cluster's NAT gateway, its address, its VPC and everything in it; False when
+    there was nothing to delete.
 
-    Raises :class:`StillInUse` while AWS still holds network interfaces of the deleted cluster
-    (they are released a few minutes after it): the caller polls.
+    Raises :class:`StillInUse` while AWS still deletes the NAT gateway or holds network
+    interfaces of the deleted cluster (they are released a few minutes after it): the caller
+    polls.
     """
     vpc = find_vpc(ec2, name)
+    with calling("delete the NAT gateway"):
+        nats = _live_nat_gateways(ec2, name)
+        for nat in nats:
+            if nat["State"] != "deleting":
+                ec2.delete_nat_gateway(NatGatewayId=nat["NatGatewayId"])
+        if nats:
+            raise StillInUse("waiting for AWS to delete the NAT gateway")
+        for address in ec2.describe_addresses(Filters=_tagged(name))["Addresses"]:
+            try:
+                ec2.release_address(AllocationId=address["AllocationId"])
+            except Exception as err:
+                if error_code(err) in ("InvalidIPAddress.InUse", "AuthFailure"):  # still attached
+                    raise StillInUse("waiting for AWS to release the NAT gateway's address") from None
+                raise
     with calling("delete the network"):
         gateways = ec2.describe_internet_gateways(Filters=_tagged(name))["InternetGateways"]
         if vpc is None and not gateways:

@@ -5,8 +5,9 @@ disks, its internal firewall rules) belongs to the cluster and goes with it on d
 cluster carries the label ``created-by=mlbench``; mlbench refuses to delete a GKE cluster without
 it. GPUs use GKE's managed driver installation (``gpuDriverInstallationConfig: DEFAULT``), which
 is the maintained successor of the driver-installer DaemonSet that had to be applied by hand, and
-GKE's own device plugin. No firewall rule is added; ``--allow-api-from`` restricts the control
-plane endpoint to given CIDRs (master authorized networks).
+GKE's own device plugin. No firewall rule is added; the control plane endpoint admits only the
+CIDRs of ``--allow-api-from``, else this machine's public address (master authorized networks,
+see :mod:`mlbench.cloud.address`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mlbench.cloud import pricing
+from mlbench.cloud import address, pricing
 from mlbench.cloud.providers import register
 from mlbench.cloud.provisioner import (
     ClusterSpec,
@@ -198,6 +199,9 @@ class GkeProvisioner(Provisioner):
         return None
 
     # -- the provisioner interface ---------------------------------------------------------------
+    def preflight(self, spec: ClusterSpec) -> None:
+        spec.api_cidrs, spec.options["api_cidrs_found_here"] = address.api_cidrs(spec.api_cidrs)
+
     def cluster_body(self, spec: ClusterSpec) -> dict[str, Any]:
         """The ``CreateClusterRequest`` for ``spec`` (int64 fields as strings, as JSON wants)."""
         node_config: dict[str, Any] = {
@@ -257,8 +261,11 @@ class GkeProvisioner(Provisioner):
             if pending:
                 self._wait_operation(pending, f"creating GKE cluster {spec.name}", progress)
             return
+        if not spec.api_cidrs:  # create() without preflight (library use): the same default
+            self.preflight(spec)
         progress(f"Creating GKE cluster {spec.name} in {self.project}/{self.zone} "
                  f"({spec.nodes} x {spec.machine_type or DEFAULT_MACHINE_TYPE}).")
+        progress(address.describe(spec.api_cidrs, bool(spec.options.get("api_cidrs_found_here"))))
         op = self._call(self._api().clusters().create(parent=self._parent(),
                                                       body=self.cluster_body(spec)),
                         f"create cluster {spec.name}")

@@ -29,11 +29,13 @@ GCE_PD_STANDARD_GB_MONTH = 0.04
 GKE_CLUSTER_HOURLY = 0.10  # zonal clusters: one per billing account is covered by a free credit
 
 # EKS: EC2 instance types (per node-hour, from the shipped table), control plane, gp3 volumes,
-# public IPv4 addresses.
+# and the NAT gateway of the private nodes with its public IPv4 address (data through it is
+# $0.045/GB more).
 EC2_INSTANCE_HOURLY = _shipped("aws", "machine")
 EKS_CLUSTER_HOURLY = 0.10
 EBS_GP3_GB_MONTH = 0.08
 PUBLIC_IPV4_HOURLY = 0.005
+NAT_GATEWAY_HOURLY = 0.045
 
 HOURS_PER_MONTH = 730.0
 
@@ -50,9 +52,10 @@ def gke_hourly(machine_type: str, nodes: int, disk_gb: int, gpu_type: str | None
 
 
 def eks_hourly(instance_type: str, nodes: int, disk_gb: int) -> float | None:
-    """Nodes (instance + gp3 root volume + public IPv4) plus the EKS control plane."""
+    """Nodes (instance + gp3 root volume) plus the EKS control plane and the NAT gateway (with
+    its address) through which the private nodes reach the internet."""
     instance = EC2_INSTANCE_HOURLY.get(instance_type)
     if instance is None:
         return None
     disk = disk_gb * EBS_GP3_GB_MONTH / HOURS_PER_MONTH
-    return round(nodes * (instance + disk + PUBLIC_IPV4_HOURLY) + EKS_CLUSTER_HOURLY, 4)
+    return round(nodes * (instance + disk) + EKS_CLUSTER_HOURLY + NAT_GATEWAY_HOURLY + PUBLIC_IPV4_HOURLY, 4)

@@ -1,8 +1,11 @@
 """Short-lived Kubernetes bearer tokens for GKE and EKS, as a kubeconfig exec plugin.
 
-mlbench's kubeconfig runs ``python -m mlbench.cloud.token aws|gcloud ...`` whenever a client
-(mlbench itself through the kubernetes package, or kubectl) needs a token, so neither the `aws`
-nor the `gcloud` CLI is needed and no long-lived secret is written to disk.
+mlbench's kubeconfig runs ``mlbench token aws|gcloud ...`` whenever a client (mlbench itself
+through the kubernetes package, or kubectl) needs a token, so neither the `aws` nor the `gcloud`
+CLI is needed and no long-lived secret is written to disk. The command is the ``mlbench`` on
+PATH when the token is needed, not the interpreter that wrote the kubeconfig, so the contexts
+keep working after that virtual environment is removed or mlbench is installed elsewhere
+(``mlbench token`` starts without loading the rest of the CLI).
 
 - EKS: the token is ``k8s-aws-v1.`` + unpadded base64url of an STS ``GetCallerIdentity`` URL
   presigned with SigV4 for 60 seconds, whose signed headers include ``x-k8s-aws-id: <cluster>``
@@ -66,11 +69,11 @@ def exec_credential(token: str, expires: dt.datetime | None) -> dict[str, Any]:
 
 
 def exec_user(provider: str, args: list[str], env: dict[str, str] | None = None) -> dict:
-    """The kubeconfig ``user`` entry that runs this module for ``provider``."""
+    """The kubeconfig ``user`` entry that runs ``mlbench token`` for ``provider``."""
     user: dict[str, Any] = {
         "apiVersion": EXEC_API_VERSION,
-        "command": sys.executable,
-        "args": ["-m", "mlbench.cloud.token", provider, *args],
+        "command": "mlbench",
+        "args": ["token", provider, *args],
         "interactiveMode": "Never",
         "provideClusterInfo": False,
     }
@@ -81,7 +84,7 @@ def exec_user(provider: str, args: list[str], env: dict[str, str] | None = None)
 
 def main(argv: list[str] | None = None) -> int:
     """Print an ExecCredential for the provider named on the command line."""
-    parser = argparse.ArgumentParser(prog="python -m mlbench.cloud.token")
+    parser = argparse.ArgumentParser(prog="mlbench token")
     sub = parser.add_subparsers(dest="provider", required=True)
     aws = sub.add_parser("aws", help="EKS token from boto3's credential chain")
     aws.add_argument("--cluster", required=True)

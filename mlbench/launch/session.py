@@ -21,8 +21,9 @@ from mlbench.launch.base import EventCallback, Launcher
 from mlbench.launch.plan import RunRequest
 from mlbench.results.store import CANCELLED, FINISHED, RunRecord, RunStore
 
-#: Exit codes of `mlbench run` (README, "CLI reference").
-EXIT_OK, EXIT_FAILED, EXIT_CANCELLED = 0, 1, 130
+#: Exit codes of `mlbench run` (README, "CLI reference"): 3 when every run finished but one
+#: missed its goal.
+EXIT_OK, EXIT_FAILED, EXIT_MISSED_GOAL, EXIT_CANCELLED = 0, 1, 3, 130
 
 
 def open_store(read_only: bool = False) -> RunStore:
@@ -146,7 +147,9 @@ class Outcome:
     def exit_code(self) -> int:
         if self.cancelled:
             return EXIT_CANCELLED
-        return EXIT_OK if all(r.state == FINISHED for r in self.records) else EXIT_FAILED
+        if not all(r.state == FINISHED for r in self.records):
+            return EXIT_FAILED
+        return EXIT_MISSED_GOAL if any(r.missed_goal for r in self.records) else EXIT_OK
 
 
 def execute(launcher: Launcher, plan: RunPlan, observer: RunObserver) -> Outcome:

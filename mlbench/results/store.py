@@ -69,6 +69,15 @@ class RunRecord:
     def active(self) -> bool:
         return self.state in ACTIVE_STATES
 
+    @property
+    def missed_goal(self) -> bool:
+        """Finished, with a goal, after training to its last epoch without reaching it. A run
+        stopped by --max-steps or --time-budget ran to the limit its user set (accuracy after
+        time), and one without a goal (synthetic data) cannot miss it."""
+        result = self.result or {}
+        return (self.state == FINISHED and result.get("goal") is not None and not result.get("reached")
+                and result.get("stop_reason") == "max-epochs")
+
 
 class RunStore:
     """Create, find, update and delete runs.

@@ -66,8 +66,9 @@ class EventLog:
                     fresh.setdefault(event["seq"], event)
             if fresh:
                 lines = "".join(json.dumps(fresh[s], separators=(",", ":")) + "\n" for s in sorted(fresh))
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "a", encoding="utf-8") as f:
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # the store is private
+                with open(fd, "a", encoding="utf-8") as f:
                     f.write(lines)
                     f.flush()
                     os.fsync(f.fileno())

@@ -1,7 +1,8 @@
 """Fixtures for the cluster tests: no cloud, no internet, nothing but 127.0.0.1.
 
 - ``cloud_env`` (autouse): a private config folder, no cloud credentials from this machine,
-  metadata servers pointed at a closed local port, Docker pointed nowhere.
+  metadata servers pointed at a closed local port, Docker pointed nowhere, and this machine's
+  public address asked of ``address_service`` (which answers 203.0.113.7).
 - ``moto``: moto's server on 127.0.0.1 (real boto3 over HTTP), reset for every test.
 - ``kube_local``: a real kube-apiserver from ../shared/k8s/kube-local.sh (once per session).
 - ``docker_engine``: Debian's dockerd started by the test on a private socket.
@@ -15,7 +16,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 KUBE_LOCAL = Path(os.environ.get("KUBE_LOCAL_SH", REPO.parent / "shared" / "k8s" / "kube-local.sh"))
 CLOSED = "127.0.0.1:9"  # nothing listens on the discard port: lookups fail at once, locally
+PUBLIC_ADDRESS = "203.0.113.7"  # TEST-NET-3 (RFC 5737): the address the stand-in reports
 
 
 def free_port() -> int:
@@ -32,8 +36,33 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class _WhatIsMyAddress(BaseHTTPRequestHandler):
+    """Answers as checkip.amazonaws.com does: the caller's public address and a newline."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        body = f"{PUBLIC_ADDRESS}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def address_service():
+    """A what-is-my-address service on 127.0.0.1 (real HTTP), for create-cluster's default."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _WhatIsMyAddress)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
 @pytest.fixture(autouse=True)
-def cloud_env(tmp_path, monkeypatch):
+def cloud_env(tmp_path, monkeypatch, address_service):
     """Isolate every test from this machine's cloud, Kubernetes and Docker settings."""
     for name in list(os.environ):
         if name.startswith(("AWS_", "GOOGLE_", "CLOUDSDK_", "DOCKER_")):
@@ -47,6 +76,7 @@ def cloud_env(tmp_path, monkeypatch):
     monkeypatch.setenv("GCE_METADATA_HOST", CLOSED)
     monkeypatch.setenv("GCE_METADATA_IP", CLOSED)
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    monkeypatch.setenv("MLBENCH_PUBLIC_ADDRESS_URL", address_service)
     return tmp_path
 
 
@@ -68,7 +98,7 @@ def moto(moto_url, monkeypatch):
 
     # AWS's managed policies (AmazonEKSClusterPolicy...) exist in every real account
     monkeypatch.setenv("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
-    requests.post(f"{moto_url}/moto-api/reset", timeout=10).raise_for_status()
+    requests.post(f"{moto_url}/moto-api/reset", timeout=120).raise_for_status()  # slow when loaded
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAMLBENCHTEST00001")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "mlbench-test-secret")

@@ -7,6 +7,7 @@ import datetime
 import hashlib
 import hmac
 import json
+import os
 import string
 import subprocess
 import sys
@@ -53,6 +54,9 @@ def aws_inventory(name: str) -> dict:
         "subnets": tagged(ec2.describe_subnets, "Subnets", name),
         "gateways": tagged(ec2.describe_internet_gateways, "InternetGateways", name),
         "route_tables": tagged(ec2.describe_route_tables, "RouteTables", name),
+        "nat_gateways": [g for g in tagged(ec2.describe_nat_gateways, "NatGateways", name)
+                         if g["State"] != "deleted"],
+        "addresses": tagged(ec2.describe_addresses, "Addresses", name),
         "roles": sorted(roles),
     }
 
@@ -60,14 +64,15 @@ def aws_inventory(name: str) -> dict:
 def test_create_list_delete_through_the_cli(moto):
     result = run("create-cluster", "aws", "4", "my-exp", "--instance-type", "m5.xlarge")
     assert result.exit_code == 0, result.output
-    assert "Estimated cost: $0.91/hour" in result.output
+    assert "Estimated cost: $0.94/hour" in result.output
     assert "ready with 4 nodes" in result.output
 
     have = aws_inventory("my-exp")
     assert have["clusters"] == ["my-exp"] and have["nodegroups"] == ["workers"]
     assert len(have["vpcs"]) == 1 and len(have["gateways"]) == 1
-    assert len(have["subnets"]) == 2 and all(s["MapPublicIpOnLaunch"] for s in have["subnets"])
+    assert len(have["subnets"]) == 4 and not any(s["MapPublicIpOnLaunch"] for s in have["subnets"])
     assert len({s["AvailabilityZone"] for s in have["subnets"]}) == 2
+    assert len(have["nat_gateways"]) == 1 and len(have["addresses"]) == 1
     assert have["roles"] == ["mlbench-my-exp-cluster", "mlbench-my-exp-node"]
     eks = boto3.client("eks", region_name="us-east-1")
     group = eks.describe_nodegroup(clusterName="my-exp", nodegroupName="workers")["nodegroup"]
@@ -84,8 +89,8 @@ def test_create_list_delete_through_the_cli(moto):
     assert record.key == ("aws", "my-exp") and record.nodes == 4
     kube = yaml.safe_load(record.kubeconfig.read_text())
     user = next(u["user"] for u in kube["users"] if u["name"] == record.context)
-    assert user["exec"]["args"] == ["-m", "mlbench.cloud.token", "aws", "--cluster", "my-exp",
-                                    "--region", "us-east-1"]
+    assert user["exec"]["command"] == "mlbench"
+    assert user["exec"]["args"] == ["token", "aws", "--cluster", "my-exp", "--region", "us-east-1"]
 
     # the kube context gets its token from mlbench (an exec plugin), not from the aws CLI
     bearer = config.kube_api_client(record).configuration.api_key["BearerToken"]
@@ -117,6 +122,55 @@ def test_create_list_delete_through_the_cli(moto):
     assert "local" in run("list-clusters").output
 
 
+def test_nodes_are_private_behind_a_nat_gateway(moto):
+    """Nodes in private subnets (no public address) whose default route is a NAT gateway in a
+    public subnet; the cluster's API endpoint admits only this machine's public address."""
+    result = run("create-cluster", "aws", "2", "private")
+    assert result.exit_code == 0, result.output
+    assert ("The Kubernetes API will admit only 203.0.113.7/32, this machine's public address "
+            "(--allow-api-from CIDR admits other networks).") in result.output
+    eks = boto3.client("eks", region_name="us-east-1")
+    vpc_config = eks.describe_cluster(name="private")["cluster"]["resourcesVpcConfig"]
+    assert vpc_config["publicAccessCidrs"] == ["203.0.113.7/32"] and vpc_config["endpointPrivateAccess"]
+    have = aws_inventory("private")
+    kind = {s["SubnetId"]: next(t["Value"] for t in s["Tags"] if t["Key"] == "mlbench-subnet")
+            for s in have["subnets"]}
+    group = eks.describe_nodegroup(clusterName="private", nodegroupName="workers")["nodegroup"]
+    assert sorted(kind[s] for s in group["subnets"]) == ["private-0", "private-1"]
+    assert sorted(kind[s] for s in vpc_config["subnetIds"]) == ["private-0", "private-1"]
+    (nat,) = have["nat_gateways"]
+    assert kind[nat["SubnetId"]] == "0"  # in a public subnet
+    routes = {}
+    for table in have["route_tables"]:
+        default = next(r for r in table["Routes"] if r.get("DestinationCidrBlock") == "0.0.0.0/0")
+        for association in table.get("Associations", []):
+            routes[kind[association["SubnetId"]]] = default.get("NatGatewayId") or default.get("GatewayId")
+    assert routes == {"0": have["gateways"][0]["InternetGatewayId"], "1": have["gateways"][0]["InternetGatewayId"],
+                      "private-0": nat["NatGatewayId"], "private-1": nat["NatGatewayId"]}
+    assert run("delete-cluster", "aws", "private", "--yes").exit_code == 0
+    assert all(v == [] for v in aws_inventory("private").values())
+
+
+def test_the_api_admits_the_given_networks_or_asks_for_them(moto, monkeypatch):
+    given = run("create-cluster", "aws", "1", "given", "--allow-api-from", "198.51.100.0/24",
+                "--allow-api-from", "192.0.2.9")
+    assert given.exit_code == 0, given.output
+    assert "The Kubernetes API will admit only 198.51.100.0/24, 192.0.2.9/32 (--allow-api-from)." in given.output
+    vpc_config = boto3.client("eks", region_name="us-east-1").describe_cluster(name="given")["cluster"][
+        "resourcesVpcConfig"]
+    assert vpc_config["publicAccessCidrs"] == ["198.51.100.0/24", "192.0.2.9/32"]
+
+    bad = run("create-cluster", "aws", "1", "bad", "--allow-api-from", "everyone")
+    assert bad.exit_code == 2 and "--allow-api-from everyone: give an IPv4 CIDR" in bad.output
+    # offline: the address cannot be found; one line asks for the flag, nothing is created
+    monkeypatch.setenv("MLBENCH_PUBLIC_ADDRESS_URL", "http://127.0.0.1:9/")
+    offline = run("create-cluster", "aws", "1", "offline")
+    assert offline.exit_code == 2, offline.output
+    line = offline.output.strip().splitlines()[-1]
+    assert line.startswith("Error: Cannot find this machine's public address") and "--allow-api-from" in line
+    assert aws_inventory("offline")["vpcs"] == [] and config.find_cluster("aws", "offline") is None
+
+
 def test_a_create_interrupted_half_way_is_finished_by_running_it_again(moto):
     session = boto3.Session(region_name="us-east-1")
 
@@ -140,7 +194,7 @@ def test_a_create_interrupted_half_way_is_finished_by_running_it_again(moto):
     done = aws_inventory("resume")
     assert done["nodegroups"] == ["workers"]
     assert (len(done["vpcs"]), len(done["subnets"]), len(done["gateways"]),
-            len(done["route_tables"])) == (1, 2, 1, 1)
+            len(done["route_tables"]), len(done["nat_gateways"])) == (1, 4, 1, 2, 1)
     assert config.current_cluster().key == ("aws", "resume")
 
 
@@ -175,7 +229,7 @@ def test_gpu_instance_types_get_the_nvidia_ami_and_gpu_label(moto):
         clusterName="gpus", nodegroupName="workers")["nodegroup"]
     assert (group["amiType"], group["capacityType"]) == (AMI_NVIDIA, "SPOT")
     assert group["labels"]["mlbench/gpu"] == "true"
-    assert provisioner.hourly_cost(spec) == pytest.approx(0.526 + 50 * 0.08 / 730 + 0.005 + 0.1,
+    assert provisioner.hourly_cost(spec) == pytest.approx(0.526 + 50 * 0.08 / 730 + 0.1 + 0.045 + 0.005,
                                                            abs=1e-4)
 
 
@@ -281,6 +335,28 @@ def test_the_eks_token_has_the_documented_format(monkeypatch):
     assert not sigv4_signature_is_valid(url, "other-cluster", "mlbench-test-secret")
     lifetime = expires - datetime.datetime.now(datetime.timezone.utc)
     assert datetime.timedelta(minutes=13) < lifetime <= datetime.timedelta(minutes=14)
+
+
+def test_the_kube_context_runs_the_mlbench_on_path_not_the_interpreter_that_made_it(moto, tmp_path,
+                                                                                   monkeypatch):
+    assert run("create-cluster", "aws", "1", "moved").exit_code == 0
+    record = config.current_cluster()
+    text = record.kubeconfig.read_text()
+    assert sys.executable not in text and "python" not in text
+    user = next(u["user"] for u in yaml.safe_load(text)["users"] if u["name"] == record.context)["exec"]
+    # the virtual environment that made the cluster is gone; mlbench is installed elsewhere
+    bin_dir = tmp_path / "another-venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "mlbench").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m mlbench "$@"\n')
+    (bin_dir / "mlbench").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
+    plugin = subprocess.run([user["command"], *user["args"]], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **{e["name"]: e["value"] for e in user.get("env", [])}})
+    assert plugin.returncode == 0, plugin.stderr
+    credential = json.loads(plugin.stdout)
+    assert credential["kind"] == "ExecCredential"
+    assert sigv4_signature_is_valid(decode_token(credential["status"]["token"]), "moved",
+                                    "mlbench-test-secret")
 
 
 def test_the_exec_plugin_prints_an_exec_credential(monkeypatch):

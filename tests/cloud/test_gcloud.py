@@ -149,9 +149,25 @@ def test_create_sends_a_valid_request_polls_the_operation_and_writes_a_context()
     assert entry == {"server": "https://203.0.113.7",
                      "certificate-authority-data": "LS0tLS1CRUdJTi1DQS0tLS0t"}
     user = next(u["user"] for u in kube["users"] if u["name"] == record.context)
-    assert user["exec"]["args"] == ["-m", "mlbench.cloud.token", "gcloud"]
+    assert (user["exec"]["command"], user["exec"]["args"]) == ("mlbench", ["token", "gcloud"])
     assert config.current_cluster().key == ("gcloud", "my-exp")
     assert record.extra["project"] == "proj" and record.extra["zone"] == "us-central1-a"
+
+
+def test_by_default_the_api_admits_only_this_machines_public_address():
+    provisioner, http = gke([missing(), reply(operation("operation-1", "RUNNING")),
+                             reply(operation("operation-1", "DONE")), reply(cluster("RUNNING")),
+                             reply(cluster("RUNNING")), reply(cluster("RUNNING"))])
+    seen = []
+    manager.create_cluster(provisioner, ClusterSpec(name="my-exp", nodes=4),
+                           lambda m, transient=False: seen.append(m))
+    (body,) = bodies(http, "POST")
+    assert schema_errors(body, METHODS["clusters"]["methods"]["create"]["request"]) == []
+    assert body["cluster"]["controlPlaneEndpointsConfig"] == {"ipEndpointsConfig": {"authorizedNetworksConfig": {
+        "enabled": True, "cidrBlocks": [{"cidrBlock": "203.0.113.7/32", "displayName": "mlbench"}]}}}
+    assert ("The Kubernetes API will admit only 203.0.113.7/32, this machine's public address "
+            "(--allow-api-from CIDR admits other networks).") in seen
+    assert config.current_cluster().extra["spec"]["api_cidrs"] == ["203.0.113.7/32"]
 
 
 def test_the_default_request_is_valid_and_opens_nothing():

@@ -32,6 +32,8 @@ def test_events_posted_twice_are_stored_once(service):
         (200, {"next_seq": 8})
     assert [e["seq"] for e in stored(service, run_id, 1)] == list(range(8))
     assert stored(service, run_id, 0) == []
+    events_file = service.home / "runs" / run_id / "events" / "rank-1.jsonl"
+    assert events_file.stat().st_mode & 0o777 == 0o600
 
     status, files = service.call("GET", f"/v1/runs/{run_id}/files")
     assert status == 200 and set(files["files"]) == {"run.json", "events/rank-1.jsonl"}

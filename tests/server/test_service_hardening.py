@@ -17,8 +17,9 @@ import pytest
 from mlbench.results.events import read_rank_events
 from mlbench.results.http_sink import run_token
 from mlbench.results.store import RUNNING
-from mlbench.server import service as service_module
-from mlbench.server.service import ResultsService, make_server
+from mlbench.server import httpd as http_module
+from mlbench.server.httpd import make_server
+from mlbench.server.service import ResultsService
 from tests.server.conftest import ADMIN_TOKEN, WORKER_TOKEN
 
 
@@ -111,7 +112,7 @@ def test_lengths_are_checked_and_bodies_read_up_to_the_limit(served):
     assert status_of(served.raw(request(f"/v1/runs/{run}/events", token))) == 411
     for length in ("-1", "lots", "1e3"):
         assert status_of(served.raw(request(f"/v1/runs/{run}/events", {**token, "Content-Length": length}))) == 400
-    huge = str(service_module.MAX_BODY + 1)
+    huge = str(http_module.MAX_BODY + 1)
     started = time.monotonic()
     assert status_of(served.raw(request(f"/v1/runs/{run}/events", {**token, "Content-Length": huge}))) == 413
     assert time.monotonic() - started < 2.0
