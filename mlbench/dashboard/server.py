@@ -47,7 +47,6 @@ def bind(host: str, port: int) -> socket.socket:
         raise MlbenchError(f"cannot listen on {host}:{port} ({err.strerror}); pick another "
                            "--port, or 0 for any free one") from None
     sock.listen(128)
-    sock.set_inheritable(True)
     return sock
 
 

@@ -132,7 +132,8 @@ def browser(lab, tmp_path_factory):
     try:
         context = playwright.chromium.launch_persistent_context(
             str(tmp_path_factory.mktemp("chromium-profile")), executable_path=executable,
-            headless=True, args=CHROMIUM_ARGS, viewport={"width": 1360, "height": 900})
+            headless=True, args=CHROMIUM_ARGS, viewport={"width": 1360, "height": 900},
+            bypass_csp=True)  # Playwright's wait_for_function evaluates strings, which the CSP forbids
     except Exception as err:
         playwright.stop()
         pytest.skip(f"Chromium at {executable} did not start under Playwright: {err}")

@@ -12,6 +12,7 @@
     ...(values ? { values } : {}), ...(size ? { size } : {}) });
   const bars = (align) => uPlot.paths.bars({ size: [0.35, 60], align });
   const show = (v, f) => (v === null || v === undefined ? "-" : f(v));
+  const usd = (v) => (v === 0 ? "$0" : Math.abs(v) < 0.01 ? `$${v.toExponential(1)}` : `$${v.toFixed(2)}`);
   const workerLabel = (k) => `${k} worker${k > 1 ? "s" : ""}`;
   const charts = {};
   /** One chart per container, kept across reloads of the comparison. */
@@ -76,12 +77,12 @@
     families.forEach((family, i) => {
       const align = families.length === 1 ? 0 : (i % 2 ? 1 : -1);
       series.push({ label: families.length > 1 ? family.label : "cost to accuracy (median)", stroke: COLOURS[i], fill: COLOURS[i] + "bb",
-        paths: bars(align), points: { show: false }, value: (u, v) => show(v, (x) => `$${x.toFixed(4)}`) });
+        paths: bars(align), points: { show: false }, value: (u, v) => show(v, usd) });
       data.push(byCount(counts, family.groups, (g) => (g.cost ? g.cost.median : null)));
     });
     chart("chart-cost", (width) => ({
       width, height: 280, scales: { ...ordinal(), y: { range: (u, min, max) => [0, max > 0 ? max * 1.15 : 1] } },
-      axes: [xAxis(), axis("USD", (u, vals) => vals.map((v) => `$${v.toPrecision(2)}`), 70)], series }), "no run reached its goal").update(families.length ? data : null, true);
+      axes: [xAxis(), axis("USD", (u, vals) => vals.map(usd), 80)], series }), "no run reached its goal").update(families.length ? data : null, true);
     document.getElementById("cost-note").textContent = doc.usd_per_node_hour === null
       ? "No price given: local runs cost $0 (enter a price per node-hour or an instance above)."
       : `Node-seconds to the goal (evaluation included) at $${doc.usd_per_node_hour} per node-hour.`;

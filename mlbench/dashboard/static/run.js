@@ -5,7 +5,7 @@
   const { el, fmt, api } = MB;
   MB.navigation("runs");
   const runId = decodeURIComponent(location.pathname.split("/").pop());
-  const state = { doc: null, training: [], evaluations: [], logs: new Map(), logShown: null };
+  const state = { doc: null, training: [], evaluations: [], logs: new Map(), logShown: null, logChosen: false };
   const MAX_LOG_CHARS = 2000000;
 
   document.getElementById("download").href = `/api/runs/${runId}/download`;
@@ -142,12 +142,17 @@
   }
 
   // -- logs --------------------------------------------------------------------------------------
+  const logOrder = (a, b) => (a.startsWith("rank-") === b.startsWith("rank-")
+    ? a.localeCompare(b, "en", { numeric: true }) : (a.startsWith("rank-") ? -1 : 1));
+
+  /** Tabs per log, workers first; worker 0's is shown until the user picks another. */
   function showLogTabs(names) {
     for (const name of names) if (!state.logs.has(name)) state.logs.set(name, "");
-    if (!state.logShown && names.length) state.logShown = names[0];
-    document.getElementById("log-tabs").replaceChildren(...[...state.logs.keys()].map((name) =>
+    const all = [...state.logs.keys()].sort(logOrder);
+    if (!state.logChosen && all.length) state.logShown = all[0];
+    document.getElementById("log-tabs").replaceChildren(...all.map((name) =>
       el("button", { type: "button", class: name === state.logShown ? "here" : null, "data-log": name,
-        onclick: () => { state.logShown = name; showLogTabs([]); showLog(true); } }, name.replace(/\.log$/, ""))));
+        onclick: () => { state.logShown = name; state.logChosen = true; showLogTabs([]); showLog(true); } }, name.replace(/\.log$/, ""))));
   }
 
   function showLog(jump) {
@@ -177,8 +182,9 @@
       let text = (message.reset ? "" : state.logs.get(message.name) || "") + message.text;
       if (text.length > MAX_LOG_CHARS) text = text.slice(text.length - MAX_LOG_CHARS);
       state.logs.set(message.name, text);
+      const shown = state.logShown;
       showLogTabs([message.name]);
-      if (message.name === state.logShown) showLog(false);
+      if (message.name === state.logShown || shown !== state.logShown) showLog(shown !== state.logShown);
     },
     gone() {
       const box = document.getElementById("problem");

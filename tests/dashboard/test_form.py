@@ -1,0 +1,41 @@
+"""The new-run form's checks: the sentences `mlbench run` prints, placed beside their field, and
+nothing recorded when any worker count is wrong (no browser, no worker process)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlbench.dashboard.newrun import FormError, create_runs
+from mlbench.dashboard.sources import Sources
+from mlbench.results.store import RunStore
+
+
+def refused(form: dict) -> dict[str, str]:
+    store = RunStore()
+    with pytest.raises(FormError) as err:
+        create_runs(Sources(store), {"task": "task2a", "workers": "1", **form})
+    assert store.list() == []  # nothing recorded
+    return err.value.errors
+
+
+@pytest.mark.parametrize("form, field, sentence", [
+    ({"task": "task9"}, "task", "unknown task 'task9'; choose one of: "),
+    ({"workers": "1 0"}, "workers", "the number of workers must be at least 1, not 0"),
+    ({"workers": "two"}, "workers", "'two' is not a valid integer"),
+    ({"time_budget": "soon"}, "time_budget", "invalid duration 'soon'; use e.g. 90s, 10m, 1h30m"),
+    ({"overrides": "speed=3"}, "overrides", "--set 'speed=3': expected KEY=VALUE with KEY one of "),
+    ({"max_steps": "0"}, "max_steps", "--max-steps must be at least 1"),
+    ({"optimizer": "powersgd", "options": {"rank": "x"}}, "opt.rank", "option rank=x: expected an integer"),
+    ({"optimizer": "adamw"}, "optimizer", "unknown optimizer 'adamw'; choose one of: "),
+    ({"data_dir": "/no/such/folder"}, "data_dir", "--data-dir /no/such/folder: no such folder"),
+])
+def test_a_wrong_field_is_refused_with_the_cli_sentence_beside_it(form, field, sentence, libsvm_dir):
+    form.setdefault("data_dir", str(libsvm_dir))
+    errors = refused(form)
+    assert list(errors) == [field] and errors[field].startswith(sentence)
+
+
+def test_a_topology_that_does_not_fit_one_of_the_worker_counts_records_no_run(libsvm_dir):
+    errors = refused({"workers": "4 2", "optimizer": "decentralized-sgd",
+                      "options": {"topology": "torus:2x2"}, "data_dir": str(libsvm_dir)})
+    assert errors == {"opt.topology": "topology torus:2x2 has 4 nodes, but the run has 2 workers"}
