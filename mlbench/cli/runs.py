@@ -11,9 +11,9 @@ from tabulate import tabulate
 
 from mlbench.cli import cli
 from mlbench.cli.allreduce import AllreducePrinter, print_allreduce_table, task_rows
-from mlbench.cli.launchers import launcher_options, print_worker_commands
 from mlbench.cli.format import (fmt_duration, fmt_percent, fmt_time, print_run_details,
                                 ProgressPrinter)
+from mlbench.cli.launchers import launcher_options, print_worker_commands
 from mlbench.cli.optimizers import print_compression
 from mlbench.cloud.config import current_cluster
 from mlbench.errors import UsageError
