@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 from mlbench.errors import UsageError
-from mlbench.launch.local import PIDS_FILE, WorkerProcesses, _last_error, describe_exit
+from mlbench.launch.local import PIDS_FILE, WorkerProcesses, describe_exit
+from mlbench.launch.run_folder import log_tail, rank_error
 from mlbench.results.store import write_json_atomic
 from mlbench.run_config import RunDocument
 
@@ -71,17 +72,9 @@ class MpiLauncher(WorkerProcesses):
         reason = f"mpirun {describe_exit(code)}"
         workers = RunDocument.load(self.run_dir).config.workers
         for rank in range(workers):
-            error = _last_error(self.run_dir, rank)
+            error = rank_error(self.run_dir, rank)
             if error:
                 return f"{reason}: worker {rank}: {error}"
-        tail = _mpirun_tail(self.run_dir)
+        tail = log_tail(self.run_dir / "logs" / MPIRUN_LOG)
         return f"{reason}: {tail}" if tail else reason
 
-
-def _mpirun_tail(run_dir: Path) -> str | None:
-    try:
-        lines = (run_dir / "logs" / MPIRUN_LOG).read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    lines = [line.strip() for line in lines if line.strip()]
-    return lines[-1] if lines else None

@@ -85,8 +85,8 @@ def start_detached(store: RunStore, run: RunRecord) -> str:
 def run_attached(store: RunStore, run: RunRecord, on_event: Callable[[dict[str, Any]], None] | None = None,
                  progress: Progress | None = None) -> RunRecord:
     """Submit the job and follow it to its end (Ctrl-C cancels it)."""
-    say = progress or (lambda _: None)
     job = start_detached(store, run)
+    say = progress or _quiet
     say(f"Submitted Slurm job {job} ({run.workers} task(s)); the batch script is {run.run_dir / SCRIPT_NAME}")
     tail = EventTail(run.run_dir / "events" / "rank-0.jsonl")
     last_note = None
@@ -97,13 +97,18 @@ def run_attached(store: RunStore, run: RunRecord, on_event: Callable[[dict[str, 
             if note and note != last_note:
                 say(note)
                 last_note = note
-            for event in tail.read_new() if on_event else ():
-                on_event(event)
+            if on_event is not None:
+                for event in tail.read_new():
+                    on_event(event)
             if not record.active:
                 return record
             time.sleep(FOLLOW_SECONDS)
     except KeyboardInterrupt:
         return cancel(store, store.get(run.id))
+
+
+def _quiet(_: str) -> None:
+    """No progress lines."""
 
 
 def _describe(job: str, state: jobs.JobState | None) -> str | None:

@@ -75,7 +75,8 @@ def test_a_run_folder_with_a_space_cannot_be_a_batch_script():
 def test_squeue_json_of_slurm_22_and_23_reads_the_same():
     old = {"job_id": 7, "job_state": "FAILED", "state_reason": "NonZeroExitCode", "exit_code": 256}
     new = {"job_id": 7, "job_state": ["FAILED"], "state_reason": "NonZeroExitCode",
-           "exit_code": {"status": ["EXIT"], "return_code": {"set": True, "number": 1}, "signal": {"id": {"number": 0}}}}
+           "exit_code": {"status": ["EXIT"], "return_code": {"set": True, "number": 1},
+                         "signal": {"id": {"set": False, "number": 0}, "name": ""}}}
     assert _json_state(old) == _json_state(new) == JobState("FAILED", "NonZeroExitCode", "1:0")
     assert _json_state({"job_state": "RUNNING", "state_reason": "None"}) == JobState("RUNNING", None, None)
 
@@ -152,3 +153,20 @@ def test_slurm_without_its_commands_is_one_line(libsvm_dir, monkeypatch, tmp_pat
     assert result.exit_code == 2 and result.stderr.strip().startswith("Error: --slurm: `sbatch` is not on PATH")
     assert RunStore().list() == []  # nothing recorded
     assert sys.executable  # the worker command uses this interpreter on the nodes
+
+
+def test_an_mpi_run_without_mpirun_fails_with_the_reason(libsvm_dir, monkeypatch, tmp_path):
+    from mlbench.launch import local
+    from mlbench.launch.plan import RunRequest, create_run
+    from mlbench.results.store import read_json, write_json_atomic
+
+    store = RunStore()
+    run = create_run(store, RunRequest(task="task2a", workers=2, data_dir=str(libsvm_dir)))
+    run_json = read_json(run.run_dir / "run.json")
+    run_json["config"]["backend"] = "mpi"  # as recorded where PyTorch has MPI
+    write_json_atomic(run.run_dir / "run.json", run_json)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no mpirun here
+    with pytest.raises(UsageError, match="mpirun is not on PATH"):
+        local.run_local(store, run)
+    final = store.get(run.id)
+    assert final.state == "failed" and "the workers could not be started: --backend mpi: mpirun" in final.reason

@@ -6,14 +6,17 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
 
 import torch
 
-from mlbench.launch import slurm_jobs
+from mlbench.launch import external, slurm_jobs
 from mlbench.launch.plan import RunRequest
+from mlbench.launch.plan import create_run as plan_run
 from mlbench.launch.slurm import create_run
 from mlbench.launch.slurm_script import SCRIPT_NAME, SlurmOptions
 from mlbench.results.store import RunStore
@@ -66,8 +69,9 @@ def test_a_slurm_run_is_followed_to_its_end_and_equals_the_local_run(slurm, libs
     for rank in (0, 1):
         for name, value in checkpoint(run, rank).items():
             assert torch.equal(value, local_reference.parameters[rank][name]), (rank, name)
-    # what Slurm says about the job agrees
-    assert slurm_jobs.query(job).state == "COMPLETED"
+    # what Slurm says about the job agrees, in JSON and in text; this cluster keeps no accounting
+    assert slurm_jobs.query(job).state == slurm_jobs.query_squeue_text(job).state == "COMPLETED"
+    assert slurm_jobs.query_sacct(job) is None
 
     details = mlbench("status", run.id, check=True).stdout
     assert "finished" in details and "Goal 89.00%" in details
@@ -133,3 +137,20 @@ def test_an_option_that_sbatch_refuses_is_one_line_and_fails_the_run(slurm, libs
     assert len(proc.stderr.strip().splitlines()) == 1
     run = last_run()
     assert run.state == "failed" and "could not be submitted" in run.reason
+
+
+def test_srun_starts_the_workers_of_a_recorded_run(slurm, libsvm_dir, local_reference):
+    """`srun -n 2 python -m mlbench.worker RUN_DIR`: ranks from SLURM_PROCID, rank 0 on the first
+    node of the step, a port derived from the job, no MASTER_* from anyone."""
+    request = RunRequest(task="task2a", workers=2, data_dir=str(libsvm_dir), max_steps=6, seed=3,
+                         overrides={"batch_per_worker": 50}, log_every=2, stop_at_goal=False, save_model=True)
+    run = plan_run(RunStore(), request, launcher="external")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MASTER_")}
+    proc = subprocess.run(["srun", "-n", "2", sys.executable, "-m", "mlbench.worker", str(run.run_dir)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = external.reconcile(RunStore(), run)
+    assert run.state == "finished" and run.result["final_accuracy"] == local_reference.result["final_accuracy"]
+    for rank in (0, 1):
+        for name, value in checkpoint(run, rank).items():
+            assert torch.equal(value, local_reference.parameters[rank][name]), (rank, name)
