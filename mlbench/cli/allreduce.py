@@ -8,6 +8,7 @@ from typing import Any
 import click
 from tabulate import tabulate
 
+from mlbench.cli.format import network_note
 from mlbench.results.store import RunRecord, read_json
 from mlbench.results.summary import RunSummary
 from mlbench.tasks.allreduce import TABLE_HEADERS, message_sizes, peak, table_row
@@ -37,7 +38,7 @@ class AllreducePrinter:
         sizes = message_sizes(int(params["max_size"]))
         click.echo(f"Run {self.run.id} ({self.run.name}): task0a all-reduce sweep, {self.run.workers} "
                    f"worker(s), {config['device']}/{config['backend']}, {sizes[0]}..{_elements(sizes[-1])} "
-                   f"elements, {', '.join(params['dtypes'])}")
+                   f"elements, {', '.join(params['dtypes'])}{network_note(self.run)}")
         click.echo(_line(TABLE_HEADERS))
 
     def __call__(self, event: dict[str, Any]) -> None:

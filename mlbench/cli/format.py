@@ -9,7 +9,8 @@ import click
 from tabulate import tabulate
 
 from mlbench.launch.plan import RunRequest
-from mlbench.results.store import RunRecord
+from mlbench.network.settings import describe_network, network_label
+from mlbench.results.store import RunRecord, read_json
 from mlbench.results.summary import RunSummary, phase_table
 
 
@@ -53,14 +54,13 @@ class ProgressPrinter:
         self._train_time = 0.0
 
     def header(self) -> None:
-        from mlbench.results.store import read_json
         config = read_json(self.run.run_dir / "run.json")["config"]
         goal = config["task"]["goal_light" if config["light"] else "goal_full"]
         goal_text = "no goal (synthetic data)" if config["data"] == "synthetic" else f"goal {fmt_percent(goal)} test accuracy"
         budget = f", time budget {fmt_duration(config['time_budget_s'])}" if config["time_budget_s"] else ""
         click.echo(f"Run {self.run.id} ({self.run.name}): {self.run.task}, {self.run.workers} worker(s) "
                    f"x {config['threads_per_worker']} thread(s), {config['device']}/{config['backend']}, "
-                   f"{self.run.division} division, {goal_text}{budget}")
+                   f"{self.run.division} division, {goal_text}{budget}{network_note(self.run)}")
 
     def __call__(self, event: dict[str, Any]) -> None:
         name, value = event["name"], event["value"]
@@ -111,6 +111,19 @@ def describe_result(result: dict[str, Any]) -> str:
             f"(best {fmt_percent(result['best_accuracy'])}, {result['epochs']:.2f} epochs).")
 
 
+def _run_json(run: RunRecord) -> dict[str, Any]:
+    try:
+        return read_json(run.run_dir / "run.json")
+    except (OSError, ValueError):
+        return {}
+
+
+def network_note(run: RunRecord) -> str:
+    """``, network 1 Gbit/s, 0.5 ms (emulated)`` for the header of a run with one."""
+    label = network_label(_run_json(run).get("network"))
+    return f", network {label} (emulated)" if label else ""
+
+
 def print_run_details(run: RunRecord, summary: RunSummary) -> None:
     rows = [["id", run.id], ["name", run.name], ["task", run.task], ["workers", run.workers],
             ["state", run.state + (f" ({run.reason})" if run.reason else "")],
@@ -125,6 +138,7 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
         rows.append(["last test loss", f"{last.get('loss', float('nan')):.4f}"])
     if summary.throughput:
         rows.append(["throughput", f"{summary.throughput:.0f} samples/s (all workers)"])
+    rows.append(["network", describe_network(_run_json(run).get("network"))])
     if run.result:
         rows.append(["result", describe_result(run.result)])
     click.echo(tabulate(rows, tablefmt="plain"))

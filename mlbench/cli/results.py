@@ -64,17 +64,20 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file) -> Non
       mlbench compare --group 5d1e20c4 --price-per-hour 0.19
     """
     comparison = _comparison(run_refs, task, group, instance, price_per_hour, prices_file)
+    emulated = any(f.network for f in comparison.families())
     for i, (family, groups) in enumerate(comparison.families().items()):
         if i:
             click.echo("")
         metric = ("speedup of time to accuracy" if family.metric == TIME_TO_ACCURACY
                   else "no goal: speedup of throughput")
         goal = f"goal {fmt_percent(family.goal)}" if family.goal is not None else "synthetic data"
+        network = f"network {family.network or 'not emulated'} | " if emulated else ""
         click.echo(f"{family.task} | {family.division} division | {family.optimizer} | "
-                   f"{family.hardware} | {goal} | {metric}")
-        click.echo(tabulate([_row(g) for g in groups], disable_numparse=True, headers=[
-            "WORKERS", "CONVERGED", "TIME TO ACC.", "MIN..MAX", "OLYMPIC MEAN", "SPEEDUP",
-            "EFFICIENCY", "COMPUTE/COMM.", "SAMPLES/S", "ACCURACY", "COST TO ACC."]))
+                   f"{family.hardware} | {network}{goal} | {metric}")
+        click.echo(tabulate([_row(g, emulated) for g in groups], disable_numparse=True, headers=[
+            "WORKERS", *(["NETWORK"] if emulated else []), "CONVERGED", "TIME TO ACC.", "MIN..MAX",
+            "OLYMPIC MEAN", "SPEEDUP", "EFFICIENCY", "COMPUTE/COMM.", "SAMPLES/S", "ACCURACY",
+            "COST TO ACC."]))
     click.echo("")
     click.echo("Time to accuracy: training time to the goal, evaluation excluded; median over the "
                "repeats, olympic mean without the fastest and slowest run; a run that missed the "
@@ -89,13 +92,14 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file) -> Non
         click.echo(f"Left out {len(comparison.skipped)} run(s) that did not finish: {listed}.")
 
 
-def _row(g: Group) -> list[str]:
+def _row(g: Group, emulated: bool = False) -> list[str]:
     tta = g.time_to_accuracy
     goal = g.family.metric == TIME_TO_ACCURACY
     share = g.communication_share
     cost = "-" if g.cost is None or not goal else _usd(g.cost.median)
     return [
         str(g.workers),
+        *([g.family.network or "-"] if emulated else []),
         f"{tta.converged}/{tta.runs}" if goal else f"-/{tta.runs}",
         _seconds(tta.median) if goal else "-",
         f"{_seconds(tta.minimum)}..{_seconds(tta.maximum)}" if goal and tta.converged else "-",

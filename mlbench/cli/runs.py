@@ -18,6 +18,7 @@ from mlbench.cloud.config import current_cluster
 from mlbench.errors import UsageError
 from mlbench.launch import kubernetes, local
 from mlbench.launch.plan import BACKENDS, RunRequest, create_run, parse_duration
+from mlbench.network.settings import SHAPING, network_options
 from mlbench.results.archive import write_archive
 from mlbench.results.events import read_run_events
 from mlbench.results.mllog import write_mllog
@@ -112,9 +113,19 @@ def tasks() -> None:
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
 @click.option("--image", help="Worker image on a cluster [the cluster's, else mlbench/worker:VERSION].")
+@click.option("--bandwidth", metavar="RATE[,RATE...]",
+              help="Emulate every worker's link at RATE in each direction (tc units: 100mbit, 1gbit, "
+                   "10gbit); a comma list makes one run per rate.")
+@click.option("--latency", metavar="TIME", help="Emulated one-way latency between workers (5ms, 0.5ms, 500us).")
+@click.option("--jitter", metavar="TIME", help="Vary the latency uniformly by up to +/- TIME.")
+@click.option("--loss", metavar="PERCENT", help="Drop this share of the packets on every path (0.1%).")
+@click.option("--shaping", type=click.Choice(SHAPING), default="tc",
+              help="On a cluster: tc from an init container with NET_ADMIN, or the CNI bandwidth "
+                   "plugin's pod annotations (rate only).")
 def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets, optimizer, opts,
         backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
-        channels_last, no_graph, max_size, name, detach, image) -> None:
+        channels_last, no_graph, max_size, name, detach, image, bandwidth, latency, jitter, loss,
+        shaping) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
 
@@ -125,13 +136,15 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
       mlbench run task2a 4 --data-dir ~/data/epsilon
       mlbench run task1a 1 2 4 --time-budget 10m
       mlbench run task1a 1 2 4 8 --repeat 3
+      mlbench run task1a 2 --light --bandwidth 100mbit,1gbit,10gbit --latency 0.5ms
     """
     if any(k < 1 for k in workers):
         raise UsageError(f"the number of workers must be at least 1, not {min(workers)}")
     if repeat < 1:
         raise UsageError(f"--repeat must be at least 1, not {repeat}")
-    if name and len(workers) * repeat > 1:
-        raise UsageError("--name names one run; give one worker count and no --repeat with it")
+    networks = network_options(bandwidth, latency, jitter, loss, shaping)
+    if name and len(workers) * repeat * len(networks) > 1:
+        raise UsageError("--name names one run; give one worker count, one bandwidth and no --repeat with it")
     cluster = current_cluster()
     if image and not cluster:
         raise UsageError("--image is for runs on a cluster; choose one with `mlbench set-cluster` first")
@@ -142,7 +155,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
             return kubernetes.create_run(store, cluster, request, image=image, progress=click.echo)
         return create_run(store, request)
 
-    group = secrets.token_hex(4) if len(workers) * repeat > 1 else None
+    group = secrets.token_hex(4) if len(workers) * repeat * len(networks) > 1 else None
     requests = [RunRequest(
         task=task, workers=k, overrides=parse_overrides(sets), model=model, data=data,
         data_dir=data_dir, light=light, stop_at_goal=not no_stop,
@@ -150,10 +163,11 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
         seed=seed + r, backend=backend, device=device, optimizer=optimizer,
         optimizer_options=_parse_opts(opts), log_every=log_every, timing=not no_timing,
         save_model=save_model, precision=precision, channels_last=channels_last, graph=not no_graph,
-        name=name, group_id=group, max_size=max_size) for r in range(repeat) for k in workers]
+        name=name, group_id=group, max_size=max_size, network=network)
+        for r in range(repeat) for k in workers for network in networks]
     if detach and len(requests) > 1:
-        raise UsageError("--detach starts one run; give one worker count and no --repeat, "
-                         "or run without --detach")
+        raise UsageError("--detach starts one run; give one worker count, one bandwidth and no "
+                         "--repeat, or run without --detach")
     runs = [new_run(requests[0])]
     if detach:
         _engine(store).start_detached(store, runs[0])

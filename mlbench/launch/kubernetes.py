@@ -195,7 +195,8 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
         owner = store.api.sanitize_for_serialization(made)
         core.create_namespaced_service(store.namespace, objects.run_service(run.id, owner))
         for rank in range(run.workers):
-            pod = objects.worker_pod(run.id, rank, run.workers, threads, placement, owner)
+            pod = objects.worker_pod(run.id, rank, run.workers, threads, placement, owner,
+                                     run_json.get("network"))
             core.create_namespaced_pod(store.namespace, pod)
     except Exception as err:
         error = _api_error(err, store, f"create the pods of run {run.id}")

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from mlbench.network.emulation import NETWORK_LOST, LocalNetwork, local_network
 from mlbench.results.events import EventTail, read_rank_events
 from mlbench.results.store import (CANCELLED, FAILED, FINISHED, RunRecord, RunStore, read_json,
                                    write_json_atomic)
@@ -90,44 +91,56 @@ class LocalLauncher:
         self.run = run
         self.run_dir = run.run_dir
         self.procs: list[subprocess.Popen] = []
+        self.network: LocalNetwork | None = None
 
     def start(self) -> None:
         run_json = read_json(self.run_dir / "run.json")
         config = run_json["config"]
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(config["workers"] * 2)
-        config["master_addr"], config["master_port"] = "127.0.0.1", listener.getsockname()[1]
-        write_json_atomic(self.run_dir / "run.json", run_json)
+        pdeathsig = (functools.partial(_set_pdeathsig, os.getpid())
+                     if sys.platform.startswith("linux") else None)
         env = dict(os.environ)
         threads = str(config["threads_per_worker"])
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
-        loopback = _loopback_interface()
-        if loopback:
-            env["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
+        listener = None
         try:
+            # an emulated network: every worker in its own namespace, rendezvous on rank 0's address
+            self.network = local_network(run_json, self.run_dir / "logs" / "network.log", pdeathsig)
+            if self.network:
+                config["master_addr"], config["master_port"] = self.network.master_addr, self.network.master_port
+            else:
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                listener.bind(("127.0.0.1", 0))
+                listener.listen(config["workers"] * 2)
+                config["master_addr"], config["master_port"] = "127.0.0.1", listener.getsockname()[1]
+                loopback = _loopback_interface()
+                if loopback:
+                    env["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
+            write_json_atomic(self.run_dir / "run.json", run_json)
             for rank in range(config["workers"]):
                 cmd = [sys.executable, "-m", "mlbench.worker", str(self.run_dir), "--rank", str(rank)]
                 pass_fds: tuple[int, ...] = ()
-                if rank == 0:
+                rank_env = env
+                if self.network:
+                    cmd, rank_env = self.network.worker_command(rank, cmd), {**env, **self.network.worker_env(rank)}
+                elif rank == 0:
                     cmd += ["--store-fd", str(listener.fileno())]
                     pass_fds = (listener.fileno(),)
                 log = open(self.run_dir / "logs" / f"rank-{rank}.log", "ab")
                 try:
                     self.procs.append(subprocess.Popen(
                         cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        env=env, pass_fds=pass_fds, start_new_session=True,
-                        preexec_fn=(functools.partial(_set_pdeathsig, os.getpid())
-                                    if sys.platform.startswith("linux") else None)))
+                        env=rank_env, pass_fds=pass_fds, start_new_session=True, preexec_fn=pdeathsig))
                 finally:
                     log.close()
         except BaseException:
             self.stop_all()
             raise
         finally:
-            listener.close()
+            if listener:
+                listener.close()
         write_json_atomic(self.run_dir / PIDS_FILE, {"supervisor": os.getpid(),
-                                                     "workers": [p.pid for p in self.procs]})
+                                                     "workers": [p.pid for p in self.procs],
+                                                     "network": self.network.pid if self.network else None})
         self.store.mark_running(self.run.id, os.getpid())
 
     def stop_all(self) -> None:
@@ -146,6 +159,8 @@ class LocalLauncher:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+        if self.network:
+            self.network.stop()
 
     def supervise(self, on_event: ProgressCallback | None = None) -> RunRecord:
         """Wait for the workers; record how the run ended; return its final record."""
@@ -172,7 +187,12 @@ class LocalLauncher:
                     if on_event:
                         for event in tail.read_new():
                             on_event(event)
+                    self.stop_all()  # nothing left to stop but the emulated network
                     self._finish()
+                    break
+                if self.network and not self.network.alive():
+                    self.stop_all()
+                    self.store.mark_ended(self.run.id, FAILED, reason=NETWORK_LOST)
                     break
                 time.sleep(POLL_SECONDS)
         except (KeyboardInterrupt, Cancelled):
@@ -267,7 +287,9 @@ def cancel(store: RunStore, run: RunRecord, timeout: float = 10.0) -> RunRecord:
 
 def _kill_recorded_workers(run_dir: Path) -> None:
     try:
-        pids = read_json(run_dir / PIDS_FILE).get("workers", [])
+        recorded = read_json(run_dir / PIDS_FILE)
+        # the emulated network's holder too: its namespaces go with it and the workers
+        pids = recorded.get("workers", []) + [pid for pid in [recorded.get("network")] if pid]
     except (OSError, ValueError):
         return
     for pid in pids:

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from mlbench.errors import UsageError
+from mlbench.network import network_record
+from mlbench.network.settings import NetworkSettings
 from mlbench.optim.base import check_optimizer
 from mlbench.results.environment import describe_environment, usable_cores
 from mlbench.results.store import RunRecord, RunStore
@@ -57,6 +59,7 @@ class RunRequest:
     name: str | None = None
     group_id: str | None = None
     max_size: float | None = None     # task0a: the largest message, in elements
+    network: NetworkSettings | None = None  # an emulated network (mlbench.network); None: as is
 
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
@@ -186,6 +189,7 @@ def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
     """Validate the request (and, locally, the data) and record a new pending run."""
     config, changed = build_config(request, resources)
     check_optimizer(request.optimizer, request.optimizer_options, request.workers)
+    network = network_record(request.network, launcher) if request.network else None
     if check_data:
         prepare_data(config)
     division = "open" if changed else "closed"
@@ -199,6 +203,8 @@ def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
     }
     if resources is not None:
         run_json["placement"] = resources.placement
+    if network:
+        run_json["network"] = network
     return store.create(task=request.task, workers=request.workers, division=division,
                         run_json=run_json, name=request.name, optimizer=request.optimizer,
                         launcher=launcher, seed=request.seed, group_id=request.group_id)
