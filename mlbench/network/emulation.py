@@ -80,6 +80,8 @@ def _check(needs_netem: bool) -> str | None:
     if "error" in answer:
         return str(answer["error"])
     detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    if not detail.startswith("unshare:"):  # the namespaces were made; something else failed
+        return f"the emulated network could not be checked: {detail}"
     if _as_root():
         return f"cannot create network namespaces here ({detail}); the kernel needs CONFIG_NET_NS"
     return (f"cannot create network namespaces as an unprivileged user here ({detail}); run as root, "

@@ -105,7 +105,7 @@ def parse_rate(text: str, option: str = "--bandwidth") -> float:
         raise UsageError(f"{option} {text!r}: a bandwidth must be more than 0 (e.g. 100mbit)")
     if not unit:
         raise UsageError(f"{option} {text!r}: give a unit, e.g. {text.strip()}mbit or {text.strip()}gbit")
-    rate = number * _RATE_UNITS[unit]
+    rate = float(round(number * _RATE_UNITS[unit]))  # whole bits per second
     if not MIN_RATE_BPS <= rate <= MAX_RATE_BPS:
         raise UsageError(f"{option} {text!r}: choose a bandwidth from 1kbit to 1tbit")
     return rate
@@ -118,7 +118,7 @@ def parse_time(text: str, option: str) -> float:
         raise UsageError(f"{option} {text!r}: a time cannot be negative")
     if not unit and number != 0:
         raise UsageError(f"{option} {text!r}: give a unit, e.g. {text.strip()}ms or {text.strip()}us")
-    seconds = number * _TIME_UNITS[unit] if unit else 0.0
+    seconds = round(number * _TIME_UNITS[unit], 9) if unit else 0.0  # whole nanoseconds
     if seconds > MAX_LATENCY_S:
         raise UsageError(f"{option} {text!r}: at most {MAX_LATENCY_S:g}s")
     return seconds
