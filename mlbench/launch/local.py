@@ -6,6 +6,12 @@ a Ctrl-C at the terminal reaches the supervisor only) and tied to the supervisor
 (PR_SET_PDEATHSIG), and polls them. One worker failing ends the others and marks the run failed
 with that worker's reason; Ctrl-C or SIGTERM ends them and marks it cancelled; every worker exits
 within seconds either way, and whatever was recorded stays in the run folder.
+
+A run with a ``network`` in run.json (``--bandwidth``/``--latency``, :mod:`mlbench.network`) is
+started on an emulated network instead: the supervisor first starts the process that holds the
+run's network namespaces (tied to it like the workers, recorded in pids.json), every worker
+runs inside its own namespace, rank 0 listens for the rendezvous on its namespace address and
+gloo uses the namespace's link; the namespaces end with that process and the workers.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mlbench.errors import MlbenchError, UsageError
 from mlbench.network import netns
@@ -61,7 +62,7 @@ def _read_line(proc: subprocess.Popen, timeout: float) -> dict[str, Any]:
     return {}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _check(needs_netem: bool) -> str | None:
     if not sys.platform.startswith("linux"):
         return (f"network emulation needs Linux network namespaces and tc, which {sys.platform} "

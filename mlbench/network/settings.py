@@ -68,7 +68,7 @@ class NetworkSettings:
         return {**asdict(self), "label": self.label()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "NetworkSettings":
+    def from_dict(cls, data: dict[str, Any]) -> NetworkSettings:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     def to_args(self) -> list[str]:

@@ -230,11 +230,13 @@ def network_chart(comparison: Comparison) -> Figure:
         label = ", ".join(_line_text(key, j) for j in ([0] + [j for j in varying if j]))
         tta = [g.time_to_accuracy.median for g in groups]
         if any(math.isfinite(t) for t in tta):
-            tta_ax.plot([a for a, t in zip(x, tta) if math.isfinite(t)], [t for t in tta if math.isfinite(t)],
+            tta_ax.plot([a for a, t in zip(x, tta, strict=True) if math.isfinite(t)],
+                        [t for t in tta if math.isfinite(t)],
                         marker="o", color=_colour(i), label=label)
         epoch = [_median_epoch_seconds(g) for g in groups]
         if any(e is not None for e in epoch):
-            epoch_ax.plot([a for a, e in zip(x, epoch) if e is not None], [e for e in epoch if e is not None],
+            epoch_ax.plot([a for a, e in zip(x, epoch, strict=True) if e is not None],
+                          [e for e in epoch if e is not None],
                           marker="o", color=_colour(i), label=label)
     rates = sorted({g.family.bandwidth_bps for gs in lines.values() for g in gs})
     for ax, title, ylabel in ((tta_ax, "time to accuracy vs bandwidth", "time to accuracy (s)"),

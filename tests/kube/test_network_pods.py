@@ -53,11 +53,11 @@ def test_each_worker_pod_is_shaped_by_an_init_container_with_net_admin_only(clus
 
 
 def test_cni_shaping_puts_the_rate_in_the_bandwidth_plugins_annotations(cluster):
-    run, run_json, pods, _ = _run_and_pods(cluster, "--bandwidth", "1gbit", "--shaping", "cni")
+    _, run_json, pods, _ = _run_and_pods(cluster, "--bandwidth", "1gbit", "--shaping", "cni")
     assert run_json["network"]["mechanism"] == "cni-bandwidth"
     for pod in pods:
         annotations = pod["metadata"]["annotations"]
-        assert (annotations["kubernetes.io/ingress-bandwidth"], annotations["kubernetes.io/egress-bandwidth"]) == ("1G", "1G")
+        assert annotations["kubernetes.io/ingress-bandwidth"] == annotations["kubernetes.io/egress-bandwidth"] == "1G"
         assert "initContainers" not in pod["spec"]
     refused = mlbench_cli(*QUICK, "--bandwidth", "1gbit", "--latency", "1ms", "--shaping", "cni")
     assert refused.exit_code == 2 and "rate only" in refused.output

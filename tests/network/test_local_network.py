@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from mlbench.launch.local import pid_alive
 from mlbench.results.events import read_rank_events
@@ -35,6 +36,16 @@ def long_run(data_dir: Path) -> tuple[str, ...]:
     """task2a on a small real data set, for much longer than any test waits, at 1 Gbit/s."""
     return ("run", "task2a", "2", "--data-dir", str(data_dir), "--max-steps", "100000", "--log-every", "2",
             "--bandwidth", "1gbit")
+
+
+def cli(*args: str) -> str:
+    """A command that starts no workers (status, compare, charts, download), in this process."""
+    from mlbench.cli import cli as group
+    from mlbench.cli import commands  # noqa: F401  (registers the commands)
+
+    result = CliRunner().invoke(group, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
 
 
 def start_cli(*args: str) -> subprocess.Popen:
@@ -75,7 +86,7 @@ def test_task0a_measures_the_emulated_bandwidth():
     assert 0.85 * 100 * MBIT <= peak <= 1.02 * 100 * MBIT, [r["busbw_gbps"] for r in rows]
     network = run_json(run)["network"]
     assert (network["bandwidth_bps"], network["mechanism"]) == (100 * MBIT, "netns+tc")
-    status = mlbench("status", run.id, check=True).stdout
+    status = cli("status", run.id)
     assert "100 Mbit/s, emulated (netns+tc: each worker in its own network namespace" in status
 
 
@@ -101,14 +112,13 @@ def test_runs_at_several_bandwidths_train_exactly_the_parameters_of_an_unshaped_
             params = checkpoint(run, rank)
             assert all(torch.equal(params[k], reference[k]) for k in reference), (run.id, rank)
 
-    table = mlbench("compare", "--task", "task2a", check=True).stdout
+    table = cli("compare", "--task", "task2a")
     assert "| network 100 Mbit/s |" in table and "| network 1 Gbit/s |" in table
     assert "| network not emulated |" in table and "NETWORK" in table
-    charts = mlbench("charts", "--group", shaped_slow.group_id, "-o", str(tmp_path), "--format", "png",
-                     check=True).stdout
+    charts = cli("charts", "--group", shaped_slow.group_id, "-o", str(tmp_path), "--format", "png")
     assert "task2a-network.png" in charts
     archive = tmp_path / "run.zip"
-    mlbench("download", shaped_fast.id, "-o", str(archive), "--format", "mlperf", check=True)
+    cli("download", shaped_fast.id, "-o", str(archive), "--format", "mlperf")
     with zipfile.ZipFile(archive) as z:
         name = next(n for n in z.namelist() if n.endswith("run.json"))
         assert json.loads(z.read(name))["network"]["label"] == "1 Gbit/s"
@@ -117,22 +127,22 @@ def test_runs_at_several_bandwidths_train_exactly_the_parameters_of_an_unshaped_
 
 
 def test_a_killed_worker_leaves_no_namespace_link_or_qdisc(libsvm_dir):
-    cli = start_cli(*long_run(libsvm_dir))
+    proc = start_cli(*long_run(libsvm_dir))
     run, workers, namespaces = wait_training()
     assert len(namespaces) == 3 and os.readlink("/proc/self/ns/net") not in namespaces
     os.kill(workers[1], signal.SIGKILL)
-    out, err = cli.communicate(timeout=60)
-    assert cli.returncode == 1 and "worker 1 was killed by SIGKILL" in err
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "worker 1 was killed by SIGKILL" in err
     assert RunStore().get(run.id).state == "failed"
     wait_gone(namespaces)
 
 
 def test_ctrl_c_cancels_the_run_and_leaves_no_namespace_link_or_qdisc(libsvm_dir):
-    cli = start_cli(*long_run(libsvm_dir))
+    proc = start_cli(*long_run(libsvm_dir))
     run, workers, namespaces = wait_training()
-    cli.send_signal(signal.SIGINT)
-    out, err = cli.communicate(timeout=60)
-    assert cli.returncode == 130 and "Traceback" not in out + err
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in out + err
     assert RunStore().get(run.id).state == "cancelled"
     assert all(not pid_alive(pid) for pid in workers)
     wait_gone(namespaces)
@@ -140,8 +150,8 @@ def test_ctrl_c_cancels_the_run_and_leaves_no_namespace_link_or_qdisc(libsvm_dir
 
 def test_a_killed_supervisor_takes_its_network_along(libsvm_dir):
     mlbench(*long_run(libsvm_dir), "--detach", check=True)
-    run, workers, namespaces = wait_training()
+    run, _, namespaces = wait_training()
     os.kill(RunStore().get(run.id).supervisor_pid, signal.SIGKILL)
     wait_gone(namespaces)   # the holder and the workers die with their supervisor (PDEATHSIG)
-    assert "failed" in mlbench("status", check=True).stdout
+    assert "failed" in cli("status")
     assert "supervising process" in RunStore().get(run.id).reason
