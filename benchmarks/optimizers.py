@@ -58,16 +58,19 @@ CASES = [
 
 
 def mlbench_row(label: str, optimizer: str, options: dict[str, str], *, workers: int, steps: int,
-                interval: int, device: str, backend: str) -> list:
+                interval: int, device: str, backend: str, network=None, data_dir: str | None = None) -> list:
+    """One optimizer's row; ``network`` (NetworkSettings) emulates one, ``data_dir`` replaces the
+    synthetic data by a CIFAR-10 folder (benchmarks/network.py: a tiny test set)."""
     from mlbench.launch.local import run_local
     from mlbench.launch.plan import RunRequest, create_run
     from mlbench.results.events import read_run_events
     from mlbench.results.store import RunStore
 
     store = RunStore()
-    run = create_run(store, RunRequest(task="task1a", workers=workers, data="synthetic", device=device,
-                                       backend=backend, optimizer=optimizer, optimizer_options=options,
-                                       max_steps=steps + interval, log_every=interval))
+    run = create_run(store, RunRequest(task="task1a", workers=workers, data="real" if data_dir else "synthetic",
+                                       data_dir=data_dir, device=device, backend=backend, optimizer=optimizer,
+                                       optimizer_options=options, max_steps=steps + interval,
+                                       log_every=interval, network=network))
     final = run_local(store, run)
     if final.state != "finished":
         return [label, f"{final.state}: {final.reason}", "", "", "", ""]
@@ -138,11 +141,16 @@ def plain_ddp_row(*, workers: int, steps: int, warmup: int, device: str, backend
                     raise RuntimeError(f"a plain DDP worker exited with code {failed[0]}") from None
         for p in procs:
             p.join()
+    sent, dense = plain_ddp_bytes(workers)
+    return ["plain PyTorch DDP (tutorial loop)", per_step * 1e3, "-", sent / 1e3, dense / sent]
+
+
+def plain_ddp_bytes(workers: int) -> tuple[int, int]:
+    """(bytes DDP sends per step and worker: gradients + BatchNorm buffers, the gradients alone)."""
     model = build_model(TASK1A.model)
     dense = allreduce_bytes(count_trainable_parameters(model), 4, workers)
     buffers = sum(b.numel() * b.element_size() for b in model.buffers()) * (workers - 1) // workers
-    sent = dense + buffers
-    return ["plain PyTorch DDP (tutorial loop)", per_step * 1e3, "-", sent / 1e3, dense / sent]
+    return dense + buffers, dense
 
 
 def main() -> None:

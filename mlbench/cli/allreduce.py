@@ -9,6 +9,7 @@ import click
 from tabulate import tabulate
 
 from mlbench.results.store import RunRecord
+from mlbench.cli.format import network_note
 from mlbench.results.summary import RunSummary
 from mlbench.run_config import RunDocument
 from mlbench.tasks.allreduce import TABLE_HEADERS, message_sizes, peak, table_row
@@ -40,7 +41,7 @@ class AllreducePrinter:
         sizes = message_sizes(spec.max_size)
         click.echo(f"Run {self.run.id} ({self.run.name}): task0a all-reduce sweep, {self.run.workers} "
                    f"worker(s), {config.device}/{config.backend}, {sizes[0]}..{_elements(sizes[-1])} "
-                   f"elements, {', '.join(spec.dtypes)}")
+                   f"elements, {', '.join(spec.dtypes)}{network_note(self.run)}")
         click.echo(_line(TABLE_HEADERS))
 
     def __call__(self, event: dict[str, Any]) -> None:

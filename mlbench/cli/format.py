@@ -11,6 +11,7 @@ from tabulate import tabulate
 from mlbench.launch.plan import RunRequest
 from mlbench.results.report import describe_result, fmt_duration, fmt_percent
 from mlbench.results.store import RunRecord
+from mlbench.network.settings import describe_network, network_label
 from mlbench.results.summary import RunSummary, phase_table
 from mlbench.run_config import RunDocument
 from mlbench.tasks.metrics import get_metric
@@ -49,7 +50,7 @@ class ProgressPrinter:
         budget = f", time budget {fmt_duration(config.time_budget_s)}" if config.time_budget_s else ""
         click.echo(f"Run {self.run.id} ({self.run.name}): {self.run.task}, {self.run.workers} worker(s) "
                    f"x {config.threads_per_worker} thread(s), {config.device}/{config.backend}, "
-                   f"{self.run.division} division, {goal_text}{budget}")
+                   f"{self.run.division} division, {goal_text}{budget}{network_note(self.run)}")
 
     def __call__(self, event: dict[str, Any]) -> None:
         name, value = event["name"], event["value"]
@@ -86,6 +87,13 @@ class ProgressPrinter:
             click.echo(f"Throughput {tput}{extra}. Details: mlbench status {final.id}")
 
 
+def network_note(run: RunRecord) -> str:
+    """``, network 1 Gbit/s, 0.5 ms (emulated)`` for the header of a run with one."""
+    document = RunDocument.load_or_none(run.run_dir)
+    label = network_label(document.extra.get("network") if document else None)
+    return f", network {label} (emulated)" if label else ""
+
+
 def print_run_details(run: RunRecord, summary: RunSummary) -> None:
     rows = [["id", run.id], ["name", run.name], ["task", run.task], ["workers", run.workers],
             ["state", run.state + (f" ({run.reason})" if run.reason else "")],
@@ -100,6 +108,8 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
         rows.append(["last test loss", f"{last.get('loss', float('nan')):.4f}"])
     if summary.throughput:
         rows.append(["throughput", f"{summary.throughput:.0f} samples/s (all workers)"])
+    document = RunDocument.load_or_none(run.run_dir)
+    rows.append(["network", describe_network(document.extra.get("network") if document else None)])
     if run.result:
         rows.append(["result", describe_result(run.result)])
     click.echo(tabulate(rows, tablefmt="plain"))

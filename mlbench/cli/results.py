@@ -13,7 +13,7 @@ from mlbench.errors import UsageError
 from mlbench.results.charts import FORMATS, write_charts
 from mlbench.results.compare import Comparison, comparison_of
 from mlbench.results.cost import PriceTable
-from mlbench.results.report import COMPARE_HEADERS, compare_notes, compare_row, family_heading
+from mlbench.results.report import compare_headers, compare_notes, compare_row, family_heading
 
 
 def _selection(command: Callable) -> Callable:
@@ -56,12 +56,13 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file) -> Non
       mlbench compare --group 5d1e20c4 --price-per-hour 0.19
     """
     comparison = _comparison(run_refs, task, group, instance, price_per_hour, prices_file)
+    emulated = any(f.network for f in comparison.families())
     for i, (family, groups) in enumerate(comparison.families().items()):
         if i:
             click.echo("")
-        click.echo(family_heading(family))
-        click.echo(tabulate([compare_row(g) for g in groups], disable_numparse=True,
-                            headers=COMPARE_HEADERS))
+        click.echo(family_heading(family, emulated))
+        click.echo(tabulate([compare_row(g, emulated) for g in groups], disable_numparse=True,
+                            headers=compare_headers(emulated)))
     click.echo("")
     for note in compare_notes(comparison):
         click.echo(note)

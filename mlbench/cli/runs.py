@@ -18,6 +18,7 @@ from mlbench.errors import UsageError
 from mlbench.launch import session
 from mlbench.launch.slurm import job_id as slurm_job_id
 from mlbench.launch.plan import BACKENDS, RunRequest, parse_duration
+from mlbench.network.settings import SHAPING, network_options
 from mlbench.results.archive import write_archive
 from mlbench.results.events import read_run_events
 from mlbench.results.mllog import write_mllog
@@ -88,10 +89,20 @@ def tasks() -> None:
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
 @click.option("--image", help="Worker image on a cluster [the cluster's, else mlbench/worker:VERSION].")
+@click.option("--bandwidth", metavar="RATE[,RATE...]",
+              help="Emulate every worker's link at RATE in each direction (tc units: 100mbit, 1gbit, "
+                   "10gbit); a comma list makes one run per rate.")
+@click.option("--latency", metavar="TIME", help="Emulated one-way latency between workers (5ms, 0.5ms, 500us).")
+@click.option("--jitter", metavar="TIME", help="Vary the latency uniformly by up to +/- TIME.")
+@click.option("--loss", metavar="PERCENT", help="Drop this share of the packets on every path (0.1%).")
+@click.option("--shaping", type=click.Choice(SHAPING), default="tc",
+              help="On a cluster: tc from an init container with NET_ADMIN, or the CNI bandwidth "
+                   "plugin's pod annotations (rate only).")
 @launcher_options
 def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets, optimizer, opts,
         backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
-        channels_last, no_graph, max_size, name, detach, image, slurm, record_only) -> None:
+        channels_last, no_graph, max_size, name, detach, image, bandwidth, latency, jitter, loss,
+        shaping, slurm, record_only) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
 
@@ -104,6 +115,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
       mlbench run task1a 1 2 4 8 --repeat 3
       mlbench run task1a 8 --slurm --partition gpu --gpus-per-task 1 --time 01:00:00
       mlbench run task1a 8 --record-only     # then: torchrun ... -m mlbench.worker RUN_DIR
+      mlbench run task1a 2 --light --bandwidth 100mbit,1gbit,10gbit --latency 0.5ms
     """
     base = RunRequest(
         task=task, workers=workers[0] if workers else 1, overrides=parse_overrides(sets), model=model,
@@ -113,7 +125,8 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
         optimizer_options=_parse_opts(opts), log_every=log_every, timing=not no_timing,
         save_model=save_model, precision=precision, channels_last=channels_last, graph=not no_graph,
         name=name, max_size=max_size)
-    plan = session.plan_runs(base, workers, repeat, detach=detach)
+    plan = session.plan_runs(base, workers, repeat, detach=detach,
+                             networks=network_options(bandwidth, latency, jitter, loss, shaping))
     kind = "slurm" if slurm else "external" if record_only else "local"
     launcher = session.launcher_for(session.open_store(), kind=kind, image=image, progress=click.echo,
                                     slurm=slurm)

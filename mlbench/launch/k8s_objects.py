@@ -20,6 +20,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from mlbench.network.kube import shape_pod
+
 DEFAULT_NAMESPACE = "mlbench"
 SERVICE = "mlbench-results"          # Deployment, Service, ServiceAccount, Role, Secret, PVC
 SERVICE_PORT = 8080
@@ -184,8 +186,9 @@ def _affinity(run_id: str, workers: int, nodes: int) -> dict[str, Any]:
 
 
 def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Placement,
-               owner: dict[str, Any]) -> dict[str, Any]:
-    """The pod of one worker: the local worker command, its run.json mounted from the ConfigMap."""
+               owner: dict[str, Any], network: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The pod of one worker: the local worker command, its run.json mounted from the ConfigMap;
+    with run.json's ``network``, shaped by an init container or CNI annotations (mlbench.network.kube)."""
     amount = {"cpu": f"{placement.cpu_millis}m", "memory": f"{placement.memory_mib}Mi"}
     if placement.gpus:
         amount["nvidia.com/gpu"] = str(placement.gpus)
@@ -222,9 +225,9 @@ def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Pl
     }
     if placement.gpus:
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name(run_id, rank), "namespace": placement.namespace,
-                         "labels": {RUN_LABEL: run_id, RANK_LABEL: str(rank),
-                                    "app.kubernetes.io/name": "mlbench-worker", **MANAGED},
-                         "ownerReferences": _owned_by(owner)},
-            "spec": spec}
+    return shape_pod({"apiVersion": "v1", "kind": "Pod",
+                      "metadata": {"name": pod_name(run_id, rank), "namespace": placement.namespace,
+                                   "labels": {RUN_LABEL: run_id, RANK_LABEL: str(rank),
+                                              "app.kubernetes.io/name": "mlbench-worker", **MANAGED},
+                                   "ownerReferences": _owned_by(owner)},
+                      "spec": spec}, network, placement.image)

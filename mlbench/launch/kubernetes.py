@@ -201,7 +201,8 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
                                       objects.run_secret(run.id, run_token(secret, run.id), owner))
         core.create_namespaced_service(store.namespace, objects.run_service(run.id, owner))
         for rank in range(run.workers):
-            pod = objects.worker_pod(run.id, rank, run.workers, threads, placement, owner)
+            pod = objects.worker_pod(run.id, rank, run.workers, threads, placement, owner,
+                                     document.extra.get("network"))
             core.create_namespaced_pod(store.namespace, pod)
     except Exception as err:
         error = _api_error(err, store, f"create the pods of run {run.id}")

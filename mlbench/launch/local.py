@@ -6,6 +6,12 @@ a Ctrl-C at the terminal reaches the supervisor only) and tied to the supervisor
 (PR_SET_PDEATHSIG), and polls them. One worker failing ends the others and marks the run failed
 with that worker's reason; Ctrl-C or SIGTERM ends them and marks it cancelled; every worker exits
 within seconds either way, and whatever was recorded stays in the run folder.
+
+A run with a ``network`` in run.json (``--bandwidth``/``--latency``, :mod:`mlbench.network`) is
+started on an emulated network instead: the supervisor first starts the process that holds the
+run's network namespaces (tied to it like the workers, recorded in pids.json), every worker
+runs inside its own namespace, rank 0 listens for the rendezvous on its namespace address and
+gloo uses the namespace's link; the namespaces end with that process and the workers.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any, Callable
 
 from mlbench.launch.base import EventCallback, Launcher
 from mlbench.launch.plan import RunRequest, create_run
+from mlbench.network.emulation import NETWORK_LOST, LocalNetwork, local_network
 from mlbench.results.events import EventTail, read_rank_events
 from mlbench.run_config import RunDocument
 from mlbench.results.store import (
@@ -100,36 +107,50 @@ class WorkerProcesses:
         self.run = run
         self.run_dir = run.run_dir
         self.procs: list[subprocess.Popen] = []
+        self.network: LocalNetwork | None = None
 
     def start(self) -> None:
         document = RunDocument.load(self.run_dir)
         config = document.config
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(config.workers * 2)
-        config.master_addr, config.master_port = "127.0.0.1", listener.getsockname()[1]
-        document.save(self.run_dir)
+        pdeathsig = (functools.partial(_set_pdeathsig, os.getpid())
+                     if sys.platform.startswith("linux") else None)
         env = dict(os.environ)
         threads = str(config.threads_per_worker)
         env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
-        loopback = _loopback_interface()
-        if loopback:
-            env["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
+        listener = None
         try:
+            # an emulated network: every worker in its own namespace, rendezvous on rank 0's address
+            self.network = local_network(document.to_dict(), self.run_dir / "logs" / "network.log", pdeathsig)
+            if self.network:
+                config.master_addr, config.master_port = self.network.master_addr, self.network.master_port
+            else:
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                listener.bind(("127.0.0.1", 0))
+                listener.listen(config.workers * 2)
+                config.master_addr, config.master_port = "127.0.0.1", listener.getsockname()[1]
+                loopback = _loopback_interface()
+                if loopback:
+                    env["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
+            document.save(self.run_dir)
             for rank in range(config.workers):
                 cmd = [sys.executable, "-m", "mlbench.worker", str(self.run_dir), "--rank", str(rank)]
                 pass_fds: tuple[int, ...] = ()
-                if rank == 0:
+                rank_env = env
+                if self.network:
+                    cmd, rank_env = self.network.worker_command(rank, cmd), {**env, **self.network.worker_env(rank)}
+                elif rank == 0 and listener is not None:
                     cmd += ["--store-fd", str(listener.fileno())]
                     pass_fds = (listener.fileno(),)
-                self.procs.append(self.spawn(cmd, f"rank-{rank}.log", env, pass_fds))
+                self.procs.append(self.spawn(cmd, f"rank-{rank}.log", rank_env, pass_fds))
         except BaseException:
             self.stop_all()
             raise
         finally:
-            listener.close()
+            if listener:
+                listener.close()
         write_json_atomic(self.run_dir / PIDS_FILE, {"supervisor": os.getpid(),
-                                                     "workers": [p.pid for p in self.procs]})
+                                                     "workers": [p.pid for p in self.procs],
+                                                     "network": self.network.pid if self.network else None})
         self.store.mark_running(self.run.id, os.getpid())
 
     def spawn(self, cmd: list[str], log_name: str, env: dict[str, str],
@@ -164,6 +185,8 @@ class WorkerProcesses:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+        if self.network:
+            self.network.stop()
 
     def supervise(self, on_event: ProgressCallback | None = None) -> RunRecord:
         """Wait for the workers; record how the run ended; return its final record."""
@@ -186,7 +209,12 @@ class WorkerProcesses:
                     if on_event:
                         for event in tail.read_new():
                             on_event(event)
+                    self.stop_all()  # nothing left to stop but the emulated network
                     self._finish()
+                    break
+                if self.network and not self.network.alive():
+                    self.stop_all()
+                    self.store.mark_ended(self.run.id, FAILED, reason=NETWORK_LOST)
                     break
                 time.sleep(POLL_SECONDS)
         except (KeyboardInterrupt, Cancelled):
@@ -283,7 +311,9 @@ def cancel(store: RunStore, run: RunRecord, timeout: float = 10.0) -> RunRecord:
 
 def _kill_recorded_workers(run_dir: Path) -> None:
     try:
-        pids = read_json(run_dir / PIDS_FILE).get("workers", [])
+        recorded = read_json(run_dir / PIDS_FILE)
+        # the emulated network's holder too: its namespaces go with it and the workers
+        pids = recorded.get("workers", []) + [pid for pid in [recorded.get("network")] if pid]
     except (OSError, ValueError):
         return
     for pid in pids:

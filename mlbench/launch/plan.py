@@ -18,6 +18,8 @@ import torch
 from mlbench.errors import UsageError
 from mlbench.optim.catalog import check_optimizer
 from mlbench.optim.registry import OPTIMIZERS
+from mlbench.network import network_record
+from mlbench.network.settings import NetworkSettings
 from mlbench.results.environment import describe_environment, usable_cores
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import Backend, DataSource, Device, Precision, RunConfig
@@ -58,6 +60,7 @@ class RunRequest:
     name: str | None = None
     group_id: str | None = None
     max_size: float | None = None     # task0a: the largest message, in elements
+    network: NetworkSettings | None = None  # an emulated network (mlbench.network); None: as is
 
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
@@ -203,6 +206,7 @@ def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
         usable = ", ".join(sorted(n for n, c in OPTIMIZERS.items() if c.supports_grad_hook))
         raise UsageError(f"optimizer {config.optimizer} cannot clip the averaged gradient that {spec.name} "
                          f"clips (it never holds it); use one of {usable}")
+    network = network_record(request.network, launcher) if request.network else None
     if check_data:
         prepare_data(config)
     division = "open" if changed else "closed"
@@ -216,6 +220,8 @@ def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
     }
     if resources is not None:
         run_json["placement"] = resources.placement
+    if network:
+        run_json["network"] = network
     return store.create(task=request.task, workers=request.workers, division=division,
                         run_json=run_json, name=request.name, optimizer=config.optimizer,
                         launcher=launcher, seed=request.seed, group_id=request.group_id)

@@ -101,24 +101,28 @@ class RunPlan:
 
 
 def plan_runs(base: RunRequest, worker_counts: Sequence[int], repeat: int = 1,
-              detach: bool = False) -> RunPlan:
-    """One request per worker count and repeat (seeds ``base.seed .. base.seed + repeat - 1``),
-    in ``repeat`` rounds over the worker counts, so that a change of load hits every count alike."""
+              detach: bool = False, networks: Sequence[Any] = (None,)) -> RunPlan:
+    """One request per worker count, network setting and repeat (seeds ``base.seed .. base.seed
+    + repeat - 1``), in ``repeat`` rounds over the worker counts and networks, so that a change of
+    load hits every count alike. ``networks``: the emulated networks (NetworkSettings; None for
+    the network as it is), one run each, like worker counts."""
     if not worker_counts:
         raise UsageError("give at least one worker count")
     if any(k < 1 for k in worker_counts):
         raise UsageError(f"the number of workers must be at least 1, not {min(worker_counts)}")
     if repeat < 1:
         raise UsageError(f"--repeat must be at least 1, not {repeat}")
-    count = len(worker_counts) * repeat
+    networks = list(networks) or [None]
+    count = len(worker_counts) * repeat * len(networks)
+    several = "one worker count, one bandwidth and no --repeat" if len(networks) > 1 else \
+        "one worker count and no --repeat"
     if base.name and count > 1:
-        raise UsageError("--name names one run; give one worker count and no --repeat with it")
+        raise UsageError(f"--name names one run; give {several} with it")
     if detach and count > 1:
-        raise UsageError("--detach starts one run; give one worker count and no --repeat, "
-                         "or run without --detach")
+        raise UsageError(f"--detach starts one run; give {several}, or run without --detach")
     group = secrets.token_hex(4) if count > 1 else None
-    requests = [dataclasses.replace(base, workers=k, seed=base.seed + r, group_id=group)
-                for r in range(repeat) for k in worker_counts]
+    requests = [dataclasses.replace(base, workers=k, seed=base.seed + r, group_id=group, network=network)
+                for r in range(repeat) for k in worker_counts for network in networks]
     return RunPlan(requests, group)
 
 

@@ -4,7 +4,9 @@ The original published, per task (docs/tasks.md, "The original's published resul
 of workers, the cost of a run against the number of workers, loss against time for each worker
 count with the target line, and the communication/computation time ratio per worker count. Each
 is drawn here from a :class:`~mlbench.results.compare.Comparison`, so the charts show exactly the
-groups, repeats and families that `mlbench compare` prints. Figures are drawn on matplotlib's Agg
+groups, repeats and families that `mlbench compare` prints. When the runs were made at several
+emulated bandwidths (`mlbench run ... --bandwidth 100mbit,1gbit`), a fifth figure shows time to
+accuracy and time per epoch against the bandwidth. Figures are drawn on matplotlib's Agg
 canvas without pyplot: no display, no global state between calls.
 """
 
@@ -17,6 +19,7 @@ from typing import Sequence
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from mlbench.network.settings import format_rate
 from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, RunResult)
 
 CHART_NAMES = ("speedup", "cost", "loss-accuracy", "communication")
@@ -32,9 +35,10 @@ def write_charts(comparison: Comparison, out_dir: str | Path,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     drawers = {"speedup": speedup_chart, "cost": cost_chart, "loss-accuracy": loss_accuracy_chart,
-               "communication": communication_chart}
+               "communication": communication_chart, "network": network_chart}
+    names = CHART_NAMES + (("network",) if differs_in_bandwidth(comparison) else ())
     written = []
-    for name in CHART_NAMES:
+    for name in names:
         fig = drawers[name](comparison)
         for fmt in formats:
             path = out / f"{comparison.task}-{name}.{fmt}"
@@ -197,6 +201,72 @@ def communication_chart(comparison: Comparison) -> Figure:
     else:
         _empty(ax, "no phase times recorded (runs made with --no-timing)")
     return fig
+
+
+def differs_in_bandwidth(comparison: Comparison) -> bool:
+    """Whether the runs were made at more than one emulated bandwidth (the network chart's cue)."""
+    return len({g.family.bandwidth_bps for g in comparison.groups if g.family.bandwidth_bps}) > 1
+
+
+def network_chart(comparison: Comparison) -> Figure:
+    """Time to accuracy and time per epoch against the emulated bandwidth, a line per optimizer.
+
+    The question of the network dimension: at which bandwidth does a compressing optimizer
+    start to pay? Runs on the network as it was (not emulated) have no bandwidth and are left out.
+    """
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    tta_ax, epoch_ax = fig.subplots(1, 2)
+    lines: dict[tuple, list[Group]] = {}
+    for g in comparison.groups:
+        if g.family.bandwidth_bps:
+            f = g.family
+            key = (f.optimizer, g.workers, f.division, f.hardware, f.goal,
+                   f.network.split(", ", 1)[1] if ", " in f.network else "")
+            lines.setdefault(key, []).append(g)
+    varying = [i for i in range(6) if len({k[i] for k in lines}) > 1]
+    for i, (key, groups) in enumerate(lines.items()):
+        groups.sort(key=lambda g: g.family.bandwidth_bps)
+        x = [g.family.bandwidth_bps / 1e6 for g in groups]
+        label = ", ".join(_line_text(key, j) for j in ([0] + [j for j in varying if j]))
+        tta = [g.time_to_accuracy.median for g in groups]
+        if any(math.isfinite(t) for t in tta):
+            tta_ax.plot([a for a, t in zip(x, tta, strict=True) if math.isfinite(t)],
+                        [t for t in tta if math.isfinite(t)],
+                        marker="o", color=_colour(i), label=label)
+        epoch = [_median_epoch_seconds(g) for g in groups]
+        if any(e is not None for e in epoch):
+            epoch_ax.plot([a for a, e in zip(x, epoch, strict=True) if e is not None],
+                          [e for e in epoch if e is not None],
+                          marker="o", color=_colour(i), label=label)
+    rates = sorted({g.family.bandwidth_bps for gs in lines.values() for g in gs})
+    for ax, title, ylabel in ((tta_ax, "time to accuracy vs bandwidth", "time to accuracy (s)"),
+                              (epoch_ax, "time per epoch vs bandwidth", "training seconds per epoch")):
+        ax.set_xscale("log")
+        ax.set_xticks([r / 1e6 for r in rates], [format_rate(r) for r in rates])
+        ax.set_xlim(rates[0] / 1e6 / 1.5, rates[-1] / 1e6 * 1.5)
+        ax.minorticks_off()
+        ax.set_xlabel("emulated bandwidth per worker and direction")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        else:
+            _empty(ax, "no run reached its goal" if ax is tta_ax else "no finished epoch")
+    fig.suptitle(f"{comparison.task}: the network dimension (median of the repeats)", fontsize=11)
+    return fig
+
+
+def _line_text(key: tuple, index: int) -> str:
+    optimizer, workers, division, hardware, goal, rest = key
+    return [optimizer, f"{workers} workers", f"{division} division", hardware,
+            f"goal {goal:.0%}" if goal is not None else "no goal", rest or "no latency"][index]
+
+
+def _median_epoch_seconds(group: Group) -> float | None:
+    values = sorted(r.result["train_time"] / r.result["epochs"] for r in group.runs
+                    if r.result.get("train_time") and r.result.get("epochs"))
+    return values[(len(values) - 1) // 2] if values else None
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """`mlbench compare`: runs side by side, grouped so that only like is compared with like.
 
-Runs are grouped by *family* (task, division, optimizer, hardware, goal) and, within a family, by
-worker count; repeats of one configuration fall into one group and are summarised with
+Runs are grouped by *family* (task, division, optimizer, hardware, goal, emulated network) and,
+within a family, by worker count; repeats of one configuration fall into one group and are summarised with
 :mod:`mlbench.results.repeats`. Within a family, speedup is relative to the smallest worker count
 present (the original's figures: "speedup relative to one node") and parallel efficiency is the
 speedup divided by the growth in workers. Closed and open division, different optimizers,
-hardware or goals never share a family: a speedup across them would compare two things at once.
+hardware, goals or networks never share a family: a speedup across them would compare two things
+at once.
 
 The measure behind the speedup is time to accuracy (docs/tasks.md); a family without a goal (synthetic
 data, for throughput only) is compared by training throughput instead, and says so. The compute /
@@ -23,6 +24,7 @@ from typing import Any
 
 from mlbench.errors import UsageError
 from mlbench.results.cost import PriceTable, cost_usd
+from mlbench.network.settings import network_label
 from mlbench.results.events import read_run_events
 from mlbench.results.repeats import RepeatStats, repeat_stats
 from mlbench.results.outcome import TrainingResult
@@ -86,6 +88,7 @@ class RunResult:
     config: RunConfig | None
     hardware: str
     losses: list[tuple[float, float]] = field(default_factory=list)
+    network: dict[str, Any] | None = None   # run.json's emulated network, None: as it was
 
     @classmethod
     def load(cls, record: RunRecord) -> "RunResult":
@@ -94,7 +97,8 @@ class RunResult:
         document = RunDocument.load_or_none(record.run_dir)
         config = document.config if document else None
         environment = summary.environment or (document.environment if document else {})
-        return cls(record, summary, config, hardware_label(config.device if config else None, environment), loss_curve(events))
+        return cls(record, summary, config, hardware_label(config.device if config else None, environment),
+                   loss_curve(events), document.extra.get("network") if document else None)
 
     @property
     def result(self) -> TrainingResult:
@@ -135,6 +139,8 @@ class Family:
     optimizer: str
     hardware: str
     goal: float | None
+    network: str = ""                  # the emulated network's label; "" when not emulated
+    bandwidth_bps: float | None = None
 
     @property
     def metric(self) -> str:
@@ -230,7 +236,8 @@ def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = Non
     buckets: dict[tuple[Family, int], list[RunResult]] = defaultdict(list)
     for record in finished:
         run = RunResult.load(record)
-        family = Family(record.task, record.division, record.optimizer, run.hardware, run.goal)
+        family = Family(record.task, record.division, record.optimizer, run.hardware, run.goal,
+                        network_label(run.network), (run.network or {}).get("bandwidth_bps"))
         buckets[(family, record.workers)].append(run)
     groups = [_group(f, k, runs, usd_per_node_hour)
               for (f, k), runs in sorted(buckets.items(), key=lambda item: _sort_key(*item[0]))]
@@ -243,7 +250,8 @@ def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = Non
 
 
 def _sort_key(family: Family, workers: int) -> tuple:
-    return (family.division, family.optimizer, family.hardware, family.goal or 0.0, workers)
+    return (family.division, family.optimizer, family.hardware, family.goal or 0.0,
+            family.bandwidth_bps or math.inf, family.network, workers)
 
 
 def _group(family: Family, workers: int, runs: list[RunResult], usd: float | None) -> Group:

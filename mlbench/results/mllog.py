@@ -12,6 +12,8 @@ fact, so it needs nothing from the workers beyond what every run records:
   minus the training and evaluation seconds before it;
 * an evaluation ends at rank 0's ``time/eval`` event and starts that many seconds earlier; the
   epoch before it runs from the previous evaluation's end (or ``run_start``) to its start;
+* a run on an emulated network (`mlbench run --bandwidth ...`) adds ``mlbench_network``: its
+  label as the value, run.json's settings and mechanism as the metadata;
 * ``init_start`` is when the launcher started the run (process start, data loading and the
   process group count as initialisation, as in MLPerf), ``run_stop`` the time of the result.
 """
@@ -24,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mlbench.network.settings import network_label
 from mlbench.results.compare import hardware_label
 from mlbench.results.events import read_run_events
 from mlbench.results.outcome import TrainingResult
@@ -65,6 +68,9 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
     for kind in ("tensor", "pipeline", "context", "expert"):  # data parallelism only
         log.add(init_start, f"{kind}_parallelism", 1)
     log.add(init_start, "config_filename", "run.json")
+    network = document.extra.get("network") if document else None
+    if network:  # the emulated network: its label, the settings and how
+        log.add(init_start, "mlbench_network", network_label(network), metadata=dict(network))
     if spec is not None:
         log.add(init_start, "micro_batch_size", spec.batch_per_worker)
         for key, value in _hyper_parameters(spec, record.workers).items():

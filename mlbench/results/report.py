@@ -72,23 +72,31 @@ COMPARE_HEADERS = ("WORKERS", "CONVERGED", "TIME TO ACC.", "MIN..MAX", "OLYMPIC 
                    "EFFICIENCY", "COMPUTE/COMM.", "SAMPLES/S", "ACCURACY", "COST TO ACC.")
 
 
-def family_heading(family: Family) -> str:
-    """What the runs of one table have in common, and the measure of their speedup."""
+def compare_headers(emulated: bool = False) -> tuple[str, ...]:
+    """:data:`COMPARE_HEADERS`, with the network column when some family ran on an emulated one."""
+    return (COMPARE_HEADERS[0], "NETWORK", *COMPARE_HEADERS[1:]) if emulated else COMPARE_HEADERS
+
+
+def family_heading(family: Family, emulated: bool = False) -> str:
+    """What the runs of one table have in common, and the measure of their speedup
+    (``emulated``: some family ran on an emulated network, so each says its network)."""
     metric = ("speedup of time to accuracy" if family.metric == TIME_TO_ACCURACY
               else "no goal: speedup of throughput")
     goal = f"goal {task_metric(family.task).format(family.goal)}" if family.goal is not None else "synthetic data"
+    network = f"network {family.network or 'not emulated'} | " if emulated else ""
     return (f"{family.task} | {family.division} division | {family.optimizer} | "
-            f"{family.hardware} | {goal} | {metric}")
+            f"{family.hardware} | {network}{goal} | {metric}")
 
 
-def compare_row(g: Group) -> list[str]:
-    """One worker count of a family, in the columns of :data:`COMPARE_HEADERS`."""
+def compare_row(g: Group, emulated: bool = False) -> list[str]:
+    """One worker count of a family, in the columns of :func:`compare_headers`."""
     tta = g.time_to_accuracy
     goal = g.family.metric == TIME_TO_ACCURACY
     share = g.communication_share
     cost = "-" if g.cost is None or not goal else _usd(g.cost.median)
     return [
         str(g.workers),
+        *([g.family.network or "-"] if emulated else []),
         f"{tta.converged}/{tta.runs}" if goal else f"-/{tta.runs}",
         _seconds(tta.median) if goal else "-",
         f"{_seconds(tta.minimum)}..{_seconds(tta.maximum)}" if goal and tta.converged else "-",

@@ -1,0 +1,196 @@
+"""The optimizers of task 1a on an emulated network: at which bandwidth does compression pay?
+
+    python benchmarks/network.py                           # 10gbit, 1gbit, 100mbit at 0.5 ms, 2 workers
+    python benchmarks/network.py --latency 0               # where the kernel has no netem
+    python benchmarks/network.py --bandwidth 1gbit --only powersgd
+
+For every bandwidth, the table of benchmarks/optimizers.py (ms/step, communication ms/step,
+bytes sent per step and worker) for the reference and the compressing optimizers, every row a
+real `mlbench run task1a K --bandwidth B --latency L --optimizer ...` through the launcher, and
+as the baseline the PyTorch DDP tutorial loop started in the same emulated network (each of its
+processes in its own namespace, gloo on the namespace's link). Then, per optimizer, its step time
+relative to the reference at each bandwidth, and the highest bandwidth at which it is faster: the
+crossover.
+
+The runs train on random images in the CIFAR-10 layout (10,000 train, 200 test): what is timed
+is the same as with --data synthetic, but the evaluation that ends every run costs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from tabulate import tabulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from optimizers import _plain_ddp_worker, mlbench_row, plain_ddp_bytes
+
+from mlbench.errors import MlbenchError
+from mlbench.network.emulation import LocalNetwork, check_local_shaping
+from mlbench.network.settings import NetworkSettings, format_rate, network_options
+from mlbench.results.environment import cpu_model, usable_cores
+
+REFERENCE = "centralized-sgd (reference)"
+CASES = [
+    (REFERENCE, "centralized-sgd", {}),
+    ("model-averaging", "model-averaging", {}),
+    ("model-averaging period=4", "model-averaging", {"period": "4"}),
+    ("powersgd rank=2", "powersgd", {"rank": "2"}),
+    ("signsgd", "signsgd", {}),
+    ("sparsified-sgd topk 1%", "sparsified-sgd", {}),
+    ("ddp", "ddp", {}),
+    ("ddp hook=fp16", "ddp", {"hook": "fp16"}),
+    ("ddp hook=powersgd rank=2", "ddp", {"hook": "powersgd"}),
+]
+PLAIN = "plain PyTorch DDP (tutorial loop)"
+
+
+def write_random_cifar(root: Path, train: int = 10_000, test: int = 200) -> Path:
+    """Random uint8 images and labels in the official python layout (cifar-10-batches-py)."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    parts = [(f"data_batch_{i + 1}", train // 5) for i in range(5)] + [("test_batch", test)]
+    for name, n in parts:
+        with open(folder / name, "wb") as f:
+            pickle.dump({"batch_label": name, "labels": rng.integers(0, 10, n).tolist(),
+                         "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                         "filenames": [f"{i}.png" for i in range(n)]}, f, protocol=4)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": [str(i) for i in range(10)], "num_cases_per_batch": train // 5,
+                     "num_vis": 3072}, f, protocol=4)
+    return root
+
+
+class _Print:
+    """What _plain_ddp_worker's rank 0 reports, as a JSON line on stdout."""
+
+    def put(self, value: float) -> None:
+        print(json.dumps({"seconds_per_step": value}), flush=True)
+
+
+def plain_ddp_row(network: NetworkSettings, *, workers: int, steps: int, warmup: int, log: Path) -> list:
+    """The DDP tutorial loop, each process in its own namespace of the same emulated network."""
+    net = LocalNetwork(network, workers, log)
+    net.start()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = os.path.join(tmp, "store")
+        args = [str(workers), store, str(steps), str(warmup)]
+        procs = [subprocess.Popen(net.worker_command(rank, [sys.executable, __file__, "--plain-worker", str(rank),
+                                                             *args]),
+                                  env={**os.environ, **net.worker_env(rank)}, stdout=subprocess.PIPE, text=True)
+                 for rank in range(workers)]
+        try:
+            out = procs[0].communicate(timeout=1800)[0]
+            for proc in procs[1:]:
+                proc.wait(timeout=60)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+            net.stop()
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"a plain DDP worker exited with code {[p.returncode for p in procs]}")
+    per_step = json.loads(out.strip().splitlines()[-1])["seconds_per_step"]
+    sent, dense = plain_ddp_bytes(workers)
+    return [PLAIN, per_step * 1e3, "-", sent / 1e3, dense / sent]
+
+
+def _plain_worker_main(argv: list[str]) -> None:
+    rank, workers, store, steps, warmup = int(argv[0]), int(argv[1]), argv[2], int(argv[3]), int(argv[4])
+    _plain_ddp_worker(rank, workers, store, "cpu", "gloo", steps, warmup, _Print())
+
+
+def crossover(results: dict[float, list[list]]) -> list[list[str]]:
+    """Per optimizer: its step time / the reference's at each bandwidth, and where it starts to win."""
+    rates = sorted(results, reverse=True)
+    rows = []
+    for label, *_ in CASES[1:]:
+        cells, winning = [], [rate for rate in rates if _faster(results[rate], label)]
+        for rate in rates:
+            mine, ref = _ms(results[rate], label), _ms(results[rate], REFERENCE)
+            cells.append(f"{mine / ref:.2f}x" if mine and ref else "-")
+        if not winning:
+            start = "at none of these rates"
+        elif all(r in winning for r in rates if r <= max(winning)):
+            start = f"at {format_rate(max(winning))} and below"
+        else:
+            start = "at " + ", ".join(format_rate(r) for r in winning)
+        rows.append([label, *cells, start])
+    return rows
+
+
+def _ms(rows: list[list], label: str) -> float | None:
+    row = next((r for r in rows if r[0] == label), None)
+    return row[1] if row and not isinstance(row[1], str) else None
+
+
+def _faster(rows: list[list], label: str) -> bool:
+    mine, ref = _ms(rows, label), _ms(rows, REFERENCE)
+    return bool(mine and ref and mine < ref)
+
+
+def _table(rows: list[list]) -> str:
+    base = rows[0][1]
+    table = [[r[0], f"{r[1]:.1f}", f"{r[1] / base:.2f}x", r[2] if isinstance(r[2], str) else f"{r[2]:.1f}",
+              f"{r[3]:,.1f}", f"{r[4]:.1f}x"] if not isinstance(r[1], str) else r for r in rows]
+    return tabulate(table, headers=["optimizer", "ms/step", "vs plain DDP", "comm ms/step", "KB sent/step/worker",
+                                    "fewer bytes than all-reduce"], tablefmt="github", disable_numparse=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bandwidth", default="10gbit,1gbit,100mbit", help="rates, comma-separated (tc units)")
+    parser.add_argument("--latency", default="0.5ms", help="one-way latency between workers")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per run (after one interval of warm-up)")
+    parser.add_argument("--interval", type=int, default=10, help="logging interval; the first is warm-up")
+    parser.add_argument("--only", nargs="*", help="optimizer names to run (default: all)")
+    args = parser.parse_args()
+    try:
+        networks = network_options(args.bandwidth, args.latency, None, None)
+        check_local_shaping(networks[0])
+    except MlbenchError as err:
+        sys.exit(f"benchmarks/network.py: {err}")
+    home = Path(os.environ.setdefault("MLBENCH_HOME", tempfile.mkdtemp(prefix="mlbench-bench-")))
+    data_dir = str(write_random_cifar(Path(tempfile.mkdtemp(prefix="mlbench-cifar-", dir=home))))
+    print(f"# {datetime.date.today()} | {cpu_model()}, {usable_cores()} cores | torch {torch.__version__} | task1a "
+          f"ResNet-20, batch 32 per worker, {args.workers} workers, cpu/gloo, {args.steps} timed steps, emulated "
+          f"network: {', '.join(n.label() for n in networks)}")
+    results: dict[float, list[list]] = {}
+    for network in networks:
+        rows = [plain_ddp_row(network, workers=args.workers, steps=args.steps, warmup=args.interval,
+                              log=home / "plain-network.log")]
+        for label, optimizer, options in CASES:
+            if args.only and optimizer not in args.only:
+                continue
+            rows.append(mlbench_row(label, optimizer, options, workers=args.workers, steps=args.steps,
+                                    interval=args.interval, device="cpu", backend="gloo", network=network,
+                                    data_dir=data_dir))
+            print(f"  done: {network.label()}: {label}", file=sys.stderr, flush=True)
+        results[network.bandwidth_bps] = rows
+        print(f"\n{network.label()}:\n{_table(rows)}", flush=True)
+    if len(results) > 1 and not args.only:
+        print("\nStep time relative to the reference (below 1.00x: faster), and where each starts to win:")
+        rates = [format_rate(r) for r in sorted(results, reverse=True)]
+        print(tabulate(crossover(results), headers=["optimizer", *rates, "faster than the reference"],
+                       tablefmt="github", disable_numparse=True))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--plain-worker"]:
+        _plain_worker_main(sys.argv[2:])
+    else:
+        main()

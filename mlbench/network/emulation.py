@@ -1,0 +1,185 @@
+"""The launcher's side of a local run's emulated network: check, start, enter, stop.
+
+:func:`check_local_shaping` runs before a run is recorded: it builds the network for one worker
+in throw-away namespaces, exactly as a run will (:mod:`mlbench.network.netns`), so a machine that
+cannot shape (no Linux, no iproute2, no user namespaces for a user without root, no netem in the
+kernel) is refused with one line and never runs un-emulated under an emulated label.
+:class:`LocalNetwork` starts the holder of a run's namespaces, says how each worker enters its
+own, and ends it; the kernel frees everything once the holder and the workers are gone.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+from mlbench.errors import MlbenchError, UsageError
+from mlbench.network import netns
+from mlbench.network.settings import NetworkSettings
+from mlbench.network.tc import describe
+
+READY_TIMEOUT_S = 60.0
+NETWORK_LOST = "the emulated network ended before the workers (its holder process exited)"
+STOP_TIMEOUT_S = 5.0
+_TOOLS = ("unshare", "nsenter", "ip", "tc", "mount")
+
+
+class NetworkError(MlbenchError):
+    """The emulated network could not be built or ended while the run needed it."""
+
+
+def _as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _unshare() -> list[str]:
+    """Root creates the namespaces directly; anyone else inside a user namespace of their own."""
+    user = [] if _as_root() else ["--user", "--map-root-user"]
+    return ["unshare", *user, "--mount", "--net", "--propagation", "private"]
+
+
+def _holder_command(arguments: list[str]) -> list[str]:
+    return [*_unshare(), sys.executable, "-m", "mlbench.network.netns", *arguments]
+
+
+def _read_line(proc: subprocess.Popen, timeout: float) -> dict[str, Any]:
+    """The holder's one JSON line; ``{}`` when it exited (or hung) without one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            line = proc.stdout.readline()
+            return json.loads(line) if line.startswith("{") else {}
+    return {}
+
+
+@functools.cache
+def _check(needs_netem: bool) -> str | None:
+    if not sys.platform.startswith("linux"):
+        return (f"network emulation needs Linux network namespaces and tc, which {sys.platform} "
+                "does not have; run on Linux, or without --bandwidth/--latency/--jitter/--loss")
+    missing = [tool for tool in _TOOLS if shutil.which(tool) is None]
+    if missing:
+        return (f"network emulation needs {', '.join(missing)} (Debian/Ubuntu: apt-get install "
+                "iproute2 util-linux); install it, or run without --bandwidth/--latency/--jitter/--loss")
+    probe = NetworkSettings(bandwidth_bps=1e9, latency_s=1e-3 if needs_netem else 0.0)
+    proc = subprocess.run(_holder_command(["--check", json.dumps(probe.to_dict())]),
+                          capture_output=True, text=True, timeout=READY_TIMEOUT_S)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    answer = json.loads(lines[-1]) if lines else {}
+    if answer.get("ready"):
+        return None
+    if "error" in answer:
+        return str(answer["error"])
+    detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    if not detail.startswith("unshare:"):  # the namespaces were made; something else failed
+        return f"the emulated network could not be checked: {detail}"
+    if _as_root():
+        return f"cannot create network namespaces here ({detail}); the kernel needs CONFIG_NET_NS"
+    return (f"cannot create network namespaces as an unprivileged user here ({detail}); run as root, "
+            "or allow user namespaces (sysctl user.max_user_namespaces=15000, and on Debian/Ubuntu "
+            "kernel.unprivileged_userns_clone=1 / kernel.apparmor_restrict_unprivileged_userns=0)")
+
+
+def check_local_shaping(settings: NetworkSettings) -> dict[str, Any]:
+    """What run.json records as the network of a local run; UsageError when it cannot be done."""
+    if settings.shaping != "tc":
+        raise UsageError(f"--shaping {settings.shaping} is for runs on a Kubernetes cluster; "
+                         "local runs are shaped with tc in network namespaces")
+    problem = _check(settings.needs_netem)
+    if problem:
+        raise UsageError(problem)
+    privileges = "root" if _as_root() else "an unprivileged user namespace"
+    return {**settings.to_dict(), "mechanism": "netns+tc",
+            "detail": (f"each worker in its own network namespace ({privileges}), a veth pair to a "
+                       f"bridge; {describe(settings)}")}
+
+
+class LocalNetwork:
+    """The namespaces of one running local run, held by one process."""
+
+    def __init__(self, settings: NetworkSettings, workers: int, log_path: Path):
+        self.settings = settings
+        self.workers = workers
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def master_addr(self) -> str:
+        return netns.address(0)
+
+    master_port = netns.RENDEZVOUS_PORT
+
+    def start(self, preexec_fn: Callable[[], None] | None = None) -> None:
+        """Build the network; raises NetworkError (and leaves nothing) when it cannot."""
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                _holder_command([str(self.workers), json.dumps(self.settings.to_dict())]),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                start_new_session=True, preexec_fn=preexec_fn, text=True)
+        answer = _read_line(self.proc, READY_TIMEOUT_S)
+        if not answer.get("ready"):
+            self.stop()
+            raise NetworkError(f"the emulated network could not be built: {answer.get('error') or self._why()}")
+
+    def _why(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            lines = []
+        return lines[-1] if lines else f"no answer within {READY_TIMEOUT_S:.0f} s"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def worker_command(self, rank: int, command: list[str]) -> list[str]:
+        """``command`` run inside worker ``rank``'s namespace (the same pid, no extra process)."""
+        user = [] if _as_root() else ["--user", "--preserve-credentials"]
+        return ["nsenter", f"--target={self.pid}", "--mount", *user, "--",
+                "ip", "netns", "exec", netns.worker_netns(rank), *command]
+
+    def worker_env(self, rank: int) -> dict[str, str]:
+        """gloo's sockets on the worker's link; rank 0's rendezvous store on its address."""
+        env = {"GLOO_SOCKET_IFNAME": netns.WORKER_IF}
+        if rank == 0:
+            env["MLBENCH_BIND_ADDR"] = self.master_addr
+        return env
+
+    def stop(self) -> None:
+        """End the holder: its namespaces, links and qdiscs go with it and the workers."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+def local_network(run_json: dict[str, Any], log_path: Path,
+                  preexec_fn: Callable[[], None] | None = None) -> LocalNetwork | None:
+    """The started network of a run whose run.json asks for one, else None."""
+    if not run_json.get("network"):
+        return None
+    network = LocalNetwork(NetworkSettings.from_dict(run_json["network"]),
+                           int(run_json["config"]["workers"]), log_path)
+    network.start(preexec_fn)
+    return network

@@ -1,0 +1,94 @@
+"""Fixtures for the network tests: skip where this machine cannot shape, and find leftovers.
+
+A run's namespaces exist only inside its holder's namespaces (mlbench.network.netns), so the
+host's own ``ip netns`` and ``ip link`` never show them; that they are *gone* is checked the way
+the kernel decides it: no process, open descriptor or mount refers to them any more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from mlbench.network.emulation import _check
+
+OUR_NAMES = re.compile(r"\b(mlb\w*|w\d+)\b")
+
+
+def shaping_problem(needs_netem: bool = False) -> str | None:
+    try:
+        return _check(needs_netem)
+    except (OSError, subprocess.SubprocessError) as err:
+        return str(err)
+
+
+@pytest.fixture
+def shaping():
+    """Skip (with the reason) where this machine cannot build an emulated network."""
+    problem = shaping_problem()
+    if problem:
+        pytest.skip(problem)
+
+
+@pytest.fixture
+def netem(shaping):
+    """Skip where the kernel has no netem (delay, jitter, loss)."""
+    problem = shaping_problem(needs_netem=True)
+    if problem:
+        pytest.skip(problem)
+
+
+def _host_names() -> set[str]:
+    """Names of ours in the host's namespace list, links and qdiscs (there must be none)."""
+    out = ""
+    for argv in (["ip", "netns", "list"], ["ip", "-o", "link", "show"], ["tc", "qdisc", "show"]):
+        out += subprocess.run(argv, capture_output=True, text=True).stdout
+    return set(OUR_NAMES.findall(out))
+
+
+@pytest.fixture(autouse=True)
+def host_network_untouched():
+    """Nothing of ours ever appears in the host's network, during or after a test."""
+    before = _host_names()
+    yield
+    assert _host_names() == before
+
+
+def namespace_references() -> set[str]:
+    """Every network namespace something refers to: a process, an open descriptor or a mount."""
+    refs = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            refs.add(os.readlink(f"/proc/{pid}/ns/net"))
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("net:["):
+                    refs.add(link)
+            refs.update(re.findall(r"net:\[\d+\]", Path(f"/proc/{pid}/mountinfo").read_text()))
+        except OSError:
+            continue
+    return refs
+
+
+def run_namespaces(run_dir: Path) -> set[str]:
+    """The network namespaces of a running local run: its holder's (the switch) and its workers'."""
+    pids = json.loads((run_dir / "pids.json").read_text())
+    found = set()
+    for pid in [pids["network"], *pids["workers"]]:
+        found.add(os.readlink(f"/proc/{pid}/ns/net"))
+    return found
+
+
+def wait_gone(namespaces: set[str], timeout: float = 15) -> None:
+    """Until nothing refers to any of ``namespaces`` (the kernel then frees them and their links)."""
+    deadline = time.monotonic() + timeout
+    while namespaces & namespace_references():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still referenced: {sorted(namespaces & namespace_references())}")
+        time.sleep(0.2)

@@ -1,0 +1,157 @@
+"""Local runs on an emulated network: real packets through real qdiscs, measured; nothing left.
+
+Every test here runs real workers in real network namespaces (as root here, the way CI runs; in
+an unprivileged user namespace otherwise) and skips, with the reason, where the machine cannot
+shape. Timing assertions use the best of several measurements: a loaded machine only ever makes
+a transfer slower, never faster than its link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from mlbench.launch.local import pid_alive
+from mlbench.results.events import read_rank_events
+from mlbench.results.store import RunStore
+from tests.helpers import checkpoint, mlbench, run_json
+from tests.network.conftest import run_namespaces, wait_gone
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shaping")]
+
+MBIT = 1e6
+
+
+def long_run(data_dir: Path) -> tuple[str, ...]:
+    """task2a on a small real data set, for much longer than any test waits, at 1 Gbit/s."""
+    return ("run", "task2a", "2", "--data-dir", str(data_dir), "--max-steps", "100000", "--log-every", "2",
+            "--bandwidth", "1gbit")
+
+
+def cli(*args: str) -> str:
+    """A command that starts no workers (status, compare, charts, download), in this process."""
+    from mlbench.cli import cli as group
+    from mlbench.cli import commands  # noqa: F401  (registers the commands)
+
+    result = CliRunner().invoke(group, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def start_cli(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mlbench", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ), start_new_session=True)
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_training(timeout: float = 120):
+    """The newest run once both workers train; its worker pids and its network namespaces."""
+    def ready():
+        runs = RunStore().list()
+        run = runs[-1] if runs else None
+        if not run or not (run.run_dir / "pids.json").exists():
+            return None
+        if all(any(e["name"] == "train/loss" for e in read_rank_events(run.run_dir / "events" / f"rank-{r}.jsonl"))
+               for r in (0, 1)):
+            return run, json.loads((run.run_dir / "pids.json").read_text())["workers"], run_namespaces(run.run_dir)
+    return wait_for(ready, timeout, "both workers to train")
+
+
+def test_task0a_measures_the_emulated_bandwidth():
+    proc = mlbench("run", "task0a", "2", "--bandwidth", "100mbit", "--max-size", "1e6", check=True)
+    assert "network 100 Mbit/s (emulated)" in proc.stdout
+    run = RunStore().list()[-1]
+    rows = [r for r in run.result["rows"] if r["bytes"] >= 10**6]
+    peak = max(r["busbw_gbps"] for r in rows) * 8e9     # bits per second on each link
+    # TCP/IP headers and the acknowledgements share the rate: a real 100 Mbit/s link gives ~94%
+    assert 0.85 * 100 * MBIT <= peak <= 1.02 * 100 * MBIT, [r["busbw_gbps"] for r in rows]
+    network = run_json(run)["network"]
+    assert (network["bandwidth_bps"], network["mechanism"]) == (100 * MBIT, "netns+tc")
+    status = cli("status", run.id)
+    assert "100 Mbit/s, emulated (netns+tc: each worker in its own network namespace" in status
+
+
+def test_small_messages_take_at_least_twice_the_one_way_latency(netem):
+    mlbench("run", "task0a", "2", "--latency", "1ms", "--max-size", "100", check=True)
+    run = RunStore().list()[-1]
+    # a ring all-reduce on 2 workers is two dependent messages each way: 2 x 1 ms at least
+    assert min(r["time_s"] for r in run.result["rows"]) >= 2e-3
+    assert "netem delay on the receiving side" in run_json(run)["network"]["detail"]
+
+
+def test_runs_at_several_bandwidths_train_exactly_the_parameters_of_an_unshaped_run(tmp_path, libsvm_dir):
+    train = ("run", "task2a", "2", "--data-dir", str(libsvm_dir), "--max-steps", "20", "--log-every", "5",
+             "--save-model")
+    proc = mlbench(*train, "--bandwidth", "100mbit,1gbit", check=True)
+    mlbench(*train, check=True)
+    shaped_slow, shaped_fast, plain = RunStore().list()
+    assert [r.state for r in (shaped_slow, shaped_fast, plain)] == ["finished"] * 3
+    assert shaped_slow.group_id == shaped_fast.group_id and f"--group {shaped_slow.group_id}" in proc.stdout
+    reference = checkpoint(plain, 0)
+    for run in (shaped_slow, shaped_fast, plain):
+        for rank in (0, 1):
+            params = checkpoint(run, rank)
+            assert all(torch.equal(params[k], reference[k]) for k in reference), (run.id, rank)
+
+    table = cli("compare", "--task", "task2a")
+    assert "| network 100 Mbit/s |" in table and "| network 1 Gbit/s |" in table
+    assert "| network not emulated |" in table and "NETWORK" in table
+    charts = cli("charts", "--group", shaped_slow.group_id, "-o", str(tmp_path), "--format", "png")
+    assert "task2a-network.png" in charts
+    archive = tmp_path / "run.zip"
+    cli("download", shaped_fast.id, "-o", str(archive), "--format", "mlperf")
+    with zipfile.ZipFile(archive) as z:
+        name = next(n for n in z.namelist() if n.endswith("run.json"))
+        assert json.loads(z.read(name))["network"]["label"] == "1 Gbit/s"
+    mllog = archive.with_suffix(".mllog.txt").read_text()
+    assert '"key": "mlbench_network", "value": "1 Gbit/s"' in mllog
+
+
+def test_a_killed_worker_leaves_no_namespace_link_or_qdisc(libsvm_dir):
+    proc = start_cli(*long_run(libsvm_dir))
+    run, workers, namespaces = wait_training()
+    assert len(namespaces) == 3 and os.readlink("/proc/self/ns/net") not in namespaces
+    os.kill(workers[1], signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "worker 1 was killed by SIGKILL" in err
+    assert RunStore().get(run.id).state == "failed"
+    wait_gone(namespaces)
+
+
+def test_ctrl_c_cancels_the_run_and_leaves_no_namespace_link_or_qdisc(libsvm_dir):
+    proc = start_cli(*long_run(libsvm_dir))
+    run, workers, namespaces = wait_training()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in out + err
+    assert RunStore().get(run.id).state == "cancelled"
+    assert all(not pid_alive(pid) for pid in workers)
+    wait_gone(namespaces)
+
+
+def test_a_killed_supervisor_takes_its_network_along(libsvm_dir):
+    mlbench(*long_run(libsvm_dir), "--detach", check=True)
+    run, _, namespaces = wait_training()
+    os.kill(RunStore().get(run.id).supervisor_pid, signal.SIGKILL)
+    wait_gone(namespaces)   # the holder and the workers die with their supervisor (PDEATHSIG)
+    assert "failed" in cli("status")
+    assert "supervising process" in RunStore().get(run.id).reason
