@@ -89,6 +89,9 @@ def tasks() -> None:
 @click.option("--data", type=click.Choice(["real", "synthetic"]), default="real",
               help="synthetic: random data of the task's shape, for throughput only (no goal).")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Where the data set is (else the cache, downloading it).")
+@click.option("--data-pvc", metavar="NAME",
+              help="Clusters: a PersistentVolumeClaim you filled with the data set [mlbench-data-DATASET, "
+                   "filled once by a download Job].")
 @click.option("--model", help="Model override, e.g. resnet56-v2 (open division).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a hyper-parameter, e.g. --set momentum=0 (open division).")
@@ -112,7 +115,7 @@ def tasks() -> None:
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
 @click.option("--image", help="Worker image on a cluster [the cluster's, else mlbench/worker:VERSION].")
-def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets, optimizer, opts,
+def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, model, sets, optimizer, opts,
         backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
         channels_last, no_graph, max_size, name, detach, image) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
@@ -135,6 +138,8 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
     cluster = current_cluster()
     if image and not cluster:
         raise UsageError("--image is for runs on a cluster; choose one with `mlbench set-cluster` first")
+    if data_pvc and not cluster:
+        raise UsageError("--data-pvc is for runs on a cluster; use --data-dir DIR on this machine")
     store = kubernetes.open_store(cluster) if cluster else RunStore()
 
     def new_run(request: RunRequest):
@@ -150,7 +155,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
         seed=seed + r, backend=backend, device=device, optimizer=optimizer,
         optimizer_options=_parse_opts(opts), log_every=log_every, timing=not no_timing,
         save_model=save_model, precision=precision, channels_last=channels_last, graph=not no_graph,
-        name=name, group_id=group, max_size=max_size) for r in range(repeat) for k in workers]
+        name=name, group_id=group, max_size=max_size, data_pvc=data_pvc) for r in range(repeat) for k in workers]
     if detach and len(requests) > 1:
         raise UsageError("--detach starts one run; give one worker count and no --repeat, "
                          "or run without --detach")

@@ -57,6 +57,7 @@ class RunRequest:
     name: str | None = None
     group_id: str | None = None
     max_size: float | None = None     # task0a: the largest message, in elements
+    data_pvc: str | None = None       # clusters: a PersistentVolumeClaim holding the data set
 
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
