@@ -65,6 +65,9 @@ def tasks() -> None:
 @click.option("--data", type=click.Choice(["real", "synthetic"]), default="real",
               help="synthetic: random data of the task's shape, for throughput only (no goal).")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Where the data set is (else the cache, downloading it).")
+@click.option("--data-pvc", metavar="NAME",
+              help="Clusters: a PersistentVolumeClaim you filled with the data set [mlbench-data-DATASET, "
+                   "filled once by a download Job].")
 @click.option("--model", help="Model override, e.g. resnet56-v2 (open division).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a hyper-parameter, e.g. --set momentum=0 (open division).")
@@ -99,7 +102,7 @@ def tasks() -> None:
               help="On a cluster: tc from an init container with NET_ADMIN, or the CNI bandwidth "
                    "plugin's pod annotations (rate only).")
 @launcher_options
-def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets, optimizer, opts,
+def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, model, sets, optimizer, opts,
         backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
         channels_last, no_graph, max_size, name, detach, image, bandwidth, latency, jitter, loss,
         shaping, slurm, record_only) -> None:
@@ -119,7 +122,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, model, sets,
     """
     base = RunRequest(
         task=task, workers=workers[0] if workers else 1, overrides=parse_overrides(sets), model=model,
-        data=data, data_dir=data_dir, light=light, stop_at_goal=not no_stop,
+        data=data, data_dir=data_dir, data_pvc=data_pvc, light=light, stop_at_goal=not no_stop,
         time_budget_s=parse_duration(time_budget) if time_budget else None, max_steps=max_steps,
         seed=seed, backend=backend, device=device, optimizer=optimizer,
         optimizer_options=_parse_opts(opts), log_every=log_every, timing=not no_timing,

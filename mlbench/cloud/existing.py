@@ -133,6 +133,10 @@ def check_access(api_client: Any, context: str, namespace: str) -> int:
         core.create_namespaced_pod(namespace, _probe_pod(namespace), dry_run="All",
                                    _request_timeout=REQUEST_TIMEOUT)
     except Exception as err:
+        if getattr(err, "status", None) == 404:
+            raise ClusterError(f"The namespace {namespace} does not exist in the cluster of context "
+                               f"{context!r}; create it (`kubectl create namespace {namespace}`) or "
+                               "pass --namespace with one that exists.") from None
         raise kube_error(err, context, f"create pods in namespace {namespace}") from None
     return len(nodes)
 

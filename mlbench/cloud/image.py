@@ -6,6 +6,10 @@ same Dockerfile with another PyTorch wheel index: CUDA wheels bundle the CUDA ru
 node supplies the driver. The build context is assembled here (the Dockerfile, pyproject.toml,
 README.md and the ``mlbench`` package, without caches), so nothing else from the checkout, such
 as data sets, virtual environments or .git, is sent to the Docker engine.
+
+``base`` replaces the Dockerfile's base image and ``pip_options`` are given to its pip installs
+(e.g. ``--no-index --find-links URL`` for wheels served from a local folder): how an engine that
+cannot reach a registry or PyPI builds the image, as the tests do.
 """
 
 from __future__ import annotations
@@ -57,8 +61,14 @@ def build_context(root: Path) -> io.BytesIO:
 
 
 def build_image(cuda: bool = False, tag: str | None = None, root: Path | None = None,
-                client: Any = None, progress: Callable[[str], None] = lambda _: None) -> str:
-    """Build the worker image and return its tag; Docker's output lines go to ``progress``."""
+                client: Any = None, progress: Callable[[str], None] = lambda _: None,
+                base: str | None = None, pip_options: str | None = None, network: str | None = None) -> str:
+    """Build the worker image and return its tag; Docker's output lines go to ``progress``.
+
+    ``base``: another base image (the Dockerfile's BASE_IMAGE); ``pip_options``: added to its pip
+    installs (PIP_INSTALL_OPTIONS); ``network``: the build containers' network mode (``host``
+    reaches a wheel server on this machine's loopback).
+    """
     import docker
     import requests
 
@@ -67,12 +77,15 @@ def build_image(cuda: bool = False, tag: str | None = None, root: Path | None = 
     if not (root / "docker" / "Dockerfile").is_file():
         raise UsageError(f"{root} has no docker/Dockerfile; pass an mlbench source checkout.")
     context = build_context(root)
+    args = {"TORCH_INDEX_URL": TORCH_INDEX["cuda" if cuda else "cpu"], "MLBENCH_VERSION": __version__}
+    if base:
+        args["BASE_IMAGE"] = base
+    if pip_options:
+        args["PIP_INSTALL_OPTIONS"] = pip_options
     try:
         client = client or docker.from_env()
-        stream = client.api.build(fileobj=context, custom_context=True, tag=tag, rm=True,
-                                  decode=True, buildargs={
-                                      "TORCH_INDEX_URL": TORCH_INDEX["cuda" if cuda else "cpu"],
-                                      "MLBENCH_VERSION": __version__})
+        stream = client.api.build(fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True,
+                                  decode=True, buildargs=args, network_mode=network)
         for chunk in stream:
             if "error" in chunk:
                 detail = str(chunk.get("error", "")).strip().splitlines()[-1]

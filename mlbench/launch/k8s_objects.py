@@ -12,6 +12,11 @@ same command as locally, ``python -m mlbench.worker RUN_DIR --rank R``. The Conf
 Secret, the Service and the Pods, so deleting it lets the garbage collector remove whatever a
 crash left behind; the supervisor deletes the ConfigMap, Service and Pods explicitly when a run
 ends (the Secret goes with the ConfigMap).
+
+Every container has a read-only root filesystem, bounded scratch space (``/tmp`` as an emptyDir
+with a size limit) and ephemeral-storage requests and limits, so a runaway log or temporary file
+is evicted by the kubelet instead of filling the node's disk. A worker reads its data set from
+the cluster's data volume, mounted read-only (:mod:`mlbench.launch.k8s_data`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,11 @@ DATA_DIR = "/var/cache/mlbench"
 STORE_DIR = "/var/lib/mlbench"
 UID = 1000  # the image's unprivileged user (docker/Dockerfile)
 SCHEDULE_TIMEOUT_S = 600.0  # how long a run's pods may wait for a node before the run fails
+TMP_LIMIT = "1Gi"           # a worker's scratch space (/tmp)
+SHM_LIMIT = "1Gi"           # a worker's /dev/shm (memory; counted in its memory limit)
+WORKER_EPHEMERAL = "2Gi"    # a worker's writable layer, logs and /tmp together
+SERVICE_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi", "ephemeral-storage": "256Mi"},
+                     "limits": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi"}}
 
 
 @dataclass
@@ -51,6 +61,7 @@ class Placement:
     memory_mib: int
     gpus: int = 0
     schedule_timeout_s: float = SCHEDULE_TIMEOUT_S
+    data_claim: str | None = None  # the PersistentVolumeClaim holding the data set, if it needs one
 
     def to_dict(self) -> dict[str, Any]:
         return {"launcher": "kubernetes", **asdict(self)}
@@ -74,14 +85,20 @@ def results_url(namespace: str) -> str:
     return f"http://{SERVICE}.{namespace}.svc:{SERVICE_PORT}"
 
 
-def _security(read_only_root: bool) -> dict[str, Any]:
+def container_security() -> dict[str, Any]:
+    """Every mlbench container: no privilege escalation, no capabilities, read-only root."""
     return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": read_only_root}
+            "readOnlyRootFilesystem": True}
 
 
-def _pod_security() -> dict[str, Any]:
+def pod_security() -> dict[str, Any]:
+    """Every mlbench pod: the image's unprivileged user, the runtime's default seccomp profile."""
     return {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID,
             "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def scratch_volume(size: str) -> dict[str, Any]:
+    return {"name": "tmp", "emptyDir": {"sizeLimit": size}}
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
@@ -115,9 +132,9 @@ def service_objects(namespace: str, image: str, worker_token: str, admin_token: 
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                           "initialDelaySeconds": 30, "periodSeconds": 20},
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "resources": SERVICE_RESOURCES,
         "volumeMounts": [{"name": "store", "mountPath": STORE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
-        "securityContext": _security(read_only_root=True),
+        "securityContext": container_security(),
     }
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
@@ -136,16 +153,16 @@ def service_objects(namespace: str, image: str, worker_token: str, admin_token: 
             "selector": {"matchLabels": {"app.kubernetes.io/name": SERVICE}},
             "template": {"metadata": {"labels": SERVICE_LABELS}, "spec": {
                 "serviceAccountName": SERVICE, "automountServiceAccountToken": True,
-                "securityContext": _pod_security(), "containers": [container],
+                "securityContext": pod_security(), "containers": [container],
                 "volumes": [{"name": "store", "persistentVolumeClaim": {"claimName": SERVICE}},
-                            {"name": "tmp", "emptyDir": {}}]}}}},
+                            scratch_volume("256Mi")]}}}},
         {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": {
             "type": "ClusterIP", "selector": {"app.kubernetes.io/name": SERVICE},
             "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http"}]}},
     ]
 
 
-def _owned_by(owner: dict[str, Any]) -> list[dict[str, Any]]:
+def owned_by(owner: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"apiVersion": "v1", "kind": "ConfigMap", "name": owner["metadata"]["name"],
              "uid": owner["metadata"]["uid"], "controller": True}]
 
@@ -161,7 +178,7 @@ def run_secret(run_id: str, token: str, owner: dict[str, Any]) -> dict[str, Any]
     """The run's own results token (see mlbench.results.http_sink.run_token), for its pods."""
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": run_name(run_id), "namespace": owner["metadata"]["namespace"],
-                         "labels": {RUN_LABEL: run_id, **MANAGED}, "ownerReferences": _owned_by(owner)},
+                         "labels": {RUN_LABEL: run_id, **MANAGED}, "ownerReferences": owned_by(owner)},
             "stringData": {RUN_TOKEN_KEY: token}}
 
 
@@ -169,7 +186,7 @@ def run_service(run_id: str, owner: dict[str, Any]) -> dict[str, Any]:
     """Headless: ``<pod>.<service>`` resolves to a worker's pod IP, even before it is ready."""
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": run_name(run_id), "namespace": owner["metadata"]["namespace"],
-                         "labels": {RUN_LABEL: run_id, **MANAGED}, "ownerReferences": _owned_by(owner)},
+                         "labels": {RUN_LABEL: run_id, **MANAGED}, "ownerReferences": owned_by(owner)},
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": {RUN_LABEL: run_id},
                      "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT}]}}
@@ -189,7 +206,8 @@ def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Pl
                owner: dict[str, Any], network: dict[str, Any] | None = None) -> dict[str, Any]:
     """The pod of one worker: the local worker command, its run.json mounted from the ConfigMap;
     with run.json's ``network``, shaped by an init container or CNI annotations (mlbench.network.kube)."""
-    amount = {"cpu": f"{placement.cpu_millis}m", "memory": f"{placement.memory_mib}Mi"}
+    amount = {"cpu": f"{placement.cpu_millis}m", "memory": f"{placement.memory_mib}Mi",
+              "ephemeral-storage": WORKER_EPHEMERAL}
     if placement.gpus:
         amount["nvidia.com/gpu"] = str(placement.gpus)
     env = [
@@ -203,11 +221,21 @@ def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Pl
         {"name": "OMP_NUM_THREADS", "value": str(threads)},
         {"name": "MKL_NUM_THREADS", "value": str(threads)},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+        {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
     ]
+    mounts = [{"name": "run", "mountPath": RUN_DIR, "readOnly": True},
+              {"name": "tmp", "mountPath": "/tmp"}, {"name": "shm", "mountPath": "/dev/shm"}]
+    volumes = [{"name": "run", "configMap": {"name": run_name(run_id)}}, scratch_volume(TMP_LIMIT),
+               {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_LIMIT}}]
+    if placement.data_claim:
+        mounts.append({"name": "data", "mountPath": DATA_DIR, "readOnly": True})
+        volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": placement.data_claim,
+                                                                  "readOnly": True}})
     spec: dict[str, Any] = {
         "restartPolicy": "Never", "automountServiceAccountToken": False,
         "hostname": pod_name(run_id, rank), "subdomain": run_name(run_id),
-        "terminationGracePeriodSeconds": 15, "securityContext": _pod_security(),
+        "terminationGracePeriodSeconds": 15, "securityContext": pod_security(),
         "affinity": _affinity(run_id, workers, placement.nodes),
         "containers": [{
             "name": "worker", "image": placement.image,
@@ -215,13 +243,8 @@ def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Pl
             "env": env, "resources": {"requests": amount, "limits": dict(amount)},
             "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}] if rank == 0 else [],
             "terminationMessagePolicy": "FallbackToLogsOnError",
-            "securityContext": _security(read_only_root=False),
-            "volumeMounts": [{"name": "run", "mountPath": RUN_DIR, "readOnly": True},
-                             {"name": "data", "mountPath": DATA_DIR},
-                             {"name": "shm", "mountPath": "/dev/shm"}]}],
-        "volumes": [{"name": "run", "configMap": {"name": run_name(run_id)}},
-                    {"name": "data", "emptyDir": {}},
-                    {"name": "shm", "emptyDir": {"medium": "Memory"}}],
+            "securityContext": container_security(), "volumeMounts": mounts}],
+        "volumes": volumes,
     }
     if placement.gpus:
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -229,5 +252,5 @@ def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Pl
                       "metadata": {"name": pod_name(run_id, rank), "namespace": placement.namespace,
                                    "labels": {RUN_LABEL: run_id, RANK_LABEL: str(rank),
                                               "app.kubernetes.io/name": "mlbench-worker", **MANAGED},
-                                   "ownerReferences": _owned_by(owner)},
+                                   "ownerReferences": owned_by(owner)},
                       "spec": spec}, network, placement.image)

@@ -1,9 +1,11 @@
 """Runs on the current Kubernetes cluster: what `mlbench run | status | cancel | delete` do there.
 
-The CLI, with the user's credentials: deploys the results service once per cluster (see
-:mod:`mlbench.launch.k8s_objects`), sizes the worker pods from the nodes' allocatable CPU,
-memory and GPUs, records the run with the service, creates the run's ConfigMap, headless Service
-and pods, and follows the run through the service (progress lines as for a local run). The
+The CLI, with the user's credentials: deploys the results service and the namespace's
+NetworkPolicies once per cluster (see :mod:`mlbench.launch.k8s_objects`,
+:mod:`mlbench.launch.k8s_policy`), fills the data set's volume once (:mod:`mlbench.launch.k8s_data`),
+sizes the worker pods from the nodes' allocatable CPU, memory and GPUs, records the run with the
+service, creates the run's ConfigMap, headless Service, NetworkPolicy and pods, and follows the
+run through the service (progress lines as for a local run). The
 service's supervisor (:mod:`mlbench.launch.k8s_supervisor`), inside the cluster, decides how the
 run ended and deletes its objects, so a run ends properly even if this machine goes away
 (``--detach`` relies on that). Runs are read through a local mirror of the service's store
@@ -20,18 +22,21 @@ from typing import Any, Callable
 
 from mlbench.cloud.config import ClusterRecord, kube_api_client
 from mlbench.cloud.existing import kube_error
-from mlbench.errors import ClusterError, UsageError
+from mlbench.errors import ClusterError, MlbenchError, UsageError
 from mlbench.launch import k8s_objects as objects
+from mlbench.launch import k8s_policy
 from mlbench.launch.k8s_client import ResultsClient, transport_for
 from mlbench.launch.base import EventCallback, Launcher
+from mlbench.launch.k8s_data import ensure_data
 from mlbench.launch.k8s_mirror import ClusterStore
 from mlbench.launch.k8s_supervisor import pod_state
-from mlbench.launch.plan import RunRequest, WorkerResources
+from mlbench.launch.plan import RunRequest, WorkerResources, build_config
 from mlbench.launch.plan import create_run as plan_run
 from mlbench.results.events import EventTail
 from mlbench.results.http_sink import run_token
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import RunDocument
+from mlbench.tasks.spec import get_task
 
 FOLLOW_SECONDS = 2.0
 SERVICE_START_TIMEOUT = 300.0
@@ -87,6 +92,7 @@ def ensure_service(store: ClusterStore, image: str, progress: Progress) -> None:
 
     core, ns = client.CoreV1Api(store.api), store.namespace
     rbac, apps = client.RbacAuthorizationV1Api(store.api), client.AppsV1Api(store.api)
+    networking = client.NetworkingV1Api(store.api)
     try:
         try:
             core.read_namespace(ns)
@@ -100,9 +106,12 @@ def ensure_service(store: ClusterStore, image: str, progress: Progress) -> None:
                   "Role": rbac.create_namespaced_role, "RoleBinding": rbac.create_namespaced_role_binding,
                   "Secret": core.create_namespaced_secret,
                   "PersistentVolumeClaim": core.create_namespaced_persistent_volume_claim,
-                  "Deployment": apps.create_namespaced_deployment, "Service": core.create_namespaced_service}
-        for manifest in objects.service_objects(ns, image, tokens[objects.WORKER_TOKEN_KEY],
-                                                tokens[objects.ADMIN_TOKEN_KEY]):
+                  "Deployment": apps.create_namespaced_deployment, "Service": core.create_namespaced_service,
+                  "NetworkPolicy": networking.create_namespaced_network_policy}
+        manifests = k8s_policy.namespace_policies(ns, k8s_policy.api_server_ips(core))
+        manifests += objects.service_objects(ns, image, tokens[objects.WORKER_TOKEN_KEY],
+                                             tokens[objects.ADMIN_TOKEN_KEY])
+        for manifest in manifests:
             try:
                 create[manifest["kind"]](ns, manifest)
                 if manifest["kind"] == "Deployment":
@@ -171,21 +180,42 @@ def _default_image(gpus: int) -> str:
 def create_run(store: ClusterStore, cluster: ClusterRecord, request: RunRequest, image: str | None = None,
                schedule_timeout_s: float = objects.SCHEDULE_TIMEOUT_S,
                progress: Progress = lambda _: None) -> RunRecord:
-    """Validate the request for the cluster, deploy the service if needed, record a pending run."""
+    """Validate the request for the cluster, deploy the service and fill the data set's volume if
+    needed, record a pending run."""
     if request.data_dir is not None and request.data == "real":
         raise UsageError("--data-dir names a folder on this machine, which the cluster's pods cannot "
-                         "see; leave it out (each worker pod downloads the data set) or run locally "
-                         "with `mlbench set-cluster --local`")
+                         "see; leave it out (the data set is downloaded once onto a volume of the "
+                         "cluster), use --data-pvc for a volume you filled, or run locally with "
+                         "`mlbench set-cluster --local`")
     if request.save_model:
         raise UsageError("--save-model keeps parameters in a local run folder, which pods do not have; "
                          "run locally (`mlbench set-cluster --local`) to save models")
     resources = plan_resources(store, cluster, request, image, schedule_timeout_s)
+    build_config(request, resources)  # usage errors before anything is deployed or downloaded
     ensure_service(store, resources.placement["image"], progress)
+    resources.placement["data_claim"] = _data_claim(store, request, resources.placement["image"], progress)
     return plan_run(store, request, launcher="kubernetes", check_data=False, resources=resources)
 
 
+def _data_claim(store: ClusterStore, request: RunRequest, image: str, progress: Progress) -> str | None:
+    """The claim holding the run's data set, filled first if needed; None for synthetic data."""
+    task = get_task(request.task)
+    if request.data != "real" or task.kind != "training":
+        if request.data_pvc:
+            raise UsageError("--data-pvc names the volume of a real data set; leave it out with "
+                             "--data synthetic and for task0a")
+        return None
+    try:
+        return ensure_data(store.api, store.namespace, task.dataset, image, request.data_pvc, progress)
+    except MlbenchError:
+        raise
+    except Exception as err:  # noqa: BLE001 - API errors and an unreachable cluster alike: one line
+        raise _api_error(err, store, f"prepare the data set {task.dataset} in namespace "
+                                     f"{store.namespace}") from None
+
+
 def launch(store: ClusterStore, run: RunRecord) -> None:
-    """Create the run's ConfigMap, headless Service and worker pods."""
+    """Create the run's ConfigMap, headless Service, NetworkPolicy and worker pods."""
     from kubernetes import client
 
     document = RunDocument.load(run.run_dir)
@@ -200,6 +230,8 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
         core.create_namespaced_secret(store.namespace,
                                       objects.run_secret(run.id, run_token(secret, run.id), owner))
         core.create_namespaced_service(store.namespace, objects.run_service(run.id, owner))
+        client.NetworkingV1Api(store.api).create_namespaced_network_policy(
+            store.namespace, k8s_policy.run_policy(run.id, owner))
         for rank in range(run.workers):
             pod = objects.worker_pod(run.id, rank, run.workers, threads, placement, owner,
                                      document.extra.get("network"))

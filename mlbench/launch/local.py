@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from mlbench.errors import UsageError
 from mlbench.launch.base import EventCallback, Launcher
 from mlbench.launch.plan import RunRequest, create_run
 from mlbench.network.emulation import NETWORK_LOST, LocalNetwork, local_network
@@ -347,6 +348,8 @@ class LocalLauncher(Launcher):
     name = "local"
 
     def create(self, request: RunRequest) -> RunRecord:
+        if request.data_pvc:
+            raise UsageError("--data-pvc is for runs on a cluster; use --data-dir DIR on this machine")
         return create_run(self.store, request, launcher=self.name)
 
     def run_attached(self, record: RunRecord, on_event: EventCallback | None = None) -> RunRecord:

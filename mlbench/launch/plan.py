@@ -61,6 +61,7 @@ class RunRequest:
     group_id: str | None = None
     max_size: float | None = None     # task0a: the largest message, in elements
     network: NetworkSettings | None = None  # an emulated network (mlbench.network); None: as is
+    data_pvc: str | None = None       # clusters: a PersistentVolumeClaim holding the data set
 
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")

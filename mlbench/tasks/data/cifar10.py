@@ -27,6 +27,7 @@ from mlbench.tasks.data.download import (
     default_data_root,
     exclusive,
     one_line,
+    source_url,
 )
 
 __all__ = ["Split", "default_data_root", "load_cifar10", "URL", "MD5", "FOLDER"]
@@ -112,7 +113,8 @@ def _download(root: pathlib.Path) -> None:
             return  # another worker finished it while this one waited for the lock
         staging = pathlib.Path(tempfile.mkdtemp(prefix=".extract-", dir=root))
         try:
-            download_and_extract_archive(URL, str(root), extract_root=str(staging), md5=MD5, remove_finished=True)
+            download_and_extract_archive(source_url(URL), str(root), extract_root=str(staging), md5=MD5,
+                                         remove_finished=True)
             if _missing(staging / FOLDER):
                 raise RuntimeError(f"the archive has no complete {FOLDER}/ folder")
             shutil.rmtree(root / FOLDER, ignore_errors=True)

@@ -59,6 +59,17 @@ def exclusive(lock_path: pathlib.Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+MIRROR_ENV = "MLBENCH_DATA_MIRROR"
+
+
+def source_url(url: str) -> str:
+    """Where to download ``url`` from: itself, or the file of the same name under
+    $MLBENCH_DATA_MIRROR (an http(s) URL, e.g. a local mirror of the official files for machines
+    or clusters without internet; checksums still apply)."""
+    mirror = os.environ.get(MIRROR_ENV)
+    return f"{mirror.rstrip('/')}/{url.rsplit('/', 1)[1]}" if mirror else url
+
+
 def fetch(url: str, dest: pathlib.Path, md5: str | None = None) -> None:
     """Download `url` to `dest` unless `dest` exists; an interrupted download leaves only a
     `.part` file, never a truncated file under the final name. With `md5`, a download with

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from mlbench.errors import DataError
-from mlbench.tasks.data.download import DOWNLOAD_ERRORS, Split, default_data_root, exclusive, fetch, one_line
+from mlbench.tasks.data.download import (DOWNLOAD_ERRORS, Split, default_data_root, exclusive, fetch, one_line,
+                                         source_url)
 from mlbench.tasks.data.libsvm_text import (Parsed, check_width, cut_off, last_line_shape, parse_fast,
                                             parse_lines, validate)
 
@@ -166,7 +167,7 @@ def _download_epsilon(folder: pathlib.Path) -> None:
     with exclusive(folder / ".lock"):
         try:
             for name in EPSILON_FILES:
-                fetch(EPSILON_BASE_URL + name, folder / name)
+                fetch(source_url(EPSILON_BASE_URL + name), folder / name)
         except DOWNLOAD_ERRORS as exc:
             raise DataError(
                 f"could not download epsilon ({one_line(exc)}); put {' and '.join(EPSILON_FILES)} (or their "

@@ -1,0 +1,176 @@
+"""The real worker image, built by docker/Dockerfile on the local node's engine, which can pull nothing.
+
+- The base: a debootstrap of Debian bookworm (minbase + python3 with its venv module),
+  ``docker import``ed: the Dockerfile's default base (python's official image) cannot be pulled here.
+  Its root filesystem is kept as an archive, so debootstrap runs once per machine.
+- The wheels: this machine's torch and torchvision (the versions installed here, with their
+  dependencies, CUDA libraries included: the torch here is a CUDA build, and the only CPU build on
+  this machine has no matching torchvision) and every dependency of mlbench, collected once with
+  ``pip download`` from this machine's index, and served over HTTP on 127.0.0.1 to the build.
+- The image: :func:`mlbench.cloud.image.build_image` (the product's build) with the base as the
+  BASE_IMAGE argument, ``--no-index --find-links`` to the wheel server as PIP_INSTALL_OPTIONS,
+  and host networking for the build's containers.
+
+Images stay in the engine's data root, which the node keeps between test sessions
+(tests/kube/node.py), tagged ``mlbench/worker:test-<hash>`` of the Dockerfile, the wheels and the
+mlbench sources. A change of the sources rebuilds only the layers after torch's: the wheel server
+listens on a port derived from the wheels' hash, so the build arguments, and with them Docker's
+layer cache, stay the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+
+from mlbench.cloud.image import build_context, build_image
+from tests.kube.node import NodeUnavailable
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("MLBENCH_TEST_IMAGE_CACHE", Path.home() / ".cache" / "mlbench-test-images"))
+SUITE, MIRROR = "bookworm", "http://deb.debian.org/debian"
+BASE_PACKAGES = ("python3", "python3-venv", "ca-certificates")
+BASE_REPO, WORKER_REPO = "mlbench-test/bookworm-python", "mlbench/worker"
+
+
+def _digest(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _run(command: list[str], what: str, timeout: float, **kwargs: Any) -> str:
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, **kwargs)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}): {' | '.join(tail)}")
+    return proc.stdout
+
+
+def _docker(host: str, *args: str, timeout: float = 900) -> str:
+    return _run(["docker", *args], f"docker {args[0]}", timeout=timeout, env={**os.environ, "DOCKER_HOST": host})
+
+
+def _has(host: str, tag: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", tag], capture_output=True,
+                          env={**os.environ, "DOCKER_HOST": host}).returncode == 0
+
+
+def base_image(host: str) -> str:
+    """Debian bookworm with python3, as an image on the engine at ``host``."""
+    key = _digest(SUITE, MIRROR, *BASE_PACKAGES, "minbase-1")
+    tag = f"{BASE_REPO}:{key}"
+    if _has(host, tag):
+        return tag
+    archive = CACHE / f"base-{key}.tar"
+    if not archive.exists():
+        if shutil.which("debootstrap") is None:
+            raise NodeUnavailable("debootstrap is not installed (apt-get install debootstrap)")
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="mlbench-base-", dir=CACHE) as tmp:
+            root = Path(tmp) / "root"
+            try:
+                _run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE,
+                      str(root), MIRROR], "debootstrap of Debian bookworm", timeout=1800)
+            finally:  # debootstrap mounts /proc and /sys in the target; an interruption leaves them
+                _unmount_under(root)
+            for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):
+                for path in (root / leftover).glob("*"):
+                    if path.is_file():
+                        path.unlink()
+            tarball = Path(tmp) / "rootfs.tar"
+            _run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(tarball), "."], "tar of the base",
+                 timeout=900)
+            os.replace(tarball, archive)
+    _docker(host, "import", str(archive), tag)
+    return tag
+
+
+def _unmount_under(root: Path) -> None:
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for mount in sorted((m for m in mounts if m.startswith(str(root) + "/")), reverse=True):
+        subprocess.run(["umount", "-l", mount], capture_output=True)
+
+
+@functools.lru_cache(maxsize=1)
+def wheelhouse() -> Path:
+    """torch and torchvision as installed here, and every dependency of mlbench, as wheels (once)."""
+    from importlib.metadata import version
+
+    pins = [f"torch=={version('torch')}", f"torchvision=={version('torchvision')}"]
+    key = _digest(*pins, (REPO / "pyproject.toml").read_bytes(), "wheels-2")
+    folder = CACHE / f"wheels-{key}"
+    if folder.is_dir():
+        return folder
+    staging = CACHE / f".wheels-{key}.part"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    _run([sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:", "-d", str(staging), *pins,
+          "setuptools>=68", "wheel"], "pip download of torch's wheels", timeout=3600)
+    _run([sys.executable, "-m", "pip", "download", "-q", "-d", str(staging), *pins, str(REPO)],
+         "pip download of mlbench's dependencies", timeout=1800)
+    for leftover in staging.glob("mlbench-*"):  # the checkout itself is installed from source
+        leftover.unlink()
+    for old in CACHE.glob("wheels-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(staging, folder)
+    return folder
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves a folder without a log line per request."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        pass
+
+
+@contextlib.contextmanager
+def serve_folder(folder: Path, preferred_port: int) -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 listing ``folder`` (pip's --find-links); its URL."""
+    handler = functools.partial(QuietHandler, directory=str(folder))
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", preferred_port), handler)
+    except OSError:  # taken: any port (Docker's layer cache then misses once)
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def worker_image(host: str, log: Path) -> str:
+    """docker/Dockerfile built on the engine at ``host`` from the local base and wheels; its tag."""
+    base = base_image(host)
+    wheels = wheelhouse()
+    names = sorted(w.name for w in wheels.glob("*.whl"))
+    key = _digest(base, json.dumps(names), build_context(REPO).getvalue())
+    tag = f"{WORKER_REPO}:test-{key}"
+    if _has(host, tag):
+        return tag
+    port = 20000 + int(_digest(json.dumps(names)), 16) % 20000
+    with serve_folder(wheels, port) as url, open(log, "a", encoding="utf-8") as out:
+        build_image(tag=tag, root=REPO, client=docker.DockerClient(base_url=host, timeout=3600), base=base,
+                    pip_options=f"--no-index --find-links {url}", network="host",
+                    progress=lambda line: print(line, file=out, flush=True))
+    for line in _docker(host, "images", WORKER_REPO, "--format", "{{.Repository}}:{{.Tag}}").split():
+        if line.startswith(f"{WORKER_REPO}:test-") and line != tag:
+            _docker(host, "rmi", line)
+    return tag

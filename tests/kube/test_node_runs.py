@@ -1,0 +1,314 @@
+"""`mlbench run | status | download | cancel` on a real Kubernetes node: the real kubelet runs the
+worker image built from docker/Dockerfile, workers rendezvous through the headless Service's DNS
+name, the CLI reaches the results service through the API server's service proxy, the data set
+is downloaded once onto a volume (tests/kube/conftest.py, tests/kube/node.py)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import ssl
+import threading
+import urllib.error
+import urllib.request
+import zipfile
+
+import pytest
+from kubernetes import client, watch
+
+from mlbench.launch import kubernetes
+from mlbench.launch.k8s_objects import pod_name, run_name
+from mlbench.launch.plan import RunRequest
+from mlbench.results.events import read_run_events
+from tests.helpers import mlbench
+from tests.kube.conftest import mlbench_cli, wait_for
+
+pytestmark = [pytest.mark.kube, pytest.mark.timeout(3600),
+              pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
+
+# README, "Runs on Kubernetes": a worker that fails or is deleted ends its run within this time,
+# and the run's objects are gone within this time of its end.
+FAIL_WITHIN_S = 30
+# ... and after the node's container engine comes back from a restart.
+ENGINE_RESTART_WITHIN_S = 120
+CONTAINER_GC_S = 90  # the kubelet removes dead containers every minute
+
+
+def explain(ns, result=None) -> str:
+    """What a failing assertion needs: the CLI's output and the namespace's pods with their logs."""
+    lines = [result.output if result is not None else ""]
+    for pod in ns.core.list_namespaced_pod(ns.name).items:
+        try:
+            log = ns.core.read_namespaced_pod_log(pod.metadata.name, ns.name, tail_lines=15)
+        except client.ApiException as err:
+            log = f"(no log: {err.status})"
+        lines.append(f"--- {pod.metadata.name} {pod.status.phase}\n{log}")
+    return "\n".join(lines)
+
+
+class JobWatch:
+    """Every Job created in the namespace while it runs (a real watch on the API server)."""
+
+    def __init__(self, ns):
+        self.added: list[str] = []
+        self._watch = watch.Watch()
+        batch = client.BatchV1Api(ns.api)
+        listed = batch.list_namespaced_job(ns.name)
+        self._thread = threading.Thread(target=self._follow, args=(batch, ns.name, listed.metadata.resource_version),
+                                        daemon=True)
+        self._thread.start()
+
+    def _follow(self, batch, namespace: str, version: str) -> None:
+        for event in self._watch.stream(batch.list_namespaced_job, namespace, resource_version=version):
+            if event["type"] == "ADDED":
+                self.added.append(event["object"].metadata.name)
+
+    def stop(self) -> list[str]:
+        self._watch.stop()
+        return self.added
+
+
+def run_id_of(output: str) -> str:
+    return re.search(r"^Run ([0-9a-f]+) ", output, re.M).group(1)
+
+
+def wait_gone(ns, run_id: str) -> None:
+    """The run's objects go within the documented time; its containers when the kubelet's container
+    garbage collection (every minute) removes what the deleted pods left."""
+    wait_for(lambda: not ns.run_objects(run_id), FAIL_WITHIN_S,
+             f"run {run_id}'s objects to go: {ns.run_objects(run_id)}")
+    wait_for(lambda: not ns.containers_of(run_id), CONTAINER_GC_S,
+             f"run {run_id}'s containers to go: {ns.containers_of(run_id)}", interval=1)
+
+
+def test_two_runs_on_the_real_node_share_one_download_and_leave_nothing_behind(node_namespace, tmp_path,
+                                                                               monkeypatch):
+    ns = node_namespace
+    monkeypatch.setenv("MLBENCH_DATA_MIRROR", ns.mirror)
+    absent = mlbench_cli("add-cluster", "local", "--context", "kube-local", "--kubeconfig", str(ns.node.kubeconfig),
+                         "--namespace", "absent")
+    assert absent.exit_code == 1 and absent.output.strip() == (
+        "Error: The namespace absent does not exist in the cluster of context 'kube-local'; create it "
+        "(`kubectl create namespace absent`) or pass --namespace with one that exists.")
+    ns.add_cluster()
+    jobs = JobWatch(ns)
+
+    first = mlbench_cli("run", "task2a", "2", "--light", "--log-every", "10")
+    assert first.exit_code == 0, explain(ns, first)
+    out = first.output
+    print(out)  # pytest -s shows what a user sees (the README's example)
+    assert f"Starting the results service in namespace {ns.name}" in out
+    assert f"Preparing epsilon on the volume claim mlbench-data-epsilon in namespace {ns.name}" in out
+    assert f"Preparing epsilon in /var/cache/mlbench (source: {ns.mirror})" in out     # the Job's log
+    assert re.search(r"Done in \d+s: 4000 training and 1000 test samples", out), out
+    assert "2 worker(s) x 1 thread(s), cpu/gloo, closed division, goal 80.00% test accuracy" in out
+    assert re.search(r"epoch\s+1\.00\s+test accuracy", out) and "Goal 80.00% reached" in out, out
+    run_id = run_id_of(out)
+
+    # status and download go through the API server's service proxy (no MLBENCH_RESULTS_URL)
+    details = mlbench_cli("status", run_id)
+    assert details.exit_code == 0 and re.search(r"state\s+finished", details.output), details.output
+    archive = tmp_path / "run.zip"
+    assert mlbench_cli("download", run_id, "-o", str(archive)).exit_code == 0
+    with zipfile.ZipFile(archive) as zf:
+        doc = json.loads(zf.read("run.json"))
+        events = [json.loads(line) for r in (0, 1) for line in zf.read(f"events/rank-{r}.jsonl").splitlines()]
+    assert doc["state"] == "finished" and doc["result"]["reached"]
+    assert doc["placement"]["data_claim"] == "mlbench-data-epsilon"
+    environment = next(e["value"] for e in events if e["name"] == "environment")
+    assert environment["host"] == pod_name(run_id, 0)                      # it ran in the pod
+    assert {e["rank"] for e in events if e["name"] == "train/loss"} == {0, 1}
+    wait_gone(ns, run_id)
+
+    second = mlbench_cli("run", "task2a", "2", "--light")
+    assert second.exit_code == 0, explain(ns, second)
+    assert "Preparing" not in second.output and "Starting the results service" not in second.output
+    assert "Goal 80.00% reached" in second.output
+    assert jobs.stop() == ["mlbench-data-epsilon"]       # one download Job, in the first run only
+    wait_gone(ns, run_id_of(second.output))
+    claim = ns.core.read_namespaced_persistent_volume_claim("mlbench-data-epsilon", ns.name)
+    assert claim.metadata.annotations["mlbench/data-ready"] == "epsilon"
+    assert (ns.volumes / "mlbench-data-epsilon" / "epsilon" / "epsilon_normalized.bz2").is_file()
+
+
+def start_detached(*args: str) -> str:
+    """A detached run through the real CLI in its own process, which then exits (the CLI is gone)."""
+    proc = mlbench("run", *args, "--detach", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return re.search(r"Started run ([0-9a-f]+)", proc.stdout).group(1)
+
+
+def wait_running(ns, run_id: str) -> None:
+    store = kubernetes.open_store(ns.record)
+    wait_for(lambda: store.sync_run(run_id).state == "running", 180, f"run {run_id} to run: {explain(ns)}",
+             interval=1)
+
+
+def follow_to_end(ns, run_id: str, timeout: float):
+    store = kubernetes.open_store(ns.record)
+
+    def ended():
+        try:
+            record = store.sync_run(run_id)
+        except Exception:  # noqa: BLE001 - the service may be restarting; ask again
+            return None
+        return record if not record.active else None
+    return wait_for(ended, timeout, f"run {run_id} to end: {explain(ns)}", interval=1)
+
+
+@pytest.fixture
+def on_node(node_namespace):
+    """The node's namespace as mlbench's current cluster (its service and data already there)."""
+    node_namespace.record = node_namespace.add_cluster()
+    return node_namespace
+
+
+def test_a_running_run_has_locked_down_pods_and_a_policy_for_its_peers(on_node):
+    ns = on_node
+    run_id = start_detached("task1a", "2", "--data", "synthetic")
+    wait_running(ns, run_id)
+    pod = ns.api.sanitize_for_serialization(ns.core.read_namespaced_pod(pod_name(run_id, 1), ns.name))
+    container = pod["spec"]["containers"][0]
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                            "readOnlyRootFilesystem": True}
+    assert container["resources"]["limits"]["ephemeral-storage"] == "2Gi"
+    assert {v["name"]: v.get("emptyDir") for v in pod["spec"]["volumes"] if "emptyDir" in v} == {
+        "tmp": {"sizeLimit": "1Gi"}, "shm": {"medium": "Memory", "sizeLimit": "1Gi"}}
+    # the real container: the image's unprivileged user, a root filesystem it cannot write
+    name = next(c for c in ns.containers_of(run_id) if c.startswith(f"k8s_worker_{pod_name(run_id, 1)}_"))
+    assert ns.node.docker("exec", name, "id", "-u").stdout.strip() == "1000"
+    denied = ns.node.docker("exec", name, "touch", "/opt/mlbench/x", check=False)
+    assert denied.returncode != 0 and "Read-only file system" in denied.stderr
+    assert ns.node.docker("exec", name, "touch", "/tmp/x").returncode == 0
+
+    networking = client.NetworkingV1Api(ns.api)
+    policies = {p.metadata.name: ns.api.sanitize_for_serialization(p)["spec"]
+                for p in networking.list_namespaced_network_policy(ns.name).items}
+    assert policies["mlbench-default-deny"] == {"podSelector": {"matchLabels": {
+        "app.kubernetes.io/managed-by": "mlbench"}}, "policyTypes": ["Ingress"]}
+    assert policies["mlbench-results"]["ingress"] == [{
+        "from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "mlbench-worker"}}},
+                 {"ipBlock": {"cidr": f"{ns.node.ip}/32"}}],
+        "ports": [{"port": 8080, "protocol": "TCP"}]}]
+    assert policies[run_name(run_id)] == {"podSelector": {"matchLabels": {"mlbench/run": run_id}},
+                                          "policyTypes": ["Ingress"], "ingress": [{"from": [
+                                              {"podSelector": {"matchLabels": {"mlbench/run": run_id}}}]}]}
+
+    cancelled = mlbench_cli("cancel", run_id)             # through the API server's proxy
+    assert cancelled.exit_code == 0 and f"Run {run_id} cancelled." in cancelled.output
+    wait_gone(ns, run_id)
+
+
+def test_deleting_a_worker_pod_fails_the_run_within_the_documented_time(on_node):
+    ns = on_node
+    run_id = start_detached("task1a", "2", "--data", "synthetic")
+    wait_running(ns, run_id)
+    ns.core.delete_namespaced_pod(pod_name(run_id, 1), ns.name)
+    final = follow_to_end(ns, run_id, FAIL_WITHIN_S)
+    assert final.state == "failed"
+    assert final.reason == (f"worker 1 (pod {pod_name(run_id, 1)}) was deleted before the run ended (evicted, "
+                            "preempted, or deleted by hand)")
+    wait_gone(ns, run_id)
+
+
+def test_a_detached_run_ends_without_the_cli_and_survives_its_supervisor_pod(on_node):
+    ns = on_node
+    run_id = start_detached("task2a", "2", "--data", "synthetic", "--time-budget", "40s", "--log-every", "20")
+    wait_running(ns, run_id)
+    service = ns.core.list_namespaced_pod(ns.name, label_selector="app.kubernetes.io/name=mlbench-results").items
+    ns.core.delete_namespaced_pod(service[0].metadata.name, ns.name)   # the Deployment starts another
+    final = follow_to_end(ns, run_id, 240)
+    assert final.state == "finished", final.reason
+    assert final.result["stop_reason"] == "time-budget"
+    wait_gone(ns, run_id)
+    events = read_run_events(final.run_dir)
+    for rank in (0, 1):   # nothing lost while the service was away: every sequence number, once
+        seqs = [e["seq"] for e in events if e["rank"] == rank]
+        assert seqs == list(range(len(seqs))), rank
+
+
+def test_a_restart_of_the_nodes_engine_ends_the_run_marked_and_removes_its_objects(on_node):
+    ns = on_node
+    run_id = start_detached("task1a", "2", "--data", "synthetic")
+    wait_running(ns, run_id)
+    ns.node.restart_engine()                  # every container on the node dies with the engine
+    final = follow_to_end(ns, run_id, ENGINE_RESTART_WITHIN_S)
+    assert final.state == "failed" and final.reason.startswith("worker "), final.reason
+    wait_gone(ns, run_id)
+    assert re.search(r"state\s+failed", mlbench_cli("status", run_id).output)
+
+
+def test_a_run_that_cannot_be_scheduled_fails_after_its_timeout_with_the_schedulers_reason(on_node):
+    ns = on_node
+    ns.core.patch_node("kube-local-node", {"spec": {"unschedulable": True}})
+    try:
+        store = kubernetes.open_store(ns.record)
+        run = kubernetes.create_run(store, ns.record, RunRequest(task="task2a", workers=2, data="synthetic"),
+                                    schedule_timeout_s=5)
+        kubernetes.start_detached(store, run)
+        final = follow_to_end(ns, run.id, 60)
+    finally:
+        ns.core.patch_node("kube-local-node", {"spec": {"unschedulable": False}})
+    assert final.state == "failed"
+    assert final.reason == (f"worker 0 (pod {pod_name(run.id, 0)}) did not start within 5s: Unschedulable: "
+                            "0/1 nodes are available: 1 node(s) were unschedulable.")
+    wait_gone(ns, run.id)
+
+
+def allowed(api, namespace: str, verb: str, resource: str, *, group: str = "", ns: str | None = None) -> bool:
+    """What the API server's RBAC lets the service's account do (a SubjectAccessReview)."""
+    review = client.AuthorizationV1Api(api).create_subject_access_review({"spec": {
+        "user": f"system:serviceaccount:{namespace}:mlbench-results",
+        "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"],
+        "resourceAttributes": {"namespace": ns or namespace, "verb": verb, "resource": resource, "group": group}}})
+    return review.status.allowed
+
+
+def through_proxy(ns, path: str, token: str | None) -> int:
+    """GET on the results service through the API server's service proxy, as the cluster admin."""
+    api = ns.api.configuration
+    url = f"{api.host}/api/v1/namespaces/{ns.name}/services/mlbench-results:http/proxy{path}"
+    headers = {"Authorization": api.api_key["authorization"], **({"X-Mlbench-Token": token} if token else {})}
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE   # kube-local's self-signed API
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30,
+                                    context=context) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_the_results_service_is_private_least_privileged_and_token_protected(on_node):
+    ns = on_node
+    core = ns.core
+    service = ns.api.sanitize_for_serialization(core.read_namespaced_service("mlbench-results", ns.name))
+    assert service["spec"]["type"] == "ClusterIP" and "externalIPs" not in service["spec"]
+    assert all("nodePort" not in port for port in service["spec"]["ports"])
+    # the service account may end runs and remove their objects, and nothing else
+    for verb, resource in (("list", "pods"), ("delete", "pods"), ("delete", "services"), ("delete", "configmaps")):
+        assert allowed(ns.api, ns.name, verb, resource), (verb, resource)
+    for verb, resource in (("create", "pods"), ("get", "secrets"), ("list", "secrets"), ("create", "configmaps"),
+                           ("delete", "persistentvolumeclaims"), ("patch", "pods"), ("create", "pods/exec")):
+        assert not allowed(ns.api, ns.name, verb, resource), (verb, resource)
+    assert not allowed(ns.api, ns.name, "delete", "deployments", group="apps")
+    assert not allowed(ns.api, ns.name, "list", "pods", ns="default")         # its namespace only
+    assert not core.read_namespaced_service_account("mlbench-results", ns.name).automount_service_account_token
+
+    tokens = {k: base64.b64decode(v).decode() for k, v in core.read_namespaced_secret("mlbench-results",
+                                                                                       ns.name).data.items()}
+    assert set(tokens) == {"worker-token", "admin-token"}
+    assert tokens["worker-token"] != tokens["admin-token"] and min(map(len, tokens.values())) >= 40
+    assert through_proxy(ns, "/healthz", None) == 200
+    assert through_proxy(ns, "/v1/runs", None) == 401
+    assert through_proxy(ns, "/v1/runs", tokens["worker-token"]) == 403
+    assert through_proxy(ns, "/v1/runs", tokens["admin-token"]) == 200
+
+    # deploying again (every `mlbench run` checks) keeps the service and its tokens
+    deployment = client.AppsV1Api(ns.api).read_namespaced_deployment("mlbench-results", ns.name)
+    kubernetes.ensure_service(kubernetes.open_store(ns.record), ns.node.image, progress=lambda message: None)
+    assert client.AppsV1Api(ns.api).read_namespaced_deployment(
+        "mlbench-results", ns.name).metadata.uid == deployment.metadata.uid
+    assert {k: base64.b64decode(v).decode() for k, v in core.read_namespaced_secret(
+        "mlbench-results", ns.name).data.items()} == tokens

@@ -1,0 +1,114 @@
+"""Pod specs where no node of this machine can show them (GPU nodes), and the data Job's program
+run here as its pod runs it."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from mlbench.launch import k8s_data, k8s_objects
+from mlbench.launch.k8s_objects import Placement, worker_pod
+from tests.kube.conftest import write_epsilon_like
+from tests.kube.images import QuietHandler
+
+REPO = Path(__file__).resolve().parents[2]
+OWNER = {"metadata": {"name": "mlbench-run-abc", "uid": "u-1", "namespace": "ns"}}
+
+
+def placement(**changes) -> Placement:
+    values = {"namespace": "ns", "image": "mlbench/worker:0.1.0-cuda", "nodes": 2, "cpu_millis": 3500,
+              "memory_mib": 12000, "gpus": 1, "data_claim": "mlbench-data-cifar10"}
+    return Placement(**{**values, **changes})
+
+
+def test_a_gpu_worker_asks_for_one_gpu_and_tolerates_the_gpu_taint():
+    pod = worker_pod("abc", 0, 2, 3, placement(), OWNER)
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["limits"] == container["resources"]["requests"] == {
+        "cpu": "3500m", "memory": "12000Mi", "ephemeral-storage": "2Gi", "nvidia.com/gpu": "1"}
+    # GKE and EKS taint GPU nodes nvidia.com/gpu=present:NoSchedule; the device plugin serves the limit
+    assert pod["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["OMP_NUM_THREADS"] == "3" and env["HOME"] == "/tmp"
+
+
+def test_a_cpu_worker_has_no_gpu_and_no_toleration():
+    pod = worker_pod("abc", 1, 2, 1, placement(gpus=0, image="mlbench/worker:0.1.0"), OWNER)
+    assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"]["limits"]
+    assert "tolerations" not in pod["spec"]
+
+
+def test_every_container_is_read_only_with_bounded_scratch_space():
+    worker = worker_pod("abc", 0, 2, 1, placement(), OWNER)
+    service = next(o for o in k8s_objects.service_objects("ns", "img", "w", "a") if o["kind"] == "Deployment")
+    job = k8s_data.data_job("ns", "cifar10", "img", "mlbench-data-cifar10")
+    for spec in (worker["spec"], service["spec"]["template"]["spec"], job["spec"]["template"]["spec"]):
+        container = spec["containers"][0]
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert spec["securityContext"]["runAsNonRoot"] and spec["securityContext"]["runAsUser"] == 1000
+        assert {"ephemeral-storage"} <= set(container["resources"]["requests"]) & set(container["resources"]["limits"])
+        assert all(v["emptyDir"].get("sizeLimit") for v in spec["volumes"] if "emptyDir" in v)
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert service["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "1"
+
+
+def test_workers_mount_the_data_claim_read_only_and_the_job_writes_it():
+    worker = worker_pod("abc", 0, 2, 1, placement(), OWNER)["spec"]
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": "mlbench-data-cifar10", "readOnly": True}} \
+        in worker["volumes"]
+    mounts = worker["containers"][0]["volumeMounts"]
+    assert {"name": "data", "mountPath": "/var/cache/mlbench", "readOnly": True} in mounts
+    assert not [v for v in worker_pod("abc", 0, 2, 1, placement(data_claim=None), OWNER)["spec"]["volumes"]
+                if v["name"] == "data"]      # synthetic data: no volume
+    job = k8s_data.data_job("ns", "epsilon", "img", "mine", mirror="http://mirror.example/")["spec"]["template"]["spec"]
+    container = job["containers"][0]
+    assert container["command"] == ["python", "-m", "mlbench.launch.k8s_data", "epsilon"]
+    assert {"name": "data", "mountPath": "/var/cache/mlbench"} in container["volumeMounts"]
+    assert {"name": "MLBENCH_DATA_MIRROR", "value": "http://mirror.example/"} in container["env"]
+    assert job["volumes"][0] == {"name": "data", "persistentVolumeClaim": {"claimName": "mine"}}
+
+
+@pytest.fixture
+def mirror(tmp_path):
+    """A tiny epsilon-shaped pair under epsilon's names, served over HTTP on 127.0.0.1."""
+    source = tmp_path / "mirror"
+    source.mkdir()
+    write_epsilon_like(source, n_train=300, n_test=100, features=8)
+    handler = functools.partial(QuietHandler, directory=str(source))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield source, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+def prepare(tmp_path, mirror_url: str) -> subprocess.CompletedProcess:
+    """The Job's program, as its pod runs it: `python -m mlbench.launch.k8s_data epsilon`."""
+    return subprocess.run([sys.executable, "-m", "mlbench.launch.k8s_data", "epsilon"], capture_output=True,
+                          text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
+                                                       "HOME": str(tmp_path), "MLBENCH_DATA": str(tmp_path / "volume"),
+                                                       "MLBENCH_DATA_MIRROR": mirror_url})
+
+
+def test_the_data_job_downloads_from_the_mirror_and_converts_once_with_progress(tmp_path, mirror):
+    source, url = mirror
+    data = tmp_path / "volume"
+    proc = prepare(tmp_path, url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"Preparing epsilon in {data} (source: {url})" in proc.stdout
+    assert "Done in" in proc.stdout and "300 training and 100 test samples" in proc.stdout
+    name = "epsilon_normalized.bz2"
+    assert (data / "epsilon" / name).read_bytes() == (source / name).read_bytes()
+    assert len(list((data / "libsvm-cache").glob("epsilon_normalized*/x.npy"))) == 2   # train and test, converted
+
+
+def test_a_job_that_cannot_download_says_why_in_one_line(tmp_path, mirror):
+    proc = prepare(tmp_path, mirror[1] + "absent/")
+    assert proc.returncode == 1
+    assert proc.stdout.strip().splitlines()[-1].startswith("Error: could not download epsilon (")
