@@ -15,7 +15,8 @@ import torch
 
 from mlbench.launch.plan import RunRequest, create_run
 from mlbench.results.store import RunStore
-from mlbench.server.service import ResultsService, make_server
+from mlbench.server.httpd import make_server
+from mlbench.server.service import ResultsService
 from tests.helpers import last_run, mlbench
 from tests.slurm.conftest import RUN_ARGS
 from tests.slurm.test_slurm_runs import result_sentence
