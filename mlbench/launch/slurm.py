@@ -40,6 +40,7 @@ from mlbench.run_config import RunDocument
 LAUNCHER = "slurm"
 FOLLOW_SECONDS = 2.0
 CANCEL_WAIT_SECONDS = 60.0
+UNREACHABLE_SECONDS = 120.0  # how long a following CLI waits for an unreachable controller
 Progress = Callable[[str], None]
 # srun's line for a task that ended badly, e.g. "srun: error: node1: task 1: Killed"
 _SRUN_TASK = re.compile(r"srun: error: (\S+): tasks? ([\d\-,]+): (.+)$")
@@ -89,10 +90,17 @@ def run_attached(store: RunStore, run: RunRecord, on_event: Callable[[dict[str, 
     say = progress or _quiet
     say(f"Submitted Slurm job {job} ({run.workers} task(s)); the batch script is {run.run_dir / SCRIPT_NAME}")
     tail = EventTail(run.run_dir / "events" / "rank-0.jsonl")
-    last_note = None
+    last_note, misses = None, 0
     try:
         while True:
-            record, state = _reconcile(store, store.get(run.id))
+            try:
+                record, state = _reconcile(store, store.get(run.id))
+                misses = 0
+            except MlbenchError:  # the controller blipped (a restart); the job goes on meanwhile
+                misses += 1
+                if misses * FOLLOW_SECONDS > UNREACHABLE_SECONDS:
+                    raise
+                record, state = store.get(run.id), None
             note = _describe(job, state)
             if note and note != last_note:
                 say(note)
@@ -138,8 +146,12 @@ def cancel(store: RunStore, run: RunRecord) -> RunRecord:
 
 
 def reconcile(store: RunStore, run: RunRecord) -> RunRecord:
-    """The run as Slurm and its workers' records say it is now."""
-    return _reconcile(store, run)[0]
+    """The run as Slurm and its workers' records say it is now; as last recorded when Slurm
+    cannot be asked from here (no Slurm commands on this machine, the controller down)."""
+    try:
+        return _reconcile(store, run)[0]
+    except MlbenchError:
+        return run
 
 
 def _reconcile(store: RunStore, run: RunRecord) -> tuple[RunRecord, jobs.JobState | None]:

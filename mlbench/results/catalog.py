@@ -235,6 +235,9 @@ class Catalog:
     def error(self, err: sqlite3.Error) -> StoreError:
         """One sentence for a failed SQLite call: what is wrong and what to do."""
         code, message = _code(err), str(err)
+        if self.path.exists() and not os.access(self.path, os.R_OK):
+            return StoreError(f"cannot read the run catalog {self.path} (permission denied); it belongs "
+                              "to another user: set MLBENCH_HOME to a store of your own")
         if code.startswith("SQLITE_READONLY") or "readonly" in message or (
                 code.startswith(("SQLITE_CANTOPEN", "SQLITE_IOERR")) and not self._writable()):
             return self._read_only_error(message)

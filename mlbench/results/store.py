@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlbench.errors import MlbenchError, RunNotFound
+from mlbench.errors import RunNotFound
 from mlbench.results.catalog import SCHEMA_VERSION, StoreError  # noqa: F401  (part of this API)
 from mlbench.results.catalog import (Catalog, StoreReadOnly, disk_full, free_bytes, release_space,
                                      reserve_space)
@@ -102,13 +102,16 @@ class RunStore:
             self.home.mkdir(parents=True, exist_ok=True, mode=0o700)
             self.runs_dir.mkdir(exist_ok=True, mode=0o700)
         except OSError as err:
-            raise MlbenchError(f"cannot create the run store at {self.home} ({err.strerror}); "
-                               "set MLBENCH_HOME to a writable folder") from None
+            raise StoreError(f"cannot create the run store at {self.home} ({err.strerror}); "
+                             "set MLBENCH_HOME to a writable folder") from None
         if self.catalog.prepare() == 0 and not created:
             # a store of the first release (or an empty folder given as MLBENCH_HOME): make it
             # private as a new one is; a store the user opened up again later is left as it is
             for folder in (self.home, self.runs_dir):
-                os.chmod(folder, 0o700)
+                try:
+                    os.chmod(folder, 0o700)
+                except OSError:  # someone else's folder: theirs to decide
+                    pass
         reserve_space(self.home)
 
     def _record(self, row: tuple) -> RunRecord:

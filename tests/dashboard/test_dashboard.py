@@ -154,7 +154,7 @@ class _AttackerPage(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_cross_site_form_post_cannot_start_a_run(lab, page, tmp_path):
+def test_a_cross_site_form_post_cannot_start_a_run(lab):
     before = run_ids(lab)
     form = b"task=task2a&workers=1"
     kind = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -165,8 +165,12 @@ def test_a_cross_site_form_post_cannot_start_a_run(lab, page, tmp_path):
     assert request(lab, "/api/runs", method="POST", data=b"{}", auth="cookie",
                    headers={"Content-Type": "application/json", "X-Mlbench-Dashboard": "1",
                             "Origin": "http://evil.example"})[0] == 403
+    assert run_ids(lab) == before
 
-    # in the browser: a page of another origin on 127.0.0.1 (same site, so the cookie is sent)
+
+def test_a_form_on_another_origin_cannot_start_a_run_from_the_browser(lab, page, tmp_path):
+    """A page of another origin on 127.0.0.1: the same site, so the browser sends the cookie."""
+    before = run_ids(lab)
     _AttackerPage.target = lab.base
     attacker = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _AttackerPage)
     threading.Thread(target=attacker.serve_forever, daemon=True).start()

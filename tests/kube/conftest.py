@@ -190,6 +190,9 @@ def node_namespace(kube_node, tmp_path_factory):
     wait_for(lambda: not [n for n in core.list_namespace().items if n.metadata.name == name], 120,
              f"namespace {name} to be deleted", interval=1)
     kube_node.delete_volumes(name)
+    # nothing of the namespace's pods is left on the node once the kubelet's container GC ran
+    left = lambda: [c for c in kube_node.containers() if f"_{name}_" in c]  # noqa: E731
+    wait_for(lambda: not left(), 90, f"the containers of namespace {name} to go: {left()}", interval=1)
 
 
 # --- the stand-in kubelet --------------------------------------------------------------------

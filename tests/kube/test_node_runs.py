@@ -17,6 +17,7 @@ import zipfile
 import pytest
 from kubernetes import client, watch
 
+from mlbench.errors import ClusterError
 from mlbench.launch import kubernetes
 from mlbench.launch.k8s_objects import pod_name, run_name
 from mlbench.launch.plan import RunRequest
@@ -27,12 +28,14 @@ from tests.kube.conftest import mlbench_cli, wait_for
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(3600),
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
 
-# README, "Runs on Kubernetes": a worker that fails or is deleted ends its run within this time,
-# and the run's objects are gone within this time of its end.
+# README, "Runs on Kubernetes": a worker that fails or is deleted ends its run within 30 seconds
+# (after a restart of the node's container engine, within 2 minutes of its return), and the
+# run's objects are gone within a minute of its end; the kubelet removes the containers that
+# deleted pods leave every minute.
 FAIL_WITHIN_S = 30
-# ... and after the node's container engine comes back from a restart.
 ENGINE_RESTART_WITHIN_S = 120
-CONTAINER_GC_S = 90  # the kubelet removes dead containers every minute
+OBJECTS_GONE_S = 60
+CONTAINER_GC_S = 90
 
 
 def explain(ns, result=None) -> str:
@@ -60,9 +63,12 @@ class JobWatch:
         self._thread.start()
 
     def _follow(self, batch, namespace: str, version: str) -> None:
-        for event in self._watch.stream(batch.list_namespaced_job, namespace, resource_version=version):
-            if event["type"] == "ADDED":
-                self.added.append(event["object"].metadata.name)
+        try:
+            for event in self._watch.stream(batch.list_namespaced_job, namespace, resource_version=version):
+                if event["type"] == "ADDED":
+                    self.added.append(event["object"].metadata.name)
+        except Exception:  # noqa: BLE001 - the stream ends when the test stops it or the node goes
+            pass
 
     def stop(self) -> list[str]:
         self._watch.stop()
@@ -73,13 +79,14 @@ def run_id_of(output: str) -> str:
     return re.search(r"^Run ([0-9a-f]+) ", output, re.M).group(1)
 
 
-def wait_gone(ns, run_id: str) -> None:
-    """The run's objects go within the documented time; its containers when the kubelet's container
-    garbage collection (every minute) removes what the deleted pods left."""
-    wait_for(lambda: not ns.run_objects(run_id), FAIL_WITHIN_S,
-             f"run {run_id}'s objects to go: {ns.run_objects(run_id)}")
-    wait_for(lambda: not ns.containers_of(run_id), CONTAINER_GC_S,
-             f"run {run_id}'s containers to go: {ns.containers_of(run_id)}", interval=1)
+def wait_gone(ns, *run_ids: str, containers: bool = False) -> None:
+    """The runs' objects are gone within the documented time; with ``containers``, their containers
+    too, once the kubelet's container garbage collection has run."""
+    left = lambda: [o for r in run_ids for o in ns.run_objects(r)]  # noqa: E731
+    wait_for(lambda: not left(), OBJECTS_GONE_S, f"the objects of {run_ids} to go: {left()}", interval=1)
+    if containers:
+        dead = lambda: [c for r in run_ids for c in ns.containers_of(r)]  # noqa: E731
+        wait_for(lambda: not dead(), CONTAINER_GC_S, f"the containers of {run_ids} to go: {dead()}", interval=1)
 
 
 def test_two_runs_on_the_real_node_share_one_download_and_leave_nothing_behind(node_namespace, tmp_path,
@@ -126,7 +133,7 @@ def test_two_runs_on_the_real_node_share_one_download_and_leave_nothing_behind(n
     assert "Preparing" not in second.output and "Starting the results service" not in second.output
     assert "Goal 80.00% reached" in second.output
     assert jobs.stop() == ["mlbench-data-epsilon"]       # one download Job, in the first run only
-    wait_gone(ns, run_id_of(second.output))
+    wait_gone(ns, run_id, run_id_of(second.output), containers=True)
     claim = ns.core.read_namespaced_persistent_volume_claim("mlbench-data-epsilon", ns.name)
     assert claim.metadata.annotations["mlbench/data-ready"] == "epsilon"
     assert (ns.volumes / "mlbench-data-epsilon" / "epsilon" / "epsilon_normalized.bz2").is_file()
@@ -146,12 +153,10 @@ def wait_running(ns, run_id: str) -> None:
 
 
 def follow_to_end(ns, run_id: str, timeout: float):
-    store = kubernetes.open_store(ns.record)
-
     def ended():
         try:
-            record = store.sync_run(run_id)
-        except Exception:  # noqa: BLE001 - the service may be restarting; ask again
+            record = kubernetes.open_store(ns.record).sync_run(run_id)
+        except ClusterError:  # the service is restarting; ask again
             return None
         return record if not record.active else None
     return wait_for(ended, timeout, f"run {run_id} to end: {explain(ns)}", interval=1)
@@ -164,7 +169,7 @@ def on_node(node_namespace):
     return node_namespace
 
 
-def test_a_running_run_has_locked_down_pods_and_a_policy_for_its_peers(on_node):
+def test_a_run_has_locked_down_pods_and_fails_when_a_worker_pod_is_deleted(on_node):
     ns = on_node
     run_id = start_detached("task1a", "2", "--data", "synthetic")
     wait_running(ns, run_id)
@@ -195,15 +200,6 @@ def test_a_running_run_has_locked_down_pods_and_a_policy_for_its_peers(on_node):
                                           "policyTypes": ["Ingress"], "ingress": [{"from": [
                                               {"podSelector": {"matchLabels": {"mlbench/run": run_id}}}]}]}
 
-    cancelled = mlbench_cli("cancel", run_id)             # through the API server's proxy
-    assert cancelled.exit_code == 0 and f"Run {run_id} cancelled." in cancelled.output
-    wait_gone(ns, run_id)
-
-
-def test_deleting_a_worker_pod_fails_the_run_within_the_documented_time(on_node):
-    ns = on_node
-    run_id = start_detached("task1a", "2", "--data", "synthetic")
-    wait_running(ns, run_id)
     ns.core.delete_namespaced_pod(pod_name(run_id, 1), ns.name)
     final = follow_to_end(ns, run_id, FAIL_WITHIN_S)
     assert final.state == "failed"
@@ -239,21 +235,25 @@ def test_a_restart_of_the_nodes_engine_ends_the_run_marked_and_removes_its_objec
     assert re.search(r"state\s+failed", mlbench_cli("status", run_id).output)
 
 
-def test_a_run_that_cannot_be_scheduled_fails_after_its_timeout_with_the_schedulers_reason(on_node):
+def test_unschedulable_runs_fail_after_their_timeout_or_are_cancelled_through_the_proxy(on_node):
     ns = on_node
     ns.core.patch_node("kube-local-node", {"spec": {"unschedulable": True}})
     try:
         store = kubernetes.open_store(ns.record)
-        run = kubernetes.create_run(store, ns.record, RunRequest(task="task2a", workers=2, data="synthetic"),
-                                    schedule_timeout_s=5)
+        request = RunRequest(task="task2a", workers=2, data="synthetic")
+        waiting = kubernetes.create_run(store, ns.record, request)
+        kubernetes.start_detached(store, waiting)
+        run = kubernetes.create_run(store, ns.record, request, schedule_timeout_s=5)
         kubernetes.start_detached(store, run)
         final = follow_to_end(ns, run.id, 60)
+        cancelled = mlbench_cli("cancel", waiting.id)          # through the API server's proxy
     finally:
         ns.core.patch_node("kube-local-node", {"spec": {"unschedulable": False}})
     assert final.state == "failed"
     assert final.reason == (f"worker 0 (pod {pod_name(run.id, 0)}) did not start within 5s: Unschedulable: "
                             "0/1 nodes are available: 1 node(s) were unschedulable.")
-    wait_gone(ns, run.id)
+    assert cancelled.exit_code == 0 and f"Run {waiting.id} cancelled." in cancelled.output
+    wait_gone(ns, run.id, waiting.id)
 
 
 def allowed(api, namespace: str, verb: str, resource: str, *, group: str = "", ns: str | None = None) -> bool:

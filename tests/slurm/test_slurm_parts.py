@@ -170,3 +170,16 @@ def test_an_mpi_run_without_mpirun_fails_with_the_reason(libsvm_dir, monkeypatch
         local.run_local(store, run)
     final = store.get(run.id)
     assert final.state == "failed" and "the workers could not be started: --backend mpi: mpirun" in final.reason
+
+
+def test_status_without_slurm_commands_shows_the_run_as_last_recorded(monkeypatch, tmp_path):
+    from mlbench.launch import slurm
+
+    store = RunStore()
+    run = store.create(task="task2a", workers=2, division="closed", launcher="slurm",
+                       run_json={"slurm": {"job_id": "77"}})
+    store.mark_started(run.id)
+    monkeypatch.setenv("PATH", str(tmp_path))  # a laptop that shares the run store, without Slurm
+    assert slurm.reconcile(store, store.get(run.id)).state == "running"
+    result = CliRunner().invoke(cli, ["status"])
+    assert result.exit_code == 0 and "running" in result.output

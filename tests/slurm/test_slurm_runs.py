@@ -13,8 +13,12 @@ import zipfile
 from pathlib import Path
 
 import torch
+from click.testing import CliRunner
 
+from mlbench.cli import cli
+from mlbench.cli import commands  # noqa: F401  (registers the commands)
 from mlbench.launch import external, slurm_jobs
+from mlbench.launch import slurm as slurm_launch
 from mlbench.launch.plan import RunRequest
 from mlbench.launch.plan import create_run as plan_run
 from mlbench.launch.slurm import create_run
@@ -93,7 +97,7 @@ def test_mlbench_cancel_scancels_the_job(slurm, libsvm_dir):
     assert f"as Slurm job {job}" in proc.stdout
     wait_for(lambda: worker_pid(run.run_dir, 1) and (run.run_dir / "events" / "rank-0.jsonl").exists(),
              what="the job's workers")
-    assert "running" in mlbench("status", run.id, check=True).stdout
+    assert slurm_launch.reconcile(RunStore(), run).state == "running"
     assert mlbench("cancel", run.id, check=True).stdout.strip() == f"Run {run.id} cancelled."
     assert slurm_jobs.query(job).state == "CANCELLED"
     run = last_run()
@@ -108,9 +112,10 @@ def test_a_task_that_dies_fails_the_run_with_the_reason(slurm, libsvm_dir):
     wait_for(lambda: (run.run_dir / "events" / "rank-1.jsonl").exists() and worker_pid(run.run_dir, 1),
              what="worker 1")
     os.kill(worker_pid(run.run_dir, 1), signal.SIGKILL)
-    wait_for(lambda: "failed" in mlbench("status", run.id).stdout, timeout=120, what="the run to fail")
+    wait_for(lambda: not slurm_launch.reconcile(RunStore(), run).active, timeout=120, what="the run to end")
     run = last_run()
     assert run.state == "failed" and run.reason.startswith("worker 1 was killed"), run.reason
+    assert f"failed ({run.reason})" in mlbench("status", run.id, check=True).stdout
     assert slurm_jobs.query(run_json(run)["slurm"]["job_id"]).state == "FAILED"
     assert worker_pid(run.run_dir, 0) is None  # srun ended the other worker too
 
@@ -130,11 +135,11 @@ def test_the_batch_script_is_valid_for_sbatch(slurm, libsvm_dir):
 
 
 def test_an_option_that_sbatch_refuses_is_one_line_and_fails_the_run(slurm, libsvm_dir):
-    proc = mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), "--slurm",
-                   "--partition", "nosuchpartition")
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("Error: sbatch refused the job:") and "partition" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    result = CliRunner().invoke(cli, ["run", "task2a", "2", "--data-dir", str(libsvm_dir), "--slurm",
+                                      "--partition", "nosuchpartition"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert result.stderr.startswith("Error: sbatch refused the job:") and "partition" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
     run = last_run()
     assert run.state == "failed" and "could not be submitted" in run.reason
 
