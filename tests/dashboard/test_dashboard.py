@@ -57,7 +57,7 @@ def test_a_run_started_from_the_form_appears_and_its_accuracy_curve_grows(lab, b
     page.fill("#workers", "1")
     page.fill("#data_dir", str(libsvm_dir))
     page.check("#no_stop")
-    page.fill("#time_budget", "10s")
+    page.fill("#time_budget", "8s")
     page.fill("#overrides", "max_epochs=100000")
     page.screenshot(path=tmp_path / "new-run-form.png", full_page=True)
     page.click("#start")
