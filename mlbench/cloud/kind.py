@@ -27,6 +27,7 @@ from mlbench.cloud.provisioner import (
     Provisioner,
 )
 from mlbench.errors import ClusterError
+from mlbench.extras import needs
 
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"
 CREATE_WAIT = "5m"
@@ -59,7 +60,8 @@ class KindProvisioner(Provisioner):
     @property
     def docker(self) -> Any:
         if self._docker is None:
-            import docker
+            with needs("kind"):
+                import docker
 
             try:
                 self._docker = docker.from_env()
@@ -106,7 +108,8 @@ class KindProvisioner(Provisioner):
         return [c for c in self._kind("get", "clusters").split() if c]
 
     def _check_image(self, image: str) -> None:
-        import docker
+        with needs("kind"):
+            import docker
 
         try:
             self.docker.images.get(image)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlbench.errors import MlbenchError, RunNotFound
+from mlbench.extras import needs
 from mlbench.launch.k8s_objects import (
     RANK_LABEL,
     RUN_LABEL,
@@ -146,7 +147,8 @@ class PodSupervisor:
     @classmethod
     def in_cluster(cls, store: RunStore, namespace: str) -> "PodSupervisor":
         """Kubernetes access from the pod's service account (or $KUBECONFIG outside a cluster)."""
-        from kubernetes import client, config
+        with needs("kubernetes"):
+            from kubernetes import client, config
 
         try:
             if os.environ.get("KUBECONFIG"):
@@ -246,7 +248,8 @@ class PodSupervisor:
 
     def cleanup(self, run_id: str) -> None:
         """Delete a run's pods, headless Service and ConfigMap (what is already gone is fine)."""
-        from kubernetes.client.exceptions import ApiException
+        with needs("kubernetes"):
+            from kubernetes.client.exceptions import ApiException
 
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{RUN_LABEL}={run_id}").items
         calls = [(self.core.delete_namespaced_pod, p.metadata.name) for p in pods]

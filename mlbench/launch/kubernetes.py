@@ -21,6 +21,7 @@ from typing import Any, Callable
 from mlbench.cloud.config import ClusterRecord, kube_api_client
 from mlbench.cloud.existing import kube_error
 from mlbench.errors import ClusterError, UsageError
+from mlbench.extras import needs
 from mlbench.launch import k8s_objects as objects
 from mlbench.launch.k8s_client import ResultsClient, transport_for
 from mlbench.launch.base import EventCallback, Launcher
@@ -48,7 +49,8 @@ def _api_error(err: Exception, store: ClusterStore, doing: str) -> ClusterError:
 
 def _tokens(core: Any, namespace: str) -> dict[str, str] | None:
     """The service's tokens from its Secret, or None when it was never deployed."""
-    from kubernetes.client.exceptions import ApiException
+    with needs("kubernetes"):
+        from kubernetes.client.exceptions import ApiException
 
     try:
         secret = core.read_namespaced_secret(objects.SERVICE, namespace)
@@ -61,7 +63,8 @@ def _tokens(core: Any, namespace: str) -> dict[str, str] | None:
 
 def open_store(cluster: ClusterRecord) -> ClusterStore:
     """The cluster's runs (catalog copied from its results service, when one is deployed)."""
-    from kubernetes import client
+    with needs("kubernetes"):
+        from kubernetes import client
 
     api = kube_api_client(cluster)
     namespace = namespace_of(cluster)
@@ -81,8 +84,9 @@ def open_store(cluster: ClusterRecord) -> ClusterStore:
 
 def ensure_service(store: ClusterStore, image: str, progress: Progress) -> None:
     """Deploy the results service unless it exists, and wait until it answers."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
+    with needs("kubernetes"):
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
 
     core, ns = client.CoreV1Api(store.api), store.namespace
     rbac, apps = client.RbacAuthorizationV1Api(store.api), client.AppsV1Api(store.api)
@@ -135,8 +139,9 @@ def _wait_available(apps: Any, core: Any, ns: str, image: str) -> None:
 def plan_resources(store: ClusterStore, cluster: ClusterRecord, request: RunRequest, image: str | None,
                    schedule_timeout_s: float) -> WorkerResources:
     """Pod sizes from the nodes: an equal share of the smallest node for each worker on it."""
-    from kubernetes import client
-    from kubernetes.utils import parse_quantity
+    with needs("kubernetes"):
+        from kubernetes import client
+        from kubernetes.utils import parse_quantity
 
     try:
         nodes = [n for n in client.CoreV1Api(store.api).list_node().items if not n.spec.unschedulable]
@@ -185,7 +190,8 @@ def create_run(store: ClusterStore, cluster: ClusterRecord, request: RunRequest,
 
 def launch(store: ClusterStore, run: RunRecord) -> None:
     """Create the run's ConfigMap, headless Service and worker pods."""
-    from kubernetes import client
+    with needs("kubernetes"):
+        from kubernetes import client
 
     document = RunDocument.load(run.run_dir)
     placement = objects.Placement.from_dict(document.placement or {})

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-
+from mlbench.extras import needs
 from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, RunResult)
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 CHART_NAMES = ("speedup", "cost", "loss-accuracy", "communication")
 FORMATS = ("png", "svg")
@@ -123,7 +125,7 @@ def cost_chart(comparison: Comparison) -> Figure:
 
 
 def loss_accuracy_chart(comparison: Comparison) -> Figure:
-    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    fig = _new_figure(figsize=(10, 4.2))
     loss_ax, acc_ax = fig.subplots(1, 2)
     families = comparison.families()
     labels = family_labels(list(families))
@@ -200,8 +202,16 @@ def communication_chart(comparison: Comparison) -> Figure:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+def _new_figure(figsize: tuple[float, float]) -> Figure:
+    """A matplotlib figure (imported here: matplotlib is the ``charts`` extra)."""
+    with needs("charts"):
+        from matplotlib.figure import Figure
+
+    return Figure(figsize=figsize, layout="constrained")
+
+
 def _figure() -> tuple[Figure, Axes]:
-    fig = Figure(figsize=(6.4, 4.4), layout="constrained")
+    fig = _new_figure(figsize=(6.4, 4.4))
     ax = fig.subplots()
     ax.grid(alpha=0.3)
     return fig, ax
