@@ -169,11 +169,11 @@ def status(run_ref, show_all) -> None:
     store = launcher.store
     if run_ref:
         record = launcher.reconcile(store.get(run_ref))
-        events = read_run_events(record.run_dir)
-        print_run_details(record, summarize(events))
+        summary = summarize(read_run_events(record.run_dir))
+        print_run_details(record, summary)
         if record.result and record.result.get("kind") == "allreduce":
             print_allreduce_table(record.result)
-        print_compression(events)
+        print_compression(summary)
         return
     records = [launcher.reconcile(r) for r in store.list()]
     if not records:

@@ -13,15 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mlbench.errors import UsageError
-from mlbench.optim.catalog import check_optimizer
 from mlbench.results.environment import describe_environment, usable_cores
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import RunConfig
 from mlbench.tasks.allreduce import with_max_size
-from mlbench.tasks.datasets import load_splits
 from mlbench.tasks.models import MODEL_NAMES
 from mlbench.tasks.spec import TaskSpec, get_task, resolve
 
@@ -88,6 +84,8 @@ class WorkerResources:
 
 
 def _device_and_backend(request: RunRequest, resources: WorkerResources | None = None) -> tuple[str, str]:
+    import torch  # here: the CLI imports this module for every command, and only `run` needs torch
+
     has_gpu = torch.cuda.is_available() if resources is None else resources.gpus > 0
     device = request.device or ("cuda" if has_gpu else "cpu")
     if device not in ("cpu", "cuda"):
@@ -178,6 +176,8 @@ def prepare_data(config: RunConfig) -> None:
     download happens once rather than in every worker, and epsilon's one-time conversion to the
     binary cache is done before the workers, which then load it in seconds.
     """
+    from mlbench.tasks.datasets import load_splits
+
     if config.data == "real" and config.task.kind == "training":
         load_splits(config.task.dataset, "real", config.data_dir)
 
@@ -185,6 +185,8 @@ def prepare_data(config: RunConfig) -> None:
 def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
                check_data: bool = True, resources: WorkerResources | None = None) -> RunRecord:
     """Validate the request (and, locally, the data) and record a new pending run."""
+    from mlbench.optim.catalog import check_optimizer
+
     config, changed = build_config(request, resources)
     check_optimizer(request.optimizer, request.optimizer_options, request.workers)
     if check_data:

@@ -8,8 +8,6 @@ import socket
 import sys
 from typing import Any
 
-import torch
-
 import mlbench
 
 
@@ -32,6 +30,8 @@ def usable_cores() -> int:
 
 
 def describe_environment() -> dict[str, Any]:
+    import torch  # here, not at the top: the CLI imports this module for usable_cores()
+
     gpus = []
     if torch.cuda.is_available():
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
