@@ -3,8 +3,6 @@ delete-cluster, and `image build` for the worker image. The work happens in mlbe
 
 from __future__ import annotations
 
-import sys
-import time
 from typing import Any, Callable
 
 import click
@@ -14,38 +12,9 @@ from mlbench.cli import cli
 from mlbench.cloud import manager
 from mlbench.cloud.providers import ADOPTED, PROVIDER_MODULES
 from mlbench.cloud.provisioner import ClusterSpec
+from mlbench.progress import StatusLines
 
 F = Callable[..., Any]
-
-
-class _Progress:
-    """Prints steps as lines. Poll ticks overwrite one line on a terminal; elsewhere (logs, CI)
-    a tick is printed when its status changes, or once a minute while it does not."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.last_status = ""
-        self.last_time = 0.0
-        self.open_line = False
-
-    def __call__(self, message: str, transient: bool = False) -> None:
-        if not transient:
-            self.done()
-            click.echo(message, err=True)
-        elif self.tty:
-            click.echo(f"\r\033[K{message}", nl=False, err=True)
-            self.open_line = True
-        else:
-            status = message.rsplit(" (", 1)[0]  # without the elapsed time
-            if status != self.last_status or time.monotonic() - self.last_time >= 60:
-                click.echo(message, err=True)
-                self.last_status, self.last_time = status, time.monotonic()
-
-    def done(self) -> None:
-        """End an overwritten poll line, so that what follows starts on a line of its own."""
-        if self.open_line:
-            click.echo("", err=True)
-            self.open_line = False
 
 
 def _options(*decorators: F) -> Callable[[F], F]:
@@ -71,7 +40,7 @@ _COMMON = _options(
 
 
 def _create(provisioner: Any, spec: ClusterSpec) -> None:
-    progress = _Progress()
+    progress = StatusLines()
     try:
         record = manager.create_cluster(provisioner, spec, progress)
     finally:
@@ -220,7 +189,7 @@ def delete_cluster(provider: str, name: str, yes: bool, **locator: Any) -> None:
     if provider in manager.CREATED and not yes:
         click.confirm(f"Delete the {provider} cluster {name} and all its workloads?",
                       abort=True, err=True)
-    progress = _Progress()
+    progress = StatusLines()
     try:
         message = manager.delete_cluster(provider, name, progress, **locator)
     finally:
@@ -244,6 +213,5 @@ def image_build(cuda: bool, tag: str | None, source: str | None) -> None:
 
     from mlbench.cloud.image import build_image
 
-    built = build_image(cuda=cuda, tag=tag, root=Path(source) if source else None,
-                        progress=lambda line: click.echo(line, err=True))
+    built = build_image(cuda=cuda, tag=tag, root=Path(source) if source else None)
     click.echo(f"Built {built}.")

@@ -11,17 +11,21 @@ as data sets, virtual environments or .git, is sent to the Docker engine.
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mlbench import __version__
 from mlbench.errors import MlbenchError, UsageError
+from mlbench.extras import needs
+from mlbench.progress import Progress
 
 REPOSITORY = "mlbench/worker"
 TORCH_INDEX = {"cpu": "https://download.pytorch.org/whl/cpu",
                "cuda": "https://download.pytorch.org/whl/cu124"}
 _SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
+_STEP = re.compile(r"^Step (\d+)/(\d+) :")
 
 
 def worker_image_tag(cuda: bool = False) -> str:
@@ -57,10 +61,12 @@ def build_context(root: Path) -> io.BytesIO:
 
 
 def build_image(cuda: bool = False, tag: str | None = None, root: Path | None = None,
-                client: Any = None, progress: Callable[[str], None] = lambda _: None) -> str:
-    """Build the worker image and return its tag; Docker's output lines go to ``progress``."""
-    import docker
-    import requests
+                client: Any = None) -> str:
+    """Build the worker image and return its tag, showing the Dockerfile's steps as progress
+    (the builder's "Step N/M" lines give the count and are shown beside it)."""
+    with needs("kind"):
+        import docker
+        import requests
 
     tag = tag or worker_image_tag(cuda)
     root = root or source_root()
@@ -73,14 +79,20 @@ def build_image(cuda: bool = False, tag: str | None = None, root: Path | None = 
                                   decode=True, buildargs={
                                       "TORCH_INDEX_URL": TORCH_INDEX["cuda" if cuda else "cpu"],
                                       "MLBENCH_VERSION": __version__})
-        for chunk in stream:
-            if "error" in chunk:
-                detail = str(chunk.get("error", "")).strip().splitlines()[-1]
-                raise MlbenchError(f"Building {tag} failed ({detail}); fix the cause (network "
-                                   "access for pip, the Dockerfile) and rerun.")
-            text = str(chunk.get("stream", "")).strip()
-            if text:
-                progress(text)
+        with Progress(f"Building {tag}", unit="steps", rates=False) as progress:
+            for chunk in stream:
+                if "error" in chunk:
+                    detail = str(chunk.get("error", "")).strip().splitlines()[-1]
+                    raise MlbenchError(f"Building {tag} failed ({detail}); fix the cause (network "
+                                       "access for pip, the Dockerfile) and rerun.")
+                text = str(chunk.get("stream", "")).strip()
+                step = _STEP.match(text)
+                if step:
+                    progress.total = float(step.group(2))
+                    progress.update(float(step.group(1)) - 1, note=text[:60])
+                elif text:
+                    progress.update(progress.done)
+            progress.update(progress.total or progress.done, note="")
     except (docker.errors.DockerException, requests.RequestException) as err:
         raise MlbenchError(f"Docker is not running or refused the build "
                            f"({err.__class__.__name__}: {str(err)[:200]}); start Docker (or set "

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from mlbench.errors import DataError
+from mlbench.progress import Progress
 from mlbench.tasks.data.download import DOWNLOAD_ERRORS, Split, default_data_root, exclusive, fetch, one_line
 
 __all__ = ["read_libsvm", "load_libsvm_dataset", "find_pair", "EPSILON_BASE_URL", "EPSILON_FILES"]
@@ -219,14 +220,17 @@ def _convert(source: pathlib.Path, n_features: int | None, out: pathlib.Path) ->
     """Write out/x.npy and out/y.npy from the text file; returns (rows, columns)."""
     labels = []
     line = 1
+    stream, raw = _open_source(source)
     with _DenseWriter(out / "x.npy", n_features) as writer:
-        with _open_source(source) as stream, contextlib.closing(_chunks(stream, source)) as chunks:
+        with raw, stream, contextlib.closing(_chunks(stream, source)) as chunks, \
+                Progress(f"Converting {source.name}", total=os.fstat(raw.fileno()).st_size) as progress:
             for chunk in chunks:
                 parsed = _parse_fast(chunk) or _parse_lines(chunk, source, line)
                 _validate(parsed, source, line, n_features)
                 labels.append(np.where(parsed.labels > 0, 1.0, -1.0).astype(np.float32))
                 writer.add(parsed)
                 line += chunk.count(b"\n")
+                progress.update(raw.tell(), note=f"{line - 1:,} lines")
         if writer.rows == 0:
             raise DataError(f"{source} holds no data lines; give a file in LIBSVM format ('<label> <index>:<value> ...')")
         writer.finish()
@@ -234,12 +238,14 @@ def _convert(source: pathlib.Path, n_features: int | None, out: pathlib.Path) ->
     return writer.rows, writer.width
 
 
-def _open_source(source: pathlib.Path) -> BinaryIO:
-    """The file's bytes, decompressed when it starts with bzip2's magic (whatever its name)."""
+def _open_source(source: pathlib.Path) -> tuple[BinaryIO, BinaryIO]:
+    """The file's bytes, decompressed when it starts with bzip2's magic (whatever its name), and
+    the file itself, whose position tells how much of it was read (the conversion's progress)."""
     try:
-        with open(source, "rb") as probe:
-            compressed = probe.read(3) == b"BZh"
-        return bz2.open(source, "rb") if compressed else open(source, "rb")
+        raw = open(source, "rb")
+        compressed = raw.read(3) == b"BZh"
+        raw.seek(0)
+        return (bz2.BZ2File(raw) if compressed else raw), raw
     except OSError as exc:
         raise DataError(f"cannot read the LIBSVM file {source} ({one_line(exc)}); check its permissions") from None
 
