@@ -50,5 +50,4 @@ def needs(extra: str) -> Iterator[None]:
         missing = (err.name or "").split(".")[0]
         if missing not in modules:
             raise
-        raise MissingExtra(f"this needs {what}, which is not installed; install it with: "
-                           f"{install_hint(extra)}") from None
+        raise MissingExtra(f"this needs {what}, which is not installed: {install_hint(extra)}") from None

@@ -9,6 +9,8 @@ import click
 from tabulate import tabulate
 
 from mlbench.cli import cli
+from mlbench.cli.completion import complete_clusters
+from mlbench.cli.output import emit, output_option
 from mlbench.cloud import manager
 from mlbench.cloud.providers import ADOPTED, PROVIDER_MODULES
 from mlbench.cloud.provisioner import ClusterSpec
@@ -144,28 +146,27 @@ def add_cluster(name: str, context: str, kubeconfig: str | None, namespace: str 
 
 @cli.command("list-clusters")
 @click.option("--no-refresh", is_flag=True, help="Do not ask the providers for the state.")
-def list_clusters(no_refresh: bool) -> None:
+@output_option
+def list_clusters(no_refresh: bool, output: str) -> None:
     """Clusters mlbench knows, with their true state; * marks the current one."""
     rows = manager.list_clusters(refresh=not no_refresh)
+    if output != "table":
+        emit({"clusters": [r.to_dict() for r in rows]}, output)
+        return
     if not rows:
         click.echo("No clusters; create one with `mlbench create-cluster kind|gcloud|aws`.")
     else:
         table = [["*" if r.current else "", r.record.provider, r.record.name,
                   r.status.nodes if r.status.nodes is not None else r.record.nodes,
-                  r.status.state, _where(r.record.extra), r.status.detail] for r in rows]
+                  r.status.state, r.where, r.status.detail] for r in rows]
         click.echo(tabulate(table, headers=["", "PROVIDER", "NAME", "NODES", "STATE", "WHERE",
                                             "DETAIL"], tablefmt="plain"))
     if not any(r.current for r in rows):
         click.echo("* local: runs go to this machine.")
 
 
-def _where(extra: dict[str, Any]) -> str:
-    parts = [extra.get(k) for k in ("project", "zone", "region", "source_context")]
-    return "/".join(str(p) for p in parts if p) or "this machine"
-
-
 @cli.command("set-cluster")
-@click.argument("args", nargs=-1, metavar="[PROVIDER] NAME")
+@click.argument("args", nargs=-1, metavar="[PROVIDER] NAME", shell_complete=complete_clusters)
 @click.option("--local", is_flag=True, help="Run on this machine again.")
 def set_cluster(args: tuple[str, ...], local: bool) -> None:
     """Make a known cluster the one runs go to (or --local for this machine)."""
@@ -178,7 +179,7 @@ def set_cluster(args: tuple[str, ...], local: bool) -> None:
 
 @cli.command("delete-cluster")
 @click.argument("provider", type=click.Choice([*PROVIDER_MODULES, ADOPTED]))
-@click.argument("name")
+@click.argument("name", shell_complete=complete_clusters)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--project", help="GKE: project, when mlbench has no record of the cluster.")
 @click.option("--zone", help="GKE: zone, when mlbench has no record of the cluster.")

@@ -5,3 +5,4 @@ from mlbench.cli import clusters  # noqa: F401
 from mlbench.cli import results  # noqa: F401
 from mlbench.cli import serve  # noqa: F401
 from mlbench.cli import optimizers  # noqa: F401
+from mlbench.cli import follow  # noqa: F401

@@ -8,6 +8,7 @@ import click
 from tabulate import tabulate
 
 from mlbench.cli import cli
+from mlbench.cli.output import emit, output_option
 from mlbench.results.summary import RunSummary
 
 
@@ -18,10 +19,14 @@ def _default(value: Any) -> str:
 
 
 @cli.command()
-def optimizers() -> None:
+@output_option
+def optimizers(output) -> None:
     """The distributed optimizers for `mlbench run --optimizer NAME --opt KEY=VALUE`."""
     from mlbench.optim.catalog import describe_optimizers  # imports every optimizer, and torch
 
+    if output != "table":
+        emit({"optimizers": describe_optimizers()}, output)
+        return
     for info in describe_optimizers():
         division = "closed division: the reference" if info["closed_division"] else "open division"
         click.echo(f"{info['name']} ({division})")

@@ -16,7 +16,8 @@ import base64
 import math
 import secrets
 import time
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from mlbench.cloud.config import ClusterRecord, kube_api_client
 from mlbench.cloud.existing import kube_error
@@ -25,6 +26,7 @@ from mlbench.extras import needs
 from mlbench.launch import k8s_objects as objects
 from mlbench.launch.k8s_client import ResultsClient, transport_for
 from mlbench.launch.base import EventCallback, Launcher
+from mlbench.launch.follow import check_rank
 from mlbench.launch.k8s_mirror import ClusterStore
 from mlbench.launch.k8s_supervisor import pod_state
 from mlbench.launch.plan import RunRequest, WorkerResources
@@ -61,6 +63,11 @@ def _tokens(core: Any, namespace: str) -> dict[str, str] | None:
     return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
 
 
+def mirror_home(cluster: ClusterRecord) -> Path:
+    """Where this machine keeps its copy of the cluster's run store."""
+    return RunStore().home / "clusters" / f"{cluster.provider}-{cluster.name}"
+
+
 def open_store(cluster: ClusterRecord) -> ClusterStore:
     """The cluster's runs (catalog copied from its results service, when one is deployed)."""
     with needs("kubernetes"):
@@ -69,8 +76,8 @@ def open_store(cluster: ClusterRecord) -> ClusterStore:
     api = kube_api_client(cluster)
     namespace = namespace_of(cluster)
     where = f"cluster {cluster.name} (namespace {namespace})"
-    store = ClusterStore(RunStore().home / "clusters" / f"{cluster.provider}-{cluster.name}", where,
-                         api=api, namespace=namespace, context=cluster.context)
+    store = ClusterStore(mirror_home(cluster), where, api=api, namespace=namespace,
+                         context=cluster.context)
     try:
         tokens = _tokens(client.CoreV1Api(api), namespace)
     except Exception as err:
@@ -252,12 +259,36 @@ def reconcile(store: ClusterStore, run: RunRecord) -> RunRecord:
     return store.sync_run(run.id)
 
 
+def pod_log(store: ClusterStore, run: RunRecord, rank: int, follow: bool) -> Iterator[str]:
+    """A running worker's log, line by line, from its pod through the API server (the user's
+    credentials need `get` on pods/log); with ``follow``, until the pod ends."""
+    with needs("kubernetes"):
+        from kubernetes import client
+
+    name = objects.pod_name(run.id, rank)
+    try:
+        response = client.CoreV1Api(store.api).read_namespaced_pod_log(
+            name, store.namespace, follow=follow, _preload_content=False)
+    except Exception as err:
+        raise _api_error(err, store, f"read the log of pod {name}") from None
+    partial = b""
+    try:
+        for chunk in response.stream(1 << 14):
+            *lines, partial = (partial + chunk).split(b"\n")
+            yield from (line.decode(errors="replace") for line in lines)
+        if partial:
+            yield partial.decode(errors="replace")
+    finally:
+        response.release_conn()
+
+
 
 class KubernetesLauncher(Launcher):
     """Runs on the current cluster: a pod per worker plus a headless Service, followed through
     the cluster's results service (which supervises runs started with --detach)."""
 
     name = "kubernetes"
+    follow_seconds = FOLLOW_SECONDS
 
     def __init__(self, store: ClusterStore, cluster: ClusterRecord, image: str | None = None,
                  progress: Progress = lambda _: None):
@@ -281,3 +312,23 @@ class KubernetesLauncher(Launcher):
 
     def reconcile(self, record: RunRecord) -> RunRecord:
         return reconcile(self.cluster_store, record)
+
+    def logs(self, record: RunRecord, rank: int, follow: bool = False) -> Iterator[str]:
+        """A running worker's log from its pod; an ended one's from the run store, where the
+        service's supervisor saved it. Followed while its pod cannot give a log yet (it waits
+        for a node or an image), the log shows when the run ends."""
+        check_rank(record, rank)
+        if record.active:
+            try:
+                lines = pod_log(self.cluster_store, record, rank, follow)
+                first = next(lines, None)
+            except ClusterError:
+                if not follow:
+                    raise
+            else:
+                if first is not None:
+                    yield first
+                yield from lines
+                return
+        yield from super().logs(record, rank, follow)
+

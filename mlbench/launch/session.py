@@ -36,6 +36,19 @@ def open_store() -> RunStore:
     return kubernetes.open_store(cluster)
 
 
+def cached_store() -> RunStore:
+    """The runs as last seen, read without contacting anything: this machine's store, or this
+    machine's copy of the current cluster's (shell completion, which must answer at once)."""
+    from mlbench.cloud.config import current_cluster
+
+    cluster = current_cluster()
+    if cluster is None:
+        return RunStore()
+    from mlbench.launch.kubernetes import mirror_home
+
+    return RunStore(mirror_home(cluster))
+
+
 def launcher_for(store: RunStore, *, image: str | None = None,
                  progress: Callable[[str], None] | None = None) -> Launcher:
     """The launcher of ``store``'s runs: pods on the current cluster, or processes here."""
