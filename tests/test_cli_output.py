@@ -120,6 +120,15 @@ def test_tasks_optimizers_prices_and_clusters_parse_as_json_and_yaml(runs):
     assert optimizers[0]["name"] == "centralized-sgd" and optimizers[0]["closed_division"] is True
 
 
+def test_charts_without_matplotlib_say_what_to_install_and_write_nothing(runs, tmp_path):
+    from tests.test_extras import run_without
+
+    proc = run_without("matplotlib", "charts", "--group", runs, "-o", str(tmp_path / "charts"))
+    assert (proc.returncode, proc.stderr) == (
+        1, "Error: this needs matplotlib, which is not installed: pip install 'mlbench[charts]'\n")
+    assert not (tmp_path / "charts").exists()
+
+
 def test_a_wrong_format_is_a_usage_error(runs):
     proc = mlbench("status", "-o", "xml")
     assert proc.returncode == 2 and "'xml' is not one of 'table', 'json', 'yaml'" in proc.stderr

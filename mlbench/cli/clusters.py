@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import click
-from tabulate import tabulate
 
 from mlbench.cli import cli
 from mlbench.cli.completion import complete_clusters
-from mlbench.cli.output import emit, output_option
+from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.cloud import manager
 from mlbench.cloud.providers import ADOPTED, PROVIDER_MODULES
 from mlbench.cloud.provisioner import ClusterSpec

@@ -6,8 +6,8 @@ import datetime
 from typing import Any
 
 import click
-from tabulate import tabulate
 
+from mlbench.cli.output import tabulate
 from mlbench.launch.plan import RunRequest
 from mlbench.results.store import RunRecord
 from mlbench.results.outcome import TrainingResult, fmt_duration

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from tabulate import tabulate
 
 from mlbench.cli import cli
-from mlbench.cli.output import emit, output_option
+from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.results.summary import RunSummary
 
 

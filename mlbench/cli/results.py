@@ -6,12 +6,11 @@ import math
 from typing import Callable
 
 import click
-from tabulate import tabulate
 
 from mlbench.cli import cli
 from mlbench.cli.completion import complete_groups, complete_runs, complete_tasks
 from mlbench.cli.format import fmt_duration, fmt_percent
-from mlbench.cli.output import emit, output_option
+from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.launch.session import open_store
 from mlbench.errors import UsageError
 from mlbench.results.charts import FORMATS, write_charts

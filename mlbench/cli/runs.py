@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import click
-from tabulate import tabulate
 
 from mlbench.cli import cli
 from mlbench.cli.allreduce import AllreducePrinter, print_allreduce_table, task_rows
@@ -15,13 +14,11 @@ from mlbench.cli.completion import complete_runs, complete_tasks
 from mlbench.cli.follow import follow_progress
 from mlbench.cli.format import ProgressPrinter, print_run_details, status_table
 from mlbench.cli.optimizers import print_compression
-from mlbench.cli.output import emit, output_option
+from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.errors import UsageError
 from mlbench.launch import session
 from mlbench.launch.plan import BACKENDS, RunRequest, parse_duration
-from mlbench.results.archive import write_archive
 from mlbench.results.events import read_run_events
-from mlbench.results.mllog import write_mllog
 from mlbench.results.report import run_details, run_overview
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
@@ -178,12 +175,11 @@ def status(run_ref, show_all, follow, output) -> None:
     if run_ref:
         record = launcher.reconcile(store.get(run_ref))
         if follow:
-            record = follow_progress(launcher, record)
+            follow_progress(launcher, record)
+            return
         summary = summarize(read_run_events(record.run_dir))
         if output != "table":
             emit(run_details(record, summary), output)
-            return
-        if follow:
             return
         print_run_details(record, summary)
         if record.result and record.result.get("kind") == "allreduce":
@@ -210,6 +206,9 @@ def status(run_ref, show_all, follow, output) -> None:
               help="mlperf: also write an MLPerf :::MLLOG result log next to the zip (.mllog.txt).")
 def download(run_ref, output, fmt) -> None:
     """Everything recorded about RUN (spec, environment, result, metrics, logs) as a zip file."""
+    from mlbench.results.archive import write_archive
+    from mlbench.results.mllog import write_mllog
+
     launcher = session.launcher_for(session.open_store())
     record = launcher.reconcile(launcher.store.get(run_ref))
     target = Path(output or f"{record.id}.zip")

@@ -31,6 +31,9 @@ _STYLES = ("-", "--", ":", "-.")
 def write_charts(comparison: Comparison, out_dir: str | Path,
                  formats: Sequence[str] = FORMATS) -> list[Path]:
     """Draw the four charts and write each in every format; returns the files written."""
+    with needs("charts"):  # before anything is written
+        import matplotlib  # noqa: F401
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     drawers = {"speedup": speedup_chart, "cost": cost_chart, "loss-accuracy": loss_accuracy_chart,
