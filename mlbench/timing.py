@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where events are made: `mlbench status` reads PHASES only
+    import torch
 
 PHASES = ("data", "forward", "backward", "communication", "optimizer")
 
@@ -38,6 +40,8 @@ class PhaseTimer:
 
     @staticmethod
     def _event() -> torch.cuda.Event:
+        import torch
+
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
@@ -50,6 +54,8 @@ class PhaseTimer:
 
     @staticmethod
     def _graph_event() -> torch.cuda.Event:
+        import torch
+
         event = torch.cuda.Event(enable_timing=True, external=True)
         event.record()
         return event

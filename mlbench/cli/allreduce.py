@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from tabulate import tabulate
 
+from mlbench.cli.output import tabulate
 from mlbench.results.store import RunRecord
 from mlbench.cli.format import network_note
 from mlbench.results.summary import RunSummary

@@ -3,49 +3,19 @@ delete-cluster, and `image build` for the worker image. The work happens in mlbe
 
 from __future__ import annotations
 
-import sys
-import time
 from typing import Any, Callable
 
 import click
-from tabulate import tabulate
 
 from mlbench.cli import cli
+from mlbench.cli.completion import complete_clusters
+from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.cloud import manager
 from mlbench.cloud.providers import ADOPTED, PROVIDER_MODULES
 from mlbench.cloud.provisioner import ClusterSpec
+from mlbench.progress import StatusLines
 
 F = Callable[..., Any]
-
-
-class _Progress:
-    """Prints steps as lines. Poll ticks overwrite one line on a terminal; elsewhere (logs, CI)
-    a tick is printed when its status changes, or once a minute while it does not."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.last_status = ""
-        self.last_time = 0.0
-        self.open_line = False
-
-    def __call__(self, message: str, transient: bool = False) -> None:
-        if not transient:
-            self.done()
-            click.echo(message, err=True)
-        elif self.tty:
-            click.echo(f"\r\033[K{message}", nl=False, err=True)
-            self.open_line = True
-        else:
-            status = message.rsplit(" (", 1)[0]  # without the elapsed time
-            if status != self.last_status or time.monotonic() - self.last_time >= 60:
-                click.echo(message, err=True)
-                self.last_status, self.last_time = status, time.monotonic()
-
-    def done(self) -> None:
-        """End an overwritten poll line, so that what follows starts on a line of its own."""
-        if self.open_line:
-            click.echo("", err=True)
-            self.open_line = False
 
 
 def _options(*decorators: F) -> Callable[[F], F]:
@@ -71,7 +41,7 @@ _COMMON = _options(
 
 
 def _create(provisioner: Any, spec: ClusterSpec) -> None:
-    progress = _Progress()
+    progress = StatusLines()
     try:
         record = manager.create_cluster(provisioner, spec, progress)
     finally:
@@ -175,28 +145,27 @@ def add_cluster(name: str, context: str, kubeconfig: str | None, namespace: str 
 
 @cli.command("list-clusters")
 @click.option("--no-refresh", is_flag=True, help="Do not ask the providers for the state.")
-def list_clusters(no_refresh: bool) -> None:
+@output_option
+def list_clusters(no_refresh: bool, output: str) -> None:
     """Clusters mlbench knows, with their true state; * marks the current one."""
     rows = manager.list_clusters(refresh=not no_refresh)
+    if output != "table":
+        emit({"clusters": [r.to_dict() for r in rows]}, output)
+        return
     if not rows:
         click.echo("No clusters; create one with `mlbench create-cluster kind|gcloud|aws`.")
     else:
         table = [["*" if r.current else "", r.record.provider, r.record.name,
                   r.status.nodes if r.status.nodes is not None else r.record.nodes,
-                  r.status.state, _where(r.record.extra), r.status.detail] for r in rows]
+                  r.status.state, r.where, r.status.detail] for r in rows]
         click.echo(tabulate(table, headers=["", "PROVIDER", "NAME", "NODES", "STATE", "WHERE",
                                             "DETAIL"], tablefmt="plain"))
     if not any(r.current for r in rows):
         click.echo("* local: runs go to this machine.")
 
 
-def _where(extra: dict[str, Any]) -> str:
-    parts = [extra.get(k) for k in ("project", "zone", "region", "source_context")]
-    return "/".join(str(p) for p in parts if p) or "this machine"
-
-
 @cli.command("set-cluster")
-@click.argument("args", nargs=-1, metavar="[PROVIDER] NAME")
+@click.argument("args", nargs=-1, metavar="[PROVIDER] NAME", shell_complete=complete_clusters)
 @click.option("--local", is_flag=True, help="Run on this machine again.")
 def set_cluster(args: tuple[str, ...], local: bool) -> None:
     """Make a known cluster the one runs go to (or --local for this machine)."""
@@ -209,7 +178,7 @@ def set_cluster(args: tuple[str, ...], local: bool) -> None:
 
 @cli.command("delete-cluster")
 @click.argument("provider", type=click.Choice([*PROVIDER_MODULES, ADOPTED]))
-@click.argument("name")
+@click.argument("name", shell_complete=complete_clusters)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--project", help="GKE: project, when mlbench has no record of the cluster.")
 @click.option("--zone", help="GKE: zone, when mlbench has no record of the cluster.")
@@ -220,7 +189,7 @@ def delete_cluster(provider: str, name: str, yes: bool, **locator: Any) -> None:
     if provider in manager.CREATED and not yes:
         click.confirm(f"Delete the {provider} cluster {name} and all its workloads?",
                       abort=True, err=True)
-    progress = _Progress()
+    progress = StatusLines()
     try:
         message = manager.delete_cluster(provider, name, progress, **locator)
     finally:
@@ -244,6 +213,5 @@ def image_build(cuda: bool, tag: str | None, source: str | None) -> None:
 
     from mlbench.cloud.image import build_image
 
-    built = build_image(cuda=cuda, tag=tag, root=Path(source) if source else None,
-                        progress=lambda line: click.echo(line, err=True))
+    built = build_image(cuda=cuda, tag=tag, root=Path(source) if source else None)
     click.echo(f"Built {built}.")

@@ -6,3 +6,4 @@ from mlbench.cli import results  # noqa: F401
 from mlbench.cli import serve  # noqa: F401
 from mlbench.cli import optimizers  # noqa: F401
 from mlbench.cli import dashboard  # noqa: F401
+from mlbench.cli import follow  # noqa: F401

@@ -6,8 +6,8 @@ import datetime
 from typing import Any
 
 import click
-from tabulate import tabulate
 
+from mlbench.cli.output import tabulate
 from mlbench.launch.plan import RunRequest
 from mlbench.results.report import describe_result, fmt_duration, fmt_percent
 from mlbench.results.store import RunRecord
@@ -31,10 +31,24 @@ def fmt_bytes(count: float) -> str:
     return f"{count:.1f} TB"
 
 
-class ProgressPrinter:
-    """Prints rank 0's events as progress lines while a run trains (the launcher's callback)."""
+def status_table(runs: list[dict[str, Any]]) -> str:
+    """The table of `mlbench status`, from :func:`mlbench.results.report.run_overview` rows."""
+    rows = []
+    for r in runs:
+        metric = get_metric(r["metric"])
+        rows.append([r["id"], r["name"], r["task"], r["workers"], r["state"], r["division"],
+                     f"{r['epoch']:.2f}" if r["epoch"] is not None else "-",
+                     metric.format(r["metric_value"]), fmt_duration(r["time_to_accuracy"]),
+                     fmt_time(r["created_at"])])
+    return tabulate(rows, headers=["ID", "NAME", "TASK", "WORKERS", "STATE", "DIVISION", "EPOCH",
+                                   "ACCURACY", "TIME TO ACC.", "CREATED"], disable_numparse=True)
 
-    def __init__(self, run: RunRecord, request: RunRequest):
+
+class ProgressPrinter:
+    """Prints rank 0's events as progress lines while a run trains (the launcher's callback, and
+    `mlbench status RUN --follow`)."""
+
+    def __init__(self, run: RunRecord, request: RunRequest | None = None):
         self.run = run
         self.request = request
         self._last_time: float | None = None

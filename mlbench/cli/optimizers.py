@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from tabulate import tabulate
 
 from mlbench.cli import cli
-from mlbench.optim.base import compression_ratio
-from mlbench.optim.catalog import describe_optimizers
+from mlbench.cli.output import emit, output_option, tabulate
+from mlbench.results.summary import RunSummary
 
 
 def _default(value: Any) -> str:
@@ -19,8 +18,14 @@ def _default(value: Any) -> str:
 
 
 @cli.command()
-def optimizers() -> None:
+@output_option
+def optimizers(output) -> None:
     """The distributed optimizers for `mlbench run --optimizer NAME --opt KEY=VALUE`."""
+    from mlbench.optim.catalog import describe_optimizers  # imports every optimizer, and torch
+
+    if output != "table":
+        emit({"optimizers": describe_optimizers()}, output)
+        return
     for info in describe_optimizers():
         division = "closed division: the reference" if info["closed_division"] else "open division"
         click.echo(f"{info['name']} ({division})")
@@ -34,9 +39,9 @@ def optimizers() -> None:
     click.echo("Example: mlbench run task1a 4 --optimizer powersgd --opt rank=2")
 
 
-def print_compression(events: list[dict[str, Any]]) -> None:
+def print_compression(summary: RunSummary) -> None:
     """One line: bytes sent against the reference all-reduce's (for `mlbench status RUN`)."""
-    ratio = compression_ratio(events)
+    ratio = summary.compression_ratio
     if ratio is not None:
         click.echo(f"Compression: the reference all-reduce would have sent {ratio:.2f}x the bytes "
                    "this run sent")

@@ -5,22 +5,24 @@ from __future__ import annotations
 from typing import Callable
 
 import click
-from tabulate import tabulate
 
 from mlbench.cli import cli
+from mlbench.cli.completion import complete_groups, complete_runs, complete_tasks
+from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.launch.session import open_store
 from mlbench.errors import UsageError
 from mlbench.results.charts import FORMATS, write_charts
 from mlbench.results.compare import Comparison, comparison_of
 from mlbench.results.cost import PriceTable
-from mlbench.results.report import compare_headers, compare_notes, compare_row, family_heading
+from mlbench.results.report import compare_headers, compare_notes, compare_row, comparison_document, family_heading
 
 
 def _selection(command: Callable) -> Callable:
     """RUN... or --task/--group: which runs a results command reads."""
-    command = click.argument("run_refs", metavar="[RUN]...", nargs=-1)(command)
-    command = click.option("--group", help="The runs of one `mlbench run` invocation (its group id).")(command)
-    return click.option("--task", help="Every run of this task.")(command)
+    command = click.argument("run_refs", metavar="[RUN]...", nargs=-1, shell_complete=complete_runs)(command)
+    command = click.option("--group", shell_complete=complete_groups,
+                           help="The runs of one `mlbench run` invocation (its group id).")(command)
+    return click.option("--task", shell_complete=complete_tasks, help="Every run of this task.")(command)
 
 
 def _pricing(command: Callable) -> Callable:
@@ -45,7 +47,8 @@ def _comparison(run_refs, task, group, instance, price_per_hour, prices_file) ->
 @cli.command()
 @_selection
 @_pricing
-def compare(run_refs, task, group, instance, price_per_hour, prices_file) -> None:
+@output_option
+def compare(run_refs, task, group, instance, price_per_hour, prices_file, output) -> None:
     """Compare runs of one task: time to accuracy over repeats, speedup, efficiency, compute vs
     communication and cost, per worker count.
 
@@ -56,6 +59,9 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file) -> Non
       mlbench compare --group 5d1e20c4 --price-per-hour 0.19
     """
     comparison = _comparison(run_refs, task, group, instance, price_per_hour, prices_file)
+    if output != "table":
+        emit(comparison_document(comparison), output)
+        return
     emulated = any(f.network for f in comparison.families())
     for i, (family, groups) in enumerate(comparison.families().items()):
         if i:
@@ -101,9 +107,13 @@ def charts(run_refs, task, group, instance, price_per_hour, prices_file, out_dir
 @cli.command()
 @click.option("--prices", "prices_file", type=click.Path(dir_okay=False),
               help="A price file that adds to or replaces the shipped table [also $MLBENCH_PRICES].")
-def prices(prices_file) -> None:
+@output_option
+def prices(prices_file, output) -> None:
     """The price table that --instance reads: USD per node-hour (or per GPU-hour for GPUs)."""
     table = PriceTable.load(prices_file)
+    if output != "table":
+        emit({"prices": [p.to_dict() for p in sorted(table, key=lambda p: p.name)]}, output)
+        return
     rows = [[p.name, f"{p.usd_per_hour:.4g}", p.kind, p.provider, p.region, p.checked]
             for p in sorted(table, key=lambda p: (p.provider, p.kind, p.name))]
     click.echo(tabulate(rows, headers=["NAME", "USD/HOUR", "KIND", "PROVIDER", "REGION", "CHECKED"],

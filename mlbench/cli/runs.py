@@ -7,26 +7,26 @@ import sys
 from pathlib import Path
 
 import click
-from tabulate import tabulate
 
 from mlbench.cli import cli
 from mlbench.cli.allreduce import AllreducePrinter, print_allreduce_table, task_rows
-from mlbench.cli.format import ProgressPrinter, fmt_duration, fmt_time, print_run_details
+from mlbench.cli.completion import complete_runs, complete_tasks
+from mlbench.cli.follow import follow_progress
+from mlbench.cli.format import ProgressPrinter, fmt_duration, print_run_details, status_table
 from mlbench.cli.launchers import launcher_options, print_worker_commands
 from mlbench.cli.optimizers import print_compression
+from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.errors import UsageError
 from mlbench.launch import session
 from mlbench.launch.slurm import job_id as slurm_job_id
 from mlbench.launch.plan import BACKENDS, RunRequest, parse_duration
 from mlbench.network.settings import SHAPING, network_options
-from mlbench.results.archive import write_archive
 from mlbench.results.events import read_run_events
-from mlbench.results.mllog import write_mllog
-from mlbench.results.report import run_progress
+from mlbench.results.report import run_details, run_overview
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
 from mlbench.tasks.models import MODEL_NAMES
-from mlbench.tasks.spec import TASKS, AllreduceSpec, describe_task, get_task, parse_overrides
+from mlbench.tasks.spec import TASKS, AllreduceSpec, describe_task, get_task, parse_overrides, spec_to_dict
 
 
 def _parse_opts(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -40,8 +40,13 @@ def _parse_opts(pairs: tuple[str, ...]) -> dict[str, str]:
 
 
 @cli.command()
-def tasks() -> None:
+@output_option
+def tasks(output) -> None:
     """The benchmark tasks with their closed-division specification and goals."""
+    if output != "table":
+        emit({"tasks": [spec_to_dict(spec) for spec in TASKS.values()], "models": list(MODEL_NAMES)},
+             output)
+        return
     for spec in TASKS.values():
         if spec.kind == "allreduce":
             click.echo(f"{spec.name}: {spec.title}\n{tabulate(task_rows(dataclasses.asdict(spec)), tablefmt='plain')}\n")
@@ -56,7 +61,7 @@ def tasks() -> None:
 
 
 @cli.command(context_settings={"show_default": True})
-@click.argument("task")
+@click.argument("task", shell_complete=complete_tasks)
 @click.argument("workers", nargs=-1, required=True, type=int)
 @click.option("--light", is_flag=True, help="Use the light goal (task1a 70%, task2a 80%).")
 @click.option("--time-budget", metavar="DURATION",
@@ -168,43 +173,53 @@ class _TerminalObserver:
 
 
 @cli.command()
-@click.argument("run_ref", metavar="[RUN]", required=False)
+@click.argument("run_ref", metavar="[RUN]", required=False, shell_complete=complete_runs)
 @click.option("--all", "show_all", is_flag=True, help="With no RUN: list every run (default: the last 30).")
-def status(run_ref, show_all) -> None:
+@click.option("--follow", "-f", is_flag=True,
+              help="With RUN: print its progress lines as it trains, until it ends.")
+@output_option
+def status(run_ref, show_all, follow, output) -> None:
     """A table of runs, or one run's progress, metrics, result and compute vs communication."""
+    if follow and (not run_ref or output != "table"):
+        raise UsageError("--follow follows one run's progress lines: give RUN, and no -o")
     store = session.open_store(read_only=True)
     if run_ref:
         record = session.reconcile(store, store.get(run_ref))
-        events = read_run_events(record.run_dir)
-        print_run_details(record, summarize(events))
+        if follow:
+            follow_progress(session.launcher_of(store, record), record)
+            return
+        summary = summarize(read_run_events(record.run_dir))
+        if output != "table":
+            emit(run_details(record, summary), output)
+            return
+        print_run_details(record, summary)
         if record.result and record.result.get("kind") == "allreduce":
             print_allreduce_table(record.result)
-        print_compression(events)
+        print_compression(summary)
         return
     records = [session.reconcile(store, r) for r in store.list()]
-    if not records:
-        click.echo("No runs yet. Start one with: mlbench run task1a 2 --light")
-        return
     if not show_all:
         records = records[-30:]
-    rows = []
-    for r in records:
-        progress = run_progress(r)
-        rows.append([r.id, r.name, r.task, r.workers, r.state, r.division,
-                     f"{progress.epoch:.2f}" if progress.epoch is not None else "-",
-                     progress.metric.format(progress.accuracy), fmt_duration(progress.time_to_accuracy),
-                     fmt_time(r.created_at)])
-    click.echo(tabulate(rows, headers=["ID", "NAME", "TASK", "WORKERS", "STATE", "DIVISION", "EPOCH",
-                                       "ACCURACY", "TIME TO ACC.", "CREATED"], disable_numparse=True))
+    runs = [run_overview(r, summarize(read_run_events(r.run_dir)) if r.active else None)
+            for r in records]
+    if output != "table":
+        emit({"runs": runs}, output)
+    elif not runs:
+        click.echo("No runs yet. Start one with: mlbench run task1a 2 --light")
+    else:
+        click.echo(status_table(runs))
 
 
 @cli.command()
-@click.argument("run_ref", metavar="RUN")
+@click.argument("run_ref", metavar="RUN", shell_complete=complete_runs)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Zip file to write [RUN_ID.zip].")
 @click.option("--format", "fmt", type=click.Choice(["zip", "mlperf"]), default="zip", show_default=True,
               help="mlperf: also write an MLPerf :::MLLOG result log next to the zip (.mllog.txt).")
 def download(run_ref, output, fmt) -> None:
     """Everything recorded about RUN (spec, environment, result, metrics, logs) as a zip file."""
+    from mlbench.results.archive import write_archive
+    from mlbench.results.mllog import write_mllog
+
     store = session.open_store(read_only=True)
     record = session.reconcile(store, store.get(run_ref))
     target = Path(output or f"{record.id}.zip")
@@ -218,7 +233,7 @@ def download(run_ref, output, fmt) -> None:
 
 
 @cli.command()
-@click.argument("run_ref", metavar="RUN")
+@click.argument("run_ref", metavar="RUN", shell_complete=complete_runs)
 def cancel(run_ref) -> None:
     """Stop a running RUN; what it recorded so far is kept."""
     store = session.open_store()
@@ -231,7 +246,7 @@ def cancel(run_ref) -> None:
 
 
 @cli.command()
-@click.argument("run_refs", metavar="RUN...", nargs=-1, required=True)
+@click.argument("run_refs", metavar="RUN...", nargs=-1, required=True, shell_complete=complete_runs)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def delete(run_refs, yes) -> None:
     """Delete runs and everything they recorded (a running run is cancelled first)."""

@@ -31,6 +31,7 @@ from mlbench.cloud.provisioner import (
 )
 from mlbench.cloud.token import exec_user
 from mlbench.errors import ClusterError, UsageError
+from mlbench.extras import needs
 
 DEFAULT_REGION = "us-east-1"
 DEFAULT_INSTANCE_TYPE = "m5.xlarge"
@@ -62,8 +63,9 @@ class EksProvisioner(Provisioner):
     @property
     def session(self) -> Any:
         if self._session is None:
-            import boto3
-            from botocore.exceptions import ProfileNotFound
+            with needs("aws"):
+                import boto3
+                from botocore.exceptions import ProfileNotFound
 
             try:
                 self._session = boto3.Session(profile_name=self.profile)
@@ -90,7 +92,8 @@ class EksProvisioner(Provisioner):
 
     def check_credentials(self) -> None:
         """Ask STS who we are: proves the credentials work and gives the ARN partition."""
-        from botocore.exceptions import NoCredentialsError
+        with needs("aws"):
+            from botocore.exceptions import NoCredentialsError
 
         if self.session.get_credentials() is None:
             raise res.aws_error(NoCredentialsError(), "find credentials")

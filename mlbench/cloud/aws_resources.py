@@ -20,6 +20,7 @@ import json
 from typing import Any, Callable, Iterator
 
 from mlbench.errors import ClusterError
+from mlbench.extras import needs
 
 TAG = "mlbench-cluster"
 VPC_CIDR = "10.42.0.0/16"
@@ -47,7 +48,8 @@ def error_code(err: Exception) -> str:
 
 def aws_error(err: Exception, doing: str) -> ClusterError:
     """One readable sentence for a failed AWS call: what happened and what to do."""
-    from botocore.exceptions import ClientError, NoCredentialsError
+    with needs("aws"):
+        from botocore.exceptions import ClientError, NoCredentialsError
 
     if isinstance(err, NoCredentialsError):
         return ClusterError("No AWS credentials found; run `aws configure`, set AWS_PROFILE, or "
@@ -78,7 +80,8 @@ class StillInUse(ClusterError):
 @contextlib.contextmanager
 def calling(doing: str) -> Iterator[None]:
     """Turn any botocore failure inside the block into :func:`aws_error`'s sentence."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    with needs("aws"):
+        from botocore.exceptions import BotoCoreError, ClientError
 
     try:
         yield

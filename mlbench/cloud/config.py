@@ -24,6 +24,7 @@ import yaml
 
 from mlbench.cloud.providers import ADOPTED, PROVIDER_MODULES
 from mlbench.errors import ClusterError, UsageError
+from mlbench.extras import needs
 
 PROVIDERS = (*PROVIDER_MODULES, ADOPTED)
 CLUSTERS_FILE = "clusters.yaml"
@@ -259,7 +260,8 @@ def kube_api_client(record: ClusterRecord):
     Tokens of GKE and EKS contexts come from `python -m mlbench.cloud.token` (an exec plugin),
     so they are fresh on every new client and no cloud CLI is needed.
     """
-    from kubernetes import config as kube_config
+    with needs("kubernetes"):
+        from kubernetes import config as kube_config
 
     if not has_kube_context(record):
         raise ClusterError(f"The {record.provider} cluster {record.name!r} is not ready yet; "

@@ -16,6 +16,7 @@ import yaml
 
 from mlbench.cloud.provisioner import ClusterStatus, KubeAccess
 from mlbench.errors import ClusterError, UsageError
+from mlbench.extras import needs
 
 # kubeconfig fields that hold file paths, which kubectl resolves relative to the file itself
 _PATH_FIELDS = {"cluster": ("certificate-authority",),
@@ -97,7 +98,8 @@ def _reason(err: Exception) -> str:
 
 def kube_error(err: Exception, context: str, doing: str) -> ClusterError:
     """One sentence for a failed Kubernetes call: rejected, forbidden, or unreachable."""
-    from kubernetes.client.rest import ApiException
+    with needs("kubernetes"):
+        from kubernetes.client.rest import ApiException
 
     if isinstance(err, ApiException):
         if err.status == 401:
@@ -122,7 +124,8 @@ def _probe_pod(namespace: str) -> dict[str, Any]:
 
 def check_access(api_client: Any, context: str, namespace: str) -> int:
     """Prove the context may list nodes and create pods in ``namespace``; the node count."""
-    from kubernetes import client
+    with needs("kubernetes"):
+        from kubernetes import client
 
     core = client.CoreV1Api(api_client)
     try:
@@ -143,7 +146,8 @@ def check_access(api_client: Any, context: str, namespace: str) -> int:
 
 def query(api_client: Any) -> ClusterStatus:
     """Reachable (with its node count and how many are Ready) or not."""
-    from kubernetes import client
+    with needs("kubernetes"):
+        from kubernetes import client
 
     try:
         nodes = client.CoreV1Api(api_client).list_node(_request_timeout=REQUEST_TIMEOUT).items

@@ -26,6 +26,7 @@ from mlbench.cloud.provisioner import (
 )
 from mlbench.cloud.token import GOOGLE_SCOPES, exec_user
 from mlbench.errors import ClusterError, UsageError
+from mlbench.extras import needs
 
 DEFAULT_ZONE = "us-central1-a"
 DEFAULT_MACHINE_TYPE = "n1-standard-4"
@@ -43,7 +44,8 @@ _STATES = {"PROVISIONING": "creating", "RUNNING": "ready", "RECONCILING": "ready
 
 def _authorized_http(credentials: Any) -> Any:
     """An httplib2 transport that adds the credentials' token to every request."""
-    import google_auth_httplib2
+    with needs("gcp"):
+        import google_auth_httplib2
 
     return google_auth_httplib2.AuthorizedHttp(credentials)
 
@@ -66,7 +68,8 @@ def _op_progress(op: dict[str, Any]) -> str:
 
 def _api_error(err: Exception, doing: str, project: str) -> ClusterError:
     """One readable sentence for a failed GKE API call (what happened, what to do)."""
-    from googleapiclient.errors import HttpError
+    with needs("gcp"):
+        from googleapiclient.errors import HttpError
 
     if not isinstance(err, HttpError):
         return ClusterError(f"Cannot reach Google Cloud to {doing} ({err.__class__.__name__}: "
@@ -122,8 +125,9 @@ class GkeProvisioner(Provisioner):
             if not self.project:
                 raise UsageError("No Google Cloud project given; pass --project.")
             return
-        import google.auth
-        from google.auth.exceptions import DefaultCredentialsError
+        with needs("gcp"):
+            import google.auth
+            from google.auth.exceptions import DefaultCredentialsError
 
         try:
             credentials, default_project = google.auth.default(scopes=GOOGLE_SCOPES)
@@ -142,7 +146,8 @@ class GkeProvisioner(Provisioner):
         if self._service is None:
             if self._http is None:
                 self.check_credentials()
-            from googleapiclient.discovery import build
+            with needs("gcp"):
+                from googleapiclient.discovery import build
 
             self._service = build("container", "v1", http=self._http, static_discovery=True)
         return self._service.projects().locations()
@@ -158,7 +163,8 @@ class GkeProvisioner(Provisioner):
 
     def _get(self, name: str) -> dict[str, Any] | None:
         """The cluster resource, or None when GKE says it does not exist."""
-        from googleapiclient.errors import HttpError
+        with needs("gcp"):
+            from googleapiclient.errors import HttpError
 
         request = self._api().clusters().get(name=f"{self._parent()}/clusters/{name}")
         try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlbench.extras import needs
+
 DEVICE_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"
 DEVICE_PLUGIN_NAME = "nvidia-device-plugin-daemonset"
 GPU_NODE_LABEL = "mlbench/gpu"
@@ -52,7 +54,8 @@ def device_plugin_daemonset() -> dict[str, Any]:
 
 def ensure_nvidia_device_plugin(api_client: Any, context: str) -> bool:
     """Create the DaemonSet unless it exists; True when it was created now."""
-    from kubernetes import client
+    with needs("kubernetes"):
+        from kubernetes import client
 
     from mlbench.cloud.existing import REQUEST_TIMEOUT, kube_error
 

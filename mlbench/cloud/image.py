@@ -15,17 +15,22 @@ cannot reach a registry or PyPI builds the image, as the tests do.
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mlbench import __version__
 from mlbench.errors import MlbenchError, UsageError
+from mlbench.extras import needs
+from mlbench.progress import Progress
 
 REPOSITORY = "mlbench/worker"
 TORCH_INDEX = {"cpu": "https://download.pytorch.org/whl/cpu",
                "cuda": "https://download.pytorch.org/whl/cu124"}
 _SKIP_PARTS = {"__pycache__", ".pytest_cache", ".mypy_cache"}
+_STEP = re.compile(r"^Step (\d+)/(\d+) :")
 
 
 def worker_image_tag(cuda: bool = False) -> str:
@@ -61,16 +66,19 @@ def build_context(root: Path) -> io.BytesIO:
 
 
 def build_image(cuda: bool = False, tag: str | None = None, root: Path | None = None,
-                client: Any = None, progress: Callable[[str], None] = lambda _: None,
+                client: Any = None, progress: Callable[[str], None] | None = None,
                 base: str | None = None, pip_options: str | None = None, network: str | None = None) -> str:
-    """Build the worker image and return its tag; Docker's output lines go to ``progress``.
+    """Build the worker image and return its tag, showing the Dockerfile's steps as progress
+    (the builder's "Step N/M" lines give the count and are shown beside it); with ``progress``,
+    Docker's output lines go to it as well.
 
     ``base``: another base image (the Dockerfile's BASE_IMAGE); ``pip_options``: added to its pip
     installs (PIP_INSTALL_OPTIONS); ``network``: the build containers' network mode (``host``
     reaches a wheel server on this machine's loopback).
     """
-    import docker
-    import requests
+    with needs("kind"):
+        import docker
+        import requests
 
     tag = tag or worker_image_tag(cuda)
     root = root or source_root()
@@ -86,14 +94,22 @@ def build_image(cuda: bool = False, tag: str | None = None, root: Path | None = 
         client = client or docker.from_env()
         stream = client.api.build(fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True,
                                   decode=True, buildargs=args, network_mode=network)
-        for chunk in stream:
-            if "error" in chunk:
-                detail = str(chunk.get("error", "")).strip().splitlines()[-1]
-                raise MlbenchError(f"Building {tag} failed ({detail}); fix the cause (network "
-                                   "access for pip, the Dockerfile) and rerun.")
-            text = str(chunk.get("stream", "")).strip()
-            if text:
-                progress(text)
+        with Progress(f"Building {tag}", unit="steps", rates=False) as shown:
+            for chunk in stream:
+                if "error" in chunk:
+                    detail = str(chunk.get("error", "")).strip().splitlines()[-1]
+                    raise MlbenchError(f"Building {tag} failed ({detail}); fix the cause (network "
+                                       "access for pip, the Dockerfile) and rerun.")
+                text = str(chunk.get("stream", "")).strip()
+                if text and progress is not None:
+                    progress(text)
+                step = _STEP.match(text)
+                if step:
+                    shown.total = float(step.group(2))
+                    shown.update(float(step.group(1)) - 1, note=text[:60])
+                elif text:
+                    shown.update(shown.done)
+            shown.update(shown.total or shown.done, note="")
     except (docker.errors.DockerException, requests.RequestException) as err:
         raise MlbenchError(f"Docker is not running or refused the build "
                            f"({err.__class__.__name__}: {str(err)[:200]}); start Docker (or set "

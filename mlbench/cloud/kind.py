@@ -26,7 +26,8 @@ from mlbench.cloud.provisioner import (
     Progress,
     Provisioner,
 )
-from mlbench.errors import ClusterError
+from mlbench.errors import ClusterError, MlbenchError
+from mlbench.extras import needs
 
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"
 CREATE_WAIT = "5m"
@@ -59,7 +60,8 @@ class KindProvisioner(Provisioner):
     @property
     def docker(self) -> Any:
         if self._docker is None:
-            import docker
+            with needs("kind"):
+                import docker
 
             try:
                 self._docker = docker.from_env()
@@ -71,7 +73,7 @@ class KindProvisioner(Provisioner):
         """KIND needs a running Docker engine and the `kind` command."""
         try:
             self.docker.ping()
-        except ClusterError:
+        except MlbenchError:  # Docker down (ClusterError), or its SDK missing (MissingExtra)
             raise
         except Exception as err:
             raise _docker_down(err) from None
@@ -106,7 +108,8 @@ class KindProvisioner(Provisioner):
         return [c for c in self._kind("get", "clusters").split() if c]
 
     def _check_image(self, image: str) -> None:
-        import docker
+        with needs("kind"):
+            import docker
 
         try:
             self.docker.images.get(image)
@@ -161,6 +164,8 @@ class KindProvisioner(Provisioner):
     def query(self, name: str) -> ClusterStatus:
         try:
             self.docker.ping()
+        except MlbenchError as err:  # the Docker SDK is not installed
+            return ClusterStatus("unknown", str(err))
         except Exception as err:
             return ClusterStatus("unknown", f"Docker is not reachable ({err.__class__.__name__})")
         running, total = self._node_containers(name)

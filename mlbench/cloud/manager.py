@@ -92,6 +92,22 @@ class ClusterRow:
     status: ClusterStatus
     current: bool
 
+    @property
+    def where(self) -> str:
+        """'project/zone', 'region', the adopted context, or 'this machine' (KIND)."""
+        parts = [self.record.extra.get(k) for k in ("project", "zone", "region", "source_context")]
+        return "/".join(str(p) for p in parts if p) or "this machine"
+
+    def to_dict(self) -> dict[str, Any]:
+        """`mlbench list-clusters -o json|yaml` (README, "Machine-readable output")."""
+        r = self.record
+        return {"provider": r.provider, "name": r.name, "current": self.current,
+                "state": self.status.state, "detail": self.status.detail,
+                "nodes": self.status.nodes if self.status.nodes is not None else r.nodes,
+                "where": self.where, "namespace": r.extra.get("namespace"), "image": r.image,
+                "created_by_mlbench": r.created_by_mlbench, "context": r.context,
+                "kubeconfig": str(r.kubeconfig)}
+
 
 def query_cluster(record: config.ClusterRecord) -> ClusterStatus:
     """The true state of a cluster, asked of its provider; failures become state 'unknown'."""

@@ -22,6 +22,8 @@ import json
 import sys
 from typing import Any
 
+from mlbench.extras import needs
+
 EXEC_API_VERSION = "client.authentication.k8s.io/v1beta1"
 EKS_TOKEN_PREFIX = "k8s-aws-v1."
 EKS_CLUSTER_HEADER = "x-k8s-aws-id"
@@ -47,8 +49,9 @@ def eks_token(session: Any, cluster: str, region: str) -> tuple[str, dt.datetime
 
 def gcloud_token() -> tuple[str, dt.datetime | None]:
     """An access token of the application default credentials (refreshed now)."""
-    import google.auth
-    import google.auth.transport.requests
+    with needs("gcp"):
+        import google.auth
+        import google.auth.transport.requests
 
     credentials, _ = google.auth.default(scopes=GOOGLE_SCOPES)
     credentials.refresh(google.auth.transport.requests.Request())
@@ -94,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.provider == "aws":
-            import boto3
+            with needs("aws"):
+                import boto3
 
             session = boto3.Session(profile_name=args.profile, region_name=args.region)
             if session.get_credentials() is None:

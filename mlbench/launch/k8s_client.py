@@ -18,6 +18,7 @@ import urllib.request
 from typing import Any, Protocol
 
 from mlbench.errors import ClusterError, MlbenchError, RunNotFound, UsageError
+from mlbench.extras import needs
 from mlbench.launch.k8s_objects import SERVICE
 from mlbench.results.http_sink import TOKEN_HEADER, URL_ENV
 
@@ -38,7 +39,8 @@ class ApiServerProxy:
 
     def request(self, method: str, path: str, body: bytes | None,
                 headers: dict[str, str]) -> tuple[int, bytes]:
-        import urllib3
+        with needs("kubernetes"):
+            import urllib3
 
         config = self.api.configuration
         # the same auth headers the kubernetes client would send (refreshing exec tokens)

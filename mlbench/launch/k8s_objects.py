@@ -110,8 +110,10 @@ def _secret_env(name: str, key: str) -> dict[str, Any]:
 
 
 def role_rules() -> list[dict[str, Any]]:
-    """The results service's permissions: end runs and remove their objects, nothing more."""
+    """The results service's permissions: end runs, keep their pods' logs and remove their
+    objects, nothing more."""
     return [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete"]},
+            {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
             {"apiGroups": [""], "resources": ["services", "configmaps"], "verbs": ["delete"]}]
 
 

@@ -6,10 +6,11 @@ decides as the local launcher does: all workers succeeded -> finished (with rank
 one failed, was evicted or lost its node -> failed with that pod's reason; pods still waiting
 after the run's schedule timeout (no capacity, an image that cannot be pulled) -> failed with
 the scheduler's or the kubelet's reason, never a hang. Whenever a run ends, for whatever reason,
-its pods, headless Service and ConfigMap are deleted; the results stay in the store.
+each pod's log is saved into the run's folder, then its pods, headless Service and ConfigMap are
+deleted; the results and the logs stay in the store.
 
-Its service account may only list pods and delete pods, services and configmaps (see
-:func:`mlbench.launch.k8s_objects.role_rules`).
+Its service account may only list pods, read their logs and delete pods, services and
+configmaps (see :func:`mlbench.launch.k8s_objects.role_rules`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlbench.errors import MlbenchError, RunNotFound
+from mlbench.extras import needs
 from mlbench.launch.k8s_objects import (
     RANK_LABEL,
     RUN_LABEL,
@@ -40,6 +42,8 @@ from mlbench.results.store import (
 )
 
 POLL_SECONDS = 2.0
+LOG_LIMIT_BYTES = 64 << 20   # a pod's log kept in the run store: its first 64 MiB
+LOG_TIMEOUT_S = 30
 _WAITING_PROBLEMS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
                      "CreateContainerError", "CrashLoopBackOff")
 
@@ -146,7 +150,8 @@ class PodSupervisor:
     @classmethod
     def in_cluster(cls, store: RunStore, namespace: str) -> "PodSupervisor":
         """Kubernetes access from the pod's service account (or $KUBECONFIG outside a cluster)."""
-        from kubernetes import client, config
+        with needs("kubernetes"):
+            from kubernetes import client, config
 
         try:
             if os.environ.get("KUBECONFIG"):
@@ -193,7 +198,6 @@ class PodSupervisor:
             elif verdict.state == FINISHED:
                 self._finish(run)
             else:
-                self._keep_logs(run, pods)
                 self.end_run(run.id, FAILED, self._reason(run, verdict))
         for run_id in set(by_run) - set(active):
             self.cleanup(run_id)
@@ -216,13 +220,24 @@ class PodSupervisor:
                 return f"worker {pod.rank} (pod {pod.name}) failed: {errors[-1]['value']}"
         return verdict.reason or "failed"
 
-    def _keep_logs(self, run: RunRecord, pods: list[PodState]) -> None:
-        """Failed pods' last log lines (their termination messages) outlive the pods."""
-        for pod in pods:
-            if pod.log:
-                (run.run_dir / "logs").mkdir(exist_ok=True)
-                with open(run.run_dir / "logs" / f"rank-{pod.rank}.log", "a", encoding="utf-8") as f:
-                    f.write(f"--- last lines of pod {pod.name} ({pod.problem}) ---\n{pod.log.rstrip()}\n")
+    def _keep_logs(self, run: RunRecord) -> None:
+        """Each worker pod's log outlives the pod, as ``RUN_DIR/logs/rank-R.log`` (where a local
+        worker writes its own; `mlbench logs` reads it). A log the API server cannot give (no
+        kubelet behind it, a pod that never started) is replaced by the pod's termination
+        message (its last lines), when it has one."""
+        listed = self.core.list_namespaced_pod(self.namespace, label_selector=f"{RUN_LABEL}={run.id}").items
+        (run.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        for pod in map(pod_state, listed):
+            path = run.run_dir / "logs" / f"rank-{pod.rank}.log"
+            try:
+                text = self.core.read_namespaced_pod_log(pod.name, self.namespace, limit_bytes=LOG_LIMIT_BYTES,
+                                                         _request_timeout=LOG_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - any failure: keep what the pod's status holds
+                if pod.log:
+                    with open(path, "a", encoding="utf-8") as f:
+                        f.write(f"--- last lines of pod {pod.name} ({pod.problem}) ---\n{pod.log.rstrip()}\n")
+                continue
+            path.write_text(text, encoding="utf-8")
 
     def _finish(self, run: RunRecord) -> None:
         events = read_rank_events(run.run_dir / "events" / "rank-0.jsonl")
@@ -234,19 +249,26 @@ class PodSupervisor:
 
     def end_run(self, run_id: str, state: str, reason: str | None,
                 result: dict[str, Any] | None = None) -> None:
-        """Record how an active run ended (once), then delete its objects."""
+        """Record how an active run ended (once), then delete its objects. The pods' logs are
+        kept first: a mirror that sees the run ended copies its folder one last time."""
         with self._lock:
             try:
                 run = self.store.get(run_id)
             except RunNotFound:
                 run = None
             if run is not None and run.active:
+                try:
+                    self._keep_logs(run)
+                except Exception as err:  # noqa: BLE001 - the run must end even without its logs
+                    print(f"supervisor: logs of run {run_id} not kept: {type(err).__name__}: "
+                          f"{str(err)[:300]}", file=sys.stderr)
                 self.store.mark_ended(run_id, state, reason=reason, result=result)
         self.cleanup(run_id)
 
     def cleanup(self, run_id: str) -> None:
         """Delete a run's pods, headless Service and ConfigMap (what is already gone is fine)."""
-        from kubernetes.client.exceptions import ApiException
+        with needs("kubernetes"):
+            from kubernetes.client.exceptions import ApiException
 
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{RUN_LABEL}={run_id}").items
         calls = [(self.core.delete_namespaced_pod, p.metadata.name) for p in pods]

@@ -18,16 +18,19 @@ import base64
 import math
 import secrets
 import time
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from mlbench.cloud.config import ClusterRecord, kube_api_client
 from mlbench.cloud.existing import kube_error
 from mlbench.errors import ClusterError, MlbenchError, UsageError
+from mlbench.extras import needs
 from mlbench.launch import k8s_objects as objects
 from mlbench.launch import k8s_policy
 from mlbench.launch.k8s_client import ResultsClient, transport_for
 from mlbench.launch.base import EventCallback, Launcher
 from mlbench.launch.k8s_data import ensure_data
+from mlbench.launch.follow import check_rank
 from mlbench.launch.k8s_mirror import ClusterStore
 from mlbench.launch.k8s_supervisor import pod_state
 from mlbench.launch.plan import RunRequest, WorkerResources, build_config
@@ -54,7 +57,8 @@ def _api_error(err: Exception, store: ClusterStore, doing: str) -> ClusterError:
 
 def _tokens(core: Any, namespace: str) -> dict[str, str] | None:
     """The service's tokens from its Secret, or None when it was never deployed."""
-    from kubernetes.client.exceptions import ApiException
+    with needs("kubernetes"):
+        from kubernetes.client.exceptions import ApiException
 
     try:
         secret = core.read_namespaced_secret(objects.SERVICE, namespace)
@@ -65,15 +69,21 @@ def _tokens(core: Any, namespace: str) -> dict[str, str] | None:
     return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
 
 
+def mirror_home(cluster: ClusterRecord) -> Path:
+    """Where this machine keeps its copy of the cluster's run store."""
+    return RunStore().home / "clusters" / f"{cluster.provider}-{cluster.name}"
+
+
 def open_store(cluster: ClusterRecord) -> ClusterStore:
     """The cluster's runs (catalog copied from its results service, when one is deployed)."""
-    from kubernetes import client
+    with needs("kubernetes"):
+        from kubernetes import client
 
     api = kube_api_client(cluster)
     namespace = namespace_of(cluster)
     where = f"cluster {cluster.name} (namespace {namespace})"
-    store = ClusterStore(RunStore().home / "clusters" / f"{cluster.provider}-{cluster.name}", where,
-                         api=api, namespace=namespace, context=cluster.context)
+    store = ClusterStore(mirror_home(cluster), where, api=api, namespace=namespace,
+                         context=cluster.context)
     try:
         tokens = _tokens(client.CoreV1Api(api), namespace)
     except Exception as err:
@@ -87,8 +97,9 @@ def open_store(cluster: ClusterRecord) -> ClusterStore:
 
 def ensure_service(store: ClusterStore, image: str, progress: Progress) -> None:
     """Deploy the results service unless it exists, and wait until it answers."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
+    with needs("kubernetes"):
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
 
     core, ns = client.CoreV1Api(store.api), store.namespace
     rbac, apps = client.RbacAuthorizationV1Api(store.api), client.AppsV1Api(store.api)
@@ -145,8 +156,9 @@ def _wait_available(apps: Any, core: Any, ns: str, image: str) -> None:
 def plan_resources(store: ClusterStore, cluster: ClusterRecord, request: RunRequest, image: str | None,
                    schedule_timeout_s: float) -> WorkerResources:
     """Pod sizes from the nodes: an equal share of the smallest node for each worker on it."""
-    from kubernetes import client
-    from kubernetes.utils import parse_quantity
+    with needs("kubernetes"):
+        from kubernetes import client
+        from kubernetes.utils import parse_quantity
 
     try:
         nodes = [n for n in client.CoreV1Api(store.api).list_node().items if not n.spec.unschedulable]
@@ -216,7 +228,8 @@ def _data_claim(store: ClusterStore, request: RunRequest, image: str, progress: 
 
 def launch(store: ClusterStore, run: RunRecord) -> None:
     """Create the run's ConfigMap, headless Service, NetworkPolicy and worker pods."""
-    from kubernetes import client
+    with needs("kubernetes"):
+        from kubernetes import client
 
     document = RunDocument.load(run.run_dir)
     placement = objects.Placement.from_dict(document.placement or {})
@@ -283,12 +296,36 @@ def reconcile(store: ClusterStore, run: RunRecord) -> RunRecord:
     return store.sync_run(run.id)
 
 
+def pod_log(store: ClusterStore, run: RunRecord, rank: int, follow: bool) -> Iterator[str]:
+    """A running worker's log, line by line, from its pod through the API server (the user's
+    credentials need `get` on pods/log); with ``follow``, until the pod ends."""
+    with needs("kubernetes"):
+        from kubernetes import client
+
+    name = objects.pod_name(run.id, rank)
+    try:
+        response = client.CoreV1Api(store.api).read_namespaced_pod_log(
+            name, store.namespace, follow=follow, _preload_content=False)
+    except Exception as err:
+        raise _api_error(err, store, f"read the log of pod {name}") from None
+    partial = b""
+    try:
+        for chunk in response.stream(1 << 14):
+            *lines, partial = (partial + chunk).split(b"\n")
+            yield from (line.decode(errors="replace") for line in lines)
+        if partial:
+            yield partial.decode(errors="replace")
+    finally:
+        response.release_conn()
+
+
 
 class KubernetesLauncher(Launcher):
     """Runs on the current cluster: a pod per worker plus a headless Service, followed through
     the cluster's results service (which supervises runs started with --detach)."""
 
     name = "kubernetes"
+    follow_seconds = FOLLOW_SECONDS
 
     def __init__(self, store: ClusterStore, cluster: ClusterRecord, image: str | None = None,
                  progress: Progress = lambda _: None):
@@ -312,3 +349,23 @@ class KubernetesLauncher(Launcher):
 
     def reconcile(self, record: RunRecord) -> RunRecord:
         return reconcile(self.cluster_store, record)
+
+    def logs(self, record: RunRecord, rank: int, follow: bool = False) -> Iterator[str]:
+        """A running worker's log from its pod; an ended one's from the run store, where the
+        service's supervisor saved it. Followed while its pod cannot give a log yet (it waits
+        for a node or an image), the log shows when the run ends."""
+        check_rank(record, rank)
+        if record.active:
+            try:
+                lines = pod_log(self.cluster_store, record, rank, follow)
+                first = next(lines, None)
+            except ClusterError:
+                if not follow:
+                    raise
+            else:
+                if first is not None:
+                    yield first
+                yield from lines
+                return
+        yield from super().logs(record, rank, follow)
+

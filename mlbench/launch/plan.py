@@ -13,18 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mlbench.errors import UsageError
-from mlbench.optim.catalog import check_optimizer
-from mlbench.optim.registry import OPTIMIZERS
 from mlbench.network import network_record
 from mlbench.network.settings import NetworkSettings
 from mlbench.results.environment import describe_environment, usable_cores
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import Backend, DataSource, Device, Precision, RunConfig
 from mlbench.tasks.allreduce import with_max_size
-from mlbench.tasks.datasets import get_dataset
 from mlbench.tasks.models import MODEL_NAMES
 from mlbench.tasks.spec import AllreduceSpec, TaskSpec, get_task, resolve
 
@@ -97,6 +92,8 @@ class WorkerResources:
 
 def _device_and_backend(request: RunRequest,
                         resources: WorkerResources | None = None) -> tuple[Device, Backend]:
+    import torch  # here: the CLI imports this module for every command, and only `run` needs torch
+
     has_gpu = torch.cuda.is_available() if resources is None else resources.gpus > 0
     device = request.device or ("cuda" if has_gpu else "cpu")
     if device not in ("cpu", "cuda"):
@@ -192,6 +189,8 @@ def prepare_data(config: RunConfig) -> None:
     download happens once rather than in every worker, and epsilon's one-time conversion to the
     binary cache is done before the workers, which then load it in seconds.
     """
+    from mlbench.tasks.datasets import get_dataset
+
     if config.data == "real" and isinstance(config.task, TaskSpec):
         get_dataset(config.task.dataset).prepare(config.data_dir)
 
@@ -199,6 +198,9 @@ def prepare_data(config: RunConfig) -> None:
 def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
                check_data: bool = True, resources: WorkerResources | None = None) -> RunRecord:
     """Validate the request (and, locally, the data) and record a new pending run."""
+    from mlbench.optim.catalog import check_optimizer
+    from mlbench.optim.registry import OPTIMIZERS
+
     config, changed = build_config(request, resources)
     optimizer_class = check_optimizer(config.optimizer, request.optimizer_options, request.workers)
     spec = config.task

@@ -39,6 +39,19 @@ def open_store(read_only: bool = False) -> RunStore:
     return kubernetes.open_store(cluster)
 
 
+def cached_store() -> RunStore:
+    """The runs as last seen, read without contacting anything: this machine's store, or this
+    machine's copy of the current cluster's (shell completion, which must answer at once)."""
+    from mlbench.cloud.config import current_cluster
+
+    cluster = current_cluster()
+    if cluster is None:
+        return RunStore(read_only=True)
+    from mlbench.launch.kubernetes import mirror_home
+
+    return RunStore(mirror_home(cluster))
+
+
 #: The launchers of this machine's run store by the name a run records (``RunRecord.launcher``):
 #: module and class, imported when first needed.
 LOCAL_LAUNCHERS = {"local": ("mlbench.launch.local", "LocalLauncher"),

@@ -250,11 +250,3 @@ def assign_flat_(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
         n = p.numel()
         p.copy_(flat[offset:offset + n].view_as(p))
         offset += n
-
-
-def compression_ratio(events: list[dict[str, Any]]) -> float | None:
-    """Bytes the reference all-reduce would have sent / bytes sent, over a run's metric events
-    (``comm/dense_bytes`` and ``comm/bytes`` of all ranks); None when nothing was sent."""
-    sent = sum(e["value"] for e in events if e["name"] == "comm/bytes")
-    dense = sum(e["value"] for e in events if e["name"] == "comm/dense_bytes")
-    return dense / sent if sent > 0 and dense > 0 else None

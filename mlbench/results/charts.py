@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-
+from mlbench.extras import needs
 from mlbench.network.settings import format_rate
 from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, RunResult)
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 CHART_NAMES = ("speedup", "cost", "loss-accuracy", "communication")
 FORMATS = ("png", "svg")
@@ -32,6 +34,9 @@ _STYLES = ("-", "--", ":", "-.")
 def write_charts(comparison: Comparison, out_dir: str | Path,
                  formats: Sequence[str] = FORMATS) -> list[Path]:
     """Draw the four charts and write each in every format; returns the files written."""
+    with needs("charts"):  # before anything is written
+        import matplotlib  # noqa: F401
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     drawers = {"speedup": speedup_chart, "cost": cost_chart, "loss-accuracy": loss_accuracy_chart,
@@ -127,7 +132,7 @@ def cost_chart(comparison: Comparison) -> Figure:
 
 
 def loss_accuracy_chart(comparison: Comparison) -> Figure:
-    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    fig = _new_figure(figsize=(10, 4.2))
     loss_ax, acc_ax = fig.subplots(1, 2)
     families = comparison.families()
     labels = family_labels(list(families))
@@ -270,8 +275,16 @@ def _median_epoch_seconds(group: Group) -> float | None:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+def _new_figure(figsize: tuple[float, float]) -> Figure:
+    """A matplotlib figure (imported here: matplotlib is the ``charts`` extra)."""
+    with needs("charts"):
+        from matplotlib.figure import Figure
+
+    return Figure(figsize=figsize, layout="constrained")
+
+
 def _figure() -> tuple[Figure, Axes]:
-    fig = Figure(figsize=(6.4, 4.4), layout="constrained")
+    fig = _new_figure(figsize=(6.4, 4.4))
     ax = fig.subplots()
     ax.grid(alpha=0.3)
     return fig, ax

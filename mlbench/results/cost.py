@@ -19,7 +19,7 @@ import difflib
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -42,6 +42,10 @@ class Price:
     region: str = ""
     checked: str = ""
     source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """`mlbench prices -o json|yaml`: every field, by its name."""
+        return asdict(self)
 
 
 class PriceTable:

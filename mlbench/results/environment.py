@@ -19,8 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import mlbench
 
 
@@ -85,6 +83,8 @@ def nvidia_driver_version(proc_file: Path = NVIDIA_PROC_VERSION) -> str | None:
 
 
 def describe_environment() -> dict[str, Any]:
+    import torch  # here, not at the top: the CLI imports this module for usable_cores()
+
     gpus, cudnn = [], None
     if torch.cuda.is_available():  # the accelerator libraries count where a GPU uses them
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

@@ -26,6 +26,7 @@ class RunSummary:
     epoch: float = 0.0
     samples: int = 0                       # over all workers
     bytes_sent: dict[int, int] = field(default_factory=dict)
+    dense_bytes: dict[int, int] = field(default_factory=dict)   # what the reference all-reduce sends
     train_time: float = 0.0                # max over ranks of the latest training-time reading
     last_train_loss: float | None = None
     last_lr: float | None = None
@@ -55,6 +56,13 @@ class RunSummary:
         comp = mean(self.compute_seconds(r) for r in self.ranks)
         comm = mean(self.communication_seconds(r) for r in self.ranks)
         return comm / comp if comp > 0 else None
+
+    @property
+    def compression_ratio(self) -> float | None:
+        """Bytes the reference all-reduce (one fp32 all-reduce of all gradients) would have sent
+        / bytes sent, over all workers; None when nothing was sent."""
+        sent, dense = sum(self.bytes_sent.values()), sum(self.dense_bytes.values())
+        return dense / sent if sent > 0 and dense > 0 else None
 
     @property
     def throughput(self) -> float | None:
@@ -87,6 +95,8 @@ def summarize(events: list[dict[str, Any]]) -> RunSummary:
             train_time[rank] = max(train_time.get(rank, 0.0), float(value))
         elif name == "comm/bytes":
             s.bytes_sent[rank] = s.bytes_sent.get(rank, 0) + int(value)
+        elif name == "comm/dense_bytes":
+            s.dense_bytes[rank] = s.dense_bytes.get(rank, 0) + int(value)
         elif name == "train/loss" and rank == 0:
             s.last_train_loss = float(value)
         elif name == "train/lr" and rank == 0:

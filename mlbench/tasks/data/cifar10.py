@@ -14,11 +14,11 @@ import os
 import pathlib
 import pickle
 import shutil
+import tarfile
 import tempfile
 
 import numpy as np
 import torch
-from torchvision.datasets.utils import download_and_extract_archive
 
 from mlbench.errors import DataError
 from mlbench.tasks.data.download import (
@@ -26,6 +26,7 @@ from mlbench.tasks.data.download import (
     Split,
     default_data_root,
     exclusive,
+    fetch,
     one_line,
     source_url,
 )
@@ -112,9 +113,13 @@ def _download(root: pathlib.Path) -> None:
         if not _missing(root / FOLDER):
             return  # another worker finished it while this one waited for the lock
         staging = pathlib.Path(tempfile.mkdtemp(prefix=".extract-", dir=root))
+        archive = root / URL.rsplit("/", 1)[1]
         try:
-            download_and_extract_archive(source_url(URL), str(root), extract_root=str(staging), md5=MD5,
-                                         remove_finished=True)
+            fetch(source_url(URL), archive, md5=MD5, label="CIFAR-10")
+            with tarfile.open(archive) as tar:
+                # "data": no absolute paths, links out of the folder or special files (PEP 706)
+                tar.extractall(staging, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            archive.unlink()
             if _missing(staging / FOLDER):
                 raise RuntimeError(f"the archive has no complete {FOLDER}/ folder")
             shutil.rmtree(root / FOLDER, ignore_errors=True)

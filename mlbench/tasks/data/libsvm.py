@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from mlbench.errors import DataError
+from mlbench.progress import Progress
 from mlbench.tasks.data.download import (DOWNLOAD_ERRORS, Split, default_data_root, exclusive, fetch, one_line,
                                          source_url)
 from mlbench.tasks.data.libsvm_text import (Parsed, check_width, cut_off, last_line_shape, parse_fast,
@@ -167,7 +168,7 @@ def _download_epsilon(folder: pathlib.Path) -> None:
     with exclusive(folder / ".lock"):
         try:
             for name in EPSILON_FILES:
-                fetch(source_url(EPSILON_BASE_URL + name), folder / name)
+                fetch(source_url(EPSILON_BASE_URL + name), folder / name, label=f"epsilon {name}")
         except DOWNLOAD_ERRORS as exc:
             raise DataError(
                 f"could not download epsilon ({one_line(exc)}); put {' and '.join(EPSILON_FILES)} (or their "
@@ -218,8 +219,10 @@ def _convert(source: pathlib.Path, n_features: int | None, out: pathlib.Path) ->
     line = 1
     text_bytes = 0
     previous: tuple[int, float] | None = None  # (pairs, largest index) of the last data line
+    stream, raw = _open_source(source)
     with _DenseWriter(out / "x.npy", n_features) as writer:
-        with _open_source(source) as stream, contextlib.closing(_chunks(stream, source)) as chunks:
+        with raw, stream, contextlib.closing(_chunks(stream, source)) as chunks, \
+                Progress(f"Converting {source.name}", total=os.fstat(raw.fileno()).st_size) as progress:
             for chunk, whole in chunks:
                 try:
                     parsed = parse_fast(chunk) or parse_lines(chunk, source, line)
@@ -237,6 +240,7 @@ def _convert(source: pathlib.Path, n_features: int | None, out: pathlib.Path) ->
                 if parsed.labels.size:
                     previous = last_line_shape(parsed)
                 line += chunk.count(b"\n")
+                progress.update(raw.tell(), note=f"{line - 1:,} lines")
         if writer.rows == 0:
             raise DataError(f"{source} holds no data lines; give a file in LIBSVM format ('<label> <index>:<value> ...')")
         writer.finish()
@@ -244,12 +248,14 @@ def _convert(source: pathlib.Path, n_features: int | None, out: pathlib.Path) ->
     return writer.rows, writer.width
 
 
-def _open_source(source: pathlib.Path) -> BinaryIO:
-    """The file's bytes, decompressed when it starts with bzip2's magic (whatever its name)."""
+def _open_source(source: pathlib.Path) -> tuple[BinaryIO, BinaryIO]:
+    """The file's bytes, decompressed when it starts with bzip2's magic (whatever its name), and
+    the file itself, whose position tells how much of it was read (the conversion's progress)."""
     try:
-        with open(source, "rb") as probe:
-            compressed = probe.read(3) == b"BZh"
-        return bz2.open(source, "rb") if compressed else open(source, "rb")
+        raw = open(source, "rb")
+        compressed = raw.read(3) == b"BZh"
+        raw.seek(0)
+        return (bz2.BZ2File(raw) if compressed else raw), raw
     except OSError as exc:
         raise DataError(f"cannot read the LIBSVM file {source} ({one_line(exc)}); check its permissions") from None
 

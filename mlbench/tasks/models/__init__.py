@@ -4,16 +4,21 @@ Names (see :data:`MODEL_NAMES`): ``resnet{20,32,44,56}-v{1,2}`` for task 1a (Res
 CIFAR-10, He et al. 2015 / 2016; ``resnetNN`` alone means v1, the closed-division default) and
 ``logreg`` for task 2a (L2 logistic regression). Names are the stable interface used by the
 task specs, ``--model`` overrides and ``mlbench tasks``; the classes live in
-:mod:`.resnet` and :mod:`.logreg`.
+:mod:`.resnet` and :mod:`.logreg`, imported when a model is built (or one of them is asked for),
+so that the CLI can list and check model names without importing torch.
 """
 
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from mlbench.errors import UsageError
-from mlbench.tasks.models.logreg import LogisticRegression
-from mlbench.tasks.models.resnet import ResNetCIFAR
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from mlbench.tasks.models.logreg import LogisticRegression
+    from mlbench.tasks.models.resnet import ResNetCIFAR
 
 #: The depths of task 1a (6n+2 with n = 3, 5, 7, 9).
 RESNET_DEPTHS: tuple[int, ...] = (20, 32, 44, 56)
@@ -41,6 +46,19 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    """The model classes, imported on first use (PEP 562)."""
+    if name == "LogisticRegression":
+        from mlbench.tasks.models.logreg import LogisticRegression
+
+        return LogisticRegression
+    if name == "ResNetCIFAR":
+        from mlbench.tasks.models.resnet import ResNetCIFAR
+
+        return ResNetCIFAR
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def build_model(name: str, num_classes: int = 10, in_features: int | None = None) -> nn.Module:
     """Build a freshly initialised model by name.
 
@@ -62,11 +80,15 @@ def build_model(name: str, num_classes: int = 10, in_features: int | None = None
                 f"Model 'logreg' needs the number of input features as a positive integer "
                 f"(in_features), got {in_features!r}."
             )
+        from mlbench.tasks.models.logreg import LogisticRegression
+
         return LogisticRegression(in_features)
     if key in _RESNETS:
         if num_classes < 1:
             raise UsageError(f"num_classes must be a positive integer, got {num_classes!r}.")
         depth, version = _RESNETS[key]
+        from mlbench.tasks.models.resnet import ResNetCIFAR
+
         return ResNetCIFAR(depth, version=version, num_classes=num_classes)
     raise UsageError(
         f"Unknown model {name!r}; valid models are: {', '.join(MODEL_NAMES)} "

@@ -1,0 +1,53 @@
+"""Optional dependencies, installed as extras: ``pip install 'mlbench[aws]'``.
+
+The core install (click, torch, torchvision, numpy, pyyaml, tabulate) runs benchmarks on this
+machine; clouds, Kubernetes, charts and the dashboard each need SDKs that a laptop run or a
+worker image does not (README, "Install"). Every import of such an SDK goes through
+:func:`needs`, so that a command whose extra is missing stops with one line that says what to
+install, instead of a traceback:
+
+    with needs("aws"):
+        import boto3
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from mlbench.errors import MlbenchError
+
+#: Each extra of pyproject.toml: what it is for, and the top-level modules it provides.
+EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "charts": ("matplotlib", ("matplotlib",)),
+    "aws": ("the AWS SDK (boto3)", ("boto3", "botocore")),
+    "gcp": ("the Google Cloud client (google-api-python-client, google-auth)",
+            ("googleapiclient", "google", "google_auth_httplib2", "httplib2")),
+    "kubernetes": ("the Kubernetes client", ("kubernetes", "urllib3")),
+    "kind": ("the Docker SDK", ("docker", "requests")),
+    "dashboard": ("starlette and uvicorn", ("starlette", "uvicorn")),
+}
+
+
+class MissingExtra(MlbenchError):
+    """An optional dependency is not installed (exit code 1)."""
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs ``extra``."""
+    return f"pip install 'mlbench[{extra}]'"
+
+
+@contextlib.contextmanager
+def needs(extra: str) -> Iterator[None]:
+    """Imports in this block come from ``extra``; if one of its modules is missing, raise
+    :class:`MissingExtra` with the install command. A missing module of another package is a
+    real bug and propagates unchanged."""
+    what, modules = EXTRAS[extra]
+    try:
+        yield
+    except ImportError as err:
+        missing = (err.name or "").split(".")[0]
+        if missing not in modules:
+            raise
+        raise MissingExtra(f"this needs {what}, which is not installed: {install_hint(extra)}") from None

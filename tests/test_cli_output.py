@@ -1,0 +1,203 @@
+"""`-o json|yaml`, shell completion and a CLI that starts without torch, on real runs.
+
+One module-wide store holds a real `mlbench run task2a 1 2` group on a LIBSVM pair (the
+`libsvm_dir` fixture); every test reads it through the real CLI in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.helpers import mlbench
+
+OVERVIEW_KEYS = {"id", "name", "task", "workers", "state", "reason", "division", "optimizer",
+                 "launcher", "seed", "group_id", "created_at", "started_at", "finished_at", "epoch",
+                 "metric", "metric_value", "goal", "goal_reached", "time_to_accuracy"}
+HEAVY = ("torch", "torchvision", "matplotlib", "numpy", "boto3", "botocore", "kubernetes",
+         "googleapiclient", "docker")
+
+
+@pytest.fixture(scope="module")
+def group_home(tmp_path_factory, libsvm_dir):
+    """A run store with a real group of task2a runs (1 and 2 workers); yields (home, group id)."""
+    base = tmp_path_factory.mktemp("output-runs")
+    with pytest.MonkeyPatch.context() as patch:
+        for name, folder in (("MLBENCH_HOME", "home"), ("MLBENCH_CONFIG_DIR", "config"),
+                             ("MLBENCH_DATA", "data")):
+            patch.setenv(name, str(base / folder))
+        run = mlbench("run", "task2a", "1", "2", "--data-dir", str(libsvm_dir), "--light",
+                      "--log-every", "10", "--max-steps", "60", check=True)
+    group = run.stdout.split("mlbench compare --group ")[1].split()[0]
+    return base, group
+
+
+@pytest.fixture
+def runs(group_home, monkeypatch):
+    """This test's run store is the module's (its config folder stays its own); returns the
+    group id."""
+    base, group = group_home
+    monkeypatch.setenv("MLBENCH_HOME", str(base / "home"))
+    monkeypatch.setenv("MLBENCH_DATA", str(base / "data"))
+    return group
+
+
+def _json(*args: str):
+    proc = mlbench(*args, "-o", "json", check=True)
+    assert proc.stderr == ""
+    return json.loads(proc.stdout)
+
+
+def test_status_json_lists_every_run_with_the_documented_keys(runs):
+    listed = _json("status")["runs"]
+    assert [r["workers"] for r in listed] == [1, 2]
+    for run in listed:
+        assert set(run) == OVERVIEW_KEYS
+        assert run["state"] == "finished" and run["group_id"] == runs and run["task"] == "task2a"
+        assert run["metric"] == "accuracy" and run["goal"] == 0.8
+        assert 0 <= run["metric_value"] <= 1 and run["epoch"] > 0
+        assert run["started_at"] >= run["created_at"] and run["finished_at"] >= run["started_at"]
+        assert (run["time_to_accuracy"] is not None) == run["goal_reached"]
+
+
+def test_status_run_yaml_holds_the_summary_the_result_and_its_sentence(runs):
+    first = _json("status")["runs"][0]
+    proc = mlbench("status", first["name"], "-o", "yaml", check=True)
+    run = yaml.safe_load(proc.stdout)
+    assert {k: run[k] for k in OVERVIEW_KEYS} == first
+    summary = run["summary"]
+    assert summary["steps"] > 0 and summary["samples"] > 0 and summary["throughput"] > 0
+    assert set(summary["phases"]) == {"data", "forward", "backward", "communication", "optimizer"}
+    assert abs(sum(p["share"] for p in summary["phases"].values()) - 1) < 1e-6
+    assert summary["evaluations"][-1]["accuracy"] == run["metric_value"]
+    assert summary["errors"] == []
+    assert run["result"]["goal"] == 0.8 and run["result"]["steps"] == summary["steps"]
+    assert run["result_sentence"].startswith("Goal 80.00% ")
+
+
+def test_compare_json_has_one_family_with_a_group_per_worker_count(runs):
+    doc = _json("compare", "--group", runs, "--price-per-hour", "0.19")
+    assert doc["task"] == "task2a" and doc["usd_per_node_hour"] == 0.19 and doc["skipped"] == []
+    (family,) = doc["families"]
+    assert family["measure"] == "time to accuracy" and family["goal"] == 0.8
+    assert [g["workers"] for g in family["groups"]] == [1, 2]
+    ids = {r["workers"]: r["id"] for r in _json("status")["runs"]}
+    for group in family["groups"]:
+        assert group["runs"] == 1 and group["run_ids"] == [ids[group["workers"]]]
+        assert group["throughput"]["median"] > 0
+        assert 0 <= group["communication_share"] <= 1
+        if group["converged"]:
+            tta = group["time_to_accuracy"]
+            assert tta["median"] == tta["min"] == tta["max"] > 0
+            assert group["cost_to_accuracy"]["median"] > 0
+        else:  # not reached: null, never Infinity
+            assert group["time_to_accuracy"]["median"] is None
+
+
+def test_tasks_optimizers_prices_and_clusters_parse_as_json_and_yaml(runs):
+    from mlbench.cloud import config
+
+    config.save_cluster(config.ClusterRecord(provider="kind", name="demo", context="mlbench-kind-demo",
+                                             kubeconfig=config.config_dir() / "kubeconfig", nodes=2))
+    tasks = yaml.safe_load(mlbench("tasks", "-o", "yaml", check=True).stdout)
+    assert [t["name"] for t in tasks["tasks"]] == ["task0a", "task1a", "task2a"]
+    assert tasks["tasks"][1]["goal_full"] == 0.8 and "resnet20-v1" in tasks["models"]
+    prices = json.loads(mlbench("prices", "-o", "json", check=True).stdout)["prices"]
+    assert {"name": "n1-standard-4", "usd_per_hour": 0.19} in [
+        {k: p[k] for k in ("name", "usd_per_hour")} for p in prices]
+    clusters = yaml.safe_load(mlbench("list-clusters", "--no-refresh", "-o", "yaml", check=True).stdout)
+    assert clusters["clusters"] == [{
+        "provider": "kind", "name": "demo", "current": False, "state": "not checked",
+        "detail": "", "nodes": 2, "where": "this machine", "namespace": None, "image": None,
+        "created_by_mlbench": True, "context": "mlbench-kind-demo",
+        "kubeconfig": str(config.config_dir() / "kubeconfig")}]
+    optimizers = json.loads(mlbench("optimizers", "-o", "json", check=True).stdout)["optimizers"]
+    assert optimizers[0]["name"] == "centralized-sgd" and optimizers[0]["closed_division"] is True
+
+
+def test_charts_without_matplotlib_say_what_to_install_and_write_nothing(runs, tmp_path):
+    from tests.test_extras import run_without
+
+    proc = run_without("matplotlib", "charts", "--group", runs, "-o", str(tmp_path / "charts"))
+    assert (proc.returncode, proc.stderr) == (
+        1, "Error: this needs matplotlib, which is not installed: pip install 'mlbench[charts]'\n")
+    assert not (tmp_path / "charts").exists()
+
+
+def test_a_wrong_format_is_a_usage_error(runs):
+    proc = mlbench("status", "-o", "xml")
+    assert proc.returncode == 2 and "'xml' is not one of 'table', 'json', 'yaml'" in proc.stderr
+
+
+def _complete(words: str) -> list[str]:
+    """What bash completion offers after ``words`` (the last word is the one completed)."""
+    env = dict(os.environ, _MLBENCH_COMPLETE="bash_complete", COMP_WORDS=words,
+               COMP_CWORD=str(len(words.split(" ")) - 1))
+    proc = subprocess.run([sys.executable, "-m", "mlbench"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    return [line.split(",", 1)[1] for line in proc.stdout.splitlines() if line]
+
+
+def test_completion_offers_run_ids_names_tasks_groups_and_clusters(runs):
+    from mlbench.cloud import config
+
+    config.save_cluster(config.ClusterRecord(provider="aws", name="bench", context="mlbench-aws-bench",
+                                             kubeconfig=config.config_dir() / "kubeconfig", nodes=4))
+    listed = _json("status")["runs"]
+    newest_first = [v for r in reversed(listed) for v in (r["id"], r["name"])]
+    assert _complete("mlbench status ") == newest_first
+    assert _complete("mlbench logs task2a-1") == [listed[0]["name"]]
+    assert _complete(f"mlbench download {listed[1]['id'][:3]}") == [listed[1]["id"]]
+    assert _complete("mlbench run task") == ["task0a", "task1a", "task2a"]
+    assert _complete("mlbench compare --group ") == [runs]
+    assert _complete("mlbench set-cluster b") == ["bench"]
+    assert _complete("mlbench delete-cluster aws ") == ["bench"]
+    assert _complete("mlbench delete-cluster kind ") == []
+
+
+_PROBE = """
+import json, os, sys
+from mlbench.cli import cli, commands
+heavy = {h for h in sys.argv[1].split(",")}
+loaded = {}
+for args in json.loads(sys.argv[2]):
+    env = args.pop(0)
+    os.environ.update(env)
+    try:
+        cli.main(args, prog_name="mlbench")
+    except SystemExit as stop:
+        assert not stop.code, (args, stop.code)
+    for key in env:
+        del os.environ[key]
+    loaded[" ".join(args) or str(env)] = sorted(m for m in heavy if m in sys.modules)
+print(json.dumps(loaded), file=sys.stderr)
+"""
+
+
+def test_help_status_compare_and_completion_import_no_torch_or_sdk(runs):
+    run_id = _json("status")["runs"][0]["id"]
+    completion = {"_MLBENCH_COMPLETE": "bash_complete", "COMP_WORDS": "mlbench status ",
+                  "COMP_CWORD": "2"}
+    commands = [[{}, "--help"], [{}, "status"], [{}, "status", run_id], [{}, "status", "-o", "json"],
+                [{}, "status", run_id, "-o", "yaml"], [{}, "compare", "--group", runs, "-o", "json"],
+                [{}, "tasks", "-o", "json"], [{}, "prices"], [{}, "list-clusters"], [completion]]
+    proc = subprocess.run([sys.executable, "-c", _PROBE, ",".join(HEAVY), json.dumps(commands)],
+                          capture_output=True, text=True, timeout=240, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert loaded and all(not modules for modules in loaded.values()), loaded
+
+
+def test_importing_the_cli_imports_no_torch_matplotlib_or_cloud_sdk():
+    code = ("import json, sys, mlbench.cli.commands; "
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          check=True, env=dict(os.environ))
+    loaded = set(json.loads(proc.stdout))
+    assert "click" in loaded and loaded.isdisjoint(HEAVY), loaded & set(HEAVY)
