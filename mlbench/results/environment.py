@@ -53,6 +53,8 @@ def cudnn_text(version: int | None) -> str | None:
 
 def nccl_version() -> str | None:
     """The NCCL version PyTorch uses, when CUDA is available."""
+    import torch
+
     if not torch.cuda.is_available():
         return None
     try:
