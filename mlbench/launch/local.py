@@ -30,6 +30,7 @@ from typing import Any, Callable
 from mlbench.errors import UsageError
 from mlbench.launch.base import EventCallback, Launcher
 from mlbench.launch.plan import RunRequest, create_run
+from mlbench.launch.processes import ProcessRef
 from mlbench.network.emulation import NETWORK_LOST, LocalNetwork, local_network
 from mlbench.results.events import EventTail, read_rank_events
 from mlbench.run_config import RunDocument
@@ -46,6 +47,8 @@ from mlbench.results.store import (
 POLL_SECONDS = 0.1
 TERMINATE_GRACE_SECONDS = 4.0
 PIDS_FILE = "pids.json"
+#: The supervising process of a run as [pid, start time] (:mod:`mlbench.launch.processes`).
+SUPERVISOR_FILE = "supervisor.json"
 
 ProgressCallback = Callable[[dict[str, Any]], None]
 
@@ -149,10 +152,8 @@ class WorkerProcesses:
         finally:
             if listener:
                 listener.close()
-        write_json_atomic(self.run_dir / PIDS_FILE, {"supervisor": os.getpid(),
-                                                     "workers": [p.pid for p in self.procs],
-                                                     "network": self.network.pid if self.network else None})
-        self.store.mark_running(self.run.id, os.getpid())
+        record_pids(self.run_dir, [p.pid for p in self.procs], self.network.pid if self.network else None)
+        mark_supervised(self.store, self.run)
 
     def spawn(self, cmd: list[str], log_name: str, env: dict[str, str],
               pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
@@ -243,6 +244,52 @@ def _signal_group(pid: int, sig: int) -> None:
         pass
 
 
+def record_pids(run_dir: Path, workers: list[int], network: int | None = None) -> None:
+    """pids.json: the worker processes (and the network's holder) as pids, with each one's start
+    time under "identity", so that a later look never takes a reused pid for them."""
+    pids = [*workers, *([network] if network else []), os.getpid()]
+    write_json_atomic(run_dir / PIDS_FILE, {
+        "supervisor": os.getpid(), "workers": workers, "network": network,
+        "identity": {str(pid): ProcessRef.of(pid).started for pid in pids}})
+
+
+def recorded_processes(run_dir: Path) -> list[ProcessRef]:
+    """The run's worker processes and network holder as pids.json names them."""
+    try:
+        recorded = read_json(run_dir / PIDS_FILE)
+        identity = recorded.get("identity") or {}
+        pids = [*recorded.get("workers", []), *[pid for pid in [recorded.get("network")] if pid]]
+        refs = [ProcessRef.from_json([pid, identity.get(str(pid))]) for pid in pids]
+    except (OSError, ValueError, TypeError, AttributeError):
+        return []
+    return [ref for ref in refs if ref is not None]
+
+
+def mark_supervised(store: RunStore, run: RunRecord) -> None:
+    """This process supervises ``run`` from now: recorded in the store and, with its start time,
+    in the run folder."""
+    record_supervisor(run.run_dir, os.getpid())
+    store.mark_running(run.id, os.getpid())
+
+
+def record_supervisor(run_dir: Path, pid: int) -> None:
+    write_json_atomic(run_dir / SUPERVISOR_FILE, ProcessRef.of(pid).to_json())
+
+
+def supervisor_of(run: RunRecord) -> ProcessRef | None:
+    """The run's supervising process: the store's pid, with the start time the run folder
+    recorded for it (none recorded, or for another pid: the pid alone)."""
+    if not run.supervisor_pid:
+        return None
+    try:
+        recorded = ProcessRef.from_json(read_json(run.run_dir / SUPERVISOR_FILE))
+    except (OSError, ValueError):
+        recorded = None
+    if recorded is not None and recorded.pid == run.supervisor_pid:
+        return recorded
+    return ProcessRef(run.supervisor_pid)
+
+
 def _raise_cancelled(signum, frame) -> None:
     raise Cancelled()
 
@@ -276,30 +323,21 @@ def start_detached(store: RunStore, run: RunRecord) -> int:
                                 start_new_session=True)
     finally:
         log.close()
+    record_supervisor(run.run_dir, proc.pid)  # our child: surely the process meant
     store.update(run.id, supervisor_pid=proc.pid)
     return proc.pid
 
 
 def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of ours counts as gone
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
+    """Whether a process ``pid`` (of unknown start time) exists and is not a zombie."""
+    return bool(pid) and ProcessRef(pid).alive()
 
 
 def cancel(store: RunStore, run: RunRecord, timeout: float = 10.0) -> RunRecord:
-    """Stop an active run: ask its supervisor, or end orphaned workers directly."""
-    if pid_alive(run.supervisor_pid) and run.supervisor_pid != os.getpid():
-        os.kill(run.supervisor_pid, signal.SIGTERM)
+    """Stop an active run: ask its supervisor, or end orphaned workers directly. Only processes
+    that are still the ones recorded are signalled (a reused pid is left alone)."""
+    supervisor = supervisor_of(run)
+    if supervisor is not None and supervisor.pid != os.getpid() and supervisor.signal(signal.SIGTERM):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and store.get(run.id).active:
             time.sleep(POLL_SECONDS)
@@ -311,20 +349,16 @@ def cancel(store: RunStore, run: RunRecord, timeout: float = 10.0) -> RunRecord:
 
 
 def _kill_recorded_workers(run_dir: Path) -> None:
-    try:
-        recorded = read_json(run_dir / PIDS_FILE)
-        # the emulated network's holder too: its namespaces go with it and the workers
-        pids = recorded.get("workers", []) + [pid for pid in [recorded.get("network")] if pid]
-    except (OSError, ValueError):
-        return
-    for pid in pids:
-        if pid_alive(pid):
-            _signal_group(pid, signal.SIGKILL)
+    # the emulated network's holder too: its namespaces go with it and the workers
+    for process in recorded_processes(run_dir):
+        process.signal_group(signal.SIGKILL)
 
 
 def reconcile(store: RunStore, run: RunRecord) -> RunRecord:
-    """A run still marked active whose supervisor is gone ended without saying so: say it."""
-    if run.active and run.launcher == "local" and run.supervisor_pid and not pid_alive(run.supervisor_pid):
+    """A run still marked active whose supervisor is gone ended without saying so: say it. A
+    supervisor pid that now names another process (the pid was reused) counts as gone."""
+    supervisor = supervisor_of(run) if run.active and run.launcher == "local" else None
+    if supervisor is not None and not supervisor.alive():
         _kill_recorded_workers(run.run_dir)
         store.mark_ended(run.id, FAILED, reason=f"its supervising process (pid {run.supervisor_pid}) "
                                                  "ended unexpectedly")
@@ -336,6 +370,7 @@ def _main(argv: list[str]) -> int:
     """Entry point of a detached supervisor: ``python -m mlbench.launch.local HOME RUN_ID``."""
     store = RunStore(argv[0])
     run = store.get(argv[1])
+    record_supervisor(run.run_dir, os.getpid())
     store.update(run.id, supervisor_pid=os.getpid())
     final = run_local(store, run)
     return 0 if final.state == FINISHED else 1

@@ -20,9 +20,8 @@ import sys
 from pathlib import Path
 
 from mlbench.errors import UsageError
-from mlbench.launch.local import PIDS_FILE, WorkerProcesses, describe_exit
+from mlbench.launch.local import WorkerProcesses, describe_exit, mark_supervised, record_pids
 from mlbench.launch.run_folder import log_tail, rank_error
-from mlbench.results.store import write_json_atomic
 from mlbench.run_config import RunDocument
 
 MPIRUN_LOG = "mpirun.log"
@@ -63,9 +62,8 @@ class MpiLauncher(WorkerProcesses):
         env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
         cmd = mpirun_command(config.workers, self.run_dir, mpirun=find_mpirun())
         self.procs.append(self.spawn(cmd, MPIRUN_LOG, env))
-        write_json_atomic(self.run_dir / PIDS_FILE, {"supervisor": os.getpid(),
-                                                       "workers": [p.pid for p in self.procs]})
-        self.store.mark_running(self.run.id, os.getpid())
+        record_pids(self.run_dir, [p.pid for p in self.procs])
+        mark_supervised(self.store, self.run)
 
     def failure_reason(self, index: int, code: int) -> str:
         """mpirun ended badly: the first worker that recorded an error says why."""
