@@ -34,6 +34,10 @@ class Launcher(ABC):
     def __init__(self, store: RunStore):
         self.store = store
 
+    def check_workers(self, workers: int) -> None:
+        """Refuse (UsageError) a worker count this launcher cannot start; by default any count
+        goes (a cluster's scheduler or Slurm's controller says why it cannot place the run)."""
+
     @abstractmethod
     def create(self, request: RunRequest) -> RunRecord:
         """Validate ``request`` for this launcher and record a pending run (nothing started)."""

@@ -366,6 +366,37 @@ def reconcile(store: RunStore, run: RunRecord) -> RunRecord:
     return run
 
 
+#: Local workers per usable core, and the memory one needs at least (a PyTorch process with a
+#: small model), bounding how many this machine is asked to start.
+WORKERS_PER_CORE = 16
+WORKER_MEMORY_BYTES = 250 * 2**20
+#: Threads (Linux counts each against the process limit) one worker starts, about.
+THREADS_PER_WORKER = 32
+
+
+def local_worker_limit() -> tuple[int, str]:
+    """How many workers this machine can start, and what bounds it: cores, memory and the
+    per-user process limit (a worker count past them forks until the system refuses)."""
+    import resource
+
+    from mlbench.results.environment import usable_cores
+
+    cores = usable_cores()
+    limits = [(max(32, WORKERS_PER_CORE * cores),
+               f"{WORKERS_PER_CORE} per usable CPU core, of which it has {cores}")]
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        limits.append((max(1, memory // WORKER_MEMORY_BYTES),
+                       f"{WORKER_MEMORY_BYTES >> 20} MB of its {memory / 2**30:.0f} GiB of memory each"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    if soft != resource.RLIM_INFINITY:
+        limits.append((max(1, soft // THREADS_PER_WORKER),
+                       f"the process limit (ulimit -u) of {soft}, about {THREADS_PER_WORKER} threads per worker"))
+    return min(limits)
+
+
 def _main(argv: list[str]) -> int:
     """Entry point of a detached supervisor: ``python -m mlbench.launch.local HOME RUN_ID``."""
     store = RunStore(argv[0])
@@ -382,7 +413,14 @@ class LocalLauncher(Launcher):
 
     name = "local"
 
+    def check_workers(self, workers: int) -> None:
+        limit, why = local_worker_limit()
+        if workers > limit:
+            raise UsageError(f"{workers} workers: this machine can start at most {limit} ({why}); "
+                             "run more on a cluster (`mlbench set-cluster NAME`)")
+
     def create(self, request: RunRequest) -> RunRecord:
+        self.check_workers(request.workers)
         if request.data_pvc:
             raise UsageError("--data-pvc is for runs on a cluster; use --data-dir DIR on this machine")
         return create_run(self.store, request, launcher=self.name)

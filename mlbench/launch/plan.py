@@ -62,6 +62,10 @@ class RunRequest:
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
 
 
+#: The longest time budget or timeout a run may be given: 30 days.
+MAX_DURATION_S = 30 * 86400
+
+
 def parse_duration(text: str) -> float:
     """'90', '90s', '10m', '1h30m', '2h' -> seconds."""
     match = _DURATION.match(text or "")
@@ -71,6 +75,9 @@ def parse_duration(text: str) -> float:
     total = hours * 3600 + minutes * 60 + seconds
     if total <= 0:
         raise UsageError(f"invalid duration {text!r}: it must be longer than 0 seconds")
+    if total > MAX_DURATION_S:
+        raise UsageError(f"invalid duration {text!r}: at most {MAX_DURATION_S // 86400:.0f} days "
+                         f"({MAX_DURATION_S // 3600:.0f}h)")
     return total
 
 

@@ -174,6 +174,8 @@ def execute(launcher: Launcher, plan: RunPlan, observer: RunObserver) -> Outcome
     run and ends the plan. Every run is validated and recorded just before it starts, so a
     mistake shows before the first run and the later runs use the store's state of that moment."""
     outcome = Outcome(group_id=plan.group_id)
+    for workers in sorted({r.workers for r in plan.requests}, reverse=True):
+        launcher.check_workers(workers)
     first = launcher.create(plan.requests[0])
     for i, request in enumerate(plan.requests):
         record = first if i == 0 else launcher.create(request)
@@ -191,6 +193,7 @@ def execute(launcher: Launcher, plan: RunPlan, observer: RunObserver) -> Outcome
 
 def start_detached(launcher: Launcher, plan: RunPlan) -> RunRecord:
     """Record the plan's single run and start it in the background."""
+    launcher.check_workers(plan.requests[0].workers)
     record = launcher.create(plan.requests[0])
     launcher.start_detached(record)
     return record

@@ -20,6 +20,18 @@ class Metric:
     title: str
     higher_is_better: bool
     percent: bool = False
+    #: The values a goal may take: above ``low`` (exclusive) and at most ``high``.
+    low: float = float("-inf")
+    high: float = float("inf")
+
+    def check_goal(self, goal: float) -> str | None:
+        """Why ``goal`` cannot be a goal of this metric (None: it can)."""
+        if goal <= self.low or goal > self.high:
+            if self.percent:
+                return f"a {self.title} goal is a fraction above {self.low:g} and at most {self.high:g} (0.8 = 80%)"
+            return f"a {self.title} goal is above {self.low:g}" + (
+                f" and at most {self.high:g}" if self.high != float("inf") else "")
+        return None
 
     def reached(self, value: float | None, goal: float | None) -> bool:
         """Whether ``value`` meets ``goal`` (never without both)."""
@@ -54,9 +66,10 @@ def register_metric(metric: Metric) -> Metric:
     return metric
 
 
-ACCURACY = register_metric(Metric("accuracy", "test accuracy", higher_is_better=True, percent=True))
-PERPLEXITY = register_metric(Metric("perplexity", "validation perplexity", higher_is_better=False))
-BLEU = register_metric(Metric("bleu", "BLEU", higher_is_better=True))
+ACCURACY = register_metric(Metric("accuracy", "test accuracy", higher_is_better=True, percent=True,
+                                  low=0.0, high=1.0))
+PERPLEXITY = register_metric(Metric("perplexity", "validation perplexity", higher_is_better=False, low=1.0))
+BLEU = register_metric(Metric("bleu", "BLEU", higher_is_better=True, low=0.0, high=100.0))
 
 
 def get_metric(name: str) -> Metric:

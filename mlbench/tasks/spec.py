@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlbench.errors import UsageError
+from mlbench.tasks.metrics import get_metric
 
 
 @dataclass(frozen=True)
@@ -251,8 +252,6 @@ def describe_rule(lr: LRSchedule) -> str:
 
 def describe_task(spec: TaskSpec) -> list[list[Any]]:
     """The closed-division values of a training task as (name, value) rows."""
-    from mlbench.tasks.metrics import get_metric
-
     metric = get_metric(spec.metric)
     rows: list[list[Any]] = [
         ["model", spec.model], ["data", spec.dataset],
@@ -296,6 +295,54 @@ def _parse_value(key: str, raw: str) -> Any:
         raise UsageError(f"--set {key}={raw}: expected a {kind.__name__}") from None
 
 
+#: The values each overridable number may take: (lowest, highest, whether the lowest itself is
+#: allowed). A value outside its range would crash the workers or train nothing, so it is refused
+#: before a run exists.
+RANGES: dict[str, tuple[float, float, bool]] = {
+    "batch_per_worker": (1, 2**20, True),
+    "momentum": (0.0, 1.0, True),          # below 1: momentum 1 never forgets a gradient
+    "weight_decay": (0.0, 1.0, True),
+    "l2": (0.0, 1.0, True),
+    "max_epochs": (1, 10_000, True),
+    "lr.eta_per_sample": (0.0, 1.0, False),
+    "lr.warmup_epochs": (0.0, 10_000, True),
+    "lr.decay_factor": (0.0, 1e6, False),
+    "lr.alpha": (0.0, 1e3, False),
+}
+
+
+def _check_range(key: str, value: Any) -> None:
+    if key == "lr.milestones":
+        if any(m < 1 for m in value) or list(value) != sorted(set(value)):
+            raise UsageError(f"--set lr.milestones={','.join(map(str, value))}: give increasing epochs, each at least 1")
+        return
+    if key not in RANGES:
+        return
+    low, high, low_allowed = RANGES[key]
+    upper_ok = value < high if key == "momentum" else value <= high
+    if not ((value >= low if low_allowed else value > low) and upper_ok):
+        lower = f"at least {_num(low)}" if low_allowed else f"above {_num(low)}"
+        upper = f"below {_num(high)}" if key == "momentum" else f"at most {_num(high)}"
+        raise UsageError(f"--set {key}={_num(value)}: must be {lower} and {upper}")
+
+
+def _num(value: float) -> str:
+    return f"{int(value):,}" if float(value).is_integer() and abs(value) >= 1 else f"{value:g}"
+
+
+def _check_extra_range(name: str, value: Any) -> None:
+    """A task's own numbers are sizes, counts and rates: never negative; rates of dropout below 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if value < 0:
+        raise UsageError(f"--set extra.{name}={value:g}: must be at least 0")
+    if "dropout" in name or name in ("weight_drop", "label_smoothing"):
+        if value >= 1:
+            raise UsageError(f"--set extra.{name}={value:g}: a rate, at least 0 and below 1")
+    elif isinstance(value, int) and value == 0 and name not in ("nonmono",):
+        raise UsageError(f"--set extra.{name}=0: must be at least 1")
+
+
 def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
     """``["momentum=0", "lr.milestones=50,75"]`` -> typed values, or a UsageError."""
     result: dict[str, Any] = {}
@@ -309,6 +356,7 @@ def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
             raise UsageError(f"--set {pair!r}: expected KEY=VALUE with KEY one of "
                              f"{', '.join(OVERRIDABLE)}, or extra.NAME for a task's own setting")
         result[key] = _parse_value(key, raw.strip())
+        _check_range(key, result[key])
     return result
 
 
@@ -351,6 +399,7 @@ def resolve(task: AnySpec, overrides: dict[str, Any]) -> tuple[AnySpec, list[str
         if key.startswith("extra."):
             name = key[6:]
             typed = _extra_value(task, name, value)
+            _check_extra_range(name, typed)
             if typed != task.extra[name]:
                 changed.append(key)
             extra[name] = typed
@@ -377,6 +426,11 @@ def resolve(task: AnySpec, overrides: dict[str, Any]) -> tuple[AnySpec, list[str
                 changed.append(key)
             top[key] = value
     lr = dataclasses.replace(task.lr, **lr_fields) if lr_fields else task.lr
+    metric = get_metric(task.metric)
+    for key in ("goal_full", "goal_light"):
+        problem = metric.check_goal(top[key]) if key in top else None
+        if problem:
+            raise UsageError(f"--set {key}={top[key]:g}: {problem}")
     return dataclasses.replace(task, lr=lr, extra=extra, **top), changed
 
 
