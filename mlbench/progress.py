@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
+from collections.abc import Callable
 
 import click
 
@@ -47,7 +48,7 @@ def fmt_amount(value: float, unit: str) -> str:
 
 def fmt_seconds(seconds: float) -> str:
     """'0:01:05' (h:mm:ss), the form of time left and time taken."""
-    minutes, sec = divmod(int(round(max(0.0, seconds))), 60)
+    minutes, sec = divmod(round(max(0.0, seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{sec:02d}"
 

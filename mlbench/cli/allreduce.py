@@ -25,7 +25,7 @@ def _elements(n: int) -> str:
 
 
 def _line(cells: list[Any] | tuple[Any, ...]) -> str:
-    return "  ".join(f"{str(c):>{w}}" for c, w in zip(cells, _WIDTHS))
+    return "  ".join(f"{c!s:>{w}}" for c, w in zip(cells, _WIDTHS))
 
 
 class AllreducePrinter:

@@ -3,7 +3,8 @@ delete-cluster, and `image build` for the worker image. The work happens in mlbe
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import click
 

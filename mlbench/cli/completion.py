@@ -23,7 +23,7 @@ def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -
 
     try:
         records = cached_store().list()
-    except Exception:  # noqa: BLE001 - completion must never fail loudly
+    except Exception:
         return []
     items = []
     for record in reversed(records):
@@ -39,7 +39,7 @@ def complete_groups(ctx: click.Context, param: click.Parameter, incomplete: str)
 
     try:
         records = cached_store().list()
-    except Exception:  # noqa: BLE001
+    except Exception:
         return []
     groups: dict[str, Any] = {}
     for record in reversed(records):
@@ -60,7 +60,7 @@ def complete_clusters(ctx: click.Context, param: click.Parameter, incomplete: st
     provider = ctx.params.get("provider")
     try:
         records = load_clusters()
-    except Exception:  # noqa: BLE001
+    except Exception:
         return []
     return [CompletionItem(r.name, help=f"{r.provider} cluster") for r in records
             if r.name.startswith(incomplete) and provider in (None, r.provider)]

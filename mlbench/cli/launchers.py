@@ -8,7 +8,8 @@ Kubernetes cluster) and ``record_only``.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import click
 

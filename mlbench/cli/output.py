@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import click
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import click
 
@@ -41,7 +41,8 @@ def _pricing(command: Callable) -> Callable:
 def _comparison(run_refs, task, group, instance, price_per_hour, prices_file) -> Comparison:
     # the store `status` reads (the current cluster's, else this machine's); only finished runs
     # count, so a run still marked running is left out whether or not it is alive
-    return comparison_of(open_store(read_only=True), tuple(run_refs), task, group, instance, price_per_hour, prices_file)
+    return comparison_of(open_store(read_only=True), tuple(run_refs), task, group, instance, price_per_hour,
+                         prices_file)
 
 
 @cli.command()

@@ -12,7 +12,7 @@ from mlbench.cli import cli
 from mlbench.cli.allreduce import AllreducePrinter, print_allreduce_table, task_rows
 from mlbench.cli.completion import complete_runs, complete_tasks
 from mlbench.cli.follow import follow_progress
-from mlbench.cli.format import ProgressPrinter, fmt_duration, print_run_details, status_table
+from mlbench.cli.format import ProgressPrinter, print_run_details, status_table
 from mlbench.cli.launchers import launcher_options, print_worker_commands
 from mlbench.cli.optimizers import print_compression
 from mlbench.cli.output import emit, output_option, tabulate
@@ -49,7 +49,8 @@ def tasks(output) -> None:
         return
     for spec in TASKS.values():
         if spec.kind == "allreduce":
-            click.echo(f"{spec.name}: {spec.title}\n{tabulate(task_rows(dataclasses.asdict(spec)), tablefmt='plain')}\n")
+            rows = tabulate(task_rows(dataclasses.asdict(spec)), tablefmt='plain')
+            click.echo(f"{spec.name}: {spec.title}\n{rows}\n")
             continue
         rows = describe_task(spec)
         if spec.notes:
@@ -69,7 +70,8 @@ def tasks(output) -> None:
 @click.option("--no-stop", is_flag=True, help="Keep training after the goal is reached.")
 @click.option("--data", type=click.Choice(["real", "synthetic"]), default="real",
               help="synthetic: random data of the task's shape, for throughput only (no goal).")
-@click.option("--data-dir", type=click.Path(file_okay=False), help="Where the data set is (else the cache, downloading it).")
+@click.option("--data-dir", type=click.Path(file_okay=False),
+              help="Where the data set is (else the cache, downloading it).")
 @click.option("--data-pvc", metavar="NAME",
               help="Clusters: a PersistentVolumeClaim you filled with the data set [mlbench-data-DATASET, "
                    "filled once by a download Job].")

@@ -84,7 +84,7 @@ class EksProvisioner(Provisioner):
         return self._clients[service]
 
     @classmethod
-    def from_locator(cls, locator: dict[str, Any]) -> "EksProvisioner":
+    def from_locator(cls, locator: dict[str, Any]) -> EksProvisioner:
         return cls(region=locator.get("region"), profile=locator.get("profile"))
 
     def locator(self) -> dict[str, Any]:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from mlbench.errors import ClusterError
 from mlbench.extras import needs

@@ -18,7 +18,8 @@ import fcntl
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import yaml
 
@@ -79,7 +80,7 @@ class ClusterRecord:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ClusterRecord":
+    def from_dict(cls, data: dict[str, Any]) -> ClusterRecord:
         return cls(
             provider=str(data["provider"]),
             name=str(data["name"]),

@@ -113,7 +113,7 @@ class GkeProvisioner(Provisioner):
 
     # -- plumbing ------------------------------------------------------------------------------
     @classmethod
-    def from_locator(cls, locator: dict[str, Any]) -> "GkeProvisioner":
+    def from_locator(cls, locator: dict[str, Any]) -> GkeProvisioner:
         return cls(project=locator.get("project"), zone=locator.get("zone"))
 
     def locator(self) -> dict[str, Any]:

@@ -13,7 +13,8 @@ import re
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
+from collections.abc import Callable
 
 from mlbench.errors import ClusterError, UsageError
 
@@ -98,7 +99,7 @@ class Provisioner(ABC):
         """What must be stored to find this provider's clusters again (project, region...)."""
 
     @classmethod
-    def from_locator(cls, locator: dict[str, Any]) -> "Provisioner":
+    def from_locator(cls, locator: dict[str, Any]) -> Provisioner:
         """The provisioner that finds the clusters a stored :meth:`locator` describes."""
         return cls()
 
@@ -106,7 +107,7 @@ class Provisioner(ABC):
     def check_credentials(self) -> None:
         """Raise ClusterError (one sentence: what to do) unless the provider can be used."""
 
-    def preflight(self, spec: ClusterSpec) -> None:
+    def preflight(self, spec: ClusterSpec) -> None:  # noqa: B027 - optional hook, a no-op unless overridden
         """Reject a spec the provider cannot satisfy, before anything is recorded or created."""
 
     @abstractmethod
@@ -121,7 +122,7 @@ class Provisioner(ABC):
     def kube_access(self, name: str) -> KubeAccess:
         """How a Kubernetes client reaches the cluster ``name``."""
 
-    def finish(self, spec: ClusterSpec, record: Any, progress: Progress) -> None:
+    def finish(self, spec: ClusterSpec, record: Any, progress: Progress) -> None:  # noqa: B027 - optional hook
         """Install what the cluster needs inside Kubernetes (e.g. a GPU device plugin).
 
         ``record`` is the cluster's :class:`~mlbench.cloud.config.ClusterRecord`, whose kube

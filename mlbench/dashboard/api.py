@@ -15,7 +15,8 @@ import shutil
 import tempfile
 from functools import wraps
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
@@ -59,7 +60,7 @@ class Json(JSONResponse):
 
 def _errors_as_json(handler: Callable[..., Response]) -> Callable[..., Response]:
     @wraps(handler)
-    def wrapped(self: "Api", arg: Any) -> Response:
+    def wrapped(self: Api, arg: Any) -> Response:
         try:
             return handler(self, arg)
         except FormError as err:

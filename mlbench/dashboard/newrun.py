@@ -97,7 +97,8 @@ def parse_form(form: dict[str, Any]) -> list[Any]:
 
     task = str(form.get("task") or "")
     check("task", get_task, task)
-    counts = [_integer(tok, "workers", errors) for tok in re.split(r"[\s,]+", str(form.get("workers") or "").strip()) if tok]
+    tokens = re.split(r"[\s,]+", str(form.get("workers") or "").strip())
+    counts = [_integer(tok, "workers", errors) for tok in tokens if tok]
     if not counts and "workers" not in errors:
         errors["workers"] = "give one or more worker counts, e.g. 1 2 4"
     budget = str(form.get("time_budget") or "").strip()

@@ -22,7 +22,8 @@ from __future__ import annotations
 import hmac
 import json
 from http.cookies import SimpleCookie
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 from urllib.parse import parse_qsl, urlencode
 
 CSRF_HEADER = "x-mlbench-dashboard"

@@ -12,7 +12,7 @@ import socket
 import threading
 import webbrowser
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from mlbench.cloud.config import current_cluster
 from mlbench.dashboard.security import loopback_hosts

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable
+from collections.abc import Callable
 
 from mlbench.cloud.config import ClusterRecord
 from mlbench.errors import MlbenchError, RunNotFound

@@ -34,7 +34,7 @@ class Launcher(ABC):
     def __init__(self, store: RunStore):
         self.store = store
 
-    def check_workers(self, workers: int) -> None:
+    def check_workers(self, workers: int) -> None:  # noqa: B027 - optional hook, a no-op unless overridden
         """Refuse (UsageError) a worker count this launcher cannot start; by default any count
         goes (a cluster's scheduler or Slurm's controller says why it cannot place the run)."""
 

@@ -26,7 +26,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from mlbench.errors import ClusterError, UsageError
 from mlbench.launch.k8s_objects import (DATA_DIR, MANAGED, SCHEDULE_TIMEOUT_S, container_security, pod_security,
@@ -150,7 +151,7 @@ def _print_new_lines(core: Any, namespace: str, pod: Any, printed: dict[str, int
         return
     try:
         lines = core.read_namespaced_pod_log(pod.metadata.name, namespace).splitlines()
-    except Exception:  # noqa: BLE001 - the log may not be readable yet; the next round shows it
+    except Exception:
         return
     seen = printed.get(pod.metadata.name, 0)
     for line in lines[seen:]:

@@ -67,7 +67,7 @@ class Placement:
         return {"launcher": "kubernetes", **asdict(self)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Placement":
+    def from_dict(cls, data: dict[str, Any]) -> Placement:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 

@@ -148,7 +148,7 @@ class PodSupervisor:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def in_cluster(cls, store: RunStore, namespace: str) -> "PodSupervisor":
+    def in_cluster(cls, store: RunStore, namespace: str) -> PodSupervisor:
         """Kubernetes access from the pod's service account (or $KUBECONFIG outside a cluster)."""
         with needs("kubernetes"):
             from kubernetes import client, config
@@ -176,7 +176,7 @@ class PodSupervisor:
         while not self._stop.is_set():
             try:
                 self.check_once()
-            except Exception as err:  # noqa: BLE001 - the API server may blip; try again next round
+            except Exception as err:
                 print(f"supervisor: {type(err).__name__}: {str(err)[:300]}", file=sys.stderr)
             self._stop.wait(self.interval)
 
@@ -232,7 +232,7 @@ class PodSupervisor:
             try:
                 text = self.core.read_namespaced_pod_log(pod.name, self.namespace, limit_bytes=LOG_LIMIT_BYTES,
                                                          _request_timeout=LOG_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - any failure: keep what the pod's status holds
+            except Exception:
                 if pod.log:
                     with open(path, "a", encoding="utf-8") as f:
                         f.write(f"--- last lines of pod {pod.name} ({pod.problem}) ---\n{pod.log.rstrip()}\n")
@@ -259,7 +259,7 @@ class PodSupervisor:
             if run is not None and run.active:
                 try:
                     self._keep_logs(run)
-                except Exception as err:  # noqa: BLE001 - the run must end even without its logs
+                except Exception as err:
                     print(f"supervisor: logs of run {run_id} not kept: {type(err).__name__}: "
                           f"{str(err)[:300]}", file=sys.stderr)
                 self.store.mark_ended(run_id, state, reason=reason, result=result)

@@ -19,7 +19,8 @@ import math
 import secrets
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from mlbench.cloud.config import ClusterRecord, kube_api_client
 from mlbench.cloud.existing import kube_error
@@ -162,7 +163,7 @@ def plan_resources(store: ClusterStore, cluster: ClusterRecord, request: RunRequ
 
     try:
         nodes = [n for n in client.CoreV1Api(store.api).list_node().items if not n.spec.unschedulable]
-    except Exception:  # noqa: BLE001 - a user may not list nodes; fall back to modest pods
+    except Exception:
         nodes = []
     if nodes:
         alloc = [n.status.allocatable or {} for n in nodes]
@@ -221,7 +222,7 @@ def _data_claim(store: ClusterStore, request: RunRequest, image: str, progress: 
         return ensure_data(store.api, store.namespace, task.dataset, image, request.data_pvc, progress)
     except MlbenchError:
         raise
-    except Exception as err:  # noqa: BLE001 - API errors and an unreachable cluster alike: one line
+    except Exception as err:
         raise _api_error(err, store, f"prepare the data set {task.dataset} in namespace "
                                      f"{store.namespace}") from None
 

@@ -25,7 +25,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from mlbench.errors import UsageError
 from mlbench.launch.base import EventCallback, Launcher
@@ -316,7 +317,7 @@ def run_local(store: RunStore, run: RunRecord, on_event: ProgressCallback | None
 
 def start_detached(store: RunStore, run: RunRecord) -> int:
     """Supervise the run from a background process that outlives this one; returns its pid."""
-    log = open(run.run_dir / "logs" / "supervisor.log", "ab")
+    log = open(run.run_dir / "logs" / "supervisor.log", "ab")  # noqa: SIM115 - closed below, after the fork
     try:
         proc = subprocess.Popen([sys.executable, "-m", "mlbench.launch.local", str(store.home), run.id],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

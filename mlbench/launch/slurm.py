@@ -24,7 +24,8 @@ from __future__ import annotations
 import re
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from mlbench.errors import MlbenchError, UsageError
 from mlbench.launch import slurm_jobs as jobs

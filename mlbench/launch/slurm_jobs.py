@@ -99,7 +99,7 @@ def _json_state(job: dict) -> JobState:
     return JobState(str(state), None if reason in (None, "None") else str(reason), exit_text)
 
 
-def query_squeue_json(job_id: str) -> JobState | None | str:
+def query_squeue_json(job_id: str) -> JobState | str | None:
     """The job from ``squeue --json``; None when Slurm no longer knows it; the error text when
     this squeue cannot write JSON."""
     proc = _run([require("squeue"), "--json", "--jobs", job_id])

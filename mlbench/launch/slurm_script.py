@@ -49,7 +49,7 @@ class SlurmOptions:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def validate(self) -> "SlurmOptions":
+    def validate(self) -> SlurmOptions:
         """One line for every value that sbatch would refuse or that would change the run."""
         for name in ("partition", "account", "time", "constraint", "iface"):
             value = getattr(self, name)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -56,7 +57,8 @@ class Option:
             try:
                 value: Any = int(raw) if self.kind == "int" else float(raw)
             except ValueError:
-                raise UsageError(f"option {key}={raw}: expected {'an integer' if self.kind == 'int' else 'a number'}") from None
+                expected = "an integer" if self.kind == "int" else "a number"
+                raise UsageError(f"option {key}={raw}: expected {expected}") from None
             if not math.isfinite(value) or (self.minimum is not None and value < self.minimum) \
                     or (self.maximum is not None and value > self.maximum):
                 raise UsageError(f"option {key}={raw}: expected a value in "

@@ -19,7 +19,8 @@ messages, which is what a latency-bound network feels.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -210,7 +211,8 @@ class CentralizedSGD(DistributedOptimizer):
 @register
 class CentralizedAdam(DistributedOptimizer):
     name = "centralized-adam"
-    reference = "Adam (Kingma & Ba 2015, arXiv:1412.6980) on all-reduced gradients, as the original MLBench's CentralizedAdam"
+    reference = ("Adam (Kingma & Ba 2015, arXiv:1412.6980) on all-reduced gradients, as the original "
+                 "MLBench's CentralizedAdam")
     summary = "Average the gradients with an all-reduce, then the same Adam step everywhere."
     options = {
         "by": BY,

@@ -16,7 +16,8 @@ bounds) and gives each rank its own model back afterwards.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist

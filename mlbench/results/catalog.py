@@ -26,7 +26,7 @@ import errno
 import os
 import sqlite3
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 from urllib.parse import quote
 
 from mlbench.errors import MlbenchError

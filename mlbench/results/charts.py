@@ -1,8 +1,9 @@
 """`mlbench charts`: the original's four figures per task, from the user's own runs.
 
-The original published, per task (docs/tasks.md, "The original's published results"): the speedup of time to accuracy against the number
-of workers, the cost of a run against the number of workers, loss against time for each worker
-count with the target line, and the communication/computation time ratio per worker count. Each
+The original published, per task (docs/tasks.md, "The original's published results"): the
+speedup of time to accuracy against the number of workers, the cost of a run against the number
+of workers, loss against time for each worker count with the target line, and the
+communication/computation time ratio per worker count. Each
 is drawn here from a :class:`~mlbench.results.compare.Comparison`, so the charts show exactly the
 groups, repeats and families that `mlbench compare` prints. When the runs were made at several
 emulated bandwidths (`mlbench run ... --bandwidth 100mbit,1gbit`), a fifth figure shows time to
@@ -14,7 +15,8 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 from mlbench.extras import needs
 from mlbench.network.settings import format_rate

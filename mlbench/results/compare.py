@@ -91,7 +91,7 @@ class RunResult:
     network: dict[str, Any] | None = None   # run.json's emulated network, None: as it was
 
     @classmethod
-    def load(cls, record: RunRecord) -> "RunResult":
+    def load(cls, record: RunRecord) -> RunResult:
         events = read_run_events(record.run_dir)
         summary = summarize(events)
         document = RunDocument.load_or_none(record.run_dir)

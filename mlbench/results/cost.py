@@ -21,7 +21,8 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import yaml
 
@@ -55,7 +56,7 @@ class PriceTable:
         self.prices = dict(prices)
 
     @classmethod
-    def load(cls, user_file: str | os.PathLike | None = None) -> "PriceTable":
+    def load(cls, user_file: str | os.PathLike | None = None) -> PriceTable:
         prices = read_price_file(PRICES_FILE)
         for extra in (os.environ.get(PRICES_ENV), user_file):
             if extra:

@@ -19,7 +19,8 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Protocol
+from collections.abc import Iterable, Iterator
 
 EVENTS_DIR = "events"
 #: names whose value is a number (phase seconds, training and evaluation metrics, bytes sent)
@@ -41,8 +42,8 @@ class FileSink:
         folder = Path(run_dir) / EVENTS_DIR
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = folder / f"rank-{rank}.jsonl"
-        self._file = open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a",
-                          encoding="utf-8")
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._file = open(descriptor, "a", encoding="utf-8")  # noqa: SIM115 - held until close()
 
     def write(self, event: dict[str, Any]) -> None:
         self._file.write(json.dumps(event, separators=(",", ":")) + "\n")

@@ -113,7 +113,7 @@ class _Log:
 
     def add(self, when: float, key: str, value: Any, event_type: str = "POINT_IN_TIME",
             metadata: dict[str, Any] | None = None) -> None:
-        body = {"namespace": "", "time_ms": int(round(when * 1000)), "event_type": event_type,
+        body = {"namespace": "", "time_ms": round(when * 1000), "event_type": event_type,
                 "key": key, "value": value, "metadata": metadata or {}}
         self._records.append((when, len(self._records), body))
 
@@ -123,7 +123,8 @@ class _Log:
 
 def _platform(record: RunRecord, config: RunConfig | None, environment: dict[str, Any]) -> str:
     nodes = 1 if record.launcher == "local" else record.workers
-    return f"{nodes}x {hardware_label(config.device if config else None, environment)}, {record.workers} worker(s), {record.launcher}"
+    hardware = hardware_label(config.device if config else None, environment)
+    return f"{nodes}x {hardware}, {record.workers} worker(s), {record.launcher}"
 
 
 def _hyper_parameters(spec: TaskSpec, workers: int) -> dict[str, Any]:

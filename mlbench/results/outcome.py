@@ -23,7 +23,7 @@ def fmt_duration(seconds: float | None) -> str:
     seconds = max(0.0, float(seconds))
     if seconds < 60:
         return f"{seconds:.1f}s"
-    minutes, sec = divmod(int(round(seconds)), 60)
+    minutes, sec = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{sec:02d}"
 

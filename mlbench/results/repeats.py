@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import mean, median
-from typing import Iterable
+from collections.abc import Iterable
 
 #: How a run that did not reach the goal enters the statistics: as an infinitely slow run.
 NOT_CONVERGED = math.inf

@@ -20,7 +20,8 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
 from mlbench.errors import MlbenchError
@@ -110,7 +111,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(400, {"error": str(err)})
         except (ConnectionError, TimeoutError):  # the client went away or stalled: nothing to answer
             self.close_connection = True
-        except Exception as err:  # noqa: BLE001 - a bug must not kill the service; the log keeps it
+        except Exception as err:
             self.log_error("error handling %s %s: %r", method, url.path, err)
             self._reply(500, {"error": f"internal error: {type(err).__name__}"})
 
@@ -172,13 +173,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         self._dispatch("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._dispatch("POST")
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
@@ -186,7 +187,7 @@ class _Handler(BaseHTTPRequestHandler):
         if str(code)[:1] in "45":
             super().log_request(code, size)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         print(_escaped(f"{self.address_string()} {format % args}"), file=sys.stderr, flush=True)
 
 

@@ -39,7 +39,7 @@ def bleu_statistics(hypotheses: list[str], references: list[str]) -> list[int]:
 
 def bleu_from_statistics(stats: list[int] | list[float]) -> float:
     """Corpus BLEU (0..100) from summed statistics, with sacreBLEU's default smoothing."""
-    stats = [int(round(s)) for s in stats]
+    stats = [round(s) for s in stats]
     return _bleu_class().compute_bleu(stats[0:4], stats[4:8], stats[8], stats[9], smooth_method="exp").score
 
 

@@ -314,7 +314,8 @@ RANGES: dict[str, tuple[float, float, bool]] = {
 def _check_range(key: str, value: Any) -> None:
     if key == "lr.milestones":
         if any(m < 1 for m in value) or list(value) != sorted(set(value)):
-            raise UsageError(f"--set lr.milestones={','.join(map(str, value))}: give increasing epochs, each at least 1")
+            listed = ",".join(map(str, value))
+            raise UsageError(f"--set lr.milestones={listed}: give increasing epochs, each at least 1")
         return
     if key not in RANGES:
         return
@@ -436,7 +437,7 @@ def resolve(task: AnySpec, overrides: dict[str, Any]) -> tuple[AnySpec, list[str
 
 def _same_model(a: str, b: str) -> bool:
     """'resnet20' is short for 'resnet20-v1'."""
-    norm = lambda m: m if "-v" in m or not m.startswith("resnet") else m + "-v1"  # noqa: E731
+    norm = lambda m: m if "-v" in m or not m.startswith("resnet") else m + "-v1"
     return norm(a) == norm(b)
 
 

@@ -88,7 +88,7 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
         return 1
     except (SystemExit, KeyboardInterrupt):
         raise
-    except BaseException as err:  # noqa: BLE001 - every failure must reach the run record
+    except BaseException as err:
         traceback.print_exc()
         _record_error(events, f"{type(err).__name__}: {err}".splitlines()[0][:500])
         return 1

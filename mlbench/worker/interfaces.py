@@ -15,7 +15,7 @@ import fcntl
 import os
 import socket
 import struct
-from typing import MutableMapping
+from collections.abc import MutableMapping
 
 from mlbench.errors import UsageError
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Mapping, NamedTuple
+from typing import NamedTuple
+from collections.abc import Mapping
 
 from mlbench.errors import UsageError
 

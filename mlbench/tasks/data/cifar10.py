@@ -31,7 +31,7 @@ from mlbench.tasks.data.download import (
     source_url,
 )
 
-__all__ = ["Split", "default_data_root", "load_cifar10", "URL", "MD5", "FOLDER"]
+__all__ = ["FOLDER", "MD5", "URL", "Split", "default_data_root", "load_cifar10"]
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 MD5 = "c58f30108f718f92721af3b95e74349a"

@@ -37,7 +37,7 @@ from mlbench.tasks.data.download import (DOWNLOAD_ERRORS, Split, default_data_ro
 from mlbench.tasks.data.libsvm_text import (Parsed, check_width, cut_off, last_line_shape, parse_fast,
                                             parse_lines, validate)
 
-__all__ = ["read_libsvm", "load_libsvm_dataset", "find_pair", "EPSILON_BASE_URL", "EPSILON_FILES"]
+__all__ = ["EPSILON_BASE_URL", "EPSILON_FILES", "find_pair", "load_libsvm_dataset", "read_libsvm"]
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,8 @@ def _convert(source: pathlib.Path, n_features: int | None, out: pathlib.Path) ->
                 line += chunk.count(b"\n")
                 progress.update(raw.tell(), note=f"{line - 1:,} lines")
         if writer.rows == 0:
-            raise DataError(f"{source} holds no data lines; give a file in LIBSVM format ('<label> <index>:<value> ...')")
+            raise DataError(f"{source} holds no data lines; give a file in LIBSVM format "
+                            "('<label> <index>:<value> ...')")
         writer.finish()
     np.save(out / "y.npy", np.concatenate(labels))
     return writer.rows, writer.width
@@ -252,7 +253,7 @@ def _open_source(source: pathlib.Path) -> tuple[BinaryIO, BinaryIO]:
     """The file's bytes, decompressed when it starts with bzip2's magic (whatever its name), and
     the file itself, whose position tells how much of it was read (the conversion's progress)."""
     try:
-        raw = open(source, "rb")
+        raw = open(source, "rb")  # noqa: SIM115 - returned to the caller, who closes it
         compressed = raw.read(3) == b"BZh"
         raw.seek(0)
         return (bz2.BZ2File(raw) if compressed else raw), raw
@@ -300,7 +301,7 @@ class _DenseWriter:
         self.width = n_features or 0
         self.rows = 0
         self.blocks: list[tuple[int, int]] = []  # (rows, width) of each block, in file order
-        self.handle = open(path, "wb")
+        self.handle = open(path, "wb")  # noqa: SIM115 - closed by finish() / __exit__
         self.handle.write(b"\0" * _HEADER_BYTES)
 
     def __enter__(self) -> _DenseWriter:

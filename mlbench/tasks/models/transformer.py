@@ -125,7 +125,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor,
                 cache: LayerCache | None = None) -> torch.Tensor:
-        drop = lambda y: F.dropout(y, self.dropout, self.training)  # noqa: E731
+        drop = lambda y: F.dropout(y, self.dropout, self.training)
         # A full target sequence is masked causally; one incremental step sees all it cached.
         x = x + drop(self.self_attn(self.self_norm(x), causal=cache is None, cache=cache, prefix="self_"))
         x = x + drop(self.cross_attn(self.cross_norm(x), memory, mask=memory_mask, cache=cache, prefix="cross_"))
