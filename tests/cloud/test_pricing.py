@@ -17,7 +17,8 @@ def clusters_section() -> str:
 def test_the_readme_states_the_computed_default_costs():
     section = clusters_section()
     per_gke_node = pricing.gke_hourly("n1-standard-4", 1, 50, None, 0) - pricing.GKE_CLUSTER_HOURLY
-    per_eks_node = pricing.eks_hourly("m5.xlarge", 1, 50) - pricing.EKS_CLUSTER_HOURLY
+    per_eks_node = (pricing.eks_hourly("m5.xlarge", 1, 50) - pricing.EKS_CLUSTER_HOURLY
+                    - pricing.NAT_GATEWAY_HOURLY - pricing.PUBLIC_IPV4_HOURLY)
     for figure in (per_gke_node, pricing.gke_hourly("n1-standard-4", 4, 50, None, 0),
                    pricing.gke_hourly("n1-standard-4", 4, 50, "nvidia-tesla-t4", 1),
                    per_eks_node, pricing.eks_hourly("m5.xlarge", 4, 50),
