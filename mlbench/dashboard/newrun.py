@@ -64,8 +64,10 @@ def form_choices(sources: Sources) -> dict[str, Any]:
     if sources.cluster is not None:
         where.append({"key": CLUSTER, "label": sources.cluster.label})
     return {
-        "tasks": [{"name": t.name, "title": t.title, "kind": t.kind, "dataset": t.dataset,
-                   "goal_full": t.goal_full, "goal_light": t.goal_light} for t in TASKS.values()],
+        # task0a (an AllreduceSpec) has no data set, goal or metric: None for those
+        "tasks": [{"name": t.name, "title": t.title, "kind": t.kind, "dataset": getattr(t, "dataset", None),
+                   "goal_full": getattr(t, "goal_full", None), "goal_light": getattr(t, "goal_light", None),
+                   "metric": getattr(t, "metric", None)} for t in TASKS.values()],
         "optimizers": describe_optimizers(),
         "where": where,
     }
@@ -136,10 +138,15 @@ def create_runs(sources: Sources, form: dict[str, Any]) -> tuple[Source, list[Ru
 
             source = sources.by_key(CLUSTER)
             return source, [kubernetes.create_run(source.store, sources.cluster_record, r) for r in requests]
+        from mlbench.launch.local import LocalLauncher
         from mlbench.launch.plan import build_config, create_run
         from mlbench.optim.catalog import check_optimizer
 
         for request in requests:  # every worker count first, as `mlbench run` checks them all
+            try:
+                LocalLauncher(sources.local.store).check_workers(request.workers)
+            except MlbenchError as err:
+                raise FormError({"workers": str(err)}) from None
             config, _ = build_config(request)
             check_optimizer(config.optimizer, request.optimizer_options, request.workers)
         store = sources.local.store

@@ -25,6 +25,8 @@ def refused(form: dict) -> dict[str, str]:
     ({"time_budget": "soon"}, "time_budget", "invalid duration 'soon'; use e.g. 90s, 10m, 1h30m"),
     ({"overrides": "speed=3"}, "overrides", "--set 'speed=3': expected KEY=VALUE with KEY one of "),
     ({"max_steps": "0"}, "max_steps", "--max-steps must be at least 1"),
+    ({"workers": "2 100000"}, "workers", "100000 workers: this machine can start at most"),
+    ({"overrides": "batch_per_worker=0"}, "overrides", "--set batch_per_worker=0: must be at least 1"),
     ({"optimizer": "powersgd", "options": {"rank": "x"}}, "opt.rank", "option rank=x: expected an integer"),
     ({"optimizer": "adamw"}, "optimizer", "unknown optimizer 'adamw'; choose one of: "),
     ({"data_dir": "/no/such/folder"}, "data_dir", "--data-dir /no/such/folder: no such folder"),
@@ -39,3 +41,13 @@ def test_a_topology_that_does_not_fit_one_of_the_worker_counts_records_no_run(li
     errors = refused({"workers": "4 2", "optimizer": "decentralized-sgd",
                       "options": {"topology": "torus:2x2"}, "data_dir": str(libsvm_dir)})
     assert errors == {"opt.topology": "topology torus:2x2 has 4 nodes, but the run has 2 workers"}
+
+
+def test_the_form_offers_every_task_with_its_goal_metric():
+    from mlbench.dashboard.newrun import form_choices
+
+    tasks = {t["name"]: t for t in form_choices(Sources(RunStore()))["tasks"]}
+    assert list(tasks) == ["task0a", "task1a", "task2a", "task3a", "task4b"]
+    assert tasks["task0a"]["goal_full"] is None and tasks["task0a"]["kind"] == "allreduce"
+    assert (tasks["task3a"]["metric"], tasks["task3a"]["goal_full"]) == ("perplexity", 70.0)
+    assert (tasks["task4b"]["metric"], tasks["task4b"]["goal_light"]) == ("bleu", 20.0)

@@ -21,8 +21,10 @@
   function showTask() {
     const task = choices.tasks.find((t) => t.name === form.task.value);
     document.getElementById("task-title").textContent = task ? task.title : "";
+    // accuracy goals are fractions shown as percentages; perplexity and BLEU are shown as they are
+    const goal = (v) => (task.metric === "accuracy" ? fmt.pct(v) : `${task.metric} ${Number(v).toFixed(2)}`);
     document.getElementById("light-goal").textContent = task && task.kind === "training"
-      ? `(${fmt.pct(task.goal_light)} instead of ${fmt.pct(task.goal_full)})` : "";
+      ? `(${goal(task.goal_light)} instead of ${goal(task.goal_full)})` : "";
   }
 
   function clearErrors() {
