@@ -46,7 +46,13 @@ class FormError(MlbenchError):
         self.errors = errors
 
 
+#: "100000 workers: this machine can start at most 32 (...)" (LocalLauncher.check_workers)
+_WORKER_COUNT = re.compile(r"^\d+ workers: ")
+
+
 def field_of(message: str) -> str:
+    if _WORKER_COUNT.match(message):
+        return "workers"
     match = _OPTION.match(message)
     if match:
         return f"opt.{match.group(1)}"
@@ -143,10 +149,7 @@ def create_runs(sources: Sources, form: dict[str, Any]) -> tuple[Source, list[Ru
         from mlbench.optim.catalog import check_optimizer
 
         for request in requests:  # every worker count first, as `mlbench run` checks them all
-            try:
-                LocalLauncher(sources.local.store).check_workers(request.workers)
-            except MlbenchError as err:
-                raise FormError({"workers": str(err)}) from None
+            LocalLauncher(sources.local.store).check_workers(request.workers)
             config, _ = build_config(request)
             check_optimizer(config.optimizer, request.optimizer_options, request.workers)
         store = sources.local.store
