@@ -192,9 +192,10 @@ def test_a_run_whose_workers_cannot_be_started_is_marked_failed(tmp_path, monkey
     def no_processes(*args, **kwargs):
         raise OSError(11, "Resource temporarily unavailable")
 
+    from mlbench.launch.plan import RunRequest, create_run
+
     store = RunStore(tmp_path / "home")
-    run = store.create(task="task1a", workers=2, division="closed",
-                       run_json={"config": {"workers": 2, "threads_per_worker": 1}})
+    run = create_run(store, RunRequest(task="task1a", workers=2, data="synthetic"))
     monkeypatch.setattr(local.subprocess, "Popen", no_processes)
     with pytest.raises(OSError):
         local.run_local(store, run)

@@ -20,3 +20,21 @@ def serve(host: str, port: int, home: str | None, namespace: str | None) -> None
     from mlbench.server.service import serve as run_service
 
     run_service(home, host, port, namespace)
+
+
+@cli.command("run-token")
+@click.argument("run_ref", metavar="RUN")
+def run_token_command(run_ref: str) -> None:
+    """The token with which RUN's workers post their events to a results service (`mlbench
+    serve`) started with $MLBENCH_WORKER_TOKEN: set it as MLBENCH_RESULTS_TOKEN on the worker
+    machines. It lets them write to RUN only."""
+    import os
+
+    from mlbench.errors import UsageError
+    from mlbench.launch.session import open_store
+    from mlbench.results.http_sink import run_token
+
+    secret = os.environ.get("MLBENCH_WORKER_TOKEN")
+    if not secret:
+        raise UsageError("set MLBENCH_WORKER_TOKEN to the worker secret the results service was started with")
+    click.echo(run_token(secret, open_store(read_only=True).get(run_ref).id))

@@ -221,7 +221,7 @@ def network_chart(comparison: Comparison) -> Figure:
     The question of the network dimension: at which bandwidth does a compressing optimizer
     start to pay? Runs on the network as it was (not emulated) have no bandwidth and are left out.
     """
-    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    fig = _new_figure((10, 4.2))
     tta_ax, epoch_ax = fig.subplots(1, 2)
     lines: dict[tuple, list[Group]] = {}
     for g in comparison.groups:

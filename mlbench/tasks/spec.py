@@ -303,7 +303,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "momentum": (0.0, 1.0, True),          # below 1: momentum 1 never forgets a gradient
     "weight_decay": (0.0, 1.0, True),
     "l2": (0.0, 1.0, True),
-    "max_epochs": (1, 10_000, True),
+    "max_epochs": (1, 1_000_000, True),
     "lr.eta_per_sample": (0.0, 1.0, False),
     "lr.warmup_epochs": (0.0, 10_000, True),
     "lr.decay_factor": (0.0, 1e6, False),

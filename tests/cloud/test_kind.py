@@ -123,11 +123,13 @@ def test_a_missing_image_stops_the_create_before_any_node_starts(engine, kind_st
     assert config.load_clusters() == []
 
 
-def test_image_build_tags_the_version_and_streams_docker_output(engine, tiny_source):
+def test_image_build_tags_the_version_and_passes_docker_output_to_the_caller(engine, tiny_source):
     result = run("image", "build", "--source", str(tiny_source), "--cuda")
     assert result.exit_code == 0, result.output
     assert f"Built mlbench/worker:{__version__}-cuda." in result.output
-    assert "Step 1/6 : FROM scratch" in result.output
+    lines: list[str] = []
+    build_image(tag="mlbench/worker:lines", root=tiny_source, client=engine, progress=lines.append)
+    assert "Step 1/6 : FROM scratch" in lines
     labels = engine.images.get(f"mlbench/worker:{__version__}-cuda").labels
     assert labels["torch-index"] == "https://download.pytorch.org/whl/cu124"
 

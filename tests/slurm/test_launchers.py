@@ -49,7 +49,9 @@ def test_torchrun_on_a_recorded_run_gives_the_local_launchers_result(libsvm_dir,
     node_dir = tmp_path / "node" / run.id
     node_dir.mkdir(parents=True)
     shutil.copy(run.run_dir / "run.json", node_dir / "run.json")
-    url, token = results_service
+    url, secret = results_service
+    token = mlbench("run-token", run.id, check=True, env=dict(os.environ, MLBENCH_WORKER_TOKEN=secret)).stdout.strip()
+    assert mlbench("run-token", run.id).returncode == 2  # without the secret: a usage error
     subprocess.run([*torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "mlbench.worker", str(node_dir)],
                    check=True, timeout=300, capture_output=True,
                    env=dict(os.environ, MLBENCH_RESULTS_URL=url, MLBENCH_RESULTS_TOKEN=token))

@@ -100,8 +100,13 @@ def test_the_task_srun_saw_fail_first_is_blamed_with_its_own_error(tmp_path, mon
 
 def test_slurm_end_states_become_reasons(tmp_path, monkeypatch):
     monkeypatch.setenv("MLBENCH_HOME", str(tmp_path))
-    run = RunStore().create(task="task2a", workers=2, division="closed",
-                            run_json={"placement": {"slurm": {"time": "00:30:00"}}})
+    from mlbench.launch.plan import RunRequest, create_run
+    from mlbench.run_config import RunDocument
+
+    run = create_run(RunStore(), RunRequest(task="task2a", workers=2, data="synthetic"), launcher="slurm")
+    document = RunDocument.load(run.run_dir)
+    document.placement = {"slurm": {"time": "00:30:00"}}
+    document.save(run.run_dir)
     assert failure_reason(run, "5", JobState("TIMEOUT"), None) == \
         "timed out: Slurm ended job 5 at its time limit (--time 00:30:00)"
     assert failure_reason(run, "5", JobState("NODE_FAIL", "NodeDown"), None) == \
