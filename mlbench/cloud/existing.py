@@ -133,7 +133,9 @@ def check_access(api_client: Any, context: str, namespace: str) -> int:
     except Exception as err:
         raise kube_error(err, context, "list nodes") from None
     try:
-        core.create_namespaced_pod(namespace, _probe_pod(namespace), dry_run="All",  # type: ignore[arg-type]  # dict body
+        # dict bodies: the client takes them, its annotations (kubernetes >= 37) name only its models
+        probe = _probe_pod(namespace)
+        core.create_namespaced_pod(namespace, probe, dry_run="All",  # type: ignore[arg-type, unused-ignore]
                                    _request_timeout=REQUEST_TIMEOUT)
     except Exception as err:
         if getattr(err, "status", None) == 404:

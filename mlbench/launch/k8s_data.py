@@ -102,12 +102,13 @@ def ensure_data(api: Any, namespace: str, dataset: str, image: str, claim: str |
             raise UsageError(f"--data-pvc {claim}: there is no PersistentVolumeClaim {claim} in namespace "
                              f"{namespace}; create and fill it first (see `mlbench run --help`)") from None
         body = data_claim(namespace, dataset)
-        found = core.create_namespaced_persistent_volume_claim(namespace, body)  # type: ignore[arg-type]  # dict body
+        # dict bodies: the client takes them, its annotations (kubernetes >= 37) name only its models
+        found = core.create_namespaced_persistent_volume_claim(namespace, body)  # type: ignore[arg-type, unused-ignore]
     if dataset in _ready(found):
         return name
     try:
         job = data_job(namespace, dataset, image, name, os.environ.get(MIRROR_ENV))
-        batch.create_namespaced_job(namespace, job)  # type: ignore[arg-type]  # the client takes dict bodies
+        batch.create_namespaced_job(namespace, job)  # type: ignore[arg-type, unused-ignore]  # a dict body, as above
     except ApiException as err:
         if err.status != 409:  # another `mlbench run` started it: follow that one
             raise

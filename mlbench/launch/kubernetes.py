@@ -115,7 +115,8 @@ def ensure_service(store: ClusterStore, image: str, progress: Progress) -> None:
             if err.status != 404:
                 raise
             namespace = {"metadata": {"name": ns, "labels": objects.MANAGED}}
-            core.create_namespace(namespace)  # type: ignore[arg-type]  # the client takes dict bodies
+            # dict bodies: the client takes them, its annotations (kubernetes >= 37) name only its models
+            core.create_namespace(namespace)  # type: ignore[arg-type, unused-ignore]
         tokens = _tokens(core, ns) or {objects.WORKER_TOKEN_KEY: secrets.token_urlsafe(32),
                                         objects.ADMIN_TOKEN_KEY: secrets.token_urlsafe(32)}
         create: dict[str, Callable[..., Any]] = {
@@ -242,23 +243,24 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
     placement = objects.Placement.from_dict(document.placement or {})
     threads = document.config.threads_per_worker
     core, networking = client.CoreV1Api(store.api), client.NetworkingV1Api(store.api)
-    # the client's create_* calls take plain dict bodies too (their annotations name only its models)
+    # the client's create_* calls take plain dict bodies too: their annotations (kubernetes >= 37)
+    # name only its models, hence the ignores below (unused where kubernetes is older, untyped)
     try:
         configmap = objects.run_configmap(run.id, document.to_dict(), store.namespace)
-        made = core.create_namespaced_config_map(store.namespace, configmap)  # type: ignore[arg-type]  # dict body
+        made = core.create_namespaced_config_map(store.namespace, configmap)  # type: ignore[arg-type, unused-ignore]
         owner = store.api.sanitize_for_serialization(made)
         tokens = _tokens(core, store.namespace)
         assert tokens is not None, "the service runs: its secret exists"
         secret = objects.run_secret(run.id, run_token(tokens[objects.WORKER_TOKEN_KEY], run.id), owner)
-        core.create_namespaced_secret(store.namespace, secret)  # type: ignore[arg-type]  # dict body
+        core.create_namespaced_secret(store.namespace, secret)  # type: ignore[arg-type, unused-ignore]
         service = objects.run_service(run.id, owner)
-        core.create_namespaced_service(store.namespace, service)  # type: ignore[arg-type]  # dict body
+        core.create_namespaced_service(store.namespace, service)  # type: ignore[arg-type, unused-ignore]
         policy = k8s_policy.run_policy(run.id, owner)
-        networking.create_namespaced_network_policy(store.namespace, policy)  # type: ignore[arg-type]  # dict body
+        networking.create_namespaced_network_policy(store.namespace, policy)  # type: ignore[arg-type, unused-ignore]
         for rank in range(run.workers):
             pod = objects.worker_pod(run.id, rank, run.workers, threads, placement, owner,
                                      document.extra.get("network"))
-            core.create_namespaced_pod(store.namespace, pod)  # type: ignore[arg-type]  # dict body
+            core.create_namespaced_pod(store.namespace, pod)  # type: ignore[arg-type, unused-ignore]
     except Exception as err:
         error = _api_error(err, store, f"create the pods of run {run.id}")
         store.service().call("POST", f"/v1/runs/{run.id}/fail", {"reason": str(error)})
@@ -316,7 +318,8 @@ def pod_log(store: ClusterStore, run: RunRecord, rank: int, follow: bool) -> Ite
     name = objects.pod_name(run.id, rank)
     try:
         # without preloading, the client returns the urllib3 response (its annotation says str)
-        response: HTTPResponse = client.CoreV1Api(store.api).read_namespaced_pod_log(  # type: ignore[assignment]
+        core = client.CoreV1Api(store.api)
+        response: HTTPResponse = core.read_namespaced_pod_log(  # type: ignore[assignment, unused-ignore]
             name, store.namespace, follow=follow, _preload_content=False)
     except Exception as err:
         raise _api_error(err, store, f"read the log of pod {name}") from None
