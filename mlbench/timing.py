@@ -82,6 +82,7 @@ class PhaseTimer:
         elif self._graph_marks:
             return
         elif self.cuda:
+            assert self._last_event is not None, "begin() starts a step before its first mark()"
             event = self._event()
             self._pending.append((phase, self._last_event, event))
             self._last_event = event

@@ -48,9 +48,9 @@ def tasks(output) -> None:
              output)
         return
     for spec in TASKS.values():
-        if spec.kind == "allreduce":
-            rows = tabulate(task_rows(dataclasses.asdict(spec)), tablefmt='plain')
-            click.echo(f"{spec.name}: {spec.title}\n{rows}\n")
+        if isinstance(spec, AllreduceSpec):
+            table = tabulate(task_rows(dataclasses.asdict(spec)), tablefmt='plain')
+            click.echo(f"{spec.name}: {spec.title}\n{table}\n")
             continue
         rows = describe_task(spec)
         if spec.notes:

@@ -133,7 +133,9 @@ def check_access(api_client: Any, context: str, namespace: str) -> int:
     except Exception as err:
         raise kube_error(err, context, "list nodes") from None
     try:
-        core.create_namespaced_pod(namespace, _probe_pod(namespace), dry_run="All",
+        # dict bodies: the client takes them, its annotations (kubernetes >= 37) name only its models
+        probe = _probe_pod(namespace)
+        core.create_namespaced_pod(namespace, probe, dry_run="All",  # type: ignore[arg-type, unused-ignore]
                                    _request_timeout=REQUEST_TIMEOUT)
     except Exception as err:
         if getattr(err, "status", None) == 404:
@@ -153,6 +155,6 @@ def query(api_client: Any) -> ClusterStatus:
         nodes = client.CoreV1Api(api_client).list_node(_request_timeout=REQUEST_TIMEOUT).items
     except Exception as err:
         return ClusterStatus("unreachable", _reason(err))
-    ready = sum(1 for n in nodes for c in (n.status.conditions or [])
+    ready = sum(1 for n in nodes for c in ((n.status and n.status.conditions) or [])
                 if c.type == "Ready" and c.status == "True")
     return ClusterStatus("ready", f"{ready}/{len(nodes)} nodes Ready", len(nodes))

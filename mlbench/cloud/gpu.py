@@ -61,7 +61,9 @@ def ensure_nvidia_device_plugin(api_client: Any, context: str) -> bool:
 
     apps = client.AppsV1Api(api_client)
     try:
-        apps.create_namespaced_daemon_set(NAMESPACE, device_plugin_daemonset(),
+        # dict bodies: the client takes them, its annotations (kubernetes >= 37) name only its models
+        daemonset = device_plugin_daemonset()
+        apps.create_namespaced_daemon_set(NAMESPACE, daemonset,  # type: ignore[arg-type, unused-ignore]
                                           _request_timeout=REQUEST_TIMEOUT)
         return True
     except Exception as err:

@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     aws.add_argument("--profile")
     sub.add_parser("gcloud", help="GKE token from google-auth application default credentials")
     args = parser.parse_args(argv)
+    expires: dt.datetime | None  # an EKS token's end; Google's may have none
     try:
         if args.provider == "aws":
             with needs("aws"):

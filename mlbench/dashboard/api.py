@@ -180,7 +180,7 @@ class Api:
         if len(stores) > 1:
             raise UsageError("compare runs of one place at a time: this machine's or the cluster's")
         source = self.sources.by_key(stores.pop())
-        comparison = comparison_of(source.store, refs, q.get("task") or None, q.get("group") or None,
+        comparison = comparison_of(source.open_store(), refs, q.get("task") or None, q.get("group") or None,
                                    q.get("instance") or None, usd)
         return Json(views.comparison_document(comparison))
 
@@ -217,7 +217,7 @@ class Api:
         source, record = self.sources.find(request.path_params["run_id"])
         if record.active:
             source.engine.cancel(source.store, record)
-        source.store.delete(record.id)
+        source.open_store().delete(record.id)
         return Json({"deleted": record.id})
 
     # -- live -----------------------------------------------------------------------------------

@@ -51,7 +51,8 @@ def create_app(sources: Sources, token: str, cookie_name: str, allowed_hosts: se
             return _page("notfound.html", 404)
         return _page("run.html")
 
-    async def not_found(request: Request, exc: HTTPException) -> Response:
+    async def not_found(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)  # the handler of HTTPException only
         if request.url.path.startswith("/api/"):
             return Json({"error": f"no such API endpoint: {request.method} {request.url.path}"},
                         status_code=exc.status_code)

@@ -75,12 +75,10 @@ def read_log(path: Path, offset: int | None, limit: int = LOG_CHUNK_BYTES) -> tu
 def run_document(source: Source, record: RunRecord, events: list[dict[str, Any]],
                  summary: RunSummary) -> dict[str, Any]:
     """Everything a run's page shows."""
-    from mlbench.optim.base import compression_ratio  # torch: only once a run's page is open
-
     run_json = views.read_run_json(record)
     return {"run": views.run_row(source.key, record, summary, run_json),
             "spec": views.run_spec(record, run_json, summary),
-            "summary": views.run_summary(summary, compression_ratio(events)),
+            "summary": views.run_summary(summary, summary.compression_ratio),
             "result": views.result_sentence(record, summary),
             "series": views.run_series(record, events, summary),
             "logs": views.log_names(record)}

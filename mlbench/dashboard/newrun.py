@@ -18,12 +18,15 @@ import secrets
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mlbench.dashboard.sources import CLUSTER, LOCAL, Source, Sources
 from mlbench.errors import DataError, MlbenchError, UsageError
 from mlbench.results.store import CANCELLED, PENDING, RunRecord
-from mlbench.tasks.spec import TASKS, get_task, parse_overrides
+from mlbench.tasks.spec import TASKS, AnySpec, TaskSpec, get_task, parse_overrides
+
+if TYPE_CHECKING:
+    from mlbench.launch.plan import DataSource
 
 #: Where a refusal belongs, by how its sentence begins (the CLI's sentences name their option).
 _FIELD_OF = (
@@ -70,13 +73,19 @@ def form_choices(sources: Sources) -> dict[str, Any]:
     if sources.cluster is not None:
         where.append({"key": CLUSTER, "label": sources.cluster.label})
     return {
-        # task0a (an AllreduceSpec) has no data set, goal or metric: None for those
-        "tasks": [{"name": t.name, "title": t.title, "kind": t.kind, "dataset": getattr(t, "dataset", None),
-                   "goal_full": getattr(t, "goal_full", None), "goal_light": getattr(t, "goal_light", None),
-                   "metric": getattr(t, "metric", None)} for t in TASKS.values()],
+        "tasks": [_task_choice(t) for t in TASKS.values()],
         "optimizers": describe_optimizers(),
         "where": where,
     }
+
+
+def _task_choice(task: AnySpec) -> dict[str, Any]:
+    """A task as the form shows it; the all-reduce benchmark has no data set and no goal."""
+    if isinstance(task, TaskSpec):
+        return {"name": task.name, "title": task.title, "kind": task.kind, "dataset": task.dataset,
+                "goal_full": task.goal_full, "goal_light": task.goal_light, "metric": task.metric}
+    return {"name": task.name, "title": task.title, "kind": task.kind, "dataset": None,
+            "goal_full": None, "goal_light": None, "metric": None}
 
 
 def _integer(text: Any, name: str, errors: dict[str, str]) -> int | None:
@@ -118,15 +127,17 @@ def parse_form(form: dict[str, Any]) -> list[Any]:
     options = {str(k): str(v).strip() for k, v in (form.get("options") or {}).items() if str(v).strip()}
     if errors:
         raise FormError(errors)
-    group = secrets.token_hex(4) if len(counts) > 1 else None
+    workers = [k for k in counts if k is not None]  # all of them: a count that is not is an error
+    group = secrets.token_hex(4) if len(workers) > 1 else None
     data_dir = str(form.get("data_dir") or "").strip() or None
-    return [RunRequest(task=task, workers=k, overrides=overrides, data=str(form.get("data") or "real"),
+    data = cast("DataSource", str(form.get("data") or "real"))  # checked by build_config, as the CLI's
+    return [RunRequest(task=task, workers=k, overrides=overrides, data=data,
                        data_dir=data_dir, light=bool(form.get("light")),
                        stop_at_goal=not form.get("no_stop"), time_budget_s=budget_s,
                        max_steps=max_steps, seed=seed or 0,
                        optimizer=str(form.get("optimizer") or "") or None,
                        optimizer_options=options, group_id=group)
-            for k in counts]
+            for k in workers]
 
 
 def _refused(err: MlbenchError) -> FormError:
@@ -141,18 +152,20 @@ def create_runs(sources: Sources, form: dict[str, Any]) -> tuple[Source, list[Ru
     try:
         if where == CLUSTER and sources.cluster is not None:
             from mlbench.launch import kubernetes
+            from mlbench.launch.k8s_mirror import ClusterStore
 
-            source = sources.by_key(CLUSTER)
-            return source, [kubernetes.create_run(source.store, sources.cluster_record, r) for r in requests]
+            source, cluster = sources.by_key(CLUSTER), sources.cluster_record
+            assert isinstance(source.store, ClusterStore) and cluster is not None  # an open cluster source
+            return source, [kubernetes.create_run(source.store, cluster, r) for r in requests]
         from mlbench.launch.local import LocalLauncher
         from mlbench.launch.plan import build_config, create_run
         from mlbench.optim.catalog import check_optimizer
 
         for request in requests:  # every worker count first, as `mlbench run` checks them all
-            LocalLauncher(sources.local.store).check_workers(request.workers)
+            LocalLauncher(sources.local.open_store()).check_workers(request.workers)
             config, _ = build_config(request)
             check_optimizer(config.optimizer, request.optimizer_options, request.workers)
-        store = sources.local.store
+        store = sources.local.open_store()
         records = [create_run(store, r, check_data=i == 0) for i, r in enumerate(requests)]
         return sources.local, records
     except MlbenchError as err:
@@ -187,11 +200,11 @@ class RunQueue:
                 return
             source, record = item
             try:
-                record = source.store.get(record.id)
+                record = source.open_store().get(record.id)
                 if record.state != PENDING:  # cancelled or deleted while it waited
                     continue
-                source.engine.start_detached(source.store, record)
-                while not self._stop.is_set() and source.store.get(record.id).active:
+                source.engine.start_detached(source.open_store(), record)
+                while not self._stop.is_set() and source.open_store().get(record.id).active:
                     time.sleep(self.poll_s)
             except MlbenchError:
                 continue
@@ -202,5 +215,5 @@ class RunQueue:
         with self._lock:
             left, self._pending = list(self._pending), deque()
         for source, record in left:
-            source.store.mark_ended(record.id, CANCELLED,
-                                    reason="the dashboard that queued it stopped before its turn")
+            source.open_store().mark_ended(record.id, CANCELLED,
+                                           reason="the dashboard that queued it stopped before its turn")

@@ -86,7 +86,9 @@ class TokenGuard:
         await self.app(scope, receive, _with_headers(send))
 
     def _valid(self, candidate: str | None) -> bool:
-        return bool(candidate) and hmac.compare_digest(candidate.encode(), self.token.encode())
+        if not candidate:
+            return False
+        return hmac.compare_digest(candidate.encode(), self.token.encode())
 
     async def _set_cookie_and_redirect(self, scope: Scope, send: Callable, query: dict[str, str]) -> None:
         rest = {k: v for k, v in query.items() if k != "token"}

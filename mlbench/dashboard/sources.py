@@ -37,6 +37,12 @@ class Source:
     def describe(self) -> dict:
         return {"key": self.key, "label": self.label, "error": self.error}
 
+    def open_store(self) -> RunStore:
+        """The store of an open source: as :meth:`Sources.by_key` and :meth:`Sources.find` return
+        them, and this machine's always."""
+        assert self.store is not None, f"the run store {self.key!r} is not open"
+        return self.store
+
 
 class Sources:
     """This machine's runs, plus the current cluster's (best effort)."""
@@ -64,6 +70,8 @@ class Sources:
         with self._lock:
             if time.monotonic() - self._opened_at >= self._refresh_s:
                 self._opened_at = time.monotonic()
+                # both set with self.cluster
+                assert self._open_cluster is not None and self.cluster_record is not None
                 try:
                     self.cluster.store = self._open_cluster(self.cluster_record)
                     self.cluster.error = None

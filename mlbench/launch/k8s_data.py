@@ -101,11 +101,14 @@ def ensure_data(api: Any, namespace: str, dataset: str, image: str, claim: str |
         if claim:
             raise UsageError(f"--data-pvc {claim}: there is no PersistentVolumeClaim {claim} in namespace "
                              f"{namespace}; create and fill it first (see `mlbench run --help`)") from None
-        found = core.create_namespaced_persistent_volume_claim(namespace, data_claim(namespace, dataset))
+        body = data_claim(namespace, dataset)
+        # dict bodies: the client takes them, its annotations (kubernetes >= 37) name only its models
+        found = core.create_namespaced_persistent_volume_claim(namespace, body)  # type: ignore[arg-type, unused-ignore]
     if dataset in _ready(found):
         return name
     try:
-        batch.create_namespaced_job(namespace, data_job(namespace, dataset, image, name, os.environ.get(MIRROR_ENV)))
+        job = data_job(namespace, dataset, image, name, os.environ.get(MIRROR_ENV))
+        batch.create_namespaced_job(namespace, job)  # type: ignore[arg-type, unused-ignore]  # a dict body, as above
     except ApiException as err:
         if err.status != 409:  # another `mlbench run` started it: follow that one
             raise
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m mlbench.launch.k8s_data DATASET``: download and convert into $MLBENCH_DATA."""
     from mlbench.errors import MlbenchError
     from mlbench.tasks.data.download import default_data_root
-    from mlbench.tasks.pipeline import load_splits
+    from mlbench.tasks.datasets import load_splits
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:

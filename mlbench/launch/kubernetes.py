@@ -19,7 +19,7 @@ import math
 import secrets
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterator
 
 from mlbench.cloud.config import ClusterRecord, kube_api_client
@@ -40,7 +40,10 @@ from mlbench.results.events import EventTail
 from mlbench.results.http_sink import run_token
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import RunDocument
-from mlbench.tasks.spec import get_task
+from mlbench.tasks.spec import TaskSpec, get_task
+
+if TYPE_CHECKING:
+    from urllib3 import HTTPResponse
 
 FOLLOW_SECONDS = 2.0
 SERVICE_START_TIMEOUT = 300.0
@@ -111,15 +114,18 @@ def ensure_service(store: ClusterStore, image: str, progress: Progress) -> None:
         except ApiException as err:
             if err.status != 404:
                 raise
-            core.create_namespace({"metadata": {"name": ns, "labels": objects.MANAGED}})
+            namespace = {"metadata": {"name": ns, "labels": objects.MANAGED}}
+            # dict bodies: the client takes them, its annotations (kubernetes >= 37) name only its models
+            core.create_namespace(namespace)  # type: ignore[arg-type, unused-ignore]
         tokens = _tokens(core, ns) or {objects.WORKER_TOKEN_KEY: secrets.token_urlsafe(32),
                                         objects.ADMIN_TOKEN_KEY: secrets.token_urlsafe(32)}
-        create = {"ServiceAccount": core.create_namespaced_service_account,
-                  "Role": rbac.create_namespaced_role, "RoleBinding": rbac.create_namespaced_role_binding,
-                  "Secret": core.create_namespaced_secret,
-                  "PersistentVolumeClaim": core.create_namespaced_persistent_volume_claim,
-                  "Deployment": apps.create_namespaced_deployment, "Service": core.create_namespaced_service,
-                  "NetworkPolicy": networking.create_namespaced_network_policy}
+        create: dict[str, Callable[..., Any]] = {
+            "ServiceAccount": core.create_namespaced_service_account,
+            "Role": rbac.create_namespaced_role, "RoleBinding": rbac.create_namespaced_role_binding,
+            "Secret": core.create_namespaced_secret,
+            "PersistentVolumeClaim": core.create_namespaced_persistent_volume_claim,
+            "Deployment": apps.create_namespaced_deployment, "Service": core.create_namespaced_service,
+            "NetworkPolicy": networking.create_namespaced_network_policy}
         manifests = k8s_policy.namespace_policies(ns, k8s_policy.api_server_ips(core))
         manifests += objects.service_objects(ns, image, tokens[objects.WORKER_TOKEN_KEY],
                                              tokens[objects.ADMIN_TOKEN_KEY])
@@ -162,11 +168,12 @@ def plan_resources(store: ClusterStore, cluster: ClusterRecord, request: RunRequ
         from kubernetes.utils import parse_quantity
 
     try:
-        nodes = [n for n in client.CoreV1Api(store.api).list_node().items if not n.spec.unschedulable]
+        nodes = [n for n in client.CoreV1Api(store.api).list_node().items
+                 if not (n.spec and n.spec.unschedulable)]
     except Exception:
         nodes = []
     if nodes:
-        alloc = [n.status.allocatable or {} for n in nodes]
+        alloc = [(n.status and n.status.allocatable) or {} for n in nodes]
         cpu = int(min(parse_quantity(a.get("cpu", "1")) for a in alloc) * 1000)
         memory = int(min(parse_quantity(a.get("memory", "2Gi")) for a in alloc) / 2**20)
         node_gpus = max(int(parse_quantity(a.get("nvidia.com/gpu", "0"))) for a in alloc)
@@ -213,7 +220,7 @@ def create_run(store: ClusterStore, cluster: ClusterRecord, request: RunRequest,
 def _data_claim(store: ClusterStore, request: RunRequest, image: str, progress: Progress) -> str | None:
     """The claim holding the run's data set, filled first if needed; None for synthetic data."""
     task = get_task(request.task)
-    if request.data != "real" or task.kind != "training":
+    if request.data != "real" or not isinstance(task, TaskSpec):
         if request.data_pvc:
             raise UsageError("--data-pvc names the volume of a real data set; leave it out with "
                              "--data synthetic and for task0a")
@@ -235,21 +242,25 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
     document = RunDocument.load(run.run_dir)
     placement = objects.Placement.from_dict(document.placement or {})
     threads = document.config.threads_per_worker
-    core = client.CoreV1Api(store.api)
+    core, networking = client.CoreV1Api(store.api), client.NetworkingV1Api(store.api)
+    # the client's create_* calls take plain dict bodies too: their annotations (kubernetes >= 37)
+    # name only its models, hence the ignores below (unused where kubernetes is older, untyped)
     try:
-        made = core.create_namespaced_config_map(
-            store.namespace, objects.run_configmap(run.id, document.to_dict(), store.namespace))
+        configmap = objects.run_configmap(run.id, document.to_dict(), store.namespace)
+        made = core.create_namespaced_config_map(store.namespace, configmap)  # type: ignore[arg-type, unused-ignore]
         owner = store.api.sanitize_for_serialization(made)
-        secret = _tokens(core, store.namespace)[objects.WORKER_TOKEN_KEY]  # the service runs: it exists
-        core.create_namespaced_secret(store.namespace,
-                                      objects.run_secret(run.id, run_token(secret, run.id), owner))
-        core.create_namespaced_service(store.namespace, objects.run_service(run.id, owner))
-        client.NetworkingV1Api(store.api).create_namespaced_network_policy(
-            store.namespace, k8s_policy.run_policy(run.id, owner))
+        tokens = _tokens(core, store.namespace)
+        assert tokens is not None, "the service runs: its secret exists"
+        secret = objects.run_secret(run.id, run_token(tokens[objects.WORKER_TOKEN_KEY], run.id), owner)
+        core.create_namespaced_secret(store.namespace, secret)  # type: ignore[arg-type, unused-ignore]
+        service = objects.run_service(run.id, owner)
+        core.create_namespaced_service(store.namespace, service)  # type: ignore[arg-type, unused-ignore]
+        policy = k8s_policy.run_policy(run.id, owner)
+        networking.create_namespaced_network_policy(store.namespace, policy)  # type: ignore[arg-type, unused-ignore]
         for rank in range(run.workers):
             pod = objects.worker_pod(run.id, rank, run.workers, threads, placement, owner,
                                      document.extra.get("network"))
-            core.create_namespaced_pod(store.namespace, pod)
+            core.create_namespaced_pod(store.namespace, pod)  # type: ignore[arg-type, unused-ignore]
     except Exception as err:
         error = _api_error(err, store, f"create the pods of run {run.id}")
         store.service().call("POST", f"/v1/runs/{run.id}/fail", {"reason": str(error)})
@@ -272,8 +283,9 @@ def run_attached(store: ClusterStore, run: RunRecord,
                 if misses * FOLLOW_SECONDS > 120:
                     raise
                 record = store.get(run.id)
-            for event in tail.read_new() if on_event else ():
-                on_event(event)
+            if on_event:
+                for event in tail.read_new():
+                    on_event(event)
             if not record.active:
                 return record
             time.sleep(FOLLOW_SECONDS)
@@ -305,7 +317,9 @@ def pod_log(store: ClusterStore, run: RunRecord, rank: int, follow: bool) -> Ite
 
     name = objects.pod_name(run.id, rank)
     try:
-        response = client.CoreV1Api(store.api).read_namespaced_pod_log(
+        # without preloading, the client returns the urllib3 response (its annotation says str)
+        core = client.CoreV1Api(store.api)
+        response: HTTPResponse = core.read_namespaced_pod_log(  # type: ignore[assignment, unused-ignore]
             name, store.namespace, follow=follow, _preload_content=False)
     except Exception as err:
         raise _api_error(err, store, f"read the log of pod {name}") from None

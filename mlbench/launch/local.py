@@ -331,7 +331,7 @@ def start_detached(store: RunStore, run: RunRecord) -> int:
 
 def pid_alive(pid: int | None) -> bool:
     """Whether a process ``pid`` (of unknown start time) exists and is not a zombie."""
-    return bool(pid) and ProcessRef(pid).alive()
+    return pid is not None and pid != 0 and ProcessRef(pid).alive()
 
 
 def cancel(store: RunStore, run: RunRecord, timeout: float = 10.0) -> RunRecord:

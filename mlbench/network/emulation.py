@@ -51,8 +51,9 @@ def _holder_command(arguments: list[str]) -> list[str]:
     return [*_unshare(), sys.executable, "-m", "mlbench.network.netns", *arguments]
 
 
-def _read_line(proc: subprocess.Popen, timeout: float) -> dict[str, Any]:
+def _read_line(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
     """The holder's one JSON line; ``{}`` when it exited (or hung) without one."""
+    assert proc.stdout is not None  # the holder is started with stdout=PIPE
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ready, _, _ = select.select([proc.stdout], [], [], 0.2)
@@ -111,7 +112,7 @@ class LocalNetwork:
         self.settings = settings
         self.workers = workers
         self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[str] | None = None
 
     @property
     def master_addr(self) -> str:
@@ -162,6 +163,7 @@ class LocalNetwork:
         """End the holder: its namespaces, links and qdiscs go with it and the workers."""
         if self.proc is None:
             return
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # started with pipes
         try:
             self.proc.stdin.close()
         except OSError:

@@ -136,7 +136,7 @@ def parse_loss(text: str) -> float:
 
 
 def network_options(bandwidth: str | None, latency: str | None, jitter: str | None,
-                    loss: str | None, shaping: str = "tc") -> list[NetworkSettings | None]:
+                    loss: str | None, shaping: str = "tc") -> list[NetworkSettings] | list[None]:
     """The networks `mlbench run` was asked for: one per ``--bandwidth`` item, or ``[None]``.
 
     ``--bandwidth 100mbit,1gbit`` gives one run per rate, each with the same latency, jitter and

@@ -234,6 +234,16 @@ def all_gather(tensor: torch.Tensor, world_size: int, group: Any = None) -> list
     return out
 
 
+def param_grads(params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """The parameters' gradients; every parameter has one (a backward pass reached it, or the
+    optimizer keeps its gradient tensors from the start)."""
+    grads = []
+    for p in params:
+        assert p.grad is not None, "a parameter has no gradient"
+        grads.append(p.grad)
+    return grads
+
+
 def flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor:
     """All gradients in one new flat fp32 vector (zeros for a parameter without a gradient)."""
     return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)

@@ -19,7 +19,7 @@ messages, which is what a latency-bound network feels.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 from collections.abc import Callable
 
 import torch
@@ -32,6 +32,7 @@ from mlbench.optim.base import (
     Option,
     all_reduce_mean_,
     allreduce_bytes,
+    param_grads,
     local_sgd,
     set_lr,
 )
@@ -63,7 +64,7 @@ def average_tensors(tensors: list[torch.Tensor], world_size: int, by: str, group
 
 def average_gradients(params: list[torch.nn.Parameter], world_size: int, by: str, group: Any = None) -> int:
     """All-reduce-average the gradients in place; returns the bytes this rank sent."""
-    return average_tensors([p.grad for p in params], world_size, by, group)
+    return average_tensors(param_grads(params), world_size, by, group)
 
 
 def sgd_update_(params: list[torch.Tensor], grads: list[torch.Tensor], bufs: list[torch.Tensor],
@@ -115,7 +116,7 @@ class CentralizedSGD(DistributedOptimizer):
         self.by = self.opts["by"]
         for p in self.params:
             p.grad = torch.zeros_like(p)
-        self.grads = [p.grad for p in self.params]
+        self.grads = param_grads(self.params)
         self.bufs = [torch.zeros_like(p) for p in self.params]
         self.lr_tensor = torch.zeros((), device=self.params[0].device) if self.params else None
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -128,7 +129,8 @@ class CentralizedSGD(DistributedOptimizer):
         self.bytes_sent += average_gradients(self.params, self.ctx.world_size, self.by, self.ctx.group)
         self.ctx.timer.mark("communication")
         if self.grad_hook_allows_update():
-            sgd_update_(self.params, self.grads, self.bufs, lr, momentum=self.ctx.spec.momentum,
+            params = cast("list[torch.Tensor]", self.params)  # Parameters are Tensors; lists are invariant
+            sgd_update_(params, self.grads, self.bufs, lr, momentum=self.ctx.spec.momentum,
                         nesterov=self.ctx.spec.nesterov, weight_decay=self.ctx.spec.weight_decay)
         self.ctx.timer.mark("optimizer")
 
@@ -173,10 +175,11 @@ class CentralizedSGD(DistributedOptimizer):
     def _capture(self, gradients: Callable[[torch.Tensor], torch.Tensor], static_batch: torch.Tensor,
                  state: Callable[[], dict[str, torch.Tensor]] | None) -> torch.Tensor:
         """Warm up on a side stream with lr = 0, restore every state, then capture one step."""
-        assert self.lr_tensor is not None
+        lr_tensor = self.lr_tensor
+        assert lr_tensor is not None
         tensors = list(state().values()) if state is not None else [p.data for p in self.params]
         saved = [t.detach().clone() for t in tensors]
-        self.lr_tensor.zero_()
+        lr_tensor.zero_()
         timer = self.ctx.timer
         timing, timer.enabled = timer.enabled, False
 
@@ -184,7 +187,7 @@ class CentralizedSGD(DistributedOptimizer):
             self.zero_grad()
             loss = gradients(static_batch)
             sent = self.bytes_sent
-            self.step(self.lr_tensor)
+            self.step(lr_tensor)
             self.bytes_sent = sent  # counted per replay, not per capture
             return loss
 

@@ -9,6 +9,8 @@ signSGD's message 32 times smaller than fp32.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 _BIT_VALUES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -65,7 +67,7 @@ def unpack_signs(packed: torch.Tensor, n: int, dtype: torch.dtype = torch.float3
 class Segments:
     """The flat layout of a list of tensors: per-tensor sums and broadcasts on flat vectors."""
 
-    def __init__(self, tensors: list[torch.Tensor]):
+    def __init__(self, tensors: Sequence[torch.Tensor]):
         sizes = torch.tensor([t.numel() for t in tensors])
         device = tensors[0].device if tensors else torch.device("cpu")
         self.sizes = sizes.to(device)

@@ -51,6 +51,7 @@ def gossip_(flat: torch.Tensor, self_weight: float, peers: list[tuple[int, float
         requests.append(dist.isend(staged, _global(peer, group), group=group))
         requests.append(dist.irecv(buf, _global(peer, group), group=group))
     for request in requests:
+        assert request is not None  # None only on a rank outside ``group``
         request.wait()
     mixed = staged * self_weight
     for (_, weight), buf in zip(peers, received):

@@ -26,6 +26,7 @@ from mlbench.optim.base import (
     Option,
     all_reduce_mean_,
     allreduce_bytes,
+    param_grads,
     local_sgd,
     set_lr,
 )
@@ -133,7 +134,7 @@ class PowerSGD(DistributedOptimizer):
         self.local = local_sgd(ctx, self.params)
 
     def step(self, lr: float) -> None:
-        grads = [p.grad for p in self.params]
+        grads = param_grads(self.params)
         self.bytes_sent += self.compressor.reduce_(grads, self.ctx.world_size, self.ctx.group)
         self.ctx.timer.mark("communication")
         set_lr(self.local, lr)

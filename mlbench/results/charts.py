@@ -74,14 +74,16 @@ def speedup_chart(comparison: Comparison) -> Figure:
     counts = sorted({g.workers for g in comparison.groups})
     drawn = False
     for i, (family, groups) in enumerate(families.items()):
-        points = [g for g in groups if g.speedup is not None]
+        # (workers, speedup, its range): the two are set together (compare._add_speedup)
+        points = [(g.workers, g.speedup, g.speedup_range) for g in groups
+                  if g.speedup is not None and g.speedup_range is not None]
         if not points:
             continue
         drawn = True
-        x = [g.workers for g in points]
-        y = [g.speedup for g in points]
-        low = [g.speedup - g.speedup_range[0] for g in points]
-        high = [g.speedup_range[1] - g.speedup for g in points]
+        x = [k for k, _, _ in points]
+        y = [s for _, s, _ in points]
+        low = [s - r[0] for _, s, r in points]
+        high = [r[1] - s for _, s, r in points]
         ax.errorbar(x, y, yerr=[low, high], marker="o", capsize=4, color=_colour(i),
                     label=f"{labels[family]} ({family.metric})")
         base = min(g.workers for g in groups)
@@ -107,15 +109,15 @@ def cost_chart(comparison: Comparison) -> Figure:
     width = 0.8 / max(1, len(families))
     drawn = False
     for i, (family, groups) in enumerate(families.items()):
-        bars = [g for g in groups if g.cost is not None and math.isfinite(g.cost.median)]
+        bars = [(g.workers, g.cost) for g in groups if g.cost is not None and math.isfinite(g.cost.median)]
         if not bars:
             continue
         drawn = True
-        x = [counts.index(g.workers) + (i - (len(families) - 1) / 2) * width for g in bars]
-        y = [g.cost.median for g in bars]
-        err = [[g.cost.median - g.cost.minimum for g in bars],
-               [g.cost.maximum - g.cost.median if math.isfinite(g.cost.maximum) else 0.0
-                for g in bars]]
+        x = [counts.index(k) + (i - (len(families) - 1) / 2) * width for k, _ in bars]
+        y = [cost.median for _, cost in bars]
+        err = [[cost.median - cost.minimum for _, cost in bars],
+               [cost.maximum - cost.median if math.isfinite(cost.maximum) else 0.0
+                for _, cost in bars]]
         ax.bar(x, y, width=width, yerr=err, capsize=3, color=_colour(i), label=labels[family])
     ax.set_xticks(range(len(counts)), [str(k) for k in counts])
     ax.set_xlabel("number of workers")
@@ -185,9 +187,10 @@ def communication_chart(comparison: Comparison) -> Figure:
     counts = sorted({g.workers for g in comparison.groups})
     width = 0.8 / max(1, len(families))
     for i, (family, groups) in enumerate(families.items()):
-        bars = [g for g in groups if g.communication_share is not None]
+        shares = [(g, g.communication_share) for g in groups]
+        bars = [g for g, share in shares if share is not None]
         x = [counts.index(g.workers) + (i - (len(families) - 1) / 2) * width for g in bars]
-        comm = [100 * g.communication_share for g in bars]
+        comm = [100 * share for _, share in shares if share is not None]
         comp = [100 - c for c in comm]
         suffix = f" ({labels[family]})" if len(families) > 1 else ""
         ax.bar(x, comp, width=width, color="#4c72b0", alpha=1.0 - 0.25 * i, edgecolor="white",
@@ -221,19 +224,21 @@ def network_chart(comparison: Comparison) -> Figure:
     The question of the network dimension: at which bandwidth does a compressing optimizer
     start to pay? Runs on the network as it was (not emulated) have no bandwidth and are left out.
     """
-    fig = _new_figure((10, 4.2))
+    fig = _new_figure(figsize=(10, 4.2))
     tta_ax, epoch_ax = fig.subplots(1, 2)
-    lines: dict[tuple, list[Group]] = {}
+    lines: dict[tuple, list[tuple[float, Group]]] = {}  # (bandwidth, group) per line
     for g in comparison.groups:
-        if g.family.bandwidth_bps:
+        bandwidth = g.family.bandwidth_bps
+        if bandwidth:
             f = g.family
             key = (f.optimizer, g.workers, f.division, f.hardware, f.goal,
                    f.network.split(", ", 1)[1] if ", " in f.network else "")
-            lines.setdefault(key, []).append(g)
+            lines.setdefault(key, []).append((bandwidth, g))
     varying = [i for i in range(6) if len({k[i] for k in lines}) > 1]
-    for i, (key, groups) in enumerate(lines.items()):
-        groups.sort(key=lambda g: g.family.bandwidth_bps)
-        x = [g.family.bandwidth_bps / 1e6 for g in groups]
+    for i, (key, points) in enumerate(lines.items()):
+        points.sort(key=lambda p: p[0])
+        groups = [g for _, g in points]
+        x = [bandwidth / 1e6 for bandwidth, _ in points]
         label = ", ".join(_line_text(key, j) for j in ([0] + [j for j in varying if j]))
         tta = [g.time_to_accuracy.median for g in groups]
         if any(math.isfinite(t) for t in tta):
@@ -245,7 +250,7 @@ def network_chart(comparison: Comparison) -> Figure:
             epoch_ax.plot([a for a, e in zip(x, epoch, strict=True) if e is not None],
                           [e for e in epoch if e is not None],
                           marker="o", color=_colour(i), label=label)
-    rates = sorted({g.family.bandwidth_bps for gs in lines.values() for g in gs})
+    rates = sorted({bandwidth for points in lines.values() for bandwidth, _ in points})
     for ax, title, ylabel in ((tta_ax, "time to accuracy vs bandwidth", "time to accuracy (s)"),
                               (epoch_ax, "time per epoch vs bandwidth", "training seconds per epoch")):
         ax.set_xscale("log")
@@ -271,8 +276,8 @@ def _line_text(key: tuple, index: int) -> str:
 
 
 def _median_epoch_seconds(group: Group) -> float | None:
-    values = sorted(r.result["train_time"] / r.result["epochs"] for r in group.runs
-                    if r.result.get("train_time") and r.result.get("epochs"))
+    values = sorted(r.result.train_time / r.result.epochs for r in group.runs
+                    if r.result.train_time and r.result.epochs)
     return values[(len(values) - 1) // 2] if values else None
 
 

@@ -20,7 +20,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Any
+from typing import Any, TypedDict
 
 from mlbench.errors import UsageError
 from mlbench.results.cost import PriceTable, cost_usd
@@ -47,11 +47,22 @@ def hardware_label(device: str | None, environment: dict[str, Any]) -> str:
     return f"{cpu} ({cores} cores)" if cores else cpu
 
 
-def training_curve(events: list[dict[str, Any]], workers: int = 1) -> list[dict[str, float]]:
+class TrainingPoint(TypedDict):
+    """One logging interval of :func:`training_curve`."""
+
+    time: float
+    epoch: float
+    step: int
+    loss: float
+    throughput: float | None  # None when the interval took no time
+    bytes: int
+
+
+def training_curve(events: list[dict[str, Any]], workers: int = 1) -> list[TrainingPoint]:
     """Rank 0's logging intervals: training seconds, epoch, step, training loss, samples/s over
     all workers in the interval (rank 0's x workers: the steps are synchronous) and the bytes
     rank 0 has sent so far."""
-    points: list[dict[str, float]] = []
+    points: list[TrainingPoint] = []
     pending: tuple[int, float] | None = None
     samples, sent, last_time = 0, 0, 0.0
     for e in events:

@@ -112,7 +112,7 @@ def read_price_file(path: Path) -> dict[str, Price]:
 def _price(path: Path, name: str, row: dict[str, Any]) -> Price:
     if not name or "+" in name:
         raise UsageError(f"{path}: a price needs a name without '+' (got {name!r})")
-    value = row.get("usd_per_hour")
+    value: Any = row.get("usd_per_hour")
     try:
         usd = float(value)
     except (TypeError, ValueError):

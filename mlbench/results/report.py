@@ -180,7 +180,7 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
         "started_at": record.started_at, "finished_at": record.finished_at,
         "epoch": epoch, "metric": metric.name, "metric_value": value,
         "goal": result.goal if result else None, "goal_reached": reached,
-        "time_to_accuracy": result.time_to_accuracy if reached else None,
+        "time_to_accuracy": result.time_to_accuracy if result and reached else None,
     }
 
 

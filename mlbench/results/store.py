@@ -172,7 +172,7 @@ class RunStore:
 
     def put(self, values: dict[str, Any]) -> None:
         """Insert or replace a catalog row as given: a mirror of another store keeps its ids."""
-        row = {k: values.get(k) for k in _COLUMNS}
+        row: dict[str, Any] = {k: values.get(k) for k in _COLUMNS}
         if row["result"] is not None:
             row["result"] = json.dumps(row["result"])
         (self.runs_dir / row["id"]).mkdir(exist_ok=True, mode=0o700)

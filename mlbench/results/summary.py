@@ -81,7 +81,8 @@ def summarize(events: list[dict[str, Any]]) -> RunSummary:
     evals: dict[int, dict[str, float]] = {}
     ranks = set()
     for e in events:
-        name, value, rank = e["name"], e.get("value"), int(e.get("rank", 0))
+        value: Any = e.get("value")  # of the type its event's name gives (checked by the readers)
+        name, rank = e["name"], int(e.get("rank", 0))
         ranks.add(rank)
         if name.startswith("time/") and name != "time/eval":
             phases[rank][name[5:]] += float(value)

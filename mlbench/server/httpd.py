@@ -55,19 +55,22 @@ def _routes(service: ResultsService) -> list[_Route]:
     def fail(ref, body, query):
         return service.end(service.run(ref), FAILED, str(body.get("reason") or "failed to start"))
 
+    def delete(ref, body, query):
+        service.delete(service.run(ref))
+        return {}
+
     def read_file(ref, body, query):
         offset = query.get("offset", ["0"])[0]
         return service.read(service.run(ref), query.get("path", [""])[0],
                             int(offset) if offset.isdigit() else 0)
 
-    table = [
+    table: list[tuple[str, str, str | None, str, Callable[..., Any]]] = [
         ("GET", "/healthz", None, "none", lambda body, query: b"ok"),
         ("GET", "/v1/runs", "admin", "none",
          lambda body, query: {"runs": [record_json(r) for r in service.store.list()]}),
         ("POST", "/v1/runs", "admin", "required", lambda body, query: service.create(body)),
         ("GET", run, "admin", "none", lambda ref, body, query: record_json(service.run(ref))),
-        ("DELETE", run, "admin", "none",
-         lambda ref, body, query: service.delete(service.run(ref)) or {}),
+        ("DELETE", run, "admin", "none", delete),
         ("GET", run + "/files", "admin", "none",
          lambda ref, body, query: {"files": service.files(service.run(ref))}),
         ("GET", run + "/file", "admin", "none", read_file),

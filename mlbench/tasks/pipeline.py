@@ -62,6 +62,7 @@ class Pipeline:
 
     def train_batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.images:
+            assert self._aug is not None, "begin_epoch() draws the augmentation first"
             idx = idx.to(self.train.x.device)
             dy, dx, flip = (t[idx] for t in self._aug)
             x = normalise(crop_flip(self.train.x[idx], dy, dx, flip))

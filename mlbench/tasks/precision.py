@@ -72,7 +72,7 @@ class DynamicLossScaler:
         """The gradient hook: unscale the averaged gradients, update the scale; True when the
         update may go ahead (no inf/NaN)."""
         self.gate.allowed = False
-        self.scaler.step(self.gate)
+        self.scaler.step(self.gate)  # type: ignore[arg-type]  # a stand-in: GradScaler reads only param_groups, step
         self.scaler.update()
         return self.gate.allowed
 

@@ -140,8 +140,9 @@ class TranslationRuntime:
 
         corpus = encode_wmt17(wmt17_folder(data_dir), self.s.vocab_size)
         self.vocab_size = corpus.vocab_size
-        self.train_sides = tuple(corpus.splits[TRAIN][lang] for lang in LANGS)
-        self.test_sides = tuple(corpus.splits[TEST][lang] for lang in LANGS)
+        source, target = LANGS
+        self.train_sides = (corpus.splits[TRAIN][source], corpus.splits[TRAIN][target])
+        self.test_sides = (corpus.splits[TEST][source], corpus.splits[TEST][target])
         self.references = corpus.references
         processor = corpus.processor()
         self.detokenize = processor.decode

@@ -32,7 +32,7 @@ def _device(config: RunConfig, rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _agree(values: list[float], op: dist.ReduceOp, world: int, device: torch.device) -> list[float]:
+def _agree(values: list[float], op: dist.ReduceOp.RedOpType, world: int, device: torch.device) -> list[float]:
     """The all-reduced (``op`` over ranks) values, so that every rank takes the same decision."""
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     if world > 1:

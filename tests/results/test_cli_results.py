@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 import mlbench.cli.commands  # noqa: F401  (registers the commands)
 from mlbench.cli import cli
+from mlbench.network.settings import NetworkSettings
 from mlbench.results.store import RunStore
 
 from tests.results.recorded import record_run
@@ -91,6 +92,14 @@ def test_charts_write_the_four_figures_even_when_no_run_reached_its_goal(store, 
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "task1a-communication.png", "task1a-cost.png", "task1a-loss-accuracy.png", "task1a-speedup.png"]
+
+
+def test_charts_add_the_network_figure_for_runs_at_several_bandwidths(store, tmp_path):
+    runs = [record_run(store, workers=k, tta=tta, network=NetworkSettings(rate).to_dict())
+            for rate, tta in ((1e8, 12.0), (1e9, 8.0)) for k in (1, 2)]
+    result = invoke("charts", *(r.id for r in runs), "-o", tmp_path, "--format", "png")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "task1a-network.png").stat().st_size > 0
 
 
 def test_prices_lists_the_table_with_the_original_figures():

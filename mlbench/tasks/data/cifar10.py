@@ -118,7 +118,10 @@ def _download(root: pathlib.Path) -> None:
             fetch(source_url(URL), archive, md5=MD5, label="CIFAR-10")
             with tarfile.open(archive) as tar:
                 # "data": no absolute paths, links out of the folder or special files (PEP 706)
-                tar.extractall(staging, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+                if hasattr(tarfile, "data_filter"):
+                    tar.extractall(staging, filter="data")
+                else:
+                    tar.extractall(staging)
             archive.unlink()
             if _missing(staging / FOLDER):
                 raise RuntimeError(f"the archive has no complete {FOLDER}/ folder")

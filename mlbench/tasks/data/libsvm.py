@@ -23,9 +23,9 @@ import shutil
 import struct
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO
+from typing import IO
 
 import numpy as np
 import torch
@@ -249,7 +249,7 @@ def _convert(source: pathlib.Path, n_features: int | None, out: pathlib.Path) ->
     return writer.rows, writer.width
 
 
-def _open_source(source: pathlib.Path) -> tuple[BinaryIO, BinaryIO]:
+def _open_source(source: pathlib.Path) -> tuple[IO[bytes], IO[bytes]]:
     """The file's bytes, decompressed when it starts with bzip2's magic (whatever its name), and
     the file itself, whose position tells how much of it was read (the conversion's progress)."""
     try:
@@ -261,7 +261,7 @@ def _open_source(source: pathlib.Path) -> tuple[BinaryIO, BinaryIO]:
         raise DataError(f"cannot read the LIBSVM file {source} ({one_line(exc)}); check its permissions") from None
 
 
-def _chunks(stream: BinaryIO, source: pathlib.Path) -> Iterator[tuple[bytes, bool]]:
+def _chunks(stream: IO[bytes], source: pathlib.Path) -> Generator[tuple[bytes, bool], None, None]:
     """(lines, whole): whole lines, about CHUNK_BYTES at a time, each ending with a newline; the
     next block is read (and decompressed) in a thread while the caller parses the current one.
     A last line without its line end comes alone, newline added, with whole False."""
@@ -313,7 +313,7 @@ class _DenseWriter:
     def add(self, parsed: Parsed) -> None:
         if not parsed.labels.size:
             return
-        columns = parsed.index.astype(np.int64) - 1
+        columns = parsed.indices.astype(np.int64) - 1
         if columns.size:
             self.width = max(self.width, int(columns.max()) + 1)
         block = np.zeros((parsed.labels.size, self.width), dtype=np.float32)

@@ -38,7 +38,7 @@ _COLON = ord(":")
 class Parsed(NamedTuple):
     labels: np.ndarray  # float64 [m], one per data line of the chunk
     pair_row: np.ndarray  # int64 [p], the data line (0..m-1) each index:value pair belongs to
-    index: np.ndarray  # float64 [p], feature indices as written (validated later)
+    indices: np.ndarray  # float64 [p], feature indices as written (validated later)
     value: np.ndarray  # float64 [p]
     line_offset: np.ndarray  # int64 [m], each data line's line number minus the chunk's first
 
@@ -89,7 +89,7 @@ def parse_fast(chunk: bytes) -> Parsed | None:
     return Parsed(
         labels=numbers[label_at],
         pair_row=np.repeat(np.arange(pairs_per_line.size), pairs_per_line),
-        index=pairs[:, 0],
+        indices=pairs[:, 0],
         value=pairs[:, 1],
         line_offset=np.flatnonzero(data_line),
     )
@@ -98,7 +98,10 @@ def parse_fast(chunk: bytes) -> Parsed | None:
 def parse_lines(chunk: bytes, source: pathlib.Path, first_line: int) -> Parsed:
     """The reference parser, line by line: accepts '#' comments and ignores qid:N tokens (the
     svmlight extensions), and raises DataError naming the first line that is not LIBSVM."""
-    labels, rows, pairs, offsets = [], [], [], []
+    labels: list[float] = []
+    rows: list[int] = []
+    pairs: list[tuple[float, float]] = []
+    offsets: list[int] = []
     for offset, line in enumerate(chunk.split(b"\n")[:-1]):
         tokens = line.split(b"#", 1)[0].split()
         if not tokens:
@@ -125,7 +128,7 @@ def parse_lines(chunk: bytes, source: pathlib.Path, first_line: int) -> Parsed:
     return Parsed(
         labels=np.array(labels, dtype=np.float64),
         pair_row=np.array(rows, dtype=np.int64),
-        index=pair_array[:, 0],
+        indices=pair_array[:, 0],
         value=pair_array[:, 1],
         line_offset=np.array(offsets, dtype=np.int64),
     )
@@ -141,7 +144,7 @@ def validate(parsed: Parsed, source: pathlib.Path, first_line: int, n_features: 
     bad = np.flatnonzero(~np.isin(parsed.labels, (-1.0, 0.0, 1.0)))
     if bad.size:
         fail(bad[0], f"label {parsed.labels[bad[0]]:g} is not binary; mlbench reads labels 0/1 or -1/+1")
-    index = parsed.index
+    index = parsed.indices
     limit = n_features if n_features is not None else MAX_INDEX
     bad = np.flatnonzero((index < 1) | (index > limit) | (index != np.floor(index)))
     if bad.size:
@@ -166,24 +169,24 @@ def cut_off(source: pathlib.Path, line: int) -> DataError:
 def last_line_shape(parsed: Parsed) -> tuple[int, float]:
     """(number of pairs, largest index) of the last data line of a chunk."""
     mine = parsed.pair_row == parsed.labels.size - 1
-    return int(mine.sum()), float(parsed.index[mine].max()) if mine.any() else 0.0
+    return int(mine.sum()), float(parsed.indices[mine].max()) if mine.any() else 0.0
 
 
 def check_width(parsed: Parsed, source: pathlib.Path, first_line: int, rows_before: int, width_before: int,
                 text_bytes: int) -> None:
     """Refuse a width that the text read so far cannot justify (see the module), before the
     dense block for it is allocated."""
-    if not parsed.index.size:
+    if not parsed.indices.size:
         return
-    widest = int(np.argmax(parsed.index))
-    width = max(width_before, int(parsed.index[widest]))
+    widest = int(np.argmax(parsed.indices))
+    width = max(width_before, int(parsed.indices[widest]))
     rows = rows_before + parsed.labels.size
     dense = rows * width * 4
     if dense > max(DENSE_FLOOR_BYTES, DENSE_BYTES_PER_TEXT_BYTE * text_bytes):
         row = parsed.pair_row[widest]
         raise DataError(
             f"{source}, line {first_line + int(parsed.line_offset[row])}: feature index "
-            f"{parsed.index[widest]:.0f} would make the data {rows} x {width} float32 ({dense / 2**20:,.0f} MiB) "
+            f"{parsed.indices[widest]:.0f} would make the data {rows} x {width} float32 ({dense / 2**20:,.0f} MiB) "
             f"from {text_bytes:,} bytes of text; mlbench keeps LIBSVM data dense and accepts at most "
             f"{DENSE_BYTES_PER_TEXT_BYTE} bytes per byte of text (or {DENSE_FLOOR_BYTES >> 20} MiB), so check "
             "that index or renumber the features 1..d"

@@ -119,9 +119,9 @@ def _cached(folder: pathlib.Path) -> Corpus:
         except OSError as exc:
             raise DataError(f"could not write the Wikitext-2 cache in {cache_root} ({one_line(exc)}); "
                             "free disk space there or set MLBENCH_DATA to another folder") from None
-    arrays = [np.load(entry / f"{split}.npy", mmap_mode="r") for split in FILES]
+    train, valid, test = (np.load(entry / f"{split}.npy", mmap_mode="r") for split in FILES)
     vocab = (entry / "vocab.txt").read_text(encoding="utf-8").split("\n")
-    return Corpus(*arrays, vocab)
+    return Corpus(train, valid, test, vocab)
 
 
 def _is_current(entry: pathlib.Path, key: dict) -> bool:

@@ -162,13 +162,13 @@ def _members(archive: Archive, staging: pathlib.Path) -> dict[str, pathlib.Path]
     path = staging / f"{archive.name}.tgz"
     _fetch_any(archive, path)
     wanted = {member: lang for lang, member in archive.members.items()}
-    out = {}
+    out: dict[str, pathlib.Path] = {}
     try:
         with tarfile.open(path, "r:gz") as tar:
             for info in tar:
                 lang = wanted.get(info.name.removeprefix("./"))
                 source = tar.extractfile(info) if lang else None
-                if source is not None:
+                if lang is not None and source is not None:
                     out[lang] = staging / f"{archive.name}.{lang}.part"
                     with source, open(out[lang], "wb") as target:
                         shutil.copyfileobj(source, target)

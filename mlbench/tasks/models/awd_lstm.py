@@ -22,6 +22,8 @@ Wikitext-2's 33,278 words.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -43,7 +45,8 @@ class WeightDropLSTM(nn.LSTM):
     def __init__(self, input_size: int, hidden_size: int, weight_drop: float):
         super().__init__(input_size, hidden_size)
         raw = self._parameters.pop("weight_hh_l0")
-        self.weight_hh_l0_raw = raw
+        assert raw is not None  # nn.LSTM made it
+        self.weight_hh_l0_raw: nn.Parameter = raw
         self.weight_drop = weight_drop
         self._use_hh(raw.detach())
 
@@ -51,7 +54,8 @@ class WeightDropLSTM(nn.LSTM):
         # A plain attribute (not a Parameter): RNNBase.__setattr__ keeps _flat_weights current.
         self.weight_hh_l0 = weight
 
-    def forward(self, input: torch.Tensor, hx: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def forward(self, input: torch.Tensor,  # type: ignore[override]  # Tensors only, no PackedSequence
+                hx: tuple[torch.Tensor, torch.Tensor] | None = None):
         raw = self.weight_hh_l0_raw
         if self.training and self.weight_drop > 0:
             self._use_hh(F.dropout(raw, self.weight_drop, training=True))
@@ -104,8 +108,8 @@ class AWDLSTM(nn.Module):
     def init_hidden(self, batch: int) -> Hidden:
         """Zero (h, c) for every layer, [1, batch, size] each."""
         weight = self.encoder.weight
-        return [(weight.new_zeros(1, batch, rnn.hidden_size), weight.new_zeros(1, batch, rnn.hidden_size))
-                for rnn in self.rnns]
+        sizes = [cast(WeightDropLSTM, rnn).hidden_size for rnn in self.rnns]
+        return [(weight.new_zeros(1, batch, size), weight.new_zeros(1, batch, size)) for size in sizes]
 
     def forward(self, tokens: torch.Tensor, hidden: Hidden
                 ) -> tuple[torch.Tensor, Hidden, torch.Tensor, torch.Tensor]:

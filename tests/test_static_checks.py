@@ -1,0 +1,38 @@
+"""The static checks pass: `ruff check mlbench` and `mypy`, both as configured in pyproject.toml.
+
+Each runs as `python -m TOOL` from the repository root with this interpreter (so the packages
+mypy reads are the ones the tests import); a tool that is not installed skips its test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_tool(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed (it comes with the test extra: pip install -e '.[test]')")
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def output(proc: subprocess.CompletedProcess) -> str:
+    return f"exit code {proc.returncode}\n{proc.stdout}{proc.stderr}"
+
+
+def test_ruff_finds_nothing_in_the_package():
+    proc = run_tool("ruff", "check", "mlbench", timeout=240)
+    assert proc.returncode == 0, output(proc)
+
+
+@pytest.mark.timeout(900)  # a first run, without mypy's cache, takes a minute or more
+def test_mypy_finds_no_error():
+    proc = run_tool("mypy", timeout=840)
+    assert proc.returncode == 0, output(proc)
