@@ -113,17 +113,26 @@ def wheelhouse() -> Path:
     """torch and torchvision as installed here, and every dependency of mlbench, as wheels (once)."""
     from importlib.metadata import version
 
+    import tomllib
+
     pins = [f"torch=={version('torch')}", f"torchvision=={version('torchvision')}"]
-    key = _digest(*pins, (REPO / "pyproject.toml").read_bytes(), "wheels-2")
+    # what the image installs: the core and the kubernetes extra (not pyproject.toml as a whole,
+    # whose other edits need no new wheels)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    needed = [*project["dependencies"], *project["optional-dependencies"]["kubernetes"]]
+    key = _digest(*pins, json.dumps(needed), "wheels-3")
     folder = CACHE / f"wheels-{key}"
     if folder.is_dir():
         return folder
     staging = CACHE / f".wheels-{key}.part"
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    previous = max(CACHE.glob("wheels-*"), key=lambda p: p.stat().st_mtime, default=None)
+    if previous is not None:  # pip download skips the wheels already there: torch is not fetched again
+        shutil.copytree(previous, staging)
+    staging.mkdir(parents=True, exist_ok=True)
     _run([sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:", "-d", str(staging), *pins,
           "setuptools>=68", "wheel"], "pip download of torch's wheels", timeout=3600)
-    _run([sys.executable, "-m", "pip", "download", "-q", "-d", str(staging), *pins, str(REPO)],
+    _run([sys.executable, "-m", "pip", "download", "-q", "-d", str(staging), *pins, f"{REPO}[kubernetes]"],
          "pip download of mlbench's dependencies", timeout=1800)
     for leftover in staging.glob("mlbench-*"):  # the checkout itself is installed from source
         leftover.unlink()
