@@ -210,7 +210,8 @@ def test_a_run_has_locked_down_pods_and_fails_when_a_worker_pod_is_deleted(on_no
 
 def test_a_detached_run_ends_without_the_cli_and_survives_its_supervisor_pod(on_node):
     ns = on_node
-    run_id = start_detached("task2a", "2", "--data", "synthetic", "--time-budget", "40s", "--log-every", "20")
+    run_id = start_detached("task2a", "2", "--data", "synthetic", "--time-budget", "40s", "--log-every", "20",
+                            "--set", "max_epochs=100000")
     wait_running(ns, run_id)
     service = ns.core.list_namespaced_pod(ns.name, label_selector="app.kubernetes.io/name=mlbench-results").items
     ns.core.delete_namespaced_pod(service[0].metadata.name, ns.name)   # the Deployment starts another
@@ -269,7 +270,8 @@ def through_proxy(ns, path: str, token: str | None) -> int:
     """GET on the results service through the API server's service proxy, as the cluster admin."""
     api = ns.api.configuration
     url = f"{api.host}/api/v1/namespaces/{ns.name}/services/mlbench-results:http/proxy{path}"
-    headers = {"Authorization": api.api_key["authorization"], **({"X-Mlbench-Token": token} if token else {})}
+    bearer = api.auth_settings()["BearerToken"]["value"]  # "Bearer ...", whichever key the client keeps it under
+    headers = {"Authorization": bearer, **({"X-Mlbench-Token": token} if token else {})}
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE   # kube-local's self-signed API
     try:
