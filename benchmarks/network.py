@@ -165,6 +165,7 @@ def main() -> None:
     except MlbenchError as err:
         sys.exit(f"benchmarks/network.py: {err}")
     home = Path(os.environ.setdefault("MLBENCH_HOME", tempfile.mkdtemp(prefix="mlbench-bench-")))
+    home.mkdir(parents=True, exist_ok=True)
     data_dir = str(write_random_cifar(Path(tempfile.mkdtemp(prefix="mlbench-cifar-", dir=home))))
     print(f"# {datetime.date.today()} | {cpu_model()}, {usable_cores()} cores | torch {torch.__version__} | task1a "
           f"ResNet-20, batch 32 per worker, {args.workers} workers, cpu/gloo, {args.steps} timed steps, emulated "
