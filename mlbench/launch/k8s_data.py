@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m mlbench.launch.k8s_data DATASET``: download and convert into $MLBENCH_DATA."""
     from mlbench.errors import MlbenchError
     from mlbench.tasks.data.download import default_data_root
-    from mlbench.tasks.datasets import load_splits
+    from mlbench.tasks.datasets import get_dataset, load_splits
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -207,14 +207,19 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_report, args=(root, stop), daemon=True).start()
     started = time.monotonic()
     try:
-        train, test = load_splits(args[0], "real", None)
+        dataset = get_dataset(args[0])
+        if dataset.load is None:  # a language data set: its own preparation (download, tokens, BPE cache)
+            dataset.prepare(None)
+            what = "prepared"
+        else:
+            train, test = load_splits(args[0], "real", None)
+            what = f"{len(train.y)} training and {len(test.y)} test samples"
     except MlbenchError as err:
         print(f"Error: {err}", flush=True)
         return 1
     finally:
         stop.set()
-    print(f"Done in {time.monotonic() - started:.0f}s: {len(train.y)} training and {len(test.y)} test samples, "
-          f"{_size(root) / 1e6:.1f} MB on the volume", flush=True)
+    print(f"Done in {time.monotonic() - started:.0f}s: {what}, {_size(root) / 1e6:.1f} MB on the volume", flush=True)
     return 0
 
 

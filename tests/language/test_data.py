@@ -105,6 +105,23 @@ def test_wikitext_download_extracts_the_archive_once(http_files, monkeypatch):
     assert wikitext.load_wikitext2().train.tolist() == corpus.train.tolist()
 
 
+def test_the_clusters_data_job_prepares_wikitext2_onto_its_volume(http_files, monkeypatch, capsys):
+    """`python -m mlbench.launch.k8s_data wikitext2`, as the data Job of a cluster runs it: the
+    language data sets are prepared by their own code, not loaded as tensors."""
+    from mlbench.launch import k8s_data
+
+    served, base = http_files
+    with zipfile.ZipFile(served / "wikitext-2-v1.zip", "w") as zf:
+        for split, n in (("train", 200), ("valid", 40), ("test", 40)):
+            zf.writestr(f"wikitext-2/wiki.{split}.tokens", "\n".join(wikitext_lines(n, 0)) + "\n")
+    monkeypatch.setattr(wikitext, "URL", f"{base}/wikitext-2-v1.zip")
+    monkeypatch.setattr(wikitext, "MD5", hashlib.md5((served / "wikitext-2-v1.zip").read_bytes()).hexdigest())
+    assert k8s_data.main(["wikitext2"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1].startswith("Done in ") and ": prepared, " in out
+    assert (wikitext.default_data_root() / "wikitext2" / "wikitext-2" / "wiki.train.tokens").is_file()
+
+
 # -- WMT17 ------------------------------------------------------------------------------------
 def test_bpe_cache_encodes_both_sides_with_one_shared_vocabulary(parallel_dir):
     corpus = bpe.encode_wmt17(wmt.wmt17_folder(parallel_dir), vocab_size=120)
