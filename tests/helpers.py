@@ -6,7 +6,10 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,6 +24,23 @@ def mlbench(*args: str, timeout: float = 240, check: bool = False,
     if check and proc.returncode not in (0, 3):
         raise AssertionError(f"mlbench {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def start_cli(*args: str) -> subprocess.Popen:
+    """`python -m mlbench ARGS` in the background, in its own session (a Ctrl-C for it alone)."""
+    return subprocess.Popen([sys.executable, "-m", "mlbench", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ), start_new_session=True)
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """The first true value of ``check()``, asked every ``interval`` seconds for ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def run_ids() -> list[str]:

@@ -18,25 +18,11 @@ from mlbench.cli import (
 from mlbench.launch.local import pid_alive
 from mlbench.results.events import read_rank_events
 from mlbench.results.store import RunStore
-from tests.helpers import events, mlbench
+from tests.helpers import events, mlbench, start_cli, wait_for
 
 LONG_RUN = ("run", "task1a", "2", "--data", "synthetic", "--max-steps", "100000", "--log-every", "2")
 
 
-def start_cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mlbench", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ),
-                            start_new_session=True)
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def wait_training(timeout: float = 90):

@@ -28,7 +28,6 @@ import secrets
 import shutil
 import subprocess
 import threading
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from kubernetes import config as kube_config
 from mlbench.cloud import config
 from mlbench.cloud.config import ClusterRecord
 from tests.cloud.conftest import kube_local  # noqa: F401 - the shared control plane fixture
+from tests import helpers
 from tests.kube import images
 from tests.kube.kubelet import HarnessKubelet
 from tests.kube.node import KUBE_LOCAL, LocalNode, NodeUnavailable
@@ -53,13 +53,8 @@ DATA_CLAIMS = ("mlbench-results", "mlbench-data-epsilon")
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    """tests.helpers.wait_for, asking the API server at most 5 times a second."""
+    return helpers.wait_for(check, timeout, what, interval)
 
 
 def mlbench_cli(*args: str):

@@ -11,9 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -24,7 +21,7 @@ from click.testing import CliRunner
 from mlbench.launch.local import pid_alive
 from mlbench.results.events import read_rank_events
 from mlbench.results.store import RunStore
-from tests.helpers import checkpoint, mlbench, run_json
+from tests.helpers import checkpoint, mlbench, run_json, start_cli, wait_for
 from tests.network.conftest import run_namespaces, wait_gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shaping")]
@@ -48,19 +45,6 @@ def cli(*args: str) -> str:
     return result.output
 
 
-def start_cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mlbench", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ), start_new_session=True)
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def wait_training(timeout: float = 120):
