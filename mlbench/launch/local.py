@@ -402,7 +402,6 @@ def _main(argv: list[str]) -> int:
     """Entry point of a detached supervisor: ``python -m mlbench.launch.local HOME RUN_ID``."""
     store = RunStore(argv[0])
     run = store.get(argv[1])
-    record_supervisor(run.run_dir, os.getpid())
     store.update(run.id, supervisor_pid=os.getpid())
     final = run_local(store, run)
     return 0 if final.state == FINISHED else 1

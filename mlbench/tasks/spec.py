@@ -296,18 +296,18 @@ def _parse_value(key: str, raw: str) -> Any:
 
 
 #: The values each overridable number may take: (lowest, highest, whether the lowest itself is
-#: allowed). A value outside its range would crash the workers or train nothing, so it is refused
-#: before a run exists.
-RANGES: dict[str, tuple[float, float, bool]] = {
-    "batch_per_worker": (1, 2**20, True),
-    "momentum": (0.0, 1.0, True),          # below 1: momentum 1 never forgets a gradient
-    "weight_decay": (0.0, 1.0, True),
-    "l2": (0.0, 1.0, True),
-    "max_epochs": (1, 1_000_000, True),
-    "lr.eta_per_sample": (0.0, 1.0, False),
-    "lr.warmup_epochs": (0.0, 10_000, True),
-    "lr.decay_factor": (0.0, 1e6, False),
-    "lr.alpha": (0.0, 1e3, False),
+#: allowed, whether the highest is). A value outside its range would crash the workers or train
+#: nothing, so it is refused before a run exists.
+RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "batch_per_worker": (1, 2**20, True, True),
+    "momentum": (0.0, 1.0, True, False),          # below 1: momentum 1 never forgets a gradient
+    "weight_decay": (0.0, 1.0, True, True),
+    "l2": (0.0, 1.0, True, True),
+    "max_epochs": (1, 1_000_000, True, True),
+    "lr.eta_per_sample": (0.0, 1.0, False, True),
+    "lr.warmup_epochs": (0.0, 10_000, True, True),
+    "lr.decay_factor": (0.0, 1e6, False, True),
+    "lr.alpha": (0.0, 1e3, False, True),
 }
 
 
@@ -319,11 +319,12 @@ def _check_range(key: str, value: Any) -> None:
         return
     if key not in RANGES:
         return
-    low, high, low_allowed = RANGES[key]
-    upper_ok = value < high if key == "momentum" else value <= high
-    if not ((value >= low if low_allowed else value > low) and upper_ok):
+    low, high, low_allowed, high_allowed = RANGES[key]
+    above_low = value >= low if low_allowed else value > low
+    below_high = value <= high if high_allowed else value < high
+    if not (above_low and below_high):
         lower = f"at least {_num(low)}" if low_allowed else f"above {_num(low)}"
-        upper = f"below {_num(high)}" if key == "momentum" else f"at most {_num(high)}"
+        upper = f"at most {_num(high)}" if high_allowed else f"below {_num(high)}"
         raise UsageError(f"--set {key}={_num(value)}: must be {lower} and {upper}")
 
 
