@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +23,30 @@ CIFAR_NPZ = SHARED_DATA / "cifar10-jpeg.npz"
 
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory, monkeypatch):
-    """Every test gets its own run store, config folder and data cache (never the user's)."""
+    """Every test gets its own run store, config folder and data cache (never the user's).
+
+    A test that fails half-way (a timeout before its Ctrl-C was answered) must not leave its
+    run training for the rest of the session: afterwards, the supervisor of every local run
+    still active in its store is killed, and its workers with it (they die with their parent)."""
     base = tmp_path_factory.mktemp("mlbench-env")
     monkeypatch.setenv("MLBENCH_HOME", str(base / "home"))
     monkeypatch.setenv("MLBENCH_CONFIG_DIR", str(base / "config"))
     monkeypatch.setenv("MLBENCH_DATA", str(base / "data-cache"))
-    return base / "home"
+    yield base / "home"
+    end_local_runs_left_active(base / "home")
+
+
+def end_local_runs_left_active(home: Path) -> None:
+    """SIGKILL the supervisor (the CLI, or the detached one) of each active local run in ``home``."""
+    if not (home / "runs.db").exists():
+        return
+    from mlbench.launch.local import supervisor_of
+    from mlbench.results.store import RunStore
+
+    for run in RunStore(home, read_only=True).list():
+        supervisor = supervisor_of(run) if run.active and run.launcher == "local" else None
+        if supervisor is not None and supervisor.pid != os.getpid() and supervisor.alive():
+            os.kill(supervisor.pid, signal.SIGKILL)
 
 
 def decode_cifar_subset(n_train: int, n_test: int, seed: int = 0):

