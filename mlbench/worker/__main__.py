@@ -11,8 +11,11 @@ SIGTERM. A user mistake (missing data, ...) is recorded as one line, never as a 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -22,6 +25,10 @@ from mlbench.results.http_sink import open_sink
 from mlbench.run_config import RunConfig, RunDocument
 from mlbench.worker.group import init_group, leave_group
 from mlbench.worker.launcher_env import LaunchEnv, check_world_size, launcher_env
+
+# how long the SIGTERM handler has to end the worker before the watchdog does (below the local
+# launcher's 4 s and a pod's 15 s before SIGKILL)
+SIGTERM_GRACE_SECONDS = 2.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+    ends_on_sigterm = _end_even_when_blocked()
     document = RunDocument.load(args.run_dir)
     config = document.config
     try:
@@ -47,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     # a file per rank on the run folder's (shared) file system; HTTP to the results service
     # when the environment names one (a pod)
     events = EventWriter(open_sink(args.run_dir, launch.rank, document.id), launch.rank)
+    ends_on_sigterm.events = events
     return run_worker(config, launch.rank, events, store_fd=args.store_fd, run_dir=args.run_dir,
                       launch=launch, iface=args.iface)
 
@@ -97,6 +106,39 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
             events.close()
         except OSError:
             pass
+
+
+class _SigtermWatch:
+    """What the watchdog flushes before it ends the process (set once the sink exists)."""
+
+    events: EventWriter | None = None
+
+
+def _end_even_when_blocked(grace_s: float = SIGTERM_GRACE_SECONDS) -> _SigtermWatch:
+    """SIGTERM ends the worker with 143 even while its main thread waits in a collective whose
+    peer is gone: Python runs the SIGTERM handler only between bytecodes, and gloo's wait, in
+    C++, returns only at the group's timeout (minutes), so a stopped run's workers would wait
+    for SIGKILL (a pod's whole grace period). The C-level handler still writes the signal's
+    number to the wakeup fd; a watchdog thread reads it, gives the handler ``grace_s`` to end
+    the process the usual way, then delivers the recorded events itself and exits."""
+    watch = _SigtermWatch()
+    readable, writable = os.pipe()
+    os.set_blocking(writable, False)
+    signal.set_wakeup_fd(writable, warn_on_full_buffer=False)
+
+    def wait_for_sigterm() -> None:
+        while signal.SIGTERM not in os.read(readable, 64):
+            pass
+        time.sleep(grace_s)
+        if watch.events is not None:
+            try:
+                watch.events.close()   # the HTTP sink delivers what is buffered, within its limit
+            except Exception:  # noqa: BLE001 - exiting regardless; the log has the rest
+                pass
+        os._exit(143)
+
+    threading.Thread(target=wait_for_sigterm, name="sigterm-watch", daemon=True).start()
+    return watch
 
 
 def _record_error(events: EventWriter, message: str) -> None:
