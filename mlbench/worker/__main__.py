@@ -133,7 +133,7 @@ def _end_even_when_blocked(grace_s: float = SIGTERM_GRACE_SECONDS) -> _SigtermWa
         if watch.events is not None:
             try:
                 watch.events.close()   # the HTTP sink delivers what is buffered, within its limit
-            except Exception:  # noqa: BLE001 - exiting regardless; the log has the rest
+            except Exception:  # exiting regardless; the log has the rest
                 pass
         os._exit(143)
 
