@@ -181,5 +181,5 @@ def worker_image(host: str, log: Path) -> str:
                     progress=lambda line: print(line, file=out, flush=True))
     for line in _docker(host, "images", WORKER_REPO, "--format", "{{.Repository}}:{{.Tag}}").split():
         if line.startswith(f"{WORKER_REPO}:test-") and line != tag:
-            _docker(host, "rmi", line)
+            _docker(host, "rmi", "--force", line)   # untagged even where an old container still refers to it
     return tag

@@ -279,6 +279,10 @@ class LocalNode:
             subprocess.run([str(KUBE_BIN / "kube-proxy"), "--cleanup"], capture_output=True, timeout=60)
         if self.route_localnet is not None:
             ROUTE_LOCALNET.write_text(self.route_localnet)
+        # the kubelet first: kube-local.sh removes the containers while the engine still runs,
+        # and a kubelet still running would start those of pods still there again in between
+        # (they would outlive the node and pin its images)
+        _end_process(self.state / "kubelet.pid")
         stop_kube_local(self.state)
         remove_kube_chains()
 
@@ -296,6 +300,22 @@ def remove_kube_chains() -> None:
             subprocess.run(["iptables", "-t", table, "-F", chain], capture_output=True)
         for chain in chains:
             subprocess.run(["iptables", "-t", table, "-X", chain], capture_output=True)
+
+
+def _end_process(pid_file: Path, timeout: float = 20) -> None:
+    """SIGTERM the process a pid file names and wait for it to go (SIGKILL after ``timeout``)."""
+    try:
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError):
+        return
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def stop_kube_local(state: Path) -> None:
