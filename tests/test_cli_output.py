@@ -14,7 +14,9 @@ import sys
 import pytest
 import yaml
 
-from tests.helpers import mlbench
+from mlbench.results.environment import may_have_gpu
+from mlbench.results.store import RunStore
+from tests.helpers import events, mlbench, run_json, wait_for
 
 OVERVIEW_KEYS = {"id", "name", "task", "workers", "state", "reason", "division", "optimizer",
                  "launcher", "seed", "group_id", "created_at", "started_at", "finished_at", "epoch",
@@ -187,12 +189,32 @@ def test_help_status_compare_and_completion_import_no_torch_or_sdk(runs):
                   "COMP_CWORD": "2"}
     commands = [[{}, "--help"], [{}, "status"], [{}, "status", run_id], [{}, "status", "-o", "json"],
                 [{}, "status", run_id, "-o", "yaml"], [{}, "compare", "--group", runs, "-o", "json"],
-                [{}, "tasks", "-o", "json"], [{}, "prices"], [{}, "list-clusters"], [completion]]
+                [{}, "tasks", "-o", "json"], [{}, "optimizers", "-o", "json"], [{}, "prices"],
+                [{}, "list-clusters"], [completion]]
     proc = subprocess.run([sys.executable, "-c", _PROBE, ",".join(HEAVY), json.dumps(commands)],
                           capture_output=True, text=True, timeout=240, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     loaded = json.loads(proc.stderr.strip().splitlines()[-1])
     assert loaded and all(not modules for modules in loaded.values()), loaded
+
+
+@pytest.mark.skipif(may_have_gpu(), reason="a machine with a GPU device node asks torch whether it sees it")
+def test_starting_a_run_validates_it_without_importing_torch():
+    # options, topology, device and backend are checked, and the machine recorded, before any
+    # worker starts: without torch's import (seconds on a small machine) in the CLI's process
+    commands = [[{}, "run", "task2a", "2", "--data", "synthetic", "--max-steps", "2", "--detach",
+                 "--optimizer", "decentralized-sgd", "--opt", "topology=ring"]]
+    proc = subprocess.run([sys.executable, "-c", _PROBE, "torch", json.dumps(commands)],
+                          capture_output=True, text=True, timeout=240, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    assert list(json.loads(proc.stderr.strip().splitlines()[-1]).values()) == [[]]
+    run = RunStore().list()[-1]
+    wait_for(lambda: not RunStore().get(run.id).active, 120, "the run to end")
+    assert RunStore().get(run.id).state == "finished"
+    # what the CLI recorded without torch is what the worker, with torch, recorded
+    worker = next(e["value"] for e in events(run) if e["name"] == "environment")
+    recorded = run_json(run)["environment"]
+    assert (recorded["torch"], recorded["cuda"], recorded["gpus"]) == (worker["torch"], worker["cuda"], worker["gpus"])
 
 
 def test_importing_the_cli_imports_no_torch_matplotlib_or_cloud_sdk():

@@ -21,7 +21,7 @@ def _default(value: Any) -> str:
 @output_option
 def optimizers(output) -> None:
     """The distributed optimizers for `mlbench run --optimizer NAME --opt KEY=VALUE`."""
-    from mlbench.optim.catalog import describe_optimizers  # imports every optimizer, and torch
+    from mlbench.optim.descriptors import describe_optimizers
 
     if output != "table":
         emit({"optimizers": describe_optimizers()}, output)

@@ -67,7 +67,7 @@ def field_of(message: str) -> str:
 
 def form_choices(sources: Sources) -> dict[str, Any]:
     """What the form offers: the tasks, the optimizers with their options, where to run."""
-    from mlbench.optim.catalog import describe_optimizers
+    from mlbench.optim.descriptors import describe_optimizers
 
     where = [{"key": LOCAL, "label": "this machine"}]
     if sources.cluster is not None:
@@ -159,7 +159,7 @@ def create_runs(sources: Sources, form: dict[str, Any]) -> tuple[Source, list[Ru
             return source, [kubernetes.create_run(source.store, cluster, r) for r in requests]
         from mlbench.launch.local import LocalLauncher
         from mlbench.launch.plan import build_config, create_run
-        from mlbench.optim.catalog import check_optimizer
+        from mlbench.optim.descriptors import check_optimizer
 
         for request in requests:  # every worker count first, as `mlbench run` checks them all
             LocalLauncher(sources.local.open_store()).check_workers(request.workers)

@@ -16,7 +16,8 @@ from typing import Any
 from mlbench.errors import UsageError
 from mlbench.network import network_record
 from mlbench.network.settings import NetworkSettings
-from mlbench.results.environment import describe_environment, usable_cores
+from mlbench.results.environment import describe_environment, may_have_gpu, usable_cores
+from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import Backend, DataSource, Device, Precision, RunConfig
 from mlbench.tasks.allreduce import with_max_size
@@ -24,7 +25,6 @@ from mlbench.tasks.models import MODEL_NAMES
 from mlbench.tasks.spec import AllreduceSpec, TaskSpec, get_task, resolve
 
 BACKENDS = ("gloo", "nccl", "mpi")
-REFERENCE_OPTIMIZER = "centralized-sgd"
 
 
 @dataclass
@@ -97,11 +97,17 @@ class WorkerResources:
     local_torch: bool = False
 
 
+def _local_gpu() -> bool:
+    if not may_have_gpu():
+        return False
+    import torch  # here: only a machine that may have a GPU pays for the import
+
+    return torch.cuda.is_available()
+
+
 def _device_and_backend(request: RunRequest,
                         resources: WorkerResources | None = None) -> tuple[Device, Backend]:
-    import torch  # here: the CLI imports this module for every command, and only `run` needs torch
-
-    has_gpu = torch.cuda.is_available() if resources is None else resources.gpus > 0
+    has_gpu = _local_gpu() if resources is None else resources.gpus > 0
     device = request.device or ("cuda" if has_gpu else "cpu")
     if device not in ("cpu", "cuda"):
         raise UsageError(f"--device {device}: choose cpu or cuda")
@@ -119,6 +125,8 @@ def _device_and_backend(request: RunRequest,
             raise UsageError("--backend mpi: the worker image's PyTorch has no MPI support; "
                              "use gloo or nccl")
         return device, backend
+    if backend == "gloo" and device == "cpu":
+        return device, backend   # every PyTorch build for Linux, macOS and Windows has gloo
     import torch.distributed as dist
     available = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
                  "mpi": dist.is_mpi_available()}
@@ -196,24 +204,23 @@ def prepare_data(config: RunConfig) -> None:
     download happens once rather than in every worker, and epsilon's one-time conversion to the
     binary cache is done before the workers, which then load it in seconds.
     """
-    from mlbench.tasks.datasets import get_dataset
-
     if config.data == "real" and isinstance(config.task, TaskSpec):
+        from mlbench.tasks.datasets import get_dataset  # torch: not for synthetic data
+
         get_dataset(config.task.dataset).prepare(config.data_dir)
 
 
 def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
                check_data: bool = True, resources: WorkerResources | None = None) -> RunRecord:
     """Validate the request (and, locally, the data) and record a new pending run."""
-    from mlbench.optim.catalog import check_optimizer
-    from mlbench.optim.registry import OPTIMIZERS
+    from mlbench.optim.descriptors import check_optimizer, with_grad_hook
 
     config, changed = build_config(request, resources)
-    optimizer_class = check_optimizer(config.optimizer, request.optimizer_options, request.workers)
+    optimizer = check_optimizer(config.optimizer, request.optimizer_options, request.workers)
     spec = config.task
-    if isinstance(spec, TaskSpec) and spec.runtime == "language-model" and not optimizer_class.supports_grad_hook:
+    if isinstance(spec, TaskSpec) and spec.runtime == "language-model" and not optimizer.supports_grad_hook:
         # task 3a clips the averaged gradient between the all-reduce and the update
-        usable = ", ".join(sorted(n for n, c in OPTIMIZERS.items() if c.supports_grad_hook))
+        usable = ", ".join(with_grad_hook())
         raise UsageError(f"optimizer {config.optimizer} cannot clip the averaged gradient that {spec.name} "
                          f"clips (it never holds it); use one of {usable}")
     network = network_record(request.network, launcher) if request.network else None

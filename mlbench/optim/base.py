@@ -13,7 +13,6 @@ values, so that a wrong name or value is one sentence before any worker starts, 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from collections.abc import Callable
@@ -23,55 +22,9 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from mlbench.errors import UsageError
-from mlbench.optim.registry import OPTIMIZERS
+from mlbench.optim.descriptors import Option, OptimizerInfo, with_grad_hook
 from mlbench.tasks.spec import TaskSpec
 from mlbench.timing import PhaseTimer
-
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-
-@dataclass(frozen=True)
-class Option:
-    """One ``--opt KEY=VALUE`` of an optimizer: its type ("int", "float", "bool", "choice",
-    "text"), default, bounds and help."""
-
-    help: str
-    default: Any
-    kind: str = "text"
-    choices: tuple[str, ...] = ()
-    minimum: float | None = None
-    maximum: float | None = None
-
-    def parse(self, key: str, raw: str) -> Any:
-        raw = raw.strip()
-        if self.kind == "bool":
-            if raw.lower() in _TRUE + _FALSE:
-                return raw.lower() in _TRUE
-            raise UsageError(f"option {key}={raw}: expected true or false")
-        if self.kind == "choice":
-            if raw not in self.choices:
-                raise UsageError(f"option {key}={raw}: expected one of {', '.join(self.choices)}")
-            return raw
-        if self.kind in ("int", "float"):
-            try:
-                value: Any = int(raw) if self.kind == "int" else float(raw)
-            except ValueError:
-                expected = "an integer" if self.kind == "int" else "a number"
-                raise UsageError(f"option {key}={raw}: expected {expected}") from None
-            if not math.isfinite(value) or (self.minimum is not None and value < self.minimum) \
-                    or (self.maximum is not None and value > self.maximum):
-                raise UsageError(f"option {key}={raw}: expected a value in "
-                                 f"[{_bound(self.minimum)}, {_bound(self.maximum)}]")
-            return value
-        if not raw:
-            raise UsageError(f"option {key} needs a value")
-        return raw
-
-
-def _bound(value: float | None) -> str:
-    return "inf" if value is None else f"{value:g}"
-
 
 @dataclass
 class OptimizerContext:
@@ -93,6 +46,9 @@ class DistributedOptimizer:
     DistributedDataParallel).
     """
 
+    #: What the optimizer is (mlbench.optim.descriptors, torch-free); a subclass sets it, and its
+    #: fields become the class's attributes below.
+    info: ClassVar[OptimizerInfo]
     name: ClassVar[str] = ""
     reference: ClassVar[str] = ""
     summary: ClassVar[str] = ""
@@ -101,6 +57,14 @@ class DistributedOptimizer:
     #: Whether :meth:`step` runs the gradient hook (see :meth:`set_grad_hook`): the methods that
     #: hold the averaged gradient on every rank before their update.
     supports_grad_hook: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        info = cls.__dict__.get("info")
+        if info is not None:
+            cls.name, cls.reference, cls.summary = info.name, info.reference, info.summary
+            cls.closed_division, cls.options = info.closed_division, info.options
+            cls.supports_grad_hook = info.supports_grad_hook
 
     def __init__(self, ctx: OptimizerContext):
         self.ctx = ctx
@@ -116,7 +80,7 @@ class DistributedOptimizer:
         fp16 loss scaling). ``hook`` returning False skips that update (an overflow). A method
         whose ranks never hold the averaged gradient refuses, naming ``purpose``."""
         if not self.supports_grad_hook:
-            usable = ", ".join(sorted(n for n, c in OPTIMIZERS.items() if c.supports_grad_hook))
+            usable = ", ".join(with_grad_hook())
             raise UsageError(f"optimizer {self.name} cannot {purpose}: it never holds the averaged "
                              f"gradient; use one of {usable}")
         self.grad_hook = hook
@@ -127,23 +91,8 @@ class DistributedOptimizer:
 
     @classmethod
     def parse_options(cls, raw: dict[str, str], world_size: int | None) -> dict[str, Any]:
-        """Typed options (defaults filled in), or a UsageError naming the wrong one.
-
-        ``world_size`` None skips the checks that depend on the number of workers.
-        """
-        unknown = sorted(set(raw) - set(cls.options))
-        if unknown:
-            valid = ", ".join(cls.options) or "none"
-            raise UsageError(f"optimizer {cls.name} has no option {', '.join(unknown)}; "
-                             f"valid options: {valid}")
-        values = {key: opt.default for key, opt in cls.options.items()}
-        values.update({key: cls.options[key].parse(key, text) for key, text in raw.items()})
-        cls.check_options(values, world_size)
-        return values
-
-    @classmethod
-    def check_options(cls, values: dict[str, Any], world_size: int | None) -> None:
-        """Checks across options or against the worker count (subclasses override)."""
+        """Typed options (defaults filled in), or a UsageError naming the wrong one."""
+        return cls.info.parse_options(raw, world_size)
 
     def step(self, lr: float) -> None:
         raise NotImplementedError

@@ -29,18 +29,14 @@ from mlbench.optim.base import (
     ConsensusEvaluation,
     DistributedOptimizer,
     OptimizerContext,
-    Option,
     all_reduce_mean_,
     allreduce_bytes,
     param_grads,
     local_sgd,
     set_lr,
 )
+from mlbench.optim.descriptors import INFO
 from mlbench.optim.registry import register
-
-BY = Option("model (one all-reduce of all tensors) or layer (one all-reduce per tensor)", "model",
-            kind="choice", choices=("model", "layer"))
-
 
 def average_tensors(tensors: list[torch.Tensor], world_size: int, by: str, group: Any = None) -> int:
     """All-reduce-average the tensors in place; returns the bytes this rank sent.
@@ -104,12 +100,7 @@ class CentralizedSGD(DistributedOptimizer):
     kernels, and launching them one by one from Python costs more than running them.
     """
 
-    name = "centralized-sgd"
-    reference = "Synchronous SGD with gradient all-reduce (Goyal et al. 2017; MLBench task 1a)"
-    summary = "The reference: average the gradients with an all-reduce, then the same SGD step everywhere."
-    closed_division = True
-    options = {"by": BY}
-    supports_grad_hook = True
+    info = INFO["centralized-sgd"]
 
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)
@@ -213,19 +204,7 @@ class CentralizedSGD(DistributedOptimizer):
 
 @register
 class CentralizedAdam(DistributedOptimizer):
-    name = "centralized-adam"
-    reference = ("Adam (Kingma & Ba 2015, arXiv:1412.6980) on all-reduced gradients, as the original "
-                 "MLBench's CentralizedAdam")
-    summary = "Average the gradients with an all-reduce, then the same Adam step everywhere."
-    options = {
-        "by": BY,
-        "lr_scale": Option("Adam's rate = the task's rate x lr_scale (Adam wants ~1e-3, not SGD's 0.1)",
-                           0.08, kind="float", minimum=0.0),
-        "beta1": Option("first-moment decay", 0.9, kind="float", minimum=0.0, maximum=1.0),
-        "beta2": Option("second-moment decay", 0.999, kind="float", minimum=0.0, maximum=1.0),
-        "eps": Option("denominator term", 1e-8, kind="float", minimum=0.0),
-    }
-    supports_grad_hook = True
+    info = INFO["centralized-adam"]
 
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)
@@ -248,15 +227,7 @@ class CentralizedAdam(DistributedOptimizer):
 
 @register
 class ModelAveraging(DistributedOptimizer):
-    name = "model-averaging"
-    reference = ("Model averaging / local SGD (Stich 2019, arXiv:1805.09767; Lin et al. 2020, "
-                 "arXiv:1808.07217); the original's agg_grad=False")
-    summary = "A local SGD step on each worker, then the weights are averaged (every `period` steps)."
-    options = {
-        "by": BY,
-        "period": Option("average the weights every this many steps (1: after every step)", 1,
-                         kind="int", minimum=1),
-    }
+    info = INFO["model-averaging"]
 
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)

@@ -26,11 +26,11 @@ from mlbench.errors import UsageError
 from mlbench.optim.base import (
     DistributedOptimizer,
     OptimizerContext,
-    Option,
     allreduce_bytes,
     local_sgd,
     set_lr,
 )
+from mlbench.optim.descriptors import INFO
 from mlbench.optim.registry import register
 
 _HALF_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
@@ -38,21 +38,7 @@ _HALF_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.b
 
 @register
 class DDP(DistributedOptimizer):
-    name = "ddp"
-    reference = ("PyTorch DistributedDataParallel (Li et al. 2020, VLDB, arXiv:2006.15704); "
-                 "hooks: torch.distributed.algorithms.ddp_comm_hooks")
-    summary = "torch's DistributedDataParallel: bucketed all-reduce overlapped with the backward pass."
-    options = {
-        "hook": Option("allreduce (DDP's own), fp16, bf16 (compressed all-reduce) or powersgd", "allreduce",
-                       kind="choice", choices=("allreduce", "fp16", "bf16", "powersgd")),
-        "rank": Option("hook=powersgd: rank of the approximation", 2, kind="int", minimum=1),
-        "start_iter": Option("hook=powersgd: steps of vanilla all-reduce before compressing", 2,
-                             kind="int", minimum=2),
-        "bucket_mb": Option("size of DDP's gradient buckets (MB)", 25.0, kind="float", minimum=0.0),
-        "broadcast_buffers": Option("broadcast rank 0's buffers before each forward (DDP's default)", True,
-                                    kind="bool"),
-    }
-    supports_grad_hook = True
+    info = INFO["ddp"]
 
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)

@@ -26,12 +26,12 @@ from mlbench.optim.base import (
     ConsensusEvaluation,
     DistributedOptimizer,
     OptimizerContext,
-    Option,
     assign_flat_,
     flat_params,
     local_sgd,
     set_lr,
 )
+from mlbench.optim.descriptors import INFO
 from mlbench.optim.registry import register
 from mlbench.optim.topology import parse_topology
 
@@ -67,19 +67,7 @@ def _global(rank: int, group: Any) -> int:
 
 @register
 class DecentralizedSGD(DistributedOptimizer):
-    name = "decentralized-sgd"
-    reference = ("Lian et al. 2017, Can Decentralized Algorithms Outperform Centralized Algorithms? "
-                 "(NeurIPS, arXiv:1705.09056); Koloskova et al. 2020 (ICML, arXiv:2003.10422)")
-    summary = "A local SGD step, then gossip averaging of the weights with the neighbours of a topology."
-    options = {
-        "topology": Option("ring, torus, torus:RxC, complete, or edges like 0-1,1-2,2-0 "
-                           "(Metropolis-Hastings weights)", "ring"),
-    }
-
-    @classmethod
-    def check_options(cls, values: dict[str, Any], world_size: int | None) -> None:
-        if world_size is not None:
-            parse_topology(values["topology"], world_size)
+    info = INFO["decentralized-sgd"]
 
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)

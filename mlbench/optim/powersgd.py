@@ -23,13 +23,13 @@ import torch
 from mlbench.optim.base import (
     DistributedOptimizer,
     OptimizerContext,
-    Option,
     all_reduce_mean_,
     allreduce_bytes,
     param_grads,
     local_sgd,
     set_lr,
 )
+from mlbench.optim.descriptors import INFO
 from mlbench.optim.registry import register
 
 #: Added to column norms in the orthonormalisation, so that a zero column stays finite.
@@ -114,17 +114,7 @@ class PowerCompressor:
 
 @register
 class PowerSGD(DistributedOptimizer):
-    name = "powersgd"
-    reference = ("Vogels, Karimireddy & Jaggi 2019, PowerSGD: Practical Low-Rank Gradient "
-                 "Compression for Distributed Optimization (NeurIPS, arXiv:1905.13727)")
-    summary = "Rank-r compression of each gradient matrix by power iteration, with error feedback and warm start."
-    options = {
-        "rank": Option("rank r of the approximation of each gradient matrix", 2, kind="int", minimum=1),
-        "warm_start": Option("reuse Q from the previous step (else draw a new one each step)", True,
-                             kind="bool"),
-        "error_feedback": Option("add what compression lost to the next step's gradient", True,
-                                 kind="bool"),
-    }
+    info = INFO["powersgd"]
 
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)

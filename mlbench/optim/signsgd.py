@@ -23,7 +23,6 @@ import torch
 from mlbench.optim.base import (
     DistributedOptimizer,
     OptimizerContext,
-    Option,
     all_gather,
     allgather_bytes,
     assign_flat_,
@@ -38,21 +37,13 @@ from mlbench.optim.compression import (
     signs,
     unpack_signs,
 )
+from mlbench.optim.descriptors import INFO
 from mlbench.optim.registry import register
 
 
 @register
 class SignSGD(DistributedOptimizer):
-    name = "signsgd"
-    reference = ("Bernstein et al. 2018, signSGD with Majority Vote (ICLR 2019, arXiv:1810.05291); "
-                 "error feedback: Karimireddy et al. 2019 (ICML, arXiv:1901.09847)")
-    summary = "Each worker sends the signs of its momentum (1 bit each); the update is the majority vote."
-    options = {
-        "error_feedback": Option("EF-SignSGD: scaled signs with an error memory, averaged instead of voted",
-                                 False, kind="bool"),
-        "lr_scale": Option("majority vote only: step = the task's rate x lr_scale per coordinate", 0.01,
-                           kind="float", minimum=0.0),
-    }
+    info = INFO["signsgd"]
 
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)

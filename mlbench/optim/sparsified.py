@@ -20,7 +20,6 @@ import torch
 from mlbench.optim.base import (
     DistributedOptimizer,
     OptimizerContext,
-    Option,
     all_gather,
     allgather_bytes,
     assign_flat_,
@@ -28,21 +27,13 @@ from mlbench.optim.base import (
     flat_params,
 )
 from mlbench.optim.compression import LocalMomentum
+from mlbench.optim.descriptors import INFO
 from mlbench.optim.registry import register
 
 
 @register
 class SparsifiedSGD(DistributedOptimizer):
-    name = "sparsified-sgd"
-    reference = "Stich, Cordonnier & Jaggi 2018, Sparsified SGD with Memory (NeurIPS, arXiv:1809.07599)"
-    summary = "Each worker sends its k largest (or k random) coordinates; the rest waits in a memory."
-    options = {
-        "method": Option("topk (largest magnitudes) or randomk", "topk", kind="choice",
-                         choices=("topk", "randomk")),
-        "ratio": Option("fraction of the coordinates sent per step (k = ratio x d, at least 1)", 0.01,
-                        kind="float", minimum=1e-9, maximum=1.0),
-        "seed": Option("seed of the random-k draws (each rank adds its rank)", 0, kind="int", minimum=0),
-    }
+    info = INFO["sparsified-sgd"]
 
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)

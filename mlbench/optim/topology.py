@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from mlbench.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class Topology:
 
     def mixing_matrix(self) -> torch.Tensor:
         """W as a float64 k x k matrix."""
+        import torch  # here only: the CLI checks topologies without torch
+
         return torch.tensor([[self.weight(i, j) for j in range(self.world)] for i in range(self.world)],
                             dtype=torch.float64)
 

@@ -1,0 +1,231 @@
+"""What each distributed optimizer is, without torch: name, division, summary, reference and
+``--opt`` options, checked here.
+
+The CLI, the dashboard's form and ``mlbench optimizers`` need only this, and a run is validated
+before any worker starts; importing the implementations (and torch, seconds on a small machine)
+is left to the worker. Each implementation class in :mod:`mlbench.optim` names its descriptor
+(``info = INFO["centralized-sgd"]``) and takes these attributes from it. :data:`ORDER` is the
+order in which ``mlbench optimizers`` and the README list them: the reference first, then the
+other all-reduce methods, then the compressing and decentralized ones, then the plain-PyTorch
+baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlbench.errors import UsageError
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ``--opt KEY=VALUE`` of an optimizer: its type ("int", "float", "bool", "choice",
+    "text"), default, bounds and help."""
+
+    help: str
+    default: Any
+    kind: str = "text"
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+
+    def parse(self, key: str, raw: str) -> Any:
+        raw = raw.strip()
+        if self.kind == "bool":
+            if raw.lower() in _TRUE + _FALSE:
+                return raw.lower() in _TRUE
+            raise UsageError(f"option {key}={raw}: expected true or false")
+        if self.kind == "choice":
+            if raw not in self.choices:
+                raise UsageError(f"option {key}={raw}: expected one of {', '.join(self.choices)}")
+            return raw
+        if self.kind in ("int", "float"):
+            try:
+                value: Any = int(raw) if self.kind == "int" else float(raw)
+            except ValueError:
+                expected = "an integer" if self.kind == "int" else "a number"
+                raise UsageError(f"option {key}={raw}: expected {expected}") from None
+            if not math.isfinite(value) or (self.minimum is not None and value < self.minimum) \
+                    or (self.maximum is not None and value > self.maximum):
+                raise UsageError(f"option {key}={raw}: expected a value in "
+                                 f"[{_bound(self.minimum)}, {_bound(self.maximum)}]")
+            return value
+        if not raw:
+            raise UsageError(f"option {key} needs a value")
+        return raw
+
+
+def _bound(value: float | None) -> str:
+    return "inf" if value is None else f"{value:g}"
+
+
+@dataclass(frozen=True)
+class OptimizerInfo:
+    """One optimizer as the CLI knows it. ``supports_grad_hook``: whether every rank holds the
+    averaged gradient before its update (what gradient clipping and fp16 unscaling need).
+    ``check``: checks across options or against the worker count (None: none)."""
+
+    name: str
+    reference: str
+    summary: str
+    closed_division: bool = False
+    options: dict[str, Option] = field(default_factory=dict)
+    supports_grad_hook: bool = False
+    check: Callable[[dict[str, Any], int], None] | None = None
+
+    def parse_options(self, raw: dict[str, str], world_size: int | None) -> dict[str, Any]:
+        """Typed options (defaults filled in), or a UsageError naming the wrong one.
+
+        ``world_size`` None skips the checks that depend on the number of workers.
+        """
+        unknown = sorted(set(raw) - set(self.options))
+        if unknown:
+            valid = ", ".join(self.options) or "none"
+            raise UsageError(f"optimizer {self.name} has no option {', '.join(unknown)}; "
+                             f"valid options: {valid}")
+        values = {key: opt.default for key, opt in self.options.items()}
+        values.update({key: self.options[key].parse(key, text) for key, text in raw.items()})
+        if self.check is not None and world_size is not None:
+            self.check(values, world_size)
+        return values
+
+
+def _check_topology(values: dict[str, Any], world_size: int) -> None:
+    from mlbench.optim.topology import parse_topology  # torch-free: the mixing matrix is not built
+
+    parse_topology(values["topology"], world_size)
+
+
+BY = Option("model (one all-reduce of all tensors) or layer (one all-reduce per tensor)", "model",
+            kind="choice", choices=("model", "layer"))
+
+_ALL = (
+    OptimizerInfo(
+        "centralized-sgd",
+        "Synchronous SGD with gradient all-reduce (Goyal et al. 2017; MLBench task 1a)",
+        "The reference: average the gradients with an all-reduce, then the same SGD step everywhere.",
+        closed_division=True, options={"by": BY}, supports_grad_hook=True),
+    OptimizerInfo(
+        "centralized-adam",
+        "Adam (Kingma & Ba 2015, arXiv:1412.6980) on all-reduced gradients, as the original "
+        "MLBench's CentralizedAdam",
+        "Average the gradients with an all-reduce, then the same Adam step everywhere.",
+        options={
+            "by": BY,
+            "lr_scale": Option("Adam's rate = the task's rate x lr_scale (Adam wants ~1e-3, not SGD's 0.1)",
+                               0.08, kind="float", minimum=0.0),
+            "beta1": Option("first-moment decay", 0.9, kind="float", minimum=0.0, maximum=1.0),
+            "beta2": Option("second-moment decay", 0.999, kind="float", minimum=0.0, maximum=1.0),
+            "eps": Option("denominator term", 1e-8, kind="float", minimum=0.0),
+        },
+        supports_grad_hook=True),
+    OptimizerInfo(
+        "model-averaging",
+        "Model averaging / local SGD (Stich 2019, arXiv:1805.09767; Lin et al. 2020, "
+        "arXiv:1808.07217); the original's agg_grad=False",
+        "A local SGD step on each worker, then the weights are averaged (every `period` steps).",
+        options={
+            "by": BY,
+            "period": Option("average the weights every this many steps (1: after every step)", 1,
+                             kind="int", minimum=1),
+        }),
+    OptimizerInfo(
+        "powersgd",
+        "Vogels, Karimireddy & Jaggi 2019, PowerSGD: Practical Low-Rank Gradient "
+        "Compression for Distributed Optimization (NeurIPS, arXiv:1905.13727)",
+        "Rank-r compression of each gradient matrix by power iteration, with error feedback and warm start.",
+        options={
+            "rank": Option("rank r of the approximation of each gradient matrix", 2, kind="int", minimum=1),
+            "warm_start": Option("reuse Q from the previous step (else draw a new one each step)", True,
+                                 kind="bool"),
+            "error_feedback": Option("add what compression lost to the next step's gradient", True,
+                                     kind="bool"),
+        }),
+    OptimizerInfo(
+        "signsgd",
+        "Bernstein et al. 2018, signSGD with Majority Vote (ICLR 2019, arXiv:1810.05291); "
+        "error feedback: Karimireddy et al. 2019 (ICML, arXiv:1901.09847)",
+        "Each worker sends the signs of its momentum (1 bit each); the update is the majority vote.",
+        options={
+            "error_feedback": Option("EF-SignSGD: scaled signs with an error memory, averaged instead of voted",
+                                     False, kind="bool"),
+            "lr_scale": Option("majority vote only: step = the task's rate x lr_scale per coordinate", 0.01,
+                               kind="float", minimum=0.0),
+        }),
+    OptimizerInfo(
+        "sparsified-sgd",
+        "Stich, Cordonnier & Jaggi 2018, Sparsified SGD with Memory (NeurIPS, arXiv:1809.07599)",
+        "Each worker sends its k largest (or k random) coordinates; the rest waits in a memory.",
+        options={
+            "method": Option("topk (largest magnitudes) or randomk", "topk", kind="choice",
+                             choices=("topk", "randomk")),
+            "ratio": Option("fraction of the coordinates sent per step (k = ratio x d, at least 1)", 0.01,
+                            kind="float", minimum=1e-9, maximum=1.0),
+            "seed": Option("seed of the random-k draws (each rank adds its rank)", 0, kind="int", minimum=0),
+        }),
+    OptimizerInfo(
+        "decentralized-sgd",
+        "Lian et al. 2017, Can Decentralized Algorithms Outperform Centralized Algorithms? "
+        "(NeurIPS, arXiv:1705.09056); Koloskova et al. 2020 (ICML, arXiv:2003.10422)",
+        "A local SGD step, then gossip averaging of the weights with the neighbours of a topology.",
+        options={
+            "topology": Option("ring, torus, torus:RxC, complete, or edges like 0-1,1-2,2-0 "
+                               "(Metropolis-Hastings weights)", "ring"),
+        },
+        check=_check_topology),
+    OptimizerInfo(
+        "ddp",
+        "PyTorch DistributedDataParallel (Li et al. 2020, VLDB, arXiv:2006.15704); "
+        "hooks: torch.distributed.algorithms.ddp_comm_hooks",
+        "torch's DistributedDataParallel: bucketed all-reduce overlapped with the backward pass.",
+        options={
+            "hook": Option("allreduce (DDP's own), fp16, bf16 (compressed all-reduce) or powersgd", "allreduce",
+                           kind="choice", choices=("allreduce", "fp16", "bf16", "powersgd")),
+            "rank": Option("hook=powersgd: rank of the approximation", 2, kind="int", minimum=1),
+            "start_iter": Option("hook=powersgd: steps of vanilla all-reduce before compressing", 2,
+                                 kind="int", minimum=2),
+            "bucket_mb": Option("size of DDP's gradient buckets (MB)", 25.0, kind="float", minimum=0.0),
+            "broadcast_buffers": Option("broadcast rank 0's buffers before each forward (DDP's default)", True,
+                                        kind="bool"),
+        },
+        supports_grad_hook=True),
+)
+
+#: Every optimizer by name, in :data:`ORDER`.
+INFO: dict[str, OptimizerInfo] = {info.name: info for info in _ALL}
+ORDER = tuple(INFO)
+
+#: The closed division's optimizer (docs/tasks.md, "Algorithm").
+REFERENCE_OPTIMIZER = "centralized-sgd"
+
+
+def check_optimizer(name: str, options: dict[str, str], world_size: int | None = None) -> OptimizerInfo:
+    """The optimizer ``name``, after checking that it exists and takes ``options`` (and, given
+    ``world_size``, that they fit that many workers)."""
+    try:
+        info = INFO[name]
+    except KeyError:
+        raise UsageError(f"unknown optimizer {name!r}; choose one of: {', '.join(sorted(INFO))} "
+                         "(see `mlbench optimizers`)") from None
+    info.parse_options(options, world_size)
+    return info
+
+
+def with_grad_hook() -> list[str]:
+    """The optimizers whose ranks hold the averaged gradient before the update."""
+    return sorted(name for name, info in INFO.items() if info.supports_grad_hook)
+
+
+def describe_optimizers() -> list[dict[str, Any]]:
+    """Every optimizer with its division, summary, reference and options (for the CLI/README)."""
+    return [{"name": info.name, "closed_division": info.closed_division, "summary": info.summary,
+             "reference": info.reference,
+             "options": [{"name": key, "default": opt.default, "help": opt.help}
+                         for key, opt in info.options.items()]}
+            for info in _ALL]
