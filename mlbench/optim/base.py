@@ -6,9 +6,10 @@ local update (the "optimizer" phase). The worker calls :meth:`DistributedOptimiz
 minibatch with the learning rate of that step. Encoding and decoding a compressed message count
 as communication: they are the price of sending fewer bytes.
 
-Options arrive as text (``--opt KEY=VALUE``); each optimizer declares them as :class:`Option`
-values, so that a wrong name or value is one sentence before any worker starts, and
-``mlbench optimizers`` can list them with their defaults.
+Options arrive as text (``--opt KEY=VALUE``); each optimizer's descriptor
+(:mod:`mlbench.optim.descriptors`) declares them as ``Option`` values, so that a wrong name or
+value is one sentence before any worker starts, and ``mlbench optimizers`` can list them with
+their defaults.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from mlbench.errors import UsageError
-from mlbench.optim.descriptors import Option, OptimizerInfo, with_grad_hook
+from mlbench.optim.descriptors import OptimizerInfo, with_grad_hook
 from mlbench.tasks.spec import TaskSpec
 from mlbench.timing import PhaseTimer
 
@@ -46,29 +47,13 @@ class DistributedOptimizer:
     DistributedDataParallel).
     """
 
-    #: What the optimizer is (mlbench.optim.descriptors, torch-free); a subclass sets it, and its
-    #: fields become the class's attributes below.
+    #: What the optimizer is: name, options, whether it holds the averaged gradient
+    #: (mlbench.optim.descriptors, torch-free, what the CLI checks a run against).
     info: ClassVar[OptimizerInfo]
-    name: ClassVar[str] = ""
-    reference: ClassVar[str] = ""
-    summary: ClassVar[str] = ""
-    closed_division: ClassVar[bool] = False
-    options: ClassVar[dict[str, Option]] = {}
-    #: Whether :meth:`step` runs the gradient hook (see :meth:`set_grad_hook`): the methods that
-    #: hold the averaged gradient on every rank before their update.
-    supports_grad_hook: ClassVar[bool] = False
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        info = cls.__dict__.get("info")
-        if info is not None:
-            cls.name, cls.reference, cls.summary = info.name, info.reference, info.summary
-            cls.closed_division, cls.options = info.closed_division, info.options
-            cls.supports_grad_hook = info.supports_grad_hook
 
     def __init__(self, ctx: OptimizerContext):
         self.ctx = ctx
-        self.opts = self.parse_options(ctx.options, ctx.world_size)
+        self.opts = self.info.parse_options(ctx.options, ctx.world_size)
         self.module: torch.nn.Module = ctx.model
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self.bytes_sent = 0
@@ -79,20 +64,15 @@ class DistributedOptimizer:
         after averaging and before the update (task 3a's gradient clipping, the unscaling of
         fp16 loss scaling). ``hook`` returning False skips that update (an overflow). A method
         whose ranks never hold the averaged gradient refuses, naming ``purpose``."""
-        if not self.supports_grad_hook:
+        if not self.info.supports_grad_hook:
             usable = ", ".join(with_grad_hook())
-            raise UsageError(f"optimizer {self.name} cannot {purpose}: it never holds the averaged "
+            raise UsageError(f"optimizer {self.info.name} cannot {purpose}: it never holds the averaged "
                              f"gradient; use one of {usable}")
         self.grad_hook = hook
 
     def grad_hook_allows_update(self) -> bool:
         """Call between averaging and updating: False means skip this update."""
         return self.grad_hook is None or bool(self.grad_hook())
-
-    @classmethod
-    def parse_options(cls, raw: dict[str, str], world_size: int | None) -> dict[str, Any]:
-        """Typed options (defaults filled in), or a UsageError naming the wrong one."""
-        return cls.info.parse_options(raw, world_size)
 
     def step(self, lr: float) -> None:
         raise NotImplementedError

@@ -4,7 +4,7 @@
 The CLI, the dashboard's form and ``mlbench optimizers`` need only this, and a run is validated
 before any worker starts; importing the implementations (and torch, seconds on a small machine)
 is left to the worker. Each implementation class in :mod:`mlbench.optim` names its descriptor
-(``info = INFO["centralized-sgd"]``) and takes these attributes from it. :data:`ORDER` is the
+(``info = INFO["centralized-sgd"]``). :data:`ORDER` is the
 order in which ``mlbench optimizers`` and the README list them: the reference first, then the
 other all-reduce methods, then the compressing and decentralized ones, then the plain-PyTorch
 baseline.
@@ -205,14 +205,19 @@ ORDER = tuple(INFO)
 REFERENCE_OPTIMIZER = "centralized-sgd"
 
 
-def check_optimizer(name: str, options: dict[str, str], world_size: int | None = None) -> OptimizerInfo:
-    """The optimizer ``name``, after checking that it exists and takes ``options`` (and, given
-    ``world_size``, that they fit that many workers)."""
+def optimizer_info(name: str) -> OptimizerInfo:
+    """The optimizer ``name``, or a UsageError listing the ones there are."""
     try:
-        info = INFO[name]
+        return INFO[name]
     except KeyError:
         raise UsageError(f"unknown optimizer {name!r}; choose one of: {', '.join(sorted(INFO))} "
                          "(see `mlbench optimizers`)") from None
+
+
+def check_optimizer(name: str, options: dict[str, str], world_size: int | None = None) -> OptimizerInfo:
+    """The optimizer ``name``, after checking that it exists and takes ``options`` (and, given
+    ``world_size``, that they fit that many workers)."""
+    info = optimizer_info(name)
     info.parse_options(options, world_size)
     return info
 

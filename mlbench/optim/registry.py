@@ -16,6 +16,6 @@ OPTIMIZERS: dict[str, type[DistributedOptimizer]] = {}
 
 
 def register(cls: type[DistributedOptimizer]) -> type[DistributedOptimizer]:
-    """Class decorator: make ``cls`` available as ``--optimizer cls.name``."""
-    OPTIMIZERS[cls.name] = cls
+    """Class decorator: make ``cls`` available as ``--optimizer cls.info.name``."""
+    OPTIMIZERS[cls.info.name] = cls
     return cls

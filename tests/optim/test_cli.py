@@ -9,7 +9,7 @@ from mlbench.cli import (
     cli,
     commands,  # noqa: F401  (registers the commands)
 )
-from mlbench.optim.catalog import describe_optimizers
+from mlbench.optim.descriptors import describe_optimizers
 from mlbench.optim.registry import OPTIMIZERS
 from tests.helpers import events, last_run, mlbench, run_ids, run_json
 

@@ -7,7 +7,8 @@ import torch
 
 from mlbench.errors import UsageError
 from mlbench.optim.base import OptimizerContext
-from mlbench.optim.catalog import build_optimizer, check_optimizer
+from mlbench.optim.catalog import build_optimizer
+from mlbench.optim.descriptors import check_optimizer
 from mlbench.optim.decentralized import gossip_
 from mlbench.optim.topology import parse_topology
 from mlbench.timing import PhaseTimer
