@@ -16,8 +16,8 @@ from typing import Any
 from mlbench.errors import UsageError
 from mlbench.network import network_record
 from mlbench.network.settings import NetworkSettings
-from mlbench.results.environment import describe_environment, may_have_gpu, usable_cores
 from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
+from mlbench.results.environment import cuda_available, describe_environment, usable_cores
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import Backend, DataSource, Device, Precision, RunConfig
 from mlbench.tasks.allreduce import with_max_size
@@ -97,17 +97,9 @@ class WorkerResources:
     local_torch: bool = False
 
 
-def _local_gpu() -> bool:
-    if not may_have_gpu():
-        return False
-    import torch  # here: only a machine that may have a GPU pays for the import
-
-    return torch.cuda.is_available()
-
-
 def _device_and_backend(request: RunRequest,
                         resources: WorkerResources | None = None) -> tuple[Device, Backend]:
-    has_gpu = _local_gpu() if resources is None else resources.gpus > 0
+    has_gpu = cuda_available() if resources is None else resources.gpus > 0
     device = request.device or ("cuda" if has_gpu else "cpu")
     if device not in ("cpu", "cuda"):
         raise UsageError(f"--device {device}: choose cpu or cuda")

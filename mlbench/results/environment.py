@@ -62,14 +62,21 @@ def may_have_gpu() -> bool:
     return any(os.path.exists(node) for node in GPU_DEVICE_NODES)
 
 
+def cuda_available() -> bool:
+    """torch.cuda.is_available(), without importing torch where no GPU device node exists."""
+    if not may_have_gpu():
+        return False
+    import torch  # here: only a machine that may have a GPU pays for the import
+
+    return torch.cuda.is_available()
+
+
 def nccl_version() -> str | None:
     """The NCCL version PyTorch uses, when CUDA is available."""
-    if not may_have_gpu():
+    if not cuda_available():
         return None
     import torch
 
-    if not torch.cuda.is_available():
-        return None
     try:
         version = torch.cuda.nccl.version()
     except (RuntimeError, AttributeError):  # a build without NCCL
@@ -98,7 +105,8 @@ def nvidia_driver_version(proc_file: Path = NVIDIA_PROC_VERSION) -> str | None:
 
 
 def _torch_build() -> tuple[str, str | None]:
-    """PyTorch's version and CUDA version from its version.py alone, without importing torch."""
+    """PyTorch's version and CUDA version (torch.__version__, torch.version.cuda) from its
+    version.py alone, without importing torch."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return "not installed", None
@@ -116,15 +124,12 @@ def describe_environment() -> dict[str, Any]:
     torch is not imported (the CLI records the launching machine in seconds less)."""
     gpus: list[str] = []
     cudnn = None
-    if may_have_gpu():
+    if cuda_available():  # the accelerator libraries count where a GPU uses them
         import torch  # here, not at the top: the CLI imports this module for usable_cores()
 
-        if torch.cuda.is_available():  # the accelerator libraries count where a GPU uses them
-            gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-        torch_version, cuda = str(torch.__version__), torch.version.cuda
-    else:
-        torch_version, cuda = _torch_build()
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    torch_version, cuda = _torch_build()
     return {
         "host": socket.gethostname(),
         "platform": platform.platform(),
