@@ -43,7 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
-    ends_on_sigterm = _end_even_when_blocked()
     document = RunDocument.load(args.run_dir)
     config = document.config
     try:
@@ -55,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     # a file per rank on the run folder's (shared) file system; HTTP to the results service
     # when the environment names one (a pod)
     events = EventWriter(open_sink(args.run_dir, launch.rank, document.id), launch.rank)
-    ends_on_sigterm.events = events
+    _end_even_when_blocked(events)
     return run_worker(config, launch.rank, events, store_fd=args.store_fd, run_dir=args.run_dir,
                       launch=launch, iface=args.iface)
 
@@ -108,20 +107,14 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
             pass
 
 
-class _SigtermWatch:
-    """What the watchdog flushes before it ends the process (set once the sink exists)."""
-
-    events: EventWriter | None = None
-
-
-def _end_even_when_blocked(grace_s: float = SIGTERM_GRACE_SECONDS) -> _SigtermWatch:
+def _end_even_when_blocked(events: EventWriter, grace_s: float = SIGTERM_GRACE_SECONDS) -> None:
     """SIGTERM ends the worker with 143 even while its main thread waits in a collective whose
     peer is gone: Python runs the SIGTERM handler only between bytecodes, and gloo's wait, in
     C++, returns only at the group's timeout (minutes), so a stopped run's workers would wait
     for SIGKILL (a pod's whole grace period). The C-level handler still writes the signal's
     number to the wakeup fd; a watchdog thread reads it, gives the handler ``grace_s`` to end
-    the process the usual way, then delivers the recorded events itself and exits."""
-    watch = _SigtermWatch()
+    the process the usual way, then delivers the recorded events itself and exits. (Before the
+    event sink exists nothing blocks in C++, and the handler alone ends the worker.)"""
     readable, writable = os.pipe()
     os.set_blocking(writable, False)
     signal.set_wakeup_fd(writable, warn_on_full_buffer=False)
@@ -130,15 +123,13 @@ def _end_even_when_blocked(grace_s: float = SIGTERM_GRACE_SECONDS) -> _SigtermWa
         while signal.SIGTERM not in os.read(readable, 64):
             pass
         time.sleep(grace_s)
-        if watch.events is not None:
-            try:
-                watch.events.close()   # the HTTP sink delivers what is buffered, within its limit
-            except Exception:  # exiting regardless; the log has the rest
-                pass
+        try:
+            events.close()   # the HTTP sink delivers what is buffered, within its limit
+        except Exception:  # exiting regardless; the log has the rest
+            pass
         os._exit(143)
 
     threading.Thread(target=wait_for_sigterm, name="sigterm-watch", daemon=True).start()
-    return watch
 
 
 def _record_error(events: EventWriter, message: str) -> None:
