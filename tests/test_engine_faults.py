@@ -73,19 +73,16 @@ def test_sigterm_ends_a_worker_blocked_on_a_stopped_peer_within_seconds():
     # the all-reduce waits in C++ for a peer that never answers; Python's handler alone would run
     # only at the group's timeout (minutes): a pod would wait for its SIGKILL
     cli = start_cli(*LONG_RUN)
-    try:
-        _, workers = wait_training()
-        os.kill(workers[1], signal.SIGSTOP)
-        time.sleep(1)
-        os.kill(workers[0], signal.SIGTERM)
-        signalled = time.monotonic()
-        wait_for(lambda: not pid_alive(workers[0]), 15, "worker 0 to end after SIGTERM")
-        assert time.monotonic() - signalled < 6
-        _, err = cli.communicate(timeout=30)
-        assert cli.returncode == 1 and "worker 0 exited with code 143" in err, err
-        assert all(not pid_alive(pid) for pid in workers)
-    finally:
-        cli.kill()
+    _, workers = wait_training()
+    os.kill(workers[1], signal.SIGSTOP)
+    time.sleep(1)
+    os.kill(workers[0], signal.SIGTERM)
+    signalled = time.monotonic()
+    wait_for(lambda: not pid_alive(workers[0]), 15, "worker 0 to end after SIGTERM")
+    assert time.monotonic() - signalled < 6
+    _, err = cli.communicate(timeout=30)
+    assert cli.returncode == 1 and "worker 0 exited with code 143" in err, err
+    assert all(not pid_alive(pid) for pid in workers)
 
 
 def test_detach_returns_at_once_and_cancel_stops_the_run():

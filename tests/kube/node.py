@@ -243,12 +243,9 @@ class LocalNode:
 
     def restart_engine(self) -> None:
         """Stop the node's Docker engine (its containers die with it) and start it again."""
-        pid = int((self.state / "dockerd.pid").read_text())
-        command = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        pid_file = self.state / "dockerd.pid"
+        command = Path(f"/proc/{int(pid_file.read_text())}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        _end_process(pid_file, timeout=60)
         with open(self.state / "dockerd.log", "ab") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True)
