@@ -1,7 +1,11 @@
-"""How fast the CLI answers: `mlbench --help`, `mlbench status` and a shell completion, against
-`python -c pass` measured in the same run (docs/performance.md, "CLI start-up").
+"""How fast the CLI answers: `mlbench --help`, `mlbench status`, a shell completion and the
+checking and recording of a run (`mlbench run --record-only`, what `mlbench run` does before any
+worker starts), against `python -c pass` measured in the same run (docs/performance.md, "CLI
+start-up").
 
     python benchmarks/cli_startup.py [--home DIR] [--repeat 15]
+    cd /tmp && PYTHONPATH=OTHER_CHECKOUT python /path/to/cli_startup.py   # another version's mlbench
+                                              # (outside both: `python -m` puts the current folder first)
 
 Without --home, a temporary run store is filled with two real short runs first (task2a on
 synthetic data, 1 and 2 workers), so that `status` and the completion read real records. Every
@@ -30,6 +34,8 @@ COMMANDS = {
     "completion: mlbench status <Tab>": ([sys.executable, "-m", "mlbench"],
                                          {"_MLBENCH_COMPLETE": "bash_complete",
                                           "COMP_WORDS": "mlbench status ", "COMP_CWORD": "2"}),
+    "mlbench run task2a 2 --data synthetic --record-only": (
+        [sys.executable, "-m", "mlbench", "run", "task2a", "2", "--data", "synthetic", "--record-only"], {}),
 }
 
 
