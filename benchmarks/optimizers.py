@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mlbench.optim.base import allreduce_bytes  # noqa: E402
 from mlbench.results.environment import cpu_model, usable_cores  # noqa: E402
 from mlbench.tasks.models import build_model, count_trainable_parameters  # noqa: E402
-from mlbench.tasks.spec import TASK1A  # noqa: E402
+from mlbench.tasks.task1a import TASK1A  # noqa: E402
 
 #: (label, optimizer, options): each optimizer at its defaults, plus the variants worth a row.
 CASES = [

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mlbench.results.store import read_json, write_json_atomic
-from mlbench.tasks.spec import AnySpec, TaskSpec, spec_from_dict, spec_to_dict
+from mlbench.tasks.records import spec_from_dict, spec_to_dict
+from mlbench.tasks.spec import AnySpec, TaskSpec
 
 Backend = Literal["gloo", "nccl", "mpi"]
 Device = Literal["cpu", "cuda"]

@@ -12,14 +12,16 @@ computes.
 import pytest
 import torch
 
-from mlbench.optim.lr import learning_rate
 from mlbench.results.environment import usable_cores
+from mlbench.tasks.classification import learning_rate
 from mlbench.tasks.data.sharding import epoch_batches, steps_per_epoch
 from mlbench.tasks.datasets import load_splits
 from mlbench.tasks.losses import get_loss, regulariser
 from mlbench.tasks.models import build_model
+from mlbench.tasks.overrides import resolve
 from mlbench.tasks.pipeline import Pipeline
-from mlbench.tasks.spec import TASK1A, TASK2A, resolve
+from mlbench.tasks.task1a import TASK1A
+from mlbench.tasks.task2a import TASK2A
 from tests.helpers import checkpoint, last_run, mlbench
 
 K = 2

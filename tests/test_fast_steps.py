@@ -86,7 +86,7 @@ def test_reference_step_equals_autograd_and_torch_sgd_in_float64():
     from mlbench.optim.catalog import build_optimizer
     from mlbench.tasks.datasets import synthetic_splits
     from mlbench.tasks.pipeline import Pipeline
-    from mlbench.tasks.spec import TASK1A
+    from mlbench.tasks.task1a import TASK1A
     from mlbench.timing import PhaseTimer
 
     train, test = synthetic_splits("cifar10")
@@ -127,7 +127,9 @@ def test_reference_step_equals_autograd_and_torch_sgd_in_float64():
 def test_captured_cuda_graph_step_equals_eager_step_after_n_steps(model_name):
     from mlbench.results.events import EventWriter
     from mlbench.run_config import RunConfig
-    from mlbench.tasks.spec import TASK1A, TASK2A, resolve
+    from mlbench.tasks.overrides import resolve
+    from mlbench.tasks.task1a import TASK1A
+    from mlbench.tasks.task2a import TASK2A
     from mlbench.worker.trainer import Trainer
 
     class Discard:

@@ -12,7 +12,9 @@ from mlbench.results.outcome import TrainingResult
 from mlbench.results.store import RunStore
 from mlbench.run_config import RunDocument
 from mlbench.tasks.metrics import get_metric
-from mlbench.tasks.spec import TASK3A, TASK4B, parse_overrides, resolve
+from mlbench.tasks.overrides import parse_overrides, resolve
+from mlbench.tasks.task3a import TASK3A
+from mlbench.tasks.task4b import TASK4B
 
 
 def test_runs_are_planned_in_rounds_over_the_worker_counts_with_one_group_and_a_seed_per_round():
@@ -76,7 +78,7 @@ def test_the_result_sentence_names_the_tasks_metric():
 
 def test_a_tasks_own_setting_is_changed_with_set_extra_and_makes_the_run_open():
     spec, changed = resolve(TASK3A, parse_overrides(["extra.hidden=64", "extra.dropout=0.4"]))
-    assert spec.extra["hidden"] == 64 and changed == ["extra.hidden"]
+    assert spec.settings.hidden == 64 and changed == ["extra.hidden"]
     with pytest.raises(UsageError, match="task3a has no setting 'width'"):
         resolve(TASK3A, parse_overrides(["extra.width=3"]))
     with pytest.raises(UsageError, match="expected a int"):
@@ -88,4 +90,4 @@ def test_task4b_runs_closed_with_adam_and_open_with_sgd():
     assert config.optimizer == "centralized-adam" and changed == []
     config, changed = build_config(RunRequest(task="task4b", workers=2, optimizer="centralized-sgd"))
     assert changed == ["optimizer=centralized-sgd"]
-    assert TASK4B.extra["adam"] == {"beta1": 0.9, "beta2": 0.98, "eps": 1e-9, "lr_scale": 1.0}
+    assert TASK4B.settings.optimizer_values() == {"beta1": 0.9, "beta2": 0.98, "eps": 1e-9, "lr_scale": 1.0}

@@ -4,16 +4,12 @@ import pytest
 
 from mlbench.errors import UsageError
 from mlbench.launch.plan import RunRequest, build_config, parse_duration
-from mlbench.optim.lr import learning_rate
-from mlbench.tasks.spec import (
-    TASK1A,
-    TASK2A,
-    get_task,
-    parse_overrides,
-    resolve,
-    spec_from_dict,
-    spec_to_dict,
-)
+from mlbench.tasks.classification import learning_rate
+from mlbench.tasks.overrides import parse_overrides, resolve
+from mlbench.tasks.records import spec_from_dict, spec_to_dict
+from mlbench.tasks.registry import get_task
+from mlbench.tasks.task1a import TASK1A
+from mlbench.tasks.task2a import TASK2A
 
 
 def lr1a(step, workers=4, spe=100):

@@ -1,8 +1,9 @@
 """The training loop in one process (no process group): what it evaluates and when."""
 
 from mlbench.results.events import EventWriter
-from mlbench.tasks.spec import TASK2A, resolve
 from mlbench.run_config import RunConfig
+from mlbench.tasks.overrides import resolve
+from mlbench.tasks.task2a import TASK2A
 from mlbench.worker.trainer import Trainer
 
 

@@ -12,7 +12,7 @@ from mlbench.results.store import RunRecord
 from mlbench.cli.format import network_note
 from mlbench.results.summary import RunSummary
 from mlbench.run_config import RunDocument
-from mlbench.tasks.allreduce import TABLE_HEADERS, message_sizes, peak, table_row
+from mlbench.tasks.task0a.sweep import TABLE_HEADERS, message_sizes, peak, table_row
 from mlbench.tasks.spec import AllreduceSpec
 
 _WIDTHS = (5, 10, 11, 5, 12, 13, 13, 7)

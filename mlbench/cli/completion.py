@@ -14,7 +14,7 @@ from typing import Any
 import click
 from click.shell_completion import CompletionItem
 
-from mlbench.tasks.spec import TASKS
+from mlbench.tasks.registry import TASKS
 
 
 def complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:

@@ -19,7 +19,8 @@ from mlbench.launch.follow import follow_events
 from mlbench.results.events import read_run_events
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
-from mlbench.tasks.spec import TASKS, AllreduceSpec
+from mlbench.tasks.registry import TASKS
+from mlbench.tasks.spec import AllreduceSpec
 
 
 def follow_progress(launcher: Launcher, record: RunRecord) -> RunRecord:

@@ -26,7 +26,10 @@ from mlbench.results.report import run_details, run_overview
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
 from mlbench.tasks.models import MODEL_NAMES
-from mlbench.tasks.spec import TASKS, AllreduceSpec, describe_task, get_task, parse_overrides, spec_to_dict
+from mlbench.tasks.overrides import parse_overrides
+from mlbench.tasks.records import spec_to_dict
+from mlbench.tasks.registry import TASKS, get_task
+from mlbench.tasks.spec import AllreduceSpec, describe_task
 
 
 def _parse_opts(pairs: tuple[str, ...]) -> dict[str, str]:

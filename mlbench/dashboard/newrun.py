@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any, cast
 from mlbench.dashboard.sources import CLUSTER, LOCAL, Source, Sources
 from mlbench.errors import DataError, MlbenchError, UsageError
 from mlbench.results.store import CANCELLED, PENDING, RunRecord
-from mlbench.tasks.spec import TASKS, AnySpec, TaskSpec, get_task, parse_overrides
+from mlbench.tasks.overrides import parse_overrides
+from mlbench.tasks.registry import TASKS, get_task
+from mlbench.tasks.spec import AnySpec, TaskSpec
 
 if TYPE_CHECKING:
     from mlbench.launch.plan import DataSource

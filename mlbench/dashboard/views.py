@@ -86,7 +86,8 @@ def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -
     environment = summary.environment or run_json.get("environment") or {}
     task = config.get("task") or {}
     return {
-        "task": record.task, "title": task.get("title"), "model": task.get("model"),
+        "task": record.task, "title": task.get("title"),
+        "model": task.get("model") or (task.get("settings") or {}).get("model"),
         "workers": record.workers, "threads_per_worker": config.get("threads_per_worker"),
         "optimizer": record.optimizer, "optimizer_options": config.get("optimizer_options") or {},
         "division": record.division, "changed": run_json.get("changed") or [],

@@ -40,7 +40,8 @@ from mlbench.results.events import EventTail
 from mlbench.results.http_sink import run_token
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import RunDocument
-from mlbench.tasks.spec import TaskSpec, get_task
+from mlbench.tasks.registry import get_task
+from mlbench.tasks.spec import TaskSpec
 
 if TYPE_CHECKING:
     from urllib3 import HTTPResponse

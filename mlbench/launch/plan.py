@@ -20,9 +20,11 @@ from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
 from mlbench.results.environment import cuda_available, describe_environment, usable_cores
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import Backend, DataSource, Device, Precision, RunConfig
-from mlbench.tasks.allreduce import with_max_size
 from mlbench.tasks.models import MODEL_NAMES
-from mlbench.tasks.spec import AllreduceSpec, TaskSpec, get_task, resolve
+from mlbench.tasks.overrides import resolve
+from mlbench.tasks.registry import get_task
+from mlbench.tasks.spec import AllreduceSpec, TaskSpec
+from mlbench.tasks.task0a.sweep import with_max_size
 
 BACKENDS = ("gloo", "nccl", "mpi")
 
@@ -137,13 +139,13 @@ def build_config(request: RunRequest,
     task = get_task(request.task)
     overrides = dict(request.overrides)
     if request.model:
-        if isinstance(task, TaskSpec) and task.runtime != "classification":
+        if isinstance(task, TaskSpec) and "model" not in task.settings.override_keys():
             raise UsageError(f"--model chooses among the models of task1a and task2a; change {task.name}'s "
-                             "model with --set extra.NAME=VALUE (see `mlbench tasks`)")
+                             "model with --set NAME=VALUE (see `mlbench tasks`)")
         if request.model.strip().lower() not in MODEL_NAMES + ("resnet20", "resnet32", "resnet44", "resnet56"):
             raise UsageError(f"unknown model {request.model!r}; choose one of: {', '.join(MODEL_NAMES)}")
         overrides["model"] = request.model.strip().lower()
-    if "model" in overrides and isinstance(task, TaskSpec) \
+    if "model" in overrides and isinstance(task, TaskSpec) and "model" in task.settings.override_keys() \
             and (overrides["model"] == "logreg") != (task.model == "logreg"):
         raise UsageError(f"model {overrides['model']} does not fit {task.name}'s data set ({task.dataset})")
     spec, changed = resolve(task, overrides)
@@ -210,7 +212,7 @@ def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
     config, changed = build_config(request, resources)
     optimizer = check_optimizer(config.optimizer, request.optimizer_options, request.workers)
     spec = config.task
-    if isinstance(spec, TaskSpec) and spec.runtime == "language-model" and not optimizer.supports_grad_hook:
+    if isinstance(spec, TaskSpec) and spec.settings.needs_averaged_gradient and not optimizer.supports_grad_hook:
         # task 3a clips the averaged gradient between the all-reduce and the update
         usable = ", ".join(with_grad_hook())
         raise UsageError(f"optimizer {config.optimizer} cannot clip the averaged gradient that {spec.name} "

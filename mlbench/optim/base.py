@@ -126,9 +126,9 @@ class ConsensusEvaluation:
 
 def local_sgd(ctx: OptimizerContext, params: list[torch.nn.Parameter]) -> torch.optim.SGD:
     """torch's SGD with the task's momentum, Nesterov and weight decay (lr set per step)."""
-    spec = ctx.spec
-    return torch.optim.SGD(params, lr=0.0, momentum=spec.momentum, nesterov=spec.nesterov,
-                           weight_decay=spec.weight_decay)
+    settings = ctx.spec.settings
+    return torch.optim.SGD(params, lr=0.0, momentum=settings.momentum, nesterov=settings.nesterov,
+                           weight_decay=settings.weight_decay)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

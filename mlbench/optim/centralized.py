@@ -121,8 +121,9 @@ class CentralizedSGD(DistributedOptimizer):
         self.ctx.timer.mark("communication")
         if self.grad_hook_allows_update():
             params = cast("list[torch.Tensor]", self.params)  # Parameters are Tensors; lists are invariant
-            sgd_update_(params, self.grads, self.bufs, lr, momentum=self.ctx.spec.momentum,
-                        nesterov=self.ctx.spec.nesterov, weight_decay=self.ctx.spec.weight_decay)
+            sgd_update_(params, self.grads, self.bufs, lr, momentum=self.ctx.spec.settings.momentum,
+                        nesterov=self.ctx.spec.settings.nesterov,
+                        weight_decay=self.ctx.spec.settings.weight_decay)
         self.ctx.timer.mark("optimizer")
 
     def make_step(self, gradients: Callable[[torch.Tensor], torch.Tensor], *,
@@ -208,13 +209,13 @@ class CentralizedAdam(DistributedOptimizer):
 
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)
-        # A task whose reference optimizer is Adam (4b) states its own values in
-        # spec.extra["adam"]; they replace the defaults, not what the user set.
-        task_values = {k: v for k, v in ctx.spec.extra.get("adam", {}).items() if k not in ctx.options}
+        # A task whose reference optimizer is Adam (4b) states its own values in its settings;
+        # they replace the defaults, not what the user set.
+        task_values = {k: v for k, v in ctx.spec.settings.optimizer_values().items() if k not in ctx.options}
         o = self.opts = {**self.opts, **task_values}
         self.by = o["by"]
         self.local = torch.optim.Adam(self.params, lr=0.0, betas=(o["beta1"], o["beta2"]), eps=o["eps"],
-                                      weight_decay=ctx.spec.weight_decay)
+                                      weight_decay=ctx.spec.settings.weight_decay)
 
     def step(self, lr: float) -> None:
         self.bytes_sent += average_gradients(self.params, self.ctx.world_size, self.by, self.ctx.group)

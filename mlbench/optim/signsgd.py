@@ -48,7 +48,7 @@ class SignSGD(DistributedOptimizer):
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)
         self.error_feedback = self.opts["error_feedback"]
-        self.momentum = LocalMomentum(ctx.spec.momentum, ctx.spec.weight_decay)
+        self.momentum = LocalMomentum(ctx.spec.settings.momentum, ctx.spec.settings.weight_decay)
         self.segments = Segments(self.params)
         self.numel = sum(p.numel() for p in self.params)
         self.memory: torch.Tensor | None = None

@@ -31,7 +31,7 @@ from mlbench.results.outcome import TrainingResult
 from mlbench.results.store import FINISHED, RunRecord, RunStore
 from mlbench.results.summary import RunSummary, summarize
 from mlbench.run_config import RunConfig, RunDocument
-from mlbench.tasks.spec import get_task
+from mlbench.tasks.registry import get_task
 
 TIME_TO_ACCURACY, THROUGHPUT = "time to accuracy", "throughput"
 

@@ -46,7 +46,7 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
     rank0 = [e for e in events if e.get("rank", 0) == 0]
     result = TrainingResult.from_dict(
         record.result or next((e["value"] for e in rank0 if e["name"] == "result"), None)) or TrainingResult()
-    batch = record.workers * (spec.batch_per_worker if spec else 0)
+    batch = record.workers * (spec.settings.batch_per_worker if spec else 0)
     environment = next((e["value"] for e in rank0 if e["name"] == "environment"),
                        document.environment if document else {})
     log = _Log()
@@ -72,8 +72,8 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
     if network:  # the emulated network: its label, the settings and how
         log.add(init_start, "mlbench_network", network_label(network), metadata=dict(network))
     if spec is not None:
-        log.add(init_start, "micro_batch_size", spec.batch_per_worker)
-        for key, value in _hyper_parameters(spec, record.workers).items():
+        log.add(init_start, "micro_batch_size", spec.settings.batch_per_worker)
+        for key, value in spec.settings.mllog_hyperparameters(record.workers).items():
             log.add(init_start, key, value)
     steps_per_epoch = _steps_per_epoch(result)
     train_samples = result.train_samples or (steps_per_epoch and steps_per_epoch * batch)
@@ -125,28 +125,6 @@ def _platform(record: RunRecord, config: RunConfig | None, environment: dict[str
     nodes = 1 if record.launcher == "local" else record.workers
     hardware = hardware_label(config.device if config else None, environment)
     return f"{nodes}x {hardware}, {record.workers} worker(s), {record.launcher}"
-
-
-def _hyper_parameters(spec: TaskSpec, workers: int) -> dict[str, Any]:
-    """The optimiser settings as MLPerf names them; the base rate is the rate after warm-up."""
-    out: dict[str, Any] = {"opt_weight_decay": spec.weight_decay, "opt_momentum": spec.momentum,
-                           "opt_nesterov": spec.nesterov, "opt_l2_regularisation": spec.l2}
-    if spec.lr.kind == "warmup-multistep":
-        out["opt_base_learning_rate"] = spec.lr.eta_per_sample * spec.batch_per_worker * workers
-        out["opt_learning_rate_warmup_epochs"] = spec.lr.warmup_epochs
-        out["opt_learning_rate_decay_boundary_epochs"] = list(spec.lr.milestones)
-        out["opt_learning_rate_decay_factor"] = 1.0 / spec.lr.decay_factor
-    elif spec.lr.kind == "inverse-sqrt":
-        out["opt_base_learning_rate"] = spec.lr.alpha(workers)
-        out["opt_learning_rate_schedule"] = "alpha / sqrt(t)"
-    elif spec.lr.kind == "sqrt-workers-seq-len":
-        out["opt_base_learning_rate"] = spec.lr.base * math.sqrt(workers)
-        out["opt_learning_rate_schedule"] = "base * sqrt(k) * seq_len / bptt"
-    elif spec.lr.kind == "warmup-inverse-sqrt":
-        out["opt_base_learning_rate"] = spec.lr.base
-        out["opt_learning_rate_warmup_steps"] = spec.lr.warmup_steps
-        out["opt_learning_rate_schedule"] = "linear warm-up, then base * sqrt(warmup_steps / t)"
-    return out
 
 
 def _steps_per_epoch(result: TrainingResult) -> int | None:

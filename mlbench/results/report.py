@@ -24,7 +24,7 @@ from mlbench.results.repeats import RepeatStats
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table, summarize
 from mlbench.tasks.metrics import ACCURACY, Metric, get_metric
-from mlbench.tasks.spec import TASKS
+from mlbench.tasks.registry import TASKS
 
 
 def fmt_percent(value: float | None) -> str:

@@ -102,7 +102,7 @@ def _prepare_wikitext2(data_dir: str | None) -> object:
 def _prepare_wmt17(data_dir: str | None) -> object:
     from mlbench.tasks.data.bpe import encode_wmt17
     from mlbench.tasks.data.wmt import wmt17_folder
-    from mlbench.tasks.translation import TranslationSettings
+    from mlbench.tasks.task4b.settings import TranslationSettings
 
     return encode_wmt17(wmt17_folder(data_dir), TranslationSettings().vocab_size)
 

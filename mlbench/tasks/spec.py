@@ -1,180 +1,148 @@
-"""The benchmark tasks as declarative specs: every closed-division number lives here.
+"""What every benchmark task is, whatever it trains: the spec, the settings contract, the record.
 
-A :class:`TaskSpec` is data, not code (torchtitan's TrainSpec idea): the model name, the data set,
-the batch per worker, the learning-rate rule, momentum, weight decay, L2, epochs and goals. The
-worker builds everything from it. Users may override fields (`--set key=value`, `--model`, ...);
-:func:`resolve` applies the overrides and reports which closed-division values changed, which is
-what makes a run "open division" (docs/tasks.md, "Beyond the closed division").
+A task is one package under ``mlbench/tasks/`` (``task1a/``, ``task3a/``, ...; AlgoPerf's workloads
+and torchtitan's TrainSpec are the model), found by :mod:`mlbench.tasks.registry`. Its
+``__init__`` declares a :class:`TaskSpec`: the fields here are what every training task has (a
+title, a goal metric and its goals, the reference optimizer); everything else is the task's own
+typed settings dataclass, a :class:`TrainingSettings`, which is the only home of each of its
+numbers. This module imports no torch: the CLI validates and records a run from it alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass, field
-from typing import Any
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
 
-from mlbench.errors import UsageError
 from mlbench.tasks.metrics import get_metric
 
+SettingsT = TypeVar("SettingsT", bound="TrainingSettings")
 
-@dataclass(frozen=True)
-class LRSchedule:
-    """The learning-rate rule of a task.
 
-    kind "warmup-multistep" (task 1a, Goyal et al. 2017, docs/tasks.md): the rate per sample
-    ``eta`` scales with the global batch; it rises linearly from ``eta*b`` to ``eta*b*k`` over
-    ``warmup_epochs`` and is divided by ``decay_factor`` at each of ``milestones`` (epochs).
+@dataclass(frozen=True, kw_only=True)
+class TrainingSettings:
+    """The numbers of one training task; subclasses add the task's own.
 
-    kind "inverse-sqrt" (task 2a): ``alpha(k) / sqrt(t)`` with t the step counted from 1 and
-    ``alpha`` looked up by worker count in ``alpha_by_workers`` (the largest key <= k).
+    Every training task has a data set (by name, :mod:`mlbench.tasks.datasets`), a batch per
+    worker, an epoch cap and the hyper-parameters of the SGD family (momentum, Nesterov, weight
+    decay), because the data preparation, the trainer and every optimizer of :mod:`mlbench.optim`
+    read them; a task whose method has no momentum keeps the defaults.
 
-    kind "sqrt-workers-seq-len" (task 3a): ``base * sqrt(k)``, rescaled per batch by its sequence
-    length over the BPTT length (then ``base`` again once averaged SGD starts).
-
-    kind "warmup-inverse-sqrt" (task 4b): from 0 linearly to ``base`` over ``warmup_steps``,
-    then ``base * sqrt(warmup_steps / step)``.
-
-    The last two are computed by their tasks' runtimes, which know the batch and the switch.
+    ``--set NAME=VALUE`` may change any field whose type is a number or a flag (and the fields
+    named in :attr:`TEXT_KEYS`); :meth:`override_keys` derives them from the fields, so a new
+    setting is settable the moment it is declared.
     """
 
-    kind: str
-    eta_per_sample: float = 0.0
-    warmup_epochs: float = 0.0
-    milestones: tuple[int, ...] = ()
-    decay_factor: float = 10.0
-    alpha_by_workers: tuple[tuple[int, float], ...] = ()
-    base: float = 0.0
-    warmup_steps: int = 0
+    dataset: str
+    batch_per_worker: int
+    max_epochs: int
+    momentum: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
 
-    def alpha(self, workers: int) -> float:
-        """The inverse-sqrt rule's alpha for this worker count (the table's largest key <= k)."""
-        chosen = self.alpha_by_workers[0][1]
-        for k, value in self.alpha_by_workers:
-            if workers >= k:
-                chosen = value
-        return chosen
+    #: Text fields that ``--set`` may change (numbers and flags always may).
+    TEXT_KEYS: ClassVar[tuple[str, ...]] = ()
+    #: Number fields that ``--set`` may not change (what the data preparation depends on).
+    NOT_SETTABLE: ClassVar[tuple[str, ...]] = ()
+    #: Fields that :meth:`describe_rate` shows (not repeated as rows of their own).
+    RATE_FIELDS: ClassVar[tuple[str, ...]] = ()
+    #: Whether the task clips or inspects the averaged gradient between the all-reduce and the
+    #: update (then only optimizers that hold that gradient can train it).
+    needs_averaged_gradient: ClassVar[bool] = False
+
+    @classmethod
+    def override_keys(cls) -> dict[str, type]:
+        """``--set`` keys of this task's settings and the type each value is parsed as."""
+        hints = typing.get_type_hints(cls)
+        keys: dict[str, type] = {}
+        for f in dataclasses.fields(cls):
+            kind = hints[f.name]
+            if f.name in cls.NOT_SETTABLE:
+                continue
+            if kind in (int, float, bool) or (kind is str and f.name in cls.TEXT_KEYS):
+                keys[f.name] = kind
+        return keys
+
+    def value_of(self, key: str) -> Any:
+        """The current value of an override key."""
+        return getattr(self, key)
+
+    def stored_value(self, key: str, value: Any) -> Any:
+        """The value as the settings hold it (a ValueError, in words, where the key does not
+        apply to these settings)."""
+        return value
+
+    def with_values(self: SettingsT, values: dict[str, Any]) -> SettingsT:
+        """These settings with the (already typed and checked) override values applied."""
+        return dataclasses.replace(self, **values)
+
+    def describe_rate(self) -> str:
+        """The learning-rate rule in words, as ``mlbench tasks`` shows it."""
+        raise NotImplementedError
+
+    def describe_rows(self) -> list[list[Any]]:
+        """The task's own numbers as (name, value) rows after the rule (``mlbench tasks``)."""
+        common = {f.name for f in dataclasses.fields(TrainingSettings)}
+        return [[f.name.replace("_", " "), getattr(self, f.name)] for f in dataclasses.fields(self)
+                if f.name not in common and f.name not in self.RATE_FIELDS and f.name in self.override_keys()]
+
+    def optimizer_values(self) -> dict[str, float]:
+        """The task's values of its reference optimizer's options (Adam's betas for 4b): they
+        replace the optimizer's defaults, not what the user set."""
+        return {}
+
+    def mllog_hyperparameters(self, workers: int) -> dict[str, Any]:
+        """The optimiser settings as MLPerf's log names them; the base rate is the rate after warm-up."""
+        return {"opt_weight_decay": self.weight_decay, "opt_momentum": self.momentum,
+                "opt_nesterov": self.nesterov}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls: type[SettingsT], data: dict[str, Any]) -> SettingsT:
+        """Settings from :meth:`to_dict` (JSON turns tuples into lists; they are tuples again)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
+        return cls(**values)
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One benchmark task of the closed division (docs/tasks.md), plus the knobs users may change."""
+    """One training task of the closed division (docs/tasks.md): what every task has, and its settings.
+
+    The task's own numbers are read through the spec as well (``spec.bptt`` is
+    ``spec.settings.bptt``), so code that knows which task it holds need not unwrap it.
+    """
 
     name: str
     title: str
-    model: str
-    dataset: str
-    batch_per_worker: int
-    lr: LRSchedule
-    momentum: float
-    nesterov: bool
-    weight_decay: float
-    l2: float
-    max_epochs: int
+    settings: TrainingSettings
     goal_full: float
     goal_light: float
-    loss: str
     metric: str = "accuracy"
+    optimizer: str = "centralized-sgd"  # the closed division's distributed optimizer
     notes: str = ""
     reference: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-    kind: str = "training"   # or "allreduce": task 0a, a communication benchmark (no model, no data)
-    runtime: str = "classification"   # the builder of its worker-side runtime (worker/runtimes.py)
-    optimizer: str = "centralized-sgd"  # the closed division's distributed optimizer
+    kind: ClassVar[str] = "training"
 
     def goal(self, light: bool) -> float:
         return self.goal_light if light else self.goal_full
 
+    def __getattr__(self, name: str) -> Any:
+        """A setting of the task (called only for names that are not fields of the spec)."""
+        if name.startswith("__") or name == "settings":
+            raise AttributeError(name)
+        try:
+            return getattr(self.settings, name)
+        except AttributeError:
+            raise AttributeError(f"{self.name} has no setting {name!r}") from None
 
-TASK1A = TaskSpec(
-    name="task1a",
-    title="Image classification: ResNet-20 on CIFAR-10",
-    model="resnet20-v1",
-    dataset="cifar10",
-    batch_per_worker=32,
-    lr=LRSchedule(kind="warmup-multistep", eta_per_sample=0.1 / 256, warmup_epochs=5,
-                  milestones=(82, 109), decay_factor=10.0),
-    momentum=0.9,
-    nesterov=True,
-    weight_decay=1e-4,
-    l2=0.0,
-    max_epochs=164,
-    goal_full=0.80,
-    goal_light=0.70,
-    loss="cross-entropy",
-    reference="He et al. 2015 (ResNet); Goyal et al. 2017 (warm-up); MLBench task 1a",
-)
-
-TASK2A = TaskSpec(
-    name="task2a",
-    title="Linear learning: L2 logistic regression on epsilon",
-    model="logreg",
-    dataset="epsilon",
-    batch_per_worker=100,
-    lr=LRSchedule(kind="inverse-sqrt",
-                  alpha_by_workers=((1, 200.0), (2, 400.0), (4, 600.0), (8, 700.0), (16, 800.0))),
-    momentum=0.0,
-    nesterov=False,
-    weight_decay=0.0,
-    l2=0.0000025,
-    max_epochs=10,
-    goal_full=0.89,
-    goal_light=0.80,
-    loss="logistic",
-    notes="max_epochs is not fixed by the specification; 10 epochs is mlbench's cap",
-    reference="PASCAL 2008 large-scale challenge (epsilon); MLBench task 2a",
-)
-
-TASK3A = TaskSpec(
-    name="task3a",
-    title="Language modelling: AWD-LSTM on Wikitext-2",
-    model="awd-lstm",
-    dataset="wikitext2",
-    batch_per_worker=20,
-    lr=LRSchedule(kind="sqrt-workers-seq-len", base=15.0),
-    momentum=0.0,
-    nesterov=False,
-    weight_decay=1.2e-6,
-    l2=0.0,
-    max_epochs=750,
-    goal_full=70.0,
-    goal_light=90.0,
-    loss="cross-entropy",
-    metric="perplexity",
-    runtime="language-model",
-    extra={"eval_batch": 10, "bptt": 70, "asgd_lr": 15.0, "grad_clip": 0.25, "ar_alpha": 2.0,
-           "tar_beta": 1.0, "nonmono": 5, "embedding": 400, "hidden": 1150, "layers": 3,
-           "dropout": 0.4, "dropout_h": 0.2, "dropout_i": 0.65, "dropout_e": 0.1, "weight_drop": 0.5},
-    notes="validation perplexity, lower is better; averaged SGD after the non-monotone trigger",
-    reference="Merity et al. 2018 (AWD-LSTM, arXiv:1708.02182); MLBench task 3a",
-)
-
-TASK4B = TaskSpec(
-    name="task4b",
-    title="Machine translation: Transformer (big) on WMT17 en-de",
-    model="transformer-big",
-    dataset="wmt17-en-de",
-    batch_per_worker=2**13,  # tokens
-    lr=LRSchedule(kind="warmup-inverse-sqrt", base=1.976e-3, warmup_steps=1000),
-    momentum=0.0,
-    nesterov=False,
-    weight_decay=0.0,
-    l2=0.0,
-    max_epochs=10,
-    goal_full=25.0,
-    goal_light=20.0,
-    loss="label-smoothed-cross-entropy",
-    metric="bleu",
-    runtime="translation",
-    optimizer="centralized-adam",
-    extra={"adam": {"beta1": 0.9, "beta2": 0.98, "eps": 1e-9, "lr_scale": 1.0},
-           "global_tokens": 2**17, "batch_multiple": 8, "max_len": 80, "label_smoothing": 0.1,
-           "beam": 4, "length_penalty": 0.6, "dim": 1024, "ffn": 4096, "heads": 16,
-           "encoder_layers": 6, "decoder_layers": 6, "dropout": 0.1, "attention_dropout": 0.1,
-           "activation_dropout": 0.1},
-    notes="batch_per_worker counts tokens; BLEU on newstest2014 (sacreBLEU), beam 4, length penalty 0.6",
-    reference="Vaswani et al. 2017 (Transformer big, pre-norm); MLBench task 4b",
-)
+    def with_settings(self, **values: Any) -> TaskSpec:
+        """The spec with some settings replaced (no checks: :func:`mlbench.tasks.overrides.resolve`
+        is the checked way)."""
+        return dataclasses.replace(self, settings=dataclasses.replace(self.settings, **values))
 
 
 @dataclass(frozen=True)
@@ -187,11 +155,11 @@ class AllreduceSpec:
 
     name: str
     title: str
-    max_size: int = 10**8
-    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
-    warmup: int = 5
-    iterations: int = 20
-    seconds_per_size: float = 0.5
+    max_size: int
+    dtypes: tuple[str, ...]
+    warmup: int
+    iterations: int
+    seconds_per_size: float
     metric: str = "bus bandwidth"
     notes: str = ""
     reference: str = ""
@@ -205,256 +173,16 @@ class AllreduceSpec:
 #: Any task's spec: a training task or the all-reduce benchmark.
 AnySpec = TaskSpec | AllreduceSpec
 
-TASK0A = AllreduceSpec(
-    name="task0a",
-    title="Communication: all-reduce latency and bandwidth of the backend",
-    notes="messages of 1..max_size elements (log-spaced); nccl-tests' time, algbw and busbw per size",
-    reference="MLBench task 0a; bandwidths as NVIDIA nccl-tests (doc/PERFORMANCE.md)",
-)
-
-TASKS: dict[str, AnySpec] = {t.name: t for t in (TASK0A, TASK1A, TASK2A, TASK3A, TASK4B)}
-
-#: Fields a user may override with ``--set key=value``, with their type.
-OVERRIDABLE: dict[str, type] = {
-    "model": str,
-    "batch_per_worker": int,
-    "momentum": float,
-    "nesterov": bool,
-    "weight_decay": float,
-    "l2": float,
-    "max_epochs": int,
-    "goal_full": float,
-    "goal_light": float,
-    "lr.eta_per_sample": float,
-    "lr.warmup_epochs": float,
-    "lr.milestones": tuple,
-    "lr.decay_factor": float,
-    "lr.alpha": float,
-}
-
-
-def describe_rule(lr: LRSchedule) -> str:
-    """A learning-rate rule in words, as `mlbench tasks` shows it."""
-    if lr.kind == "warmup-multistep":
-        return (f"eta = {lr.eta_per_sample:.6g} per sample; warm-up from eta*b to eta*b*k over "
-                f"{lr.warmup_epochs:g} epochs; / {lr.decay_factor:g} at epochs "
-                f"{', '.join(str(m) for m in lr.milestones)}")
-    if lr.kind == "inverse-sqrt":
-        table = ", ".join(f"{a:g} (k>={k})" for k, a in lr.alpha_by_workers)
-        return f"alpha / sqrt(t), alpha = {table}"
-    if lr.kind == "sqrt-workers-seq-len":
-        return f"{lr.base:g} x sqrt(k), x seq_len / bptt per batch; {lr.base:g} x seq_len / bptt once averaging"
-    if lr.kind == "warmup-inverse-sqrt":
-        return (f"{lr.base:g}, warmed up linearly from 0 over {lr.warmup_steps} steps, then "
-                f"x sqrt({lr.warmup_steps} / step)")
-    return lr.kind
-
 
 def describe_task(spec: TaskSpec) -> list[list[Any]]:
-    """The closed-division values of a training task as (name, value) rows."""
+    """The closed-division values of a training task as (name, value) rows (``mlbench tasks``)."""
     metric = get_metric(spec.metric)
-    rows: list[list[Any]] = [
-        ["model", spec.model], ["data", spec.dataset],
-        ["batch per worker", spec.batch_per_worker], ["learning rate", describe_rule(spec.lr)],
-        ["optimizer", spec.optimizer],
-        ["momentum", f"{spec.momentum:g}" + (" (Nesterov)" if spec.nesterov else "")],
-        ["weight decay", f"{spec.weight_decay:g}"], ["L2 regularisation", f"{spec.l2:g}"],
-        ["max epochs", spec.max_epochs],
-        ["goal", f"{metric.describe_goal(spec.goal_full)} (light: {metric.format(spec.goal_light)})"],
-    ]
-    for key, value in spec.extra.items():
-        shown = ", ".join(f"{k} {v:g}" for k, v in value.items()) if isinstance(value, dict) else value
-        rows.append([key.replace("_", " "), shown])
+    s = spec.settings
+    rows: list[list[Any]] = [["batch per worker", s.batch_per_worker],
+                             ["learning rate", s.describe_rate()], ["optimizer", spec.optimizer],
+                             ["momentum", f"{s.momentum:g}" + (" (Nesterov)" if s.nesterov else "")],
+                             ["weight decay", f"{s.weight_decay:g}"]]
+    rows += s.describe_rows()
+    rows += [["max epochs", s.max_epochs],
+             ["goal", f"{metric.describe_goal(spec.goal_full)} (light: {metric.format(spec.goal_light)})"]]
     return rows
-
-
-def get_task(name: str) -> AnySpec:
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise UsageError(f"unknown task {name!r}; choose one of: {', '.join(TASKS)} "
-                         "(see `mlbench tasks`)") from None
-
-
-def _parse_value(key: str, raw: str) -> Any:
-    kind = OVERRIDABLE[key]
-    try:
-        if kind is bool:
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if kind is tuple:
-            return tuple(int(v) for v in raw.split(",") if v.strip())
-        value = kind(raw)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(raw)
-        return value
-    except ValueError:
-        raise UsageError(f"--set {key}={raw}: expected a {kind.__name__}") from None
-
-
-#: The values each overridable number may take: (lowest, highest, whether the lowest itself is
-#: allowed, whether the highest is). A value outside its range would crash the workers or train
-#: nothing, so it is refused before a run exists.
-RANGES: dict[str, tuple[float, float, bool, bool]] = {
-    "batch_per_worker": (1, 2**20, True, True),
-    "momentum": (0.0, 1.0, True, False),          # below 1: momentum 1 never forgets a gradient
-    "weight_decay": (0.0, 1.0, True, True),
-    "l2": (0.0, 1.0, True, True),
-    "max_epochs": (1, 1_000_000, True, True),
-    "lr.eta_per_sample": (0.0, 1.0, False, True),
-    "lr.warmup_epochs": (0.0, 10_000, True, True),
-    "lr.decay_factor": (0.0, 1e6, False, True),
-    "lr.alpha": (0.0, 1e3, False, True),
-}
-
-
-def _check_range(key: str, value: Any) -> None:
-    if key == "lr.milestones":
-        if any(m < 1 for m in value) or list(value) != sorted(set(value)):
-            listed = ",".join(map(str, value))
-            raise UsageError(f"--set lr.milestones={listed}: give increasing epochs, each at least 1")
-        return
-    if key not in RANGES:
-        return
-    low, high, low_allowed, high_allowed = RANGES[key]
-    above_low = value >= low if low_allowed else value > low
-    below_high = value <= high if high_allowed else value < high
-    if not (above_low and below_high):
-        lower = f"at least {_num(low)}" if low_allowed else f"above {_num(low)}"
-        upper = f"at most {_num(high)}" if high_allowed else f"below {_num(high)}"
-        raise UsageError(f"--set {key}={_num(value)}: must be {lower} and {upper}")
-
-
-def _num(value: float) -> str:
-    return f"{int(value):,}" if float(value).is_integer() and abs(value) >= 1 else f"{value:g}"
-
-
-def _check_extra_range(name: str, value: Any) -> None:
-    """A task's own numbers are sizes, counts and rates: never negative; rates of dropout below 1."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return
-    if value < 0:
-        raise UsageError(f"--set extra.{name}={value:g}: must be at least 0")
-    if "dropout" in name or name in ("weight_drop", "label_smoothing"):
-        if value >= 1:
-            raise UsageError(f"--set extra.{name}={value:g}: a rate, at least 0 and below 1")
-    elif isinstance(value, int) and value == 0 and name not in ("nonmono",):
-        raise UsageError(f"--set extra.{name}=0: must be at least 1")
-
-
-def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
-    """``["momentum=0", "lr.milestones=50,75"]`` -> typed values, or a UsageError."""
-    result: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        key = key.strip()
-        if sep and key.startswith("extra.") and len(key) > 6:
-            result[key] = raw.strip()  # typed by resolve(), which knows the task's value
-            continue
-        if not sep or key not in OVERRIDABLE:
-            raise UsageError(f"--set {pair!r}: expected KEY=VALUE with KEY one of "
-                             f"{', '.join(OVERRIDABLE)}, or extra.NAME for a task's own setting")
-        result[key] = _parse_value(key, raw.strip())
-        _check_range(key, result[key])
-    return result
-
-
-def _extra_value(task: TaskSpec, name: str, raw: Any) -> Any:
-    """``--set extra.NAME=VALUE``: VALUE typed like the task's own value of NAME."""
-    if name not in task.extra or isinstance(task.extra[name], dict):
-        settable = ", ".join(k for k, v in task.extra.items() if not isinstance(v, dict)) or "none"
-        raise UsageError(f"--set extra.{name}: {task.name} has no setting {name!r}; its settings: {settable}")
-    current = task.extra[name]
-    if not isinstance(raw, str):
-        return raw
-    try:
-        if isinstance(current, bool):
-            if raw.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-                return raw.lower() in ("1", "true", "yes", "on")
-            raise ValueError(raw)
-        value = type(current)(raw)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(raw)
-        return value
-    except ValueError:
-        raise UsageError(f"--set extra.{name}={raw}: expected a {type(current).__name__}") from None
-
-
-def resolve(task: AnySpec, overrides: dict[str, Any]) -> tuple[AnySpec, list[str]]:
-    """Apply overrides; return the new spec and the closed-division fields that changed.
-
-    ``lr.alpha`` replaces the whole inverse-sqrt alpha table by one value (any worker count).
-    """
-    if isinstance(task, AllreduceSpec):
-        if overrides:
-            raise UsageError(f"{task.name} measures the all-reduce itself and takes no --set or "
-                             "--model; use --max-size to cap the messages")
-        return task, []
-    changed: list[str] = []
-    top: dict[str, Any] = {}
-    lr_fields: dict[str, Any] = {}
-    extra = dict(task.extra)
-    for key, value in overrides.items():
-        if key.startswith("extra."):
-            name = key[6:]
-            typed = _extra_value(task, name, value)
-            _check_extra_range(name, typed)
-            if typed != task.extra[name]:
-                changed.append(key)
-            extra[name] = typed
-            continue
-        if key.startswith("lr."):
-            sub = key[3:]
-            if sub == "alpha":
-                if task.lr.kind != "inverse-sqrt":
-                    raise UsageError(f"--set lr.alpha applies to inverse-sqrt schedules, "
-                                     f"not to {task.name}")
-                new = ((1, float(value)),)
-                if new != task.lr.alpha_by_workers:
-                    changed.append(key)
-                lr_fields["alpha_by_workers"] = new
-                continue
-            if getattr(task.lr, sub) != value:
-                changed.append(key)
-            lr_fields[sub] = value
-        else:
-            current = getattr(task, key)
-            if key == "model" and _same_model(current, value):
-                value = current
-            if current != value:
-                changed.append(key)
-            top[key] = value
-    lr = dataclasses.replace(task.lr, **lr_fields) if lr_fields else task.lr
-    metric = get_metric(task.metric)
-    for key in ("goal_full", "goal_light"):
-        problem = metric.check_goal(top[key]) if key in top else None
-        if problem:
-            raise UsageError(f"--set {key}={top[key]:g}: {problem}")
-    return dataclasses.replace(task, lr=lr, extra=extra, **top), changed
-
-
-def _same_model(a: str, b: str) -> bool:
-    """'resnet20' is short for 'resnet20-v1'."""
-    norm = lambda m: m if "-v" in m or not m.startswith("resnet") else m + "-v1"
-    return norm(a) == norm(b)
-
-
-def spec_to_dict(task: AnySpec) -> dict[str, Any]:
-    return dataclasses.asdict(task)
-
-
-def spec_from_dict(data: dict[str, Any]) -> AnySpec:
-    data = dict(data)
-    if data.get("kind") == "allreduce":
-        # records before AllreduceSpec kept the sweep's parameters under "extra"
-        flat = {**data, **data.pop("extra", {})}
-        known = {f.name for f in dataclasses.fields(AllreduceSpec)}
-        spec = AllreduceSpec(**{k: v for k, v in flat.items() if k in known})
-        return dataclasses.replace(spec, dtypes=tuple(spec.dtypes))
-    lr = dict(data.pop("lr"))
-    lr["milestones"] = tuple(lr.get("milestones", ()))
-    lr["alpha_by_workers"] = tuple(tuple(p) for p in lr.get("alpha_by_workers", ()))
-    return TaskSpec(lr=LRSchedule(**lr), **data)

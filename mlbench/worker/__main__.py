@@ -77,8 +77,8 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
         if rank == 0:
             events.emit("environment", describe_environment(), epoch=0, step=0)
         if config.task.kind == "allreduce":  # task 0a: a communication benchmark, no training
-            from mlbench.worker.allreduce import run_benchmark
-            result = run_benchmark(config, rank, events)
+            from mlbench.tasks.registry import runtime_module
+            result = runtime_module(config.task).run_benchmark(config, rank, events)
         else:
             trainer = Trainer(config, rank, events)
             trainer.setup()

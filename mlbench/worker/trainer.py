@@ -22,9 +22,9 @@ from mlbench.results.outcome import TrainingResult
 from mlbench.run_config import RunConfig
 from mlbench.tasks.metrics import get_metric
 from mlbench.tasks.models import count_trainable_parameters
+from mlbench.tasks.registry import runtime_module
 from mlbench.tasks.runtime import TaskRuntime
 from mlbench.timing import PhaseTimer
-from mlbench.worker.runtimes import build_runtime
 
 #: Target seconds between two checks of the time budget (the workers agree on the step count).
 BUDGET_CHECK_SECONDS = 0.25
@@ -76,7 +76,8 @@ class Trainer:
     def setup(self) -> None:
         torch.manual_seed(self.cfg.seed)
         self.timer = PhaseTimer(self.device, enabled=self.cfg.timing)
-        self.runtime: TaskRuntime = build_runtime(self.cfg, self.rank, self.device, self.timer)
+        self.runtime: TaskRuntime = runtime_module(self.spec).build_runtime(self.cfg, self.rank, self.device,
+                                                                             self.timer)
         self.model = self.runtime.model
         self.metric = get_metric(self.runtime.metric_name)
         # What the reference (one fp32 all-reduce of all gradients) sends per step and rank: the
@@ -98,7 +99,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         interval_steps = interval_samples = 0
         interval_start_bytes = 0
-        for epoch in range(self.spec.max_epochs):
+        for epoch in range(self.spec.settings.max_epochs):
             p.epoch = epoch
             self.runtime.begin_epoch(epoch)
             stop = None

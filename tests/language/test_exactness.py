@@ -24,17 +24,19 @@ from torch import nn
 
 from mlbench.optim.base import OptimizerContext
 from mlbench.optim.catalog import build_optimizer
-from mlbench.tasks.language_model import LanguageModelRuntime, LanguageModelSettings
 from mlbench.tasks.precision import DynamicLossScaler
-from mlbench.tasks.spec import TASK1A
-from mlbench.tasks.translation import TranslationRuntime, TranslationSettings
+from mlbench.tasks.task1a import TASK1A
+from mlbench.tasks.task3a.runtime import LanguageModelRuntime
+from mlbench.tasks.task3a.settings import LanguageModelSettings
+from mlbench.tasks.task4b.runtime import TranslationRuntime
+from mlbench.tasks.task4b.settings import TranslationSettings
 from mlbench.timing import PhaseTimer
 
 CPU = torch.device("cpu")
-SGD_3A = dataclasses.replace(TASK1A, momentum=0.0, nesterov=False, weight_decay=1.2e-6)
+SGD_3A = TASK1A.with_settings(momentum=0.0, nesterov=False, weight_decay=1.2e-6)
 LM = LanguageModelSettings(batch_per_worker=2, eval_batch=2, bptt=10, embedding=8, hidden=12, layers=3,
                            dropout=0, dropout_h=0, dropout_i=0, dropout_e=0, weight_drop=0, grad_clip=0.05)
-MT = TranslationSettings(vocab_size=120, max_tokens=64, global_tokens=256, max_len=40, dim=16, ffn=32, heads=2,
+MT = TranslationSettings(vocab_size=120, batch_per_worker=64, global_tokens=256, max_len=40, dim=16, ffn=32, heads=2,
                          encoder_layers=1, decoder_layers=1, dropout=0, attention_dropout=0,
                          activation_dropout=0, eval_sentences=10, eval_batch=4)
 STEPS = 5

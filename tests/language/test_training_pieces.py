@@ -15,20 +15,23 @@ import torch.nn.functional as F
 from mlbench.errors import UsageError
 from mlbench.optim.base import OptimizerContext
 from mlbench.optim.catalog import build_optimizer
-from mlbench.tasks.beam_search import beam_search, length_penalty
-from mlbench.tasks.bleu import bleu_from_statistics, bleu_statistics
-from mlbench.tasks.language_model import LanguageModelRuntime, LanguageModelSettings, LMBatch, nonmonotone_trigger
 from mlbench.tasks.models.transformer import Transformer
-from mlbench.tasks.spec import TASK1A
-from mlbench.tasks.translation import TranslationRuntime, TranslationSettings
+from mlbench.tasks.task1a import TASK1A
+from mlbench.tasks.task3a.runtime import LanguageModelRuntime, LMBatch, nonmonotone_trigger
+from mlbench.tasks.task3a.settings import LanguageModelSettings
+from mlbench.tasks.task4b import TASK4B
+from mlbench.tasks.task4b.beam_search import beam_search, length_penalty
+from mlbench.tasks.task4b.bleu import bleu_from_statistics, bleu_statistics
+from mlbench.tasks.task4b.runtime import TranslationRuntime
+from mlbench.tasks.task4b.settings import TranslationSettings
 from mlbench.timing import PhaseTimer
 
 CPU = torch.device("cpu")
 TINY_LM = LanguageModelSettings(batch_per_worker=4, eval_batch=2, bptt=10, embedding=8, hidden=12, layers=3,
                                 synthetic_tokens=(4000, 400), synthetic_vocab=50)
-TINY_MT = TranslationSettings(vocab_size=60, max_tokens=128, global_tokens=512, max_len=40, dim=16, ffn=32,
+TINY_MT = TranslationSettings(vocab_size=60, batch_per_worker=128, global_tokens=512, max_len=40, dim=16, ffn=32,
                               heads=2, encoder_layers=1, decoder_layers=1, synthetic_pairs=(200, 8))
-SGD_3A = dataclasses.replace(TASK1A, momentum=0.0, nesterov=False, weight_decay=1.2e-6)
+SGD_3A = TASK1A.with_settings(momentum=0.0, nesterov=False, weight_decay=1.2e-6)
 
 
 def sgd(model: torch.nn.Module, name: str = "centralized-sgd"):
@@ -199,8 +202,7 @@ def test_synthetic_4b_steps_have_the_global_token_count_and_bounded_micro_batche
 
 
 def test_centralized_adam_takes_the_tasks_adam_values_unless_the_user_set_them():
-    spec = dataclasses.replace(TASK1A, weight_decay=0.0,
-                               extra={"adam": {"lr_scale": 1.0, "beta1": 0.9, "beta2": 0.98, "eps": 1e-9}})
+    spec = TASK4B  # Adam's values in its settings: lr_scale 1, betas (0.9, 0.98), eps 1e-9
     model = torch.nn.Linear(2, 1)
 
     def adam(options):

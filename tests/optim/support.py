@@ -8,7 +8,6 @@ Functions given to :func:`run_on_ranks` must live at module level (they are sent
 
 from __future__ import annotations
 
-import dataclasses
 import multiprocessing
 import os
 import pickle
@@ -19,14 +18,14 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from mlbench.tasks.spec import TASK1A
+from mlbench.tasks.task1a import TASK1A
 
 _CTX = multiprocessing.get_context("forkserver")
 # torch.optim imports torch._dynamo on first use: seconds, paid once here instead of per process.
 multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "mlbench.optim.catalog"])
 
 #: The task-1a hyper-parameters without momentum and weight decay: plain SGD.
-PLAIN = dataclasses.replace(TASK1A, momentum=0.0, nesterov=False, weight_decay=0.0)
+PLAIN = TASK1A.with_settings(momentum=0.0, nesterov=False, weight_decay=0.0)
 
 
 def _entry(fn: Callable[..., Any], rank: int, world: int, store: str, args: tuple, out) -> None:

@@ -9,7 +9,7 @@ from mlbench.cli import (
     cli,
     commands,  # noqa: F401  (registers the commands)
 )
-from mlbench.tasks.allreduce import bus_factor, message_sizes
+from mlbench.tasks.task0a.sweep import bus_factor, message_sizes
 from tests.helpers import events, last_run, mlbench, run_json
 
 

@@ -12,7 +12,7 @@ import torch
 
 from mlbench.optim.base import OptimizerContext
 from mlbench.optim.catalog import build_optimizer
-from mlbench.tasks.spec import TASK1A
+from mlbench.tasks.task1a import TASK1A
 from mlbench.timing import PhaseTimer
 from tests.optim.support import PLAIN, loss_on, params_of, run_on_ranks, tiny_data, tiny_model
 

@@ -20,7 +20,7 @@ from mlbench.tasks.data.cifar10 import load_cifar10
 from mlbench.tasks.models import count_trainable_parameters
 from mlbench.tasks.data.sharding import epoch_batches, eval_shard
 from mlbench.tasks.pipeline import Pipeline
-from mlbench.tasks.spec import TASK1A
+from mlbench.tasks.task1a import TASK1A
 from mlbench.timing import PhaseTimer
 from tests.optim.support import run_on_ranks
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from mlbench.results.events import FileSink
 from mlbench.results.store import FINISHED, RunRecord, RunStore
-from mlbench.tasks.spec import TASKS, spec_to_dict
+from mlbench.tasks.records import spec_to_dict
+from mlbench.tasks.registry import TASKS
 
 T0 = 1_700_000_000.0
 ENVIRONMENT = {"host": "lab", "cpu": "Test CPU", "cores": 8, "gpus": [], "torch": "2.x"}

@@ -32,7 +32,6 @@ from mlbench.tasks.data.download import default_data_root, exclusive, one_line
 from mlbench.tasks.data.wmt import FILES, LANGS, TEST, TRAIN, check_parallel
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
-DEFAULT_VOCAB = 32768
 #: Sentences sampled to train the BPE model (SentencePiece's own sampling; the full corpus is encoded).
 TRAINING_SENTENCES = 2_000_000
 _CHUNK_LINES = 100_000
@@ -84,7 +83,7 @@ def _sentencepiece():
     return spm
 
 
-def encode_wmt17(folder: pathlib.Path, vocab_size: int = DEFAULT_VOCAB) -> EncodedCorpus:
+def encode_wmt17(folder: pathlib.Path, vocab_size: int) -> EncodedCorpus:
     """The checked text folder of :func:`mlbench.tasks.data.wmt.wmt17_folder`, BPE-encoded
     through its cache entry (built on first use, rebuilt when a file or the size changes)."""
     _sentencepiece()

@@ -1,4 +1,4 @@
-"""The all-reduce sweep of task 0a as one worker runs it (the definition: mlbench.tasks.allreduce).
+"""The all-reduce sweep of task 0a as one worker runs it (the definition: :mod:`.sweep`).
 
 Warm-up and repetitions adapt to the message: the first operation of each size is timed, the
 ranks agree on the slowest estimate, and then run up to ``warmup`` warm-up operations and up to
@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 from mlbench.results.events import EventWriter
 from mlbench.run_config import RunConfig
-from mlbench.tasks.allreduce import bus_factor, message_sizes
 from mlbench.tasks.spec import AllreduceSpec
+from mlbench.tasks.task0a.sweep import bus_factor, message_sizes
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 #: Repetitions never drop below this, however large the message.

@@ -3,15 +3,15 @@
 The recipe of Vaswani et al. 2017 ("big") with the settings of the original MLBench task:
 
 * token-bucketed micro-batches of at most 2^13 padded tokens per worker, accumulated to a global
-  batch of 2^17 tokens (:mod:`.data.bucketing`; the same global batches for every worker count);
+  batch of 2^17 tokens (:mod:`mlbench.tasks.data.bucketing`; the same global batches for every worker count);
 * label-smoothed cross entropy (Szegedy et al. 2016, eps = 0.1; torch's formulation), summed
   over the target tokens and divided by the number of target tokens of the whole global batch
   over all workers; each worker's contribution is multiplied by k because the optimizer
   averages the gradients over the k workers, so the update uses sum / total exactly;
 * the rate rises linearly from 0 to 1.976e-3 over 1,000 steps, then decays with the inverse
   square root of the step (fairseq's ``inverse_sqrt``; Vaswani et al. Eq. 3's shape);
-  Adam's betas (0.9, 0.98) and eps 1e-9 are the optimizer's (``spec.extra["adam"]``);
-* mixed precision (:mod:`.precision`): bf16 autocast on GPUs that have it, else fp16 with
+  Adam's betas (0.9, 0.98) and eps 1e-9 are the optimizer's (``settings.optimizer_values()``);
+* mixed precision (:mod:`mlbench.tasks.precision`): bf16 autocast on GPUs that have it, else fp16 with
   dynamic loss scaling, fp32 on the CPU;
 * evaluation on newstest2014: the per-token negative log-likelihood (no smoothing) and BLEU of
   beam-search translations (beam 4, length penalty 0.6, at most source length + 50 tokens,
@@ -23,52 +23,24 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+import dataclasses
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mlbench.tasks.beam_search import beam_search
-from mlbench.tasks.bleu import STATISTICS, bleu_from_statistics, bleu_statistics
-from mlbench.tasks.data.bpe import BOS, DEFAULT_VOCAB, EOS, PAD, Side
+from mlbench.tasks.task4b.beam_search import beam_search
+from mlbench.tasks.task4b.bleu import STATISTICS, bleu_from_statistics, bleu_statistics
+from mlbench.tasks.data.bpe import BOS, EOS, PAD, Side
 from mlbench.tasks.data.bucketing import GlobalBatches, accumulation, token_batches
 from mlbench.tasks.data.sharding import eval_shard
 from mlbench.tasks.models.transformer import Transformer
 from mlbench.tasks.precision import DynamicLossScaler, autocast, choose_precision
+from mlbench.run_config import RunConfig
 from mlbench.tasks.runtime import all_reduce_sum
+from mlbench.tasks.task4b.settings import TranslationSettings
 from mlbench.timing import PhaseTimer
-
-
-@dataclass(frozen=True)
-class TranslationSettings:
-    """Task 4b's numbers (Vaswani et al. 2017 "big"; batches and rate of MLBench 4b)."""
-
-    vocab_size: int = DEFAULT_VOCAB
-    max_tokens: int = 2 ** 13
-    global_tokens: int = 2 ** 17
-    batch_multiple: int = 8
-    max_len: int = 80
-    lr: float = 1.976e-3
-    warmup_steps: int = 1000
-    label_smoothing: float = 0.1
-    beam: int = 4
-    length_penalty: float = 0.6
-    decode_extra: int = 50              # translations of at most source length + 50 tokens
-    eval_sentences: int | None = None   # None: all of newstest2014 (3,003)
-    eval_batch: int = 64                # sentences per beam-search batch
-    dim: int = 1024
-    ffn: int = 4096
-    heads: int = 16
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    dropout: float = 0.1
-    attention_dropout: float = 0.1
-    activation_dropout: float = 0.1
-    precision: str = "auto"             # auto | fp32 | bf16 | fp16
-    #: ``--data synthetic``: random sentence pairs (train, test) of 4..79 tokens.
-    synthetic_pairs: tuple[int, int] = (40_000, 64)
 
 
 class MicroBatch(NamedTuple):
@@ -117,9 +89,10 @@ class TranslationRuntime:
                                  max_positions=max(1024, settings.max_len + settings.decode_extra + 2)
                                  ).to(device)
         src, tgt = self.train_sides
-        batches = token_batches(src.lengths() + 1, tgt.lengths() + 1, max_tokens=settings.max_tokens,
+        batches = token_batches(src.lengths() + 1, tgt.lengths() + 1, max_tokens=settings.batch_per_worker,
                                 max_len=settings.max_len, multiple=settings.batch_multiple, seed=seed)
-        self.schedule = GlobalBatches(batches, world, accumulation(world, settings.global_tokens, settings.max_tokens))
+        self.schedule = GlobalBatches(batches, world, accumulation(world, settings.global_tokens,
+                                                                         settings.batch_per_worker))
         self._batch_tokens = np.array([int(tgt.lengths()[b].sum()) + len(b) for b in batches], dtype=np.int64)
         self.scaler = (DynamicLossScaler([p for p in self.model.parameters() if p.requires_grad], device)
                        if self.precision == "fp16" else None)
@@ -235,3 +208,14 @@ class TranslationRuntime:
                                 self.world, self.device)
         loss = totals[0] / max(totals[1], 1.0)
         return {"loss": loss, "bleu": bleu_from_statistics(totals[2:2 + STATISTICS])}
+
+
+def build_runtime(config: RunConfig, rank: int, device: torch.device, timer: PhaseTimer) -> TranslationRuntime:
+    """What the worker calls: the runtime of the run's (possibly overridden) task 4b settings,
+    in bf16 where the run asks for it (else the best precision of the device)."""
+    settings = config.training_spec.settings
+    assert isinstance(settings, TranslationSettings)
+    precision = "bf16" if config.precision == "bf16" else "auto"
+    return TranslationRuntime(dataclasses.replace(settings, precision=precision), data_dir=config.data_dir,
+                              synthetic=config.data == "synthetic", rank=rank, world=config.workers,
+                              device=device, seed=config.seed, timer=timer)

@@ -2,9 +2,9 @@
 epsilon): minibatches gathered by index from tensors, one forward and backward pass per step,
 top-1 accuracy on the test set.
 
-Everything task-specific comes from the names in the spec: the data set
+Everything task-specific comes from the names in the settings: the data set
 (:mod:`mlbench.tasks.datasets`), the model (:mod:`mlbench.tasks.models`), the loss
-(:mod:`mlbench.tasks.losses`) and the learning-rate rule (:mod:`mlbench.optim.lr`). A loss with a
+(:mod:`mlbench.tasks.losses`) and the learning-rate rule (:mod:`mlbench.tasks.classification`). A loss with a
 closed-form gradient (logistic regression) skips autograd when the optimizer does not wrap the
 model (docs/tasks.md, task 2a).
 """
@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from mlbench.errors import UsageError
-from mlbench.optim.lr import learning_rate
 from mlbench.run_config import RunConfig
+from mlbench.tasks.classification import ClassificationSettings, learning_rate
 from mlbench.tasks.data.sharding import epoch_batches, eval_shard, steps_per_epoch
 from mlbench.tasks.datasets import get_dataset, load_splits
 from mlbench.tasks.losses import get_loss, regulariser
@@ -27,7 +27,6 @@ from mlbench.tasks.models import build_model
 from mlbench.tasks.pipeline import Pipeline
 from mlbench.tasks.runtime import StepOptimizer
 from mlbench.timing import PhaseTimer
-from mlbench.worker.runtimes import register_runtime
 
 
 class SupervisedRuntime:
@@ -37,26 +36,28 @@ class SupervisedRuntime:
 
     def __init__(self, config: RunConfig, rank: int, device: torch.device, timer: PhaseTimer):
         self.cfg = config
-        self.spec = config.training_spec
+        settings = config.training_spec.settings
+        assert isinstance(settings, ClassificationSettings)
+        self.settings = settings
         self.rank = rank
         self.world = config.workers
         self.device = device
         self.timer = timer
-        dataset = get_dataset(self.spec.dataset)
-        train, test = load_splits(self.spec.dataset, config.data, config.data_dir, config.seed)
+        dataset = get_dataset(self.settings.dataset)
+        train, test = load_splits(self.settings.dataset, config.data, config.data_dir, config.seed)
         self.data = Pipeline(train, test, device, images=dataset.images,
                              channels_last=config.channels_last)
         # Every rank builds the model from the same seed, so all start from the same weights.
         torch.manual_seed(config.seed)
         in_features = None if dataset.images else self.data.num_features
-        self.model = build_model(self.spec.model, in_features=in_features).to(device)
+        self.model = build_model(self.settings.model, in_features=in_features).to(device)
         if config.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
-        self.loss = get_loss(self.spec.loss)
-        self._steps_per_epoch = steps_per_epoch(self.data.num_train, self.world, self.spec.batch_per_worker)
+        self.loss = get_loss(self.settings.loss)
+        self._steps_per_epoch = steps_per_epoch(self.data.num_train, self.world, self.settings.batch_per_worker)
         if self._steps_per_epoch == 0:
             raise UsageError(f"the training set has {self.data.num_train} samples, fewer than one "
-                             f"global batch ({self.world} workers x {self.spec.batch_per_worker})")
+                             f"global batch ({self.world} workers x {self.settings.batch_per_worker})")
         self._step: Callable[[torch.Tensor, float], torch.Tensor] | None = None
         self._optimizer: StepOptimizer | None = None
 
@@ -69,12 +70,12 @@ class SupervisedRuntime:
 
     def batches(self, epoch: int) -> Iterator[torch.Tensor]:
         indices = epoch_batches(self.data.num_train, workers=self.world, rank=self.rank,
-                                batch_per_worker=self.spec.batch_per_worker, seed=self.cfg.seed,
+                                batch_per_worker=self.settings.batch_per_worker, seed=self.cfg.seed,
                                 epoch=epoch).to(self.device)
         return iter(indices)
 
     def lr(self, step: int, batch: Any = None) -> float:
-        return learning_rate(self.spec.lr, workers=self.world, batch_per_worker=self.spec.batch_per_worker,
+        return learning_rate(self.settings.lr, workers=self.world, batch_per_worker=self.settings.batch_per_worker,
                              step=step, steps_per_epoch=self._steps_per_epoch)
 
     def samples_in(self, batch: torch.Tensor) -> int:
@@ -102,7 +103,7 @@ class SupervisedRuntime:
             return step
         capture = None
         if self._can_capture():
-            capture = torch.zeros(self.spec.batch_per_worker, dtype=torch.long, device=self.device)
+            capture = torch.zeros(self.settings.batch_per_worker, dtype=torch.long, device=self.device)
         return make_step(gradients, capture=capture, state=self.model.state_dict)
 
     def _can_capture(self) -> bool:
@@ -118,7 +119,7 @@ class SupervisedRuntime:
                             enabled=self.cfg.precision == "bf16"):
             output = module(x)
             loss = self.loss.value(output, y, "mean")
-        objective = loss + regulariser(self.model, self.spec.l2)
+        objective = loss + regulariser(self.model, self.settings.l2)
         self.timer.mark("forward")
         objective.backward()
         self.timer.mark("backward")
@@ -132,7 +133,7 @@ class SupervisedRuntime:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         assert self.loss.closed_form is not None
-        loss = self.loss.closed_form(self.model, x, y, self.spec.l2)
+        loss = self.loss.closed_form(self.model, x, y, self.settings.l2)
         self.timer.mark("forward")
         self.timer.mark("backward")
         return loss
@@ -168,7 +169,7 @@ class SupervisedRuntime:
         if self.world > 1:
             dist.all_reduce(totals, op=dist.ReduceOp.SUM)
         self.model.train()
-        loss = float(totals[0] / totals[2]) + float(regulariser(self.model, self.spec.l2))
+        loss = float(totals[0] / totals[2]) + float(regulariser(self.model, self.settings.l2))
         return {"loss": loss, "accuracy": float(totals[1] / totals[2])}
 
     @property
@@ -180,7 +181,6 @@ class SupervisedRuntime:
         return self.data.num_test
 
 
-@register_runtime("classification")
-def build_classification(config: RunConfig, rank: int, device: torch.device,
-                         timer: PhaseTimer) -> SupervisedRuntime:
+def build_runtime(config: RunConfig, rank: int, device: torch.device, timer: PhaseTimer) -> SupervisedRuntime:
+    """What the worker calls for tasks 1a and 2a."""
     return SupervisedRuntime(config, rank, device, timer)

@@ -20,7 +20,7 @@ on a laptop yet small messages are averaged over many repetitions. The first ope
 checks the result (ones summed over n ranks equal n), like nccl-tests' #wrong column.
 
 This module holds the definition (sizes, bandwidth formulas, the table); the measurement that
-each worker runs is :mod:`mlbench.worker.allreduce`.
+each worker runs is :mod:`.runtime`.
 """
 
 from __future__ import annotations

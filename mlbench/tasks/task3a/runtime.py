@@ -3,14 +3,14 @@
 The training recipe of Merity et al. 2018 ("Regularizing and Optimizing LSTM Language Models",
 arXiv:1708.02182) with the distributed settings of the original MLBench task:
 
-* each worker trains on its 20 columns of the batchified token stream (:mod:`.data.bptt`); the
+* each worker trains on its 20 columns of the batchified token stream (:mod:`mlbench.tasks.data.bptt`); the
   hidden state is carried from batch to batch, detached, and reset at each epoch;
 * random BPTT lengths (70, or 35 with probability 0.05, then Normal(., 5), at least 5), drawn
   alike on every rank; the rate ``15 x sqrt(k)`` is rescaled per batch by ``seq_len / 70`` so
   that short batches do not count as much as long ones;
 * loss = cross entropy + activation regularisation ``2 x mean(h^2)`` on the last layer's
   dropped-out output + temporal activation regularisation ``1 x mean((h_t - h_{t-1})^2)`` on its
-  raw output; weight decay 1.2e-6 (applied by the optimizer, from the task spec);
+  raw output; weight decay 1.2e-6 (applied by the optimizer, from the settings);
 * the averaged gradient is clipped to norm 0.25 (the optimizer's gradient hook, after the
   all-reduce, so k workers clip what one process with the k-fold batch would);
 * non-monotonically triggered averaged SGD (NT-ASGD, Sec. 3): after an evaluation whose
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,34 +34,10 @@ import torch.nn.functional as F
 from mlbench.tasks.data.bptt import batchify, bptt_batches, bptt_lengths, eval_lengths, worker_columns
 from mlbench.tasks.data.sharding import eval_shard
 from mlbench.tasks.models.awd_lstm import AWDLSTM, detach_hidden
+from mlbench.run_config import RunConfig
 from mlbench.tasks.runtime import all_reduce_sum
+from mlbench.tasks.task3a.settings import LanguageModelSettings
 from mlbench.timing import PhaseTimer
-
-
-@dataclass(frozen=True)
-class LanguageModelSettings:
-    """Task 3a's numbers (Merity et al. 2018 for Wikitext-2; batch and rates of MLBench 3a)."""
-
-    batch_per_worker: int = 20
-    eval_batch: int = 10
-    bptt: int = 70
-    lr: float = 15.0                 # x sqrt(workers), x seq_len / bptt
-    asgd_lr: float = 15.0            # x seq_len / bptt
-    grad_clip: float = 0.25
-    ar_alpha: float = 2.0
-    tar_beta: float = 1.0
-    nonmono: int = 5
-    embedding: int = 400
-    hidden: int = 1150
-    layers: int = 3
-    dropout: float = 0.4
-    dropout_h: float = 0.2
-    dropout_i: float = 0.65
-    dropout_e: float = 0.1
-    weight_drop: float = 0.5
-    #: ``--data synthetic``: random streams of Wikitext-2's sizes (train, valid) and vocabulary.
-    synthetic_tokens: tuple[int, int] = (2_088_628, 217_646)
-    synthetic_vocab: int = 33_278
 
 
 def nonmonotone_trigger(history: list[float], loss: float, nonmono: int) -> bool:
@@ -212,3 +187,11 @@ class LanguageModelRuntime:
         for p, avg in zip(params, self._average):
             p.copy_(avg)
         return saved
+
+
+def build_runtime(config: RunConfig, rank: int, device: torch.device, timer: PhaseTimer) -> LanguageModelRuntime:
+    """What the worker calls: the runtime of the run's (possibly overridden) task 3a settings."""
+    settings = config.training_spec.settings
+    assert isinstance(settings, LanguageModelSettings)
+    return LanguageModelRuntime(settings, data_dir=config.data_dir, synthetic=config.data == "synthetic",
+                                rank=rank, world=config.workers, device=device, seed=config.seed, timer=timer)
