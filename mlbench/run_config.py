@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from mlbench.results.store import read_json, write_json_atomic
+from mlbench.jsonfile import read_json, write_json_atomic
 from mlbench.tasks.records import spec_from_dict, spec_to_dict
 from mlbench.tasks.spec import AnySpec, TaskSpec
 

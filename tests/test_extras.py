@@ -19,7 +19,7 @@ _RUN = """
 import sys
 for name in sys.argv[1].split(","):
     sys.modules[name] = None
-from mlbench.cli import main
+from mlbench.cli.main import main
 sys.argv = ["mlbench", *sys.argv[2:]]
 main()
 """

@@ -1,6 +1,7 @@
 """The `mlbench` command line: thin click commands over the library.
 
-Every command module registers its commands on :data:`cli`. Errors the library raises on
+Every command module registers its commands on :data:`cli`; :mod:`mlbench.cli.main` imports them
+all and is the console script. Errors the library raises on
 purpose (:class:`mlbench.errors.MlbenchError`) become one line on stderr and an exit code
 (2 for usage errors); nothing else the user did wrong may show a traceback.
 """
@@ -47,18 +48,3 @@ def cli() -> None:
     """Benchmark distributed machine-learning training: run the reference tasks on 1..N workers
     on this machine or a Kubernetes cluster and compare time to accuracy, speedup and cost."""
 
-
-def main() -> None:
-    """Console-script entry point."""
-    if sys.argv[1:2] == ["token"]:  # the kubeconfig's exec plugin: at once, without the commands
-        from mlbench.cloud.token import main as token
-
-        sys.exit(token(sys.argv[2:]))
-    from mlbench.cli import commands  # noqa: F401  (registers the commands)
-
-    cli(prog_name="mlbench")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
-    sys.exit(0)

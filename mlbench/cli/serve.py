@@ -17,7 +17,7 @@ from mlbench.cli import cli
 def serve(host: str, port: int, home: str | None, namespace: str | None) -> None:
     """Serve the run store over HTTP to workers and the CLI (needs $MLBENCH_WORKER_TOKEN and
     $MLBENCH_ADMIN_TOKEN). `mlbench run` deploys it on a cluster by itself."""
-    from mlbench.server.service import serve as run_service
+    from mlbench.server.httpd import serve as run_service
 
     run_service(home, host, port, namespace)
 

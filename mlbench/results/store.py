@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench.errors import RunNotFound
+from mlbench.jsonfile import read_json, write_json_atomic  # noqa: F401  (read_json: part of this API)
 from mlbench.results.catalog import SCHEMA_VERSION, StoreError  # noqa: F401  (part of this API)
 from mlbench.results.catalog import (Catalog, StoreReadOnly, disk_full, free_bytes, release_space,
                                      reserve_space)
@@ -231,19 +232,3 @@ class RunStore:
             db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
         shutil.rmtree(self.runs_dir / run_id, ignore_errors=True)
 
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON via a temporary file (synced, one per process, mode 600) and rename, so a
-    reader never sees half a file, even after a power loss."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--home", help="the run store (default: $MLBENCH_HOME); on a cluster, a volume")
     parser.add_argument("--namespace", help="supervise the pods of runs in this Kubernetes namespace")
     args = parser.parse_args(argv)
-    from mlbench.server.service import serve
+    from mlbench.server.httpd import serve
 
     try:
         serve(args.home, args.host, args.port, args.namespace)

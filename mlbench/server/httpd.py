@@ -1,5 +1,5 @@
 """The results service over HTTP (stdlib ``http.server``); what each endpoint does is
-:class:`mlbench.server.service.ResultsService`.
+:class:`mlbench.server.service.ResultsService`; :func:`serve` runs both until SIGTERM.
 
 Against careless and hostile clients, the token is checked before a byte of the body is read;
 a body needs a ``Content-Length`` (411 without, 400 when it is not a number, 413 over
@@ -13,12 +13,15 @@ lines are logged with control characters escaped, and a client that goes away is
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from collections.abc import Callable
@@ -26,7 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from mlbench.errors import MlbenchError
 from mlbench.results.http_sink import TOKEN_HEADER
-from mlbench.results.store import CANCELLED, FAILED
+from mlbench.results.store import CANCELLED, FAILED, default_home
 from mlbench.server.service import HttpError, ResultsService, record_json
 
 MAX_BODY = 16 * 1024 * 1024
@@ -256,3 +259,28 @@ def make_server(service: ResultsService, host: str, port: int, timeout: float = 
     server_class = type("Server", (_Server,), {
         "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
     return server_class((host, port), handler, max_threads, 4 * timeout)
+
+
+def serve(home: str | Path | None, host: str, port: int, namespace: str | None = None) -> None:
+    """Run the service until SIGTERM or Ctrl-C; with ``namespace``, supervise that namespace's runs.
+
+    The tokens come from $MLBENCH_WORKER_TOKEN and $MLBENCH_ADMIN_TOKEN (in a pod: the Secret).
+    """
+    service = ResultsService(home or default_home(), os.environ.get("MLBENCH_WORKER_TOKEN", ""),
+                             os.environ.get("MLBENCH_ADMIN_TOKEN", ""))
+    if namespace:
+        from mlbench.launch.k8s_supervisor import PodSupervisor
+
+        service.supervisor = PodSupervisor.in_cluster(service.store, namespace)
+        service.supervisor.start()
+    server = make_server(service, host, port)
+    signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=server.shutdown).start())
+    print(f"mlbench results service on {host}:{server.server_address[1]}, run store "
+          f"{service.store.home}" + (f", supervising runs in namespace {namespace}" if namespace else ""),
+          file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+        if service.supervisor is not None:
+            service.supervisor.stop()

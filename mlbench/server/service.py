@@ -11,7 +11,8 @@ nothing but "ok". The token travels in ``X-Mlbench-Token`` rather than ``Authori
 the CLI reaches the service through the API server's service proxy, where ``Authorization``
 carries the user's own Kubernetes credentials.
 
-The HTTP side (limits, timeouts, logs) is :mod:`mlbench.server.httpd`.
+The HTTP side (limits, timeouts, logs) and :func:`~mlbench.server.httpd.serve` are
+:mod:`mlbench.server.httpd`.
 
     GET    /v1/runs                        the catalog           POST /v1/runs  create a run
     GET    /v1/runs/RUN                    one run (id, name or id prefix)
@@ -25,11 +26,7 @@ The HTTP side (limits, timeouts, logs) is :mod:`mlbench.server.httpd`.
 from __future__ import annotations
 
 import hmac
-import os
 import re
-import signal
-import sys
-import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -150,30 +147,3 @@ class ResultsService:
         self.store.delete(record.id)
         self.events.forget(record.id)
 
-
-def serve(home: str | Path | None, host: str, port: int, namespace: str | None = None) -> None:
-    """Run the service until SIGTERM or Ctrl-C; with ``namespace``, supervise that namespace's runs.
-
-    The tokens come from $MLBENCH_WORKER_TOKEN and $MLBENCH_ADMIN_TOKEN (in a pod: the Secret).
-    """
-    from mlbench.results.store import default_home
-    from mlbench.server.httpd import make_server
-
-    service = ResultsService(home or default_home(), os.environ.get("MLBENCH_WORKER_TOKEN", ""),
-                             os.environ.get("MLBENCH_ADMIN_TOKEN", ""))
-    if namespace:
-        from mlbench.launch.k8s_supervisor import PodSupervisor
-
-        service.supervisor = PodSupervisor.in_cluster(service.store, namespace)
-        service.supervisor.start()
-    server = make_server(service, host, port)
-    signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=server.shutdown).start())
-    print(f"mlbench results service on {host}:{server.server_address[1]}, run store "
-          f"{service.store.home}" + (f", supervising runs in namespace {namespace}" if namespace else ""),
-          file=sys.stderr, flush=True)
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()
-        if service.supervisor is not None:
-            service.supervisor.stop()
