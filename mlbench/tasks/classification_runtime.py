@@ -18,14 +18,13 @@ import torch
 import torch.distributed as dist
 
 from mlbench.errors import UsageError
-from mlbench.run_config import RunConfig
 from mlbench.tasks.classification import ClassificationSettings, learning_rate
 from mlbench.tasks.data.sharding import epoch_batches, eval_shard, steps_per_epoch
 from mlbench.tasks.datasets import get_dataset, load_splits
 from mlbench.tasks.losses import get_loss, regulariser
 from mlbench.tasks.models import build_model
 from mlbench.tasks.pipeline import Pipeline
-from mlbench.tasks.runtime import StepOptimizer
+from mlbench.tasks.runtime import RunView, StepOptimizer
 from mlbench.timing import PhaseTimer
 
 
@@ -34,7 +33,7 @@ class SupervisedRuntime:
 
     metric_name = "accuracy"
 
-    def __init__(self, config: RunConfig, rank: int, device: torch.device, timer: PhaseTimer):
+    def __init__(self, config: RunView, rank: int, device: torch.device, timer: PhaseTimer):
         self.cfg = config
         settings = config.training_spec.settings
         assert isinstance(settings, ClassificationSettings)
@@ -181,6 +180,6 @@ class SupervisedRuntime:
         return self.data.num_test
 
 
-def build_runtime(config: RunConfig, rank: int, device: torch.device, timer: PhaseTimer) -> SupervisedRuntime:
+def build_runtime(config: RunView, rank: int, device: torch.device, timer: PhaseTimer) -> SupervisedRuntime:
     """What the worker calls for tasks 1a and 2a."""
     return SupervisedRuntime(config, rank, device, timer)

@@ -4,7 +4,13 @@ The worker's loop (:mod:`mlbench.worker.trainer`) is the same for every training
 the time budget, logging, evaluation and the goal. What differs between an image classifier, a
 language model and a translation model (their batches, their forward pass, their learning-rate
 rule, their evaluation) is a :class:`TaskRuntime`, built by the builder that the task spec names
-(``TaskSpec.runtime``). A new kind of task is one new runtime plus its registration.
+(its package's ``RUNTIME_MODULE``, :mod:`mlbench.tasks.registry`). A new kind of task is one new
+runtime in its own package.
+
+The runtimes sit below the run configuration and the results in the package's layers
+(docs/architecture.md): they read the run through :class:`RunView` and report through
+:class:`EventSink`, which :class:`mlbench.run_config.RunConfig` and
+:class:`mlbench.results.events.EventWriter` are.
 """
 
 from __future__ import annotations
@@ -14,6 +20,54 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+
+from mlbench.tasks.spec import AnySpec, TaskSpec
+
+
+class RunView(Protocol):
+    """What a task's runtime reads of the run's configuration (a RunConfig)."""
+
+    @property
+    def task(self) -> AnySpec: ...
+
+    @property
+    def training_spec(self) -> TaskSpec: ...
+
+    @property
+    def workers(self) -> int: ...
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def data(self) -> str: ...
+
+    @property
+    def data_dir(self) -> str | None: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def precision(self) -> str: ...
+
+    @property
+    def channels_last(self) -> bool: ...
+
+    @property
+    def graph(self) -> bool: ...
+
+    @property
+    def eval_batch_size(self) -> int: ...
+
+
+class EventSink(Protocol):
+    """Where a worker's events go (an EventWriter): the all-reduce sweep records each measurement."""
+
+    def emit(self, name: str, value: Any, *, epoch: float, step: int) -> None: ...
 
 
 class StepOptimizer(Protocol):

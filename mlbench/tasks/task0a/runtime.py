@@ -14,8 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from mlbench.results.events import EventWriter
-from mlbench.run_config import RunConfig
+from mlbench.tasks.runtime import EventSink, RunView
 from mlbench.tasks.spec import AllreduceSpec
 from mlbench.tasks.task0a.sweep import bus_factor, message_sizes
 
@@ -24,7 +23,7 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MIN_ITERATIONS = 2
 
 
-def _device(config: RunConfig, rank: int) -> torch.device:
+def _device(config: RunView, rank: int) -> torch.device:
     if config.device == "cuda":
         index = rank % max(1, torch.cuda.device_count())
         torch.cuda.set_device(index)
@@ -76,7 +75,7 @@ def measure(buffer: torch.Tensor, elements: int, params: dict[str, Any], world: 
             "wrong": int(wrong_total)}
 
 
-def run_benchmark(config: RunConfig, rank: int, events: EventWriter) -> dict[str, Any]:
+def run_benchmark(config: RunView, rank: int, events: EventSink) -> dict[str, Any]:
     """The sweep on this rank (all ranks call it together); rank 0 records every measurement.
 
     Returns the run's result: the rows, plus the fields every result has (no goal; "steps" counts

@@ -34,8 +34,7 @@ import torch.nn.functional as F
 from mlbench.tasks.data.bptt import batchify, bptt_batches, bptt_lengths, eval_lengths, worker_columns
 from mlbench.tasks.data.sharding import eval_shard
 from mlbench.tasks.models.awd_lstm import AWDLSTM, detach_hidden
-from mlbench.run_config import RunConfig
-from mlbench.tasks.runtime import all_reduce_sum
+from mlbench.tasks.runtime import RunView, all_reduce_sum
 from mlbench.tasks.task3a.settings import LanguageModelSettings
 from mlbench.timing import PhaseTimer
 
@@ -189,7 +188,7 @@ class LanguageModelRuntime:
         return saved
 
 
-def build_runtime(config: RunConfig, rank: int, device: torch.device, timer: PhaseTimer) -> LanguageModelRuntime:
+def build_runtime(config: RunView, rank: int, device: torch.device, timer: PhaseTimer) -> LanguageModelRuntime:
     """What the worker calls: the runtime of the run's (possibly overridden) task 3a settings."""
     settings = config.training_spec.settings
     assert isinstance(settings, LanguageModelSettings)

@@ -37,8 +37,7 @@ from mlbench.tasks.data.bucketing import GlobalBatches, accumulation, token_batc
 from mlbench.tasks.data.sharding import eval_shard
 from mlbench.tasks.models.transformer import Transformer
 from mlbench.tasks.precision import DynamicLossScaler, autocast, choose_precision
-from mlbench.run_config import RunConfig
-from mlbench.tasks.runtime import all_reduce_sum
+from mlbench.tasks.runtime import RunView, all_reduce_sum
 from mlbench.tasks.task4b.settings import TranslationSettings
 from mlbench.timing import PhaseTimer
 
@@ -210,7 +209,7 @@ class TranslationRuntime:
         return {"loss": loss, "bleu": bleu_from_statistics(totals[2:2 + STATISTICS])}
 
 
-def build_runtime(config: RunConfig, rank: int, device: torch.device, timer: PhaseTimer) -> TranslationRuntime:
+def build_runtime(config: RunView, rank: int, device: torch.device, timer: PhaseTimer) -> TranslationRuntime:
     """What the worker calls: the runtime of the run's (possibly overridden) task 4b settings,
     in bf16 where the run asks for it (else the best precision of the device)."""
     settings = config.training_spec.settings
