@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mlbench.tasks.registry import get_task
+from mlbench.tasks.registry import TASKS
 from mlbench.tasks.spec import AllreduceSpec, AnySpec, TaskSpec
 
 #: Fields of a training spec in the flat format of earlier versions that are not settings.
@@ -33,8 +33,9 @@ def spec_from_dict(data: dict[str, Any]) -> AnySpec:
         known = {f.name for f in dataclasses.fields(AllreduceSpec)}
         spec = AllreduceSpec(**{k: v for k, v in flat.items() if k in known})
         return dataclasses.replace(spec, dtypes=tuple(spec.dtypes))
-    task = get_task(data["name"])
-    assert isinstance(task, TaskSpec)
+    task = TASKS.get(data["name"])
+    if not isinstance(task, TaskSpec):
+        raise KeyError(f"{data['name']} is not a training task of this version")
     settings_type = type(task.settings)
     if "settings" in data:
         settings = settings_type.from_dict(data["settings"])
