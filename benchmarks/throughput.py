@@ -31,7 +31,9 @@ from mlbench.results.events import EventWriter  # noqa: E402
 from mlbench.run_config import RunConfig  # noqa: E402
 from mlbench.tasks.losses import get_loss  # noqa: E402
 from mlbench.tasks.models import build_model  # noqa: E402
-from mlbench.tasks.spec import TASK1A, TASK2A, resolve  # noqa: E402
+from mlbench.tasks.overrides import resolve  # noqa: E402
+from mlbench.tasks.task1a import TASK1A  # noqa: E402
+from mlbench.tasks.task2a import TASK2A  # noqa: E402
 from mlbench.worker.trainer import Trainer  # noqa: E402
 
 

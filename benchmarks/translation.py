@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import datetime
 import os
 import platform
@@ -44,10 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mlbench.optim.base import OptimizerContext  # noqa: E402
 from mlbench.optim.catalog import build_optimizer  # noqa: E402
-from mlbench.tasks.data.bpe import PAD  # noqa: E402
 from mlbench.tasks.precision import autocast  # noqa: E402
-from mlbench.tasks.spec import TASK1A  # noqa: E402
-from mlbench.tasks.translation import TranslationRuntime, TranslationSettings  # noqa: E402
+from mlbench.tasks.task4b import TASK4B  # noqa: E402
+from mlbench.tasks.task4b.bpe import PAD  # noqa: E402
+from mlbench.tasks.task4b.runtime import TranslationRuntime  # noqa: E402
+from mlbench.tasks.task4b.settings import TranslationSettings  # noqa: E402
 from mlbench.timing import PhaseTimer  # noqa: E402
 
 SIZES = {  # dim, ffn, heads, layers per stack
@@ -55,14 +55,13 @@ SIZES = {  # dim, ffn, heads, layers per stack
     "base": (512, 2048, 8, 6),       # Vaswani et al.'s base model
     "small": (256, 1024, 4, 3),
 }
-ADAM = {"lr_scale": 1.0, "beta1": 0.9, "beta2": 0.98, "eps": 1e-9}
-SPEC = dataclasses.replace(TASK1A, momentum=0.0, nesterov=False, weight_decay=0.0, extra={"adam": ADAM})
+SPEC = TASK4B  # Adam's values (0.9, 0.98, 1e-9) and no weight decay, as the task
 
 
 def settings(args: argparse.Namespace) -> TranslationSettings:
     dim, ffn, heads, layers = SIZES[args.size]
     return TranslationSettings(dim=dim, ffn=ffn, heads=heads, encoder_layers=layers, decoder_layers=layers,
-                               max_tokens=args.max_tokens, global_tokens=args.global_tokens,
+                               batch_per_worker=args.max_tokens, global_tokens=args.global_tokens,
                                synthetic_pairs=(args.pairs, 8))
 
 
@@ -70,7 +69,8 @@ def plain_step(runtime: TranslationRuntime, world: int, device: torch.device):
     """The DDP tutorial loop over the runtime's batches: returns step(batch, lr)."""
     model = torch.nn.parallel.DistributedDataParallel(
         runtime.model, device_ids=[device.index] if device.type == "cuda" else None)
-    adam = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(ADAM["beta1"], ADAM["beta2"]), eps=ADAM["eps"])
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(SPEC.adam_beta1, SPEC.adam_beta2),
+                            eps=SPEC.adam_eps)
 
     def step(batch, lr: float) -> None:
         for group in adam.param_groups:

@@ -94,14 +94,14 @@ def _synthetic_epsilon(seed: int) -> tuple[Split, Split]:
 
 
 def _prepare_wikitext2(data_dir: str | None) -> object:
-    from mlbench.tasks.data.wikitext import load_wikitext2
+    from mlbench.tasks.task3a.wikitext import load_wikitext2
 
     return load_wikitext2(data_dir)
 
 
 def _prepare_wmt17(data_dir: str | None) -> object:
-    from mlbench.tasks.data.bpe import encode_wmt17
-    from mlbench.tasks.data.wmt import wmt17_folder
+    from mlbench.tasks.task4b.bpe import encode_wmt17
+    from mlbench.tasks.task4b.wmt import wmt17_folder
     from mlbench.tasks.task4b.settings import TranslationSettings
 
     return encode_wmt17(wmt17_folder(data_dir), TranslationSettings().vocab_size)

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from mlbench.errors import DataError
-from mlbench.tasks.data import bpe, wikitext, wmt
-from mlbench.tasks.data.bptt import batchify, bptt_batches, bptt_lengths, eval_lengths, worker_columns
-from mlbench.tasks.data.bucketing import GlobalBatches, accumulation, token_batches
+from mlbench.tasks.task3a import wikitext
+from mlbench.tasks.task3a.bptt import batchify, bptt_batches, bptt_lengths, eval_lengths, worker_columns
+from mlbench.tasks.task4b import bpe, wmt
+from mlbench.tasks.task4b.bucketing import GlobalBatches, accumulation, token_batches
 from tests.language.corpus import sentence_pairs, sgm, wikitext_lines, write_parallel
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mlbench.tasks.models.awd_lstm import AWDLSTM
-from mlbench.tasks.models.transformer import Transformer, sinusoidal_table
+from mlbench.tasks.task3a.model import AWDLSTM
+from mlbench.tasks.task4b.model import Transformer, sinusoidal_table
 
 
 def count(model: torch.nn.Module) -> int:

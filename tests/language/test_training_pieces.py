@@ -15,13 +15,13 @@ import torch.nn.functional as F
 from mlbench.errors import UsageError
 from mlbench.optim.base import OptimizerContext
 from mlbench.optim.catalog import build_optimizer
-from mlbench.tasks.models.transformer import Transformer
 from mlbench.tasks.task1a import TASK1A
 from mlbench.tasks.task3a.runtime import LanguageModelRuntime, LMBatch, nonmonotone_trigger
 from mlbench.tasks.task3a.settings import LanguageModelSettings
 from mlbench.tasks.task4b import TASK4B
 from mlbench.tasks.task4b.beam_search import beam_search, length_penalty
 from mlbench.tasks.task4b.bleu import bleu_from_statistics, bleu_statistics
+from mlbench.tasks.task4b.model import Transformer
 from mlbench.tasks.task4b.runtime import TranslationRuntime
 from mlbench.tasks.task4b.settings import TranslationSettings
 from mlbench.timing import PhaseTimer

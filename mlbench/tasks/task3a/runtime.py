@@ -3,7 +3,7 @@
 The training recipe of Merity et al. 2018 ("Regularizing and Optimizing LSTM Language Models",
 arXiv:1708.02182) with the distributed settings of the original MLBench task:
 
-* each worker trains on its 20 columns of the batchified token stream (:mod:`mlbench.tasks.data.bptt`); the
+* each worker trains on its 20 columns of the batchified token stream (:mod:`mlbench.tasks.task3a.bptt`); the
   hidden state is carried from batch to batch, detached, and reset at each epoch;
 * random BPTT lengths (70, or 35 with probability 0.05, then Normal(., 5), at least 5), drawn
   alike on every rank; the rate ``15 x sqrt(k)`` is rescaled per batch by ``seq_len / 70`` so
@@ -31,9 +31,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mlbench.tasks.data.bptt import batchify, bptt_batches, bptt_lengths, eval_lengths, worker_columns
+from mlbench.tasks.task3a.bptt import batchify, bptt_batches, bptt_lengths, eval_lengths, worker_columns
 from mlbench.tasks.data.sharding import eval_shard
-from mlbench.tasks.models.awd_lstm import AWDLSTM, detach_hidden
+from mlbench.tasks.task3a.model import AWDLSTM, detach_hidden
 from mlbench.tasks.runtime import RunView, all_reduce_sum
 from mlbench.tasks.task3a.settings import LanguageModelSettings
 from mlbench.timing import PhaseTimer
@@ -89,7 +89,7 @@ class LanguageModelRuntime:
             n_train, n_valid = self.s.synthetic_tokens
             vocab = self.s.synthetic_vocab
             return rng.integers(0, vocab, n_train), rng.integers(0, vocab, n_valid), vocab
-        from mlbench.tasks.data.wikitext import load_wikitext2
+        from mlbench.tasks.task3a.wikitext import load_wikitext2
 
         corpus = load_wikitext2(data_dir)
         return corpus.train, corpus.valid, len(corpus.vocab)

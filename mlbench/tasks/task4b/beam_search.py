@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mlbench.tasks.models.transformer import Transformer, reorder_cache
+from mlbench.tasks.task4b.model import Transformer, reorder_cache
 
 
 @dataclass

@@ -3,7 +3,7 @@
 The recipe of Vaswani et al. 2017 ("big") with the settings of the original MLBench task:
 
 * token-bucketed micro-batches of at most 2^13 padded tokens per worker, accumulated to a global
-  batch of 2^17 tokens (:mod:`mlbench.tasks.data.bucketing`; the same global batches for every worker count);
+  batch of 2^17 tokens (:mod:`mlbench.tasks.task4b.bucketing`; the same global batches for every worker count);
 * label-smoothed cross entropy (Szegedy et al. 2016, eps = 0.1; torch's formulation), summed
   over the target tokens and divided by the number of target tokens of the whole global batch
   over all workers; each worker's contribution is multiplied by k because the optimizer
@@ -32,10 +32,10 @@ import torch.nn.functional as F
 
 from mlbench.tasks.task4b.beam_search import beam_search
 from mlbench.tasks.task4b.bleu import STATISTICS, bleu_from_statistics, bleu_statistics
-from mlbench.tasks.data.bpe import BOS, EOS, PAD, Side
-from mlbench.tasks.data.bucketing import GlobalBatches, accumulation, token_batches
+from mlbench.tasks.task4b.bpe import BOS, EOS, PAD, Side
+from mlbench.tasks.task4b.bucketing import GlobalBatches, accumulation, token_batches
 from mlbench.tasks.data.sharding import eval_shard
-from mlbench.tasks.models.transformer import Transformer
+from mlbench.tasks.task4b.model import Transformer
 from mlbench.tasks.precision import DynamicLossScaler, autocast, choose_precision
 from mlbench.tasks.runtime import RunView, all_reduce_sum
 from mlbench.tasks.task4b.settings import TranslationSettings
@@ -107,8 +107,8 @@ class TranslationRuntime:
             self.references = [" ".join(map(str, sides[3].sentence(i).tolist())) for i in range(len(sides[3]))]
             self.detokenize = lambda ids: " ".join(map(str, ids))
             return
-        from mlbench.tasks.data.bpe import encode_wmt17
-        from mlbench.tasks.data.wmt import LANGS, TEST, TRAIN, wmt17_folder
+        from mlbench.tasks.task4b.bpe import encode_wmt17
+        from mlbench.tasks.task4b.wmt import LANGS, TEST, TRAIN, wmt17_folder
 
         corpus = encode_wmt17(wmt17_folder(data_dir), self.s.vocab_size)
         self.vocab_size = corpus.vocab_size

@@ -29,7 +29,7 @@ import numpy as np
 
 from mlbench.errors import DataError
 from mlbench.tasks.data.download import default_data_root, exclusive, one_line
-from mlbench.tasks.data.wmt import FILES, LANGS, TEST, TRAIN, check_parallel
+from mlbench.tasks.task4b.wmt import FILES, LANGS, TEST, TRAIN, check_parallel
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 #: Sentences sampled to train the BPE model (SentencePiece's own sampling; the full corpus is encoded).
@@ -84,7 +84,7 @@ def _sentencepiece():
 
 
 def encode_wmt17(folder: pathlib.Path, vocab_size: int) -> EncodedCorpus:
-    """The checked text folder of :func:`mlbench.tasks.data.wmt.wmt17_folder`, BPE-encoded
+    """The checked text folder of :func:`mlbench.tasks.task4b.wmt.wmt17_folder`, BPE-encoded
     through its cache entry (built on first use, rebuilt when a file or the size changes)."""
     _sentencepiece()
     folder = folder.resolve()
