@@ -84,7 +84,7 @@ def form_choices(sources: Sources) -> dict[str, Any]:
 def _task_choice(task: AnySpec) -> dict[str, Any]:
     """A task as the form shows it; the all-reduce benchmark has no data set and no goal."""
     if isinstance(task, TaskSpec):
-        return {"name": task.name, "title": task.title, "kind": task.kind, "dataset": task.dataset,
+        return {"name": task.name, "title": task.title, "kind": task.kind, "dataset": task.settings.dataset,
                 "goal_full": task.goal_full, "goal_light": task.goal_light, "metric": task.metric}
     return {"name": task.name, "title": task.title, "kind": task.kind, "dataset": None,
             "goal_full": None, "goal_light": None, "metric": None}

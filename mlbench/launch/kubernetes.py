@@ -227,11 +227,11 @@ def _data_claim(store: ClusterStore, request: RunRequest, image: str, progress: 
                              "--data synthetic and for task0a")
         return None
     try:
-        return ensure_data(store.api, store.namespace, task.dataset, image, request.data_pvc, progress)
+        return ensure_data(store.api, store.namespace, task.settings.dataset, image, request.data_pvc, progress)
     except MlbenchError:
         raise
     except Exception as err:
-        raise _api_error(err, store, f"prepare the data set {task.dataset} in namespace "
+        raise _api_error(err, store, f"prepare the data set {task.settings.dataset} in namespace "
                                      f"{store.namespace}") from None
 
 

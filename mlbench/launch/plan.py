@@ -146,8 +146,8 @@ def build_config(request: RunRequest,
             raise UsageError(f"unknown model {request.model!r}; choose one of: {', '.join(MODEL_NAMES)}")
         overrides["model"] = request.model.strip().lower()
     if "model" in overrides and isinstance(task, TaskSpec) and "model" in task.settings.override_keys() \
-            and (overrides["model"] == "logreg") != (task.model == "logreg"):
-        raise UsageError(f"model {overrides['model']} does not fit {task.name}'s data set ({task.dataset})")
+            and (overrides["model"] == "logreg") != (task.settings.value_of("model") == "logreg"):
+        raise UsageError(f"model {overrides['model']} does not fit {task.name}'s data set ({task.settings.dataset})")
     spec, changed = resolve(task, overrides)
     if request.max_size is not None:
         spec, capped = with_max_size(spec, request.max_size)
@@ -201,7 +201,7 @@ def prepare_data(config: RunConfig) -> None:
     if config.data == "real" and isinstance(config.task, TaskSpec):
         from mlbench.tasks.datasets import get_dataset  # torch: not for synthetic data
 
-        get_dataset(config.task.dataset).prepare(config.data_dir)
+        get_dataset(config.task.settings.dataset).prepare(config.data_dir)
 
 
 def create_run(store: RunStore, request: RunRequest, launcher: str = "local",

@@ -130,7 +130,7 @@ class ClassificationSettings(TrainingSettings):
         return f"alpha / sqrt(t), alpha = {table}"
 
     def describe_rows(self) -> list[list[Any]]:
-        return [["model", self.model], ["data", self.dataset], ["L2 regularisation", f"{self.l2:g}"]]
+        return [["model", self.model], ["L2 regularisation", f"{self.l2:g}"]]
 
     def mllog_hyperparameters(self, workers: int) -> dict[str, Any]:
         out = {**super().mllog_hyperparameters(workers), "opt_l2_regularisation": self.l2}

@@ -82,9 +82,10 @@ class TrainingSettings:
         raise NotImplementedError
 
     def describe_rows(self) -> list[list[Any]]:
-        """The task's own numbers as (name, value) rows after the rule (``mlbench tasks``)."""
+        """The task's own numbers as (name, value) rows after the rule (``mlbench tasks``), named
+        as ``--set`` spells them."""
         common = {f.name for f in dataclasses.fields(TrainingSettings)}
-        return [[f.name.replace("_", " "), getattr(self, f.name)] for f in dataclasses.fields(self)
+        return [[f.name, getattr(self, f.name)] for f in dataclasses.fields(self)
                 if f.name not in common and f.name not in self.RATE_FIELDS and f.name in self.override_keys()]
 
     def optimizer_values(self) -> dict[str, float]:
@@ -178,7 +179,7 @@ def describe_task(spec: TaskSpec) -> list[list[Any]]:
     """The closed-division values of a training task as (name, value) rows (``mlbench tasks``)."""
     metric = get_metric(spec.metric)
     s = spec.settings
-    rows: list[list[Any]] = [["batch per worker", s.batch_per_worker],
+    rows: list[list[Any]] = [["data", s.dataset], ["batch per worker", s.batch_per_worker],
                              ["learning rate", s.describe_rate()], ["optimizer", spec.optimizer],
                              ["momentum", f"{s.momentum:g}" + (" (Nesterov)" if s.nesterov else "")],
                              ["weight decay", f"{s.weight_decay:g}"]]
