@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -21,7 +22,7 @@ SettingsT = TypeVar("SettingsT", bound="TrainingSettings")
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainingSettings:
+class TrainingSettings(ABC):
     """The numbers of one training task; subclasses add the task's own.
 
     Every training task has a data set (by name, :mod:`mlbench.tasks.datasets`), a batch per
@@ -77,9 +78,9 @@ class TrainingSettings:
         """These settings with the (already typed and checked) override values applied."""
         return dataclasses.replace(self, **values)
 
+    @abstractmethod
     def describe_rate(self) -> str:
         """The learning-rate rule in words, as ``mlbench tasks`` shows it."""
-        raise NotImplementedError
 
     def describe_rows(self) -> list[list[Any]]:
         """The task's own numbers as (name, value) rows after the rule (``mlbench tasks``), named
