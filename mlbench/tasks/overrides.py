@@ -16,7 +16,7 @@ from typing import Any
 from mlbench.errors import UsageError
 from mlbench.tasks.metrics import get_metric
 from mlbench.tasks.registry import TASKS
-from mlbench.tasks.spec import AllreduceSpec, AnySpec, TaskSpec
+from mlbench.tasks.spec import AllreduceSpec, AnySpec, TaskSpec, TrainingSettings
 
 #: Keys of the spec itself (the settings' keys come from each task).
 SPEC_KEYS: dict[str, type] = {"goal_full": float, "goal_light": float}
@@ -37,7 +37,7 @@ RANGES: dict[str, tuple[float, float, bool, bool]] = {
 }
 
 #: The keys of the settings every training task has (their ranges are :data:`RANGES`).
-_COMMON_KEYS = ("batch_per_worker", "max_epochs", "momentum", "nesterov", "weight_decay")
+_COMMON_KEYS = tuple(TrainingSettings.override_keys())
 
 
 def overridable() -> dict[str, type]:

@@ -1,4 +1,4 @@
-"""What every benchmark task is, whatever it trains: the spec, the settings contract, the record.
+"""What every benchmark task is, whatever it trains: the spec and the settings contract.
 
 A task is one package under ``mlbench/tasks/`` (``task1a/``, ``task3a/``, ...; AlgoPerf's workloads
 and torchtitan's TrainSpec are the model), found by :mod:`mlbench.tasks.registry`. Its
@@ -99,12 +99,10 @@ class TrainingSettings(ABC):
         return {"opt_weight_decay": self.weight_decay, "opt_momentum": self.momentum,
                 "opt_nesterov": self.nesterov}
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_dict(cls: type[SettingsT], data: dict[str, Any]) -> SettingsT:
-        """Settings from :meth:`to_dict` (JSON turns tuples into lists; they are tuples again)."""
+        """Settings from their ``dataclasses.asdict`` in run.json (JSON turns tuples into lists;
+        they are tuples again)."""
         names = {f.name for f in dataclasses.fields(cls)}
         values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
         return cls(**values)
