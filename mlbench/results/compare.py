@@ -334,9 +334,10 @@ def sweep_bandwidth(group: Group) -> dict[tuple[str, int], float]:
     """Task 0a: per (dtype, elements) the median over the group's repeats of the headline
     bandwidth (bus bandwidth; algorithm bandwidth on one worker), in GB/s."""
     values: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for run in group.runs:
-        sweep = run.sweep
-        for row in sweep.rows if sweep else []:
+    for sweep in (run.sweep for run in group.runs):
+        if sweep is None:
+            continue
+        for row in sweep.rows:
             values[(row["dtype"], int(row["elements"]))].append(sweep.bandwidth(row))
     return {key: median(v) for key, v in values.items()}
 
