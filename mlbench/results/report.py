@@ -28,10 +28,6 @@ from mlbench.tasks.metrics import ACCURACY, LATENCY, Metric, get_metric
 from mlbench.tasks.spec import TASKS
 
 
-def fmt_percent(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.2f}%"
-
-
 def describe_result(result: dict[str, Any] | None) -> str:
     """The one-sentence outcome of a run: time to accuracy, accuracy after time, or task 0a's
     peak bandwidth."""
