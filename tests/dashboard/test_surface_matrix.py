@@ -104,8 +104,8 @@ def surface(lab, page, tmp_path: Path, case: Case, name: str) -> str:
     record, metric = case.record, case.metric
     sweep = isinstance(read_result(record.result), AllreduceResult)
     if name == "result line":
-        text = describe_result(record.result)
-        assert metric.title in text and metric.format(case.value) in text, text
+        text = describe_result(record.result)  # names the metric as "accuracy", "validation perplexity"...
+        assert metric.title.removeprefix("test ") in text and metric.format(case.value) in text, text
         return text
     if name == "status table":
         text = invoke(lab, "status")
@@ -168,7 +168,8 @@ def surface(lab, page, tmp_path: Path, case: Case, name: str) -> str:
                 assert metric.describe_goal(case.goal) in page.inner_text('#spec dd[data-fact="goal"]')
             assert page.inner_text("#chart-time-title").lower().startswith(metric.title.lower())
             page.wait_for_function("Number(document.querySelector('#chart-time').dataset.evaluations) > 0")
-            assert metric.axis_label in page.inner_text("#chart-time")
+            assert page.get_attribute("#chart-time", "data-axis") == metric.axis_label  # drawn on the canvas
+            assert metric.title in page.inner_text("#chart-time .u-legend")
         page.screenshot(path=tmp_path / "run.png", full_page=True)
         return page.inner_text("main")
     if name == "dashboard compare":
@@ -182,7 +183,9 @@ def surface(lab, page, tmp_path: Path, case: Case, name: str) -> str:
             assert page.locator("#sweep-card").is_visible() and page.locator("#training-charts").is_hidden()
         else:
             assert page.inner_text("#chart-accuracy-title").lower().startswith(metric.title.lower())
-            assert metric.axis_label in page.inner_text("#chart-accuracy")
+            assert page.get_attribute("#chart-accuracy", "data-axis") == metric.axis_label  # drawn on the canvas
+            if case.goal is not None:
+                assert f"target {metric.format(case.goal)}" in page.inner_text("#chart-accuracy .u-legend")
         page.screenshot(path=tmp_path / "compare.png", full_page=True)
         return page.inner_text("#content")
     if name == "mllog":

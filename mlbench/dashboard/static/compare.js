@@ -208,6 +208,7 @@
       curveChart(doc, "chart-loss", "losses", "training loss", (x) => x.toFixed(4));
       const unit = doc.metric.unit === "fraction" ? "%" : doc.metric.unit ? ` ${doc.metric.unit}` : "";
       curveChart(doc, "chart-accuracy", "evaluations", doc.metric.axis, (x) => `${x.toFixed(2)}${unit}`);
+      document.getElementById("chart-accuracy").dataset.axis = doc.metric.axis;  // the canvas draws it
       document.getElementById("chart-accuracy-title").textContent = `${doc.metric.title[0].toUpperCase()}${doc.metric.title.slice(1)} vs training time`;
       communicationChart(doc, counts);
       document.getElementById("training-charts").classList.toggle("hidden", doc.sweep);

@@ -88,6 +88,7 @@
     const sent = state.training.filter((p) => p.bytes > 0);
     charts.bytes.update(sent.length ? [state.training.map((p) => p.time), state.training.map((p) => p.bytes)] : null);
     document.getElementById("chart-time").dataset.evaluations = state.evaluations.length;
+    document.getElementById("chart-time").dataset.axis = metricOf().axis;  // the canvas draws it
     document.getElementById("chart-time").dataset.training = state.training.length;
   }
 
