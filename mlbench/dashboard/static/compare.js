@@ -160,7 +160,7 @@
     }));
     chart("chart-sweep", (width) => ({
       width, height: 300, scales: { x: { time: false, distr: 3 }, y: { distr: 3 } },
-      axes: [axis("message size (bytes)"), axis("bandwidth (GB/s)", null, 70)], series }), "no measurement above 0 GB/s")
+      axes: [axis("message size (bytes)"), axis("bandwidth (GB/s)", (u, vals) => vals.map((v) => (v === null || v === undefined ? "" : String(Number(v.toPrecision(2))))), 70)], series }), "no measurement above 0 GB/s")
       .update(tables.length ? uPlot.join(tables) : null, true);
     document.getElementById("chart-sweep").dataset.lines = JSON.stringify(series.slice(1).map((s) => s.label));
   }

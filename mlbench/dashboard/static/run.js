@@ -15,6 +15,7 @@
   const axis = (label, values, size) => ({ label, stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" },
     ...(values ? { values } : {}), ...(size ? { size } : {}) });
   const fromZero = { time: false, range: (u, min, max) => [0, max > 0 ? max * 1.04 : 1] };
+  const logTicks = (u, vals) => vals.map((v) => (v === null || v === undefined ? "" : String(Number(v.toPrecision(2)))));
   const lossValue = (u, v) => (v === null || v === undefined ? "-" : v.toFixed(4));
   // the goal metric as the server describes it (title, axis label, unit); values come plotted (percent for a fraction)
   const metricOf = () => (state.doc ? state.doc.spec.metric : { title: "goal metric", axis: "goal metric", unit: "" });
@@ -51,7 +52,7 @@
     }), "no measurement yet"),
     sweep: new MB.Chart(document.getElementById("chart-sweep"), (width) => ({
       width, height: 260, scales: { x: { time: false, distr: 3 }, y: { distr: 3 } },
-      axes: [axis("message size (bytes)"), axis(state.doc && state.doc.sweep ? state.doc.sweep.metric.axis : "GB/s", null, 70)],
+      axes: [axis("message size (bytes)"), axis(state.doc && state.doc.sweep ? state.doc.sweep.metric.axis : "GB/s", logTicks, 70)],
       series: [{ label: "bytes", value: (u, v) => (v === null || v === undefined ? "-" : fmt.bytes(v)) },
                ...(state.doc && state.doc.sweep ? state.doc.sweep.lines : []).map((line, i) => ({
                  label: line.label, stroke: MB.COLOURS[i % MB.COLOURS.length], width: 1.5, spanGaps: true,
