@@ -59,11 +59,11 @@ class AllreducePrinter:
 
 
 def print_allreduce_table(result: dict[str, Any]) -> None:
-    """The whole sweep of a finished task-0a run (for `mlbench status RUN`)."""
+    """The whole sweep of a finished task-0a run (for `mlbench status RUN`, under the details
+    whose result line gives its peak)."""
     click.echo("\nAll-reduce sweep (time: mean per operation over ranks; nccl-tests' algbw and busbw):")
     click.echo(tabulate([table_row(r) for r in result["rows"]], headers=TABLE_HEADERS,
                         disable_numparse=True, colalign=("left",) + ("right",) * 7))
-    click.echo(describe_result(result))
 
 
 def task_rows(params: dict[str, Any]) -> list[list[str]]:

@@ -146,11 +146,13 @@ class AllreduceResult:
 
     @property
     def latency_us(self) -> float | None:
-        """Microseconds per all-reduce of the smallest message (the best dtype's)."""
+        """Microseconds per all-reduce of the smallest message in the sweep's first dtype (fp32
+        unless the sweep was restricted): nccl-tests' small-message time, where the latency of
+        the backend and the network, not the bandwidth, sets the pace."""
         if not self.rows:
             return None
-        smallest = min(r["elements"] for r in self.rows)
-        return 1e6 * min(float(r["time_s"]) for r in self.rows if r["elements"] == smallest)
+        first = [r for r in self.rows if r["dtype"] == self.rows[0]["dtype"]]
+        return 1e6 * float(min(first, key=lambda r: r["elements"])["time_s"])
 
     def bandwidth(self, row: dict[str, Any]) -> float:
         """The headline figure of one row (bus bandwidth; algorithm bandwidth on one worker)."""
