@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench.network.settings import network_label
-from mlbench.results.charts import differs_in_bandwidth, family_labels, representative
+from mlbench.results.charts import family_labels, network_axis, representative
 from mlbench.results.compare import Comparison, Group, sweep_bandwidth, training_curve
 from mlbench.results.outcome import AllreduceResult, read_result
 from mlbench.results.report import (compare_headers, compare_notes, compare_row, describe_result,
@@ -216,11 +216,12 @@ def _group(g: Group, emulated: bool, metric: Metric) -> dict[str, Any]:
 
 def comparison_document(comparison: Comparison) -> dict[str, Any]:
     """The tables of `mlbench compare` (task 0a's by message size too) and the data of the
-    figures of `mlbench charts` (the network figure's when the runs differ in bandwidth)."""
+    figures of `mlbench charts` (``network``: the setting the network figure's x axis shows,
+    when the runs differ in bandwidth or latency)."""
     families = comparison.families()
     labels = family_labels(list(families))
     # the network figure's lines: what tells families apart besides their network
-    plain = {f: dataclasses.replace(f, network="", bandwidth_bps=None) for f in families}
+    plain = {f: dataclasses.replace(f, network="", bandwidth_bps=None, latency_s=0.0) for f in families}
     line_labels = family_labels(list(dict.fromkeys(plain.values())))
     emulated = differs_in_network(comparison)
     sweep = is_sweep(comparison)
@@ -233,11 +234,12 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
         "skipped": [{"id": r.id, "state": r.state} for r in comparison.skipped],
         "metric": metric_view(metric), "sweep": sweep,
         "sweep_table": {"headers": sweep_headers, "rows": sweep_rows} if sweep else None,
-        "network": differs_in_bandwidth(comparison),
+        "network": network_axis(comparison),
         "families": [{"label": labels[f], "heading": family_heading(f, emulated), "metric": f.metric,
                       "goal": f.goal, "goal_text": metric.format(f.goal) if f.goal is not None else None,
                       "goal_display": metric.display(f.goal) if f.goal is not None else None,
                       "network": f.network or None, "bandwidth_bps": f.bandwidth_bps,
+                      "latency_s": f.latency_s,
                       "line": line_labels[plain[f]],
                       "groups": [_group(g, emulated, metric) for g in groups]}
                      for f, groups in families.items()],

@@ -6,9 +6,10 @@ of workers, loss against time for each worker count with the target line, and th
 communication/computation time ratio per worker count. Each
 is drawn here from a :class:`~mlbench.results.compare.Comparison`, so the charts show exactly the
 groups, repeats and families that `mlbench compare` prints. When the runs were made at several
-emulated bandwidths (`mlbench run ... --bandwidth 100mbit,1gbit`), a fifth figure shows time to
-accuracy and time per epoch against the bandwidth. Task 0a's runs (the all-reduce sweep) have
-one figure instead: bandwidth against message size. Every value and target is labelled by the
+emulated bandwidths (`mlbench run ... --bandwidth 100mbit,1gbit`), or at one bandwidth and
+several latencies, a fifth figure shows time to accuracy and time per epoch against that
+setting. Task 0a's runs (the all-reduce sweep) have one figure instead: bandwidth against
+message size. Every value and target is labelled by the
 task's metric (:mod:`mlbench.tasks.metrics`): a perplexity is never drawn as a percentage.
 Figures are drawn on matplotlib's Agg canvas without pyplot: no display, no global state between
 calls.
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 from collections.abc import Sequence
 
 from mlbench.extras import needs
-from mlbench.network.settings import format_rate
+from mlbench.network.settings import format_rate, format_time
 from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, RunResult,
                                      sweep_bandwidth)
 from mlbench.results.report import differs_in_network, group_label, is_sweep, task_metric
@@ -51,7 +52,7 @@ def write_charts(comparison: Comparison, out_dir: str | Path,
     drawers = {"speedup": speedup_chart, "cost": cost_chart, "loss-accuracy": loss_accuracy_chart,
                "communication": communication_chart, "network": network_chart, "bandwidth": bandwidth_chart}
     names: tuple[str, ...] = SWEEP_CHART_NAMES if is_sweep(comparison) else CHART_NAMES
-    names += ("network",) if differs_in_bandwidth(comparison) and not is_sweep(comparison) else ()
+    names += ("network",) if network_axis(comparison) and not is_sweep(comparison) else ()
     written = []
     for name in names:
         fig = drawers[name](comparison)
@@ -226,32 +227,43 @@ def communication_chart(comparison: Comparison) -> Figure:
     return fig
 
 
-def differs_in_bandwidth(comparison: Comparison) -> bool:
-    """Whether the runs were made at more than one emulated bandwidth (the network chart's cue)."""
-    return len({g.family.bandwidth_bps for g in comparison.groups if g.family.bandwidth_bps}) > 1
+def network_axis(comparison: Comparison) -> str | None:
+    """The network setting the emulated runs differ in, the x axis of the network figure:
+    ``"bandwidth"`` (first), ``"latency"``, or None when they do not differ in either."""
+    emulated = [g.family for g in comparison.groups if g.family.network]
+    if len({f.bandwidth_bps for f in emulated if f.bandwidth_bps}) > 1:
+        return "bandwidth"
+    if len({f.latency_s for f in emulated}) > 1:
+        return "latency"
+    return None
 
 
 def network_chart(comparison: Comparison) -> Figure:
-    """Time to accuracy and time per epoch against the emulated bandwidth, a line per optimizer.
+    """Time to accuracy and time per epoch against the emulated bandwidth (or, for runs at one
+    bandwidth, the latency), a line per optimizer.
 
-    The question of the network dimension: at which bandwidth does a compressing optimizer
-    start to pay? Runs on the network as it was (not emulated) have no bandwidth and are left out.
+    The question of the network dimension: at which bandwidth or latency does a compressing
+    optimizer start to pay? Runs on the network as it was (not emulated) are left out.
     """
     fig = _new_figure(figsize=(10, 4.2))
     tta_ax, epoch_ax = fig.subplots(1, 2)
-    lines: dict[tuple, list[tuple[float, Group]]] = {}  # (bandwidth, group) per line
+    axis = network_axis(comparison) or "bandwidth"
+    lines: dict[tuple, list[tuple[float, Group]]] = {}  # (x, group) per line
     for g in comparison.groups:
-        bandwidth = g.family.bandwidth_bps
-        if bandwidth:
-            f = g.family
-            key = (f.optimizer, g.workers, f.division, f.hardware, f.goal,
-                   f.network.split(", ", 1)[1] if ", " in f.network else "")
-            lines.setdefault(key, []).append((bandwidth, g))
+        f = g.family
+        setting = f.bandwidth_bps if axis == "bandwidth" else f.latency_s if f.network else None
+        if setting is None or (axis == "bandwidth" and not setting):
+            continue
+        # what the label says besides the axis' setting (the rate comes first in a label)
+        first, _, rest = f.network.partition(", ")
+        key = (f.optimizer, g.workers, f.division, f.hardware, f.goal, rest if axis == "bandwidth" else first)
+        lines.setdefault(key, []).append((setting, g))
     varying = [i for i in range(6) if len({k[i] for k in lines}) > 1]
+    scale, ticks = (1e6, format_rate) if axis == "bandwidth" else (1e-3, format_time)
     for i, (key, points) in enumerate(lines.items()):
         points.sort(key=lambda p: p[0])
         groups = [g for _, g in points]
-        x = [bandwidth / 1e6 for bandwidth, _ in points]
+        x = [value / scale for value, _ in points]
         label = ", ".join(_line_text(key, j, comparison.task) for j in ([0] + [j for j in varying if j]))
         tta = [g.time_to_accuracy.median for g in groups]
         if any(math.isfinite(t) for t in tta):
@@ -263,14 +275,17 @@ def network_chart(comparison: Comparison) -> Figure:
             epoch_ax.plot([a for a, e in zip(x, epoch, strict=True) if e is not None],
                           [e for e in epoch if e is not None],
                           marker="o", color=_colour(i), label=label)
-    rates = sorted({bandwidth for points in lines.values() for bandwidth, _ in points})
-    for ax, title, ylabel in ((tta_ax, "time to accuracy vs bandwidth", "time to accuracy (s)"),
-                              (epoch_ax, "time per epoch vs bandwidth", "training seconds per epoch")):
-        ax.set_xscale("log")
-        ax.set_xticks([r / 1e6 for r in rates], [format_rate(r) for r in rates])
-        ax.set_xlim(rates[0] / 1e6 / 1.5, rates[-1] / 1e6 * 1.5)
+    values = sorted({value for points in lines.values() for value, _ in points})
+    for ax, title, ylabel in ((tta_ax, f"time to accuracy vs {axis}", "time to accuracy (s)"),
+                              (epoch_ax, f"time per epoch vs {axis}", "training seconds per epoch")):
+        if axis == "bandwidth":
+            ax.set_xscale("log")
+            ax.set_xlim(values[0] / scale / 1.5, values[-1] / scale * 1.5)
+            ax.set_xlabel("emulated bandwidth per worker and direction")
+        else:
+            ax.set_xlabel("emulated one-way latency between workers")
+        ax.set_xticks([v / scale for v in values], [ticks(v) if v else "0" for v in values])
         ax.minorticks_off()
-        ax.set_xlabel("emulated bandwidth per worker and direction")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(alpha=0.3)

@@ -166,6 +166,7 @@ class Family:
     goal: float | None
     network: str = ""                  # the emulated network's label; "" when not emulated
     bandwidth_bps: float | None = None
+    latency_s: float = 0.0             # the emulated network's one-way latency
 
     @property
     def metric(self) -> str:
@@ -263,7 +264,8 @@ def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = Non
     for record in finished:
         run = RunResult.load(record)
         family = Family(record.task, record.division, record.optimizer, run.hardware, run.goal,
-                        network_label(run.network), (run.network or {}).get("bandwidth_bps"))
+                        network_label(run.network), (run.network or {}).get("bandwidth_bps"),
+                        float((run.network or {}).get("latency_s") or 0.0))
         buckets[(family, record.workers)].append(run)
     groups = [_group(f, k, runs, usd_per_node_hour)
               for (f, k), runs in sorted(buckets.items(), key=lambda item: _sort_key(*item[0]))]

@@ -243,3 +243,24 @@ def test_runs_on_two_networks_read_apart_everywhere(lab, page, tmp_path):
     lines = json.loads(page.get_attribute("#chart-network", "data-lines"))
     assert lines == ["2 workers, centralized-sgd, Test CPU (8 cores)"]
     page.screenshot(path=tmp_path / "compare-networks.png", full_page=True)
+
+
+def test_runs_at_two_latencies_get_the_network_figure_by_latency(lab, page, tmp_path):
+    """At one bandwidth and two latencies the network figure puts the latency on its x axis, in
+    `charts` and on the compare page; the compare headings name each network."""
+    store = lab.store()
+    near, far = (record_run(store, workers=2, task="task1a", tta=tta, wall=tta + 5, group_id="latencies",
+                            network={**NetworkSettings(bandwidth_bps=1e9, latency_s=delay).to_dict(),
+                                     "mechanism": "tc"})
+                 for delay, tta in ((5e-4, 20.0), (5e-3, 60.0)))
+    text = invoke(lab, "compare", near.id, far.id)
+    assert "network 1 Gbit/s, 0.5 ms |" in text and "network 1 Gbit/s, 5 ms |" in text, text
+    invoke(lab, "charts", near.id, far.id, "-o", str(tmp_path), "--format", "svg")
+    figure = svg_text(tmp_path / "task1a-network.svg")
+    assert "time to accuracy vs latency" in figure and "emulated one-way latency between workers" in figure
+    assert "0.5 ms" in figure and "5 ms" in figure, figure
+    page.goto(f"{lab.base}/compare?runs={near.id},{far.id}")
+    page.wait_for_selector("#network-card:not(.hidden)")
+    assert page.inner_text("#network-title") == "Time to accuracy vs emulated latency"
+    assert json.loads(page.get_attribute("#chart-network", "data-lines")) == [
+        "2 workers, centralized-sgd, Test CPU (8 cores)"]

@@ -165,26 +165,30 @@
     document.getElementById("chart-sweep").dataset.lines = JSON.stringify(series.slice(1).map((s) => s.label));
   }
 
-  /** Time to accuracy against the emulated bandwidth: a line per worker count and family (its network aside). */
+  /** Time to accuracy against the emulated bandwidth (or latency: doc.network names the setting the
+   *  runs differ in), a line per worker count and family (its network aside). */
   function networkChart(doc) {
+    const bandwidth = doc.network === "bandwidth";
     const lines = new Map();
     for (const family of doc.families) {
-      if (!family.bandwidth_bps) continue;
+      if (!family.network || (bandwidth && !family.bandwidth_bps)) continue;
       for (const g of family.groups) {
         const tta = g.time_to_accuracy && g.time_to_accuracy.median;
         if (tta === null || tta === undefined) continue;
         const label = `${workerLabel(g.workers)}, ${family.line}`;
         if (!lines.has(label)) lines.set(label, []);
-        lines.get(label).push([family.bandwidth_bps / 1e6, tta]);
+        lines.get(label).push([bandwidth ? family.bandwidth_bps / 1e6 : family.latency_s * 1e3, tta]);
       }
     }
+    const unit = bandwidth ? "Mbit/s" : "ms";
     const tables = [...lines.values()].map((points) => { points.sort((a, b) => a[0] - b[0]); return [points.map((p) => p[0]), points.map((p) => p[1])]; });
-    const series = [{ label: "Mbit/s", value: (u, v) => show(v, (x) => `${Number(x.toPrecision(4))} Mbit/s`) },
+    const series = [{ label: unit, value: (u, v) => show(v, (x) => `${Number(x.toPrecision(4))} ${unit}`) },
       ...[...lines.keys()].map((label, i) => ({ label, stroke: COLOURS[i % COLOURS.length], width: 2, spanGaps: true, points: { size: 6 }, value: (u, v) => show(v, fmt.dur) }))];
     chart("chart-network", (width) => ({
-      width, height: 280, scales: { x: { time: false, distr: 3 } },
-      axes: [axis("emulated bandwidth (Mbit/s)"), axis("time to accuracy (s)")], series }), "no run reached its goal")
+      width, height: 280, scales: { x: { time: false, distr: bandwidth ? 3 : 1 } },
+      axes: [axis(bandwidth ? "emulated bandwidth (Mbit/s)" : "emulated one-way latency (ms)"), axis("time to accuracy (s)")], series }), "no run reached its goal")
       .update(tables.length ? uPlot.join(tables) : null, true);
+    document.getElementById("network-title").textContent = `Time to accuracy vs emulated ${doc.network}`;
     document.getElementById("chart-network").dataset.lines = JSON.stringify([...lines.keys()]);
   }
 
