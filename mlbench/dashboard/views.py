@@ -145,12 +145,13 @@ def run_summary(summary: RunSummary, compression: float | None, metric: Metric) 
 
 
 def run_series(record: RunRecord, events: list[dict[str, Any]], summary: RunSummary) -> dict[str, list]:
-    """The curves of the run's page: rank 0's logging intervals and the evaluations (``value``:
-    the goal metric as plotted, ``text`` as shown)."""
+    """The curves of the run's page: rank 0's logging intervals and the evaluations (``accuracy``:
+    the goal metric's value, whatever the metric, as result records name it; ``value``: as
+    plotted; ``text``: as shown)."""
     metric = run_metric(record)
     evaluations = [{"time": e.get("time"), "epoch": e["epoch"], "step": e["step"],
-                    "value": metric.display(e[metric.name]), "text": metric.format(e[metric.name]),
-                    "loss": e.get("loss")}
+                    "accuracy": e[metric.name], "value": metric.display(e[metric.name]),
+                    "text": metric.format(e[metric.name]), "loss": e.get("loss")}
                    for e in summary.evaluations if metric.name in e]
     return {"training": training_curve(events, record.workers), "evaluations": evaluations}
 
