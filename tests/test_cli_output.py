@@ -20,7 +20,8 @@ from tests.helpers import events, mlbench, run_json, wait_for
 
 OVERVIEW_KEYS = {"id", "name", "task", "workers", "state", "reason", "division", "optimizer",
                  "launcher", "seed", "group_id", "created_at", "started_at", "finished_at", "epoch",
-                 "metric", "metric_value", "goal", "goal_reached", "time_to_accuracy"}
+                 "metric", "metric_value", "metric_title", "metric_unit", "metric_text", "goal", "goal_reached",
+                 "time_to_accuracy"}
 HEAVY = ("torch", "torchvision", "matplotlib", "numpy", "boto3", "botocore", "kubernetes",
          "googleapiclient", "docker")
 

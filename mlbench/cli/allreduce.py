@@ -12,7 +12,8 @@ from mlbench.results.store import RunRecord
 from mlbench.cli.format import network_note
 from mlbench.results.summary import RunSummary
 from mlbench.run_config import RunDocument
-from mlbench.tasks.task0a.sweep import TABLE_HEADERS, message_sizes, peak, table_row
+from mlbench.results.report import describe_result
+from mlbench.tasks.task0a.sweep import TABLE_HEADERS, message_sizes, table_row
 from mlbench.tasks.spec import AllreduceSpec
 
 _WIDTHS = (5, 10, 11, 5, 12, 13, 13, 7)
@@ -54,27 +55,15 @@ class AllreducePrinter:
         if final.state != "finished" or not final.result:
             click.echo(f"Run {final.id} {final.state}: {final.reason}", err=True)
             return
-        click.echo(describe_peak(final.result) + f" Details: mlbench status {final.id}")
-
-
-def describe_peak(result: dict[str, Any]) -> str:
-    best = peak(result["rows"])
-    if best is None:
-        return "No measurements."
-    wrong = f" {result['wrong']} wrong elements!" if result.get("wrong") else ""
-    if result["workers"] == 1:
-        return (f"One worker: nothing travels; peak algorithm bandwidth {best['algbw_gbps']:.2f} GB/s "
-                f"({best['dtype']}, {best['elements']} elements).{wrong}")
-    return (f"Peak bus bandwidth {best['busbw_gbps']:.2f} GB/s ({best['dtype']}, {best['elements']} "
-            f"elements, {result['workers']} workers, {result['backend']}).{wrong}")
+        click.echo(describe_result(final.result) + f" Details: mlbench status {final.id}")
 
 
 def print_allreduce_table(result: dict[str, Any]) -> None:
-    """The whole sweep of a finished task-0a run (for `mlbench status RUN`)."""
+    """The whole sweep of a finished task-0a run (for `mlbench status RUN`, under the details
+    whose result line gives its peak)."""
     click.echo("\nAll-reduce sweep (time: mean per operation over ranks; nccl-tests' algbw and busbw):")
     click.echo(tabulate([table_row(r) for r in result["rows"]], headers=TABLE_HEADERS,
                         disable_numparse=True, colalign=("left",) + ("right",) * 7))
-    click.echo(describe_peak(result))
 
 
 def task_rows(params: dict[str, Any]) -> list[list[str]]:

@@ -9,7 +9,7 @@ import click
 
 from mlbench.cli.output import tabulate
 from mlbench.launch.plan import RunRequest
-from mlbench.results.report import describe_result, fmt_duration, fmt_percent
+from mlbench.results.report import describe_result, fmt_duration, task_metric
 from mlbench.results.store import RunRecord
 from mlbench.network.settings import describe_network, network_label
 from mlbench.results.summary import RunSummary, phase_table
@@ -33,15 +33,12 @@ def fmt_bytes(count: float) -> str:
 
 def status_table(runs: list[dict[str, Any]]) -> str:
     """The table of `mlbench status`, from :func:`mlbench.results.report.run_overview` rows."""
-    rows = []
-    for r in runs:
-        metric = get_metric(r["metric"])
-        rows.append([r["id"], r["name"], r["task"], r["workers"], r["state"], r["division"],
-                     f"{r['epoch']:.2f}" if r["epoch"] is not None else "-",
-                     metric.format(r["metric_value"]), fmt_duration(r["time_to_accuracy"]),
-                     fmt_time(r["created_at"])])
+    rows = [[r["id"], r["name"], r["task"], r["workers"], r["state"], r["division"],
+             f"{r['epoch']:.2f}" if r["epoch"] is not None else "-",
+             r["metric_text"], fmt_duration(r["time_to_accuracy"]), fmt_time(r["created_at"])]
+            for r in runs]
     return tabulate(rows, headers=["ID", "NAME", "TASK", "WORKERS", "STATE", "DIVISION", "EPOCH",
-                                   "ACCURACY", "TIME TO ACC.", "CREATED"], disable_numparse=True)
+                                   "METRIC", "TIME TO GOAL", "CREATED"], disable_numparse=True)
 
 
 class ProgressPrinter:
@@ -54,6 +51,7 @@ class ProgressPrinter:
         self._last_time: float | None = None
         self._samples = 0
         self._train_time = 0.0
+        self.metric = task_metric(run.task)
 
     def header(self) -> None:
         config = RunDocument.load(self.run.run_dir).config
@@ -82,8 +80,8 @@ class ProgressPrinter:
             click.echo(f"  epoch {event['epoch']:7.2f}  step {event['step']:>7}  "
                        f"loss {self._loss:.4f}{rate}  train {fmt_duration(now)}")
             del self._loss
-        elif name == "eval/accuracy":
-            click.echo(f"  epoch {event['epoch']:7.2f}  test accuracy {fmt_percent(value)}")
+        elif name == f"eval/{self.metric.name}":
+            click.echo(f"  epoch {event['epoch']:7.2f}  {self.metric.title} {self.metric.format(value)}")
         elif name == "error":
             click.echo(f"  worker {event['rank']}: {value}", err=True)
 
@@ -118,7 +116,8 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
         rows.append(["last training loss", f"{summary.last_train_loss:.4f}"])
     if summary.evaluations:
         last = summary.evaluations[-1]
-        rows.append(["last test accuracy", f"{fmt_percent(last.get('accuracy'))} (epoch {last['epoch']:.2f})"])
+        metric = task_metric(run.task)
+        rows.append([f"last {metric.title}", f"{metric.format(last.get(metric.name))} (epoch {last['epoch']:.2f})"])
         rows.append(["last test loss", f"{last.get('loss', float('nan')):.4f}"])
     if summary.throughput:
         rows.append(["throughput", f"{summary.throughput:.0f} samples/s (all workers)"])

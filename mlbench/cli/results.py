@@ -14,7 +14,8 @@ from mlbench.errors import UsageError
 from mlbench.results.charts import FORMATS, write_charts
 from mlbench.results.compare import Comparison, comparison_of
 from mlbench.results.cost import PriceTable
-from mlbench.results.report import compare_headers, compare_notes, compare_row, comparison_document, family_heading
+from mlbench.results.report import (compare_headers, compare_notes, compare_row, comparison_document,
+                                    differs_in_network, family_heading, is_sweep, sweep_table)
 
 
 def _selection(command: Callable) -> Callable:
@@ -63,13 +64,18 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file, output
     if output != "table":
         emit(comparison_document(comparison), output)
         return
-    emulated = any(f.network for f in comparison.families())
+    emulated = differs_in_network(comparison)
+    sweep = is_sweep(comparison)
     for i, (family, groups) in enumerate(comparison.families().items()):
         if i:
             click.echo("")
         click.echo(family_heading(family, emulated))
         click.echo(tabulate([compare_row(g, emulated) for g in groups], disable_numparse=True,
-                            headers=compare_headers(emulated)))
+                            headers=compare_headers(emulated, sweep)))
+    if sweep:
+        headers, rows = sweep_table(comparison)
+        click.echo("\nBy message size (median of the repeats):")
+        click.echo(tabulate(rows, headers=headers, disable_numparse=True))
     click.echo("")
     for note in compare_notes(comparison):
         click.echo(note)

@@ -220,11 +220,16 @@ def status(run_ref, show_all, follow, output) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Zip file to write [RUN_ID.zip].")
 @click.option("--format", "fmt", type=click.Choice(["zip", "mlperf"]), default="zip", show_default=True,
               help="mlperf: also write an MLPerf :::MLLOG result log next to the zip (.mllog.txt).")
-def download(run_ref, output, fmt) -> None:
+@click.option("--check", is_flag=True,
+              help="With --format mlperf: run MLPerf's compliance checker on the log with the rules "
+                   "mlbench ships; exit 1 if it fails.")
+def download(run_ref, output, fmt, check) -> None:
     """Everything recorded about RUN (spec, environment, result, metrics, logs) as a zip file."""
     from mlbench.results.archive import write_archive
-    from mlbench.results.mllog import write_mllog
+    from mlbench.results.mllog import check_mllog, write_mllog
 
+    if check and fmt != "mlperf":
+        raise UsageError("--check checks the MLPerf log: add --format mlperf")
     store = session.open_store(read_only=True)
     record = session.reconcile(store, store.get(run_ref))
     target = Path(output or f"{record.id}.zip")
@@ -235,6 +240,12 @@ def download(run_ref, output, fmt) -> None:
     if fmt == "mlperf":
         log = write_mllog(record, target.with_suffix(".mllog.txt"))
         click.echo(f"Wrote {log} (MLPerf :::MLLOG result log)")
+        if check:
+            passed, said = check_mllog(log)
+            if not passed:
+                click.echo(f"MLPerf's compliance checker rejects {log}:\n{said}", err=True)
+                raise SystemExit(1)
+            click.echo(f"MLPerf's compliance checker passes {log} (mlbench's rules).")
 
 
 @cli.command()

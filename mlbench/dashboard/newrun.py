@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, cast
 from mlbench.dashboard.sources import CLUSTER, LOCAL, Source, Sources
 from mlbench.errors import DataError, MlbenchError, UsageError
 from mlbench.results.store import CANCELLED, PENDING, RunRecord
+from mlbench.tasks.metrics import get_metric
 from mlbench.tasks.overrides import parse_overrides
 from mlbench.tasks.registry import TASKS, get_task
 from mlbench.tasks.spec import AnySpec, TaskSpec
@@ -84,10 +85,13 @@ def form_choices(sources: Sources) -> dict[str, Any]:
 def _task_choice(task: AnySpec) -> dict[str, Any]:
     """A task as the form shows it; the all-reduce benchmark has no data set and no goal."""
     if isinstance(task, TaskSpec):
+        metric = get_metric(task.metric)
         return {"name": task.name, "title": task.title, "kind": task.kind, "dataset": task.settings.dataset,
-                "goal_full": task.goal_full, "goal_light": task.goal_light, "metric": task.metric}
+                "goal_full": task.goal_full, "goal_light": task.goal_light, "metric": task.metric,
+                "light_text": (f"{metric.describe_goal(task.goal_light)} instead of "
+                               f"{metric.describe_goal(task.goal_full)}")}
     return {"name": task.name, "title": task.title, "kind": task.kind, "dataset": None,
-            "goal_full": None, "goal_light": None, "metric": None}
+            "goal_full": None, "goal_light": None, "metric": None, "light_text": None}
 
 
 def _integer(text: Any, name: str, errors: dict[str, str]) -> int | None:

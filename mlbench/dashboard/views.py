@@ -2,24 +2,32 @@
 
 Everything here is a view of what :mod:`mlbench.results` computes (``summarize``,
 ``run_progress``, ``describe_result``, ``compare_runs`` and the rows of `mlbench compare`): values
-are passed through, renamed for JSON, never recomputed. Infinite values (a repeat statistic of
+are passed through, renamed for JSON, never recomputed. Every metric comes with its text as the
+CLI formats it (:class:`~mlbench.tasks.metrics.Metric`) and, for the charts, its axis label and
+plotted value, so the pages format no metric themselves. Infinite values (a repeat statistic of
 runs that missed the goal) become ``null``, which JSON can carry.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
 
-from mlbench.results.charts import family_labels, representative
-from mlbench.results.compare import Comparison, Group, training_curve
-from mlbench.results.report import (COMPARE_HEADERS, compare_notes, compare_row, describe_result,
-                                    family_heading, run_progress)
+from mlbench.network.settings import network_label
+from mlbench.results.charts import family_labels, network_axis, representative
+from mlbench.results.compare import Comparison, Group, sweep_bandwidth, training_curve
+from mlbench.results.outcome import AllreduceResult, read_result
+from mlbench.results.report import (compare_headers, compare_notes, compare_row, describe_result,
+                                    differs_in_network, family_heading, group_label, is_sweep,
+                                    run_progress, sweep_table, task_metric)
 from mlbench.results.repeats import RepeatStats
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table
 from mlbench.run_config import RunConfig, RunDocument
+from mlbench.tasks.task0a.sweep import TABLE_HEADERS, table_row
+from mlbench.tasks.metrics import LATENCY, Metric
 
 LOG_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
@@ -30,15 +38,16 @@ def read_run_json(record: RunRecord) -> dict[str, Any]:
     return document.to_dict() if document else {}
 
 
-def network_label(run_json: dict[str, Any]) -> str | None:
-    """The run's network settings in a few words (None: the links were not shaped)."""
-    network = run_json.get("network") or (run_json.get("config") or {}).get("network")
-    if not network:
-        return None
-    if isinstance(network, dict):
-        parts = [f"{k} {v}" for k, v in network.items() if isinstance(v, (str, int, float)) and v is not None]
-        return ", ".join(parts) or "shaped"
-    return str(network)
+def run_network(run_json: dict[str, Any]) -> str | None:
+    """The run's emulated network as the CLI labels it (``10 Mbit/s, 5 ms``); None: not shaped."""
+    return network_label(run_json.get("network")) or None
+
+
+def metric_view(metric: Metric, goal: float | None = None) -> dict[str, Any]:
+    """What a page needs to show a metric: its description, and the goal as text and as
+    plotted (percent for a fraction)."""
+    return {**metric.describe(), "goal_text": metric.describe_goal(goal) if goal is not None else None,
+            "goal_display": metric.display(goal) if goal is not None else None}
 
 
 def result_sentence(record: RunRecord, summary: RunSummary | None = None) -> str | None:
@@ -63,8 +72,9 @@ def run_row(source_key: str, record: RunRecord, summary: RunSummary | None,
         "id": record.id, "name": record.name, "task": record.task, "workers": record.workers,
         "state": record.state, "reason": record.reason, "division": record.division,
         "optimizer": record.optimizer, "launcher": record.launcher, "source": source_key,
-        "device": config.get("device"), "network": network_label(run_json),
+        "device": config.get("device"), "network": run_network(run_json),
         "epoch": progress.epoch, "accuracy": progress.accuracy,
+        "metric": progress.metric.name, "metric_value": progress.accuracy, "metric_text": progress.metric_text,
         "time_to_accuracy": progress.time_to_accuracy, "throughput": progress.throughput,
         "created_at": record.created_at, "started_at": record.started_at,
         "finished_at": record.finished_at, "group_id": record.group_id,
@@ -85,6 +95,7 @@ def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -
     config = run_json.get("config") or {}
     environment = summary.environment or run_json.get("environment") or {}
     task = config.get("task") or {}
+    goal = _goal(config, record)
     return {
         "task": record.task, "title": task.get("title"),
         "model": task.get("model") or (task.get("settings") or {}).get("model"),
@@ -93,18 +104,26 @@ def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -
         "division": record.division, "changed": run_json.get("changed") or [],
         "device": config.get("device"), "backend": config.get("backend"),
         "data": config.get("data"), "data_dir": config.get("data_dir"),
-        "light": config.get("light"), "goal": _goal(config, record),
+        "light": config.get("light"), "goal": goal,
+        "metric": metric_view(run_metric(record), goal),
         "stop_at_goal": config.get("stop_at_goal"), "time_budget_s": config.get("time_budget_s"),
         "max_steps": config.get("max_steps"), "seed": record.seed,
-        "network": network_label(run_json), "placement": run_json.get("placement"),
+        "network": run_network(run_json), "placement": run_json.get("placement"),
         "host": environment.get("host"), "cpu": environment.get("cpu"),
         "cores": environment.get("cores"), "gpus": environment.get("gpus") or [],
         "command": run_json.get("command"),
     }
 
 
-def run_summary(summary: RunSummary, compression: float | None) -> dict[str, Any]:
-    """Progress, phase times per worker (mean, max, each rank) and bytes sent."""
+def run_metric(record: RunRecord) -> Metric:
+    """The metric the run is judged by (its result's, else its task's)."""
+    result = read_result(record.result)
+    return result.goal_metric if result else task_metric(record.task)
+
+
+def run_summary(summary: RunSummary, compression: float | None, metric: Metric) -> dict[str, Any]:
+    """Progress (the last value of the run's ``metric``), phase times per worker (mean, max,
+    each rank) and bytes sent."""
     phases = [{"phase": p, "mean": m, "max": mx, "share": share,
                "ranks": [summary.phase_seconds.get(r, {}).get(p, 0.0) for r in summary.ranks]}
               for p, m, mx, share in phase_table(summary)]
@@ -115,6 +134,8 @@ def run_summary(summary: RunSummary, compression: float | None) -> dict[str, Any
         "ranks": summary.ranks, "epoch": summary.epoch, "steps": summary.steps,
         "train_time": summary.train_time, "last_train_loss": summary.last_train_loss,
         "last_accuracy": last.get("accuracy"), "last_test_loss": last.get("loss"),
+        "last_metric_title": f"last {metric.title}",
+        "last_metric_text": metric.format(last.get(metric.name)) if summary.evaluations else None,
         "throughput": summary.throughput, "communication_ratio": summary.communication_ratio,
         "phases": phases,
         "evaluation": {"mean": sum(evals) / len(evals) if evals else 0.0,
@@ -125,11 +146,31 @@ def run_summary(summary: RunSummary, compression: float | None) -> dict[str, Any
 
 
 def run_series(record: RunRecord, events: list[dict[str, Any]], summary: RunSummary) -> dict[str, list]:
-    """The curves of the run's page: rank 0's logging intervals and the evaluations."""
+    """The curves of the run's page: rank 0's logging intervals and the evaluations (``accuracy``:
+    the goal metric's value, whatever the metric, as result records name it; ``value``: as
+    plotted; ``text``: as shown)."""
+    metric = run_metric(record)
     evaluations = [{"time": e.get("time"), "epoch": e["epoch"], "step": e["step"],
-                    "accuracy": e["accuracy"], "loss": e.get("loss")}
-                   for e in summary.evaluations if "accuracy" in e]
+                    "accuracy": e[metric.name], "value": metric.display(e[metric.name]),
+                    "text": metric.format(e[metric.name]), "loss": e.get("loss")}
+                   for e in summary.evaluations if metric.name in e]
     return {"training": training_curve(events, record.workers), "evaluations": evaluations}
+
+
+def run_sweep(record: RunRecord) -> dict[str, Any] | None:
+    """Task 0a's sweep for its page: the table of `mlbench status RUN` and the bandwidth per
+    message size per dtype (the figure); None for a training run."""
+    sweep = read_result(record.result)
+    if not isinstance(sweep, AllreduceResult):
+        return None
+    lines: dict[str, list[list[float]]] = {}
+    for row in sweep.rows:
+        lines.setdefault(row["dtype"], []).append([row["bytes"], sweep.bandwidth(row)])
+    metric = sweep.goal_metric
+    return {"headers": list(TABLE_HEADERS), "rows": [[str(c) for c in table_row(r)] for r in sweep.rows],
+            "metric": metric.describe(), "peak_text": metric.format(sweep.headline),
+            "latency_text": LATENCY.format(sweep.latency_us),
+            "lines": [{"label": dtype, "points": points} for dtype, points in lines.items()]}
 
 
 def log_names(record: RunRecord) -> list[str]:
@@ -152,34 +193,56 @@ def _stats(stats: RepeatStats | None) -> dict[str, Any] | None:
             "max": _finite(stats.maximum), "runs": stats.runs, "converged": stats.converged}
 
 
-def _group(g: Group) -> dict[str, Any]:
+def _group(g: Group, emulated: bool, metric: Metric) -> dict[str, Any]:
     lead = representative(g)
+    sizes = {(row["dtype"], int(row["elements"])): int(row["bytes"])
+             for run in g.runs if run.sweep for row in run.sweep.rows}
     return {
-        "workers": g.workers, "speedup": g.speedup,
+        "workers": g.workers, "label": group_label(g, emulated), "network": g.family.network or None,
+        "speedup": g.speedup,
         "speedup_range": list(g.speedup_range) if g.speedup_range else None,
         "efficiency": g.efficiency, "cost": _stats(g.cost),
         "time_to_accuracy": _stats(g.time_to_accuracy), "throughput": _stats(g.throughput),
         "compute_seconds": g.compute_seconds, "communication_seconds": g.communication_seconds,
         "communication_share": g.communication_share, "final_accuracy": g.final_accuracy,
-        "row": compare_row(g),
+        "row": compare_row(g, emulated),
+        "sweep": [{"dtype": dtype, "bytes": sizes[(dtype, elements)], "value": value}
+                  for (dtype, elements), value in sweep_bandwidth(g).items()],
         "runs": [{"id": run.record.id, "name": run.record.name, "lead": run is lead,
                   "losses": [list(p) for p in run.losses],
-                  "evaluations": [[e["time"], e["accuracy"]] for e in run.summary.evaluations
-                                  if "time" in e and "accuracy" in e]}
+                  "evaluations": [[e["time"], metric.display(e[metric.name])] for e in run.summary.evaluations
+                                  if "time" in e and metric.name in e]}
                  for run in g.runs],
     }
 
 
 def comparison_document(comparison: Comparison) -> dict[str, Any]:
-    """The table of `mlbench compare` and the data of the four figures of `mlbench charts`."""
+    """The tables of `mlbench compare` (task 0a's by message size too) and the data of the
+    figures of `mlbench charts` (``network``: the setting the network figure's x axis shows,
+    when the runs differ in bandwidth or latency)."""
     families = comparison.families()
     labels = family_labels(list(families))
+    # the network figure's lines: what tells families apart besides their network
+    plain = {f: dataclasses.replace(f, network="", bandwidth_bps=None, latency_s=0.0) for f in families}
+    line_labels = family_labels(list(dict.fromkeys(plain.values())))
+    emulated = differs_in_network(comparison)
+    sweep = is_sweep(comparison)
+    metric = task_metric(comparison.task)
+    sweep_headers, sweep_rows = sweep_table(comparison) if sweep else ([], [])
     return {
-        "task": comparison.task, "headers": list(COMPARE_HEADERS),
+        "task": comparison.task, "headers": list(compare_headers(emulated, sweep)),
         "usd_per_node_hour": comparison.usd_per_node_hour,
         "notes": compare_notes(comparison),
         "skipped": [{"id": r.id, "state": r.state} for r in comparison.skipped],
-        "families": [{"label": labels[f], "heading": family_heading(f), "metric": f.metric,
-                      "goal": f.goal, "groups": [_group(g) for g in groups]}
+        "metric": metric_view(metric), "sweep": sweep,
+        "sweep_table": {"headers": sweep_headers, "rows": sweep_rows} if sweep else None,
+        "network": network_axis(comparison),
+        "families": [{"label": labels[f], "heading": family_heading(f, emulated), "metric": f.metric,
+                      "goal": f.goal, "goal_text": metric.format(f.goal) if f.goal is not None else None,
+                      "goal_display": metric.display(f.goal) if f.goal is not None else None,
+                      "network": f.network or None, "bandwidth_bps": f.bandwidth_bps,
+                      "latency_s": f.latency_s,
+                      "line": line_labels[plain[f]],
+                      "groups": [_group(g, emulated, metric) for g in groups]}
                      for f, groups in families.items()],
     }

@@ -6,9 +6,13 @@ of workers, loss against time for each worker count with the target line, and th
 communication/computation time ratio per worker count. Each
 is drawn here from a :class:`~mlbench.results.compare.Comparison`, so the charts show exactly the
 groups, repeats and families that `mlbench compare` prints. When the runs were made at several
-emulated bandwidths (`mlbench run ... --bandwidth 100mbit,1gbit`), a fifth figure shows time to
-accuracy and time per epoch against the bandwidth. Figures are drawn on matplotlib's Agg
-canvas without pyplot: no display, no global state between calls.
+emulated bandwidths (`mlbench run ... --bandwidth 100mbit,1gbit`), or at one bandwidth and
+several latencies, a fifth figure shows time to accuracy and time per epoch against that
+setting. Task 0a's runs (the all-reduce sweep) have one figure instead: bandwidth against
+message size. Every value and target is labelled by the
+task's metric (:mod:`mlbench.tasks.metrics`): a perplexity is never drawn as a percentage.
+Figures are drawn on matplotlib's Agg canvas without pyplot: no display, no global state between
+calls.
 """
 
 from __future__ import annotations
@@ -19,14 +23,18 @@ from typing import TYPE_CHECKING
 from collections.abc import Sequence
 
 from mlbench.extras import needs
-from mlbench.network.settings import format_rate
-from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, RunResult)
+from mlbench.network.settings import format_rate, format_time
+from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, RunResult,
+                                     sweep_bandwidth)
+from mlbench.results.report import differs_in_network, group_label, is_sweep, task_metric
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 CHART_NAMES = ("speedup", "cost", "loss-accuracy", "communication")
+#: Task 0a's figure: bandwidth against message size, a line per worker count, network and dtype.
+SWEEP_CHART_NAMES = ("bandwidth",)
 FORMATS = ("png", "svg")
 _COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
             "#17becf", "#7f7f7f", "#bcbd22")
@@ -42,8 +50,9 @@ def write_charts(comparison: Comparison, out_dir: str | Path,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     drawers = {"speedup": speedup_chart, "cost": cost_chart, "loss-accuracy": loss_accuracy_chart,
-               "communication": communication_chart, "network": network_chart}
-    names = CHART_NAMES + (("network",) if differs_in_bandwidth(comparison) else ())
+               "communication": communication_chart, "network": network_chart, "bandwidth": bandwidth_chart}
+    names: tuple[str, ...] = SWEEP_CHART_NAMES if is_sweep(comparison) else CHART_NAMES
+    names += ("network",) if network_axis(comparison) and not is_sweep(comparison) else ()
     written = []
     for name in names:
         fig = drawers[name](comparison)
@@ -60,7 +69,9 @@ def family_labels(families: Sequence[Family]) -> dict[Family, str]:
         "division": lambda f: f"{f.division} division",
         "optimizer": lambda f: f.optimizer,
         "hardware": lambda f: f.hardware,
-        "goal": lambda f: f"goal {f.goal:.0%}" if f.goal is not None else "no goal",
+        "goal": lambda f: (f"goal {task_metric(f.task).format(f.goal)}" if f.goal is not None
+                           else "no goal"),
+        "network": lambda f: f"network {f.network}" if f.network else "network not emulated",
     }
     varying = [k for k, text in fields.items() if len({text(f) for f in families}) > 1]
     shown = varying or ["optimizer", "hardware"]
@@ -136,8 +147,11 @@ def cost_chart(comparison: Comparison) -> Figure:
 
 
 def loss_accuracy_chart(comparison: Comparison) -> Figure:
+    """Training loss and the goal metric (test accuracy, perplexity, BLEU: the task's) over
+    training time, with the goal as the target line."""
     fig = _new_figure(figsize=(10, 4.2))
     loss_ax, acc_ax = fig.subplots(1, 2)
+    metric = task_metric(comparison.task)
     families = comparison.families()
     labels = family_labels(list(families))
     multi = len(families) > 1
@@ -154,28 +168,28 @@ def loss_accuracy_chart(comparison: Comparison) -> Figure:
                 if run.losses:
                     t, loss = zip(*run.losses)
                     loss_ax.plot(t, loss, style, color=colour, alpha=alpha, lw=lw, label=name)
-                evals = [(e["time"], e["accuracy"]) for e in run.summary.evaluations
-                         if "time" in e and "accuracy" in e]
+                evals = [(e["time"], e[metric.name]) for e in run.summary.evaluations
+                         if "time" in e and metric.name in e]
                 if evals:
                     t, acc = zip(*evals)
-                    acc_ax.plot(t, [100 * a for a in acc], style, marker="o", ms=3, color=colour,
-                                alpha=alpha, lw=lw, label=name)
+                    acc_ax.plot(t, [metric.display(a) for a in acc], style, marker="o", ms=3,
+                                color=colour, alpha=alpha, lw=lw, label=name)
         if family.goal is not None:
             goals.add(family.goal)
     for goal in sorted(goals):
-        acc_ax.axhline(100 * goal, color="black", linestyle=":", lw=1.2,
-                       label=f"target {goal:.0%}")
+        acc_ax.axhline(metric.display(goal), color="black", linestyle=":", lw=1.2,
+                       label=f"target {metric.format(goal)}")
     loss_ax.set_title("training loss vs training time")
     loss_ax.set_xlabel("training time (s)")
     loss_ax.set_ylabel("training loss")
-    acc_ax.set_title("test accuracy vs training time")
+    acc_ax.set_title(f"{metric.title} vs training time")
     acc_ax.set_xlabel("training time (s)")
-    acc_ax.set_ylabel("test accuracy (%)")
+    acc_ax.set_ylabel(metric.axis_label)
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    fig.suptitle(f"{comparison.task}: loss and accuracy over time per worker count "
+    fig.suptitle(f"{comparison.task}: loss and {metric.title} over time per worker count "
                  "(bold: median run; faint: other repeats)", fontsize=11)
     return fig
 
@@ -213,33 +227,44 @@ def communication_chart(comparison: Comparison) -> Figure:
     return fig
 
 
-def differs_in_bandwidth(comparison: Comparison) -> bool:
-    """Whether the runs were made at more than one emulated bandwidth (the network chart's cue)."""
-    return len({g.family.bandwidth_bps for g in comparison.groups if g.family.bandwidth_bps}) > 1
+def network_axis(comparison: Comparison) -> str | None:
+    """The network setting the emulated runs differ in, the x axis of the network figure:
+    ``"bandwidth"`` (first), ``"latency"``, or None when they do not differ in either."""
+    emulated = [g.family for g in comparison.groups if g.family.network]
+    if len({f.bandwidth_bps for f in emulated if f.bandwidth_bps}) > 1:
+        return "bandwidth"
+    if len({f.latency_s for f in emulated}) > 1:
+        return "latency"
+    return None
 
 
 def network_chart(comparison: Comparison) -> Figure:
-    """Time to accuracy and time per epoch against the emulated bandwidth, a line per optimizer.
+    """Time to accuracy and time per epoch against the emulated bandwidth (or, for runs at one
+    bandwidth, the latency), a line per optimizer.
 
-    The question of the network dimension: at which bandwidth does a compressing optimizer
-    start to pay? Runs on the network as it was (not emulated) have no bandwidth and are left out.
+    The question of the network dimension: at which bandwidth or latency does a compressing
+    optimizer start to pay? Runs on the network as it was (not emulated) are left out.
     """
     fig = _new_figure(figsize=(10, 4.2))
     tta_ax, epoch_ax = fig.subplots(1, 2)
-    lines: dict[tuple, list[tuple[float, Group]]] = {}  # (bandwidth, group) per line
+    axis = network_axis(comparison) or "bandwidth"
+    lines: dict[tuple, list[tuple[float, Group]]] = {}  # (x, group) per line
     for g in comparison.groups:
-        bandwidth = g.family.bandwidth_bps
-        if bandwidth:
-            f = g.family
-            key = (f.optimizer, g.workers, f.division, f.hardware, f.goal,
-                   f.network.split(", ", 1)[1] if ", " in f.network else "")
-            lines.setdefault(key, []).append((bandwidth, g))
+        f = g.family
+        setting = f.bandwidth_bps if axis == "bandwidth" else f.latency_s if f.network else None
+        if setting is None or (axis == "bandwidth" and not setting):
+            continue
+        # what the label says besides the axis' setting (the rate comes first in a label)
+        first, _, rest = f.network.partition(", ")
+        key = (f.optimizer, g.workers, f.division, f.hardware, f.goal, rest if axis == "bandwidth" else first)
+        lines.setdefault(key, []).append((setting, g))
     varying = [i for i in range(6) if len({k[i] for k in lines}) > 1]
+    scale, ticks = (1e6, format_rate) if axis == "bandwidth" else (1e-3, format_time)
     for i, (key, points) in enumerate(lines.items()):
         points.sort(key=lambda p: p[0])
         groups = [g for _, g in points]
-        x = [bandwidth / 1e6 for bandwidth, _ in points]
-        label = ", ".join(_line_text(key, j) for j in ([0] + [j for j in varying if j]))
+        x = [value / scale for value, _ in points]
+        label = ", ".join(_line_text(key, j, comparison.task) for j in ([0] + [j for j in varying if j]))
         tta = [g.time_to_accuracy.median for g in groups]
         if any(math.isfinite(t) for t in tta):
             tta_ax.plot([a for a, t in zip(x, tta, strict=True) if math.isfinite(t)],
@@ -250,14 +275,17 @@ def network_chart(comparison: Comparison) -> Figure:
             epoch_ax.plot([a for a, e in zip(x, epoch, strict=True) if e is not None],
                           [e for e in epoch if e is not None],
                           marker="o", color=_colour(i), label=label)
-    rates = sorted({bandwidth for points in lines.values() for bandwidth, _ in points})
-    for ax, title, ylabel in ((tta_ax, "time to accuracy vs bandwidth", "time to accuracy (s)"),
-                              (epoch_ax, "time per epoch vs bandwidth", "training seconds per epoch")):
-        ax.set_xscale("log")
-        ax.set_xticks([r / 1e6 for r in rates], [format_rate(r) for r in rates])
-        ax.set_xlim(rates[0] / 1e6 / 1.5, rates[-1] / 1e6 * 1.5)
+    values = sorted({value for points in lines.values() for value, _ in points})
+    for ax, title, ylabel in ((tta_ax, f"time to accuracy vs {axis}", "time to accuracy (s)"),
+                              (epoch_ax, f"time per epoch vs {axis}", "training seconds per epoch")):
+        if axis == "bandwidth":
+            ax.set_xscale("log")
+            ax.set_xlim(values[0] / scale / 1.5, values[-1] / scale * 1.5)
+            ax.set_xlabel("emulated bandwidth per worker and direction")
+        else:
+            ax.set_xlabel("emulated one-way latency between workers")
+        ax.set_xticks([v / scale for v in values], [ticks(v) if v else "0" for v in values])
         ax.minorticks_off()
-        ax.set_xlabel("emulated bandwidth per worker and direction")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(alpha=0.3)
@@ -269,10 +297,44 @@ def network_chart(comparison: Comparison) -> Figure:
     return fig
 
 
-def _line_text(key: tuple, index: int) -> str:
+def _line_text(key: tuple, index: int, task: str) -> str:
     optimizer, workers, division, hardware, goal, rest = key
     return [optimizer, f"{workers} workers", f"{division} division", hardware,
-            f"goal {goal:.0%}" if goal is not None else "no goal", rest or "no latency"][index]
+            f"goal {task_metric(task).format(goal)}" if goal is not None else "no goal",
+            rest or "no latency"][index]
+
+
+def bandwidth_chart(comparison: Comparison) -> Figure:
+    """Task 0a: the headline bandwidth (bus; algorithm on one worker) against the message size in
+    bytes, log-log, a line per worker count (and network, where runs differ in it) and dtype;
+    medians of the repeats. The size at which the curve flattens is where the link is full."""
+    fig, ax = _figure()
+    emulated = differs_in_network(comparison)
+    metrics = {g.metric.title for g in comparison.groups if g.metric is not None}
+    drawn = False
+    for i, g in enumerate(comparison.groups):
+        sizes = {(row["dtype"], int(row["elements"])): int(row["bytes"])
+                 for run in g.runs if run.sweep for row in run.sweep.rows}
+        values = sweep_bandwidth(g)
+        for j, dtype in enumerate(dict.fromkeys(dtype for dtype, _ in values)):
+            points = sorted((sizes[key], value) for key, value in values.items()
+                            if key[0] == dtype and value > 0)
+            if not points:
+                continue
+            drawn = True
+            ax.plot([b for b, _ in points], [v for _, v in points], _STYLES[j % len(_STYLES)],
+                    marker="o", ms=3, color=_colour(i), label=f"{group_label(g, emulated)}, {dtype}")
+    ax.set_xscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel(" / ".join(sorted(metrics)) + " (GB/s)" if metrics else "bandwidth (GB/s)")
+    ax.set_title(f"{comparison.task}: all-reduce bandwidth vs message size")
+    if drawn:
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+        _footnote(fig, "nccl-tests' bus bandwidth (algorithm bandwidth on one worker); median of the repeats")
+    else:
+        _empty(ax, "no measurement above 0 GB/s")
+    return fig
 
 
 def _median_epoch_seconds(group: Group) -> float | None:

@@ -27,10 +27,11 @@ from mlbench.results.cost import PriceTable, cost_usd
 from mlbench.network.settings import network_label
 from mlbench.results.events import read_run_events
 from mlbench.results.repeats import RepeatStats, repeat_stats
-from mlbench.results.outcome import TrainingResult
+from mlbench.results.outcome import AllreduceResult, Outcome, TrainingResult, read_result
 from mlbench.results.store import FINISHED, RunRecord, RunStore
 from mlbench.results.summary import RunSummary, summarize
 from mlbench.run_config import RunConfig, RunDocument
+from mlbench.tasks.metrics import Metric
 from mlbench.tasks.registry import get_task
 
 TIME_TO_ACCURACY, THROUGHPUT = "time to accuracy", "throughput"
@@ -112,8 +113,21 @@ class RunResult:
                    loss_curve(events), document.extra.get("network") if document else None)
 
     @property
+    def outcome(self) -> Outcome | None:
+        """The run's result of its kind (training or task 0a's sweep)."""
+        return read_result(self.record.result or self.summary.result)
+
+    @property
     def result(self) -> TrainingResult:
-        return TrainingResult.from_dict(self.record.result or self.summary.result) or TrainingResult()
+        """The training result; an empty one (no goal) for a run of another kind."""
+        outcome = self.outcome
+        return outcome if isinstance(outcome, TrainingResult) else TrainingResult()
+
+    @property
+    def sweep(self) -> AllreduceResult | None:
+        """Task 0a's sweep; None for a training run."""
+        outcome = self.outcome
+        return outcome if isinstance(outcome, AllreduceResult) else None
 
     @property
     def goal(self) -> float | None:
@@ -152,6 +166,7 @@ class Family:
     goal: float | None
     network: str = ""                  # the emulated network's label; "" when not emulated
     bandwidth_bps: float | None = None
+    latency_s: float = 0.0             # the emulated network's one-way latency
 
     @property
     def metric(self) -> str:
@@ -167,10 +182,11 @@ class Group:
     runs: list[RunResult]
     time_to_accuracy: RepeatStats
     throughput: RepeatStats            # samples/s over all workers (higher is better)
-    final_accuracy: float | None       # median
+    final_accuracy: float | None       # median of the runs' headline value (goal metric, 0a's peak)
     compute_seconds: float             # over all workers of all runs
     communication_seconds: float
     cost: RepeatStats | None           # USD to accuracy per run; None: no price for these runs
+    metric: Metric | None = None       # what final_accuracy measures (the runs' headline metric)
     speedup: float | None = None
     speedup_range: tuple[float, float] | None = None
     efficiency: float | None = None
@@ -248,7 +264,8 @@ def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = Non
     for record in finished:
         run = RunResult.load(record)
         family = Family(record.task, record.division, record.optimizer, run.hardware, run.goal,
-                        network_label(run.network), (run.network or {}).get("bandwidth_bps"))
+                        network_label(run.network), (run.network or {}).get("bandwidth_bps"),
+                        float((run.network or {}).get("latency_s") or 0.0))
         buckets[(family, record.workers)].append(run)
     groups = [_group(f, k, runs, usd_per_node_hour)
               for (f, k), runs in sorted(buckets.items(), key=lambda item: _sort_key(*item[0]))]
@@ -270,14 +287,15 @@ def _group(family: Family, workers: int, runs: list[RunResult], usd: float | Non
     for run in runs:
         c, m = run.phase_totals()
         compute, communication = compute + c, communication + m
-    accuracies = [run.result.final_accuracy for run in runs if run.result.final_accuracy is not None]
+    outcomes = [run.outcome for run in runs]
+    accuracies = [o.headline for o in outcomes if o is not None and o.headline is not None]
     return Group(
         family=family, workers=workers, runs=runs,
         time_to_accuracy=repeat_stats(run.time_to_accuracy for run in runs),
         throughput=RepeatStats(tuple(sorted(run.summary.throughput or 0.0 for run in runs))),
         final_accuracy=median(accuracies) if accuracies else None,
         compute_seconds=compute, communication_seconds=communication,
-        cost=_costs(runs, usd))
+        cost=_costs(runs, usd), metric=next((o.goal_metric for o in outcomes if o is not None), None))
 
 
 def _costs(runs: list[RunResult], usd: float | None) -> RepeatStats | None:
@@ -312,3 +330,21 @@ def _add_speedup(groups: list[Group]) -> None:
             g.speedup = stats.median / ref
             g.speedup_range = (stats.minimum / ref, stats.maximum / ref)
         g.efficiency = g.speedup / (g.workers / base.workers)
+
+
+def sweep_bandwidth(group: Group) -> dict[tuple[str, int], float]:
+    """Task 0a: per (dtype, elements) the median over the group's repeats of the headline
+    bandwidth (bus bandwidth; algorithm bandwidth on one worker), in GB/s."""
+    values: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for sweep in (run.sweep for run in group.runs):
+        if sweep is None:
+            continue
+        for row in sweep.rows:
+            values[(row["dtype"], int(row["elements"]))].append(sweep.bandwidth(row))
+    return {key: median(v) for key, v in values.items()}
+
+
+def sweep_latency(group: Group) -> float | None:
+    """Task 0a: the median over the group's repeats of the small-message latency (us)."""
+    values = [run.sweep.latency_us for run in group.runs if run.sweep and run.sweep.latency_us is not None]
+    return median(values) if values else None

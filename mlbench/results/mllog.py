@@ -15,23 +15,39 @@ fact, so it needs nothing from the workers beyond what every run records:
 * a run on an emulated network (`mlbench run --bandwidth ...`) adds ``mlbench_network``: its
   label as the value, run.json's settings and mechanism as the metadata;
 * ``init_start`` is when the launcher started the run (process start, data loading and the
-  process group count as initialisation, as in MLPerf), ``run_stop`` the time of the result.
+  process group count as initialisation, as in MLPerf), ``run_stop`` the time of the result;
+* ``eval_accuracy`` holds the task's goal metric, whatever it is, and names it in its metadata
+  when it is not accuracy; ``eval_samples`` is the evaluation set's size as the runtime counts it
+  (images, validation tokens, test sentences);
+* task 0a's sweep has no epochs: one ``mlbench_allreduce`` record per dtype and message size
+  (its bandwidth, nccl-tests' figures in the metadata), then ``mlbench_peak_bandwidth`` and
+  ``mlbench_latency``, in the units of :mod:`mlbench.tasks.metrics`.
+
+MLPerf's checker passes these logs with the rules mlbench ships
+(:mod:`mlbench.results.mlperf_rules`; `mlbench download RUN --format mlperf --check`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from mlbench.errors import UsageError
 from mlbench.network.settings import network_label
 from mlbench.results.compare import hardware_label
 from mlbench.results.events import read_run_events
-from mlbench.results.outcome import TrainingResult
+from mlbench.results.outcome import AllreduceResult, TrainingResult, read_result
+from mlbench.results.mlperf_rules import checker_command
 from mlbench.results.store import RunRecord
 from mlbench.run_config import RunConfig, RunDocument
+from mlbench.tasks.metrics import LATENCY
 from mlbench.tasks.spec import TaskSpec
 
 TOKEN = ":::MLLOG"
@@ -44,8 +60,8 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
     config = document.config if document else None
     spec = config.task if config is not None and isinstance(config.task, TaskSpec) else None
     rank0 = [e for e in events if e.get("rank", 0) == 0]
-    result = TrainingResult.from_dict(
-        record.result or next((e["value"] for e in rank0 if e["name"] == "result"), None)) or TrainingResult()
+    outcome = read_result(record.result or next((e["value"] for e in rank0 if e["name"] == "result"), None))
+    result = outcome if isinstance(outcome, TrainingResult) else TrainingResult()
     batch = record.workers * (spec.settings.batch_per_worker if spec else 0)
     environment = next((e["value"] for e in rank0 if e["name"] == "environment"),
                        document.environment if document else {})
@@ -82,17 +98,39 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
     if result.test_samples:
         log.add(init_start, "eval_samples", result.test_samples)
 
+    stop = next((e["time"] for e in rank0 if e["name"] == "result"), record.finished_at)
+    if isinstance(outcome, AllreduceResult):
+        _sweep(log, rank0, outcome, init_start, stop)
+        return log.lines()
     start = _run_start(rank0)
     if start is not None:
         log.add(start, "init_stop", None, "INTERVAL_END")
         log.add(start, "run_start", None, "INTERVAL_START")
         _epochs_and_evaluations(log, rank0, start, batch, spec.metric if spec else "accuracy")
-    stop = next((e["time"] for e in rank0 if e["name"] == "result"), record.finished_at)
     if stop is not None:
         status = "success" if result.reached else "aborted"
         log.add(stop, "run_stop", None, "INTERVAL_END",
                 {"status": status, "epoch_num": _epoch_num(result.epochs or 0.0)})
     return log.lines()
+
+
+def _sweep(log: _Log, rank0: list[dict[str, Any]], sweep: AllreduceResult, init_start: float,
+           stop: float | None) -> None:
+    """Task 0a: the sweep between ``run_start`` (its first measurement's start) and
+    ``run_stop``; ``success`` when no element came back wrong."""
+    rows = [e for e in rank0 if e["name"] == "allreduce"]
+    end = stop if stop is not None else (rows[-1]["time"] if rows else init_start)
+    start = max(init_start, end - sweep.train_time)
+    log.add(start, "init_stop", None, "INTERVAL_END")
+    log.add(start, "run_start", None, "INTERVAL_START")
+    metric = sweep.goal_metric
+    for e in rows:
+        row = e["value"]
+        log.add(float(e["time"]), "mlbench_allreduce", sweep.bandwidth(row),
+                metadata={**row, "metric": metric.name, "unit": metric.unit})
+    log.add(end, "mlbench_peak_bandwidth", sweep.headline, metadata={"metric": metric.name, "unit": metric.unit})
+    log.add(end, "mlbench_latency", sweep.latency_us, metadata={"metric": LATENCY.name, "unit": LATENCY.unit})
+    log.add(end, "run_stop", None, "INTERVAL_END", {"status": "aborted" if sweep.wrong else "success"})
 
 
 def write_mllog(record: RunRecord, output: str | os.PathLike) -> Path:
@@ -103,6 +141,21 @@ def write_mllog(record: RunRecord, output: str | os.PathLike) -> Path:
     tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     os.replace(tmp, output)
     return output
+
+
+def check_mllog(path: str | os.PathLike) -> tuple[bool, str]:
+    """Run MLPerf's checker by its own command line on the log at ``path`` with mlbench's rules:
+    (passed, what it said). Its own log file goes to a temporary folder, not the working one."""
+    if importlib.util.find_spec("mlperf_logging") is None:
+        raise UsageError("--check runs MLPerf's compliance checker, which is not installed: "
+                         "pip install mlperf-logging")
+    with tempfile.TemporaryDirectory(prefix="mlbench-mllog-") as folder:
+        command = [*checker_command(Path(path).resolve(), sys.executable),
+                   "--log_output", str(Path(folder) / "compliance_checker.log")]
+        proc = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
+    said = [line for line in (proc.stdout + proc.stderr).splitlines()
+            if line.strip() and not line.startswith(TOKEN) and not line.startswith("** Logging output")]
+    return proc.returncode == 0, "\n".join(said)
 
 
 class _Log:

@@ -17,23 +17,21 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from mlbench.results.compare import TIME_TO_ACCURACY, Comparison, Family, Group
+from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, sweep_bandwidth,
+                                     sweep_latency)
 from mlbench.results.events import read_run_events
-from mlbench.results.outcome import TrainingResult, fmt_duration
+from mlbench.results.outcome import AllreduceResult, Outcome, fmt_duration, read_result
 from mlbench.results.repeats import RepeatStats
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table, summarize
-from mlbench.tasks.metrics import ACCURACY, Metric, get_metric
+from mlbench.tasks.metrics import ACCURACY, LATENCY, Metric, get_metric
 from mlbench.tasks.registry import TASKS
 
 
-def fmt_percent(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.2f}%"
-
-
 def describe_result(result: dict[str, Any] | None) -> str:
-    """The one-sentence outcome of a run: time to accuracy, or accuracy after time."""
-    outcome = TrainingResult.from_dict(result)
+    """The one-sentence outcome of a run: time to accuracy, accuracy after time, or task 0a's
+    peak bandwidth."""
+    outcome = read_result(result)
     return outcome.sentence() if outcome else ""
 
 
@@ -54,6 +52,23 @@ class RunProgress:
     throughput: float | None         # training samples/s over all workers; None when unknown
     metric: Metric = ACCURACY
 
+    @property
+    def metric_text(self) -> str:
+        """The value as a table of runs of any task shows it ('81.20%', 'ppl 915.69', '12.40 GB/s')."""
+        return self.metric.cell(self.accuracy)
+
+
+def headline(record: RunRecord, summary: RunSummary | None) -> tuple[Metric, float | None, Outcome | None]:
+    """The metric a run is judged by, its value so far (the last evaluation of an active run;
+    the result's headline once it has ended) and the result."""
+    result = read_result(record.result)
+    metric = result.goal_metric if result else task_metric(record.task)
+    if record.active and summary is not None:
+        value = summary.evaluations[-1].get(metric.name) if summary.evaluations else None
+    else:
+        value = result.headline if result else None
+    return metric, value, result
+
 
 def run_progress(record: RunRecord, summary: RunSummary | None = None) -> RunProgress:
     """From the metric events while a run is active, from its result once it has ended.
@@ -63,47 +78,69 @@ def run_progress(record: RunRecord, summary: RunSummary | None = None) -> RunPro
     """
     if record.active and summary is None:
         summary = summarize(read_run_events(record.run_dir))
-    result = TrainingResult.from_dict(record.result)
-    metric = result.goal_metric if result else task_metric(record.task)
+    metric, value, result = headline(record, summary)
     throughput = summary.throughput if summary is not None else None
     if record.active and summary is not None:
-        value = summary.evaluations[-1].get(metric.name) if summary.evaluations else None
         return RunProgress(summary.epoch, value, None, throughput, metric)
     if result is None:
         return RunProgress(None, None, None, throughput, metric)
-    return RunProgress(result.epochs, result.final_accuracy, result.time_to_accuracy, throughput, metric)
+    return RunProgress(result.epochs, value, result.time_to_accuracy, throughput, metric)
 
 
 # -- several runs: the table of `mlbench compare` ------------------------------------------------
-COMPARE_HEADERS = ("WORKERS", "CONVERGED", "TIME TO ACC.", "MIN..MAX", "OLYMPIC MEAN", "SPEEDUP",
-                   "EFFICIENCY", "COMPUTE/COMM.", "SAMPLES/S", "ACCURACY", "COST TO ACC.")
+COMPARE_HEADERS = ("WORKERS", "CONVERGED", "TIME TO GOAL", "MIN..MAX", "OLYMPIC MEAN", "SPEEDUP",
+                   "EFFICIENCY", "COMPUTE/COMM.", "SAMPLES/S", "METRIC", "COST TO GOAL")
+#: Task 0a's table: per worker count its headline figures over the repeats (medians).
+SWEEP_HEADERS = ("WORKERS", "RUNS", "PEAK BANDWIDTH", "LATENCY")
 
 
-def compare_headers(emulated: bool = False) -> tuple[str, ...]:
-    """:data:`COMPARE_HEADERS`, with the network column when some family ran on an emulated one."""
-    return (COMPARE_HEADERS[0], "NETWORK", *COMPARE_HEADERS[1:]) if emulated else COMPARE_HEADERS
+def is_sweep(comparison: Comparison) -> bool:
+    """Whether the runs compared are task 0a's all-reduce sweeps (compared by message size)."""
+    return any(run.sweep is not None for g in comparison.groups for run in g.runs)
+
+
+def differs_in_network(comparison: Comparison) -> bool:
+    """Whether some runs ran on an emulated network: then every heading, row and legend names
+    its network, so that runs at 10 and 100 Mbit/s never read alike."""
+    return any(g.family.network for g in comparison.groups)
+
+
+def compare_headers(emulated: bool = False, sweep: bool = False) -> tuple[str, ...]:
+    """The columns of a family's table (task 0a's ``sweep``), with the network column when some
+    family ran on an emulated one."""
+    headers = SWEEP_HEADERS if sweep else COMPARE_HEADERS
+    return (headers[0], "NETWORK", *headers[1:]) if emulated else headers
 
 
 def family_heading(family: Family, emulated: bool = False) -> str:
     """What the runs of one table have in common, and the measure of their speedup
     (``emulated``: some family ran on an emulated network, so each says its network)."""
+    network = f"network {family.network or 'not emulated'} | " if emulated else ""
+    spec = TASKS.get(family.task)
+    if spec is not None and spec.kind == "allreduce":
+        return (f"{family.task} | all-reduce sweep | {family.hardware} | {network}"
+                "compared by message size")
     metric = ("speedup of time to accuracy" if family.metric == TIME_TO_ACCURACY
               else "no goal: speedup of throughput")
     goal = f"goal {task_metric(family.task).format(family.goal)}" if family.goal is not None else "synthetic data"
-    network = f"network {family.network or 'not emulated'} | " if emulated else ""
     return (f"{family.task} | {family.division} division | {family.optimizer} | "
             f"{family.hardware} | {network}{goal} | {metric}")
 
 
 def compare_row(g: Group, emulated: bool = False) -> list[str]:
     """One worker count of a family, in the columns of :func:`compare_headers`."""
+    network = [g.family.network or "-"] if emulated else []
+    metric = g.metric or task_metric(g.family.task)
+    if any(run.sweep is not None for run in g.runs):
+        return [str(g.workers), *network, str(len(g.runs)), metric.cell(g.final_accuracy),
+                LATENCY.format(sweep_latency(g))]
     tta = g.time_to_accuracy
     goal = g.family.metric == TIME_TO_ACCURACY
     share = g.communication_share
     cost = "-" if g.cost is None or not goal else _usd(g.cost.median)
     return [
         str(g.workers),
-        *([g.family.network or "-"] if emulated else []),
+        *network,
         f"{tta.converged}/{tta.runs}" if goal else f"-/{tta.runs}",
         _seconds(tta.median) if goal else "-",
         f"{_seconds(tta.minimum)}..{_seconds(tta.maximum)}" if goal and tta.converged else "-",
@@ -112,13 +149,44 @@ def compare_row(g: Group, emulated: bool = False) -> list[str]:
         f"{100 * g.efficiency:.0f}%" if g.efficiency is not None else "-",
         f"{100 * (1 - share):.0f}% / {100 * share:.0f}%" if share is not None else "-",
         f"{g.throughput.median:.0f}",
-        task_metric(g.family.task).format(g.final_accuracy),
+        metric.cell(g.final_accuracy),
         cost,
     ]
 
 
+def group_label(g: Group, emulated: bool = False) -> str:
+    """A worker count (and its network) in a sweep table's heading or a figure's legend."""
+    label = f"{g.workers} worker{'s' if g.workers > 1 else ''}"
+    return f"{label}, {g.family.network or 'not emulated'}" if emulated else label
+
+
+def sweep_table(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
+    """Task 0a's runs side by side by message size: dtype, elements, bytes, then each worker
+    count's (and network's) bandwidth, the median of its repeats, formatted by the metric."""
+    emulated = differs_in_network(comparison)
+    groups = comparison.groups
+    columns = [sweep_bandwidth(g) for g in groups]
+    sizes: dict[tuple[str, int], int] = {}
+    for g in groups:
+        for run in g.runs:
+            for row in run.sweep.rows if run.sweep else []:
+                sizes.setdefault((row["dtype"], int(row["elements"])), int(row["bytes"]))
+    metrics = [g.metric or task_metric(g.family.task) for g in groups]
+    headers = ["DTYPE", "ELEMENTS", "BYTES",
+               *[f"{group_label(g, emulated)} ({m.title}, {m.unit})" for g, m in zip(groups, metrics)]]
+    rows = [[dtype, str(elements), str(size),
+             *[m.format(column.get((dtype, elements))) for column, m in zip(columns, metrics)]]
+            for (dtype, elements), size in sizes.items()]
+    return headers, rows
+
+
 def compare_notes(comparison: Comparison) -> list[str]:
     """The sentences under the table: what the columns measure, the price, what was left out."""
+    if is_sweep(comparison):
+        notes = [("Bandwidth: nccl-tests' bus bandwidth (algorithm bandwidth on one worker), peak over "
+                  "message sizes and types; latency: time of one all-reduce of the smallest message; "
+                  "medians over the repeats.")]
+        return notes + _skipped(comparison)
     notes = [("Time to accuracy: training time to the goal, evaluation excluded; median over the "
               "repeats, olympic mean without the fastest and slowest run; a run that missed the "
               "goal counts as the slowest.")]
@@ -127,10 +195,14 @@ def compare_notes(comparison: Comparison) -> list[str]:
     else:
         notes.append(f"Cost: node-seconds to the goal (evaluation included) at "
                      f"${comparison.usd_per_node_hour:.4g} per node-hour.")
-    if comparison.skipped:
-        listed = ", ".join(f"{r.id} ({r.state})" for r in comparison.skipped)
-        notes.append(f"Left out {len(comparison.skipped)} run(s) that did not finish: {listed}.")
-    return notes
+    return notes + _skipped(comparison)
+
+
+def _skipped(comparison: Comparison) -> list[str]:
+    if not comparison.skipped:
+        return []
+    listed = ", ".join(f"{r.id} ({r.state})" for r in comparison.skipped)
+    return [f"Left out {len(comparison.skipped)} run(s) that did not finish: {listed}."]
 
 
 def _seconds(value: float) -> str:
@@ -163,14 +235,11 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
     For an active run, ``summary`` (of its events so far) gives the epoch and the last value of
     the goal metric; an ended run has them in its result.
     """
-    result = TrainingResult.from_dict(record.result)
-    metric = result.goal_metric if result else task_metric(record.task)
+    metric, value, result = headline(record, summary)
     if record.active and summary is not None:
         epoch: float | None = summary.epoch
-        value = summary.evaluations[-1].get(metric.name) if summary.evaluations else None
     else:
         epoch = result.epochs if result else None
-        value = result.final_accuracy if result else None
     reached = result.reached if result and result.goal is not None else None
     return {
         "id": record.id, "name": record.name, "task": record.task, "workers": record.workers,
@@ -179,6 +248,8 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
         "group_id": record.group_id, "created_at": record.created_at,
         "started_at": record.started_at, "finished_at": record.finished_at,
         "epoch": epoch, "metric": metric.name, "metric_value": value,
+        "metric_title": metric.title, "metric_unit": metric.describe()["unit"],
+        "metric_text": metric.cell(value),
         "goal": result.goal if result else None, "goal_reached": reached,
         "time_to_accuracy": result.time_to_accuracy if result and reached else None,
     }
@@ -191,7 +262,9 @@ def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
               for phase, mean, top, share in phase_table(summary)} if summary.ranks else {}
     evals = list(summary.eval_seconds.values())
     sent = list(summary.bytes_sent.values())
-    result = TrainingResult.from_dict(record.result)
+    result = read_result(record.result)
+    sweep = ({"latency_us": result.latency_us, "rows": result.rows}
+             if isinstance(result, AllreduceResult) else None)
     return {
         **run_overview(record, summary),
         "summary": {
@@ -209,6 +282,7 @@ def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
         },
         "result": record.result,
         "result_sentence": result.sentence() if result else None,
+        **({"allreduce": sweep} if sweep else {}),
     }
 
 
@@ -232,7 +306,13 @@ def _group(group: Group) -> dict[str, Any]:
         "communication_share": group.communication_share,
         "throughput": _stats(group.throughput),
         "final_accuracy": group.final_accuracy,
+        "metric": (group.metric or task_metric(group.family.task)).name,
+        "metric_value": group.final_accuracy,
         "cost_to_accuracy": _stats(group.cost) if goal and group.cost is not None else None,
+        **({"latency_us": sweep_latency(group),
+            "sweep": [{"dtype": dtype, "elements": elements, "bandwidth_gbps": value}
+                      for (dtype, elements), value in sweep_bandwidth(group).items()]}
+           if any(run.sweep is not None for run in group.runs) else {}),
     }
 
 

@@ -30,7 +30,9 @@ class RunSummary:
     train_time: float = 0.0                # max over ranks of the latest training-time reading
     last_train_loss: float | None = None
     last_lr: float | None = None
-    evaluations: list[dict[str, float]] = field(default_factory=list)  # epoch, step, time, loss, accuracy
+    #: rank 0's evaluations: epoch, step, time, loss and each metric by name (accuracy,
+    #: perplexity, bleu: every ``eval/<name>`` event)
+    evaluations: list[dict[str, float]] = field(default_factory=list)
     result: dict[str, Any] | None = None
     environment: dict[str, Any] | None = None
     errors: list[str] = field(default_factory=list)
@@ -102,7 +104,7 @@ def summarize(events: list[dict[str, Any]]) -> RunSummary:
             s.last_train_loss = float(value)
         elif name == "train/lr" and rank == 0:
             s.last_lr = float(value)
-        elif name in ("eval/loss", "eval/accuracy") and rank == 0:
+        elif name.startswith("eval/") and rank == 0:
             point = evals.setdefault(int(e["step"]), {"epoch": float(e["epoch"]), "step": int(e["step"])})
             point[name[5:]] = float(value)
         elif name == "result":

@@ -22,7 +22,8 @@ from click.testing import CliRunner
 from mlbench.errors import RunNotFound
 from mlbench.results.compare import comparison_of
 from mlbench.results.events import read_run_events
-from mlbench.results.report import describe_result, fmt_duration, fmt_percent
+from mlbench.results.report import describe_result, fmt_duration
+from mlbench.tasks.metrics import ACCURACY
 
 ENDED = ("finished", "failed", "cancelled")
 
@@ -87,7 +88,7 @@ def test_a_run_started_from_the_form_appears_and_its_accuracy_curve_grows(lab, b
     evaluations = [e for e in read_run_events(record.run_dir) if e["name"] == "eval/accuracy"]
     page.wait_for_function(f"document.querySelector('#chart-time').dataset.evaluations == {len(evaluations)}")
     assert page.inner_text("#result") == describe_result(record.result)
-    assert page.inner_text('#progress dd[data-fact="last test accuracy"]') == fmt_percent(evaluations[-1]["value"])
+    assert page.inner_text('#progress dd[data-fact="last test accuracy"]') == ACCURACY.format(evaluations[-1]["value"])
     runs_page.wait_for_selector(f'#runs tr[data-id="{run_id}"][data-state="finished"]')
     page.screenshot(path=tmp_path / "run-finished.png", full_page=True)
     runs_page.close()
@@ -205,7 +206,7 @@ def test_the_runs_table_shows_a_finished_task2a_run(lab, page, tmp_path):
     row.wait_for()
     assert row.get_attribute("data-state") == "finished"
     assert row.locator('[data-col="task"]').inner_text() == "task2a"
-    assert row.locator('[data-col="accuracy"]').inner_text() == fmt_percent(one.result["final_accuracy"])
+    assert row.locator('[data-col="metric"]').inner_text() == ACCURACY.format(one.result["final_accuracy"])
     assert row.locator('[data-col="tta"]').inner_text() == fmt_duration(one.result["time_to_accuracy"])
     assert row.locator('[data-col="epoch"]').inner_text() == f"{one.result['epochs']:.2f}"
     # the filters: task2a and finished keep it, another state hides it

@@ -8,6 +8,7 @@ from mlperf_logging.compliance_checker import mlp_compliance, mlp_parser
 from mlbench.results.mllog import write_mllog
 from mlbench.results.store import RunStore
 
+from tests.helpers import mlbench
 from tests.results.recorded import T0, record_run
 
 RULESET = "6.0.0"  # 6.1 also demands numerical-precision disclosures, which runs do not record yet
@@ -68,3 +69,17 @@ def test_a_run_that_missed_the_goal_stops_aborted(store, tmp_path):
     log = parse(write_mllog(run, tmp_path / "run.mllog.txt"))
     assert log["run_stop"][0].value["metadata"]["status"] == "aborted"
     assert log["eval_accuracy"][0].value["value"] == 0.5
+
+
+def test_download_check_runs_the_official_checker_and_fails_with_its_reason(store, tmp_path):
+    """`download --format mlperf --check` runs `python -m mlperf_logging.compliance_checker` with
+    mlbench's rules: a log without eval_samples (a run that recorded no evaluation set size)
+    fails with exit 1 and the checker's reason; one with it passes."""
+    missing = record_run(store, workers=2, tta=9.0, wall=10.0)
+    proc = mlbench("download", missing.id, "--format", "mlperf", "--check", "-o", str(tmp_path / "a.zip"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "compliance checker rejects" in proc.stderr and "eval_samples" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    complete = record_run(store, workers=2, tta=9.0, wall=10.0, result_extra={"test_samples": 500})
+    proc = mlbench("download", complete.id, "--format", "mlperf", "--check", "-o", str(tmp_path / "b.zip"))
+    assert proc.returncode == 0 and "compliance checker passes" in proc.stdout, proc.stdout + proc.stderr

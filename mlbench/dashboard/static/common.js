@@ -34,7 +34,6 @@ const MB = (() => {
   }
 
   const fmt = {
-    pct: (v) => (v === null || v === undefined ? "-" : `${(100 * v).toFixed(2)}%`),
     num: (v, digits = 2) => (v === null || v === undefined ? "-" : Number(v).toFixed(digits)),
     dur(seconds) {
       if (seconds === null || seconds === undefined) return "-";

@@ -31,6 +31,13 @@
         el("tbody", {}, family.groups.map((g) => el("tr", { "data-workers": g.workers },
           g.row.map((cell, i) => el("td", { class: i ? "num" : null, "data-col": doc.headers[i] }, cell))))))));
     }
+    if (doc.sweep_table) {
+      const t = doc.sweep_table;
+      out.push(el("h3", {}, "By message size (median of the repeats)"));
+      out.push(el("div", { style: "overflow-x: auto" }, el("table", { class: "data compare", id: "sweep-table" },
+        el("thead", {}, el("tr", {}, t.headers.map((h, i) => el("th", { class: i ? "num" : null }, h)))),
+        el("tbody", {}, t.rows.map((row) => el("tr", {}, row.map((cell, i) => el("td", { class: i ? "num" : null }, cell))))))));
+    }
     document.getElementById("tables").replaceChildren(...out);
     document.getElementById("notes").replaceChildren(...doc.notes.map((n) => el("p", { style: "margin: 8px 0 0" }, n)));
   }
@@ -89,17 +96,17 @@
   }
 
   /** One series per run (the median run of each worker count bold, other repeats faint). */
-  function curveChart(doc, id, key, yLabel, format, scale = 1) {
+  function curveChart(doc, id, key, yLabel, format) {
     const tables = [], series = [{ label: "training time", value: (u, v) => show(v, fmt.dur) }];
     const multi = doc.families.length > 1;
     const goals = new Set();
     doc.families.forEach((family, f) => {
-      if (family.goal !== null && key === "evaluations") goals.add(family.goal);
+      if (family.goal !== null && key === "evaluations") goals.add(JSON.stringify([family.goal_display, family.goal_text]));
       family.groups.forEach((group, g) => {
         for (const run of group.runs) {
           const points = run[key];
           if (!points.length) continue;
-          tables.push([points.map((p) => p[0]), points.map((p) => scale * p[1])]);
+          tables.push([points.map((p) => p[0]), points.map((p) => p[1])]);
           const label = `${workerLabel(group.workers)}${multi ? `, ${family.label}` : ""}${run.lead ? "" : ` (${run.id})`}`;
           series.push({ label, stroke: COLOURS[g % COLOURS.length], width: run.lead ? 2 : 1, alpha: run.lead ? 1 : 0.35,
             dash: f % 2 ? [6, 4] : undefined, spanGaps: true, points: { size: 4 }, value: (u, v) => show(v, format) });
@@ -109,8 +116,9 @@
     let data = tables.length ? uPlot.join(tables) : null;
     if (data) {
       for (const goal of goals) {
-        series.push({ label: `target ${(100 * goal).toFixed(0)}%`, stroke: "#111827", width: 1.2, dash: [3, 4], points: { show: false }, value: (u, v) => show(v, format) });
-        data.push(data[0].map(() => 100 * goal));
+        const [value, text] = JSON.parse(goal);
+        series.push({ label: `target ${text}`, stroke: "#111827", width: 1.2, dash: [3, 4], points: { show: false }, value: (u, v) => show(v, format) });
+        data.push(data[0].map(() => value));
       }
     }
     chart(id, (width) => ({
@@ -137,6 +145,53 @@
       axes: [xAxis(), axis("share of step time (%)")], series }), "no phase times recorded").update(data, true);
   }
 
+  /** Task 0a: bandwidth against message size (log-log), a line per worker count (and network) and dtype. */
+  function sweepChart(doc) {
+    const tables = [], series = [{ label: "bytes", value: (u, v) => show(v, fmt.bytes) }];
+    doc.families.forEach((family) => family.groups.forEach((group, g) => {
+      const dtypes = [...new Set(group.sweep.map((p) => p.dtype))];
+      dtypes.forEach((dtype, d) => {
+        const points = group.sweep.filter((p) => p.dtype === dtype && p.value > 0).sort((a, b) => a.bytes - b.bytes);
+        if (!points.length) return;
+        tables.push([points.map((p) => p.bytes), points.map((p) => p.value)]);
+        series.push({ label: `${group.label}, ${dtype}`, stroke: COLOURS[(tables.length - 1) % COLOURS.length], width: 1.5,
+          dash: d % 2 ? [6, 4] : undefined, spanGaps: true, points: { size: 4 }, value: (u, v) => show(v, (x) => `${Number(x.toPrecision(3))} GB/s`) });
+      });
+    }));
+    chart("chart-sweep", (width) => ({
+      width, height: 300, scales: { x: { time: false, distr: 3 }, y: { distr: 3 } },
+      axes: [axis("message size (bytes)"), axis("bandwidth (GB/s)", (u, vals) => vals.map((v) => (v === null || v === undefined ? "" : String(Number(v.toPrecision(2))))), 70)], series }), "no measurement above 0 GB/s")
+      .update(tables.length ? uPlot.join(tables) : null, true);
+    document.getElementById("chart-sweep").dataset.lines = JSON.stringify(series.slice(1).map((s) => s.label));
+  }
+
+  /** Time to accuracy against the emulated bandwidth (or latency: doc.network names the setting the
+   *  runs differ in), a line per worker count and family (its network aside). */
+  function networkChart(doc) {
+    const bandwidth = doc.network === "bandwidth";
+    const lines = new Map();
+    for (const family of doc.families) {
+      if (!family.network || (bandwidth && !family.bandwidth_bps)) continue;
+      for (const g of family.groups) {
+        const tta = g.time_to_accuracy && g.time_to_accuracy.median;
+        if (tta === null || tta === undefined) continue;
+        const label = `${workerLabel(g.workers)}, ${family.line}`;
+        if (!lines.has(label)) lines.set(label, []);
+        lines.get(label).push([bandwidth ? family.bandwidth_bps / 1e6 : family.latency_s * 1e3, tta]);
+      }
+    }
+    const unit = bandwidth ? "Mbit/s" : "ms";
+    const tables = [...lines.values()].map((points) => { points.sort((a, b) => a[0] - b[0]); return [points.map((p) => p[0]), points.map((p) => p[1])]; });
+    const series = [{ label: unit, value: (u, v) => show(v, (x) => `${Number(x.toPrecision(4))} ${unit}`) },
+      ...[...lines.keys()].map((label, i) => ({ label, stroke: COLOURS[i % COLOURS.length], width: 2, spanGaps: true, points: { size: 6 }, value: (u, v) => show(v, fmt.dur) }))];
+    chart("chart-network", (width) => ({
+      width, height: 280, scales: { x: { time: false, distr: bandwidth ? 3 : 1 } },
+      axes: [axis(bandwidth ? "emulated bandwidth (Mbit/s)" : "emulated one-way latency (ms)"), axis("time to accuracy (s)")], series }), "no run reached its goal")
+      .update(tables.length ? uPlot.join(tables) : null, true);
+    document.getElementById("network-title").textContent = `Time to accuracy vs emulated ${doc.network}`;
+    document.getElementById("chart-network").dataset.lines = JSON.stringify([...lines.keys()]);
+  }
+
   async function load() {
     const query = new URLSearchParams([...new FormData(form)].filter(([, v]) => String(v).trim()));
     const problem = document.getElementById("problem");
@@ -155,8 +210,16 @@
       speedupChart(doc, counts);
       costChart(doc, counts);
       curveChart(doc, "chart-loss", "losses", "training loss", (x) => x.toFixed(4));
-      curveChart(doc, "chart-accuracy", "evaluations", "test accuracy (%)", (x) => `${x.toFixed(2)}%`, 100);
+      const unit = doc.metric.unit === "fraction" ? "%" : doc.metric.unit ? ` ${doc.metric.unit}` : "";
+      curveChart(doc, "chart-accuracy", "evaluations", doc.metric.axis, (x) => `${x.toFixed(2)}${unit}`);
+      document.getElementById("chart-accuracy").dataset.axis = doc.metric.axis;  // the canvas draws it
+      document.getElementById("chart-accuracy-title").textContent = `${doc.metric.title[0].toUpperCase()}${doc.metric.title.slice(1)} vs training time`;
       communicationChart(doc, counts);
+      document.getElementById("training-charts").classList.toggle("hidden", doc.sweep);
+      document.getElementById("sweep-card").classList.toggle("hidden", !doc.sweep);
+      if (doc.sweep) sweepChart(doc);
+      document.getElementById("network-card").classList.toggle("hidden", !doc.network);
+      if (doc.network) networkChart(doc);
     } catch (err) {
       problem.textContent = err.message;
       problem.classList.remove("hidden");

@@ -2,7 +2,7 @@
 "use strict";
 
 (() => {
-  const { el, fmt, api } = MB;
+  const { el, api } = MB;
   MB.navigation("new");
   const form = document.getElementById("run-form");
   let choices = null;
@@ -21,10 +21,8 @@
   function showTask() {
     const task = choices.tasks.find((t) => t.name === form.task.value);
     document.getElementById("task-title").textContent = task ? task.title : "";
-    // accuracy goals are fractions shown as percentages; perplexity and BLEU are shown as they are
-    const goal = (v) => (task.metric === "accuracy" ? fmt.pct(v) : `${task.metric} ${Number(v).toFixed(2)}`);
-    document.getElementById("light-goal").textContent = task && task.kind === "training"
-      ? `(${goal(task.goal_light)} instead of ${goal(task.goal_full)})` : "";
+    // the goals as the metric formats them (server side): "90.00% test accuracy", "validation perplexity 90.00"
+    document.getElementById("light-goal").textContent = task && task.light_text ? `(${task.light_text})` : "";
   }
 
   function clearErrors() {

@@ -15,21 +15,30 @@
   const axis = (label, values, size) => ({ label, stroke: "#667085", grid: { stroke: "#eef0f3" }, ticks: { stroke: "#e3e6eb" },
     ...(values ? { values } : {}), ...(size ? { size } : {}) });
   const fromZero = { time: false, range: (u, min, max) => [0, max > 0 ? max * 1.04 : 1] };
-  const pctValue = (u, v) => (v === null || v === undefined ? "-" : `${v.toFixed(2)}%`);
+  const logTicks = (u, vals) => vals.map((v) => (v === null || v === undefined ? "" : String(Number(v.toPrecision(2)))));
   const lossValue = (u, v) => (v === null || v === undefined ? "-" : v.toFixed(4));
+  // the goal metric as the server describes it (title, axis label, unit); values come plotted (percent for a fraction)
+  const metricOf = () => (state.doc ? state.doc.spec.metric : { title: "goal metric", axis: "goal metric", unit: "" });
+  const metricValue = (u, v) => (v === null || v === undefined ? "-" : `${Number(v.toFixed(4))}${metricOf().unit === "fraction" ? "%" : ""}`);
 
   function accuracyLossOptions(xLabel, xValue) {
-    return (width) => ({
-      width, height: 260,
-      scales: { x: fromZero, "%": { range: (u, min, max) => [Math.max(0, Math.min(min, 50) - 5), Math.min(100, Math.max(max, 60) + 5)] } },
-      axes: [axis(xLabel), { ...axis("test accuracy (%)"), scale: "%" }, { ...axis("training loss"), scale: "loss", side: 1, grid: { show: false } }],
-      series: [
-        { label: xLabel, value: xValue },
-        { label: "test accuracy", scale: "%", stroke: "#2563eb", width: 2, spanGaps: true, points: { show: true, size: 5 }, value: pctValue },
-        { label: "goal", scale: "%", stroke: "#111827", width: 1.2, dash: [6, 5], points: { show: false }, value: pctValue },
-        { label: "training loss", scale: "loss", stroke: "#ea580c", width: 1.5, spanGaps: true, value: lossValue },
-      ],
-    });
+    return (width) => {
+      const metric = metricOf();
+      const percent = metric.unit === "fraction";
+      const range = percent ? (u, min, max) => [Math.max(0, Math.min(min, 50) - 5), Math.min(100, Math.max(max, 60) + 5)]
+        : (u, min, max) => [Math.max(0, min - 0.05 * Math.abs(max - min) - 1e-9), max + 0.05 * Math.abs(max - min) + 1e-9];
+      return {
+        width, height: 260,
+        scales: { x: fromZero, metric: { range } },
+        axes: [axis(xLabel), { ...axis(metric.axis), scale: "metric" }, { ...axis("training loss"), scale: "loss", side: 1, grid: { show: false } }],
+        series: [
+          { label: xLabel, value: xValue },
+          { label: metric.title, scale: "metric", stroke: "#2563eb", width: 2, spanGaps: true, points: { show: true, size: 5 }, value: metricValue },
+          { label: "goal", scale: "metric", stroke: "#111827", width: 1.2, dash: [6, 5], points: { show: false }, value: metricValue },
+          { label: "training loss", scale: "loss", stroke: "#ea580c", width: 1.5, spanGaps: true, value: lossValue },
+        ],
+      };
+    };
   }
   const seconds = (u, v) => (v === null || v === undefined ? "-" : fmt.dur(v));
   const charts = {
@@ -41,6 +50,14 @@
       series: [{ label: "training time", value: seconds },
                { label: "samples/s", stroke: "#16a34a", width: 1.5, fill: "rgba(22,163,74,.08)", value: (u, v) => fmt.rate(v) }],
     }), "no measurement yet"),
+    sweep: new MB.Chart(document.getElementById("chart-sweep"), (width) => ({
+      width, height: 260, scales: { x: { time: false, distr: 3 }, y: { distr: 3 } },
+      axes: [axis("message size (bytes)"), axis(state.doc && state.doc.sweep ? state.doc.sweep.metric.axis : "GB/s", logTicks, 70)],
+      series: [{ label: "bytes", value: (u, v) => (v === null || v === undefined ? "-" : fmt.bytes(v)) },
+               ...(state.doc && state.doc.sweep ? state.doc.sweep.lines : []).map((line, i) => ({
+                 label: line.label, stroke: MB.COLOURS[i % MB.COLOURS.length], width: 1.5, spanGaps: true,
+                 points: { show: true, size: 4 }, value: (u, v) => (v === null || v === undefined ? "-" : `${Number(v.toPrecision(3))} ${state.doc.sweep.metric.unit}`) }))],
+    }), "no measurement yet"),
     bytes: new MB.Chart(document.getElementById("chart-bytes"), (width) => ({
       width, height: 220, scales: { x: fromZero },
       axes: [axis("training time (s)"), axis("sent", (u, vals) => vals.map((v) => fmt.bytes(v)), 70)],
@@ -50,26 +67,29 @@
   };
 
   function accuracyLossData(key) {
-    const goal = state.doc && state.doc.spec.goal;
+    const goal = state.doc && state.doc.spec.metric.goal_display;
     const train = state.training.filter((p) => p[key] !== null && p.loss !== null);
     const evals = state.evaluations.filter((p) => p[key] !== null && p[key] !== undefined);
     if (!train.length && !evals.length) return null;
     const joined = uPlot.join([
-      [evals.map((p) => p[key]), evals.map((p) => 100 * p.accuracy)],
+      [evals.map((p) => p[key]), evals.map((p) => p.value)],
       [train.map((p) => p[key]), train.map((p) => p.loss)],
     ]);
-    const goalLine = joined[0].map(() => (goal === null || goal === undefined ? null : 100 * goal));
+    const goalLine = joined[0].map(() => (goal === null || goal === undefined ? null : goal));
     return [joined[0], joined[1], goalLine, joined[2]];
   }
 
   function drawCharts() {
-    charts.time.update(accuracyLossData("time"));
-    charts.epoch.update(accuracyLossData("epoch"));
+    const rebuild = state.doc && state.metricShown !== state.doc.spec.metric.name;  // axes name the metric
+    if (state.doc) state.metricShown = state.doc.spec.metric.name;
+    charts.time.update(accuracyLossData("time"), rebuild);
+    charts.epoch.update(accuracyLossData("epoch"), rebuild);
     const rated = state.training.filter((p) => p.throughput !== null);
     charts.throughput.update(rated.length ? [rated.map((p) => p.time), rated.map((p) => p.throughput)] : null);
     const sent = state.training.filter((p) => p.bytes > 0);
     charts.bytes.update(sent.length ? [state.training.map((p) => p.time), state.training.map((p) => p.bytes)] : null);
     document.getElementById("chart-time").dataset.evaluations = state.evaluations.length;
+    document.getElementById("chart-time").dataset.axis = metricOf().axis;  // the canvas draws it
     document.getElementById("chart-time").dataset.training = state.training.length;
   }
 
@@ -99,7 +119,7 @@
       ["device", [spec.device, spec.backend].filter(Boolean).join(" / ")],
       ["network", spec.network || "not shaped"],
       ["data", spec.data_dir ? `${spec.data} (${spec.data_dir})` : spec.data],
-      ["goal", spec.goal === null ? "none (synthetic data)" : `${fmt.pct(spec.goal)} test accuracy${spec.light ? " (light)" : ""}`],
+      ["goal", doc.sweep ? "none (a benchmark of the all-reduce)" : spec.metric.goal_text === null ? "none (synthetic data)" : `${spec.metric.goal_text}${spec.light ? " (light)" : ""}`],
       ["stop at goal", spec.stop_at_goal === false ? "no (--no-stop)" : null],
       ["time budget", spec.time_budget_s ? fmt.dur(spec.time_budget_s) : null],
       ["max steps", spec.max_steps],
@@ -113,7 +133,7 @@
       ["steps", s.steps],
       ["training time", fmt.dur(s.train_time)],
       ["last training loss", s.last_train_loss === null ? "-" : s.last_train_loss.toFixed(4)],
-      ["last test accuracy", fmt.pct(s.last_accuracy)],
+      [s.last_metric_title, doc.sweep ? null : s.last_metric_text === null ? "-" : s.last_metric_text],
       ["last test loss", s.last_test_loss === null || s.last_test_loss === undefined ? "-" : s.last_test_loss.toFixed(4)],
       ["throughput", s.throughput ? `${fmt.rate(s.throughput)} (all workers)` : "-"],
       ["bytes sent", s.ranks.length ? `${fmt.bytes(s.bytes_sent_mean)} per worker (${s.bytes_sent.map(fmt.bytes).join(", ")})` : "-"],
@@ -121,8 +141,29 @@
       ["compression", s.compression ? `the reference all-reduce would have sent ${s.compression.toFixed(2)}x the bytes` : null],
       ["errors", s.errors.length ? s.errors.join("; ") : null],
     ]);
+    for (const which of ["time", "epoch"]) {
+      document.getElementById(`chart-${which}-title`).textContent =
+        `${spec.metric.title[0].toUpperCase()}${spec.metric.title.slice(1)} and training loss vs ${which === "time" ? "training time" : "epochs"}`;
+    }
+    document.getElementById("training-charts").classList.toggle("hidden", Boolean(doc.sweep));
+    showSweep(doc.sweep);
     showPhases(s);
     showLogTabs(doc.logs);
+  }
+
+  /** Task 0a: the sweep's table and its bandwidth against message size, a line per dtype. */
+  function showSweep(sweep) {
+    document.getElementById("sweep-card").classList.toggle("hidden", !sweep);
+    if (!sweep) return;
+    document.getElementById("sweep-peak").textContent = `Peak ${sweep.metric.title} ${sweep.peak_text}; small-message latency ${sweep.latency_text}.`;
+    document.getElementById("sweep").replaceChildren(
+      el("thead", {}, el("tr", {}, sweep.headers.map((h, i) => el("th", { class: i ? "num" : null }, h)))),
+      el("tbody", {}, sweep.rows.map((row) => el("tr", { "data-dtype": row[0], "data-elements": row[1] },
+        row.map((cell, i) => el("td", { class: i ? "num" : null }, cell))))));
+    const lines = sweep.lines.map((line) => [line.points.map((p) => p[0]), line.points.map((p) => p[1])]);
+    const data = lines.length ? uPlot.join(lines) : null;
+    charts.sweep.update(data, true);
+    document.getElementById("chart-sweep").dataset.lines = sweep.lines.length;
   }
 
   function showPhases(s) {

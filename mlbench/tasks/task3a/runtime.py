@@ -98,6 +98,11 @@ class LanguageModelRuntime:
     def steps_per_epoch(self) -> int:
         return len(self._lengths)
 
+    @property
+    def test_samples(self) -> int:
+        """Validation tokens predicted per evaluation, over all workers (the MLLOG's eval_samples)."""
+        return self.s.eval_batch * (self.valid_rows - 1)
+
     def begin_epoch(self, epoch: int) -> None:
         self._epoch = epoch
         self._lengths = bptt_lengths(self.train.size(0), self.s.bptt, self.seed, epoch)

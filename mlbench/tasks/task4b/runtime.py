@@ -119,6 +119,11 @@ class TranslationRuntime:
         processor = corpus.processor()
         self.detokenize = processor.decode
 
+    @property
+    def test_samples(self) -> int:
+        """Test sentences translated per evaluation (the MLLOG's eval_samples)."""
+        return len(self.test_sides[0])
+
     def _random_side(self, rng: np.random.Generator, n: int) -> Side:
         lengths = rng.integers(4, 80, n)
         tokens = rng.integers(EOS + 1, self.s.vocab_size, int(lengths.sum())).astype(np.int32)
