@@ -10,7 +10,7 @@ from mlbench.cli import (
     commands,  # noqa: F401  (registers the commands)
 )
 from mlbench.optim.descriptors import describe_optimizers
-from mlbench.optim.registry import OPTIMIZERS
+from mlbench.optim.catalog import OPTIMIZERS  # imports every optimizer module, which registers it
 from tests.helpers import events, last_run, mlbench, run_ids, run_json
 
 
