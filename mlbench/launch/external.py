@@ -4,7 +4,8 @@ mlbench records the run (its folder and run.json, on a file system every machine
 prints the commands; torchrun, srun or mpirun start ``python -m mlbench.worker RUN_DIR`` on each
 machine, and the workers find their rank and rank 0 in the launcher's environment
 (:mod:`mlbench.worker.launcher_env`). No mlbench process watches them, so the run's state is
-read from what they recorded (:mod:`mlbench.launch.run_folder`).
+read from what they recorded (:mod:`mlbench.launch.run_folder`), and the machines it occupied
+from the hosts its workers reported.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import shlex
 import sys
 
 from mlbench.errors import UsageError
-from mlbench.launch.base import EventCallback, Launcher
-from mlbench.launch.plan import RunRequest, create_run
-from mlbench.launch.run_folder import read_outcome
-from mlbench.results.store import CANCELLED, FAILED, FINISHED, PENDING, RunRecord, RunStore
+from mlbench.launch.base import EventCallback, Launcher, LauncherOption
+from mlbench.launch.plan import RunRequest, WorkerResources
+from mlbench.launch.run_folder import read_outcome, worker_hosts
+from mlbench.results.store import CANCELLED, FAILED, FINISHED, PENDING, RunRecord
+from mlbench.run_config import RunDocument
 
-LAUNCHER = "external"
+CANCELLED_OUTSIDE = ("cancelled by the user (its workers were started outside mlbench: stop them "
+                     "with their launcher)")
 
 
 def worker_commands(run: RunRecord) -> list[tuple[str, str]]:
@@ -34,36 +37,25 @@ def worker_commands(run: RunRecord) -> list[tuple[str, str]]:
                               f"{python} {worker}")]
 
 
-def reconcile(store: RunStore, run: RunRecord) -> RunRecord:
-    """The run's state from its folder: running once a worker recorded something, finished with
-    rank 0's result, failed with the first worker error."""
-    if not run.active:
-        return run
-    outcome = read_outcome(run.run_dir)
-    if outcome.result is not None:
-        store.mark_ended(run.id, FINISHED, result=outcome.result)
-    elif outcome.error is not None:
-        store.mark_ended(run.id, FAILED, reason=outcome.error)
-    elif outcome.started_at is not None and run.state == PENDING:
-        store.mark_started(run.id, started_at=outcome.started_at)
-    return store.get(run.id)
-
-
-def cancel(store: RunStore, run: RunRecord) -> RunRecord:
-    """Mark the run cancelled; its processes belong to the user's launcher, which stops them."""
-    store.mark_ended(run.id, CANCELLED, reason="cancelled by the user (its workers were started "
-                                               "outside mlbench: stop them with their launcher)")
-    return store.get(run.id)
-
-
 class ExternalLauncher(Launcher):
     """Runs whose workers the user starts with a launcher of their own (torchrun, srun, mpirun):
     mlbench records the run (``--record-only``) and reads its state from the run folder."""
 
-    name = LAUNCHER
+    name = "external"
+    label = "--record-only"
+    choose_option = LauncherOption(
+        "--record-only", "record_only", is_flag=True,
+        help="Only record the run; start its workers yourself with torchrun, srun or mpirun "
+             "(the commands are printed).")
+    how_to_choose = "add --record-only"
+
+    def occupied_nodes(self, request: RunRequest, resources: WorkerResources | None) -> int:
+        """One (torchrun on this machine, the first command printed) until the workers report
+        their hosts (:meth:`reconcile`)."""
+        return 1
 
     def create(self, request: RunRequest) -> RunRecord:
-        return create_run(self.store, request, launcher=LAUNCHER)
+        return self.record(request)
 
     def run_attached(self, record: RunRecord, on_event: EventCallback | None = None) -> RunRecord:
         raise UsageError("a --record-only run is started by your own launcher; see its commands "
@@ -73,7 +65,31 @@ class ExternalLauncher(Launcher):
         self.run_attached(record)
 
     def cancel(self, record: RunRecord) -> RunRecord:
-        return cancel(self.store, record)
+        """Mark the run cancelled; its processes belong to the user's launcher, which stops them."""
+        self.store.mark_ended(record.id, CANCELLED, reason=CANCELLED_OUTSIDE)
+        return self.store.get(record.id)
 
     def reconcile(self, record: RunRecord) -> RunRecord:
-        return reconcile(self.store, record)
+        """The run's state from its folder: running once a worker recorded something, finished
+        with rank 0's result, failed with the first worker error; once it has ended, run.json
+        records the machines its workers reported."""
+        if not record.active:
+            return record
+        outcome = read_outcome(record.run_dir)
+        if outcome.result is not None:
+            self._record_hosts(record)
+            self.store.mark_ended(record.id, FINISHED, result=outcome.result)
+        elif outcome.error is not None:
+            self._record_hosts(record)
+            self.store.mark_ended(record.id, FAILED, reason=outcome.error)
+        elif outcome.started_at is not None and record.state == PENDING:
+            self.store.mark_started(record.id, started_at=outcome.started_at)
+        return self.store.get(record.id)
+
+    @staticmethod
+    def _record_hosts(record: RunRecord) -> None:
+        hosts = worker_hosts(record.run_dir)
+        document = RunDocument.load_or_none(record.run_dir)
+        if hosts and document is not None and document.nodes != len(hosts):
+            document.nodes = len(hosts)
+            document.save(record.run_dir)
