@@ -68,3 +68,14 @@ def test_a_run_that_missed_the_goal_stops_aborted(store, tmp_path):
     log = parse(write_mllog(run, tmp_path / "run.mllog.txt"))
     assert log["run_stop"][0].value["metadata"]["status"] == "aborted"
     assert log["eval_accuracy"][0].value["value"] == 0.5
+
+
+@pytest.mark.parametrize("launcher, nodes, here, status", [("local", None, None, "onprem"),
+                                                         ("kubernetes", 2, False, "cloud"),
+                                                         ("external", 1, False, "cloud")])
+def test_the_platform_counts_the_nodes_the_launcher_recorded(store, tmp_path, launcher, nodes, here, status):
+    run = record_run(store, workers=8, tta=9.0, wall=10.0, launcher=launcher, nodes=nodes, on_this_machine=here)
+    value = {key: lines[0].value["value"] for key, lines in parse(write_mllog(run, tmp_path / "l.txt")).items()}
+    assert value["submission_platform"].startswith(f"{nodes or 1}x ")  # a local run: this one machine
+    assert f"8 worker(s), {launcher}" in value["submission_platform"]
+    assert value["submission_status"] == status
