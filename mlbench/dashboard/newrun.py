@@ -4,8 +4,8 @@ The form's fields become a :class:`~mlbench.launch.plan.RunRequest` through the 
 parsers (``parse_duration``, ``parse_overrides``); its runs are planned by `mlbench run`'s
 planning (:func:`~mlbench.launch.session.plan_runs`) and validated and recorded by the launcher
 the registry chooses for the store (``build_config``, ``check_optimizer``, the data check), so a
-wrong value is refused with the sentence the CLI prints. The sentence is shown beside the field it is about;
-one the form cannot place is shown above the form.
+wrong value is refused with the sentence the CLI prints. The sentence is shown beside the field
+it is about; one the form cannot place is shown above the form.
 
 Several worker counts make several runs (one group id, as `mlbench run task1a 1 2 4`); they are
 started one after another by :class:`RunQueue`, as the CLI runs them, so that they do not

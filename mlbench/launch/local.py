@@ -76,7 +76,6 @@ class LocalLauncher(Launcher):
 
     name = "local"
     label = "local"
-    how_to_choose = "leave out the options of other launchers"
     on_this_machine = True
 
     def check_workers(self, workers: int) -> None:

@@ -21,6 +21,13 @@ ACTIONS = {"cancel-cli": check_cancel_from_the_cli, "cancel-dashboard": check_ca
            "end": check_end_seen_by_status_and_the_dashboard}
 
 
+@pytest.fixture
+def on_node(node_namespace):
+    """The node's namespace as mlbench's current cluster (as in test_node_runs.py)."""
+    node_namespace.record = node_namespace.add_cluster()
+    return node_namespace
+
+
 @pytest.mark.parametrize("action", list(ACTIONS))
 def test_cluster_runs_are_cancelled_with_their_pods_deleted_and_end_alike_in_the_cli_and_the_dashboard(
         on_node, action):
