@@ -1,5 +1,5 @@
-"""`mlbench run`'s launcher options, as the launchers declare them, and what a --record-only run
-prints.
+"""`mlbench run`'s launcher options, as the launchers declare them, and what a launcher that only
+records runs prints.
 
 Every registered launcher declares the option that chooses it and its own options
 (:class:`~mlbench.launch.base.LauncherOption`); :func:`launcher_options` adds them all to a click
@@ -15,8 +15,7 @@ from collections.abc import Callable
 
 import click
 
-from mlbench.launch.base import LauncherOption
-from mlbench.launch.external import worker_commands
+from mlbench.launch.base import Launcher, LauncherOption
 from mlbench.launch.registry import launcher_classes
 from mlbench.results.store import RunRecord
 
@@ -50,9 +49,10 @@ def launcher_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return decorated
 
 
-def print_worker_commands(record: RunRecord) -> None:
+def print_worker_commands(launcher: Launcher, record: RunRecord) -> None:
+    """What a launcher that only records runs says: how to start the run's workers."""
     click.echo(f"Recorded run {record.id} ({record.name}) in {record.run_dir}.")
     click.echo(f"Start its {record.workers} worker(s) with a launcher of your own:")
-    for where, command in worker_commands(record):
+    for where, command in launcher.worker_commands(record):
         click.echo(f"  # {where}\n  {command}")
     click.echo(f"Follow it with: mlbench status {record.id}")

@@ -18,7 +18,6 @@ from mlbench.cli.optimizers import print_compression
 from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.errors import UsageError
 from mlbench.launch import session
-from mlbench.launch.external import ExternalLauncher
 from mlbench.launch.plan import BACKENDS, RunRequest, parse_duration
 from mlbench.launch.registry import choose, launcher_of
 from mlbench.network.settings import SHAPING, network_options
@@ -138,9 +137,9 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
     plan = session.plan_runs(base, workers, repeat, detach=detach,
                              networks=network_options(bandwidth, latency, jitter, loss, shaping))
     launcher = choose(session.open_store(), launch, progress=click.echo)
-    if isinstance(launcher, ExternalLauncher):
+    if launcher.records_only:
         for request in plan.requests:
-            print_worker_commands(launcher.create(request))
+            print_worker_commands(launcher, launcher.create(request))
         return
     if detach:
         record = session.start_detached(launcher, plan)

@@ -83,6 +83,8 @@ class Launcher(ABC):
     options: ClassVar[tuple[LauncherOption, ...]] = ()
     #: Whether its workers run on this machine (a local run costs nothing unless priced).
     on_this_machine: ClassVar[bool] = False
+    #: Whether it only records runs, whose workers the user starts (:meth:`worker_commands`).
+    records_only: ClassVar[bool] = False
     #: Seconds between two looks at a followed run.
     follow_seconds: ClassVar[float] = 0.5
     #: How long a follow goes on while the launcher cannot say how the run is (a scheduler's
@@ -156,6 +158,11 @@ class Launcher(ABC):
     @abstractmethod
     def reconcile(self, record: RunRecord) -> RunRecord:
         """The run's true state now (a run whose workers vanished is marked failed)."""
+
+    def worker_commands(self, record: RunRecord) -> list[tuple[str, str]]:
+        """For a launcher that only records runs: ways to start the run's workers, as (where,
+        command)."""
+        return []
 
     def where(self, record: RunRecord) -> str:
         """How a started run is said to go on ("Started run ID (NAME) in the background")."""

@@ -24,19 +24,6 @@ CANCELLED_OUTSIDE = ("cancelled by the user (its workers were started outside ml
                      "with their launcher)")
 
 
-def worker_commands(run: RunRecord) -> list[tuple[str, str]]:
-    """Ways to start the run's workers: (where, command)."""
-    run_dir, python, k = shlex.quote(str(run.run_dir)), shlex.quote(sys.executable), run.workers
-    worker = f"-m mlbench.worker {run_dir}"
-    return [("on this machine", f"torchrun --standalone --nproc-per-node {k} {worker}"),
-            (f"on NODES machines of PER_NODE workers each (NODES x PER_NODE = {k}), on every one",
-             f"torchrun --nnodes NODES --nproc-per-node PER_NODE --rdzv-backend c10d "
-             f"--rdzv-endpoint FIRST_HOST:29500 {worker}"),
-            ("inside a Slurm allocation", f"srun -n {k} {python} {worker}"),
-            ("with Open MPI", f"mpirun -np {k} -x MASTER_ADDR=FIRST_HOST -x MASTER_PORT=29500 "
-                              f"{python} {worker}")]
-
-
 class ExternalLauncher(Launcher):
     """Runs whose workers the user starts with a launcher of their own (torchrun, srun, mpirun):
     mlbench records the run (``--record-only``) and reads its state from the run folder."""
@@ -48,6 +35,7 @@ class ExternalLauncher(Launcher):
         help="Only record the run; start its workers yourself with torchrun, srun or mpirun "
              "(the commands are printed).")
     how_to_choose = "add --record-only"
+    records_only = True
 
     def occupied_nodes(self, request: RunRequest, resources: WorkerResources | None) -> int:
         """One (torchrun on this machine, the first command printed) until the workers report
@@ -56,6 +44,18 @@ class ExternalLauncher(Launcher):
 
     def create(self, request: RunRequest) -> RunRecord:
         return self.record(request)
+
+    def worker_commands(self, record: RunRecord) -> list[tuple[str, str]]:
+        """torchrun on this machine or on several, srun in an allocation, Open MPI's mpirun."""
+        run_dir, python, k = shlex.quote(str(record.run_dir)), shlex.quote(sys.executable), record.workers
+        worker = f"-m mlbench.worker {run_dir}"
+        return [("on this machine", f"torchrun --standalone --nproc-per-node {k} {worker}"),
+                (f"on NODES machines of PER_NODE workers each (NODES x PER_NODE = {k}), on every one",
+                 f"torchrun --nnodes NODES --nproc-per-node PER_NODE --rdzv-backend c10d "
+                 f"--rdzv-endpoint FIRST_HOST:29500 {worker}"),
+                ("inside a Slurm allocation", f"srun -n {k} {python} {worker}"),
+                ("with Open MPI", f"mpirun -np {k} -x MASTER_ADDR=FIRST_HOST -x MASTER_PORT=29500 "
+                                  f"{python} {worker}")]
 
     def run_attached(self, record: RunRecord, on_event: EventCallback | None = None) -> RunRecord:
         raise UsageError("a --record-only run is started by your own launcher; see its commands "
