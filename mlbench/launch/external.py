@@ -5,12 +5,14 @@ prints the commands; torchrun, srun or mpirun start ``python -m mlbench.worker R
 machine, and the workers find their rank and rank 0 in the launcher's environment
 (:mod:`mlbench.worker.launcher_env`). No mlbench process watches them, so the run's state is
 read from what they recorded (:mod:`mlbench.launch.run_folder`), and the machines it occupied
-from the hosts its workers reported.
+from the hosts its workers reported (this machine alone: a run that costs nothing unless priced,
+as a local one).
 """
 
 from __future__ import annotations
 
 import shlex
+import socket
 import sys
 
 from mlbench.errors import UsageError
@@ -88,8 +90,13 @@ class ExternalLauncher(Launcher):
 
     @staticmethod
     def _record_hosts(record: RunRecord) -> None:
+        """run.json: as many nodes as hosts the workers reported, this machine when it was the
+        only one."""
         hosts = worker_hosts(record.run_dir)
         document = RunDocument.load_or_none(record.run_dir)
-        if hosts and document is not None and document.nodes != len(hosts):
-            document.nodes = len(hosts)
+        if not hosts or document is None:
+            return
+        here = hosts == {socket.gethostname()}
+        if (document.nodes, document.on_this_machine) != (len(hosts), here):
+            document.nodes, document.on_this_machine = len(hosts), here
             document.save(record.run_dir)
