@@ -118,10 +118,10 @@ class Launcher(ABC):
         """Refuse (UsageError) a worker count this launcher cannot start; by default any count
         goes (a cluster's scheduler or Slurm's controller says why it cannot place the run)."""
 
+    @abstractmethod
     def occupied_nodes(self, request: RunRequest, resources: WorkerResources | None) -> int:
         """The machines a run of ``request`` occupies, as far as it is known when it is created
         (recorded in run.json; a launcher may correct it once it knows better)."""
-        return 1
 
     def network_record(self, settings: NetworkSettings) -> dict[str, Any]:
         """The ``network`` section of run.json for an emulated network: the settings and how

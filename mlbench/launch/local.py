@@ -85,6 +85,7 @@ class LocalLauncher(Launcher):
                              "run more on a cluster (`mlbench set-cluster NAME`)")
 
     def occupied_nodes(self, request: RunRequest, resources: WorkerResources | None) -> int:
+        """This machine, which every worker shares."""
         return 1
 
     def network_record(self, settings: NetworkSettings) -> dict[str, Any]:
