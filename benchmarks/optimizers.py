@@ -61,17 +61,18 @@ def mlbench_row(label: str, optimizer: str, options: dict[str, str], *, workers:
                 interval: int, device: str, backend: str, network=None, data_dir: str | None = None) -> list:
     """One optimizer's row; ``network`` (NetworkSettings) emulates one, ``data_dir`` replaces the
     synthetic data by a CIFAR-10 folder (benchmarks/network.py: a tiny test set)."""
-    from mlbench.launch.local import run_local
-    from mlbench.launch.plan import RunRequest, create_run
+    from mlbench.launch.plan import RunRequest
+    from mlbench.launch.registry import choose
     from mlbench.results.events import read_run_events
     from mlbench.results.store import RunStore
 
     store = RunStore()
-    run = create_run(store, RunRequest(task="task1a", workers=workers, data="real" if data_dir else "synthetic",
-                                       data_dir=data_dir, device=device, backend=backend, optimizer=optimizer,
-                                       optimizer_options=options, max_steps=steps + interval,
-                                       log_every=interval, network=network))
-    final = run_local(store, run)
+    launcher = choose(store, {})  # this machine's processes, as `mlbench run`
+    run = launcher.create(RunRequest(task="task1a", workers=workers, data="real" if data_dir else "synthetic",
+                                     data_dir=data_dir, device=device, backend=backend, optimizer=optimizer,
+                                     optimizer_options=options, max_steps=steps + interval,
+                                     log_every=interval, network=network))
+    final = launcher.run_attached(run)
     if final.state != "finished":
         return [label, f"{final.state}: {final.reason}", "", "", "", ""]
     events = [e for e in read_run_events(final.run_dir) if e["step"] > interval]

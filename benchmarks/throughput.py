@@ -135,8 +135,8 @@ def gpu_table(steps: int) -> list[list]:
 
 def cpu_table(steps: int) -> list[list]:
     """Plain single process on all cores vs `mlbench run task1a K --data synthetic`."""
-    from mlbench.launch.local import run_local
-    from mlbench.launch.plan import RunRequest, create_run
+    from mlbench.launch.plan import RunRequest
+    from mlbench.launch.registry import choose
     from mlbench.results.events import read_run_events
     from mlbench.results.store import RunStore
 
@@ -145,10 +145,11 @@ def cpu_table(steps: int) -> list[list]:
     base = timed(plain_loop("resnet20-v1", 32, device, "fp32", False), steps, device, warmup=5)
     rows = [[f"plain PyTorch, 1 process x {threads} threads", f"{32 / base:,.0f}", "1.00x"]]
     store = RunStore()
+    launcher = choose(store, {})  # this machine's processes, as `mlbench run`
     for workers in (1, 2):
-        run = create_run(store, RunRequest(task="task1a", workers=workers, data="synthetic",
-                                           max_steps=steps + 5, log_every=5))
-        final = run_local(store, run)
+        run = launcher.create(RunRequest(task="task1a", workers=workers, data="synthetic",
+                                         max_steps=steps + 5, log_every=5))
+        final = launcher.run_attached(run)
         # rank 0's training clock at every logging interval; the first interval is warm-up
         clock = [(e["step"], e["value"]) for e in read_run_events(final.run_dir)
                  if e["name"] == "train/time" and e["rank"] == 0]

@@ -25,8 +25,8 @@ from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlbench.launch.local import run_local  # noqa: E402
-from mlbench.launch.plan import RunRequest, create_run  # noqa: E402
+from mlbench.launch.plan import RunRequest  # noqa: E402
+from mlbench.launch.registry import choose  # noqa: E402
 from mlbench.results.store import RunStore  # noqa: E402
 from mlbench.tasks.data.augment import CIFAR10_MEAN, CIFAR10_STD  # noqa: E402
 from mlbench.tasks.data.cifar10 import load_cifar10  # noqa: E402
@@ -36,10 +36,11 @@ from mlbench.tasks.models import build_model  # noqa: E402
 def run_mlbench(data_dir: str, goal: float, timing: bool, extra: dict) -> dict:
     started = time.perf_counter()
     store = RunStore()
+    launcher = choose(store, {})  # this machine's processes, as `mlbench run`
     overrides = {"goal_full": goal} if goal != 0.8 else {}
-    run = create_run(store, RunRequest(task="task1a", workers=1, data_dir=data_dir, overrides=overrides,
-                                       timing=timing, log_every=500, **extra))
-    final = run_local(store, run)
+    run = launcher.create(RunRequest(task="task1a", workers=1, data_dir=data_dir, overrides=overrides,
+                                     timing=timing, log_every=500, **extra))
+    final = launcher.run_attached(run)
     wall = time.perf_counter() - started
     result = final.result or {}
     return {"wall": wall, "tta": result.get("time_to_accuracy"), "epochs": result.get("epochs_to_accuracy"),

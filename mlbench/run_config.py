@@ -99,6 +99,10 @@ class RunDocument:
     environment: dict[str, Any] = field(default_factory=dict)
     command: str | None = None
     placement: dict[str, Any] | None = None
+    #: The machines the run occupies and whether they are this one, as its launcher recorded
+    #: them when the run was created (None: a run.json from before they were recorded).
+    nodes: int | None = None
+    on_this_machine: bool | None = None
     id: str | None = None
     name: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -111,17 +115,25 @@ class RunDocument:
         }
         if self.placement is not None:
             data["placement"] = self.placement
+        if self.nodes is not None:
+            data["nodes"] = self.nodes
+        if self.on_this_machine is not None:
+            data["on_this_machine"] = self.on_this_machine
         data.update(self.extra)
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunDocument:
         own = {"id", "name", "task", "division", "changed", "config", "environment", "command",
-               "placement"}
+               "placement", "nodes", "on_this_machine"}
+        nodes, here = data.get("nodes"), data.get("on_this_machine")
         return cls(task=data["task"], config=RunConfig.from_dict(data["config"]),
                    division=data.get("division", "closed"), changed=list(data.get("changed") or []),
                    environment=dict(data.get("environment") or {}), command=data.get("command"),
-                   placement=data.get("placement"), id=data.get("id"), name=data.get("name"),
+                   placement=data.get("placement"),
+                   nodes=nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 0 else None,
+                   on_this_machine=here if isinstance(here, bool) else None,
+                   id=data.get("id"), name=data.get("name"),
                    extra={k: v for k, v in data.items() if k not in own})
 
     @classmethod
@@ -144,3 +156,23 @@ class RunDocument:
     def save(self, run_dir: str | os.PathLike) -> None:
         """Write run.json atomically (a reader never sees half a document)."""
         write_json_atomic(Path(run_dir) / RUN_JSON, self.to_dict())
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    """The machines a run occupied (what a run costs, what its MLPerf platform says) and whether
+    they were this one (a run here costs nothing unless a price is given)."""
+
+    nodes: int
+    on_this_machine: bool
+
+
+def occupancy(run_dir: str | os.PathLike, launcher: str, workers: int) -> Occupancy:
+    """What run.json records; for a run.json from before it did, the rule of that time: a run of
+    the ``local`` launcher occupied this one machine, any other run one machine per worker."""
+    document = RunDocument.load_or_none(run_dir)
+    legacy_local = launcher == "local"
+    nodes = document.nodes if document is not None and document.nodes is not None else None
+    here = document.on_this_machine if document is not None else None
+    return Occupancy(nodes if nodes is not None else (1 if legacy_local else max(1, workers)),
+                     here if here is not None else legacy_local)

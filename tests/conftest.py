@@ -41,7 +41,7 @@ def end_local_runs_left_active(home: Path) -> None:
     if not (home / "runs.db").exists():
         return
     from mlbench.errors import MlbenchError
-    from mlbench.launch.local import supervisor_of
+    from mlbench.launch.supervisor import supervisor_of
     from mlbench.results.store import RunStore
 
     try:

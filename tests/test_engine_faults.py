@@ -15,7 +15,7 @@ from mlbench.cli import (
     cli,
     commands,  # noqa: F401  (registers the commands)
 )
-from mlbench.launch.local import pid_alive
+from mlbench.launch.supervisor import pid_alive
 from mlbench.results.events import read_rank_events
 from mlbench.results.store import RunStore
 from tests.helpers import events, mlbench, start_cli, wait_for
@@ -174,7 +174,7 @@ def test_offline_download_says_where_to_put_the_files(monkeypatch, tmp_path):
 
 def test_reconciling_a_stale_record_does_not_overwrite_a_finished_run(tmp_path):
     """`status` may hold a run as running while its supervisor marks it finished and exits."""
-    from mlbench.launch.local import reconcile
+    from mlbench.launch.registry import launcher_class
     store = RunStore(tmp_path / "home")
     run = store.create(task="task1a", workers=1, division="closed", run_json={})
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -182,24 +182,26 @@ def test_reconciling_a_stale_record_does_not_overwrite_a_finished_run(tmp_path):
     store.mark_running(run.id, gone.pid)
     stale = store.get(run.id)
     assert store.mark_ended(run.id, "finished", result={"reached": True})
-    after = reconcile(store, stale)
+    after = launcher_class("local")(store).reconcile(stale)
     assert (after.state, after.result) == ("finished", {"reached": True})
     assert not store.mark_ended(run.id, "cancelled", reason="too late")
     assert store.get(run.id).state == "finished"
 
 
 def test_a_run_whose_workers_cannot_be_started_is_marked_failed(tmp_path, monkeypatch):
-    from mlbench.launch import local
+    from mlbench.launch import supervisor
+    from mlbench.launch.registry import launcher_class
 
     def no_processes(*args, **kwargs):
         raise OSError(11, "Resource temporarily unavailable")
 
-    from mlbench.launch.plan import RunRequest, create_run
+    from mlbench.launch.plan import RunRequest
 
-    store = RunStore(tmp_path / "home")
-    run = create_run(store, RunRequest(task="task1a", workers=2, data="synthetic"))
-    monkeypatch.setattr(local.subprocess, "Popen", no_processes)
+    launcher = launcher_class("local")(RunStore(tmp_path / "home"))
+    run = launcher.create(RunRequest(task="task1a", workers=2, data="synthetic"))
+    monkeypatch.setattr(supervisor.subprocess, "Popen", no_processes)
     with pytest.raises(OSError):
-        local.run_local(store, run)
+        launcher.run_attached(run)
+    store = launcher.store
     after = store.get(run.id)
     assert after.state == "failed" and "could not be started" in after.reason

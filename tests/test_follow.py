@@ -47,3 +47,12 @@ def test_follow_needs_one_run_and_no_output_format():
         proc = mlbench(*args)
         assert (proc.returncode, proc.stderr) == (
             2, "Error: --follow follows one run's progress lines: give RUN, and no -o\n")
+
+
+def test_status_follow_exits_with_the_code_run_gives_a_run_that_missed_its_goal(libsvm_dir):
+    run_id = _started(mlbench("run", "task2a", "1", "--data-dir", str(libsvm_dir), "--set", "max_epochs=1",
+                              "--set", "goal_full=0.9999", "--detach"))
+    follow = mlbench("status", run_id, "--follow")
+    assert follow.returncode == 3, follow.stdout + follow.stderr  # as `mlbench run` exits for it
+    assert "not reached" in follow.stdout
+    assert mlbench("status", run_id, "--follow").returncode == 3  # an ended run: at once, the same code

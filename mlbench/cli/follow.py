@@ -1,8 +1,9 @@
 """`mlbench logs RUN` and `mlbench status RUN --follow`: a run's output and progress, live.
 
 Both work on any run of the current store, whoever started it (this terminal, a ``--detach``,
-another machine for a cluster run); the library (:mod:`mlbench.launch.follow` and
-:meth:`Launcher.logs <mlbench.launch.base.Launcher.logs>`) does the following.
+another machine for a cluster run); the launcher of the run (:meth:`Launcher.follow
+<mlbench.launch.base.Launcher.follow>` and :meth:`Launcher.logs <mlbench.launch.base.Launcher.logs>`)
+does the following.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from mlbench.cli.completion import complete_runs
 from mlbench.cli.format import ProgressPrinter
 from mlbench.launch import session
 from mlbench.launch.base import Launcher
-from mlbench.launch.follow import follow_events
+from mlbench.launch.registry import launcher_of
 from mlbench.results.events import read_run_events
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
@@ -29,7 +30,7 @@ def follow_progress(launcher: Launcher, record: RunRecord) -> RunRecord:
     allreduce = isinstance(TASKS.get(record.task), AllreduceSpec)
     printer = AllreducePrinter(record) if allreduce else ProgressPrinter(record)
     printer.header()
-    final = follow_events(launcher, record, printer)
+    final = launcher.follow(record, printer)
     printer.footer(final, summarize(read_run_events(final.run_dir)))
     return final
 
@@ -42,7 +43,7 @@ def logs(run_ref, rank, follow) -> None:
     """The output of one worker of RUN (a local run's RUN_DIR/logs/rank-R.log; a cluster run's
     pod log, kept in the run store once the pod has ended)."""
     store = session.open_store(read_only=True)
-    launcher = session.launcher_of(store, store.get(run_ref))
+    launcher = launcher_of(store, store.get(run_ref))
     record = launcher.reconcile(store.get(run_ref))
     for line in launcher.logs(record, rank, follow):
         click.echo(line)

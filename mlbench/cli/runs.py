@@ -18,8 +18,8 @@ from mlbench.cli.optimizers import print_compression
 from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.errors import UsageError
 from mlbench.launch import session
-from mlbench.launch.slurm import job_id as slurm_job_id
 from mlbench.launch.plan import BACKENDS, RunRequest, parse_duration
+from mlbench.launch.registry import choose, launcher_of
 from mlbench.network.settings import SHAPING, network_options
 from mlbench.results.events import read_run_events
 from mlbench.results.report import run_details, run_overview
@@ -101,7 +101,6 @@ def tasks(output) -> None:
 @click.option("--max-size", type=float, metavar="N", help="task0a: largest message, in elements [1e8].")
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
-@click.option("--image", help="Worker image on a cluster [the cluster's, else mlbench/worker:VERSION].")
 @click.option("--bandwidth", metavar="RATE[,RATE...]",
               help="Emulate every worker's link at RATE in each direction (tc units: 100mbit, 1gbit, "
                    "10gbit); a comma list makes one run per rate.")
@@ -114,8 +113,8 @@ def tasks(output) -> None:
 @launcher_options
 def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, model, sets, optimizer, opts,
         backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
-        channels_last, no_graph, max_size, name, detach, image, bandwidth, latency, jitter, loss,
-        shaping, slurm, record_only) -> None:
+        channels_last, no_graph, max_size, name, detach, bandwidth, latency, jitter, loss,
+        shaping, launch) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
 
@@ -140,17 +139,14 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
         name=name, max_size=max_size)
     plan = session.plan_runs(base, workers, repeat, detach=detach,
                              networks=network_options(bandwidth, latency, jitter, loss, shaping))
-    kind = "slurm" if slurm else "external" if record_only else "local"
-    launcher = session.launcher_for(session.open_store(), kind=kind, image=image, progress=click.echo,
-                                    slurm=slurm)
-    if record_only:
+    launcher = choose(session.open_store(), launch, progress=click.echo)
+    if launcher.records_only:
         for request in plan.requests:
-            print_worker_commands(launcher.create(request))
+            print_worker_commands(launcher, launcher.create(request))
         return
     if detach:
         record = session.start_detached(launcher, plan)
-        how = f"as Slurm job {slurm_job_id(record)}" if slurm else "in the background"
-        click.echo(f"Started run {record.id} ({record.name}) {how}. "
+        click.echo(f"Started run {record.id} ({record.name}) {launcher.where(record)}. "
                    f"Follow it with: mlbench status {record.id}")
         return
     outcome = session.execute(launcher, plan, _TerminalObserver())
@@ -181,7 +177,8 @@ class _TerminalObserver:
 @click.argument("run_ref", metavar="[RUN]", required=False, shell_complete=complete_runs)
 @click.option("--all", "show_all", is_flag=True, help="With no RUN: list every run (default: the last 30).")
 @click.option("--follow", "-f", is_flag=True,
-              help="With RUN: print its progress lines as it trains, until it ends.")
+              help="With RUN: print its progress lines as it trains, until it ends; exit with "
+                   "`mlbench run`'s code for it (0, 1 failed, 3 missed its goal, 130 cancelled).")
 @output_option
 def status(run_ref, show_all, follow, output) -> None:
     """A table of runs, or one run's progress, metrics, result and compute vs communication."""
@@ -189,10 +186,11 @@ def status(run_ref, show_all, follow, output) -> None:
         raise UsageError("--follow follows one run's progress lines: give RUN, and no -o")
     store = session.open_store(read_only=True)
     if run_ref:
-        record = session.reconcile(store, store.get(run_ref))
+        launcher = launcher_of(store, store.get(run_ref))
+        record = launcher.reconcile(store.get(run_ref))
         if follow:
-            follow_progress(session.launcher_of(store, record), record)
-            return
+            final = follow_progress(launcher, record)
+            sys.exit(session.Outcome([final]).exit_code)
         summary = summarize(read_run_events(record.run_dir))
         if output != "table":
             emit(run_details(record, summary), output)
@@ -202,7 +200,7 @@ def status(run_ref, show_all, follow, output) -> None:
             print_allreduce_table(record.result)
         print_compression(summary)
         return
-    records = [session.reconcile(store, r) for r in store.list()]
+    records = [launcher_of(store, r).reconcile(r) for r in store.list()]
     if not show_all:
         records = records[-30:]
     runs = [run_overview(r, summarize(read_run_events(r.run_dir)) if r.active else None)
@@ -231,7 +229,8 @@ def download(run_ref, output, fmt, check) -> None:
     if check and fmt != "mlperf":
         raise UsageError("--check checks the MLPerf log: add --format mlperf")
     store = session.open_store(read_only=True)
-    record = session.reconcile(store, store.get(run_ref))
+    record = store.get(run_ref)
+    record = launcher_of(store, record).reconcile(record)
     target = Path(output or f"{record.id}.zip")
     if target.parent and not target.parent.exists():
         raise UsageError(f"-o {target}: the folder {target.parent} does not exist")
@@ -257,7 +256,7 @@ def cancel(run_ref) -> None:
     if not record.active:
         click.echo(f"Run {record.id} is already {record.state}.")
         return
-    final = session.cancel(store, record)
+    final = launcher_of(store, record).cancel(record)
     click.echo(f"Run {final.id} {final.state}.")
 
 
@@ -273,7 +272,7 @@ def delete(run_refs, yes) -> None:
                       "their metrics?", abort=True)
     for record in records:
         if record.active:
-            session.cancel(store, record)
+            launcher_of(store, record).cancel(record)
         store.delete(record.id)
         click.echo(f"Deleted run {record.id} ({record.name}).")
 

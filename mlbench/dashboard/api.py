@@ -209,14 +209,14 @@ class Api:
     def cancel(self, request: Request) -> Response:
         source, record = self.sources.find(request.path_params["run_id"])
         if record.active:
-            record = source.engine.cancel(source.store, record)
+            record = source.launcher(record).cancel(record)
         return Json({"id": record.id, "state": record.state, "reason": record.reason})
 
     @_errors_as_json
     def delete(self, request: Request) -> Response:
         source, record = self.sources.find(request.path_params["run_id"])
         if record.active:
-            source.engine.cancel(source.store, record)
+            source.launcher(record).cancel(record)
         source.open_store().delete(record.id)
         return Json({"deleted": record.id})
 

@@ -1,10 +1,11 @@
 """The new-run form: the choices of `mlbench run`, checked by the code `mlbench run` uses.
 
-The form's fields become :class:`~mlbench.launch.plan.RunRequest` objects through the library's
-own parsers (``parse_duration``, ``parse_overrides``) and are validated and recorded by
-``create_run`` (``build_config``, ``check_optimizer``, the data check), so a wrong value is
-refused with the sentence the CLI prints. The sentence is shown beside the field it is about;
-one the form cannot place is shown above the form.
+The form's fields become a :class:`~mlbench.launch.plan.RunRequest` through the library's own
+parsers (``parse_duration``, ``parse_overrides``); its runs are planned by `mlbench run`'s
+planning (:func:`~mlbench.launch.session.plan_runs`) and validated and recorded by the launcher
+the registry chooses for the store (``build_config``, ``check_optimizer``, the data check), so a
+wrong value is refused with the sentence the CLI prints. The sentence is shown beside the field
+it is about; one the form cannot place is shown above the form.
 
 Several worker counts make several runs (one group id, as `mlbench run task1a 1 2 4`); they are
 started one after another by :class:`RunQueue`, as the CLI runs them, so that they do not
@@ -14,7 +15,6 @@ compete for this machine's cores.
 from __future__ import annotations
 
 import re
-import secrets
 import threading
 import time
 from collections import deque
@@ -105,8 +105,9 @@ def _integer(text: Any, name: str, errors: dict[str, str]) -> int | None:
         return None
 
 
-def parse_form(form: dict[str, Any]) -> list[Any]:
-    """One RunRequest per worker count, or a FormError naming every field that is wrong."""
+def parse_form(form: dict[str, Any]) -> tuple[Any, list[int]]:
+    """The request the form describes (its first worker count) and every worker count, or a
+    FormError naming every field that is wrong."""
     from mlbench.launch.plan import RunRequest, parse_duration
 
     errors: dict[str, str] = {}
@@ -134,16 +135,15 @@ def parse_form(form: dict[str, Any]) -> list[Any]:
     if errors:
         raise FormError(errors)
     workers = [k for k in counts if k is not None]  # all of them: a count that is not is an error
-    group = secrets.token_hex(4) if len(workers) > 1 else None
     data_dir = str(form.get("data_dir") or "").strip() or None
     data = cast("DataSource", str(form.get("data") or "real"))  # checked by build_config, as the CLI's
-    return [RunRequest(task=task, workers=k, overrides=overrides, data=data,
-                       data_dir=data_dir, light=bool(form.get("light")),
-                       stop_at_goal=not form.get("no_stop"), time_budget_s=budget_s,
-                       max_steps=max_steps, seed=seed or 0,
-                       optimizer=str(form.get("optimizer") or "") or None,
-                       optimizer_options=options, group_id=group)
-            for k in workers]
+    base = RunRequest(task=task, workers=workers[0], overrides=overrides, data=data,
+                      data_dir=data_dir, light=bool(form.get("light")),
+                      stop_at_goal=not form.get("no_stop"), time_budget_s=budget_s,
+                      max_steps=max_steps, seed=seed or 0,
+                      optimizer=str(form.get("optimizer") or "") or None,
+                      optimizer_options=options)
+    return base, workers
 
 
 def _refused(err: MlbenchError) -> FormError:
@@ -152,28 +152,26 @@ def _refused(err: MlbenchError) -> FormError:
 
 
 def create_runs(sources: Sources, form: dict[str, Any]) -> tuple[Source, list[RunRecord]]:
-    """Validate the form and record its runs (pending); nothing is recorded when one is wrong."""
-    requests = parse_form(form)
+    """Validate the form and record its runs (pending), planned and created as `mlbench run`
+    plans and creates them (the same planning, the launcher the registry chooses for the
+    store); nothing is recorded when one is wrong."""
+    from mlbench.launch.plan import build_config
+    from mlbench.launch.registry import choose
+    from mlbench.launch.session import plan_runs
+    from mlbench.optim.descriptors import check_optimizer
+
+    base, counts = parse_form(form)
     where = str(form.get("where") or LOCAL)
     try:
-        if where == CLUSTER and sources.cluster is not None:
-            from mlbench.launch import kubernetes
-            from mlbench.launch.k8s_mirror import ClusterStore
-
-            source, cluster = sources.by_key(CLUSTER), sources.cluster_record
-            assert isinstance(source.store, ClusterStore) and cluster is not None  # an open cluster source
-            return source, [kubernetes.create_run(source.store, cluster, r) for r in requests]
-        from mlbench.launch.local import LocalLauncher
-        from mlbench.launch.plan import build_config, create_run
-        from mlbench.optim.descriptors import check_optimizer
-
-        for request in requests:  # every worker count first, as `mlbench run` checks them all
-            LocalLauncher(sources.local.open_store()).check_workers(request.workers)
+        source = sources.by_key(CLUSTER if where == CLUSTER and sources.cluster is not None else LOCAL)
+        launcher = choose(source.open_store(), {})
+        plan = plan_runs(base, counts)
+        for workers in sorted({r.workers for r in plan.requests}, reverse=True):
+            launcher.check_workers(workers)
+        for request in plan.requests:  # every run checked before the first is recorded
             config, _ = build_config(request)
             check_optimizer(config.optimizer, request.optimizer_options, request.workers)
-        store = sources.local.open_store()
-        records = [create_run(store, r, check_data=i == 0) for i, r in enumerate(requests)]
-        return sources.local, records
+        return source, [launcher.create(request) for request in plan.requests]
     except MlbenchError as err:
         raise _refused(err) from None
 
@@ -209,7 +207,7 @@ class RunQueue:
                 record = source.open_store().get(record.id)
                 if record.state != PENDING:  # cancelled or deleted while it waited
                     continue
-                source.engine.start_detached(source.open_store(), record)
+                source.launcher(record).start_detached(record)
                 while not self._stop.is_set() and source.open_store().get(record.id).active:
                     time.sleep(self.poll_s)
             except MlbenchError:

@@ -1,5 +1,7 @@
 """Where the dashboard's runs live: this machine's run store and, when a cluster is current, the
-cluster's (the stores `mlbench status` reads), each with the launcher that owns its runs.
+cluster's (the stores `mlbench status` reads). Every run is reconciled, cancelled and started
+through its own launcher (:func:`mlbench.launch.registry.launcher_of`), as the CLI does: a Slurm
+run's cancel runs ``scancel``, a ``--record-only`` run's end is read from its folder.
 
 The cluster's store is a mirror that is brought up to date over the network
 (:func:`mlbench.launch.kubernetes.open_store`); the dashboard refreshes it at most every
@@ -12,12 +14,12 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from types import ModuleType
 from collections.abc import Callable
 
 from mlbench.cloud.config import ClusterRecord
 from mlbench.errors import MlbenchError, RunNotFound
-from mlbench.launch import local
+from mlbench.launch.base import Launcher
+from mlbench.launch.registry import launcher_of
 from mlbench.results.store import RunRecord, RunStore
 
 LOCAL = "local"
@@ -26,12 +28,11 @@ CLUSTER = "cluster"
 
 @dataclass
 class Source:
-    """One run store, its launcher module (`local` or `kubernetes`) and how reading it went."""
+    """One run store and how reading it went."""
 
     key: str
     label: str
     store: RunStore | None
-    engine: ModuleType
     error: str | None = None
 
     def describe(self) -> dict:
@@ -43,6 +44,10 @@ class Source:
         assert self.store is not None, f"the run store {self.key!r} is not open"
         return self.store
 
+    def launcher(self, record: RunRecord) -> Launcher:
+        """The launcher of ``record``, one of this store's runs."""
+        return launcher_of(self.open_store(), record)
+
 
 class Sources:
     """This machine's runs, plus the current cluster's (best effort)."""
@@ -50,7 +55,7 @@ class Sources:
     def __init__(self, store: RunStore, cluster: ClusterRecord | None = None,
                  open_cluster: Callable[[ClusterRecord], RunStore] | None = None,
                  refresh_s: float = 10.0):
-        self.local = Source(LOCAL, "this machine", store, local)
+        self.local = Source(LOCAL, "this machine", store)
         self.cluster_record = cluster
         self.cluster: Source | None = None
         self._open_cluster = open_cluster
@@ -60,7 +65,7 @@ class Sources:
         if cluster is not None:
             from mlbench.launch import kubernetes
 
-            self.cluster = Source(CLUSTER, f"cluster {cluster.provider}/{cluster.name}", None, kubernetes)
+            self.cluster = Source(CLUSTER, f"cluster {cluster.provider}/{cluster.name}", None)
             self._open_cluster = open_cluster or kubernetes.open_store
 
     def all(self) -> list[Source]:
@@ -97,7 +102,7 @@ class Sources:
             try:
                 records = source.store.list()
                 if source.key == LOCAL or reconcile_cluster:
-                    records = [source.engine.reconcile(source.store, r) if r.active else r for r in records]
+                    records = [source.launcher(r).reconcile(r) if r.active else r for r in records]
             except Exception as err:
                 if source.key == LOCAL:
                     raise
@@ -115,5 +120,5 @@ class Sources:
                 record = source.store.get(ref)
             except RunNotFound:
                 continue
-            return source, source.engine.reconcile(source.store, record)
+            return source, source.launcher(record).reconcile(record)
         raise RunNotFound(f"no run {ref!r}; the runs page lists the runs")

@@ -4,39 +4,140 @@ A launcher owns one run store (this machine's, or a cluster's mirror) and answer
 record a new run (:meth:`Launcher.create`, which validates everything that can be validated
 before anything exists), run it in the foreground while reporting its events, start it in the
 background, cancel it, and tell its true state (:meth:`Launcher.reconcile`: a run whose
-processes or pods vanished is marked as such the next time anything looks). :meth:`Launcher.logs`
-reads a worker's output from the run folder unless a launcher knows better (a running pod's log
-comes from the cluster). ``local`` (processes here), ``kubernetes`` (pods on the current
-cluster) and ``slurm`` (a batch job) implement it; a new one is one module plus its registration
-in :mod:`mlbench.launch.session`.
+processes, job or pods vanished is marked as such the next time anything looks).
+
+Each launcher class also declares what the rest of mlbench would otherwise ask by its name: the
+`mlbench run` options that choose and configure it (:class:`LauncherOption`), the machines a run
+occupies (:meth:`Launcher.occupied_nodes`, recorded in run.json when the run is created, so that
+results code never needs to know launchers), whether those are this machine, and how it shapes
+an emulated network (:meth:`Launcher.network_record`). The launchers are found through
+:mod:`mlbench.launch.registry` only.
+
+:meth:`Launcher.follow` is the one loop that passes rank 0's events on while a run goes (the
+foreground run of every launcher and `status --follow` use it); :meth:`Launcher.logs` reads a
+worker's output from the run folder unless a launcher knows better.
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from mlbench.launch.plan import RunRequest
+from mlbench.errors import MlbenchError, UsageError
+from mlbench.launch.follow import check_rank, follow_file
+from mlbench.launch.plan import RunRequest, WorkerResources, create_run
+from mlbench.launch.run_folder import events_path, log_path
+from mlbench.network.settings import NetworkSettings
+from mlbench.results.events import EventTail
 from mlbench.results.store import RunRecord, RunStore
 
 #: Called with each of rank 0's metric events while a run is followed in the foreground.
 EventCallback = Callable[[dict[str, Any]], None]
+#: Where a launcher says what it does while a run starts (the terminal's lines).
+Progress = Callable[[str], None]
+
+
+def quiet(_: str) -> None:
+    """No progress lines."""
+
+
+@dataclass(frozen=True)
+class LauncherOption:
+    """One `mlbench run` option that a launcher adds, described without click (the CLI turns it
+    into a click option): its flag, the name its value is passed under, and its help."""
+
+    flag: str
+    name: str
+    help: str
+    type: type = str
+    is_flag: bool = False
+    multiple: bool = False
+    metavar: str | None = None
+
+
+@dataclass
+class LaunchSettings:
+    """What new runs were asked with beyond their :class:`RunRequest`: the values of the
+    launcher's own options (by :attr:`LauncherOption.name`) and where its progress lines go."""
+
+    options: dict[str, Any] = field(default_factory=dict)
+    progress: Progress = quiet
 
 
 class Launcher(ABC):
     """Starts and follows the runs of one store."""
 
-    name: str = ""
-    #: Seconds between two looks at a followed run (`status --follow`, `logs --follow`).
-    follow_seconds: float = 0.5
+    #: The name a run records (``RunRecord.launcher``) and the registry knows it by.
+    name: ClassVar[str] = ""
+    #: How a sentence names its runs ("Slurm runs").
+    label: ClassVar[str] = ""
+    #: The option that chooses this launcher for `mlbench run`; None: chosen otherwise
+    #: (:meth:`chosen`).
+    choose_option: ClassVar[LauncherOption | None] = None
+    #: How a user chooses it, said after "an option of LABEL runs; ".
+    how_to_choose: ClassVar[str] = ""
+    #: Its further `mlbench run` options, valid only when it is chosen.
+    options: ClassVar[tuple[LauncherOption, ...]] = ()
+    #: Whether its workers run on this machine (a local run costs nothing unless priced).
+    on_this_machine: ClassVar[bool] = False
+    #: Whether it only records runs, whose workers the user starts (:meth:`worker_commands`).
+    records_only: ClassVar[bool] = False
+    #: Seconds between two looks at a followed run.
+    follow_seconds: ClassVar[float] = 0.5
+    #: How long a follow goes on while the launcher cannot say how the run is (a scheduler's
+    #: controller restarting, a cluster's API server blipping); 0: not at all.
+    unreachable_seconds: ClassVar[float] = 0.0
 
-    def __init__(self, store: RunStore):
+    def __init__(self, store: RunStore, settings: LaunchSettings | None = None):
         self.store = store
+        self.settings = settings or LaunchSettings()
+
+    # -- what the launcher declares -------------------------------------------------------------
+    @classmethod
+    def chosen(cls, store: RunStore, values: dict[str, Any]) -> bool:
+        """Whether `mlbench run` with option ``values`` over ``store`` asks for this launcher."""
+        return cls.choose_option is not None and bool(values.get(cls.choose_option.name))
+
+    @classmethod
+    def chosen_by(cls) -> str:
+        """What chooses this launcher, in words (its option's flag unless it says otherwise)."""
+        return cls.choose_option.flag if cls.choose_option else f"the {cls.name} launcher"
+
+    @classmethod
+    def serves(cls, store: RunStore) -> bool:
+        """Whether this launcher can keep its runs in ``store`` (by default this machine's)."""
+        return type(store) is RunStore
+
+    def check_options(self) -> None:  # noqa: B027 - optional hook, a no-op unless overridden
+        """Refuse (UsageError) option values this launcher cannot use, before any run exists."""
 
     def check_workers(self, workers: int) -> None:  # noqa: B027 - optional hook, a no-op unless overridden
         """Refuse (UsageError) a worker count this launcher cannot start; by default any count
         goes (a cluster's scheduler or Slurm's controller says why it cannot place the run)."""
+
+    @abstractmethod
+    def occupied_nodes(self, request: RunRequest, resources: WorkerResources | None) -> int:
+        """The machines a run of ``request`` occupies, as far as it is known when it is created
+        (recorded in run.json; a launcher may correct it once it knows better)."""
+
+    def network_record(self, settings: NetworkSettings) -> dict[str, Any]:
+        """The ``network`` section of run.json for an emulated network: the settings and how
+        this launcher applies them; UsageError when it cannot (before the run is recorded)."""
+        raise UsageError(f"network emulation is not available for {self.label} runs; leave out "
+                         "--bandwidth, --latency, --jitter and --loss")
+
+    # -- what it does -------------------------------------------------------------------------
+    def record(self, request: RunRequest, resources: WorkerResources | None = None,
+               check_data: bool = True) -> RunRecord:
+        """Record a pending run of ``request`` as this launcher's, with the machines it occupies
+        and its network."""
+        network = self.network_record(request.network) if request.network else None
+        return create_run(self.store, request, launcher=self.name, check_data=check_data,
+                          resources=resources, nodes=self.occupied_nodes(request, resources),
+                          on_this_machine=self.on_this_machine, network=network)
 
     @abstractmethod
     def create(self, request: RunRequest) -> RunRecord:
@@ -52,17 +153,57 @@ class Launcher(ABC):
 
     @abstractmethod
     def cancel(self, record: RunRecord) -> RunRecord:
-        """End an active run as cancelled; what it recorded is kept."""
+        """End an active run as cancelled, stopping its workers; what it recorded is kept."""
 
     @abstractmethod
     def reconcile(self, record: RunRecord) -> RunRecord:
         """The run's true state now (a run whose workers vanished is marked failed)."""
 
+    def worker_commands(self, record: RunRecord) -> list[tuple[str, str]]:
+        """For a launcher that only records runs: ways to start the run's workers, as (where,
+        command)."""
+        return []
+
+    def where(self, record: RunRecord) -> str:
+        """How a started run is said to go on ("Started run ID (NAME) in the background")."""
+        return "in the background"
+
+    def refresh(self, record: RunRecord) -> RunRecord:
+        """The run as it is now, for a follow; may raise MlbenchError when the launcher cannot
+        tell right now (:attr:`unreachable_seconds` says how long that is borne)."""
+        return self.reconcile(self.store.get(record.id))
+
+    def follow(self, record: RunRecord, on_event: EventCallback | None = None,
+               refresh: Callable[[RunRecord], RunRecord] | None = None, interval: float | None = None,
+               sleep: Callable[[float], None] = time.sleep) -> RunRecord:
+        """Pass rank 0's events to ``on_event``, those recorded so far and then new ones as they
+        arrive, until the run has ended; returns its final record. Every ``interval`` seconds
+        (:attr:`follow_seconds`) ``refresh`` (:meth:`refresh`) says how the run is. The state is
+        read *before* the events, so once a run is seen ended, the read that follows holds
+        everything it wrote."""
+        look = refresh or self.refresh
+        tail = EventTail(events_path(record.run_dir, 0))
+        misses = 0
+        while True:
+            ended = not record.active
+            if on_event is not None:
+                for event in tail.read_new():
+                    on_event(event)
+            if ended:
+                return record
+            sleep(self.follow_seconds if interval is None else interval)
+            try:
+                record = look(record)
+                misses = 0
+            except MlbenchError:
+                misses += 1
+                if misses * self.follow_seconds > self.unreachable_seconds:
+                    raise
+                record = self.store.get(record.id)
+
     def logs(self, record: RunRecord, rank: int, follow: bool = False) -> Iterator[str]:
         """The output of worker ``rank``, line by line; with ``follow``, new lines as they are
         written, until the run ends. By default from ``RUN_DIR/logs/rank-R.log``, where local
         workers write and a cluster's supervisor keeps the logs of ended pods."""
-        from mlbench.launch.follow import check_rank, follow_file, log_path
-
         check_rank(record, rank)
-        return follow_file(self, record, log_path(record, rank), follow)
+        return follow_file(record, log_path(record.run_dir, rank), follow, self.refresh, self.follow_seconds)

@@ -1,11 +1,11 @@
-"""Following a run from any process: its progress events and its workers' logs as they are
-written, until the run ends.
+"""Reading a run's growing file (a worker's log) until the run ends.
 
-`mlbench status RUN --follow` and `mlbench logs RUN --follow` work on runs started with
-``--detach``, from another terminal, or on a cluster alike: every poll asks the launcher for the
-run's true state (for a cluster run this also copies the new lines of its folder from the
-results service), then reads what was appended since the last poll. The state is read *before*
-the files, so once a run is seen ended, the read that follows holds everything it wrote.
+`mlbench logs RUN --follow` works on runs started with ``--detach``, from another terminal, or on
+a cluster alike: every poll asks the launcher for the run's true state (for a cluster run this
+also copies the new lines of its folder from the results service), then reads what was appended
+since the last poll. The state is read *before* the file, so once a run is seen ended, the read
+that follows holds everything it wrote. (Rank 0's events are followed by
+:meth:`mlbench.launch.base.Launcher.follow`.)
 """
 
 from __future__ import annotations
@@ -15,17 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from mlbench.errors import MlbenchError, UsageError
-from mlbench.launch.base import EventCallback, Launcher
-from mlbench.results.events import EVENTS_DIR, EventTail
 from mlbench.results.store import RunRecord
-
-LOGS_DIR = "logs"
-
-
-def log_path(record: RunRecord, rank: int) -> Path:
-    """Where worker ``rank``'s output is kept: written there by a local worker, saved there by a
-    cluster's supervisor when the worker's pod ends."""
-    return record.run_dir / LOGS_DIR / f"rank-{rank}.log"
 
 
 def check_rank(record: RunRecord, rank: int) -> None:
@@ -33,30 +23,11 @@ def check_rank(record: RunRecord, rank: int) -> None:
         raise UsageError(f"--rank {rank}: run {record.id} has workers 0..{record.workers - 1}")
 
 
-def _refresh(launcher: Launcher, record: RunRecord) -> RunRecord:
-    return launcher.reconcile(launcher.store.get(record.id))
-
-
-def follow_events(launcher: Launcher, record: RunRecord, on_event: EventCallback,
-                  sleep: Callable[[float], None] = time.sleep) -> RunRecord:
-    """Pass rank 0's events to ``on_event``, those recorded so far and then new ones as they
-    arrive, until the run has ended; returns its final record."""
-    tail = EventTail(record.run_dir / EVENTS_DIR / "rank-0.jsonl")
-    while True:
-        ended = not record.active
-        for event in tail.read_new():
-            on_event(event)
-        if ended:
-            return record
-        sleep(launcher.follow_seconds)
-        record = _refresh(launcher, record)
-
-
-def follow_file(launcher: Launcher, record: RunRecord, path: Path, follow: bool,
-                sleep: Callable[[float], None] = time.sleep) -> Iterator[str]:
+def follow_file(record: RunRecord, path: Path, follow: bool, refresh: Callable[[RunRecord], RunRecord],
+                interval: float, sleep: Callable[[float], None] = time.sleep) -> Iterator[str]:
     """The lines of a run's file (without their newline); with ``follow``, new lines as they
-    are written until the run has ended. A missing file is an error unless followed (a run that
-    has not started yet)."""
+    are written until the run has ended (``refresh`` says how the run is, every ``interval``
+    seconds). A missing file is an error unless followed (a run that has not started yet)."""
     if not follow and not path.exists():
         raise MlbenchError(f"run {record.id} has no {path.name} ({record.state}); "
                            f"`mlbench status {record.id}` says why")
@@ -77,5 +48,5 @@ def follow_file(launcher: Launcher, record: RunRecord, path: Path, follow: bool,
             if partial:
                 yield partial.decode(errors="replace")
             return
-        sleep(launcher.follow_seconds)
-        record = _refresh(launcher, record)
+        sleep(interval)
+        record = refresh(record)

@@ -28,15 +28,14 @@ from mlbench.errors import ClusterError, MlbenchError, UsageError
 from mlbench.extras import needs
 from mlbench.launch import k8s_objects as objects
 from mlbench.launch import k8s_policy
-from mlbench.launch.k8s_client import ResultsClient, transport_for
-from mlbench.launch.base import EventCallback, Launcher
-from mlbench.launch.k8s_data import ensure_data
+from mlbench.launch.base import EventCallback, Launcher, LauncherOption, LaunchSettings, Progress
 from mlbench.launch.follow import check_rank
+from mlbench.launch.k8s_client import ResultsClient, transport_for
+from mlbench.launch.k8s_data import ensure_data
 from mlbench.launch.k8s_mirror import ClusterStore
 from mlbench.launch.k8s_supervisor import pod_state
 from mlbench.launch.plan import RunRequest, WorkerResources, build_config
-from mlbench.launch.plan import create_run as plan_run
-from mlbench.results.events import EventTail
+from mlbench.network.settings import NetworkSettings
 from mlbench.results.http_sink import run_token
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import RunDocument
@@ -46,9 +45,7 @@ from mlbench.tasks.spec import TaskSpec
 if TYPE_CHECKING:
     from urllib3 import HTTPResponse
 
-FOLLOW_SECONDS = 2.0
 SERVICE_START_TIMEOUT = 300.0
-Progress = Callable[[str], None]
 
 
 def namespace_of(cluster: ClusterRecord) -> str:
@@ -198,26 +195,6 @@ def _default_image(gpus: int) -> str:
     return worker_image_tag(cuda=gpus > 0)
 
 
-def create_run(store: ClusterStore, cluster: ClusterRecord, request: RunRequest, image: str | None = None,
-               schedule_timeout_s: float = objects.SCHEDULE_TIMEOUT_S,
-               progress: Progress = lambda _: None) -> RunRecord:
-    """Validate the request for the cluster, deploy the service and fill the data set's volume if
-    needed, record a pending run."""
-    if request.data_dir is not None and request.data == "real":
-        raise UsageError("--data-dir names a folder on this machine, which the cluster's pods cannot "
-                         "see; leave it out (the data set is downloaded once onto a volume of the "
-                         "cluster), use --data-pvc for a volume you filled, or run locally with "
-                         "`mlbench set-cluster --local`")
-    if request.save_model:
-        raise UsageError("--save-model keeps parameters in a local run folder, which pods do not have; "
-                         "run locally (`mlbench set-cluster --local`) to save models")
-    resources = plan_resources(store, cluster, request, image, schedule_timeout_s)
-    build_config(request, resources)  # usage errors before anything is deployed or downloaded
-    ensure_service(store, resources.placement["image"], progress)
-    resources.placement["data_claim"] = _data_claim(store, request, resources.placement["image"], progress)
-    return plan_run(store, request, launcher="kubernetes", check_data=False, resources=resources)
-
-
 def _data_claim(store: ClusterStore, request: RunRequest, image: str, progress: Progress) -> str | None:
     """The claim holding the run's data set, filled first if needed; None for synthetic data."""
     task = get_task(request.task)
@@ -268,48 +245,6 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
         raise error from None
 
 
-def run_attached(store: ClusterStore, run: RunRecord,
-                 on_event: Callable[[dict[str, Any]], None] | None = None) -> RunRecord:
-    """Start the run's pods and follow it to its end (Ctrl-C cancels it)."""
-    try:
-        launch(store, run)
-        tail = EventTail(run.run_dir / "events" / "rank-0.jsonl")
-        misses = 0
-        while True:
-            try:
-                record = store.sync_run(run.id)
-                misses = 0
-            except ClusterError:
-                misses += 1  # the API server or the service blipped; the run goes on in the cluster
-                if misses * FOLLOW_SECONDS > 120:
-                    raise
-                record = store.get(run.id)
-            if on_event:
-                for event in tail.read_new():
-                    on_event(event)
-            if not record.active:
-                return record
-            time.sleep(FOLLOW_SECONDS)
-    except KeyboardInterrupt:
-        return cancel(store, run)
-
-
-def start_detached(store: ClusterStore, run: RunRecord) -> None:
-    """Start the run's pods and return; the service's supervisor sees the run to its end."""
-    launch(store, run)
-
-
-def cancel(store: ClusterStore, run: RunRecord) -> RunRecord:
-    """End an active run as cancelled; the service deletes its pods."""
-    store.service().call("POST", f"/v1/runs/{run.id}/cancel")
-    return store.sync_run(run.id)
-
-
-def reconcile(store: ClusterStore, run: RunRecord) -> RunRecord:
-    """The run as the service knows it now (its folder copied here)."""
-    return store.sync_run(run.id)
-
-
 def pod_log(store: ClusterStore, run: RunRecord, rank: int, follow: bool) -> Iterator[str]:
     """A running worker's log, line by line, from its pod through the API server (the user's
     credentials need `get` on pods/log); with ``follow``, until the pod ends."""
@@ -335,36 +270,97 @@ def pod_log(store: ClusterStore, run: RunRecord, rank: int, follow: bool) -> Ite
         response.release_conn()
 
 
-
 class KubernetesLauncher(Launcher):
     """Runs on the current cluster: a pod per worker plus a headless Service, followed through
-    the cluster's results service (which supervises runs started with --detach)."""
+    the cluster's results service (whose supervisor sees every run to its end and deletes its
+    pods, so a run ends properly even if this machine goes away)."""
 
     name = "kubernetes"
-    follow_seconds = FOLLOW_SECONDS
+    label = "cluster"
+    how_to_choose = "choose a cluster with `mlbench set-cluster` first"
+    options = (LauncherOption("--image", "image", "Worker image on a cluster [the cluster's, else "
+                                                  "mlbench/worker:VERSION]."),)
+    follow_seconds = 2.0
+    unreachable_seconds = 120.0  # the API server or the service blipped; the run goes on in the cluster
 
-    def __init__(self, store: ClusterStore, cluster: ClusterRecord, image: str | None = None,
-                 progress: Progress = lambda _: None):
-        super().__init__(store)
-        self.cluster_store = store
+    def __init__(self, store: RunStore, settings: LaunchSettings | None = None,
+                 cluster: ClusterRecord | None = None):
+        """``cluster``: the cluster whose mirror ``store`` is (None: the current one). Besides
+        ``image``, ``settings.options`` may hold ``schedule_timeout_s``, how long a pod may wait
+        for a node before the run fails."""
+        super().__init__(store, settings)
+        assert isinstance(store, ClusterStore), "a cluster's runs are kept in its mirror"
+        self.cluster_store: ClusterStore = store
         self.cluster = cluster
-        self.image = image
-        self.progress = progress
+
+    @classmethod
+    def serves(cls, store: RunStore) -> bool:
+        return isinstance(store, ClusterStore)
+
+    @classmethod
+    def chosen_by(cls) -> str:
+        return "the current cluster (`mlbench set-cluster --local` chooses this machine)"
+
+    @classmethod
+    def chosen(cls, store: RunStore, values: dict[str, Any]) -> bool:
+        """A current cluster chooses this launcher (its store is the cluster's)."""
+        return cls.serves(store)
+
+    def occupied_nodes(self, request: RunRequest, resources: WorkerResources | None) -> int:
+        """A pod per worker, spread over at most the nodes the plan saw."""
+        nodes = int(((resources.placement if resources else None) or {}).get("nodes") or request.workers)
+        return max(1, min(request.workers, nodes))
+
+    def network_record(self, settings: NetworkSettings) -> dict[str, Any]:
+        from mlbench.network.kube import cluster_record
+
+        return cluster_record(settings)
 
     def create(self, request: RunRequest) -> RunRecord:
-        return create_run(self.cluster_store, self.cluster, request, image=self.image, progress=self.progress)
+        """Validate the request for the cluster, deploy the service and fill the data set's
+        volume if needed, record a pending run."""
+        from mlbench.cloud.config import current_cluster
+
+        cluster = self.cluster or current_cluster()
+        if cluster is None:
+            raise UsageError("no cluster is current; choose one with `mlbench set-cluster NAME`")
+        if request.data_dir is not None and request.data == "real":
+            raise UsageError("--data-dir names a folder on this machine, which the cluster's pods cannot "
+                             "see; leave it out (the data set is downloaded once onto a volume of the "
+                             "cluster), use --data-pvc for a volume you filled, or run locally with "
+                             "`mlbench set-cluster --local`")
+        if request.save_model:
+            raise UsageError("--save-model keeps parameters in a local run folder, which pods do not have; "
+                             "run locally (`mlbench set-cluster --local`) to save models")
+        store, progress = self.cluster_store, self.settings.progress
+        options = self.settings.options
+        resources = plan_resources(store, cluster, request, options.get("image"),
+                                   float(options.get("schedule_timeout_s") or objects.SCHEDULE_TIMEOUT_S))
+        build_config(request, resources)  # usage errors before anything is deployed or downloaded
+        ensure_service(store, resources.placement["image"], progress)
+        resources.placement["data_claim"] = _data_claim(store, request, resources.placement["image"], progress)
+        return self.record(request, resources, check_data=False)
 
     def run_attached(self, record: RunRecord, on_event: EventCallback | None = None) -> RunRecord:
-        return run_attached(self.cluster_store, record, on_event)
+        """Start the run's pods and follow it to its end (Ctrl-C cancels it)."""
+        try:
+            launch(self.cluster_store, record)
+            return self.follow(self.store.get(record.id), on_event)
+        except KeyboardInterrupt:
+            return self.cancel(record)
 
     def start_detached(self, record: RunRecord) -> None:
-        start_detached(self.cluster_store, record)
+        """Start the run's pods and return; the service's supervisor sees the run to its end."""
+        launch(self.cluster_store, record)
 
     def cancel(self, record: RunRecord) -> RunRecord:
-        return cancel(self.cluster_store, record)
+        """End an active run as cancelled; the service deletes its pods."""
+        self.cluster_store.service().call("POST", f"/v1/runs/{record.id}/cancel")
+        return self.cluster_store.sync_run(record.id)
 
     def reconcile(self, record: RunRecord) -> RunRecord:
-        return reconcile(self.cluster_store, record)
+        """The run as the service knows it now (its folder copied here)."""
+        return self.cluster_store.sync_run(record.id)
 
     def logs(self, record: RunRecord, rank: int, follow: bool = False) -> Iterator[str]:
         """A running worker's log from its pod; an ended one's from the run store, where the
@@ -384,4 +380,3 @@ class KubernetesLauncher(Launcher):
                 yield from lines
                 return
         yield from super().logs(record, rank, follow)
-

@@ -8,8 +8,10 @@ its rank from Open MPI's environment, see :mod:`mlbench.worker.launcher_env`). T
 Open MPI's, the MPI that PyTorch's MPI builds use: no binding of ranks to cores (mlbench sets
 the threads per worker itself) and more ranks than cores allowed, as for local gloo runs.
 
-Locally the supervisor of :mod:`mlbench.launch.local` watches the one mpirun process; in a Slurm
-job the batch script runs the same command inside the allocation (launch/slurm_script.py).
+MPI is a backend of the launchers, not a launcher of its own: on this machine the local launcher
+starts :class:`MpiProcesses` in place of one process per worker and supervises it as any local
+run (so its runs, old and new, are cancelled and reconciled as local runs); in a Slurm job the
+batch script runs the same command inside the allocation (launch/slurm_script.py).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import sys
 from pathlib import Path
 
 from mlbench.errors import UsageError
-from mlbench.launch.local import WorkerProcesses, describe_exit, mark_supervised, record_pids
-from mlbench.launch.run_folder import log_tail, rank_error
+from mlbench.launch.run_folder import log_tail, logs_dir, rank_error
+from mlbench.launch.supervisor import WorkerProcesses, describe_exit, mark_supervised, record_pids
 from mlbench.run_config import RunDocument
 
 MPIRUN_LOG = "mpirun.log"
@@ -53,7 +55,7 @@ def find_mpirun() -> str:
     return path
 
 
-class MpiLauncher(WorkerProcesses):
+class MpiProcesses(WorkerProcesses):
     """One ``mpirun`` process in place of one process per worker; the same supervision."""
 
     def start(self) -> None:
@@ -73,6 +75,6 @@ class MpiLauncher(WorkerProcesses):
             error = rank_error(self.run_dir, rank)
             if error:
                 return f"{reason}: worker {rank}: {error}"
-        tail = log_tail(self.run_dir / "logs" / MPIRUN_LOG)
+        tail = log_tail(logs_dir(self.run_dir) / MPIRUN_LOG)
         return f"{reason}: {tail}" if tail else reason
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from mlbench.errors import UsageError
-from mlbench.network import network_record
 from mlbench.network.settings import NetworkSettings
 from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
 from mlbench.results.environment import cuda_available, describe_environment, usable_cores
@@ -204,9 +203,13 @@ def prepare_data(config: RunConfig) -> None:
         get_dataset(config.task.settings.dataset).prepare(config.data_dir)
 
 
-def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
-               check_data: bool = True, resources: WorkerResources | None = None) -> RunRecord:
-    """Validate the request (and, locally, the data) and record a new pending run."""
+def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: int, on_this_machine: bool,
+               check_data: bool = True, resources: WorkerResources | None = None,
+               network: dict[str, Any] | None = None) -> RunRecord:
+    """Validate the request (and, locally, the data) and record a new pending run of
+    ``launcher``, which says the machines it occupies (``nodes``, whether ``on_this_machine``)
+    and how its emulated ``network`` is applied (:class:`mlbench.launch.base.Launcher`, through
+    which runs are created)."""
     from mlbench.optim.descriptors import check_optimizer, with_grad_hook
 
     config, changed = build_config(request, resources)
@@ -217,7 +220,6 @@ def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
         usable = ", ".join(with_grad_hook())
         raise UsageError(f"optimizer {config.optimizer} cannot clip the averaged gradient that {spec.name} "
                          f"clips (it never holds it); use one of {usable}")
-    network = network_record(request.network, launcher) if request.network else None
     if check_data:
         prepare_data(config)
     division = "open" if changed else "closed"
@@ -228,6 +230,8 @@ def create_run(store: RunStore, request: RunRequest, launcher: str = "local",
         "config": config.to_dict(),
         "environment": describe_environment(),
         "command": os.environ.get("MLBENCH_COMMAND_LINE"),
+        "nodes": nodes,
+        "on_this_machine": on_this_machine,
     }
     if resources is not None:
         run_json["placement"] = resources.placement

@@ -1,7 +1,8 @@
-"""How a run ended, read from its folder alone: for workers that no mlbench process watches.
+"""A run's folder: where its files are, and how the run ended read from them alone.
 
-Under Slurm or a launcher the user runs (torchrun, srun, mpirun), mlbench does not own the
-worker processes; what they recorded in the run folder (rank 0's ``result`` event, any worker's
+Every launcher and the follow loop find a worker's events and log through the paths here. Under
+Slurm or a launcher the user runs (torchrun, srun, mpirun), mlbench does not own the worker
+processes; what they recorded in the run folder (rank 0's ``result`` event, any worker's
 ``error`` event, its log) is then the evidence of how the run went, beside what the scheduler
 says about the job.
 """
@@ -11,7 +12,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from mlbench.results.events import read_rank_events, read_run_events
+from mlbench.results.events import EVENTS_DIR, read_rank_events, read_run_events
+
+LOGS_DIR = "logs"
+
+
+def logs_dir(run_dir: Path) -> Path:
+    """Where the run's logs are: its workers', its supervisor's, its network's, its job's."""
+    return run_dir / LOGS_DIR
+
+
+def log_path(run_dir: Path, rank: int) -> Path:
+    """Where worker ``rank``'s output is kept: written there by a local worker, saved there by a
+    cluster's supervisor when the worker's pod ends."""
+    return logs_dir(run_dir) / f"rank-{rank}.log"
+
+
+def events_path(run_dir: Path, rank: int) -> Path:
+    """Worker ``rank``'s event file (JSON lines)."""
+    return run_dir / EVENTS_DIR / f"rank-{rank}.jsonl"
 
 
 class Outcome(NamedTuple):
@@ -24,7 +43,7 @@ class Outcome(NamedTuple):
 
 def rank_error(run_dir: Path, rank: int) -> str | None:
     """The last error a worker recorded."""
-    errors = [e for e in read_rank_events(run_dir / "events" / f"rank-{rank}.jsonl") if e["name"] == "error"]
+    errors = [e for e in read_rank_events(events_path(run_dir, rank)) if e["name"] == "error"]
     return str(errors[-1]["value"]) if errors else None
 
 
@@ -45,3 +64,9 @@ def read_outcome(run_dir: Path) -> Outcome:
     error = f"worker {errors[0]['rank']}: {errors[0]['value']}" if errors else None
     return Outcome(results[-1]["value"] if results else None, error,
                    events[0]["time"] if events else None)
+
+
+def worker_hosts(run_dir: Path) -> set[str]:
+    """The machines the run's workers reported (each worker's ``environment`` event)."""
+    return {str(e["value"]["host"]) for e in read_run_events(run_dir)
+            if e["name"] == "environment" and isinstance(e.get("value"), dict) and e["value"].get("host")}

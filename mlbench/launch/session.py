@@ -1,18 +1,17 @@
-"""From what `mlbench run` was asked to its runs: which launcher, which runs, in which order.
+"""From what `mlbench run` was asked to its runs: which runs, in which order, and how they ended.
 
-The CLI parses options into a :class:`~mlbench.launch.plan.RunRequest` and calls
-:func:`plan_runs` (one request per worker count and repeat, in rounds, with a shared group id)
-and :func:`execute` (each run created, run in the foreground and reported to an
-:class:`RunObserver`, stopping at a Ctrl-C). Everything here is callable without a terminal, which
-is how the tests and the dashboard drive runs.
+The CLI parses options into a :class:`~mlbench.launch.plan.RunRequest`, picks the launcher
+(:func:`mlbench.launch.registry.choose`) and calls :func:`plan_runs` (one request per worker
+count and repeat, in rounds, with a shared group id) and :func:`execute` (each run created, run in
+the foreground and reported to an :class:`RunObserver`, stopping at a Ctrl-C). Everything here is
+callable without a terminal, which is how the tests and the dashboard drive runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,8 +20,8 @@ from mlbench.launch.base import EventCallback, Launcher
 from mlbench.launch.plan import RunRequest
 from mlbench.results.store import CANCELLED, FINISHED, RunRecord, RunStore
 
-#: Exit codes of `mlbench run` (README, "CLI reference"): 3 when every run finished but one
-#: missed its goal.
+#: Exit codes of `mlbench run` and `mlbench status RUN --follow` (README, "CLI reference"): 3
+#: when every run finished but one missed its goal.
 EXIT_OK, EXIT_FAILED, EXIT_MISSED_GOAL, EXIT_CANCELLED = 0, 1, 3, 130
 
 
@@ -50,59 +49,6 @@ def cached_store() -> RunStore:
     from mlbench.launch.kubernetes import mirror_home
 
     return RunStore(mirror_home(cluster))
-
-
-#: The launchers of this machine's run store by the name a run records (``RunRecord.launcher``):
-#: module and class, imported when first needed.
-LOCAL_LAUNCHERS = {"local": ("mlbench.launch.local", "LocalLauncher"),
-                   "slurm": ("mlbench.launch.slurm", "SlurmLauncher"),
-                   "external": ("mlbench.launch.external", "ExternalLauncher")}
-
-
-def launcher_for(store: RunStore, *, kind: str = "local", image: str | None = None,
-                 progress: Callable[[str], None] | None = None, **options: Any) -> Launcher:
-    """The launcher of new runs in ``store``: pods on the current cluster when ``store`` is a
-    cluster's, else ``kind`` (local processes, a Slurm job, or workers the user starts);
-    ``options`` go to that launcher (a Slurm job's SlurmOptions as ``slurm``)."""
-    from mlbench.launch.k8s_mirror import ClusterStore
-
-    if isinstance(store, ClusterStore):
-        if kind != "local":
-            raise UsageError(f"{'--slurm' if kind == 'slurm' else '--record-only'} runs are kept in this "
-                             "machine's run store, but a cluster is current; choose this machine with "
-                             "`mlbench set-cluster --local` first")
-        from mlbench.cloud.config import current_cluster
-        from mlbench.launch.kubernetes import KubernetesLauncher
-
-        cluster = current_cluster()
-        assert cluster is not None
-        return KubernetesLauncher(store, cluster, image=image, progress=progress or (lambda _: None))
-    if image:
-        raise UsageError("--image is for runs on a cluster; choose one with `mlbench set-cluster` first")
-    module, name = LOCAL_LAUNCHERS[kind]
-    cls = getattr(importlib.import_module(module), name)
-    if kind == "slurm":
-        return cls(store, options.get("slurm"), progress)
-    return cls(store)
-
-
-def launcher_of(store: RunStore, record: RunRecord) -> Launcher:
-    """The launcher that runs ``record`` (the one it was created by)."""
-    from mlbench.launch.k8s_mirror import ClusterStore
-
-    if isinstance(store, ClusterStore):
-        return launcher_for(store)
-    return launcher_for(store, kind=record.launcher if record.launcher in LOCAL_LAUNCHERS else "local")
-
-
-def reconcile(store: RunStore, record: RunRecord) -> RunRecord:
-    """``record``'s true state now, asked of the launcher that runs it."""
-    return launcher_of(store, record).reconcile(record)
-
-
-def cancel(store: RunStore, record: RunRecord) -> RunRecord:
-    """Cancel ``record`` through the launcher that runs it."""
-    return launcher_of(store, record).cancel(record)
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """Runs as Slurm jobs: what `mlbench run --slurm`, `status`, `cancel` and `delete` do there.
 
-`create_run` records the run (launcher ``slurm``) and writes its batch script
+`create` records the run (launcher ``slurm``) and writes its batch script
 (:mod:`mlbench.launch.slurm_script`) into the run folder; `start_detached` submits it with
-``sbatch`` and keeps the job id in run.json; `run_attached` also follows the job to its end,
-feeding the usual progress callback from rank 0's event file as the local launcher does. No
-mlbench process needs to live while the job runs: `reconcile` asks Slurm about the job
+``sbatch`` and keeps the job id in run.json; `run_attached` also follows the job to its end
+(the launchers' one follow loop, :meth:`~mlbench.launch.base.Launcher.follow`). No mlbench
+process needs to live while the job runs: `reconcile` asks Slurm about the job
 (:mod:`mlbench.launch.slurm_jobs`) and, once it has ended, maps Slurm's end state to mlbench's
 with the reason, taking the workers' own record (rank 0's result, a worker's error) as evidence:
 
@@ -25,99 +25,30 @@ import re
 import sys
 import time
 from typing import Any
-from collections.abc import Callable
 
-from mlbench.errors import MlbenchError, UsageError
+from mlbench.errors import MlbenchError
 from mlbench.launch import slurm_jobs as jobs
-from mlbench.launch.base import EventCallback, Launcher
+from mlbench.launch.base import EventCallback, Launcher, LauncherOption
 from mlbench.launch.plan import RunRequest, WorkerResources
-from mlbench.launch.plan import create_run as plan_run
-from mlbench.launch.run_folder import log_tail, rank_error, read_outcome
+from mlbench.launch.run_folder import log_path, log_tail, logs_dir, rank_error, read_outcome
 from mlbench.launch.slurm_script import SCRIPT_NAME, SlurmOptions, render_script
-from mlbench.results.events import EventTail
-from mlbench.results.store import CANCELLED, FAILED, FINISHED, RunRecord, RunStore
+from mlbench.results.store import CANCELLED, FAILED, FINISHED, RunRecord
 from mlbench.run_config import RunDocument
 
-LAUNCHER = "slurm"
-FOLLOW_SECONDS = 2.0
 CANCEL_WAIT_SECONDS = 60.0
-UNREACHABLE_SECONDS = 120.0  # how long a following CLI waits for an unreachable controller
-Progress = Callable[[str], None]
 # srun's line for a task that ended badly, e.g. "srun: error: node1: task 1: Killed"
 _SRUN_TASK = re.compile(r"srun: error: (\S+): tasks? ([\d\-,]+): (.+)$")
 _CONSEQUENCES = ("Terminated",)  # tasks that srun ended because another one failed
 
 
-def create_run(store: RunStore, request: RunRequest, options: SlurmOptions) -> RunRecord:
-    """Validate the request for the cluster and record a pending run with its batch script."""
-    options.validate()
-    jobs.require("sbatch")
-    resources = WorkerResources(threads=options.cpus_per_task, gpus=options.gpus_per_task or 0,
-                                placement={"slurm": options.to_dict()}, local_torch=True)
-    record = plan_run(store, request, launcher=LAUNCHER, resources=resources)
-    try:
-        config = RunDocument.load(record.run_dir).config
-        script = render_script(record.id, record.name, record.run_dir, record.workers,
-                               config.backend, options, sys.executable)
-    except MlbenchError:
-        store.delete(record.id)
-        raise
-    (record.run_dir / SCRIPT_NAME).write_text(script, encoding="utf-8")
-    return record
+#: --sbatch-option lines that set the job's node count (sbatch: -N, --nodes=MIN[-MAX]).
+_NODES_LINE = re.compile(r"^(?:-N\s*|--nodes[=\s]+)(\d+)(?:-(\d+))?$")
 
 
 def job_id(run: RunRecord) -> str | None:
+    """The Slurm job of ``run`` (None until it was submitted)."""
     document = RunDocument.load_or_none(run.run_dir)
     return (document.extra.get("slurm") or {}).get("job_id") if document else None
-
-
-def start_detached(store: RunStore, run: RunRecord) -> str:
-    """Submit the run's batch script; the job id is kept in run.json (``slurm.job_id``)."""
-    try:
-        job = jobs.submit(run.run_dir / SCRIPT_NAME)
-    except MlbenchError as err:
-        store.mark_ended(run.id, FAILED, reason=f"the job could not be submitted: {err}")
-        raise
-    document = RunDocument.load(run.run_dir)
-    document.extra["slurm"] = {"job_id": job, "script": SCRIPT_NAME, "submitted_at": time.time()}
-    document.save(run.run_dir)
-    return job
-
-
-def run_attached(store: RunStore, run: RunRecord, on_event: Callable[[dict[str, Any]], None] | None = None,
-                 progress: Progress | None = None) -> RunRecord:
-    """Submit the job and follow it to its end (Ctrl-C cancels it)."""
-    job = start_detached(store, run)
-    say = progress or _quiet
-    say(f"Submitted Slurm job {job} ({run.workers} task(s)); the batch script is {run.run_dir / SCRIPT_NAME}")
-    tail = EventTail(run.run_dir / "events" / "rank-0.jsonl")
-    last_note, misses = None, 0
-    try:
-        while True:
-            try:
-                record, state = _reconcile(store, store.get(run.id))
-                misses = 0
-            except MlbenchError:  # the controller blipped (a restart); the job goes on meanwhile
-                misses += 1
-                if misses * FOLLOW_SECONDS > UNREACHABLE_SECONDS:
-                    raise
-                record, state = store.get(run.id), None
-            note = _describe(job, state)
-            if note and note != last_note:
-                say(note)
-                last_note = note
-            if on_event is not None:
-                for event in tail.read_new():
-                    on_event(event)
-            if not record.active:
-                return record
-            time.sleep(FOLLOW_SECONDS)
-    except KeyboardInterrupt:
-        return cancel(store, store.get(run.id))
-
-
-def _quiet(_: str) -> None:
-    """No progress lines."""
 
 
 def _describe(job: str, state: jobs.JobState | None) -> str | None:
@@ -126,59 +57,6 @@ def _describe(job: str, state: jobs.JobState | None) -> str | None:
     if state.state in jobs.STARTING:
         return f"Slurm job {job} is {state.state.lower()}" + (f" ({state.reason})" if state.reason else "")
     return f"Slurm job {job} is {state.state.lower()}"
-
-
-def cancel(store: RunStore, run: RunRecord) -> RunRecord:
-    """``scancel`` the job, wait until Slurm has ended it, and record how it ended."""
-    job = job_id(run)
-    if job is None:  # never submitted
-        store.mark_ended(run.id, CANCELLED, reason="cancelled by the user before its job was submitted")
-        return store.get(run.id)
-    jobs.cancel(job)
-    deadline = time.monotonic() + CANCEL_WAIT_SECONDS
-    state = jobs.query(job)
-    while state is not None and state.active and time.monotonic() < deadline:
-        time.sleep(0.5)
-        state = jobs.query(job)
-    if state is None or state.active or state.state == "CANCELLED":
-        store.mark_ended(run.id, CANCELLED, reason=f"cancelled by the user (scancel {job})")
-        return store.get(run.id)
-    return _reconcile(store, store.get(run.id))[0]  # it ended some other way first
-
-
-def reconcile(store: RunStore, run: RunRecord) -> RunRecord:
-    """The run as Slurm and its workers' records say it is now; as last recorded when Slurm
-    cannot be asked from here (no Slurm commands on this machine, the controller down)."""
-    try:
-        return _reconcile(store, run)[0]
-    except MlbenchError:
-        return run
-
-
-def _reconcile(store: RunStore, run: RunRecord) -> tuple[RunRecord, jobs.JobState | None]:
-    job = job_id(run) if run.active else None
-    if job is None:
-        return run, None
-    state = jobs.query(job)
-    if state is not None and state.active:
-        if state.state not in jobs.STARTING:
-            store.mark_started(run.id)
-        return store.get(run.id), state
-    outcome = read_outcome(run.run_dir)
-    if state is None:  # forgotten by the controller, and no accounting to ask
-        if outcome.result is not None and outcome.error is None:
-            store.mark_ended(run.id, FINISHED, result=outcome.result)
-        else:
-            store.mark_ended(run.id, FAILED, reason=outcome.error or
-                             f"Slurm job {job} ended and Slurm no longer knows how (no accounting); "
-                             "its workers recorded no result")
-    elif state.state == "COMPLETED" and outcome.result is not None and outcome.error is None:
-        store.mark_ended(run.id, FINISHED, result=outcome.result)
-    elif state.state == "CANCELLED":
-        store.mark_ended(run.id, CANCELLED, reason=f"Slurm job {job} was cancelled (scancel)")
-    else:
-        store.mark_ended(run.id, FAILED, reason=failure_reason(run, job, state, outcome.error))
-    return store.get(run.id), state
 
 
 def failure_reason(run: RunRecord, job: str, state: jobs.JobState, first_error: str | None) -> str:
@@ -198,7 +76,7 @@ def failure_reason(run: RunRecord, job: str, state: jobs.JobState, first_error: 
         return first_error
     if state.state == "COMPLETED":
         return f"Slurm job {job} completed but its workers recorded no result"
-    detail = log_tail(run.run_dir / "logs" / f"slurm-{job}.out")
+    detail = log_tail(logs_dir(run.run_dir) / f"slurm-{job}.out")
     text = f"Slurm job {job} {state.state}" + (f" ({state.reason})" if state.reason else "")
     if state.exit_code:
         text += f", exit code {state.exit_code}"
@@ -208,7 +86,7 @@ def failure_reason(run: RunRecord, job: str, state: jobs.JobState, first_error: 
 def _srun_blame(run: RunRecord, job: str) -> str | None:
     """The task srun saw fail first (not one it ended because of that), with its own record."""
     try:
-        lines = (run.run_dir / "logs" / f"slurm-{job}.out").read_text(errors="replace").splitlines()
+        lines = (logs_dir(run.run_dir) / f"slurm-{job}.out").read_text(errors="replace").splitlines()
     except OSError:
         return None
     for line in lines:
@@ -219,35 +97,179 @@ def _srun_blame(run: RunRecord, job: str) -> str | None:
         what = match.group(3).strip()  # "Killed", "Exited with exit code 1", ...
         what = "was killed" if what == "Killed" else re.sub(r"^exited with exit code", "exited with code",
                                                              what[0].lower() + what[1:])
-        detail = rank_error(run.run_dir, rank) or log_tail(run.run_dir / "logs" / f"rank-{rank}.log")
+        detail = rank_error(run.run_dir, rank) or log_tail(log_path(run.run_dir, rank))
         return f"worker {rank} {what}" + (f": {detail}" if detail else "")
     return None
+
+
+_SLURM_OPTIONS = (
+    LauncherOption("--partition", "partition", "Slurm partition of the job."),
+    LauncherOption("--account", "account", "Slurm account charged for the job."),
+    LauncherOption("--time", "time", "Slurm time limit of the job, e.g. 01:00:00."),
+    LauncherOption("--gpus-per-task", "gpus_per_task", "GPUs per worker (Slurm job).", type=int),
+    LauncherOption("--cpus-per-task", "cpus_per_task", "CPU cores, and threads, per worker (Slurm job) [1].",
+                   type=int),
+    LauncherOption("--constraint", "constraint", "Slurm node features the job needs, e.g. ib."),
+    LauncherOption("--sbatch-option", "sbatch_options",
+                   "A further #SBATCH line, e.g. --sbatch-option=--nodes=2 (repeatable).",
+                   multiple=True, metavar="OPTION"),
+    LauncherOption("--iface", "iface", "Network interface of the workers' traffic between nodes "
+                                       "(Slurm job) [the one that reaches rank 0]."),
+)
 
 
 class SlurmLauncher(Launcher):
     """Runs as a Slurm batch job of one task per worker (``sbatch``), followed with squeue and
     scontrol; the run folder must be on a file system that the nodes share."""
 
-    name = LAUNCHER
+    name = "slurm"
+    label = "Slurm"
+    choose_option = LauncherOption(
+        "--slurm", "slurm", is_flag=True,
+        help="Submit the run as a Slurm job (sbatch) and follow it; the run store (MLBENCH_HOME) "
+             "must be on a file system the nodes share.")
+    how_to_choose = "add --slurm"
+    options = _SLURM_OPTIONS
+    follow_seconds = 2.0
+    unreachable_seconds = 120.0  # how long a follow waits for an unreachable controller
 
-    def __init__(self, store: RunStore, options: SlurmOptions | None = None, progress: Progress | None = None):
-        super().__init__(store)
-        self.options = options
-        self.progress = progress
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._last_note: str | None = None
+
+    def job_options(self) -> SlurmOptions:
+        """The job's options from the values of this launcher's `mlbench run` options."""
+        values = self.settings.options
+        return SlurmOptions(
+            partition=values.get("partition"), account=values.get("account"), time=values.get("time"),
+            gpus_per_task=values.get("gpus_per_task"), cpus_per_task=values.get("cpus_per_task") or 1,
+            constraint=values.get("constraint"), extra=list(values.get("sbatch_options") or ()),
+            iface=values.get("iface")).validate()
+
+    def check_options(self) -> None:
+        self.job_options()
+
+    def occupied_nodes(self, request: RunRequest, resources: WorkerResources | None) -> int:
+        """The allocation's nodes: as many as ``--sbatch-option=--nodes=N`` asks (at most one per
+        worker), else one per worker, the most Slurm may spread the tasks over; corrected to the
+        allocation's own count once the job runs."""
+        nodes = request.workers
+        for line in self.job_options().extra:
+            match = _NODES_LINE.match(line.strip())
+            if match:
+                nodes = int(match.group(2) or match.group(1))
+        return max(1, min(nodes, request.workers))
 
     def create(self, request: RunRequest) -> RunRecord:
-        if self.options is None:
-            raise UsageError("a Slurm run needs the job's options (mlbench run ... --slurm)")
-        return create_run(self.store, request, self.options)
-
-    def run_attached(self, record: RunRecord, on_event: EventCallback | None = None) -> RunRecord:
-        return run_attached(self.store, record, on_event, self.progress)
+        """Validate the request for the cluster and record a pending run with its batch script."""
+        options = self.job_options()
+        jobs.require("sbatch")
+        resources = WorkerResources(threads=options.cpus_per_task, gpus=options.gpus_per_task or 0,
+                                    placement={"slurm": options.to_dict()}, local_torch=True)
+        record = self.record(request, resources)
+        try:
+            config = RunDocument.load(record.run_dir).config
+            script = render_script(record.id, record.name, record.run_dir, record.workers,
+                                   config.backend, options, sys.executable)
+        except MlbenchError:
+            self.store.delete(record.id)
+            raise
+        (record.run_dir / SCRIPT_NAME).write_text(script, encoding="utf-8")
+        return record
 
     def start_detached(self, record: RunRecord) -> None:
-        start_detached(self.store, record)
+        """Submit the run's batch script; the job id is kept in run.json (``slurm.job_id``)."""
+        try:
+            job = jobs.submit(record.run_dir / SCRIPT_NAME)
+        except MlbenchError as err:
+            self.store.mark_ended(record.id, FAILED, reason=f"the job could not be submitted: {err}")
+            raise
+        document = RunDocument.load(record.run_dir)
+        document.extra["slurm"] = {"job_id": job, "script": SCRIPT_NAME, "submitted_at": time.time()}
+        document.save(record.run_dir)
+
+    def where(self, record: RunRecord) -> str:
+        return f"as Slurm job {job_id(record)}"
+
+    def run_attached(self, record: RunRecord, on_event: EventCallback | None = None) -> RunRecord:
+        """Submit the job and follow it to its end (Ctrl-C cancels it)."""
+        self.start_detached(record)
+        self.settings.progress(f"Submitted Slurm job {job_id(record)} ({record.workers} task(s)); the batch "
+                               f"script is {record.run_dir / SCRIPT_NAME}")
+        try:
+            return self.follow(self.store.get(record.id), on_event)
+        except KeyboardInterrupt:
+            return self.cancel(self.store.get(record.id))
+
+    def refresh(self, record: RunRecord) -> RunRecord:
+        """The run as Slurm says now, with a progress line when the job's state changes; raises
+        MlbenchError while the controller cannot be asked."""
+        job = job_id(record)
+        record, state = self._reconcile(self.store.get(record.id))
+        note = _describe(job, state) if job else None
+        if note and note != self._last_note:
+            self.settings.progress(note)
+            self._last_note = note
+        return record
 
     def cancel(self, record: RunRecord) -> RunRecord:
-        return cancel(self.store, record)
+        """``scancel`` the job, wait until Slurm has ended it, and record how it ended."""
+        job = job_id(record)
+        if job is None:  # never submitted
+            self.store.mark_ended(record.id, CANCELLED, reason="cancelled by the user before its job was submitted")
+            return self.store.get(record.id)
+        jobs.cancel(job)
+        deadline = time.monotonic() + CANCEL_WAIT_SECONDS
+        state = jobs.query(job)
+        while state is not None and state.active and time.monotonic() < deadline:
+            time.sleep(0.5)
+            state = jobs.query(job)
+        if state is None or state.active or state.state == "CANCELLED":
+            self.store.mark_ended(record.id, CANCELLED, reason=f"cancelled by the user (scancel {job})")
+            return self.store.get(record.id)
+        return self._reconcile(self.store.get(record.id))[0]  # it ended some other way first
 
     def reconcile(self, record: RunRecord) -> RunRecord:
-        return reconcile(self.store, record)
+        """The run as Slurm and its workers' records say it is now; as last recorded when Slurm
+        cannot be asked from here (no Slurm commands on this machine, the controller down)."""
+        try:
+            return self._reconcile(record)[0]
+        except MlbenchError:
+            return record
+
+    def _reconcile(self, run: RunRecord) -> tuple[RunRecord, jobs.JobState | None]:
+        store = self.store
+        job = job_id(run) if run.active else None
+        if job is None:
+            return run, None
+        state = jobs.query(job)
+        if state is not None and state.active:
+            if state.state not in jobs.STARTING:
+                store.mark_started(run.id)
+                self._record_allocation(run, state)
+            return store.get(run.id), state
+        outcome = read_outcome(run.run_dir)
+        if state is None:  # forgotten by the controller, and no accounting to ask
+            if outcome.result is not None and outcome.error is None:
+                store.mark_ended(run.id, FINISHED, result=outcome.result)
+            else:
+                store.mark_ended(run.id, FAILED, reason=outcome.error or
+                                 f"Slurm job {job} ended and Slurm no longer knows how (no accounting); "
+                                 "its workers recorded no result")
+        elif state.state == "COMPLETED" and outcome.result is not None and outcome.error is None:
+            store.mark_ended(run.id, FINISHED, result=outcome.result)
+        elif state.state == "CANCELLED":
+            store.mark_ended(run.id, CANCELLED, reason=f"Slurm job {job} was cancelled (scancel)")
+        else:
+            store.mark_ended(run.id, FAILED, reason=failure_reason(run, job, state, outcome.error))
+        return store.get(run.id), state
+
+    @staticmethod
+    def _record_allocation(run: RunRecord, state: jobs.JobState) -> None:
+        """run.json's node count becomes the allocation's, once Slurm has made it."""
+        if state.nodes is None:
+            return
+        document = RunDocument.load_or_none(run.run_dir)
+        if document is not None and document.nodes != state.nodes:
+            document.nodes = state.nodes
+            document.save(run.run_dir)

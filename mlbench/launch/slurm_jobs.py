@@ -32,6 +32,7 @@ class JobState:
     state: str
     reason: str | None = None
     exit_code: str | None = None  # "CODE:SIGNAL", as sacct writes it
+    nodes: int | None = None      # the allocation's node count, where squeue says it
 
     @property
     def active(self) -> bool:
@@ -96,7 +97,11 @@ def _json_state(job: dict) -> JobState:
     else:
         exit_text = None
     reason = job.get("state_reason")
-    return JobState(str(state), None if reason in (None, "None") else str(reason), exit_text)
+    nodes = job.get("node_count")
+    if isinstance(nodes, dict):  # 23.02+: {"set": true, "infinite": false, "number": N}
+        nodes = nodes.get("number") if nodes.get("set", True) else None
+    return JobState(str(state), None if reason in (None, "None") else str(reason), exit_text,
+                    nodes if isinstance(nodes, int) and nodes > 0 else None)
 
 
 def query_squeue_json(job_id: str) -> JobState | str | None:
@@ -119,13 +124,15 @@ def query_squeue_json(job_id: str) -> JobState | str | None:
 
 def query_squeue_text(job_id: str) -> JobState | None:
     """The job from ``squeue --format`` (every state; ``|``-separated); None when forgotten."""
-    proc = _run([require("squeue"), "--noheader", "--states=all", "--jobs", job_id, "--format=%T|%r"])
+    proc = _run([require("squeue"), "--noheader", "--states=all", "--jobs", job_id, "--format=%T|%D|%r"])
     if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
         raise MlbenchError(f"squeue failed: {_last_line(proc.stderr)}")
     for line in proc.stdout.splitlines():
-        state, _, reason = line.strip().partition("|")
+        state, _, rest = line.strip().partition("|")
+        nodes, _, reason = rest.partition("|")
         if state:
-            return JobState(state, None if reason in ("", "None") else reason)
+            return JobState(state, None if reason in ("", "None") else reason, None,
+                            int(nodes) if nodes.isdigit() and int(nodes) > 0 else None)
     return None
 
 

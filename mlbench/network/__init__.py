@@ -5,25 +5,6 @@
 (:mod:`~mlbench.network.netns`, :mod:`~mlbench.network.emulation`: network namespaces joined by a
 bridge) and by pods on Kubernetes (:mod:`~mlbench.network.shape` in an init container,
 :mod:`~mlbench.network.kube`). Tasks, optimizers and workers never see any of it: they only find
-their links slower.
+their links slower. Which of them a run uses is its launcher's choice
+(:meth:`mlbench.launch.base.Launcher.network_record`).
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-from mlbench.errors import UsageError
-from mlbench.network.settings import NetworkSettings
-
-
-def network_record(settings: NetworkSettings, launcher: str) -> dict[str, Any]:
-    """The ``network`` of run.json: the settings and how they are applied; UsageError when they
-    cannot be applied by this launcher (checked before the run is recorded)."""
-    if launcher == "local":
-        from mlbench.network.emulation import check_local_shaping
-        return check_local_shaping(settings)
-    if launcher == "kubernetes":
-        from mlbench.network.kube import cluster_record
-        return cluster_record(settings)
-    raise UsageError(f"network emulation is not available for {launcher} runs; leave out "
-                     "--bandwidth, --latency, --jitter and --loss")

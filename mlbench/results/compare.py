@@ -30,7 +30,7 @@ from mlbench.results.repeats import RepeatStats, repeat_stats
 from mlbench.results.outcome import AllreduceResult, Outcome, TrainingResult, read_result
 from mlbench.results.store import FINISHED, RunRecord, RunStore
 from mlbench.results.summary import RunSummary, summarize
-from mlbench.run_config import RunConfig, RunDocument
+from mlbench.run_config import Occupancy, RunConfig, RunDocument, occupancy
 from mlbench.tasks.metrics import Metric
 from mlbench.tasks.registry import get_task
 
@@ -144,9 +144,14 @@ class RunResult:
         return self.result.wall_time_to_accuracy if self.result.reached else None
 
     @property
+    def occupancy(self) -> Occupancy:
+        """The machines the run occupied, as its launcher recorded them in run.json."""
+        return occupancy(self.record.run_dir, self.record.launcher, self.record.workers)
+
+    @property
     def nodes(self) -> int:
-        """Machines the run occupied: this one for a local run, one per worker on a cluster."""
-        return 1 if self.record.launcher == "local" else self.record.workers
+        """Machines the run occupied (one for a run on this machine or torchrun on one node)."""
+        return self.occupancy.nodes
 
     def phase_totals(self) -> tuple[float, float]:
         """(compute, communication) seconds summed over every worker."""
@@ -301,7 +306,7 @@ def _group(family: Family, workers: int, runs: list[RunResult], usd: float | Non
 def _costs(runs: list[RunResult], usd: float | None) -> RepeatStats | None:
     values = []
     for run in runs:
-        price = usd if usd is not None else (0.0 if run.record.launcher == "local" else None)
+        price = usd if usd is not None else (0.0 if run.occupancy.on_this_machine else None)
         if price is None:
             return None
         wall = run.wall_time_to_accuracy

@@ -46,7 +46,7 @@ from mlbench.results.events import read_run_events
 from mlbench.results.outcome import AllreduceResult, TrainingResult, read_result
 from mlbench.results.mlperf_rules import checker_command
 from mlbench.results.store import RunRecord
-from mlbench.run_config import RunConfig, RunDocument
+from mlbench.run_config import RunConfig, RunDocument, occupancy
 from mlbench.tasks.metrics import LATENCY
 from mlbench.tasks.spec import TaskSpec
 
@@ -72,7 +72,8 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
     log.add(init_start, "submission_division", record.division)
     log.add(init_start, "submission_org", org)
     log.add(init_start, "submission_platform", _platform(record, config, environment))
-    log.add(init_start, "submission_status", "onprem" if record.launcher == "local" else "cloud")
+    here = occupancy(record.run_dir, record.launcher, record.workers).on_this_machine
+    log.add(init_start, "submission_status", "onprem" if here else "cloud")
     log.add(init_start, "cache_clear", False)
     log.add(init_start, "init_start", None, "INTERVAL_START")
     log.add(init_start, "mlbench_run_id", record.id)
@@ -175,7 +176,7 @@ class _Log:
 
 
 def _platform(record: RunRecord, config: RunConfig | None, environment: dict[str, Any]) -> str:
-    nodes = 1 if record.launcher == "local" else record.workers
+    nodes = occupancy(record.run_dir, record.launcher, record.workers).nodes
     hardware = hardware_label(config.device if config else None, environment)
     return f"{nodes}x {hardware}, {record.workers} worker(s), {record.launcher}"
 

@@ -108,11 +108,11 @@ def lab(tmp_path_factory, libsvm_dir):
         yield lab
     finally:
         lab._runs.join(timeout=600)
-        from mlbench.launch import local
+        from mlbench.launch.registry import launcher_of
         store = lab.store()
         for record in store.list():
             if record.active:
-                local.cancel(store, record)
+                launcher_of(store, record).cancel(record)
         server.send_signal(signal.SIGTERM)
         try:
             server.wait(timeout=20)

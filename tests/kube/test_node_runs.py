@@ -19,8 +19,10 @@ from kubernetes import client, watch
 
 from mlbench.errors import ClusterError
 from mlbench.launch import kubernetes
+from mlbench.launch.base import LaunchSettings
 from mlbench.launch.k8s_objects import pod_name, run_name
 from mlbench.launch.plan import RunRequest
+from mlbench.launch.registry import launcher_class
 from mlbench.results.events import read_run_events
 from tests.helpers import mlbench
 from tests.kube.conftest import mlbench_cli, wait_for
@@ -253,10 +255,12 @@ def test_unschedulable_runs_fail_after_their_timeout_or_are_cancelled_through_th
     try:
         store = kubernetes.open_store(ns.record)
         request = RunRequest(task="task2a", workers=2, data="synthetic")
-        waiting = kubernetes.create_run(store, ns.record, request)
-        kubernetes.start_detached(store, waiting)
-        run = kubernetes.create_run(store, ns.record, request, schedule_timeout_s=5)
-        kubernetes.start_detached(store, run)
+        launcher = launcher_class("kubernetes")(store, cluster=ns.record)
+        waiting = launcher.create(request)
+        launcher.start_detached(waiting)
+        impatient = launcher_class("kubernetes")(store, LaunchSettings({"schedule_timeout_s": 5}), cluster=ns.record)
+        run = impatient.create(request)
+        impatient.start_detached(run)
         final = follow_to_end(ns, run.id, 60)
         cancelled = mlbench_cli("cancel", waiting.id)          # through the API server's proxy
     finally:

@@ -18,7 +18,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from mlbench.launch.local import pid_alive
+from mlbench.launch.supervisor import pid_alive
 from mlbench.results.events import read_rank_events
 from mlbench.results.store import RunStore
 from tests.helpers import checkpoint, mlbench, run_json, start_cli, wait_for

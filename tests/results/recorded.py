@@ -27,9 +27,12 @@ def record_run(store: RunStore, *, workers: int, task: str = "task1a", tta: floa
                launcher: str = "local", state: str = FINISHED, environment: dict | None = None,
                device: str = "cpu", group_id: str | None = None,
                result_extra: dict[str, Any] | None = None, network: dict[str, Any] | None = None,
-               final: float | None = None) -> RunRecord:
+               final: float | None = None, nodes: int | None = None,
+               on_this_machine: bool | None = None) -> RunRecord:
     """A run whose events and result say exactly what the arguments say; ``final`` is the goal
-    metric's last value (the task's: accuracy, perplexity, BLEU; default 0.9 or 0.5 accuracy)."""
+    metric's last value (the task's: accuracy, perplexity, BLEU; default 0.9 or 0.5 accuracy);
+    ``nodes`` and ``on_this_machine`` as its launcher records them (None: a run.json from before
+    it did)."""
     spec = TASKS[task]
     metric = spec.metric
     run_json = {"task": task, "division": division, "changed": [],
@@ -38,6 +41,10 @@ def record_run(store: RunStore, *, workers: int, task: str = "task1a", tta: floa
                 "environment": environment or ENVIRONMENT}
     if network is not None:  # the emulated network, as NetworkSettings.to_dict() records it
         run_json["network"] = network
+    if nodes is not None:
+        run_json["nodes"] = nodes
+    if on_this_machine is not None:
+        run_json["on_this_machine"] = on_this_machine
     record = store.create(task=task, workers=workers, division=division, run_json=run_json,
                           optimizer=optimizer, launcher=launcher, seed=seed, group_id=group_id)
     comm = communication or tuple(0.5 for _ in range(workers))

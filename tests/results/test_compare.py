@@ -91,6 +91,16 @@ def test_a_cluster_run_pays_for_one_node_per_worker(store):
     assert unpriced.cost is None
 
 
+@pytest.mark.parametrize("launcher, nodes", [("kubernetes", 2), ("external", 1), ("slurm", 3)])
+def test_a_run_pays_for_the_nodes_its_launcher_recorded(store, launcher, nodes):
+    """8 pods on 2 nodes, or an 8-process torchrun on one machine, are not 8 machines."""
+    run = record_run(store, workers=8, tta=90.0, wall=100.0, launcher=launcher, nodes=nodes,
+                     on_this_machine=False)
+    [group] = compare_runs([run], usd_per_node_hour=0.19).groups
+    assert group.cost.median == pytest.approx(nodes * 100 * 0.19 / 3600)
+    assert compare_runs([run]).groups[0].cost is None  # not this machine: no price, no cost
+
+
 def test_only_like_is_compared_with_like(store):
     runs = [record_run(store, workers=1, tta=100.0, wall=110.0),
             record_run(store, workers=2, tta=60.0, wall=70.0),

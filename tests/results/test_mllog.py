@@ -83,3 +83,14 @@ def test_download_check_runs_the_official_checker_and_fails_with_its_reason(stor
     complete = record_run(store, workers=2, tta=9.0, wall=10.0, result_extra={"test_samples": 500})
     proc = mlbench("download", complete.id, "--format", "mlperf", "--check", "-o", str(tmp_path / "b.zip"))
     assert proc.returncode == 0 and "compliance checker passes" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("launcher, nodes, here, status", [("local", None, None, "onprem"),
+                                                         ("kubernetes", 2, False, "cloud"),
+                                                         ("external", 1, False, "cloud")])
+def test_the_platform_counts_the_nodes_the_launcher_recorded(store, tmp_path, launcher, nodes, here, status):
+    run = record_run(store, workers=8, tta=9.0, wall=10.0, launcher=launcher, nodes=nodes, on_this_machine=here)
+    value = {key: lines[0].value["value"] for key, lines in parse(write_mllog(run, tmp_path / "l.txt")).items()}
+    assert value["submission_platform"].startswith(f"{nodes or 1}x ")  # a local run: this one machine
+    assert f"8 worker(s), {launcher}" in value["submission_platform"]
+    assert value["submission_status"] == status

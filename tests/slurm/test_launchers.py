@@ -13,7 +13,8 @@ import threading
 import pytest
 import torch
 
-from mlbench.launch.plan import RunRequest, create_run
+from mlbench.launch.plan import RunRequest
+from mlbench.launch.registry import launcher_class
 from mlbench.results.store import RunStore
 from mlbench.server.httpd import make_server
 from mlbench.server.service import ResultsService
@@ -68,8 +69,8 @@ def test_torchrun_on_a_recorded_run_gives_the_local_launchers_result(libsvm_dir,
 
 
 def test_a_launcher_that_starts_another_number_of_workers_is_one_line(libsvm_dir):
-    run = create_run(RunStore(), RunRequest(task="task2a", workers=2, data_dir=str(libsvm_dir)),
-                     launcher="external")
+    run = launcher_class("external")(RunStore()).create(RunRequest(task="task2a", workers=2,
+                                                                   data_dir=str(libsvm_dir)))
     env = dict(os.environ, RANK="0", WORLD_SIZE="3", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
     proc = subprocess.run([sys.executable, "-m", "mlbench.worker", str(run.run_dir)], env=env,
                           capture_output=True, text=True, timeout=120)

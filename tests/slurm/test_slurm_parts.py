@@ -100,10 +100,12 @@ def test_the_task_srun_saw_fail_first_is_blamed_with_its_own_error(tmp_path, mon
 
 def test_slurm_end_states_become_reasons(tmp_path, monkeypatch):
     monkeypatch.setenv("MLBENCH_HOME", str(tmp_path))
-    from mlbench.launch.plan import RunRequest, create_run
+    from mlbench.launch.plan import RunRequest
+    from mlbench.launch.registry import launcher_class
     from mlbench.run_config import RunDocument
 
-    run = create_run(RunStore(), RunRequest(task="task2a", workers=2, data="synthetic"), launcher="slurm")
+    # recorded as the Slurm launcher records it, without its batch script (no sbatch needed)
+    run = launcher_class("slurm")(RunStore()).record(RunRequest(task="task2a", workers=2, data="synthetic"))
     document = RunDocument.load(run.run_dir)
     document.placement = {"slurm": {"time": "00:30:00"}}
     document.save(run.run_dir)
@@ -161,30 +163,31 @@ def test_slurm_without_its_commands_is_one_line(libsvm_dir, monkeypatch, tmp_pat
 
 
 def test_an_mpi_run_without_mpirun_fails_with_the_reason(libsvm_dir, monkeypatch, tmp_path):
-    from mlbench.launch import local
-    from mlbench.launch.plan import RunRequest, create_run
+    from mlbench.launch.plan import RunRequest
+    from mlbench.launch.registry import launcher_class
     from mlbench.results.store import read_json, write_json_atomic
 
     store = RunStore()
-    run = create_run(store, RunRequest(task="task2a", workers=2, data_dir=str(libsvm_dir)))
+    local = launcher_class("local")(store)
+    run = local.create(RunRequest(task="task2a", workers=2, data_dir=str(libsvm_dir)))
     run_json = read_json(run.run_dir / "run.json")
     run_json["config"]["backend"] = "mpi"  # as recorded where PyTorch has MPI
     write_json_atomic(run.run_dir / "run.json", run_json)
     monkeypatch.setenv("PATH", str(tmp_path))  # no mpirun here
     with pytest.raises(UsageError, match="mpirun is not on PATH"):
-        local.run_local(store, run)
+        local.run_attached(run)
     final = store.get(run.id)
     assert final.state == "failed" and "the workers could not be started: --backend mpi: mpirun" in final.reason
 
 
 def test_status_without_slurm_commands_shows_the_run_as_last_recorded(monkeypatch, tmp_path):
-    from mlbench.launch import slurm
+    from mlbench.launch.registry import launcher_of
 
     store = RunStore()
     run = store.create(task="task2a", workers=2, division="closed", launcher="slurm",
                        run_json={"slurm": {"job_id": "77"}})
     store.mark_started(run.id)
     monkeypatch.setenv("PATH", str(tmp_path))  # a laptop that shares the run store, without Slurm
-    assert slurm.reconcile(store, store.get(run.id)).state == "running"
+    assert launcher_of(store, run).reconcile(store.get(run.id)).state == "running"
     result = CliRunner().invoke(cli, ["status"])
     assert result.exit_code == 0 and "running" in result.output

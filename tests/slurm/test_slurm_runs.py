@@ -17,12 +17,11 @@ from click.testing import CliRunner
 
 from mlbench.cli import cli
 from mlbench.cli import commands  # noqa: F401  (registers the commands)
-from mlbench.launch import external, slurm_jobs
-from mlbench.launch import slurm as slurm_launch
+from mlbench.launch import slurm_jobs
+from mlbench.launch.base import LaunchSettings
 from mlbench.launch.plan import RunRequest
-from mlbench.launch.plan import create_run as plan_run
-from mlbench.launch.slurm import create_run
-from mlbench.launch.slurm_script import SCRIPT_NAME, SlurmOptions
+from mlbench.launch.registry import launcher_class, launcher_of
+from mlbench.launch.slurm_script import SCRIPT_NAME
 from mlbench.results.store import RunStore
 from tests.helpers import checkpoint, last_run, mlbench, run_json
 from tests.slurm.conftest import RUN_ARGS
@@ -97,7 +96,7 @@ def test_mlbench_cancel_scancels_the_job(slurm, libsvm_dir):
     assert f"as Slurm job {job}" in proc.stdout
     wait_for(lambda: worker_pid(run.run_dir, 1) and (run.run_dir / "events" / "rank-0.jsonl").exists(),
              what="the job's workers")
-    assert slurm_launch.reconcile(RunStore(), run).state == "running"
+    assert launcher_of(RunStore(), run).reconcile(run).state == "running"
     assert mlbench("cancel", run.id, check=True).stdout.strip() == f"Run {run.id} cancelled."
     assert slurm_jobs.query(job).state == "CANCELLED"
     run = last_run()
@@ -112,7 +111,7 @@ def test_a_task_that_dies_fails_the_run_with_the_reason(slurm, libsvm_dir):
     wait_for(lambda: (run.run_dir / "events" / "rank-1.jsonl").exists() and worker_pid(run.run_dir, 1),
              what="worker 1")
     os.kill(worker_pid(run.run_dir, 1), signal.SIGKILL)
-    wait_for(lambda: not slurm_launch.reconcile(RunStore(), run).active, timeout=120, what="the run to end")
+    wait_for(lambda: not launcher_of(RunStore(), run).reconcile(run).active, timeout=120, what="the run to end")
     run = last_run()
     assert run.state == "failed" and run.reason.startswith("worker 1 was killed"), run.reason
     assert f"failed ({run.reason})" in mlbench("status", run.id, check=True).stdout
@@ -121,10 +120,10 @@ def test_a_task_that_dies_fails_the_run_with_the_reason(slurm, libsvm_dir):
 
 
 def test_the_batch_script_is_valid_for_sbatch(slurm, libsvm_dir):
-    options = SlurmOptions(partition="debug", time="00:05:00", cpus_per_task=1,
-                           extra=["#SBATCH --nodes=1", "--mem-per-cpu=100M"])
+    options = {"partition": "debug", "time": "00:05:00", "cpus_per_task": 1,
+               "sbatch_options": ["#SBATCH --nodes=1", "--mem-per-cpu=100M"]}
     request = RunRequest(task="task2a", workers=2, data_dir=str(libsvm_dir), max_steps=3)
-    run = create_run(RunStore(), request, options)
+    run = launcher_class("slurm")(RunStore(), LaunchSettings(options)).create(request)
     script = run.run_dir / SCRIPT_NAME
     verdict = slurm_jobs.submit(script, test_only=True)
     assert re.search(r"Job \d+ to start at .* using 2 processors on nodes localhost in partition debug",
@@ -132,6 +131,7 @@ def test_the_batch_script_is_valid_for_sbatch(slurm, libsvm_dir):
     text = script.read_text()
     assert "#SBATCH --nodes=1\n#SBATCH --mem-per-cpu=100M" in text and "#SBATCH --time=00:05:00" in text
     assert run_json(run)["config"]["threads_per_worker"] == 1
+    assert run_json(run)["nodes"] == 1 and run_json(run)["on_this_machine"] is False  # --nodes=1
 
 
 def test_an_option_that_sbatch_refuses_is_one_line_and_fails_the_run(slurm, libsvm_dir):
@@ -149,12 +149,12 @@ def test_srun_starts_the_workers_of_a_recorded_run(slurm, libsvm_dir, local_refe
     node of the step, a port derived from the job, no MASTER_* from anyone."""
     request = RunRequest(task="task2a", workers=2, data_dir=str(libsvm_dir), max_steps=6, seed=3,
                          overrides={"batch_per_worker": 50}, log_every=2, stop_at_goal=False, save_model=True)
-    run = plan_run(RunStore(), request, launcher="external")
+    run = launcher_class("external")(RunStore()).create(request)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MASTER_")}
     proc = subprocess.run(["srun", "-n", "2", sys.executable, "-m", "mlbench.worker", str(run.run_dir)],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    run = external.reconcile(RunStore(), run)
+    run = launcher_of(RunStore(), run).reconcile(run)
     assert run.state == "finished" and run.result["final_accuracy"] == local_reference.result["final_accuracy"]
     for rank in (0, 1):
         for name, value in checkpoint(run, rank).items():

@@ -1,0 +1,280 @@
+"""The process supervisor of a run on this machine: starts its worker processes, watches them,
+records how the run ended, and stops what is left.
+
+It binds the rendezvous socket to 127.0.0.1 on a port the OS picks, starts ``python -m
+mlbench.worker RUN_DIR --rank r`` for every rank, each in its own session (so a Ctrl-C at the
+terminal reaches the supervisor only) and tied to the supervisor's life (PR_SET_PDEATHSIG). One
+worker failing ends the others and marks the run failed with that worker's reason; a cancel ends
+them and marks it cancelled; every worker exits within seconds either way, and whatever was
+recorded stays in the run folder.
+
+A run with a ``network`` in run.json (``--bandwidth``/``--latency``, :mod:`mlbench.network`) is
+started on an emulated network instead: the supervisor first starts the process that holds the
+run's network namespaces (tied to it like the workers, recorded in pids.json), every worker
+runs inside its own namespace, rank 0 listens for the rendezvous on its namespace address and
+gloo uses the namespace's link; the namespaces end with that process and the workers.
+
+Kept apart from the launchers so that the local launcher and its MPI process starter
+(:mod:`mlbench.launch.mpi`) share it without importing each other.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mlbench.launch.processes import ProcessRef
+from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, rank_error
+from mlbench.network.emulation import NETWORK_LOST, LocalNetwork, local_network
+from mlbench.results.events import read_rank_events
+from mlbench.results.store import (
+    CANCELLED,
+    FAILED,
+    FINISHED,
+    RunRecord,
+    RunStore,
+    read_json,
+    write_json_atomic,
+)
+from mlbench.run_config import RunDocument
+
+POLL_SECONDS = 0.1
+TERMINATE_GRACE_SECONDS = 4.0
+PIDS_FILE = "pids.json"
+#: The supervising process of a run as [pid, start time] (:mod:`mlbench.launch.processes`).
+SUPERVISOR_FILE = "supervisor.json"
+CANCELLED_BY_USER = "cancelled by the user"
+
+
+class Cancelled(Exception):
+    """The supervisor was asked to stop (Ctrl-C, SIGTERM)."""
+
+
+def _set_pdeathsig(parent: int) -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the worker gets SIGKILL if the supervisor dies, so no worker is ever orphaned.
+
+    A supervisor that died between the fork and the prctl would not be noticed, so the child
+    checks afterwards that its parent is still the supervisor.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def tied_to_this_process() -> functools.partial[None] | None:
+    """The preexec function that ties a child to this process's life (Linux only)."""
+    return functools.partial(_set_pdeathsig, os.getpid()) if sys.platform.startswith("linux") else None
+
+
+def _loopback_interface() -> str | None:
+    for _, name in socket.if_nameindex():
+        if name in ("lo", "lo0"):
+            return name
+    return None
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class WorkerProcesses:
+    """Starts and supervises the worker processes of one run (one process per worker)."""
+
+    def __init__(self, store: RunStore, run: RunRecord):
+        self.store = store
+        self.run = run
+        self.run_dir = run.run_dir
+        self.procs: list[subprocess.Popen] = []
+        self.network: LocalNetwork | None = None
+
+    def start(self) -> None:
+        document = RunDocument.load(self.run_dir)
+        config = document.config
+        env = dict(os.environ)
+        threads = str(config.threads_per_worker)
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
+        listener = None
+        try:
+            # an emulated network: every worker in its own namespace, rendezvous on rank 0's address
+            self.network = local_network(document.to_dict(), logs_dir(self.run_dir) / "network.log",
+                                         tied_to_this_process())
+            if self.network:
+                config.master_addr, config.master_port = self.network.master_addr, self.network.master_port
+            else:
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                listener.bind(("127.0.0.1", 0))
+                listener.listen(config.workers * 2)
+                config.master_addr, config.master_port = "127.0.0.1", listener.getsockname()[1]
+                loopback = _loopback_interface()
+                if loopback:
+                    env["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
+            document.save(self.run_dir)
+            for rank in range(config.workers):
+                cmd = [sys.executable, "-m", "mlbench.worker", str(self.run_dir), "--rank", str(rank)]
+                pass_fds: tuple[int, ...] = ()
+                rank_env = env
+                if self.network:
+                    cmd, rank_env = self.network.worker_command(rank, cmd), {**env, **self.network.worker_env(rank)}
+                elif rank == 0 and listener is not None:
+                    cmd += ["--store-fd", str(listener.fileno())]
+                    pass_fds = (listener.fileno(),)
+                self.procs.append(self.spawn(cmd, log_path(self.run_dir, rank).name, rank_env, pass_fds))
+        except BaseException:
+            self.stop_all()
+            raise
+        finally:
+            if listener:
+                listener.close()
+        record_pids(self.run_dir, [p.pid for p in self.procs], self.network.pid if self.network else None)
+        mark_supervised(self.store, self.run)
+
+    def spawn(self, cmd: list[str], log_name: str, env: dict[str, str],
+              pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+        """One process in its own session, logging to ``logs/LOG_NAME``, tied to our life."""
+        with open(logs_dir(self.run_dir) / log_name, "ab") as log:
+            return subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, pass_fds=pass_fds, start_new_session=True, preexec_fn=tied_to_this_process())
+
+    def failure_reason(self, index: int, code: int) -> str:
+        """Why the run failed, given the process (a worker's rank) that exited first."""
+        reason = f"worker {index} {describe_exit(code)}"
+        detail = rank_error(self.run_dir, index) or log_tail(log_path(self.run_dir, index))
+        return f"{reason}: {detail}" if detail else reason
+
+    def stop_all(self) -> None:
+        """SIGTERM every worker's process group, then SIGKILL what is left after a grace period."""
+        alive = [p for p in self.procs if p.poll() is None]
+        for proc in alive:
+            _signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + TERMINATE_GRACE_SECONDS
+        while alive and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+            alive = [p for p in alive if p.poll() is None]
+        for proc in alive:
+            _signal_group(proc.pid, signal.SIGKILL)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.network:
+            self.network.stop()
+
+    def poll(self, run: RunRecord | None = None) -> RunRecord:
+        """One look at the workers: a failed one, all of them done, or the emulated network gone
+        ends the run (recorded in the store); returns the run's record either way. ``run`` is
+        ignored (the signature of a launcher's refresh)."""
+        codes = [p.poll() for p in self.procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            # a worker killed by a signal is the cause; the others' connection errors are its
+            # consequence, even when they are seen in the same poll
+            rank, code = min(failed, key=lambda rank_code: (rank_code[1] >= 0, rank_code[0]))
+            self.stop_all()
+            self.store.mark_ended(self.run.id, FAILED, reason=self.failure_reason(rank, code))
+        elif all(c == 0 for c in codes):
+            self.stop_all()  # nothing left to stop but the emulated network
+            self._finish()
+        elif self.network and not self.network.alive():
+            self.stop_all()
+            self.store.mark_ended(self.run.id, FAILED, reason=NETWORK_LOST)
+        return self.store.get(self.run.id)
+
+    def end(self, how: BaseException) -> RunRecord:
+        """The supervision was interrupted by ``how``: a cancel ends the run as cancelled, any
+        other error as failed (the workers are stopped either way)."""
+        self.stop_all()
+        if isinstance(how, (KeyboardInterrupt, Cancelled)):
+            self.store.mark_ended(self.run.id, CANCELLED, reason=CANCELLED_BY_USER)
+        else:
+            self.store.mark_ended(self.run.id, FAILED, reason=f"supervisor error: {how}")
+        return self.store.get(self.run.id)
+
+    def _finish(self) -> None:
+        results = [e for e in read_rank_events(events_path(self.run_dir, 0)) if e["name"] == "result"]
+        if results:
+            self.store.mark_ended(self.run.id, FINISHED, result=results[-1]["value"])
+        else:
+            self.store.mark_ended(self.run.id, FAILED, reason="the workers exited without a result")
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def record_pids(run_dir: Path, workers: list[int], network: int | None = None) -> None:
+    """pids.json: the worker processes (and the network's holder) as pids, with each one's start
+    time under "identity", so that a later look never takes a reused pid for them."""
+    pids = [*workers, *([network] if network else []), os.getpid()]
+    write_json_atomic(run_dir / PIDS_FILE, {
+        "supervisor": os.getpid(), "workers": workers, "network": network,
+        "identity": {str(pid): ProcessRef.of(pid).started for pid in pids}})
+
+
+def recorded_processes(run_dir: Path) -> list[ProcessRef]:
+    """The run's worker processes and network holder as pids.json names them."""
+    try:
+        recorded = read_json(run_dir / PIDS_FILE)
+        identity = recorded.get("identity") or {}
+        pids = [*recorded.get("workers", []), *[pid for pid in [recorded.get("network")] if pid]]
+        refs = [ProcessRef.from_json([pid, identity.get(str(pid))]) for pid in pids]
+    except (OSError, ValueError, TypeError, AttributeError):
+        return []
+    return [ref for ref in refs if ref is not None]
+
+
+def kill_recorded_processes(run_dir: Path) -> None:
+    """SIGKILL the recorded workers (and the emulated network's holder: its namespaces go with
+    it) that are still the processes recorded."""
+    for process in recorded_processes(run_dir):
+        process.signal_group(signal.SIGKILL)
+
+
+def mark_supervised(store: RunStore, run: RunRecord) -> None:
+    """This process supervises ``run`` from now: recorded in the store and, with its start time,
+    in the run folder."""
+    record_supervisor(run.run_dir, os.getpid())
+    store.mark_running(run.id, os.getpid())
+
+
+def record_supervisor(run_dir: Path, pid: int) -> None:
+    write_json_atomic(run_dir / SUPERVISOR_FILE, ProcessRef.of(pid).to_json())
+
+
+def supervisor_of(run: RunRecord) -> ProcessRef | None:
+    """The run's supervising process: the store's pid, with the start time the run folder
+    recorded for it (none recorded, or for another pid: the pid alone)."""
+    if not run.supervisor_pid:
+        return None
+    try:
+        recorded = ProcessRef.from_json(read_json(run.run_dir / SUPERVISOR_FILE))
+    except (OSError, ValueError):
+        recorded = None
+    if recorded is not None and recorded.pid == run.supervisor_pid:
+        return recorded
+    return ProcessRef(run.supervisor_pid)
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process ``pid`` (of unknown start time) exists and is not a zombie."""
+    return pid is not None and pid != 0 and ProcessRef(pid).alive()

@@ -1,0 +1,145 @@
+"""The launcher matrix for the launchers of this machine: local processes, mpirun (where this
+PyTorch has MPI and Open MPI is installed) and workers started by torchrun (``--record-only``),
+each x {cancel from the CLI, cancel from the dashboard, end of run seen by `status` and by the
+dashboard} (tests/launcher_matrix.py; Slurm's and Kubernetes' rows are in tests/slurm and
+tests/kube, beside their real daemons)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from mlbench.launch.supervisor import pid_alive, recorded_processes
+from mlbench.results.store import RunStore, read_json
+from tests.helpers import mlbench, wait_for
+from tests.launcher_matrix import (
+    LauncherCase,
+    check_cancel_from_the_cli,
+    check_cancel_from_the_dashboard,
+    check_end_seen_by_status_and_the_dashboard,
+)
+
+ENDLESS = ("task2a", "2", "--data", "synthetic", "--max-steps", "1000000", "--no-stop", "--log-every", "5")
+SHORT = ("task2a", "1", "--data", "synthetic", "--max-steps", "4", "--log-every", "2")
+ACTIONS = {"cancel-cli": check_cancel_from_the_cli, "cancel-dashboard": check_cancel_from_the_dashboard,
+           "end": check_end_seen_by_status_and_the_dashboard}
+
+
+def _started(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.split("Started run ")[1].split()[0]
+
+
+def _running_with_workers(run_id: str) -> str:
+    """Waits until the run's supervisor recorded its worker processes and rank 0 trains."""
+    run = RunStore().get(run_id)
+    wait_for(lambda: (run.run_dir / "pids.json").exists() and (run.run_dir / "events" / "rank-0.jsonl").exists(),
+             120, f"run {run_id}'s workers")
+    return run_id
+
+
+def _processes_gone(run_id: str) -> bool:
+    """The run's supervisor, workers (and mpirun) are no longer running."""
+    run = RunStore().get(run_id)
+    try:
+        supervisor = read_json(run.run_dir / "pids.json").get("supervisor")
+    except OSError:
+        supervisor = None
+    return not pid_alive(supervisor) and not any(p.alive() for p in recorded_processes(run.run_dir))
+
+
+def local_case(*backend: str) -> LauncherCase:
+    return LauncherCase(
+        name="local" if not backend else "local (mpirun)",
+        start_endless=lambda: _running_with_workers(_started(mlbench("run", *ENDLESS, *backend, "--detach"))),
+        start_short=lambda: _started(mlbench("run", *SHORT, *backend, "--detach")),
+        workers_gone=_processes_gone)
+
+
+def torchrun() -> list[str]:
+    path = shutil.which("torchrun")
+    return [path] if path else [sys.executable, "-m", "torch.distributed.run"]
+
+
+class TorchrunCase:
+    """``--record-only`` runs whose workers torchrun starts, as a user would."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def _record_and_start(self, *args: str) -> str:
+        proc = mlbench("run", *args, "--record-only", check=True)
+        run_id = proc.stdout.split("Recorded run ")[1].split()[0]
+        run = RunStore().get(run_id)
+        self.procs[run_id] = subprocess.Popen(
+            [*torchrun(), "--standalone", "--nproc-per-node", str(run.workers), "-m", "mlbench.worker",
+             str(run.run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        return run_id
+
+    def start_endless(self) -> str:
+        run_id = self._record_and_start(*ENDLESS)
+        run = RunStore().get(run_id)
+        wait_for(lambda: (run.run_dir / "events" / "rank-0.jsonl").exists(), 180, "torchrun's workers")
+        return run_id
+
+    def start_short(self) -> str:
+        run_id = self._record_and_start(*SHORT)
+        assert self.procs[run_id].wait(timeout=300) == 0
+        return run_id
+
+    def workers_gone(self, run_id: str) -> bool:
+        """The user's launcher owns the workers: mlbench only marks the run, and says so. Here the
+        user stops them, as the reason tells."""
+        proc = self.procs[run_id]
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=60)
+        return True
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def case(request):
+    kind = request.param
+    if kind == "mpi":
+        import torch.distributed as dist
+
+        if shutil.which("mpirun") is None or not dist.is_mpi_available():
+            pytest.skip("--backend mpi needs Open MPI's mpirun and a PyTorch built with MPI; "
+                        f"here mpirun is {'present' if shutil.which('mpirun') else 'missing'} and "
+                        f"PyTorch {'has' if dist.is_mpi_available() else 'has no'} MPI")
+        yield local_case("--backend", "mpi")
+    elif kind == "external":
+        torchrun_case = TorchrunCase()
+        yield LauncherCase("external", torchrun_case.start_endless, torchrun_case.start_short,
+                           torchrun_case.workers_gone, cancel_reason="stop them with their launcher")
+        torchrun_case.close()
+    else:
+        yield local_case()
+
+
+@pytest.mark.parametrize("action", list(ACTIONS))
+@pytest.mark.parametrize("case", ["local", "mpi", "external"], indirect=True)
+def test_every_launcher_cancels_and_ends_its_runs_alike_in_the_cli_and_the_dashboard(case, action):
+    pytest.importorskip("uvicorn", reason="the dashboard needs uvicorn (pip install 'mlbench[dashboard]')")
+    ACTIONS[action](case)
+
+
+def test_a_torchrun_run_records_the_machines_its_workers_ran_on():
+    torchrun_case = TorchrunCase()
+    try:
+        run_id = torchrun_case.start_short()
+    finally:
+        torchrun_case.close()
+    assert mlbench("status", run_id, "--follow").returncode == 0
+    run = RunStore().get(run_id)
+    document = read_json(run.run_dir / "run.json")
+    assert (document["nodes"], document["on_this_machine"]) == (1, True)  # torchrun here, as a local run

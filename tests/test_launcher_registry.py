@@ -1,0 +1,85 @@
+"""The one door to the launchers (launch/registry.py): every launcher is found by the name its
+runs record, chosen by the options it declares, and records the machines a run occupies."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from mlbench.errors import UsageError
+from mlbench.launch.base import LaunchSettings
+from mlbench.launch.plan import RunRequest
+from mlbench.launch.registry import LAUNCHERS, choose, launcher_class, launcher_classes, launcher_of
+from mlbench.launch.supervisor import record_supervisor
+from mlbench.results.store import RunStore, read_json
+from mlbench.run_config import Occupancy, occupancy
+
+
+def test_every_launcher_is_registered_by_the_name_its_runs_record_and_options_do_not_clash():
+    assert [cls.name for cls in launcher_classes()] == list(LAUNCHERS)
+    declared = [o for cls in launcher_classes() for o in ([cls.choose_option] if cls.choose_option else [])
+                + list(cls.options)]
+    assert len({o.flag for o in declared}) == len(declared) and len({o.name for o in declared}) == len(declared)
+    with pytest.raises(UsageError, match="unknown launcher 'ssh'; mlbench has local, slurm, external, kubernetes"):
+        launcher_class("ssh")
+
+
+@pytest.mark.parametrize("values, chosen", [({}, "local"), ({"slurm": True}, "slurm"),
+                                            ({"record_only": True}, "external")])
+def test_the_options_choose_the_launcher_of_new_runs(values, chosen):
+    assert choose(RunStore(), values).name == chosen
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"image": "mine:1"}, "--image is an option of cluster runs; choose a cluster with `mlbench set-cluster` first"),
+    ({"partition": "gpu", "record_only": True}, "--partition is an option of Slurm runs; add --slurm"),
+    ({"slurm": True, "record_only": True},
+     "--slurm and --record-only choose different launchers (slurm, external): choose one"),
+    ({"slurm": True, "time": "1 h"}, "--time '1 h': give one word without spaces"),
+])
+def test_contradicting_or_foreign_options_are_one_usage_error(values, message):
+    with pytest.raises(UsageError) as refused:
+        choose(RunStore(), values)
+    assert str(refused.value) == message
+
+
+def test_a_run_records_the_nodes_it_occupies_as_its_launcher_counts_them():
+    store = RunStore()
+    local = choose(store, {}).create(RunRequest(task="task2a", workers=3, data="synthetic"))
+    assert (read_json(local.run_dir / "run.json")["nodes"], read_json(local.run_dir / "run.json")["on_this_machine"]) \
+        == (1, True)
+    slurm = launcher_class("slurm")
+    request = RunRequest(task="task2a", workers=8, data="synthetic")
+    for extra, nodes in (([], 8), (["--nodes=2"], 2), (["-N 3"], 3), (["--nodes=1-4"], 4), (["--nodes=16"], 8)):
+        assert slurm(store, LaunchSettings({"sbatch_options": extra})).occupied_nodes(request, None) == nodes, extra
+
+
+def test_a_run_json_from_before_nodes_were_recorded_falls_back_to_the_rule_of_its_time():
+    store = RunStore()
+    old_local = store.create(task="task2a", workers=4, division="open", launcher="local", run_json={})
+    old_cluster = store.create(task="task2a", workers=4, division="open", launcher="kubernetes", run_json={})
+    assert occupancy(old_local.run_dir, "local", 4) == Occupancy(1, True)
+    assert occupancy(old_cluster.run_dir, "kubernetes", 4) == Occupancy(4, False)
+
+
+def test_an_old_mpi_run_recorded_as_local_is_reconciled_by_the_local_launcher():
+    """Runs with --backend mpi record launcher "local": their supervisor is a local one."""
+    store = RunStore()
+    run = store.create(task="task2a", workers=2, division="open", launcher="local",
+                       run_json={"task": "task2a", "config": {"backend": "mpi"}})
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    record_supervisor(run.run_dir, gone.pid)
+    store.mark_running(run.id, gone.pid)
+    launcher = launcher_of(store, store.get(run.id))
+    assert launcher.name == "local"
+    after = launcher.reconcile(store.get(run.id))
+    assert after.state == "failed" and f"supervising process (pid {gone.pid}) ended unexpectedly" in after.reason
+
+
+def test_a_run_of_an_unregistered_launcher_is_read_by_the_launcher_of_its_store():
+    store = RunStore()
+    run = store.create(task="task2a", workers=1, division="open", launcher="retired", run_json={})
+    assert launcher_of(store, run).name == "local"
