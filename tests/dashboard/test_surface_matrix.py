@@ -161,6 +161,11 @@ def surface(lab, page, tmp_path: Path, case: Case, name: str) -> str:
             assert f"{metric.title} {metric.format(case.value)}" in page.inner_text("#sweep-peak")
             assert page.get_attribute("#chart-sweep", "data-lines") == "3"  # fp32, fp16, bf16
             assert page.locator("#training-charts").is_hidden()
+            # no training quantities on a measurement's page: no epochs, losses or phase times
+            assert page.locator("#phases-card").is_hidden()
+            assert page.inner_text(f'#progress dd[data-fact="peak {metric.title}"]') == metric.format(case.value)
+            assert page.locator('#progress dd[data-fact="epoch"]').count() == 0
+            assert page.locator('#spec dd[data-fact="optimizer"]').count() == 0
         else:
             last = page.inner_text(f'#progress dd[data-fact="last {metric.title}"]')
             assert last == metric.format(case.value)

@@ -114,11 +114,11 @@
       ["task", spec.title ? `${spec.task}: ${spec.title}` : spec.task],
       ["model", spec.model],
       ["workers", spec.threads_per_worker ? `${spec.workers} x ${spec.threads_per_worker} thread(s)` : spec.workers],
-      ["optimizer", options ? `${spec.optimizer} (${options})` : spec.optimizer],
+      ["optimizer", doc.sweep ? null : options ? `${spec.optimizer} (${options})` : spec.optimizer],
       ["division", spec.changed.length ? `${spec.division} (${spec.changed.join(", ")})` : spec.division],
       ["device", [spec.device, spec.backend].filter(Boolean).join(" / ")],
       ["network", spec.network || "not shaped"],
-      ["data", spec.data_dir ? `${spec.data} (${spec.data_dir})` : spec.data],
+      ["data", doc.sweep ? null : spec.data_dir ? `${spec.data} (${spec.data_dir})` : spec.data],
       ["goal", doc.sweep ? "none (a benchmark of the all-reduce)" : spec.metric.goal_text === null ? "none (synthetic data)" : `${spec.metric.goal_text}${spec.light ? " (light)" : ""}`],
       ["stop at goal", spec.stop_at_goal === false ? "no (--no-stop)" : null],
       ["time budget", spec.time_budget_s ? fmt.dur(spec.time_budget_s) : null],
@@ -128,7 +128,13 @@
       ["created", fmt.time(run.created_at)],
       ["reason", run.reason],
     ]);
-    facts("progress", [
+    // task 0a measures the all-reduce: no epochs, losses or phases, its numbers are the sweep's
+    facts("progress", doc.sweep ? [
+      ["measurements", doc.sweep.rows.length],
+      [`peak ${doc.sweep.metric.title}`, doc.sweep.peak_text],
+      ["small-message latency", doc.sweep.latency_text],
+      ["errors", s.errors.length ? s.errors.join("; ") : null],
+    ] : [
       ["epoch", fmt.num(s.epoch)],
       ["steps", s.steps],
       ["training time", fmt.dur(s.train_time)],
@@ -147,6 +153,7 @@
     }
     document.getElementById("training-charts").classList.toggle("hidden", Boolean(doc.sweep));
     showSweep(doc.sweep);
+    document.getElementById("phases-card").classList.toggle("hidden", Boolean(doc.sweep));
     showPhases(s);
     showLogTabs(doc.logs);
   }

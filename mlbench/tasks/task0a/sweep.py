@@ -60,9 +60,16 @@ TABLE_HEADERS = ("dtype", "elements", "bytes", "reps", "time (us)", "algbw (GB/s
 
 
 def table_row(row: dict[str, Any]) -> list[Any]:
-    """One measurement as the terminal shows it (nccl-tests' columns)."""
+    """One measurement as the terminal shows it (nccl-tests' columns). Bandwidths keep four
+    significant digits: a fixed three decimals (nccl-tests' GPU scale) would print the
+    kilobyte-per-second rates of small messages on a CPU or a slow emulated link as 0.000."""
     return [row["dtype"], row["elements"], row["bytes"], row["iterations"], f"{row['time_s'] * 1e6:.1f}",
-            f"{row['algbw_gbps']:.3f}", f"{row['busbw_gbps']:.3f}", row["wrong"]]
+            gbps_cell(row["algbw_gbps"]), gbps_cell(row["busbw_gbps"]), row["wrong"]]
+
+
+def gbps_cell(value: float) -> str:
+    """A bandwidth in GB/s for a table cell: '12.35', '0.002994', '1.432e-05'."""
+    return f"{value:.4g}"
 
 
 def peak(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
