@@ -6,8 +6,8 @@ its own (:mod:`mlbench.worker.heartbeat`), whatever its training loop does. What
 ``time``
     when it was written (unix seconds): a file that stops being rewritten is a process that
     stopped answering (SIGSTOP, a frozen machine).
-``started``
-    when the worker process began.
+``started``, ``pid``, ``host``
+    when the worker process began, its pid and its machine.
 ``step``, ``stepped_at``
     the last training step done and when (unix seconds; ``stepped_at`` is None before the first,
     and the end of an evaluation restarts it: the clock of the watchdog's bound).
@@ -51,6 +51,8 @@ class Beat:
     phase: str = "setup"
     waiting: bool = False
     where: str = ""
+    pid: int = 0
+    host: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,7 +68,8 @@ class Beat:
                        stepped_at=None if data.get("stepped_at") is None else float(data["stepped_at"]),
                        median_step_s=None if data.get("median_step_s") is None else float(data["median_step_s"]),
                        phase=str(data.get("phase") or "setup"), waiting=bool(data.get("waiting")),
-                       where=str(data.get("where") or ""))
+                       where=str(data.get("where") or ""), pid=int(data.get("pid") or 0),
+                       host=str(data.get("host") or ""))
         except (KeyError, TypeError, ValueError):
             return None
         return beat if beat.phase in PHASES else None

@@ -75,7 +75,7 @@ def step_bound(watchdog_s: float, beats: Mapping[int, Beat | None]) -> tuple[flo
 
 
 def _s(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    return f"{seconds:.0f} s" if seconds >= 10 or float(seconds).is_integer() else f"{seconds:.1f} s"
 
 
 def _ranks(ranks: Collection[int]) -> str:
@@ -109,12 +109,12 @@ def judge(beats: Mapping[int, Beat | None], now: float, watchdog_s: float, since
                      f"{_s(now - (first.stepped_at or first.started))}: its process stopped "
                      f"answering (last step {first.step}, {first.phase}; {how})")
     idle: dict[int, float] = {}
+    lenient = {r for r, b in known.items() if b.phase in LENIENT_PHASES or b.step == 0}
     for rank, beat in known.items():
-        lenient = beat.phase in LENIENT_PHASES or beat.step == 0
-        limit = startup if lenient else bound
         last = beat.stepped_at if beat.stepped_at is not None else beat.started
-        if now - last > limit:
+        if now - last > (startup if rank in lenient else bound):
             idle[rank] = now - last
+    startup_how = f"startup bound {_s(startup)}, {STARTUP_FACTOR} x the watchdog's {_s(watchdog_s)}"
     if not idle:
         return None
     busy = {r for r in idle if not known[r].waiting}
@@ -124,7 +124,8 @@ def judge(beats: Mapping[int, Beat | None], now: float, watchdog_s: float, since
         peers = f"while {_ranks(waiting)} waited for it in a collective" if waiting else "while not in a collective"
         where = f", in {culprit.where}" if culprit.where else ""
         return Stall(tuple(sorted(busy)), f"{_ranks(busy)} made no progress for {_s(idle[min(busy)])} {peers} "
-                     f"(last step {culprit.step}, {culprit.phase}{where}; {how})")
+                     f"(last step {culprit.step}, {culprit.phase}{where}; "
+                     f"{startup_how if min(busy) in lenient else how})")
     if set(idle) != set(live):
         return None  # some wait for peers that still make progress (or never beat): not yet a verdict
     steps = {rank: beat.step for rank, beat in known.items()}

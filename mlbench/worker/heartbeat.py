@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import socket
 import statistics
 import sys
 import threading
@@ -42,8 +43,11 @@ _DISTRIBUTED = os.path.join("torch", "distributed")
 
 def main_thread_state(thread_id: int) -> tuple[bool, str]:
     """Whether thread ``thread_id`` waits in a collective now, and where it is ("file:line in
-    function", the innermost frame outside torch). Waiting: one of its innermost frames is
-    torch.distributed's, or the line it executes waits on a request (``work.wait()``)."""
+    function", the innermost frame outside torch). Waiting: its innermost Python frame is
+    torch.distributed's (a collective blocks in C++ below it), or that frame's line waits on a
+    request (``work.wait()``). Only the innermost frame counts: code that runs *above* a
+    collective's Python frame (a signal handler that never returns) is not waiting.
+    A heuristic that only chooses whom to blame, never whether a run stalled."""
     frame = sys._current_frames().get(thread_id)
     if frame is None:
         return False, ""
@@ -52,7 +56,7 @@ def main_thread_state(thread_id: int) -> tuple[bool, str]:
     while inner is not None:
         stack.append(inner)
         inner = inner.f_back
-    waiting = any(_DISTRIBUTED in f.f_code.co_filename for f in stack[:4]) or \
+    waiting = _DISTRIBUTED in frame.f_code.co_filename or \
         ".wait(" in linecache.getline(frame.f_code.co_filename, frame.f_lineno)
     own = [f for f in stack if f"{os.sep}torch{os.sep}" not in f.f_code.co_filename]
     where = f"{Path(own[0].f_code.co_filename).name}:{own[0].f_lineno} in {own[0].f_code.co_name}" if own else ""
@@ -73,6 +77,7 @@ class Heartbeat:
         self.watch_peers = watch_peers and bool(watchdog_s) and workers > 1
         self.on_stall = on_stall
         self.started = time.time()
+        self.host = socket.gethostname()
         self.step = 0
         self.stepped_at: float | None = None
         self._phase = "setup"
@@ -123,7 +128,7 @@ class Heartbeat:
         beat = Beat(rank=self.rank, time=time.time(), started=self.started, step=self.step,
                     stepped_at=self.stepped_at,
                     median_step_s=statistics.median(durations) if durations else None,
-                    phase=self._phase, waiting=waiting, where=where)
+                    phase=self._phase, waiting=waiting, where=where, pid=os.getpid(), host=self.host)
         try:
             write_beat(self.run_dir, beat)
         except OSError as err:
