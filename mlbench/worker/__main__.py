@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 
 from mlbench.errors import MlbenchError
-from mlbench.results.events import EventWriter
+from mlbench.results.events import EventWriter, FileSink
 from mlbench.results.http_sink import open_sink
 from mlbench.run_config import RunConfig, RunDocument
 from mlbench.worker.group import init_group, leave_group
@@ -55,14 +55,17 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     # a file per rank on the run folder's (shared) file system; HTTP to the results service
     # when the environment names one (a pod)
-    events = EventWriter(open_sink(args.run_dir, launch.rank, document.id), launch.rank)
+    sink = open_sink(args.run_dir, launch.rank, document.id)
+    events = EventWriter(sink, launch.rank)
     _end_even_when_blocked(events)
-    # no mlbench supervisor owns workers started by torchrun, srun or mpirun: they watch each other
-    watch_peers = launch.source != MLBENCH and not os.environ.get(SUPERVISED_ENV)
-    heartbeat = Heartbeat(args.run_dir, launch.rank, config.workers, watchdog_s=config.watchdog_s,
-                          watch_peers=watch_peers, on_stall=functools.partial(_stalled_peer, events))
+    heartbeat = None
+    if isinstance(sink, FileSink):  # a pod's run folder is read-only: no heartbeat there (yet)
+        # no mlbench supervisor owns workers started by torchrun, srun or mpirun: they watch each other
+        watch_peers = launch.source != MLBENCH and not os.environ.get(SUPERVISED_ENV)
+        heartbeat = Heartbeat(args.run_dir, launch.rank, config.workers, watchdog_s=config.watchdog_s,
+                              watch_peers=watch_peers, on_stall=functools.partial(_stalled_peer, events)).start()
     return run_worker(config, launch.rank, events, store_fd=args.store_fd, run_dir=args.run_dir,
-                      launch=launch, iface=args.iface, heartbeat=heartbeat.start())
+                      launch=launch, iface=args.iface, heartbeat=heartbeat)
 
 
 def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int | None = None,
