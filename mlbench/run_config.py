@@ -26,6 +26,8 @@ Precision = Literal["fp32", "bf16"]
 Division = Literal["closed", "open"]
 
 RUN_JSON = "run.json"
+#: The watchdog's least bound by default (``mlbench run --watchdog``), seconds.
+DEFAULT_WATCHDOG_S = 60.0
 
 
 @dataclass
@@ -55,6 +57,8 @@ class RunConfig:
     precision: Precision = "fp32"       # bf16: autocast (open division)
     channels_last: bool = False
     graph: bool = True                  # capture the step in a CUDA graph where possible
+    #: The watchdog's least bound in seconds (mlbench.results.watchdog); None: no watchdog.
+    watchdog_s: float | None = DEFAULT_WATCHDOG_S
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -18,7 +18,7 @@ from mlbench.cli.optimizers import print_compression
 from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.errors import UsageError
 from mlbench.launch import session
-from mlbench.launch.plan import BACKENDS, RunRequest, parse_duration
+from mlbench.launch.plan import BACKENDS, RunRequest, parse_duration, parse_watchdog
 from mlbench.launch.registry import choose, launcher_of
 from mlbench.network.settings import SHAPING, network_options
 from mlbench.results.events import read_run_events
@@ -98,6 +98,10 @@ def tasks(output) -> None:
               help="bf16: autocast forward on the GPU (open division).")
 @click.option("--channels-last", is_flag=True, help="Channels-last memory format for images and model.")
 @click.option("--no-graph", is_flag=True, help="Do not capture the GPU step in a CUDA graph.")
+@click.option("--watchdog", default="60s", metavar="DURATION|off",
+              help="Fail the run when a worker makes no progress for max(DURATION, 10 x the median "
+                   "step time), naming it (10 x DURATION before its first step and while it "
+                   "evaluates); off: wait for the collectives' timeout.")
 @click.option("--max-size", type=float, metavar="N", help="task0a: largest message, in elements [1e8].")
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
@@ -113,7 +117,7 @@ def tasks(output) -> None:
 @launcher_options
 def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, model, sets, optimizer, opts,
         backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
-        channels_last, no_graph, max_size, name, detach, bandwidth, latency, jitter, loss,
+        channels_last, no_graph, watchdog, max_size, name, detach, bandwidth, latency, jitter, loss,
         shaping, launch) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
@@ -136,7 +140,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
         seed=seed, backend=backend, device=device, optimizer=optimizer,
         optimizer_options=_parse_opts(opts), log_every=log_every, timing=not no_timing,
         save_model=save_model, precision=precision, channels_last=channels_last, graph=not no_graph,
-        name=name, max_size=max_size)
+        name=name, max_size=max_size, watchdog_s=parse_watchdog(watchdog))
     plan = session.plan_runs(base, workers, repeat, detach=detach,
                              networks=network_options(bandwidth, latency, jitter, loss, shaping))
     launcher = choose(session.open_store(), launch, progress=click.echo)

@@ -60,8 +60,7 @@ class MpiProcesses(WorkerProcesses):
 
     def start(self) -> None:
         config = RunDocument.load(self.run_dir).config
-        threads = str(config.threads_per_worker)
-        env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
+        env = self.worker_env(config)
         cmd = mpirun_command(config.workers, self.run_dir, mpirun=find_mpirun())
         self.procs.append(self.spawn(cmd, MPIRUN_LOG, env))
         record_pids(self.run_dir, [p.pid for p in self.procs])

@@ -18,7 +18,7 @@ from mlbench.network.settings import NetworkSettings
 from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
 from mlbench.results.environment import cuda_available, describe_environment, usable_cores
 from mlbench.results.store import RunRecord, RunStore
-from mlbench.run_config import Backend, DataSource, Device, Precision, RunConfig
+from mlbench.run_config import DEFAULT_WATCHDOG_S, Backend, DataSource, Device, Precision, RunConfig
 from mlbench.tasks.models import MODEL_NAMES
 from mlbench.tasks.overrides import resolve
 from mlbench.tasks.registry import get_task
@@ -58,6 +58,7 @@ class RunRequest:
     max_size: float | None = None     # task0a: the largest message, in elements
     network: NetworkSettings | None = None  # an emulated network (mlbench.network); None: as is
     data_pvc: str | None = None       # clusters: a PersistentVolumeClaim holding the data set
+    watchdog_s: float | None = DEFAULT_WATCHDOG_S  # mlbench.results.watchdog; None: off
 
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
@@ -65,6 +66,21 @@ _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:
 
 #: The longest time budget or timeout a run may be given: 30 days.
 MAX_DURATION_S = 30 * 86400
+
+
+#: The least --watchdog: heartbeats come once a second, so a shorter bound would blame the living.
+MIN_WATCHDOG_S = 5.0
+
+
+def parse_watchdog(text: str) -> float | None:
+    """--watchdog: a duration of at least MIN_WATCHDOG_S, or 'off' (None)."""
+    if text.strip().lower() == "off":
+        return None
+    seconds = parse_duration(text)
+    if seconds < MIN_WATCHDOG_S:
+        raise UsageError(f"--watchdog {text}: at least {MIN_WATCHDOG_S:.0f}s (the workers' heartbeats "
+                         "come once a second), or off")
+    return seconds
 
 
 def parse_duration(text: str) -> float:
@@ -186,7 +202,7 @@ def build_config(request: RunRequest,
         log_every=request.log_every, timing=request.timing, threads_per_worker=threads,
         optimizer=optimizer, optimizer_options=dict(request.optimizer_options),
         save_model=request.save_model, precision=request.precision,
-        channels_last=request.channels_last, graph=request.graph)
+        channels_last=request.channels_last, graph=request.graph, watchdog_s=request.watchdog_s)
     return config, changed
 
 

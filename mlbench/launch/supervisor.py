@@ -34,6 +34,7 @@ from mlbench.launch.processes import ProcessRef
 from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, rank_error
 from mlbench.network.emulation import NETWORK_LOST, LocalNetwork, local_network
 from mlbench.results.events import read_rank_events
+from mlbench.results.heartbeat import read_beats
 from mlbench.results.store import (
     CANCELLED,
     FAILED,
@@ -43,9 +44,13 @@ from mlbench.results.store import (
     read_json,
     write_json_atomic,
 )
-from mlbench.run_config import RunDocument
+from mlbench.results.watchdog import Stall, judge
+from mlbench.run_config import RunConfig, RunDocument
+from mlbench.worker.heartbeat import SUPERVISED_ENV
 
 POLL_SECONDS = 0.1
+#: Seconds between two looks at the workers' heartbeats.
+WATCH_SECONDS = 1.0
 TERMINATE_GRACE_SECONDS = 4.0
 PIDS_FILE = "pids.json"
 #: The supervising process of a run as [pid, start time] (:mod:`mlbench.launch.processes`).
@@ -102,13 +107,22 @@ class WorkerProcesses:
         self.run_dir = run.run_dir
         self.procs: list[subprocess.Popen] = []
         self.network: LocalNetwork | None = None
+        self.workers = run.workers
+        self.watchdog_s: float | None = None
+        self.started_at = time.time()
+        self._watched_at = 0.0
+
+    def worker_env(self, config: RunConfig) -> dict[str, str]:
+        """The workers' environment: their threads, and that this process watches them."""
+        threads = str(config.threads_per_worker)
+        self.watchdog_s, self.workers, self.started_at = config.watchdog_s, config.workers, time.time()
+        return dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1",
+                    **{SUPERVISED_ENV: "1"})
 
     def start(self) -> None:
         document = RunDocument.load(self.run_dir)
         config = document.config
-        env = dict(os.environ)
-        threads = str(config.threads_per_worker)
-        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
+        env = self.worker_env(config)
         listener = None
         try:
             # an emulated network: every worker in its own namespace, rendezvous on rank 0's address
@@ -195,7 +209,20 @@ class WorkerProcesses:
         elif self.network and not self.network.alive():
             self.stop_all()
             self.store.mark_ended(self.run.id, FAILED, reason=NETWORK_LOST)
+        elif (stall := self.watch(codes)) is not None:
+            self.stop_all()  # SIGKILL reaches a stopped process too
+            self.store.mark_ended(self.run.id, FAILED, reason=stall.reason)
         return self.store.get(self.run.id)
+
+    def watch(self, codes: list[int | None]) -> Stall | None:
+        """The watchdog's verdict on the workers' heartbeats (:mod:`mlbench.results.watchdog`),
+        looked at about once a second; None while no rank stalled or without a watchdog."""
+        now = time.time()
+        if not self.watchdog_s or now - self._watched_at < WATCH_SECONDS:
+            return None
+        self._watched_at = now
+        exited = {rank for rank, code in enumerate(codes) if code is not None} if len(codes) == self.workers else set()
+        return judge(read_beats(self.run_dir, self.workers), now, self.watchdog_s, self.started_at, exited)
 
     def end(self, how: BaseException) -> RunRecord:
         """The supervision was interrupted by ``how``: a cancel ends the run as cancelled, any

@@ -11,6 +11,7 @@ SIGTERM. A user mistake (missing data, ...) is recorded as one line, never as a 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
@@ -20,11 +21,12 @@ import traceback
 from pathlib import Path
 
 from mlbench.errors import MlbenchError
-from mlbench.results.events import EventWriter
+from mlbench.results.events import EventWriter, FileSink
 from mlbench.results.http_sink import open_sink
 from mlbench.run_config import RunConfig, RunDocument
 from mlbench.worker.group import init_group, leave_group
-from mlbench.worker.launcher_env import LaunchEnv, check_world_size, launcher_env
+from mlbench.worker.heartbeat import SUPERVISED_ENV, Heartbeat
+from mlbench.worker.launcher_env import MLBENCH, LaunchEnv, check_world_size, launcher_env
 
 # how long the SIGTERM handler has to end the worker before the watchdog does (below the local
 # launcher's 4 s and a pod's 15 s before SIGKILL)
@@ -53,18 +55,26 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     # a file per rank on the run folder's (shared) file system; HTTP to the results service
     # when the environment names one (a pod)
-    events = EventWriter(open_sink(args.run_dir, launch.rank, document.id), launch.rank)
+    sink = open_sink(args.run_dir, launch.rank, document.id)
+    events = EventWriter(sink, launch.rank)
     _end_even_when_blocked(events)
+    heartbeat = None
+    if isinstance(sink, FileSink):  # a pod's run folder is read-only: no heartbeat there (yet)
+        # no mlbench supervisor owns workers started by torchrun, srun or mpirun: they watch each other
+        watch_peers = launch.source != MLBENCH and not os.environ.get(SUPERVISED_ENV)
+        heartbeat = Heartbeat(args.run_dir, launch.rank, config.workers, watchdog_s=config.watchdog_s,
+                              watch_peers=watch_peers, on_stall=functools.partial(_stalled_peer, events)).start()
     return run_worker(config, launch.rank, events, store_fd=args.store_fd, run_dir=args.run_dir,
-                      launch=launch, iface=args.iface)
+                      launch=launch, iface=args.iface, heartbeat=heartbeat)
 
 
 def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int | None = None,
                run_dir: Path | None = None, launch: LaunchEnv | None = None,
-               iface: str | None = None) -> int:
+               iface: str | None = None, heartbeat: Heartbeat | None = None) -> int:
     """Train as rank ``rank``; record the result (rank 0) or the error; return the exit code.
 
     With ``save_model`` the final parameters go to ``RUN_DIR/checkpoints/rank-<r>.pt``.
+    ``heartbeat`` is told the training's progress (the watchdog's evidence).
     """
     import torch
 
@@ -80,12 +90,14 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
             from mlbench.tasks.registry import runtime_module
             result = runtime_module(config.task).run_benchmark(config, rank, events)
         else:
-            trainer = Trainer(config, rank, events)
+            trainer = Trainer(config, rank, events, heartbeat)
             trainer.setup()
             result = trainer.train().to_dict()
             if config.save_model and run_dir is not None:
                 (run_dir / "checkpoints").mkdir(exist_ok=True)
                 torch.save(trainer.model.state_dict(), run_dir / "checkpoints" / f"rank-{rank}.pt")
+        if heartbeat is not None:
+            heartbeat.phase("finishing")
         if rank == 0:
             events.emit("result", result, epoch=result["epochs"], step=result["steps"])
         leave_group()
@@ -101,6 +113,8 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
         _record_error(events, f"{type(err).__name__}: {err}".splitlines()[0][:500])
         return 1
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()  # its silence from now on blames nobody
         try:
             events.close()
         except OSError:
@@ -130,6 +144,21 @@ def _end_even_when_blocked(events: EventWriter, grace_s: float = SIGTERM_GRACE_S
         os._exit(143)
 
     threading.Thread(target=wait_for_sigterm, name="sigterm-watch", daemon=True).start()
+
+
+def _stalled_peer(events: EventWriter, reason: str, record: bool) -> None:
+    """The peers' watchdog found a stalled rank (workers without a supervisor): the first rank
+    not blamed records the reason as its error; every one not blamed exits with 1 at once (its
+    main thread may wait in a collective that never returns), so the launcher ends the rest."""
+    message = f"watchdog: {reason}"
+    if record:
+        _record_error(events, message)
+    print(f"Error: {message}", file=sys.stderr, flush=True)
+    try:
+        events.close()
+    except Exception:  # exiting regardless; the log has the reason
+        pass
+    os._exit(1)
 
 
 def _record_error(events: EventWriter, message: str) -> None:

@@ -25,11 +25,19 @@ import torch
 import torch.distributed as dist
 
 from mlbench.errors import UsageError
+from mlbench.results.watchdog import collective_timeout_s
 from mlbench.run_config import RunConfig
 from mlbench.worker.interfaces import choose_interfaces, interface_address
 from mlbench.worker.launcher_env import MLBENCH, TORCHRUN, LaunchEnv
 
 RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("MLBENCH_RENDEZVOUS_TIMEOUT", 300)))
+
+
+def collective_timeout(config: RunConfig) -> datetime.timedelta:
+    """torch's timeout of the group's collectives: longer than the watchdog's bounds, so that
+    a stalled rank is named by the watchdog (mlbench.results.watchdog) before a peer times out
+    waiting for it and is blamed instead."""
+    return datetime.timedelta(seconds=collective_timeout_s(config.watchdog_s, RENDEZVOUS_TIMEOUT.total_seconds()))
 
 
 def _listen(host: str, port: int, backlog: int) -> int:
@@ -69,7 +77,7 @@ def _join(config: RunConfig, rank: int, addr: str, port: int, store_fd: int | No
                           RENDEZVOUS_TIMEOUT, wait_for_workers=False,
                           master_listen_fd=store_fd if is_master else None)
     dist.init_process_group(config.backend, store=store, rank=rank, world_size=config.workers,
-                            timeout=RENDEZVOUS_TIMEOUT, device_id=device_id)
+                            timeout=collective_timeout(config), device_id=device_id)
 
 
 def _init_external(config: RunConfig, rank: int, launch: LaunchEnv, iface: str | None,
@@ -81,7 +89,7 @@ def _init_external(config: RunConfig, rank: int, launch: LaunchEnv, iface: str |
     choose_interfaces(iface, launch.master_addr, config.backend)
     if launch.source == TORCHRUN:
         dist.init_process_group(config.backend, init_method="env://", rank=rank,
-                                world_size=config.workers, timeout=RENDEZVOUS_TIMEOUT,
+                                world_size=config.workers, timeout=collective_timeout(config),
                                 device_id=device_id)
         return
     store_fd = None
@@ -92,7 +100,7 @@ def _init_external(config: RunConfig, rank: int, launch: LaunchEnv, iface: str |
 
 def _init_mpi(config: RunConfig, rank: int) -> None:
     """MPI's own rendezvous: the ranks and their number are those mpirun started."""
-    dist.init_process_group("mpi", timeout=RENDEZVOUS_TIMEOUT)
+    dist.init_process_group("mpi", timeout=collective_timeout(config))
     if (dist.get_rank(), dist.get_world_size()) != (rank, config.workers):
         found = (dist.get_rank(), dist.get_world_size())
         dist.destroy_process_group()

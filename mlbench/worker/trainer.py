@@ -25,6 +25,7 @@ from mlbench.tasks.models import count_trainable_parameters
 from mlbench.tasks.registry import runtime_module
 from mlbench.tasks.runtime import TaskRuntime
 from mlbench.timing import PhaseTimer
+from mlbench.worker.heartbeat import Heartbeat
 
 #: Target seconds between two checks of the time budget (the workers agree on the step count).
 BUDGET_CHECK_SECONDS = 0.25
@@ -55,8 +56,9 @@ class Progress:
 
 
 class Trainer:
-    def __init__(self, config: RunConfig, rank: int, events: EventWriter):
+    def __init__(self, config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None):
         self.cfg = config
+        self.heartbeat = heartbeat
         self.rank = rank
         self.world = config.workers
         self.events = events
@@ -115,6 +117,8 @@ class Trainer:
                 loss_sum += self.runtime.train_step(batch, lr, self.optimizer)
                 p.last_lr = lr
                 p.step += 1
+                if self.heartbeat is not None:
+                    self.heartbeat.stepped(p.step)
                 interval_steps += 1
                 interval_samples += self.runtime.samples_in(batch)
                 if interval_steps == self.cfg.log_every:
@@ -187,6 +191,8 @@ class Trainer:
         """The task's metrics on its evaluation set (over all workers); True at the goal."""
         p = self.progress
         begin = time.perf_counter()
+        if self.heartbeat is not None:
+            self.heartbeat.phase("evaluation")
         restore = self.optimizer.state_for_eval()
         metrics = self.runtime.evaluate()
         if restore is not None:  # e.g. gossip: each rank goes on training its own model
@@ -202,6 +208,8 @@ class Trainer:
             for name, number in metrics.items():
                 self.events.emit(f"eval/{name}", number, epoch=epoch, step=step)
             self.events.emit("train/time", p.train_time(), epoch=epoch, step=step)
+        if self.heartbeat is not None:
+            self.heartbeat.phase("training")
         goal = self.cfg.goal
         reached = self.metric.reached(value, goal)
         if reached and p.goal_step is None:

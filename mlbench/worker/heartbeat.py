@@ -1,0 +1,152 @@
+"""The worker's heartbeat thread: its progress, rewritten about once a second, and, where no
+supervisor owns the workers, the watchdog over its peers.
+
+The training loop only updates a few fields (:meth:`Heartbeat.stepped`, :meth:`Heartbeat.phase`);
+a daemon thread writes them (:mod:`mlbench.results.heartbeat`) together with whether the main
+thread waits in a collective right now. That thread runs while the main thread waits in gloo's
+C++ (which releases the GIL), so a rank blocked on a stalled peer keeps beating, and a stopped
+process (SIGSTOP) stops beating: the watchdog (:mod:`mlbench.results.watchdog`) tells the victims
+from the culprit.
+
+A local run's supervisor and a cluster's watch the heartbeats themselves and kill the workers
+of a stalled run. Workers that no mlbench process owns (started by torchrun, srun or mpirun on a
+shared run folder, ``watch_peers``) judge their peers instead: on a verdict the lowest rank not
+blamed records the reason as its error, and every rank not blamed exits with code 1, so that
+the user's launcher (srun --kill-on-bad-exit, torchrun) ends the rest.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from mlbench.results.heartbeat import Beat, read_beats, write_beat
+from mlbench.results.watchdog import judge
+
+#: Seconds between two heartbeats.
+INTERVAL_S = 1.0
+#: Set (to 1) in the environment of workers whose processes a supervisor owns and watches.
+SUPERVISED_ENV = "MLBENCH_SUPERVISED"
+#: Step times the median is taken over.
+STEP_WINDOW = 101
+_DISTRIBUTED = os.path.join("torch", "distributed")
+
+
+def main_thread_state(thread_id: int) -> tuple[bool, str]:
+    """Whether thread ``thread_id`` waits in a collective now, and where it is ("file:line in
+    function", the innermost frame outside torch). Waiting: its innermost Python frame is
+    torch.distributed's (a collective blocks in C++ below it), or that frame's line waits on a
+    request (``work.wait()``). Only the innermost frame counts: code that runs *above* a
+    collective's Python frame (a signal handler that never returns) is not waiting.
+    A heuristic that only chooses whom to blame, never whether a run stalled."""
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return False, ""
+    stack: list[FrameType] = []
+    inner: FrameType | None = frame
+    while inner is not None:
+        stack.append(inner)
+        inner = inner.f_back
+    waiting = _DISTRIBUTED in frame.f_code.co_filename or \
+        ".wait(" in linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    own = [f for f in stack if f"{os.sep}torch{os.sep}" not in f.f_code.co_filename]
+    where = f"{Path(own[0].f_code.co_filename).name}:{own[0].f_lineno} in {own[0].f_code.co_name}" if own else ""
+    return waiting, where
+
+
+class Heartbeat:
+    """The heartbeat of worker ``rank``, written into ``run_dir`` from a thread of its own."""
+
+    def __init__(self, run_dir: Path, rank: int, workers: int, *, interval: float = INTERVAL_S,
+                 watchdog_s: float | None = None, watch_peers: bool = False,
+                 on_stall: Callable[[str, bool], None] | None = None):
+        self.run_dir = run_dir
+        self.rank = rank
+        self.workers = workers
+        self.interval = interval
+        self.watchdog_s = watchdog_s
+        self.watch_peers = watch_peers and bool(watchdog_s) and workers > 1
+        self.on_stall = on_stall
+        self.started = time.time()
+        self.host = socket.gethostname()
+        self.step = 0
+        self.stepped_at: float | None = None
+        self._phase = "setup"
+        self._durations: deque[float] = deque(maxlen=STEP_WINDOW)
+        self._previous: float | None = None   # the last step's end, while steps follow each other
+        self._main = threading.get_ident()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._broken = False
+
+    def start(self) -> Heartbeat:
+        self.beat()
+        self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def stepped(self, step: int) -> None:
+        """The main thread finished training step ``step`` (cheap: called on every step)."""
+        now = time.time()
+        if self._previous is not None:
+            self._durations.append(now - self._previous)
+        self._previous = self.stepped_at = now
+        self.step = step
+        self._phase = "training"
+
+    def phase(self, name: str) -> None:
+        """The main thread enters phase ``name`` (see :data:`mlbench.results.heartbeat.PHASES`);
+        the time until the next step is no step time."""
+        if name == "training" and self.step:
+            self.stepped_at = time.time()  # back from an evaluation: the progress clock restarts
+        self._phase = name
+        self._previous = None
+
+    def stop(self) -> None:
+        """The worker is done: a last heartbeat says so, so that its silence blames nobody."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._phase = "done"
+        self.beat()
+
+    def beat(self) -> None:
+        """Write the heartbeat now (a file system that refuses it ends the heartbeats, once)."""
+        if self._broken:
+            return
+        durations = list(self._durations)
+        waiting, where = main_thread_state(self._main) if self._phase != "done" else (False, "")
+        beat = Beat(rank=self.rank, time=time.time(), started=self.started, step=self.step,
+                    stepped_at=self.stepped_at,
+                    median_step_s=statistics.median(durations) if durations else None,
+                    phase=self._phase, waiting=waiting, where=where, pid=os.getpid(), host=self.host)
+        try:
+            write_beat(self.run_dir, beat)
+        except OSError as err:
+            self._broken = True
+            print(f"heartbeat: not written ({err}); the watchdog cannot see this worker", file=sys.stderr)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.beat()
+            if self.watch_peers:
+                self._judge_peers()
+
+    def _judge_peers(self) -> None:
+        assert self.watchdog_s
+        stall = judge(read_beats(self.run_dir, self.workers), time.time(), self.watchdog_s, self.started)
+        if stall is None or self.on_stall is None:
+            return
+        # the ranks not blamed act; when every rank is (all wait on a dropped link), all do
+        actors = [r for r in range(self.workers) if r not in stall.ranks] or list(range(self.workers))
+        if self.rank in actors:
+            self.on_stall(stall.reason, self.rank == actors[0])
