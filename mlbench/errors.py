@@ -22,6 +22,10 @@ class DataError(MlbenchError):
     """A data set is missing, unreadable or corrupt."""
 
 
+class DivergedError(MlbenchError):
+    """Training produced a non-finite loss or non-finite parameters: the run failed."""
+
+
 class RunNotFound(UsageError):
     """No run matches the id or name the user gave."""
 

@@ -13,8 +13,8 @@ from mlbench.errors import DataError
 from mlbench.tasks.data import libsvm, libsvm_text
 from mlbench.tasks.data.libsvm import find_pair, load_libsvm_dataset, read_libsvm
 
-# Omitted indices, unsorted indices, a label-only line, a blank line, CRLF, tabs, '+1'.
-TEXT = b"1 3:0.5 1:2\n\n0\n0 2:-1e-3 5:4\r\n1\t4:7.25  1:1\n"
+# Omitted indices, a label-only line, a blank line, CRLF, tabs, '+1'.
+TEXT = b"1 1:2 3:0.5\n\n0\n0 2:-1e-3 5:4\r\n1\t1:1  4:7.25\n"
 X = np.array(
     [[2, 0, 0.5, 0, 0], [0, 0, 0, 0, 0], [0, -1e-3, 0, 0, 4], [1, 0, 0, 7.25, 0]],
     dtype=np.float32,
@@ -62,7 +62,7 @@ def random_file(rng, rows, max_index):
     lines = []
     for i in range(rows):
         k = rng.integers(0, 6)
-        idx = rng.choice(max_index, k, replace=False)
+        idx = np.sort(rng.choice(max_index, k, replace=False))  # LIBSVM's ascending indices
         vals = rng.standard_normal(k).astype(np.float32)
         x[i, idx] = vals
         pairs = " ".join(f"{j + 1}:{v!r}" for j, v in zip(idx, vals.tolist()))
@@ -154,6 +154,12 @@ def test_interrupted_conversion_leaves_no_cache(tmp_path, monkeypatch):
         (b"1 0:4", "feature index 0 is not an integer"),
         (b"1 1.5:4", "feature index 1.5 is not an integer"),
         (b"1 2:nan", "value nan is not a finite number"),
+        (b"1 2:inf", "value inf is not a finite number"),
+        # finite as text, but beyond float32 (the cache's type): it would train on inf
+        (b"1 2:1e40", "value 1e+40 is beyond float32's range"),
+        (b"1 2:-3.5e38", "value -3.5e+38 is beyond float32's range"),
+        (b"1 1:1 3:2 2:5", "feature index 2 follows index 3"),
+        (b"1 1:1 3:2 3:5", "feature index 3 appears twice"),
     ],
 )
 def test_malformed_line_is_named(tmp_path, monkeypatch, bad_line, message):
@@ -194,14 +200,41 @@ def test_a_file_cut_in_the_middle_of_a_line_is_refused_with_its_line_number(tmp_
     assert not [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
 
 
-def test_a_complete_last_line_without_its_newline_is_read(tmp_path):
-    # every line has the same features (dense, like epsilon): only the final newline is missing
-    x, y = read_libsvm(write(tmp_path / "f", b"1 1:1 2:2\n0 1:3 2:4\n1 1:5 2:6"), cache_dir=tmp_path / "cache")
-    np.testing.assert_array_equal(x, [[1, 2], [3, 4], [5, 6]])
-    np.testing.assert_array_equal(y, [1, -1, 1])
-    # a sparse file cannot tell a short last line from a cut one: refused, with the remedy
-    with pytest.raises(DataError, match=r"line 3: the file ends .* end the file with a newline"):
-        read_libsvm(write(tmp_path / "g", b"1 1:1 5:2\n0 2:3\n1 3:5"), cache_dir=tmp_path / "cache")
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_file_without_its_final_newline_is_refused_even_when_dense(tmp_path, compress):
+    # a dense file (every line has the same features, like epsilon) cut inside its last value
+    # looks complete: '1 1:5 2:6' may have been '1 1:5 2:6.25'; only the line end tells
+    for text, line in ((b"1 1:1 2:2\n0 1:3 2:4\n1 1:5 2:6", 3), (b"1 1:1 5:2\n0 2:3\n1 3:5", 3), (b"1 1:1", 1)):
+        path = write(tmp_path / f"f{line}{len(text)}", text, compress=compress)
+        with pytest.raises(DataError) as err:
+            read_libsvm(path, cache_dir=tmp_path / "cache")
+        message = str(err.value)
+        assert message.startswith(f"{path}, line {line}: the file ends in the middle of this line"), message
+        assert "end the file with a newline" in message and "\n" not in message
+    np.testing.assert_array_equal(
+        read_libsvm(write(tmp_path / "g", b"1 1:1 2:2\n0 1:3 2:4\n"), cache_dir=tmp_path / "cache")[0],
+        [[1, 2], [3, 4]])
+    # blanks after the last line end are no cut line
+    np.testing.assert_array_equal(
+        read_libsvm(write(tmp_path / "h", b"1 1:1 2:2\n \t"), cache_dir=tmp_path / "cache")[0], [[1, 2]])
+
+
+def test_float32_extremes_that_stay_finite_are_read(tmp_path):
+    text = b"1 1:3.4e38 2:-3.4e38 3:1e-50\n"  # the largest float32 magnitudes, and an underflow to 0
+    x, _ = read_libsvm(write(tmp_path / "f", text), cache_dir=tmp_path / "cache")
+    np.testing.assert_array_equal(x, np.array([[3.4e38, -3.4e38, 0]], dtype=np.float32))
+    assert np.isfinite(x).all()
+
+
+def test_a_cache_built_by_the_older_rules_is_checked_again(tmp_path, monkeypatch):
+    """A cache entry from a version that let inf through is rebuilt, so the new checks apply."""
+    path = write(tmp_path / "f", b"1 1:1e40\n")
+    monkeypatch.setattr(libsvm, "_CACHE_VERSION", 1)
+    monkeypatch.setattr(libsvm, "validate", lambda *args: None)
+    assert np.isinf(read_libsvm(path, cache_dir=tmp_path / "cache")[0]).all()
+    monkeypatch.undo()
+    with pytest.raises(DataError, match=r"line 1: value 1e\+40 is beyond float32's range"):
+        read_libsvm(path, cache_dir=tmp_path / "cache")
 
 
 @pytest.mark.parametrize("index", ["2000000000", "100000000"])
@@ -289,3 +322,27 @@ def test_epsilon_in_default_root_is_not_downloaded(tmp_path, monkeypatch):
     train, test = load_libsvm_dataset()
     assert train.x.tolist() == [[0.25, -0.5]] and test.x.tolist() == [[0.75, 1.0]]
     assert train.y.tolist() == [1.0] and test.y.tolist() == [-1.0]
+
+
+# --- through the command line --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("train, line, problem", [
+    (b"1 1:0.5 2:1\n0 1:1e40 2:1\n", 2, "value 1e+40 is beyond float32's range"),
+    (b"1 1:0.5 2:1\n0 2:1 1:1\n", 2, "feature index 1 follows index 2"),
+    (b"1 1:0.5 2:1\n0 1:0.25 2:0.7", 2, "the file ends in the middle of this line"),
+])
+def test_bad_data_stops_a_task2a_run_in_one_line_before_any_worker(tmp_path, train, line, problem):
+    from mlbench.results.store import RunStore
+    from tests.helpers import mlbench
+
+    folder = tmp_path / "pair"
+    folder.mkdir()
+    write(folder / "bad", train)
+    write(folder / "bad.t", b"1 1:0.5 2:1\n")
+    proc = mlbench("run", "task2a", "2", "--data-dir", str(folder), "--max-steps", "2")
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr + proc.stdout
+    assert lines[0].startswith(f"Error: {folder / 'bad'}, line {line}: {problem}"), lines[0]
+    assert RunStore().list() == []

@@ -4,8 +4,9 @@ Training never waits for the network: :meth:`HttpSink.write` only appends to an 
 and a background thread sends the buffer in batches. A batch that fails (the service restarts,
 the network blips) stays in the buffer and is sent again with exponential back-off, so a
 restart of the service loses nothing. Every event carries a per-rank sequence number; the service
-stores each (run, rank, seq) once and answers with the next sequence number it expects, so a
-batch that was stored but whose answer was lost is not stored twice when it is sent again.
+stores each (run, rank, seq) once, whatever order the batches arrive in, and acknowledges a
+batch only once all its events are stored; a batch that was stored but whose answer was lost is
+not stored twice when it is sent again.
 
 :meth:`close` (at the end of the worker) waits, up to a limit, until everything was delivered.
 
@@ -136,7 +137,7 @@ class HttpSink:
             if not batch:
                 continue
             try:
-                next_seq = self._post(batch)
+                self._post(batch)
             except _Permanent as err:
                 print(f"mlbench: the results service refused metric events ({err}); "
                       "no more events are sent", file=sys.stderr)
@@ -150,8 +151,11 @@ class HttpSink:
                 backoff = min(self.max_backoff, backoff * 2)
                 continue
             backoff = self.first_backoff
+            # a 200 means every event of the batch is stored (the oldest may have been dropped
+            # from the buffer meanwhile); the service's next_seq cannot say so when the events
+            # before the batch were dropped here in an outage and never reach it
             with self._cond:
-                while self._buffer and self._buffer[0]["seq"] < next_seq:
+                while self._buffer and self._buffer[0]["seq"] <= batch[-1]["seq"]:
                     self._buffer.popleft()
 
     def _post(self, batch: list[dict[str, Any]]) -> int:

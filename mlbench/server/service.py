@@ -19,6 +19,8 @@ The HTTP side (limits, timeouts, logs) and :func:`~mlbench.server.httpd.serve` a
     GET    /v1/runs/RUN/files              {path: size} of run.json, events/*, logs/*
     GET    /v1/runs/RUN/file?path=P&offset=N   the bytes of a file from offset N
     POST   /v1/runs/RUN/events             the run's token: {"rank": r, "events": [...]} -> {"next_seq": n}
+                                           (200: all of them stored; n: the rank's lowest number
+                                           not stored yet)
     POST   /v1/runs/RUN/cancel | /fail     end an active run (and delete its pods)
     DELETE /v1/runs/RUN                    end it if active, delete its pods and its record
 """

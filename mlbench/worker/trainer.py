@@ -4,6 +4,14 @@ The trainer is the same on a laptop and in a pod. It knows its rank, the run con
 an event writer; it does not know how it was started. Every worker runs the same loop in
 lock-step (synchronous SGD), so decisions that end the loop are either computed from all-reduced
 numbers (the goal) or agreed with a collective (the time budget): all workers stop together.
+
+A run whose loss or parameters stop being finite has failed, whatever its accuracy afterwards
+(a NaN model may still "score" 50% on a balanced test set). The check costs no device sync of
+its own: every step's loss is copied into a small device buffer, and the buffer's and the
+parameters' finiteness is read with the loss that is read anyway at each log interval, so the
+worker names the exact step even though it looks only every ``log_every`` steps. Gradients are
+not checked: fp16 loss scaling (task 4b) makes inf gradients on purpose and skips those steps,
+and any other non-finite gradient shows in the parameters after the step.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from mlbench.errors import DivergedError
 from mlbench.optim.base import DistributedOptimizer, OptimizerContext, allreduce_bytes
 from mlbench.optim.catalog import build_optimizer
 from mlbench.results.events import EventWriter
@@ -99,6 +108,7 @@ class Trainer:
         evaluated_at = -1
         p.train_start = time.perf_counter()
         loss_sum = torch.zeros((), device=self.device)
+        losses = torch.zeros(self.cfg.log_every, device=self.device)  # this interval's, per step
         interval_steps = interval_samples = 0
         interval_start_bytes = 0
         for epoch in range(self.spec.settings.max_epochs):
@@ -114,7 +124,9 @@ class Trainer:
                     stop = "time-budget"
                     break
                 lr = self.runtime.lr(p.step, batch)
-                loss_sum += self.runtime.train_step(batch, lr, self.optimizer)
+                loss = self.runtime.train_step(batch, lr, self.optimizer)
+                loss_sum += loss
+                losses[interval_steps] = loss
                 p.last_lr = lr
                 p.step += 1
                 if self.heartbeat is not None:
@@ -122,12 +134,12 @@ class Trainer:
                 interval_steps += 1
                 interval_samples += self.runtime.samples_in(batch)
                 if interval_steps == self.cfg.log_every:
-                    self._log_interval(loss_sum, interval_steps, interval_samples, interval_start_bytes)
+                    self._log_interval(loss_sum, losses, interval_steps, interval_samples, interval_start_bytes)
                     loss_sum.zero_()
                     interval_steps = interval_samples = 0
                     interval_start_bytes = self.optimizer.bytes_sent
             if interval_steps:
-                self._log_interval(loss_sum, interval_steps, interval_samples, interval_start_bytes)
+                self._log_interval(loss_sum, losses, interval_steps, interval_samples, interval_start_bytes)
                 loss_sum.zero_()
                 interval_steps = interval_samples = 0
                 interval_start_bytes = self.optimizer.bytes_sent
@@ -171,11 +183,13 @@ class Trainer:
     def _epoch_float(self) -> float:
         return self.progress.step / self.steps_per_epoch
 
-    def _log_interval(self, loss_sum: torch.Tensor, steps: int, samples: int, start_bytes: int) -> None:
+    def _log_interval(self, loss_sum: torch.Tensor, losses: torch.Tensor, steps: int, samples: int,
+                      start_bytes: int) -> None:
         p = self.progress
         epoch, step = self._epoch_float(), p.step
+        total = self._check_finite(loss_sum, losses[:steps])
         emit = self.events.emit
-        emit("train/loss", float(loss_sum.item()) / steps, epoch=epoch, step=step)
+        emit("train/loss", total / steps, epoch=epoch, step=step)
         emit("train/lr", p.last_lr, epoch=epoch, step=step)
         emit("train/steps", steps, epoch=epoch, step=step)
         emit("train/samples", samples, epoch=epoch, step=step)
@@ -184,6 +198,28 @@ class Trainer:
             emit(f"time/{phase}", seconds, epoch=epoch, step=step)
         emit("comm/bytes", self.optimizer.bytes_sent - start_bytes, epoch=epoch, step=step)
         emit("comm/dense_bytes", steps * self.dense_bytes_per_step, epoch=epoch, step=step)
+
+    def _check_finite(self, loss_sum: torch.Tensor, losses: torch.Tensor) -> float:
+        """The interval's loss sum, read in the same device sync as whether each of its step
+        losses and the parameters after its last step are finite; raises DivergedError naming
+        the first step (counted from 1, as the events count) whose loss is not."""
+        p = self.progress
+        bad = ~torch.isfinite(losses)
+        first_bad = torch.where(bad.any(), bad.float().argmax(), -1.0)
+        params_ok = torch.stack([torch.isfinite(q).all() for q in self.model.parameters()]).all()
+        total, first, ok = torch.stack([loss_sum.float(), first_bad.float(), params_ok.float()]).tolist()
+        if first >= 0:
+            at = p.step - losses.numel() + int(first) + 1
+            raise DivergedError(
+                f"the training loss of rank {self.rank} is {losses[int(first)].item()} at step {at} "
+                f"(epoch {at / self.steps_per_epoch:.2f}); the run diverged, so its results would mean "
+                "nothing: lower the learning rate (--set lr...) or check the data")
+        if not ok:
+            raise DivergedError(
+                f"the model's parameters on rank {self.rank} are not finite after step {p.step} (every loss "
+                "up to it was); the run diverged, so its results would mean nothing: lower the learning rate "
+                "(--set lr...) or check the data")
+        return total
 
     # -- evaluation ---------------------------------------------------------------------------
     @torch.no_grad()

@@ -123,3 +123,50 @@ def test_a_long_outage_keeps_only_the_newest_events_up_to_a_bound(service, capfd
     sink.close()
     assert [e["seq"] for e in stored(service, run_id, 0)] == list(range(4000, 5000))
     assert "4000 metric events were dropped" in capfd.readouterr().err
+
+
+def test_concurrent_out_of_order_batches_are_each_stored_once_when_acknowledged(service):
+    """Batches of one rank that arrive out of order (a sender with several connections, retries
+    overtaking each other): every acknowledged event is stored, exactly once, also on retry."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    run_id = new_run(service)
+    path, token = f"/v1/runs/{run_id}/events", run_token(WORKER_TOKEN, run_id)
+    batches = [list(range(10 * i, 10 * i + 10)) for i in range(300)]
+    random.Random(0).shuffle(batches)
+
+    def post(seqs):
+        try:
+            status, _ = service.call("POST", path, {"rank": 1, "events": batch(1, seqs)}, token)
+        except OSError:  # the listen backlog was full: not acknowledged, the sender retries
+            return []
+        return seqs if status == 200 else []
+
+    with ThreadPoolExecutor(max_workers=60) as pool:
+        acknowledged = [s for seqs in pool.map(post, batches) for s in seqs]
+    assert len(acknowledged) > 1000  # most of them got through at once
+    seqs = [e["seq"] for e in stored(service, run_id, 1)]
+    assert len(seqs) == len(set(seqs)) and set(acknowledged) <= set(seqs)
+    # every sender retries what it has not seen acknowledged, and some what it has: stored once
+    for seqs in batches[:20] + [b for b in batches if not set(b) <= set(acknowledged)]:
+        assert post(seqs) == seqs
+    events = stored(service, run_id, 1)
+    assert sorted(e["seq"] for e in events) == list(range(3000))
+    assert all(e["step"] == e["seq"] and e["value"] == float(e["seq"]) for e in events)
+    # the answer says up to where the rank's events are complete; a restart recovers it
+    assert service.call("POST", path, {"rank": 1, "events": batch(1, [5])}, token) == (200, {"next_seq": 3000})
+    service.kill()
+    service.start()
+    assert service.call("POST", path, {"rank": 1, "events": batch(1, [2999, 3000])}, token) == \
+        (200, {"next_seq": 3001})
+    assert sorted(e["seq"] for e in stored(service, run_id, 1)) == list(range(3001))
+
+
+def test_a_gap_left_by_a_sender_is_kept_open_for_the_missing_events(tmp_path):
+    log = EventLog(tmp_path)
+    assert log.append("r1", 0, batch(0, range(5, 8))) == 0      # 0..4 not here yet
+    assert log.append("r1", 0, batch(0, [2, 3])) == 0
+    restarted = EventLog(tmp_path)                                # the ranges come back from the file
+    assert restarted.append("r1", 0, batch(0, [0, 1, 3, 4, 6])) == 8
+    assert sorted(e["seq"] for e in read_rank_events(log.path("r1", 0))) == list(range(8))

@@ -34,8 +34,7 @@ from mlbench.errors import DataError
 from mlbench.progress import Progress
 from mlbench.tasks.data.download import (DOWNLOAD_ERRORS, Split, default_data_root, exclusive, fetch, one_line,
                                          source_url)
-from mlbench.tasks.data.libsvm_text import (Parsed, check_width, cut_off, last_line_shape, parse_fast,
-                                            parse_lines, validate)
+from mlbench.tasks.data.libsvm_text import Parsed, check_width, cut_off, parse_fast, parse_lines, validate
 
 __all__ = ["EPSILON_BASE_URL", "EPSILON_FILES", "find_pair", "load_libsvm_dataset", "read_libsvm"]
 
@@ -47,7 +46,9 @@ EPSILON_FILES = ("epsilon_normalized.bz2", "epsilon_normalized.t.bz2")
 _STEMS = {"epsilon": "epsilon_normalized"}
 
 CHUNK_BYTES = 1 << 24
-_CACHE_VERSION = 1
+#: 2: values beyond float32, repeated or unsorted indices and a missing final newline are refused
+#: (an entry converted by the laxer version 1 is converted, and so checked, again)
+_CACHE_VERSION = 2
 _HEADER_BYTES = 128  # x.npy's header is reserved up front and written once the shape is known
 
 
@@ -218,27 +219,19 @@ def _convert(source: pathlib.Path, n_features: int | None, out: pathlib.Path) ->
     labels = []
     line = 1
     text_bytes = 0
-    previous: tuple[int, float] | None = None  # (pairs, largest index) of the last data line
     stream, raw = _open_source(source)
     with _DenseWriter(out / "x.npy", n_features) as writer:
         with raw, stream, contextlib.closing(_chunks(stream, source)) as chunks, \
                 Progress(f"Converting {source.name}", total=os.fstat(raw.fileno()).st_size) as progress:
             for chunk, whole in chunks:
-                try:
-                    parsed = parse_fast(chunk) or parse_lines(chunk, source, line)
-                except DataError:
-                    if whole:
-                        raise
-                    raise cut_off(source, line) from None
-                if not whole and parsed.labels.size and last_line_shape(parsed) != previous:
+                if not whole:
                     raise cut_off(source, line)
+                parsed = parse_fast(chunk) or parse_lines(chunk, source, line)
                 validate(parsed, source, line, n_features)
                 text_bytes += len(chunk)
                 check_width(parsed, source, line, writer.rows, writer.width, text_bytes)
                 labels.append(np.where(parsed.labels > 0, 1.0, -1.0).astype(np.float32))
                 writer.add(parsed)
-                if parsed.labels.size:
-                    previous = last_line_shape(parsed)
                 line += chunk.count(b"\n")
                 progress.update(raw.tell(), note=f"{line - 1:,} lines")
         if writer.rows == 0:
@@ -264,7 +257,8 @@ def _open_source(source: pathlib.Path) -> tuple[IO[bytes], IO[bytes]]:
 def _chunks(stream: IO[bytes], source: pathlib.Path) -> Generator[tuple[bytes, bool], None, None]:
     """(lines, whole): whole lines, about CHUNK_BYTES at a time, each ending with a newline; the
     next block is read (and decompressed) in a thread while the caller parses the current one.
-    A last line without its line end comes alone, newline added, with whole False."""
+    A last line without its line end (unless it is blank) comes alone, with whole False: the
+    caller refuses the file, since that line may have been cut anywhere."""
     carry = b""
     with ThreadPoolExecutor(max_workers=1) as reader:
         pending = reader.submit(stream.read, CHUNK_BYTES)
@@ -283,8 +277,8 @@ def _chunks(stream: IO[bytes], source: pathlib.Path) -> Generator[tuple[bytes, b
             carry = block[cut:]
             if cut:
                 yield block[:cut], True
-    if carry:
-        yield carry + b"\n", False
+    if carry.strip():
+        yield carry, False
 
 
 class _DenseWriter:

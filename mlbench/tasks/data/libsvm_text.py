@@ -8,9 +8,9 @@ names the offending line.
 Two checks protect against damaged or hostile files before anything large is written:
 
 - A file whose last line has no line end was most likely cut off (an interrupted download or
-  copy; the torn row would silently get zeros). It is refused, naming the line, unless that
-  line has exactly the features of the line before it (a dense file such as epsilon that only
-  lacks its final newline).
+  copy; the torn row would silently get zeros or a shortened last value). It is refused, naming
+  the line: even a line with all the features of the one before it may have lost digits of its
+  last value ('1:5 2:6' of '1:5 2:6.25'), so only the line end tells that a line is complete.
 - The cache is dense, N x d float32, so a single large index makes it huge: "1 100000000:1"
   would be 400 MB. A width is refused (one line, naming the line of the index) once the array it
   implies exceeds :data:`DENSE_BYTES_PER_TEXT_BYTE` times the text read so far, or
@@ -30,6 +30,9 @@ from mlbench.errors import DataError
 DENSE_BYTES_PER_TEXT_BYTE = 64
 DENSE_FLOOR_BYTES = 256 << 20
 MAX_INDEX = 2**31 - 1
+#: The smallest magnitude that float32 (the cache's type) rounds to inf: halfway between its
+#: largest finite value (2**128 - 2**104) and 2**128, a tie that rounds to even, i.e. up.
+FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 _SPACE = np.zeros(256, dtype=bool)
 _SPACE[list(b" \t\n\v\f\r")] = True
 _COLON = ord(":")
@@ -136,7 +139,10 @@ def parse_lines(chunk: bytes, source: pathlib.Path, first_line: int) -> Parsed:
 
 def validate(parsed: Parsed, source: pathlib.Path, first_line: int, n_features: int | None) -> None:
     """Check what both parsers leave open: binary labels, positive integer indices within
-    n_features, finite values. The DataError names the first offending line."""
+    n_features in strictly ascending order on each line (the LIBSVM format; a repeated index
+    would silently keep only one of its values), and values that stay finite as float32 (the
+    cache's type: '1e40' is finite text that would train on inf). The DataError names the
+    first offending line."""
 
     def fail(row: int, problem: str) -> None:
         raise DataError(f"{source}, line {first_line + int(parsed.line_offset[row])}: {problem}")
@@ -152,9 +158,18 @@ def validate(parsed: Parsed, source: pathlib.Path, first_line: int, n_features: 
         if n_features is not None and value > n_features and value == np.floor(value):
             fail(parsed.pair_row[bad[0]], f"feature index {value:g} exceeds n_features={n_features}; raise n_features")
         fail(parsed.pair_row[bad[0]], f"feature index {value:g} is not an integer in 1..{limit}; fix that line")
-    bad = np.flatnonzero(~np.isfinite(parsed.value))
+    bad = np.flatnonzero((parsed.pair_row[1:] == parsed.pair_row[:-1]) & (index[1:] <= index[:-1]))
     if bad.size:
-        fail(parsed.pair_row[bad[0]], f"value {parsed.value[bad[0]]} is not a finite number; fix that line")
+        before, after = index[bad[0]], index[bad[0] + 1]
+        problem = (f"feature index {after:g} appears twice" if after == before
+                   else f"feature index {after:g} follows index {before:g}")
+        fail(parsed.pair_row[bad[0] + 1], f"{problem}; LIBSVM lists each index once, in ascending order")
+    bad = np.flatnonzero(~(np.abs(parsed.value) < FLOAT32_OVERFLOW))  # nan compares false
+    if bad.size:
+        value = parsed.value[bad[0]]
+        problem = ("is not a finite number" if not np.isfinite(value)
+                   else "is beyond float32's range (about 3.4e38), where mlbench's data would be infinite")
+        fail(parsed.pair_row[bad[0]], f"value {value:g} {problem}; fix that line")
 
 
 def cut_off(source: pathlib.Path, line: int) -> DataError:
@@ -164,12 +179,6 @@ def cut_off(source: pathlib.Path, line: int) -> DataError:
         "looks cut off (an interrupted download or copy); download it again, or end the file with a "
         "newline if that line is complete"
     )
-
-
-def last_line_shape(parsed: Parsed) -> tuple[int, float]:
-    """(number of pairs, largest index) of the last data line of a chunk."""
-    mine = parsed.pair_row == parsed.labels.size - 1
-    return int(mine.sum()), float(parsed.indices[mine].max()) if mine.any() else 0.0
 
 
 def check_width(parsed: Parsed, source: pathlib.Path, first_line: int, rows_before: int, width_before: int,
