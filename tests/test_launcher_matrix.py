@@ -6,6 +6,7 @@ tests/kube, beside their real daemons)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -143,3 +144,19 @@ def test_a_torchrun_run_records_the_machines_its_workers_ran_on():
     run = RunStore().get(run_id)
     document = read_json(run.run_dir / "run.json")
     assert (document["nodes"], document["on_this_machine"]) == (1, True)  # torchrun here, as a local run
+
+
+def test_a_torchrun_run_started_with_the_wrong_worker_count_is_marked_failed_with_the_reason():
+    """torchrun starts 3 workers for a run recorded for 2: each refuses, and the run, which no
+    mlbench process watches, is failed with that reason instead of staying pending."""
+    proc = mlbench("run", *SHORT[:1], "2", *SHORT[2:], "--record-only", check=True)
+    run_id = proc.stdout.split("Recorded run ")[1].split()[0]
+    run = RunStore().get(run_id)
+    started = subprocess.run([*torchrun(), "--standalone", "--nproc-per-node", "3", "-m", "mlbench.worker",
+                              str(run.run_dir)], capture_output=True, text=True, timeout=300)
+    assert started.returncode != 0, started.stdout + started.stderr
+    status = mlbench("status", run_id, "-o", "json", check=True)
+    details = json.loads(status.stdout)
+    assert details["state"] == "failed", details
+    assert "torchrun started 3 worker(s) but the run in" in details["reason"], details
+    assert "was recorded for 2" in details["reason"], details

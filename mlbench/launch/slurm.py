@@ -140,9 +140,10 @@ class SlurmLauncher(Launcher):
     def job_options(self) -> SlurmOptions:
         """The job's options from the values of this launcher's `mlbench run` options."""
         values = self.settings.options
+        cpus = values.get("cpus_per_task")  # 0 is refused by validate(), not taken for "not given"
         return SlurmOptions(
             partition=values.get("partition"), account=values.get("account"), time=values.get("time"),
-            gpus_per_task=values.get("gpus_per_task"), cpus_per_task=values.get("cpus_per_task") or 1,
+            gpus_per_task=values.get("gpus_per_task"), cpus_per_task=1 if cpus is None else cpus,
             constraint=values.get("constraint"), extra=list(values.get("sbatch_options") or ()),
             iface=values.get("iface")).validate()
 
