@@ -6,7 +6,10 @@ tests/kube, beside their real daemons)."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -143,3 +146,41 @@ def test_a_torchrun_run_records_the_machines_its_workers_ran_on():
     run = RunStore().get(run_id)
     document = read_json(run.run_dir / "run.json")
     assert (document["nodes"], document["on_this_machine"]) == (1, True)  # torchrun here, as a local run
+
+
+def test_a_torchrun_run_started_with_the_wrong_worker_count_is_marked_failed_with_the_reason():
+    """torchrun starts 3 workers for a run recorded for 2: each refuses, and the run, which no
+    mlbench process watches, is failed with that reason instead of staying pending."""
+    proc = mlbench("run", *SHORT[:1], "2", *SHORT[2:], "--record-only", check=True)
+    run_id = proc.stdout.split("Recorded run ")[1].split()[0]
+    run = RunStore().get(run_id)
+    started = subprocess.run([*torchrun(), "--standalone", "--nproc-per-node", "3", "-m", "mlbench.worker",
+                              str(run.run_dir)], capture_output=True, text=True, timeout=300)
+    assert started.returncode != 0, started.stdout + started.stderr
+    status = mlbench("status", run_id, "-o", "json", check=True)
+    details = json.loads(status.stdout)
+    assert details["state"] == "failed", details
+    assert "torchrun started 3 worker(s) but the run in" in details["reason"], details
+    assert "was recorded for 2" in details["reason"], details
+
+
+def test_every_log_and_event_file_of_a_run_is_private_to_its_user():
+    """The README says the run store is its user's alone: a local run's files (the workers' logs
+    and events, the supervisor's log, run.json, pids.json) are mode 600 whatever the umask, and
+    so are those of a torchrun run (its workers' events and a refused worker's error)."""
+    run_id = _started(mlbench("run", *SHORT, "--detach"))
+    run = RunStore().get(run_id)
+    wait_for(lambda: not RunStore().get(run_id).active and _processes_gone(run_id), 240, f"run {run_id}'s end")
+    assert RunStore().get(run_id).state == "finished"
+    files = sorted(p.relative_to(run.run_dir).as_posix() for p in run.run_dir.rglob("*") if p.is_file())
+    assert {"logs/rank-0.log", "logs/supervisor.log", "events/rank-0.jsonl", "run.json", "pids.json"} <= set(files)
+    modes = {name: oct(stat.S_IMODE((run.run_dir / name).stat().st_mode)) for name in files}
+    assert modes == dict.fromkeys(files, oct(0o600)), modes
+
+    proc = mlbench("run", *SHORT[:1], "2", *SHORT[2:], "--record-only", check=True)
+    refused = RunStore().get(proc.stdout.split("Recorded run ")[1].split()[0])
+    subprocess.run([sys.executable, "-m", "mlbench.worker", str(refused.run_dir)], capture_output=True,
+                   timeout=120, env=dict(os.environ, RANK="0", WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
+                                         MASTER_PORT="29500"))
+    events = refused.run_dir / "events" / "rank-0.jsonl"
+    assert oct(stat.S_IMODE(events.stat().st_mode)) == oct(0o600)

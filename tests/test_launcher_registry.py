@@ -38,6 +38,8 @@ def test_the_options_choose_the_launcher_of_new_runs(values, chosen):
     ({"slurm": True, "record_only": True},
      "--slurm and --record-only choose different launchers (slurm, external): choose one"),
     ({"slurm": True, "time": "1 h"}, "--time '1 h': give one word without spaces"),
+    ({"slurm": True, "cpus_per_task": 0}, "--cpus-per-task must be at least 1, not 0"),
+    ({"slurm": True, "cpus_per_task": -2}, "--cpus-per-task must be at least 1, not -2"),
 ])
 def test_contradicting_or_foreign_options_are_one_usage_error(values, message):
     with pytest.raises(UsageError) as refused:
@@ -83,3 +85,15 @@ def test_a_run_of_an_unregistered_launcher_is_read_by_the_launcher_of_its_store(
     store = RunStore()
     run = store.create(task="task2a", workers=1, division="open", launcher="retired", run_json={})
     assert launcher_of(store, run).name == "local"
+
+
+def test_slurm_cpus_per_task_0_is_a_usage_error_of_the_cli_and_records_nothing():
+    from click.testing import CliRunner
+
+    import mlbench.cli.commands  # noqa: F401  (registers the commands)
+    from mlbench.cli import cli
+
+    result = CliRunner().invoke(cli, ["run", "task0a", "2", "--slurm", "--cpus-per-task", "0"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == ["Error: --cpus-per-task must be at least 1, not 0"]
+    assert RunStore().list() == []

@@ -26,6 +26,7 @@ import yaml
 from mlbench.cloud.providers import ADOPTED, PROVIDER_MODULES
 from mlbench.errors import ClusterError, UsageError
 from mlbench.extras import needs
+from mlbench.safefile import write_text
 
 PROVIDERS = (*PROVIDER_MODULES, ADOPTED)
 CLUSTERS_FILE = "clusters.yaml"
@@ -94,20 +95,10 @@ class ClusterRecord:
 
 
 def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` with mode 600, atomically (a reader sees old or new, whole)."""
+    """Write ``text`` to ``path`` with mode 600, atomically (a reader sees old or new, whole) and
+    never through a link planted at its name."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_text(path, text, mode=0o600, unique=True)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

@@ -3,14 +3,17 @@
 Handlers are plain functions, which Starlette runs in its thread pool: they read the run store
 (SQLite, files) and start processes, none of which may block the event loop that serves the
 live streams. Errors the library raises on purpose become ``{"error": sentence}`` with 400 (404
-for an unknown run), as the CLI turns them into one line.
+for an unknown run; 503 when the run store cannot be used: deleted, read-only, full), as the CLI
+turns them into one line; anything else is a 500 with one line, its traceback in the server's log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
+import re
 import shutil
 import tempfile
 from functools import wraps
@@ -33,9 +36,11 @@ from mlbench.results.archive import write_archive
 from mlbench.results.compare import comparison_of
 from mlbench.results.events import read_events_from, read_run_events
 from mlbench.results.mllog import write_mllog
+from mlbench.results.store import StoreError
 from mlbench.results.summary import summarize
 
 KEEPALIVE_SECONDS = 15.0
+log = logging.getLogger("mlbench.dashboard")
 
 
 def clean(value: Any) -> Any:
@@ -69,9 +74,29 @@ def _errors_as_json(handler: Callable[..., Response]) -> Callable[..., Response]
             return Json({"error": str(err)}, status_code=404)
         except UsageError as err:
             return Json({"error": str(err)}, status_code=400)
+        except StoreError as err:
+            return Json({"error": str(err)}, status_code=503)
         except MlbenchError as err:
             return Json({"error": str(err)}, status_code=502)
+        except Exception as err:  # a bug: one line for the page, the traceback for the log
+            log.exception("dashboard request failed: %s", handler.__name__)
+            return Json({"error": f"the dashboard failed on this request ({type(err).__name__}: "
+                                  f"{str(err).splitlines()[0] if str(err) else 'no detail'}); its log "
+                                  "has the details"}, status_code=500)
     return wrapped
+
+
+#: The largest byte offset a file can be read from (a signed 64-bit off_t).
+MAX_OFFSET = 2**63 - 1
+_NUMBER = re.compile(r"[0-9]+")
+_RANK = re.compile(r"[0-9]{1,9}")
+
+
+def parse_offset(text: str, what: str) -> int:
+    """A byte offset in a query (ASCII digits, at most MAX_OFFSET), else a one-line UsageError."""
+    if not _NUMBER.fullmatch(text) or len(text) > 19 or int(text) > MAX_OFFSET:
+        raise UsageError(f"{what}: expected a byte offset, a whole number from 0 to {MAX_OFFSET}")
+    return int(text)
 
 
 def parse_cursor(text: str) -> dict[int, int]:
@@ -79,9 +104,9 @@ def parse_cursor(text: str) -> dict[int, int]:
     cursor = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         rank, sep, offset = part.partition(":")
-        if not (sep and rank.isdigit() and offset.isdigit()):
+        if not (sep and _RANK.fullmatch(rank) and _NUMBER.fullmatch(offset)):
             raise UsageError(f"since={text!r}: expected RANK:OFFSET,... as the last answer's 'next' gave")
-        cursor[int(rank)] = int(offset)
+        cursor[int(rank)] = parse_offset(offset, f"since={text!r}")
     return cursor
 
 
@@ -146,9 +171,8 @@ class Api:
         if name not in views.log_names(record):
             return Json({"error": f"run {record.id} has no log {name!r}"}, status_code=404)
         offset = request.query_params.get("offset")
-        if offset is not None and not offset.isdigit():
-            raise UsageError(f"offset={offset!r}: expected a byte offset (a whole number)")
-        text, start, end = read_log(record.run_dir / "logs" / name, int(offset) if offset else None)
+        start_at = parse_offset(offset, f"offset={offset!r}") if offset else None
+        text, start, end = read_log(record.run_dir / "logs" / name, start_at)
         return Json({"name": name, "text": text, "start": start, "next": end})
 
     @_errors_as_json
@@ -175,7 +199,9 @@ class Api:
         try:
             usd = float(price) if price else None
         except ValueError:
-            raise UsageError(f"price per hour {price!r}: give a number of USD") from None
+            usd = math.nan
+        if usd is not None and not (math.isfinite(usd) and usd >= 0):
+            raise UsageError(f"price per hour {price!r}: give a number of USD, 0 or more")
         stores = {self.sources.find(ref)[0].key for ref in refs} or {q.get("source", "local")}
         if len(stores) > 1:
             raise UsageError("compare runs of one place at a time: this machine's or the cluster's")

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 _FIELD_OF = (
     ("unknown task", "task"), ("the number of workers", "workers"), ("invalid duration", "time_budget"),
     ("--set", "overrides"), ("unknown model", "overrides"), ("model ", "overrides"),
-    ("--max-steps", "max_steps"), ("--data-dir", "data_dir"), ("--data ", "data"),
+    ("--max-steps", "max_steps"), ("--seed", "seed"), ("--data-dir", "data_dir"), ("--data ", "data"),
     ("unknown optimizer", "optimizer"), ("optimizer ", "optimizer"), ("topology", "opt.topology"),
     ("ddp hook", "opt.hook"), ("--save-model", "form"),
 )
@@ -131,7 +131,12 @@ def parse_form(form: dict[str, Any]) -> tuple[Any, list[int]]:
     overrides = check("overrides", parse_overrides, lines) or {}
     max_steps = _integer(form.get("max_steps"), "max_steps", errors)
     seed = _integer(form.get("seed"), "seed", errors)
-    options = {str(k): str(v).strip() for k, v in (form.get("options") or {}).items() if str(v).strip()}
+    given = form.get("options") or {}
+    if not isinstance(given, dict):
+        errors.setdefault("form", f"options {given!r}: send the optimizer's options as a JSON object "
+                                  'of NAME: VALUE, e.g. {"rank": "2"}')
+        given = {}
+    options = {str(k): str(v).strip() for k, v in given.items() if str(v).strip()}
     if errors:
         raise FormError(errors)
     workers = [k for k in counts if k is not None]  # all of them: a count that is not is an error
@@ -151,6 +156,19 @@ def _refused(err: MlbenchError) -> FormError:
     return FormError({name: str(err)})
 
 
+def _where(sources: Sources, where: Any) -> Source:
+    """The store the form's ``where`` names: this machine, or the current cluster when there is
+    one; anything else is refused (never run here instead)."""
+    keys = [s.key for s in sources.all()]
+    if where not in keys:
+        places = " or ".join(repr(k) for k in keys)
+        raise FormError({"where": f"where {where!r}: runs can be started on {places}"})
+    try:
+        return sources.by_key(where)
+    except MlbenchError as err:  # the cluster's store cannot be opened now: the runs page says why
+        raise FormError({"where": str(err)}) from None
+
+
 def create_runs(sources: Sources, form: dict[str, Any]) -> tuple[Source, list[RunRecord]]:
     """Validate the form and record its runs (pending), planned and created as `mlbench run`
     plans and creates them (the same planning, the launcher the registry chooses for the
@@ -161,9 +179,8 @@ def create_runs(sources: Sources, form: dict[str, Any]) -> tuple[Source, list[Ru
     from mlbench.optim.descriptors import check_optimizer
 
     base, counts = parse_form(form)
-    where = str(form.get("where") or LOCAL)
+    source = _where(sources, form.get("where") or LOCAL)
     try:
-        source = sources.by_key(CLUSTER if where == CLUSTER and sources.cluster is not None else LOCAL)
         launcher = choose(source.open_store(), {})
         plan = plan_runs(base, counts)
         for workers in sorted({r.workers for r in plan.requests}, reverse=True):

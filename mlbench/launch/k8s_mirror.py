@@ -18,6 +18,7 @@ from urllib.parse import quote
 from mlbench.errors import ClusterError, RunNotFound
 from mlbench.launch.k8s_client import ResultsClient
 from mlbench.results.store import ACTIVE_STATES, RunRecord, RunStore
+from mlbench.safefile import open_append
 
 COMPLETE_MARK = ".mirrored"
 _RUN_ID = re.compile(r"^[0-9a-f]{4,32}$")
@@ -105,7 +106,7 @@ class ClusterStore(RunStore):
             whole = chunk[:chunk.rfind(b"\n") + 1]
             if not whole:
                 break
-            with open(local, "ab") as f:
+            with open_append(local) as f:  # mode 600, as the rest of the store
                 f.write(whole)
             have += len(whole)
         return have >= size

@@ -32,6 +32,7 @@ from mlbench.launch.k8s_objects import (
 )
 from mlbench.results.events import read_rank_events
 from mlbench.run_config import RunDocument
+from mlbench.safefile import open_append, write_text
 from mlbench.results.store import (
     FAILED,
     FINISHED,
@@ -234,10 +235,11 @@ class PodSupervisor:
                                                          _request_timeout=LOG_TIMEOUT_S)
             except Exception:
                 if pod.log:
-                    with open(path, "a", encoding="utf-8") as f:
-                        f.write(f"--- last lines of pod {pod.name} ({pod.problem}) ---\n{pod.log.rstrip()}\n")
+                    with open_append(path) as f:  # mode 600, as every log of a run
+                        f.write(f"--- last lines of pod {pod.name} ({pod.problem}) ---\n{pod.log.rstrip()}\n"
+                                .encode())
                 continue
-            path.write_text(text, encoding="utf-8")
+            write_text(path, text, mode=0o600, unique=True)
 
     def _finish(self, run: RunRecord) -> None:
         events = read_rank_events(run.run_dir / "events" / "rank-0.jsonl")

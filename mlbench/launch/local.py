@@ -33,6 +33,7 @@ from mlbench.launch.supervisor import (
 )
 from mlbench.network.settings import NetworkSettings
 from mlbench.results.store import CANCELLED, FAILED, FINISHED, RunRecord, RunStore
+from mlbench.safefile import open_append
 
 #: Local workers per usable core, and the memory one needs at least (a PyTorch process with a
 #: small model), bounding how many this machine is asked to start.
@@ -125,7 +126,7 @@ class LocalLauncher(Launcher):
 
     def start_detached(self, record: RunRecord) -> None:
         """Supervise the run from a background process that outlives this one."""
-        log = open(logs_dir(record.run_dir) / "supervisor.log", "ab")  # noqa: SIM115 - closed below, after the fork
+        log = open_append(logs_dir(record.run_dir) / "supervisor.log")  # mode 600; closed below, after the fork
         try:
             proc = subprocess.Popen([sys.executable, "-m", "mlbench.launch.local", str(self.store.home), record.id],
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -98,6 +98,20 @@ def parse_duration(text: str) -> float:
     return total
 
 
+#: The largest seed: the run catalog keeps seeds as SQLite's 64-bit signed INTEGER.
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed: int, repeat: int = 1) -> None:
+    """Refuse a seed outside 0..MAX_SEED, or one whose ``repeat`` runs (seeds SEED..SEED+REPEAT-1)
+    would go past it, before anything is recorded."""
+    if not 0 <= seed <= MAX_SEED:
+        raise UsageError(f"--seed {seed}: give a whole number from 0 to {MAX_SEED}")
+    if seed + repeat - 1 > MAX_SEED:
+        raise UsageError(f"--seed {seed} with --repeat {repeat} uses seeds up to {seed + repeat - 1}; "
+                         f"the largest seed is {MAX_SEED}")
+
+
 @dataclass
 class WorkerResources:
     """What each worker gets when it runs elsewhere than this machine (a pod on a cluster).
@@ -149,6 +163,7 @@ def build_config(request: RunRequest,
     """The worker configuration and the list of closed-division values the request changed."""
     if request.workers < 1:
         raise UsageError(f"the number of workers must be at least 1, not {request.workers}")
+    check_seed(request.seed)
     if request.data not in ("real", "synthetic"):
         raise UsageError(f"--data {request.data}: choose real or synthetic")
     task = get_task(request.task)

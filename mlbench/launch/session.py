@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from mlbench.errors import UsageError
 from mlbench.launch.base import EventCallback, Launcher
-from mlbench.launch.plan import RunRequest
+from mlbench.launch.plan import RunRequest, check_seed
 from mlbench.results.store import CANCELLED, FINISHED, RunRecord, RunStore
 
 #: Exit codes of `mlbench run` and `mlbench status RUN --follow` (README, "CLI reference"): 3
@@ -71,6 +71,7 @@ def plan_runs(base: RunRequest, worker_counts: Sequence[int], repeat: int = 1,
         raise UsageError(f"the number of workers must be at least 1, not {min(worker_counts)}")
     if repeat < 1:
         raise UsageError(f"--repeat must be at least 1, not {repeat}")
+    check_seed(base.seed, repeat)
     networks = list(networks) or [None]
     count = len(worker_counts) * repeat * len(networks)
     several = "one worker count, one bandwidth and no --repeat" if len(networks) > 1 else \

@@ -34,6 +34,7 @@ from mlbench.launch.run_folder import log_path, log_tail, logs_dir, rank_error, 
 from mlbench.launch.slurm_script import SCRIPT_NAME, SlurmOptions, render_script
 from mlbench.results.store import CANCELLED, FAILED, FINISHED, RunRecord
 from mlbench.run_config import RunDocument
+from mlbench.safefile import write_text
 
 CANCEL_WAIT_SECONDS = 60.0
 # srun's line for a task that ended badly, e.g. "srun: error: node1: task 1: Killed"
@@ -140,9 +141,10 @@ class SlurmLauncher(Launcher):
     def job_options(self) -> SlurmOptions:
         """The job's options from the values of this launcher's `mlbench run` options."""
         values = self.settings.options
+        cpus = values.get("cpus_per_task")  # 0 is refused by validate(), not taken for "not given"
         return SlurmOptions(
             partition=values.get("partition"), account=values.get("account"), time=values.get("time"),
-            gpus_per_task=values.get("gpus_per_task"), cpus_per_task=values.get("cpus_per_task") or 1,
+            gpus_per_task=values.get("gpus_per_task"), cpus_per_task=1 if cpus is None else cpus,
             constraint=values.get("constraint"), extra=list(values.get("sbatch_options") or ()),
             iface=values.get("iface")).validate()
 
@@ -174,7 +176,7 @@ class SlurmLauncher(Launcher):
         except MlbenchError:
             self.store.delete(record.id)
             raise
-        (record.run_dir / SCRIPT_NAME).write_text(script, encoding="utf-8")
+        write_text(record.run_dir / SCRIPT_NAME, script, mode=0o600)
         return record
 
     def start_detached(self, record: RunRecord) -> None:

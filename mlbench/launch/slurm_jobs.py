@@ -47,10 +47,10 @@ def require(command: str) -> str:
     return path
 
 
-def _run(args: list[str]) -> subprocess.CompletedProcess:
+def _run(args: list[str], umask: int = -1) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(args, capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, umask=umask)
     except FileNotFoundError:
         raise UsageError(f"--slurm: `{args[0]}` is not on PATH; run mlbench on a machine of the "
                          "Slurm cluster (a login node)") from None
@@ -67,7 +67,9 @@ def _last_line(text: str) -> str:
 def submit(script: Path, test_only: bool = False) -> str:
     """``sbatch --parsable SCRIPT``: the job id (``--test-only``: sbatch's verdict, nothing queued)."""
     args = [require("sbatch"), "--test-only" if test_only else "--parsable", str(script)]
-    proc = _run(args)
+    # Slurm creates the job's output file with the umask sbatch ran with (SLURM_UMASK): the
+    # run's logs are its user's alone, as the rest of the run folder
+    proc = _run(args, umask=0o077)
     if proc.returncode != 0:
         raise MlbenchError(f"sbatch refused the job: {_last_line(proc.stderr or proc.stdout)}")
     if test_only:

@@ -111,6 +111,7 @@ def render_script(run_id: str, name: str, run_dir: Path, workers: int, backend: 
         "# The run folder must be on a file system that every node shares.",
         *(f"#SBATCH {d}" for d in directives),
         "set -eu",
+        "umask 077  # the workers' logs and events (srun --output, mpirun's log) are the user's alone",
         "# rank 0 is task 0, on the first node of the allocation, where this script runs",
         'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         f'MASTER_PORT="$({shlex.quote(python)} -c {shlex.quote(_FREE_PORT)})"',

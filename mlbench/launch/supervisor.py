@@ -46,6 +46,7 @@ from mlbench.results.store import (
 )
 from mlbench.results.watchdog import Stall, judge
 from mlbench.run_config import RunConfig, RunDocument
+from mlbench.safefile import open_append
 from mlbench.worker.heartbeat import SUPERVISED_ENV
 
 POLL_SECONDS = 0.1
@@ -161,7 +162,7 @@ class WorkerProcesses:
     def spawn(self, cmd: list[str], log_name: str, env: dict[str, str],
               pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
         """One process in its own session, logging to ``logs/LOG_NAME``, tied to our life."""
-        with open(logs_dir(self.run_dir) / log_name, "ab") as log:
+        with open_append(logs_dir(self.run_dir) / log_name) as log:  # mode 600, never through a link
             return subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, pass_fds=pass_fds, start_new_session=True, preexec_fn=tied_to_this_process())

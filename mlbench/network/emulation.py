@@ -26,6 +26,7 @@ from mlbench.errors import MlbenchError, UsageError
 from mlbench.network import netns
 from mlbench.network.settings import NetworkSettings
 from mlbench.network.tc import describe
+from mlbench.safefile import open_append
 
 READY_TIMEOUT_S = 60.0
 NETWORK_LOST = "the emulated network ended before the workers (its holder process exited)"
@@ -122,7 +123,7 @@ class LocalNetwork:
 
     def start(self, preexec_fn: Callable[[], None] | None = None) -> None:
         """Build the network; raises NetworkError (and leaves nothing) when it cannot."""
-        with open(self.log_path, "ab") as log:
+        with open_append(self.log_path) as log:  # mode 600, as every log of a run
             self.proc = subprocess.Popen(
                 _holder_command([str(self.workers), json.dumps(self.settings.to_dict())]),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,

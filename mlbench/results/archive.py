@@ -16,11 +16,11 @@ import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
-from mlbench.errors import MlbenchError
 from mlbench.results.events import read_run_events
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
 from mlbench.run_config import RunDocument
+from mlbench.safefile import replacing
 
 # files a launcher keeps in the run folder beside run.json: the batch script of a Slurm job
 RECORDED_FILES = ("job.sbatch",)
@@ -46,36 +46,25 @@ def run_document(run: RunRecord) -> dict:
 def write_archive(run: RunRecord, output: str | os.PathLike) -> Path:
     """Write the zip as ``OUTPUT.part``, then rename it to ``OUTPUT``.
 
-    The partial file is created exclusively and never through a link (O_EXCL | O_NOFOLLOW): a
-    file or link already at that name (planted, or left by an interrupted download) is refused,
+    The partial file is created exclusively and never through a link (:mod:`mlbench.safefile`):
+    a file or link already at that name (planted, or left by an interrupted download) is refused,
     not followed or overwritten; the rename replaces a link at ``OUTPUT`` itself, not its target.
     """
     output = Path(output)
     events = read_run_events(run.run_dir)
-    tmp = output.with_name(output.name + ".part")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
-    except FileExistsError:
-        raise MlbenchError(f"{tmp} already exists (another download writing it, or one that was "
-                           "interrupted); remove it and try again") from None
-    try:
-        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-            zf.writestr("run.json", json.dumps(run_document(run), indent=2, sort_keys=True, default=str))
-            zf.writestr("metrics.jsonl", "".join(json.dumps(e) + "\n" for e in events))
-            zf.writestr("metrics.csv", _csv(events))
-            for name in RECORDED_FILES:
-                if (run.run_dir / name).is_file():
-                    zf.write(run.run_dir / name, name)
-            for sub in ("events", "logs"):
-                folder = run.run_dir / sub
-                if folder.is_dir():
-                    for path in sorted(folder.iterdir()):
-                        if path.is_file() and not path.is_symlink():  # never what a link points to
-                            zf.write(path, f"{sub}/{path.name}")
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a failed download leaves nothing half-written behind
-        raise
-    os.replace(tmp, output)
+    with replacing(output) as f, zipfile.ZipFile(f, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("run.json", json.dumps(run_document(run), indent=2, sort_keys=True, default=str))
+        zf.writestr("metrics.jsonl", "".join(json.dumps(e) + "\n" for e in events))
+        zf.writestr("metrics.csv", _csv(events))
+        for name in RECORDED_FILES:
+            if (run.run_dir / name).is_file():
+                zf.write(run.run_dir / name, name)
+        for sub in ("events", "logs"):
+            folder = run.run_dir / sub
+            if folder.is_dir():
+                for path in sorted(folder.iterdir()):
+                    if path.is_file() and not path.is_symlink():  # never what a link points to
+                        zf.write(path, f"{sub}/{path.name}")
     return output
 
 

@@ -136,12 +136,24 @@ class Catalog:
             try:
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))
             except OSError as err:
-                raise self._os_error(err) from None
-        with self.connect(write=True) as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            found = self._version(db)
+                raise self.os_error(err) from None
+        try:
+            with self.connect(write=True) as db:
+                db.execute("PRAGMA journal_mode=WAL")
+                found = self._version(db)
+        except StoreError:
+            if not disk_full(self.home):
+                raise
+            # a full disk: SQLite cannot make the WAL index a writable connection needs, yet a
+            # current catalog needs nothing written, and `delete` must still free space
+            with self.connect(read=True) as db:
+                found = self._version(db)
             if found == SCHEMA_VERSION:
                 return found
+            raise
+        if found == SCHEMA_VERSION:
+            return found
+        with self.connect(write=True) as db:
             db.isolation_level = None  # explicit BEGIN IMMEDIATE: one migrator at a time
             db.execute("BEGIN IMMEDIATE")
             try:
@@ -176,10 +188,11 @@ class Catalog:
         return version
 
     @contextlib.contextmanager
-    def connect(self, write: bool = False) -> Iterator[sqlite3.Connection]:
-        """A connection inside a transaction (committed on success); SQLite errors -> StoreError."""
+    def connect(self, write: bool = False, read: bool = False) -> Iterator[sqlite3.Connection]:
+        """A connection inside a transaction (committed on success); SQLite errors -> StoreError.
+        ``read``: a read-only connection even to a writable store."""
         try:
-            db = self._open(write)
+            db = self._open_read() if read else self._open(write)
             try:
                 with db:
                     yield db
@@ -189,8 +202,23 @@ class Catalog:
             raise self.error(err) from None
 
     def _open(self, write: bool) -> sqlite3.Connection:
-        if write or not self.read_only:
+        if write:
             return sqlite3.connect(self._uri("rw"), uri=True, timeout=BUSY_SECONDS)
+        if self.read_only:
+            return self._open_read()
+        db = sqlite3.connect(self._uri("rw"), uri=True, timeout=BUSY_SECONDS)
+        try:
+            db.execute("PRAGMA user_version").fetchone()  # opens the file (and the WAL index) now
+            return db
+        except sqlite3.OperationalError:
+            db.close()
+            if not disk_full(self.home):
+                raise
+        # a full disk leaves no room for the WAL index of a writable connection: read as the
+        # read-only commands do (`delete` finds its runs so, and frees space)
+        return self._open_read()
+
+    def _open_read(self) -> sqlite3.Connection:
         if not self.path.exists():  # nothing recorded yet: an empty catalog, and nothing created
             db = sqlite3.connect(":memory:")
             db.executescript(_V1)
@@ -213,13 +241,28 @@ class Catalog:
     def _writable(self) -> bool:
         return os.access(self.home, os.W_OK) and (not self.path.exists() or os.access(self.path, os.W_OK))
 
-    def _os_error(self, err: OSError) -> StoreError:
+    def check_writable(self) -> None:
+        """Refuse, in one line, a store this process cannot write (before removing anything)."""
+        if not self.home.exists():
+            raise self.missing_error()
+        if not self._writable():
+            raise self._read_only_error("permission denied or a read-only file system")
+
+    def os_error(self, err: OSError) -> StoreError:
+        """One sentence for a failed write of a file in the store (a run folder, the catalog)."""
+        if not self.home.exists():
+            return self.missing_error()
         if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             return self._read_only_error(err.strerror or str(err))
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             return self._full_error()
-        return StoreError(f"cannot create the run catalog {self.path} ({err.strerror or err}); "
+        return StoreError(f"cannot write the run store at {self.home} ({err.strerror or err}); "
                           "set MLBENCH_HOME to a writable folder")
+
+    def missing_error(self) -> StoreError:
+        """The store's folder is gone (deleted or moved while a dashboard or a run used it)."""
+        return StoreError(f"the run store at {self.home} no longer exists (its folder was deleted or "
+                          "moved); restore it, or start the command again to begin a new, empty store there")
 
     def _read_only_error(self, detail: str) -> StoreReadOnly:
         return StoreReadOnly(f"the run store at {self.home} is read-only ({detail}); commands that "
@@ -235,6 +278,8 @@ class Catalog:
     def error(self, err: sqlite3.Error) -> StoreError:
         """One sentence for a failed SQLite call: what is wrong and what to do."""
         code, message = _code(err), str(err)
+        if not self.home.exists():
+            return self.missing_error()
         if self.path.exists() and not os.access(self.path, os.R_OK):
             return StoreError(f"cannot read the run catalog {self.path} (permission denied); it belongs "
                               "to another user: set MLBENCH_HOME to a store of your own")

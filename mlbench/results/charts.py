@@ -27,6 +27,7 @@ from mlbench.network.settings import format_rate, format_time
 from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, RunResult,
                                      sweep_bandwidth)
 from mlbench.results.report import differs_in_network, group_label, is_sweep, task_metric
+from mlbench.safefile import replacing
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -58,7 +59,8 @@ def write_charts(comparison: Comparison, out_dir: str | Path,
         fig = drawers[name](comparison)
         for fmt in formats:
             path = out / f"{comparison.task}-{name}.{fmt}"
-            fig.savefig(path, format=fmt, dpi=100, metadata=_metadata(fmt))
+            with replacing(path) as f:  # whole, and never through a link planted at its name
+                fig.savefig(f, format=fmt, dpi=100, metadata=_metadata(fmt))
             written.append(path)
     return written
 

@@ -42,7 +42,7 @@ class FileSink:
         folder = Path(run_dir) / EVENTS_DIR
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.path = folder / f"rank-{rank}.jsonl"
-        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         self._file = open(descriptor, "a", encoding="utf-8")  # noqa: SIM115 - held until close()
 
     def write(self, event: dict[str, Any]) -> None:

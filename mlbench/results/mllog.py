@@ -47,6 +47,7 @@ from mlbench.results.outcome import AllreduceResult, TrainingResult, read_result
 from mlbench.results.mlperf_rules import checker_command
 from mlbench.results.store import RunRecord
 from mlbench.run_config import RunConfig, RunDocument, occupancy
+from mlbench.safefile import write_text
 from mlbench.tasks.metrics import LATENCY
 from mlbench.tasks.spec import TaskSpec
 
@@ -135,13 +136,10 @@ def _sweep(log: _Log, rank0: list[dict[str, Any]], sweep: AllreduceResult, init_
 
 
 def write_mllog(record: RunRecord, output: str | os.PathLike) -> Path:
-    """Write the run's :::MLLOG log to ``output`` (atomically)."""
-    output = Path(output)
+    """Write the run's :::MLLOG log to ``output``: whole, and never through a link planted at
+    its name or at its partial file's (:mod:`mlbench.safefile`)."""
     lines = mllog_lines(record, read_run_events(record.run_dir), RunDocument.load_or_none(record.run_dir))
-    tmp = output.with_name(output.name + ".part")
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    os.replace(tmp, output)
-    return output
+    return write_text(output, "".join(line + "\n" for line in lines))
 
 
 def check_mllog(path: str | os.PathLike) -> tuple[bool, str]:

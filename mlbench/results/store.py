@@ -124,22 +124,34 @@ class RunStore:
     def create(self, *, task: str, workers: int, division: str, run_json: dict[str, Any],
                name: str | None = None, optimizer: str = "centralized-sgd", launcher: str = "local",
                seed: int | None = None, group_id: str | None = None) -> RunRecord:
-        """A new run in state `pending`, with its folder and run.json written."""
+        """A new run in state `pending`, with its folder and run.json written.
+
+        The folder and the catalog row exist together or not at all: the folder is written
+        first (nothing is recorded when it cannot be: a full disk), and removed again when the
+        row cannot be added, so that no run folder is left that no command lists."""
         run_id = secrets.token_hex(4)
         name = name or f"{task}-{workers}w-{run_id[:4]}"
         run_dir = self.runs_dir / run_id
-        run_dir.mkdir(mode=0o700)
-        (run_dir / "events").mkdir(mode=0o700)
-        (run_dir / "logs").mkdir(mode=0o700)
-        run_json = {"id": run_id, "name": name, **run_json}
-        write_json_atomic(run_dir / "run.json", run_json)
-        now = time.time()
-        with self.catalog.connect(write=True) as db:
-            db.execute(
-                "INSERT INTO runs (id, name, task, workers, state, division, optimizer, launcher, "
-                "created_at, seed, group_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (run_id, name, task, workers, PENDING, division, optimizer, launcher, now, seed,
-                 group_id))
+        try:
+            run_dir.mkdir(mode=0o700)
+        except OSError as err:
+            raise self.catalog.os_error(err) from None
+        try:
+            try:
+                (run_dir / "events").mkdir(mode=0o700)
+                (run_dir / "logs").mkdir(mode=0o700)
+                write_json_atomic(run_dir / "run.json", {"id": run_id, "name": name, **run_json})
+            except OSError as err:
+                raise self.catalog.os_error(err) from None
+            with self.catalog.connect(write=True) as db:
+                db.execute(
+                    "INSERT INTO runs (id, name, task, workers, state, division, optimizer, launcher, "
+                    "created_at, seed, group_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    (run_id, name, task, workers, PENDING, division, optimizer, launcher, time.time(),
+                     seed, group_id))
+        except BaseException:
+            shutil.rmtree(run_dir, ignore_errors=True)  # ours: created above
+            raise
         return self.get(run_id)
 
     # -- reading --------------------------------------------------------------------------
@@ -228,7 +240,23 @@ class RunStore:
             return cursor.rowcount > 0
 
     def delete(self, run_id: str) -> None:
+        """Remove a run's folder, then its catalog row; works on a full disk.
+
+        SQLite needs space to journal the DELETE (a WAL file, its index): the folder goes first,
+        and what it frees is often enough; when it is not, the space reserve is given up for the
+        row, as for recording how a run ended. A store that cannot be written is refused before
+        anything is removed."""
+        self.catalog.check_writable()
+        shutil.rmtree(self.runs_dir / run_id, ignore_errors=True)
+        try:
+            self._delete_row(run_id)
+        except StoreReadOnly:
+            raise
+        except StoreError:
+            if not release_space(self.home):
+                raise
+            self._delete_row(run_id)
+
+    def _delete_row(self, run_id: str) -> None:
         with self.catalog.connect(write=True) as db:
             db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
-        shutil.rmtree(self.runs_dir / run_id, ignore_errors=True)
-

@@ -112,7 +112,7 @@ class EventLog:
             if fresh:
                 lines = "".join(json.dumps(fresh[s], separators=(",", ":")) + "\n" for s in sorted(fresh))
                 path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # the store is private
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # private, no link
                 with open(fd, "a", encoding="utf-8") as f:
                     f.write(lines)
                     f.flush()

@@ -49,8 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     config = document.config
     try:
         launch = launcher_env(args.rank)
+    except MlbenchError as err:
+        print(f"Error: {err}", file=sys.stderr)
+        return err.exit_code
+    try:
         check_world_size(launch, config.workers, args.run_dir)
     except MlbenchError as err:
+        _record_refusal(args.run_dir, max(launch.rank, 0), document.id, str(err))
         print(f"Error: {err}", file=sys.stderr)
         return err.exit_code
     # a file per rank on the run folder's (shared) file system; HTTP to the results service
@@ -159,6 +164,18 @@ def _stalled_peer(events: EventWriter, reason: str, record: bool) -> None:
     except Exception:  # exiting regardless; the log has the reason
         pass
     os._exit(1)
+
+
+def _record_refusal(run_dir: Path, rank: int, run_id: str | None, message: str) -> None:
+    """Record why a worker refused to start as its ``error`` event, so that the run is marked
+    failed with that reason: under torchrun, srun or mpirun no mlbench process watches the run,
+    which would otherwise stay pending for ever. Best effort, as :func:`_record_error`."""
+    try:
+        events = EventWriter(open_sink(run_dir, rank, run_id), rank)
+        _record_error(events, message)
+        events.close()
+    except (MlbenchError, OSError) as err:
+        print(f"could not record the error event: {err}", file=sys.stderr)
 
 
 def _record_error(events: EventWriter, message: str) -> None:

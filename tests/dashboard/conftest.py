@@ -83,11 +83,10 @@ class Lab:
         return sorted((r for r in self.store().list() if r.group_id), key=lambda r: r.workers)
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory, libsvm_dir):
+def start_dashboard(base: Path) -> Lab:
+    """`mlbench dashboard` serving the run store ``base/home`` (its own config and data folders)."""
     for package in ("starlette", "uvicorn"):
         pytest.importorskip(package, reason=f"the dashboard needs {package} (pip install 'mlbench[dashboard]')")
-    base = tmp_path_factory.mktemp("dashboard-lab")
     env = dict(os.environ, MLBENCH_HOME=str(base / "home"), MLBENCH_CONFIG_DIR=str(base / "config"),
                MLBENCH_DATA=str(base / "data"), PYTHONUNBUFFERED="1")
     server = subprocess.Popen([sys.executable, "-m", "mlbench", "dashboard", "--port", "0"], env=env,
@@ -101,6 +100,22 @@ def lab(tmp_path_factory, libsvm_dir):
         lab._lines.put(None)
 
     threading.Thread(target=read_lines, daemon=True).start()
+    return lab
+
+
+def stop_dashboard(lab: Lab) -> None:
+    lab.server.send_signal(signal.SIGTERM)
+    try:
+        lab.server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        lab.server.kill()
+        lab.server.wait()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, libsvm_dir):
+    lab = start_dashboard(tmp_path_factory.mktemp("dashboard-lab"))
+    env = lab.env
     lab._runs = threading.Thread(target=lambda: lab._runs_result.append(mlbench(
         "run", "task2a", "1", "2", "--data-dir", str(libsvm_dir), "--light", env=env, timeout=500)))
     lab._runs.start()
@@ -113,12 +128,7 @@ def lab(tmp_path_factory, libsvm_dir):
         for record in store.list():
             if record.active:
                 launcher_of(store, record).cancel(record)
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_dashboard(lab)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,11 @@ def refused(form: dict) -> dict[str, str]:
     ({"optimizer": "powersgd", "options": {"rank": "x"}}, "opt.rank", "option rank=x: expected an integer"),
     ({"optimizer": "adamw"}, "optimizer", "unknown optimizer 'adamw'; choose one of: "),
     ({"data_dir": "/no/such/folder"}, "data_dir", "--data-dir /no/such/folder: no such folder"),
+    ({"seed": "99999999999999999999"}, "seed", "--seed 99999999999999999999: give a whole number from 0 to "),
+    ({"seed": "-3"}, "seed", "--seed -3: give a whole number from 0 to 9223372036854775807"),
+    ({"where": "mars"}, "where", "where 'mars': runs can be started on 'local'"),
+    ({"where": "cluster"}, "where", "where 'cluster': runs can be started on 'local'"),
+    ({"optimizer": "powersgd", "options": "rank=2"}, "form", "options 'rank=2': send the optimizer's options "),
 ])
 def test_a_wrong_field_is_refused_with_the_cli_sentence_beside_it(form, field, sentence, libsvm_dir):
     form.setdefault("data_dir", str(libsvm_dir))

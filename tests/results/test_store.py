@@ -248,3 +248,101 @@ def test_a_disk_that_fills_during_a_run_fails_the_run_with_that_reason():
     assert "no space left" in reason.lower() and os.environ["MLBENCH_HOME"] in reason, reason
     err = Path(os.environ["MLBENCH_HOME"] + ".err").read_text()
     assert "Traceback" not in err, err
+
+
+# -- a run's folder and its row exist together; delete works on a full disk (issue 21, 6 and 7) --
+
+def store_contents(store: RunStore) -> tuple[list[str], list[str]]:
+    """(the catalog's run ids, the run folders), each sorted."""
+    return sorted(r.id for r in store.list()), sorted(p.name for p in store.runs_dir.iterdir())
+
+
+def test_a_row_that_cannot_be_written_leaves_no_run_folder():
+    store = RunStore()
+    kept = record_run(store, workers=1, tta=1.0, wall=2.0)
+    with pytest.raises(OverflowError):  # SQLite's INTEGER is 64-bit signed: the INSERT fails
+        store.create(task="task0a", workers=1, division="closed", run_json={}, seed=2**64)
+    assert store_contents(store) == ([kept.id], [kept.id])
+
+
+def test_a_run_folder_that_cannot_be_written_records_no_run_in_one_line():
+    store = RunStore()
+    kept = record_run(store, workers=1, tta=1.0, wall=2.0)
+    store.runs_dir.rename(store.home / "runs-aside")
+    store.runs_dir.write_text("a file where the run folders should be\n")
+    with pytest.raises(StoreError, match="cannot write the run store at"):
+        store.create(task="task0a", workers=1, division="closed", run_json={})
+    assert [r.id for r in store.list()] == [kept.id]
+
+
+def test_a_seed_out_of_range_is_a_usage_error_and_records_nothing():
+    store = RunStore()
+    for args, text in ((["--seed", "99999999999999999999"], "--seed 99999999999999999999: give a whole "
+                                                             "number from 0 to 9223372036854775807"),
+                       (["--seed", "-1"], "--seed -1: give a whole number from 0 to 9223372036854775807"),
+                       (["--seed", str(2**63 - 1), "--repeat", "2"], "uses seeds up to 9223372036854775808")):
+        result = commands(["run", "task0a", "1", "--max-size", "16", *args])[0]
+        assert result["code"] == 2, result
+        assert text in one_line(result)
+    assert store_contents(store) == ([], [])
+
+
+FULL_DISK_DRIVER = r"""
+import json, os, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from mlbench.results.store import RunStore
+from tests.results.recorded import record_run
+
+home = Path(os.environ["MLBENCH_HOME"])
+store = RunStore(home)
+runs = [record_run(store, workers=1, tta=1.0, wall=2.0) for _ in range(4)]
+if sys.argv[2] == "no-reserve":  # given up already (a run ended on this full disk): the logs free space
+    (home / ".space-reserve").unlink()
+    for run in runs:
+        (run.run_dir / "logs" / "rank-0.log").write_bytes(os.urandom(128 * 1024))
+fd = os.open(home / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+for size in (65536, 4096, 512, 1):  # until not one more byte fits
+    try:
+        while True:
+            os.write(fd, b"x" * size)
+    except OSError:
+        pass
+os.close(fd)
+st = os.statvfs(home)
+
+def mlbench(*args):
+    proc = subprocess.run([sys.executable, "-m", "mlbench", *args], capture_output=True, text=True, timeout=120)
+    return [proc.returncode, proc.stdout, proc.stderr]
+
+out = {"free": st.f_bavail * st.f_frsize, "runs": [r.id for r in runs],
+       "record": mlbench("run", "task0a", "1", "--max-size", "16", "--record-only"),
+       "delete": mlbench("delete", "-y", runs[0].id, runs[1].id)}
+store = RunStore(home, read_only=True)
+out["rows"] = sorted(r.id for r in store.list())
+out["folders"] = sorted(p.name for p in store.runs_dir.iterdir())
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("reserve", ["reserve", "no-reserve"])
+def test_delete_works_on_a_full_disk_and_a_new_run_is_refused_without_a_trace(reserve):
+    """A real store on a 2 MiB tmpfs filled to the last byte: `delete` removes the runs (folders
+    and rows), with the store's space reserve or, once that is spent, with the space the run
+    folders free; `run` is refused in one line, leaving neither a folder nor a row."""
+    shell = ('mkdir -p "$MLBENCH_HOME" && mount -t tmpfs -o size=2m,mode=0700 mlbench-full "$MLBENCH_HOME" '
+             '|| exit 99; exec "$@"')
+    repo = str(Path(__file__).resolve().parents[2])
+    proc = in_private_mounts(shell, sys.executable, "-c", FULL_DISK_DRIVER, repo, reserve)
+    if proc.returncode == 99:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["free"] == 0, out
+    code, _, err = out["record"]
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "no space left" in err, out["record"]
+    code, stdout, err = out["delete"]
+    assert code == 0 and err == "", out["delete"]
+    kept = sorted(out["runs"][2:])
+    assert stdout.count("Deleted run") == 2
+    assert out["rows"] == kept and out["folders"] == kept, out
