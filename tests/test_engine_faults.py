@@ -189,7 +189,7 @@ def test_reconciling_a_stale_record_does_not_overwrite_a_finished_run(tmp_path):
 
 
 def test_a_run_whose_workers_cannot_be_started_is_marked_failed(tmp_path, monkeypatch):
-    from mlbench.launch import supervisor
+    from mlbench.launch import forked, supervisor
     from mlbench.launch.registry import launcher_class
 
     def no_processes(*args, **kwargs):
@@ -199,7 +199,8 @@ def test_a_run_whose_workers_cannot_be_started_is_marked_failed(tmp_path, monkey
 
     launcher = launcher_class("local")(RunStore(tmp_path / "home"))
     run = launcher.create(RunRequest(task="task1a", workers=2, data="synthetic"))
-    monkeypatch.setattr(supervisor.subprocess, "Popen", no_processes)
+    monkeypatch.setattr(supervisor.subprocess, "Popen", no_processes)   # workers started fresh
+    monkeypatch.setattr(forked.os, "fork", no_processes)                 # workers forked (fork's EAGAIN)
     with pytest.raises(OSError):
         launcher.run_attached(run)
     store = launcher.store

@@ -1,0 +1,171 @@
+"""Worker processes forked from a supervisor that imported torch once.
+
+A fresh ``python -m mlbench.worker`` spends 3-5 CPU seconds importing torch and the task's
+modules before its first step; a run of k local workers paid that k times over, which on a
+2-core laptop (or CI box) was most of a short run's cost. The local supervisor instead imports
+the worker's modules once and forks each rank from itself, as PyTorch's DataLoader and
+multiprocessing's forkserver do: the ranks share the imported pages copy-on-write and start in
+milliseconds. Each child is then made to look like the process ``subprocess.Popen`` would have
+started: its own session, stdin from /dev/null, stdout and stderr to its log file, the rank's
+environment, no descriptor of the parent's except those passed on purpose, and tied to the
+supervisor's life.
+
+Forking is only safe from a process with one thread and no CUDA context: :func:`can_fork` says
+so, and the supervisor starts fresh interpreters otherwise (and always for the emulated
+network's namespaces, whose command is ``nsenter``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+from pathlib import Path
+
+from mlbench.safefile import open_append
+
+#: What a worker imports before its first step (the task's own runtime is added per run).
+PRELOADED_MODULES = ("torch", "mlbench.worker.__main__", "mlbench.worker.trainer",
+                     "mlbench.results.environment")
+#: Set in the environment to start every worker as a fresh interpreter (the behaviour before forking).
+NO_FORK_ENV = "MLBENCH_NO_FORK"
+_WAIT_POLL_SECONDS = 0.02
+#: In a child: the parent's standard stream objects, kept alive (see _become_a_fresh_process).
+_PARENT_STREAMS: list[object] = []
+
+
+class ForkedProcess:
+    """A forked child with the part of :class:`subprocess.Popen` the supervisor uses."""
+
+    def __init__(self, pid: int, args: Sequence[str]):
+        self.pid = pid
+        self.args = list(args)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit code (minus the signal's number for a signal), or None while it runs."""
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: nothing more can be known
+                self.returncode = 1
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            time.sleep(_WAIT_POLL_SECONDS)
+        assert self.returncode is not None
+        return self.returncode
+
+
+def can_fork() -> bool:
+    """Whether this process may fork workers: Linux, one thread, no CUDA context, not refused."""
+    if not sys.platform.startswith("linux") or os.environ.get(NO_FORK_ENV) or threading.active_count() != 1:
+        return False
+    cuda = sys.modules.get("torch.cuda")
+    return not (cuda is not None and cuda.is_initialized())
+
+
+def preload(runtime_module: str | None) -> None:
+    """Import what every rank needs once, here, before the forks share it."""
+    for name in (*PRELOADED_MODULES, *([runtime_module] if runtime_module else [])):
+        importlib.import_module(name)
+
+
+def fork_worker(worker_args: Sequence[str], log: Path, env: dict[str, str], keep_fds: Sequence[int] = (),
+                before_main: Callable[[], None] | None = None) -> ForkedProcess:
+    """Fork a child that runs ``python -m mlbench.worker WORKER_ARGS`` in this interpreter.
+
+    ``log`` receives its stdout and stderr (appended, created private); ``keep_fds`` stay open
+    in the child (a listening socket); ``before_main`` runs first in the child (tying it to
+    this process's life)."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # or the child would write this process's buffered output once more
+    with open_append(log) as opened:   # mode 600, never through a link (as the spawned workers' logs)
+        pid = os.fork()
+        if pid == 0:
+            _child(worker_args, opened.fileno(), env, keep_fds, before_main)   # never returns
+    return ForkedProcess(pid, ["mlbench.worker", *worker_args])
+
+
+def _child(worker_args: Sequence[str], log_fd: int, env: dict[str, str], keep_fds: Sequence[int],
+           before_main: Callable[[], None] | None) -> NoReturn:
+    """The forked child: becomes a worker, runs it, and exits with its code, whatever happens."""
+    code = 1
+    try:
+        os.setsid()
+        if before_main is not None:
+            before_main()
+        _become_a_fresh_process(log_fd, env, keep_fds)
+        _name_this_process(worker_args)
+        from mlbench.worker.__main__ import main
+        code = main(list(worker_args))
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except BaseException:  # whatever happens, the child must end here
+        traceback.print_exc()
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def _become_a_fresh_process(log_fd: int, env: dict[str, str], keep_fds: Sequence[int]) -> None:
+    """In the child: the standard streams, descriptors, signals and environment that
+    ``subprocess.Popen(..., close_fds=True)`` of a new interpreter would have given it."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    # The parent's other descriptors (its store, pipes a caller waits on to close) must not stay
+    # open here. They are pointed at /dev/null rather than closed: the parent's Python objects
+    # that own them live on in this copy, and one collected later would close a reused number.
+    keep = {0, 1, 2, devnull, *keep_fds}
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.dup2(devnull, fd, inheritable=False)
+            except OSError:  # the listing's own descriptor, already closed
+                pass
+    # the parent's stream objects own descriptors 0-2 and would close them when collected
+    _PARENT_STREAMS.extend([sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__])
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True)
+    os.environ.clear()
+    os.environ.update(env)
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    sys.argv = [sys.executable, "-m", "mlbench.worker"]
+
+
+def _name_this_process(worker_args: Sequence[str]) -> None:
+    """The child keeps its parent's command line; its name (``ps -o comm``, ``pgrep``, ``top``)
+    at least says what it is: ``mlbench-rank1``."""
+    rank = worker_args[worker_args.index("--rank") + 1] if "--rank" in worker_args else "?"
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, f"mlbench-rank{rank}".encode()[:15])  # PR_SET_NAME
+    except OSError:
+        pass

@@ -1,0 +1,81 @@
+"""Local workers forked from the supervisor (mlbench.launch.forked) look like fresh processes.
+
+A forked rank must not keep what its parent had open (the catalog's database, the pipe a caller
+reads the CLI's output from), must run in its own session with the run's environment, and log
+to its own private file; the same holds for workers started as fresh interpreters
+(MLBENCH_NO_FORK=1, and always inside the emulated network's namespaces)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from mlbench.launch.supervisor import pid_alive
+from mlbench.results.store import RunStore
+from tests.helpers import wait_for
+
+LONG_RUN = ("run", "task2a", "2", "--data", "synthetic", "--max-steps", "100000", "--log-every", "2")
+
+
+def running_workers(timeout: float = 120) -> tuple[object, list[int]]:
+    def ready():
+        runs = RunStore().list()
+        if not runs or not (runs[-1].run_dir / "pids.json").exists():
+            return None
+        beats = runs[-1].run_dir / "heartbeats"
+        workers = json.loads((runs[-1].run_dir / "pids.json").read_text())["workers"]
+        return (runs[-1], workers) if beats.exists() and len(list(beats.iterdir())) == 2 else None
+    return wait_for(ready, timeout, "both workers to run")
+
+
+def open_files(pid: int) -> dict[int, str]:
+    fds = {}
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            fds[int(name)] = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            pass
+    return fds
+
+
+def environment(pid: int) -> dict[str, str]:
+    pairs = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["forked", "fresh-interpreter"])
+def test_a_local_worker_holds_nothing_of_its_parent_and_runs_in_its_own_session(fresh):
+    env = dict(os.environ, MLBENCH_NO_FORK="1") if fresh else {k: v for k, v in os.environ.items()
+                                                                if k != "MLBENCH_NO_FORK"}
+    cli = subprocess.Popen([sys.executable, "-m", "mlbench", *LONG_RUN], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=env)
+    try:
+        run, workers = running_workers()
+        output_pipes = {os.readlink(f"/proc/{cli.pid}/fd/{fd}") for fd in (1, 2)}
+        for rank, pid in enumerate(workers):
+            files = open_files(pid)
+            assert files[0] == "/dev/null" and files[1] == files[2] == str(run.run_dir / "logs" / f"rank-{rank}.log")
+            assert not output_pipes & set(files.values()), files     # the caller's pipes close with the CLI
+            assert not [f for f in files.values() if f.endswith("runs.db")], files
+            assert os.getsid(pid) == pid                              # its own session (a group to signal)
+            threads = json.loads((run.run_dir / "run.json").read_text())["config"]["threads_per_worker"]
+            if fresh:   # a forked child's /proc/PID/environ is its parent's (os.environ changed after)
+                assert environment(pid)["OMP_NUM_THREADS"] == str(threads)
+            assert stat.S_IMODE(os.stat(files[1]).st_mode) == 0o600
+            name = open(f"/proc/{pid}/comm").read().strip()
+            assert fresh or name == f"mlbench-rank{rank}", name
+        cli.send_signal(signal.SIGINT)
+        cli.communicate(timeout=60)
+        assert cli.returncode == 130
+        assert not [pid for pid in workers if pid_alive(pid)]
+        assert RunStore().get(run.id).state == "cancelled"
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate()
