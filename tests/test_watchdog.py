@@ -21,6 +21,7 @@ import subprocess
 import time
 
 import pytest
+import torch.distributed as dist
 
 from mlbench.launch.supervisor import pid_alive
 from mlbench.results.heartbeat import Beat, read_beat, write_beat
@@ -211,6 +212,25 @@ def test_a_rank_that_stops_calling_collectives_is_blamed_not_the_peer_waiting_fo
     assert "in sitecustomize.py:7 in _sleep; watchdog bound max(8 s, 10 x median step " in record.reason
     assert "rank 1 made no progress" in err
     assert not any(pid_alive(p) for p in workers)
+
+
+@pytest.mark.skipif(not dist.is_mpi_available() or shutil.which("mpirun") is None,
+                    reason="this PyTorch was built without MPI (torch.distributed.is_mpi_available() is "
+                           "False) or mpirun is missing: --backend mpi cannot run here")
+def test_a_stopped_rank_of_an_mpi_run_fails_it_the_same_way():
+    """--backend mpi: one mpirun starts the ranks, the local supervisor judges their heartbeats
+    as any local run's, and stopping mpirun's process group ends the stopped rank too."""
+    mlbench(*ENDLESS, "--backend", "mpi", "--detach", check=True)
+    run = wait_for(lambda: (r := RunStore().list()) and all(
+        (b := read_beat(r[-1].run_dir, rank)) is not None and b.step >= 20 for rank in (0, 1)) and r[-1],
+        150, "both ranks to train")
+    ranks = [b.pid for b in (read_beat(run.run_dir, rank) for rank in (0, 1)) if b is not None]
+    os.kill(ranks[1], signal.SIGSTOP)
+    record = wait_for(lambda: ended(run.id), ENDS_WITHIN_S, "the watchdog to fail the run", interval=0.5)
+    assert record.state == "failed"
+    assert record.reason.startswith("rank 1 made no progress for ")
+    assert ": its process stopped answering (last step " in record.reason
+    wait_for(lambda: not any(pid_alive(p) for p in ranks), 30, "both ranks to be gone")
 
 
 @pytest.fixture

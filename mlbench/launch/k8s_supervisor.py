@@ -5,7 +5,10 @@ that started it is closed: every few seconds it lists the pods of runs and, for 
 decides as the local launcher does: all workers succeeded -> finished (with rank 0's result);
 one failed, was evicted or lost its node -> failed with that pod's reason; pods still waiting
 after the run's schedule timeout (no capacity, an image that cannot be pulled) -> failed with
-the scheduler's or the kubelet's reason, never a hang. Whenever a run ends, for whatever reason,
+the scheduler's or the kubelet's reason, never a hang; pods that all run but one of which makes
+no progress -> failed naming its rank, as the watchdog (:func:`mlbench.results.watchdog.judge`)
+says from the heartbeats the workers post to the results service beside it (stored in the run's
+folder; see :mod:`mlbench.results.heartbeat`). Whenever a run ends, for whatever reason,
 each pod's log is saved into the run's folder, then its pods, headless Service and ConfigMap are
 deleted; the results and the logs stay in the store.
 
@@ -30,7 +33,10 @@ from mlbench.launch.k8s_objects import (
     SCHEDULE_TIMEOUT_S,
     run_name,
 )
+from mlbench.results import watchdog
 from mlbench.results.events import read_rank_events
+from mlbench.results.heartbeat import read_beats
+from mlbench.results.watchdog import Stall
 from mlbench.run_config import RunDocument
 from mlbench.safefile import open_append, write_text
 from mlbench.results.store import (
@@ -147,6 +153,9 @@ class PodSupervisor:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # heartbeats stored before this supervisor started say nothing of now (the service was
+        # down, or restarted: the pods' heartbeats did not get through meanwhile)
+        self.started = time.time()
 
     @classmethod
     def in_cluster(cls, store: RunStore, namespace: str) -> PodSupervisor:
@@ -191,8 +200,12 @@ class PodSupervisor:
         active = {r.id: r for r in self.store.list() if r.active and r.launcher == "kubernetes"}
         for run in active.values():
             pods = by_run.get(run.id, [])
-            verdict = judge(run, pods, now, self._schedule_timeout(run))
+            document = self._document(run)
+            verdict = judge(run, pods, now, self._schedule_timeout(document))
             if verdict is None:
+                stall = self.watch(run, pods, now, document)
+                if stall is not None:
+                    self.end_run(run.id, FAILED, stall.reason)
                 continue
             if verdict.state == RUNNING:
                 self.store.update(run.id, state=RUNNING, started_at=now)
@@ -203,13 +216,30 @@ class PodSupervisor:
         for run_id in set(by_run) - set(active):
             self.cleanup(run_id)
 
-    def _schedule_timeout(self, run: RunRecord) -> float:
+    @staticmethod
+    def _document(run: RunRecord) -> RunDocument | None:
         try:
-            document = RunDocument.load_or_none(run.run_dir)
-            placement = (document.placement if document else None) or {}
-        except (OSError, ValueError):
-            placement = {}
+            return RunDocument.load_or_none(run.run_dir)
+        except (OSError, ValueError, TypeError):
+            return None
+
+    @staticmethod
+    def _schedule_timeout(document: RunDocument | None) -> float:
+        placement = (document.placement if document else None) or {}
         return float(placement.get("schedule_timeout_s") or SCHEDULE_TIMEOUT_S)
+
+    def watch(self, run: RunRecord, pods: list[PodState], now: float,
+              document: RunDocument | None) -> Stall | None:
+        """The watchdog's verdict on a running run's heartbeats (None: no rank stalled, no
+        watchdog, or the pods do not all run yet). Its clock starts when the pods all ran, or
+        when this supervisor started, whichever is later; a pod that succeeded is done."""
+        watchdog_s = document.config.watchdog_s if document is not None else None
+        if run.state != RUNNING or not run.started_at or not watchdog_s:
+            return None
+        beats = {rank: beat if beat is not None and beat.time >= self.started else None
+                 for rank, beat in read_beats(run.run_dir, run.workers).items()}
+        exited = {p.rank for p in pods if p.phase == "Succeeded"}
+        return watchdog.judge(beats, now, watchdog_s, max(run.started_at, self.started), exited)
 
     def _reason(self, run: RunRecord, verdict: Verdict) -> str:
         """Prefer the failed worker's own last error line (as a local run does) to its exit code."""

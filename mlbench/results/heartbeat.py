@@ -24,13 +24,17 @@ its own (:mod:`mlbench.worker.heartbeat`), whatever its training loop does. What
 The watchdog that reads them (:mod:`mlbench.results.watchdog`) decides whether a rank stalled.
 The file is replaced by a rename, never written in place, so a reader sees a whole record or the
 previous one; no fsync: a heartbeat lost in a power cut does not matter.
+
+A pod cannot write into the run folder (it is read-only there): its worker posts the same record
+to the results service (:mod:`mlbench.results.http_sink`), which stores it in the run's folder,
+:func:`on_clock_of_receiver`, so that the watchdog beside it compares times of one clock.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +77,15 @@ class Beat:
         except (KeyError, TypeError, ValueError):
             return None
         return beat if beat.phase in PHASES else None
+
+
+def on_clock_of_receiver(beat: Beat, received: float) -> Beat:
+    """``beat`` with its times moved onto the clock of whoever received it at ``received`` (unix
+    seconds): the worker's machine may be seconds off the watchdog's, which would read as
+    seconds of progress or silence; the latency of the delivery (milliseconds) counts as silence."""
+    shift = received - beat.time
+    return replace(beat, time=received, started=beat.started + shift,
+                   stepped_at=None if beat.stepped_at is None else beat.stepped_at + shift)
 
 
 def heartbeat_path(run_dir: str | os.PathLike, rank: int) -> Path:

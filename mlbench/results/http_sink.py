@@ -14,10 +14,14 @@ The buffer is bounded (``max_pending`` events): during a long outage the *oldest
 are dropped, counted, and reported on stderr (once when dropping starts, and in total at close),
 so a worker's memory stays bounded and training still never waits; the newest events (the latest
 progress, the result) are the ones kept. Blocking instead would stall training on the network.
+
+The worker's heartbeat takes the same way to the service (:class:`HttpBeatSender`), but only the
+latest counts: it is posted from the heartbeat's own thread and never queued.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -29,11 +33,13 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mlbench.errors import UsageError
 from mlbench.results.events import EventSink, FileSink
+from mlbench.results.heartbeat import Beat, write_beat
 
 TOKEN_HEADER = "X-Mlbench-Token"
 MAX_PENDING = 200_000  # events (a few hundred bytes each): hours of outage at the usual rates
@@ -159,17 +165,52 @@ class HttpSink:
                     self._buffer.popleft()
 
     def _post(self, batch: list[dict[str, Any]]) -> int:
-        body = json.dumps({"rank": self.rank, "events": batch}, separators=(",", ":")).encode()
-        request = urllib.request.Request(self.endpoint, data=body, method="POST", headers={
-            "Content-Type": "application/json", TOKEN_HEADER: self.token})
-        try:
-            with urllib.request.urlopen(request, timeout=self.request_timeout) as response:
-                answer = json.loads(response.read())
-        except urllib.error.HTTPError as err:
-            if err.code in _PERMANENT:
-                raise _Permanent(f"HTTP {err.code}: {err.read()[:200].decode(errors='replace')}") from None
-            raise OSError(f"HTTP {err.code}") from None
+        answer = _post_json(self.endpoint, self.token, {"rank": self.rank, "events": batch}, self.request_timeout)
         return int(answer["next_seq"])
+
+
+def _post_json(endpoint: str, token: str, body: dict[str, Any], timeout: float) -> Any:
+    """The service's JSON answer to ``body``; :class:`_Permanent` when it refuses for good,
+    OSError (or ValueError for a garbled answer) when trying again may help."""
+    data = json.dumps(body, separators=(",", ":")).encode()
+    request = urllib.request.Request(endpoint, data=data, method="POST", headers={
+        "Content-Type": "application/json", TOKEN_HEADER: token})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        if err.code in _PERMANENT:
+            raise _Permanent(f"HTTP {err.code}: {err.read()[:200].decode(errors='replace')}") from None
+        raise OSError(f"HTTP {err.code}") from None
+
+
+class HttpBeatSender:
+    """Posts a worker's heartbeat (:mod:`mlbench.results.heartbeat`) to ``URL/v1/runs/RUN/heartbeat``,
+    where the service stores it for the pod supervisor's watchdog (a pod's run folder is
+    read-only). Called from the heartbeat's own thread, about once a second, so it may block
+    (``timeout`` at most) but never on training. Only the latest heartbeat matters: one that
+    does not get through is not sent again, the next one replaces it; an outage longer than the
+    watchdog's bound reads as a stall, as a frozen machine would. A refusal for good (wrong
+    token, run deleted) raises OSError, which ends the heartbeats."""
+
+    def __init__(self, url: str, token: str, run_id: str, *, timeout: float = 5.0):
+        self.endpoint = f"{url.rstrip('/')}/v1/runs/{run_id}/heartbeat"
+        self.token = token
+        self.timeout = timeout
+        self._failing = False
+
+    def __call__(self, beat: Beat) -> None:
+        try:
+            _post_json(self.endpoint, self.token, beat.to_json(), self.timeout)
+        except _Permanent as err:
+            raise OSError(f"the results service refused it ({err})") from None
+        except (OSError, ValueError) as err:
+            if not self._failing:  # once per outage
+                print(f"heartbeat: the results service did not take it ({err}); trying every second",
+                      file=sys.stderr)
+            self._failing = True
+            return
+        self._failing = False
 
 
 def open_sink(run_dir: str | os.PathLike, rank: int, run_id: str | None) -> EventSink:
@@ -182,3 +223,12 @@ def open_sink(run_dir: str | os.PathLike, rank: int, run_id: str | None) -> Even
         raise UsageError(f"{URL_ENV} is set but {TOKEN_ENV} or the run id in run.json is missing; "
                          "set both or unset the URL to write events to files")
     return HttpSink(url, token, run_id, rank)
+
+
+def beat_sender(run_dir: str | os.PathLike, run_id: str | None) -> Callable[[Beat], None]:
+    """Where the worker's heartbeat goes, as :func:`open_sink` decides for its events: the results
+    service when the environment names one (a pod), else the run folder."""
+    url, token = os.environ.get(URL_ENV), os.environ.get(TOKEN_ENV)
+    if url and token and run_id:
+        return HttpBeatSender(url, token, run_id)
+    return functools.partial(write_beat, Path(run_dir))

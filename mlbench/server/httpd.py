@@ -79,6 +79,8 @@ def _routes(service: ResultsService) -> list[_Route]:
         ("GET", run + "/file", "admin", "none", read_file),
         ("POST", run + "/events", "run", "required",
          lambda ref, body, query: service.post_events(ref, body)),
+        ("POST", run + "/heartbeat", "run", "required",
+         lambda ref, body, query: service.post_heartbeat(ref, body)),
         ("POST", run + "/cancel", "admin", "none",
          lambda ref, body, query: service.end(service.run(ref), CANCELLED, "cancelled by the user")),
         ("POST", run + "/fail", "admin", "optional", fail),
@@ -127,7 +129,8 @@ class _Handler(BaseHTTPRequestHandler):
         token = self.headers.get(TOKEN_HEADER)
         if scope == "run":
             if ref is None or not self.service.is_run_token(token, ref):
-                raise HttpError(401, f"missing or wrong {TOKEN_HEADER}: events need the run's own token")
+                raise HttpError(401, f"missing or wrong {TOKEN_HEADER}: events and heartbeats need the "
+                                     "run's own token")
             return
         granted = self.service.scope_of(token)
         if granted is None:

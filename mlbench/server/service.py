@@ -4,7 +4,7 @@ Two secrets, both random and kept in a Kubernetes Secret. The CLI reads the *adm
 the Secret with the user's own credentials and may do everything. The *worker* secret is never
 given to a pod: the workers of a run hold that run's own token,
 :func:`~mlbench.results.http_sink.run_token` (an HMAC of the run id under the worker secret),
-which may only post events to that run; a ``result`` event is accepted only from rank 0 of a run
+which may only post events and heartbeats to that run; a ``result`` event is accepted only from rank 0 of a run
 that has not ended. Requests without a valid token are refused (401), the worker secret on
 anything else gets 403; only ``/healthz`` (for the kubelet's probes) is open, and it says
 nothing but "ok". The token travels in ``X-Mlbench-Token`` rather than ``Authorization`` because
@@ -21,6 +21,7 @@ The HTTP side (limits, timeouts, logs) and :func:`~mlbench.server.httpd.serve` a
     POST   /v1/runs/RUN/events             the run's token: {"rank": r, "events": [...]} -> {"next_seq": n}
                                            (200: all of them stored; n: the rank's lowest number
                                            not stored yet)
+    POST   /v1/runs/RUN/heartbeat          the run's token: a worker's heartbeat -> {"stored": bool}
     POST   /v1/runs/RUN/cancel | /fail     end an active run (and delete its pods)
     DELETE /v1/runs/RUN                    end it if active, delete its pods and its record
 """
@@ -29,12 +30,14 @@ from __future__ import annotations
 
 import hmac
 import re
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from mlbench.errors import MlbenchError, RunNotFound
 from mlbench.results.events import event_problem
+from mlbench.results.heartbeat import Beat, on_clock_of_receiver, write_beat
 from mlbench.results.http_sink import run_token
 from mlbench.results.store import ACTIVE_STATES, CANCELLED, RunRecord, RunStore
 from mlbench.server.eventlog import EventLog
@@ -136,6 +139,22 @@ class ResultsService:
                 raise HttpError(403, f"a result is accepted only from rank 0 of a running run, not "
                                      f"from {who}")
         return {"next_seq": self.events.append(run_id, rank, events)}
+
+    def post_heartbeat(self, run_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Store a pod's heartbeat where a local worker writes its own (``RUN_DIR/heartbeats``),
+        on this service's clock, for the pod supervisor's watchdog; nothing else is done with it.
+        A heartbeat of a run that has ended is not stored (its pods are being deleted)."""
+        record = self.run(run_id)
+        if record.id != run_id:
+            raise HttpError(404, f"no run {run_id!r}")
+        beat = Beat.from_json(body)
+        if beat is None or not 0 <= beat.rank < record.workers:
+            raise HttpError(400, f"expected a heartbeat of rank 0..{record.workers - 1} "
+                                 "(fields: rank, time, started, step, stepped_at, phase, ...)")
+        if record.state not in ACTIVE_STATES:
+            return {"stored": False}
+        write_beat(record.run_dir, on_clock_of_receiver(beat, time.time()))
+        return {"stored": True}
 
     def end(self, record: RunRecord, state: str, reason: str) -> dict[str, Any]:
         if self.supervisor is not None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from mlbench.errors import MlbenchError
 from mlbench.results.events import EventWriter, FileSink
-from mlbench.results.http_sink import open_sink
+from mlbench.results.http_sink import beat_sender, open_sink
 from mlbench.run_config import RunConfig, RunDocument
 from mlbench.worker.group import init_group, leave_group
 from mlbench.worker.heartbeat import SUPERVISED_ENV, Heartbeat
@@ -63,12 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     sink = open_sink(args.run_dir, launch.rank, document.id)
     events = EventWriter(sink, launch.rank)
     _end_even_when_blocked(events)
-    heartbeat = None
-    if isinstance(sink, FileSink):  # a pod's run folder is read-only: no heartbeat there (yet)
-        # no mlbench supervisor owns workers started by torchrun, srun or mpirun: they watch each other
-        watch_peers = launch.source != MLBENCH and not os.environ.get(SUPERVISED_ENV)
-        heartbeat = Heartbeat(args.run_dir, launch.rank, config.workers, watchdog_s=config.watchdog_s,
-                              watch_peers=watch_peers, on_stall=functools.partial(_stalled_peer, events)).start()
+    # no mlbench supervisor owns workers started by torchrun, srun or mpirun: they watch each other
+    # (a pod's heartbeat goes to the results service, whose pod supervisor watches them)
+    watch_peers = isinstance(sink, FileSink) and launch.source != MLBENCH and not os.environ.get(SUPERVISED_ENV)
+    heartbeat = Heartbeat(args.run_dir, launch.rank, config.workers, watchdog_s=config.watchdog_s,
+                          watch_peers=watch_peers, on_stall=functools.partial(_stalled_peer, events),
+                          send=beat_sender(args.run_dir, document.id)).start()
     return run_worker(config, launch.rank, events, store_fd=args.store_fd, run_dir=args.run_dir,
                       launch=launch, iface=args.iface, heartbeat=heartbeat)
 

@@ -3,20 +3,23 @@ supervisor owns the workers, the watchdog over its peers.
 
 The training loop only updates a few fields (:meth:`Heartbeat.stepped`, :meth:`Heartbeat.phase`);
 a daemon thread writes them (:mod:`mlbench.results.heartbeat`) together with whether the main
-thread waits in a collective right now. That thread runs while the main thread waits in gloo's
-C++ (which releases the GIL), so a rank blocked on a stalled peer keeps beating, and a stopped
-process (SIGSTOP) stops beating: the watchdog (:mod:`mlbench.results.watchdog`) tells the victims
-from the culprit.
+thread waits in a collective right now: into the run folder, or, in a pod (whose run folder is
+read-only), to the results service that stores it there (:func:`mlbench.results.http_sink.beat_sender`).
+That thread runs while the main thread waits in gloo's C++ (which releases the GIL), so a rank
+blocked on a stalled peer keeps beating, and a stopped process (SIGSTOP) stops beating: the
+watchdog (:mod:`mlbench.results.watchdog`) tells the victims from the culprit.
 
-A local run's supervisor and a cluster's watch the heartbeats themselves and kill the workers
-of a stalled run. Workers that no mlbench process owns (started by torchrun, srun or mpirun on a
-shared run folder, ``watch_peers``) judge their peers instead: on a verdict the lowest rank not
-blamed records the reason as its error, and every rank not blamed exits with code 1, so that
-the user's launcher (srun --kill-on-bad-exit, torchrun) ends the rest.
+A local run's supervisor and a cluster's (the pod supervisor of `mlbench serve`) watch the
+heartbeats themselves and kill the workers of a stalled run. Workers that no mlbench process
+owns (started by torchrun, srun or mpirun on a shared run folder, ``watch_peers``) judge their
+peers instead: on a verdict the lowest rank not blamed records the reason as its error, and
+every rank not blamed exits with code 1, so that the user's launcher (srun --kill-on-bad-exit,
+torchrun) ends the rest.
 """
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import socket
@@ -31,6 +34,9 @@ from types import FrameType
 
 from mlbench.results.heartbeat import Beat, read_beats, write_beat
 from mlbench.results.watchdog import judge
+
+#: Where a heartbeat goes; an OSError from it ends the heartbeats (the sender gave up for good).
+BeatSender = Callable[[Beat], None]
 
 #: Seconds between two heartbeats.
 INTERVAL_S = 1.0
@@ -64,12 +70,14 @@ def main_thread_state(thread_id: int) -> tuple[bool, str]:
 
 
 class Heartbeat:
-    """The heartbeat of worker ``rank``, written into ``run_dir`` from a thread of its own."""
+    """The heartbeat of worker ``rank``, written into ``run_dir`` (or given to ``send``) from a
+    thread of its own."""
 
     def __init__(self, run_dir: Path, rank: int, workers: int, *, interval: float = INTERVAL_S,
                  watchdog_s: float | None = None, watch_peers: bool = False,
-                 on_stall: Callable[[str, bool], None] | None = None):
+                 on_stall: Callable[[str, bool], None] | None = None, send: BeatSender | None = None):
         self.run_dir = run_dir
+        self.send: BeatSender = send or functools.partial(write_beat, run_dir)
         self.rank = rank
         self.workers = workers
         self.interval = interval
@@ -120,7 +128,7 @@ class Heartbeat:
         self.beat()
 
     def beat(self) -> None:
-        """Write the heartbeat now (a file system that refuses it ends the heartbeats, once)."""
+        """Write the heartbeat now (a file system or a service that refuses it ends the heartbeats, once)."""
         if self._broken:
             return
         durations = list(self._durations)
@@ -130,7 +138,7 @@ class Heartbeat:
                     median_step_s=statistics.median(durations) if durations else None,
                     phase=self._phase, waiting=waiting, where=where, pid=os.getpid(), host=self.host)
         try:
-            write_beat(self.run_dir, beat)
+            self.send(beat)
         except OSError as err:
             self._broken = True
             print(f"heartbeat: not written ({err}); the watchdog cannot see this worker", file=sys.stderr)

@@ -39,6 +39,9 @@ FAIL_WITHIN_S = 30
 ENGINE_RESTART_WITHIN_S = 120
 OBJECTS_GONE_S = 90
 CONTAINER_GC_S = 90
+# a stopped worker (--watchdog 8s): the bound, a heartbeat, the supervisor's poll, with a margin
+# for a loaded node; gloo alone would wait 20 minutes
+WATCHDOG_WITHIN_S = 90
 # a light run that trains until the test ends it (logistic regression: the node's two cores stay
 # free enough for the kubelet and the API server to answer in time)
 ENDLESS = ("task2a", "2", "--data", "synthetic", "--set", "max_epochs=100000")
@@ -218,6 +221,29 @@ def test_a_run_has_locked_down_pods_and_fails_when_a_worker_pod_is_deleted(on_no
     assert final.state == "failed"
     assert final.reason == (f"worker 1 (pod {pod_name(run_id, 1)}) was deleted before the run ended (evicted, "
                             "preempted, or deleted by hand)")
+    wait_gone(ns, run_id)
+
+
+def trained(ns, run_id: str, steps: int = 20) -> bool:
+    """Both workers of the run logged a training step past ``steps`` (their heartbeats reach the
+    service as their events do)."""
+    events = read_run_events(kubernetes.open_store(ns.record).sync_run(run_id).run_dir)
+    return all(any(e["name"] == "train/loss" and e["rank"] == rank and e["step"] >= steps for e in events)
+               for rank in (0, 1))
+
+
+def test_a_stopped_worker_fails_the_run_naming_its_rank_within_the_watchdogs_bound(on_node):
+    ns = on_node
+    run_id = start_detached(*ENDLESS, "--watchdog", "8s")
+    wait_running(ns, run_id)
+    wait_for(lambda: trained(ns, run_id), 180, f"both workers to train: {explain(ns)}", interval=1)
+    name = next(c for c in ns.containers_of(run_id) if c.startswith(f"k8s_worker_{pod_name(run_id, 1)}_"))
+    ns.node.docker("kill", "--signal", "STOP", name)   # the worker is the container's process 1
+    final = follow_to_end(ns, run_id, WATCHDOG_WITHIN_S)
+    assert final.state == "failed", (final.reason, kept_logs(final))
+    assert final.reason.startswith("rank 1 made no progress for "), final.reason
+    assert ": its process stopped answering (last step " in final.reason
+    assert "watchdog bound max(8 s, 10 x median step " in final.reason
     wait_gone(ns, run_id)
 
 

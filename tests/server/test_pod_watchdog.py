@@ -1,0 +1,245 @@
+"""The watchdog on a cluster (issue 21, item 1): a pod's run folder is read-only, so its worker
+posts its heartbeat to the results service, which stores it in the run's folder on its own
+clock; the pod supervisor beside it asks the watchdog's `judge` and ends a stalled run failed,
+naming the rank, and deletes its pods.
+
+First the endpoint, over real HTTP to a real service process. Then the whole path without a
+node: real worker processes (real torch.distributed, gloo) that read run.json from a read-only
+folder as a pod does and post to a real service in this process, whose real `PodSupervisor`
+sees them through a small stand-in for the Kubernetes API whose pods are those processes
+(deleting a pod kills its process). tests/kube has the same on a real node.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("kubernetes")
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from mlbench.launch.k8s_objects import RANK_LABEL, RUN_LABEL, pod_name
+from mlbench.launch.k8s_supervisor import PodSupervisor
+from mlbench.results.heartbeat import Beat, read_beat, write_beat
+from mlbench.results.http_sink import TOKEN_ENV, URL_ENV, HttpBeatSender, run_token
+from mlbench.results.store import RUNNING, RunRecord, RunStore
+from mlbench.server.httpd import make_server
+from mlbench.server.service import ResultsService
+from tests.helpers import mlbench, wait_for
+from tests.server.conftest import ADMIN_TOKEN, WORKER_TOKEN, free_port, new_run
+
+#: Short enough for a test, long enough for a loaded 2-core box (as in tests/test_watchdog.py).
+BOUND = "8s"
+#: The bound, a heartbeat, the supervisor's poll, with a wide margin; gloo alone: 20 minutes.
+ENDS_WITHIN_S = 90
+
+
+# -- the endpoint ----------------------------------------------------------------------------
+def test_a_heartbeat_posted_is_stored_on_the_services_clock_and_refusals_are_one_line(service):
+    run_id = new_run(service)
+    path, token = f"/v1/runs/{run_id}/heartbeat", run_token(WORKER_TOKEN, run_id)
+    skew = 1000.0  # the worker's machine is 1000 s ahead of the service's
+    sent = Beat(rank=1, time=time.time() + skew, started=time.time() + skew - 50, step=7,
+                stepped_at=time.time() + skew - 2, median_step_s=0.25, phase="training", waiting=True,
+                where="trainer.py:120 in train", pid=42, host="pod-1")
+    before = time.time()
+    assert service.call("POST", path, sent.to_json(), token) == (200, {"stored": True})
+    stored = read_beat(service.home / "runs" / run_id, 1)
+    assert stored is not None and before <= stored.time <= time.time()
+    shift = stored.time - sent.time
+    assert stored.started == sent.started + shift and stored.stepped_at == sent.stepped_at + shift
+    assert (stored.step, stored.median_step_s, stored.phase, stored.waiting, stored.where, stored.pid,
+            stored.host) == (7, 0.25, "training", True, "trainer.py:120 in train", 42, "pod-1")
+
+    other = new_run(service)
+    assert service.call("POST", path, sent.to_json(), run_token(WORKER_TOKEN, other))[0] == 401
+    assert service.call("POST", path, sent.to_json(), ADMIN_TOKEN)[0] == 401
+    status, answer = service.call("POST", path, {**sent.to_json(), "rank": 2}, token)
+    assert (status, answer) == (400, {"error": "expected a heartbeat of rank 0..1 (fields: rank, time, "
+                                               "started, step, stepped_at, phase, ...)"})
+    assert service.call("POST", path, {"rank": 0, "time": "soon"}, token)[0] == 400
+    assert read_beat(service.home / "runs" / run_id, 0) is None
+
+    # a run that ended stores no more heartbeats (its pods are going away)
+    assert service.call("POST", f"/v1/runs/{run_id}/cancel")[0] == 200
+    assert service.call("POST", path, {**sent.to_json(), "rank": 0}, token) == (200, {"stored": False})
+    assert read_beat(service.home / "runs" / run_id, 0) is None
+
+
+def test_the_workers_sender_keeps_trying_through_an_outage_and_stops_on_a_refusal(service, capfd):
+    run_id = new_run(service)
+    sender = HttpBeatSender(service.url, run_token(WORKER_TOKEN, run_id), run_id, timeout=2)
+    beat = Beat(rank=0, time=time.time(), started=time.time())
+    sender(beat)
+    assert read_beat(service.home / "runs" / run_id, 0) is not None
+    service.kill()
+    sender(beat)
+    sender(beat)  # an outage is said once, and is no error: the next heartbeat replaces this one
+    assert capfd.readouterr().err.count("heartbeat: the results service did not take it") == 1
+    service.start()
+    sender(beat)
+    with pytest.raises(OSError, match=r"^the results service refused it \(HTTP 401: "):
+        HttpBeatSender(service.url, "not-the-token", run_id)(beat)
+
+
+# -- pods of real worker processes -------------------------------------------------------------
+class ProcessPods:
+    """The part of the Kubernetes API the pod supervisor calls, over real worker processes: each
+    pod is one process, Running while it runs, Succeeded or Failed by its exit code; deleting a
+    pod kills its process (SIGKILL reaches a stopped one too)."""
+
+    def __init__(self, logs: Path):
+        self.logs = logs
+        self.procs: dict[str, tuple[str, int, subprocess.Popen]] = {}
+        self.created = datetime.datetime.now(datetime.timezone.utc)
+
+    def start(self, run_id: str, rank: int, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+        with open(self.logs / f"{pod_name(run_id, rank)}.log", "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.procs[pod_name(run_id, rank)] = (run_id, rank, proc)
+        return proc
+
+    def list_namespaced_pod(self, namespace: str, label_selector: str = "") -> client.V1PodList:
+        wanted = label_selector.split("=", 1)[1] if "=" in label_selector else None
+        pods = []
+        for name, (run_id, rank, proc) in self.procs.items():
+            if wanted is not None and run_id != wanted:
+                continue
+            code = proc.poll()
+            terminated = None if code in (None, 0) else client.V1ContainerStateTerminated(
+                exit_code=code if code > 0 else 128 - code, reason="Error")
+            pods.append(client.V1Pod(
+                metadata=client.V1ObjectMeta(name=name, labels={RUN_LABEL: run_id, RANK_LABEL: str(rank)},
+                                             creation_timestamp=self.created),
+                status=client.V1PodStatus(
+                    phase="Running" if code is None else "Succeeded" if code == 0 else "Failed",
+                    container_statuses=[client.V1ContainerStatus(
+                        name="worker", image="mlbench", image_id="", ready=code is None, restart_count=0,
+                        state=client.V1ContainerState(terminated=terminated))])))
+        return client.V1PodList(items=pods)
+
+    def read_namespaced_pod_log(self, name: str, namespace: str, **_: object) -> str:
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
+    def delete_namespaced_pod(self, name: str, namespace: str, **_: object) -> None:
+        if name not in self.procs:
+            raise ApiException(status=404)
+        proc = self.procs.pop(name)[2]
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def delete_namespaced_service(self, name: str, namespace: str, **_: object) -> None:
+        pass
+
+    def delete_namespaced_config_map(self, name: str, namespace: str, **_: object) -> None:
+        pass
+
+    def kill_all(self) -> None:
+        for name in list(self.procs):
+            self.delete_namespaced_pod(name, "")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A results service in this process with a pod supervisor over :class:`ProcessPods`."""
+    service = ResultsService(tmp_path / "store", WORKER_TOKEN, ADMIN_TOKEN)
+    server = make_server(service, "127.0.0.1", free_port())
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp_path / "pod-logs").mkdir()
+    pods = ProcessPods(tmp_path / "pod-logs")
+    service.supervisor = PodSupervisor(service.store, pods, "mlbench-test", interval=0.5)
+    service.supervisor.start()
+    yield service, pods, f"http://127.0.0.1:{server.server_address[1]}"
+    service.supervisor.stop()
+    pods.kill_all()
+    server.shutdown()
+    server.server_close()
+
+
+def create_run(service: ResultsService, *args: str) -> RunRecord:
+    """A run of two workers recorded by `mlbench run --record-only`, created in the service as a
+    Kubernetes run."""
+    mlbench("run", "task2a", "2", "--data", "synthetic", "--max-steps", "100000000", *args, "--record-only",
+            check=True)
+    body = json.loads((RunStore().list()[-1].run_dir / "run.json").read_text())
+    return service.store.create(task=body["task"], workers=2, division=body["division"], launcher="kubernetes",
+                                run_json={k: v for k, v in body.items() if k not in ("id", "name")})
+
+
+def start_pods(tmp_path: Path, service: ResultsService, pods: ProcessPods, url: str, *args: str) -> str:
+    """A new run's two workers started as pods start them: run.json in a read-only folder (the
+    ConfigMap), events and heartbeats to the service; the run's id."""
+    record = create_run(service, *args)
+    mounted = tmp_path / f"configmap-{record.id}"
+    mounted.mkdir()
+    shutil.copy(record.run_dir / "run.json", mounted / "run.json")
+    mounted.chmod(0o555)
+    env = dict(os.environ, **{URL_ENV: url, TOKEN_ENV: run_token(WORKER_TOKEN, record.id)},
+               MLBENCH_MASTER_ADDR="127.0.0.1", MLBENCH_MASTER_PORT=str(free_port()),
+               MLBENCH_BIND_ADDR="127.0.0.1", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1")
+    for rank in (0, 1):
+        pods.start(record.id, rank, [sys.executable, "-m", "mlbench.worker", str(mounted), "--rank", str(rank)],
+                   env)
+    return record.id
+
+
+def training(service: ResultsService, run_id: str, min_step: int = 20) -> bool:
+    run_dir = service.store.get(run_id).run_dir
+    return all((b := read_beat(run_dir, r)) is not None and b.step >= min_step for r in (0, 1))
+
+
+def ended(service: ResultsService, run_id: str):
+    record = service.store.get(run_id)
+    return record if not record.active else None
+
+
+def test_a_stopped_pod_fails_the_run_naming_its_rank_and_its_pods_are_deleted(tmp_path, cluster):
+    service, pods, url = cluster
+    run_id = start_pods(tmp_path, service, pods, url, "--watchdog", BOUND)
+    wait_for(lambda: service.store.get(run_id).state == RUNNING, 60, "the supervisor to see the pods run")
+    wait_for(lambda: training(service, run_id), 150, "both workers to train", interval=0.5)
+    workers = [proc for rid, _, proc in pods.procs.values() if rid == run_id]
+    os.kill(workers[1].pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    record = wait_for(lambda: ended(service, run_id), ENDS_WITHIN_S, "the watchdog to fail the run", interval=0.5)
+    assert time.monotonic() - stopped < ENDS_WITHIN_S
+    assert record.state == "failed"
+    assert record.reason.startswith("rank 1 made no progress for ")
+    assert ": its process stopped answering (last step " in record.reason
+    assert "watchdog bound max(8 s, 10 x median step " in record.reason
+    wait_for(lambda: not pods.procs and all(proc.poll() is not None for proc in workers), 30,
+             "its pods to be deleted")
+    assert (record.run_dir / "logs" / "rank-0.log").exists()
+
+
+def test_heartbeats_from_before_the_supervisor_started_blame_nobody(tmp_path, cluster):
+    """After a restart of the service (down longer than the bound), the heartbeats it stored
+    before are old, the pods' new ones not in yet: no verdict on them."""
+    service, pods, _ = cluster
+    record = create_run(service, "--watchdog", BOUND)
+    long_ago = time.time() - 300
+    service.store.update(record.id, state=RUNNING, started_at=long_ago)
+    for rank in (0, 1):
+        write_beat(record.run_dir, Beat(rank=rank, time=long_ago + 10, started=long_ago, step=5,
+                                        stepped_at=long_ago + 10, phase="training"))
+    document = service.supervisor._document(service.store.get(record.id))
+    assert document is not None and document.config.watchdog_s == 8.0
+    now = time.time()
+    assert service.supervisor.watch(service.store.get(record.id), [], now, document) is None
+    earlier = PodSupervisor(service.store, pods, "mlbench-test")
+    earlier.started = long_ago  # a supervisor that ran all along would have failed the run
+    stall = earlier.watch(service.store.get(record.id), [], now, document)
+    assert stall is not None and stall.ranks == (0, 1)
