@@ -279,6 +279,7 @@ class HttpServer:
             log(f'{client} "{line}" {reply.status} {len(reply.body)}')
         writer.write(encode(reply))
         await asyncio.wait_for(writer.drain(), self.timeout)
+        conn.head_done = False  # answered: a newcomer may close it
         await self._linger(reader, writer)
 
     async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
