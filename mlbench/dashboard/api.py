@@ -23,12 +23,12 @@ from collections.abc import Callable
 
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from mlbench.dashboard import views
-from mlbench.dashboard.live import Hub, read_log, run_document
+from mlbench.dashboard.live import Hub, dumps, read_log, run_document
 from mlbench.dashboard.newrun import FormError, RunQueue, create_runs, form_choices
 from mlbench.dashboard.sources import Sources
 from mlbench.errors import MlbenchError, RunNotFound, UsageError
@@ -43,19 +43,28 @@ KEEPALIVE_SECONDS = 15.0
 log = logging.getLogger("mlbench.dashboard")
 
 
-def clean(value: Any) -> Any:
-    """JSON has no NaN or infinity (a diverged loss, a statistic of runs that missed the goal)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean(v) for v in value]
-    return value
+#: The new-run form as JSON is a few hundred bytes; far more is a mistake or an attack.
+MAX_FORM_BYTES = 64 * 1024
 
 
-def dumps(value: Any) -> str:
-    return json.dumps(clean(value), separators=(",", ":"), default=str)
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, refused (:class:`BodyTooLarge`) by its Content-Length before a byte
+    is read, or as soon as more than ``limit`` bytes have come without one; never held whole
+    when it is larger (``request.json()`` would read any size)."""
+    given = request.headers.get("content-length")
+    if given is not None and _NUMBER.fullmatch(given.strip()) and int(given.strip()[:20]) > limit:
+        raise BodyTooLarge(f"the request body is over {limit} bytes (Content-Length: {given.strip()[:20]})")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"the request body is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class Json(JSONResponse):
@@ -217,8 +226,14 @@ class Api:
     # -- changing -------------------------------------------------------------------------------
     async def start(self, request: Request) -> Response:
         try:
-            form = await request.json()
-        except ValueError:
+            raw = await read_body(request, MAX_FORM_BYTES)
+        except BodyTooLarge as err:
+            return Json({"error": str(err)}, status_code=413)
+        except ClientDisconnect:  # nobody left to answer
+            return Json({"error": "the client went away"}, status_code=400)
+        try:
+            form = json.loads(raw)
+        except (ValueError, RecursionError):  # malformed, not UTF-8, or nested too deeply
             form = None
         if not isinstance(form, dict):
             return Json({"error": "the new-run form must be sent as a JSON object"}, status_code=400)
@@ -257,11 +272,13 @@ class Api:
                 yield "retry: 2000\n\n"
                 while True:
                     try:
-                        kind, data = await asyncio.wait_for(sub.queue.get(), KEEPALIVE_SECONDS)
+                        text = await sub.next(KEEPALIVE_SECONDS)
                     except asyncio.TimeoutError:
                         yield ": keep-alive\n\n"
                         continue
-                    yield f"event: {kind}\ndata: {dumps(data)}\n\n"
+                    if text is None:  # it read too little: dropped (see Subscriber)
+                        return
+                    yield text
             finally:
                 self.hub.unsubscribe(sub)
 

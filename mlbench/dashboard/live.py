@@ -11,7 +11,9 @@ output. Summaries are made by :func:`mlbench.results.summary.summarize`, as for 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,29 @@ log = logging.getLogger("mlbench.dashboard")
 
 LOG_TAIL_BYTES = 64 * 1024       # what a page first sees of a long log
 LOG_CHUNK_BYTES = 256 * 1024     # the most one update carries per log
+MAX_QUEUED_BYTES = 2 * 1024 * 1024  # what a page may leave unread before it is dropped
 Message = tuple[str, dict[str, Any]]
+
+
+def clean(value: Any) -> Any:
+    """JSON has no NaN or infinity (a diverged loss, a statistic of runs that missed the goal)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(clean(value), separators=(",", ":"), default=str)
+
+
+def sse(message: Message) -> str:
+    """A message as a server-sent event."""
+    kind, data = message
+    return f"event: {kind}\ndata: {dumps(data)}\n\n"
 
 
 class RunEvents:
@@ -87,16 +111,47 @@ def run_document(source: Source, record: RunRecord, events: list[dict[str, Any]]
 
 @dataclass(eq=False)
 class Subscriber:
-    """One open page: what it wants and what it has been sent."""
+    """One open page: what it wants, what it has been sent, and what waits to be sent.
+
+    A page that does not read its stream (a stalled client, a frozen tab) must not make the
+    dashboard buffer for it without end: while it has messages waiting it is sent nothing new
+    (:meth:`Hub._ready`), and should one look's messages exceed :data:`MAX_QUEUED_BYTES` (a run
+    with many growing logs) its queue is emptied and ends with ``None``, which ends its stream;
+    a browser reconnects and starts afresh (``retry:``).
+    """
 
     runs: bool = False
     run_id: str | None = None
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    queued_bytes: int = 0
+    dropped: bool = False
     fresh: bool = True
     version: int = -1
     state: tuple = ()
     sent: dict[str, int] = field(default_factory=dict)
     log_offsets: dict[str, int] = field(default_factory=dict)
+
+    def offer(self, text: str) -> bool:
+        """Queue ``text`` (on the event loop); False when the page is dropped instead."""
+        if self.dropped:
+            return False
+        if self.queued_bytes + len(text) > MAX_QUEUED_BYTES:
+            self.dropped = True
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.queued_bytes = 0
+            self.queue.put_nowait(None)
+            return False
+        self.queued_bytes += len(text)
+        self.queue.put_nowait(text)
+        return True
+
+    async def next(self, timeout: float) -> str | None:
+        """The next event's text; None: the stream is over (dropped). TimeoutError: none came."""
+        text = await asyncio.wait_for(self.queue.get(), timeout)
+        if text is not None:
+            self.queued_bytes -= len(text)
+        return text
 
 
 class Hub:
@@ -132,16 +187,34 @@ class Hub:
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
-            subs = list(self.subscribers)
+            subs = [sub for sub in self.subscribers if self._ready(sub)]
             if not subs:
                 continue
             try:
-                messages = await asyncio.to_thread(self.tick, subs)
+                messages = await asyncio.to_thread(self.tick_text, subs)
             except Exception:  # a bad run folder must not stop the updates of the others
                 log.exception("dashboard update failed")
                 continue
-            for sub, message in messages:
-                sub.queue.put_nowait(message)
+            for sub, text in messages:
+                if not sub.offer(text):
+                    self.unsubscribe(sub)
+
+    @staticmethod
+    def _ready(sub: Subscriber) -> bool:
+        """Whether a page has taken what it was sent: one that has not gets nothing new this
+        time (its cursors wait, so nothing is lost and nothing piles up); a runs table that
+        skipped changes gets all its rows afresh when it is ready again."""
+        if sub.queued_bytes == 0:
+            return True
+        if sub.runs:
+            sub.fresh = True
+        return False
+
+    def tick_text(self, subs: list[Subscriber]) -> list[tuple[Subscriber, str]]:
+        """:meth:`tick`, its messages as server-sent events (made in the worker thread)."""
+        texts: dict[int, str] = {}  # a message shared by pages is encoded once
+        return [(sub, texts.get(id(message)) or texts.setdefault(id(message), sse(message)))
+                for sub, message in self.tick(subs)]
 
     # -- the runs table -----------------------------------------------------------------------
     def rows(self) -> list[dict[str, Any]]:
@@ -215,11 +288,18 @@ class Hub:
                 document = document or run_document(source, record, events.events, events.summary())
                 out.append((sub, ("run", self._run_message(sub, document))))
                 sub.version, sub.state = events.version, state
+        # pages at the same place of a log share one read and one message (and its text)
+        logs: dict[tuple[str, int | None], tuple[Message, int]] = {}
+        for sub in subs:
             for name in views.log_names(record):
-                text, start, end = read_log(record.run_dir / "logs" / name, sub.log_offsets.get(name))
-                if text or name not in sub.log_offsets:
-                    out.append((sub, ("log", {"name": name, "text": text,
-                                              "reset": name not in sub.log_offsets, "start": start})))
+                offset = sub.log_offsets.get(name)
+                if (name, offset) not in logs:
+                    text, start, end = read_log(record.run_dir / "logs" / name, offset)
+                    logs[name, offset] = (("log", {"name": name, "text": text, "reset": offset is None,
+                                                   "start": start}), end)
+                message, end = logs[name, offset]
+                if message[1]["text"] or offset is None:
+                    out.append((sub, message))
                 sub.log_offsets[name] = end
         return out
 

@@ -1,43 +1,47 @@
-"""The results service over HTTP (stdlib ``http.server``); what each endpoint does is
-:class:`mlbench.server.service.ResultsService`; :func:`serve` runs both until SIGTERM.
+"""The results service over HTTP: its endpoints, who may call them, and the rules for bodies;
+what each endpoint does is :class:`mlbench.server.service.ResultsService`, the connections (their
+bounds in count and time) are :mod:`mlbench.server.connections`; :func:`serve` runs them until SIGTERM.
 
 Against careless and hostile clients, the token is checked before a byte of the body is read;
 a body needs a ``Content-Length`` (411 without, 400 when it is not a number, 413 over
 :data:`MAX_BODY`) and is read up to that length only; JSON that is malformed or nested too deeply
-is a 400; every event is checked field by field (400 with the reason). A connection may be idle
-for ``timeout`` seconds between reads and lasts at most four times that; at most ``max_threads``
-connections are served at once, the rest wait in a listen backlog of :data:`BACKLOG`. Request
-lines are logged with control characters escaped, and a client that goes away is not an error.
+is a 400; every event is checked field by field (400 with the reason). ``/healthz`` and refusals
+are answered on the event loop at once; at most ``max_threads`` requests read their bodies and
+work (SQLite, fsync) at once, in a thread pool. Request lines of refused or failed requests are
+logged with control characters escaped, and a client that goes away is not an error.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import re
+import resource
 import signal
-import socket
 import sys
 import threading
-import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
 from mlbench.errors import MlbenchError
 from mlbench.results.http_sink import TOKEN_HEADER
 from mlbench.results.store import CANCELLED, FAILED, default_home
+from mlbench.server.connections import HttpServer, Reply, Request, log
 from mlbench.server.service import HttpError, ResultsService, record_json
 
 MAX_BODY = 16 * 1024 * 1024
-TIMEOUT_SECONDS = 30.0     # a connection idle this long between reads is closed
-MAX_THREADS = 64           # connections served at once
-BACKLOG = 128              # connections waiting to be accepted
+TIMEOUT_SECONDS = 30.0     # a connection idle this long between reads is closed (open: 4x as long)
+HEAD_SECONDS = 10.0        # a request's line and headers must have arrived this long after it opened
+MAX_THREADS = 64           # requests at work (body read, store, fsync) at once
+MAX_CONNECTIONS = 4096     # connections open at once, if the limit on open files allows
+BACKLOG = 1024             # connections waiting to be accepted
 _LENGTH = re.compile(r"^[0-9]{1,12}$")
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(32), *range(127, 160))}
 
 
 @dataclass(frozen=True)
@@ -89,44 +93,62 @@ def _routes(service: ResultsService) -> list[_Route]:
             for method, pattern, scope, body, fn in table]
 
 
-def _escaped(text: str) -> str:
-    """``text`` with control characters written as \\xNN, so a request cannot write to the log
-    what a terminal would obey (colours, a new title, a bell, fake lines)."""
-    return text.translate(_CONTROL)
+class _Handler:
+    """Answers one request: route, token, then (in one of ``max_threads`` slots) body and work.
 
+    ``/healthz``, refusals and unknown endpoints are answered on the event loop at once; what
+    reads the store or writes events runs in a thread pool, as SQLite and fsync block.
+    """
 
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "mlbench-results"
-    service: ResultsService
-    routes: list[_Route]
+    def __init__(self, service: ResultsService, max_threads: int):
+        self.service = service
+        self.routes = _routes(service)
+        self.pool = ThreadPoolExecutor(max_threads, thread_name_prefix="results-request")
+        self.slots: asyncio.Semaphore | None = None  # made on the loop that serves
+        self.max_threads = max_threads
 
-    def _dispatch(self, method: str) -> None:
-        url = urlsplit(self.path)
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+
+    async def __call__(self, request: Request) -> Reply:
+        url = urlsplit(request.target)
         try:
             for route in self.routes:
                 match = route.pattern.match(url.path)
-                if route.method == method and match:
+                if route.method == request.method and match:
                     break
             else:
-                raise HttpError(404, f"no such endpoint: {method} {url.path}")
-            self._authorize(route.scope, match.groupdict().get("ref"))  # before the body is read
-            body = self._body(route.body) if method == "POST" else {}
-            result = route.fn(*match.groups(), body, parse_qs(url.query))
-            return self._reply(200, result)
+                raise HttpError(404, f"no such endpoint: {request.method} {url.path}")
+            if route.scope is None and route.body == "none":
+                return _reply(200, route.fn(*match.groups(), {}, {}))
+            self._authorize(request, route.scope, match.groupdict().get("ref"))  # before the body is read
+            if self.slots is None:
+                self.slots = asyncio.Semaphore(self.max_threads)
+            async with self.slots:  # bodies in memory and requests at work: at most max_threads
+                raw = await self._body(request, route.body) if request.method == "POST" else None
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(self.pool, self._run, request, route, match, raw,
+                                                  parse_qs(url.query))
         except HttpError as err:
-            self._reply(err.status, {"error": str(err)})
-        except MlbenchError as err:
-            self._reply(400, {"error": str(err)})
-        except (ConnectionError, TimeoutError):  # the client went away or stalled: nothing to answer
-            self.close_connection = True
-        except Exception as err:
-            self.log_error("error handling %s %s: %r", method, url.path, err)
-            self._reply(500, {"error": f"internal error: {type(err).__name__}"})
+            return _reply(err.status, {"error": str(err)})
 
-    def _authorize(self, scope: str | None, ref: str | None) -> None:
+    def _run(self, request: Request, route: _Route, match: re.Match, raw: bytes | None,
+             query: dict[str, list[str]]) -> Reply:
+        try:
+            body = _parse(raw) if raw is not None else {}
+            return _reply(200, route.fn(*match.groups(), body, query))
+        except HttpError as err:
+            return _reply(err.status, {"error": str(err)})
+        except MlbenchError as err:
+            return _reply(400, {"error": str(err)})
+        except Exception as err:
+            log(f"{request.client} error handling {request.method} {urlsplit(request.target).path}: {err!r}")
+            return _reply(500, {"error": f"internal error: {type(err).__name__}"})
+
+    def _authorize(self, request: Request, scope: str | None, ref: str | None) -> None:
         if scope is None:
             return
-        token = self.headers.get(TOKEN_HEADER)
+        token = request.headers.get(TOKEN_HEADER.lower())
         if scope == "run":
             if ref is None or not self.service.is_run_token(token, ref):
                 raise HttpError(401, f"missing or wrong {TOKEN_HEADER}: events and heartbeats need the "
@@ -138,130 +160,73 @@ class _Handler(BaseHTTPRequestHandler):
         if scope == "admin" and granted != "admin":
             raise HttpError(403, "the worker token may only post events")
 
-    def _body(self, kind: str) -> dict[str, Any]:
+    async def _body(self, request: Request, kind: str) -> bytes | None:
+        """The body's bytes (None: no body), after its length was checked."""
         if kind == "none":
-            return {}
-        given = self.headers.get("Content-Length")
+            return None
+        given = request.headers.get("content-length")
         if given is None:
             if kind == "required":
                 raise HttpError(411, "a request body needs a Content-Length header")
-            return {}
+            return None
         if not _LENGTH.match(given.strip()):
             raise HttpError(400, "Content-Length must be a number of bytes")
         length = int(given)
         if length > MAX_BODY:
             raise HttpError(413, f"request body over {MAX_BODY} bytes")
-        raw = self._read(length) if length else b"{}"
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError):  # malformed, not UTF-8, or nested too deeply
-            raise HttpError(400, "the body is not valid JSON (or is nested too deeply)") from None
-        if not isinstance(body, dict):
-            raise HttpError(400, "the body must be a JSON object")
-        return body
-
-    def _read(self, length: int) -> bytes:
-        """Exactly ``length`` bytes of body (each read waits at most the connection timeout)."""
-        chunks, left = [], length
-        while left:
-            chunk = self.rfile.read(min(left, 1 << 16))
-            if not chunk:
-                raise ConnectionResetError("the client closed the connection before the end of the body")
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-
-    def _reply(self, status: int, result: Any) -> None:
-        if isinstance(result, bytes):
-            data, kind = result, "application/octet-stream"
-        else:
-            data, kind = json.dumps(result, default=str).encode(), "application/json"
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
-
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        """Log refused and failed requests only: events arrive every second from every worker."""
-        if str(code)[:1] in "45":
-            super().log_request(code, size)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        print(_escaped(f"{self.address_string()} {format % args}"), file=sys.stderr, flush=True)
+        return await request.read(length) if length else b"{}"
 
 
-class _Server(ThreadingHTTPServer):
-    """Threads for at most ``max_threads`` connections at once (the rest wait in the backlog),
-    each connection closed after ``deadline`` seconds whatever it does; a client going away is
-    not an error."""
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):  # malformed, not UTF-8, or nested too deeply
+        raise HttpError(400, "the body is not valid JSON (or is nested too deeply)") from None
+    if not isinstance(body, dict):
+        raise HttpError(400, "the body must be a JSON object")
+    return body
 
-    daemon_threads = True
-    request_queue_size = BACKLOG
 
-    def __init__(self, address: tuple[str, int], handler: type, max_threads: int, deadline: float):
-        self._slots = threading.BoundedSemaphore(max_threads)
-        self._deadline = deadline
-        self._open: dict[socket.socket, float] = {}
-        self._guard = threading.Lock()
-        super().__init__(address, handler)
-        threading.Thread(target=self._reap, name="connection-deadlines", daemon=True).start()
+def _reply(status: int, result: Any) -> Reply:
+    if isinstance(result, bytes):
+        return Reply(status, result, "application/octet-stream")
+    return Reply(status, json.dumps(result, default=str).encode())
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        self._slots.acquire()
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        with self._guard:
-            self._open[request] = time.monotonic() + self._deadline
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self._guard:
-                self._open.pop(request, None)
-            self._slots.release()
+def connection_bound(max_threads: int = MAX_THREADS, wanted: int = MAX_CONNECTIONS) -> int:
+    """How many connections may be open at once: ``wanted``, less when this process's limit on
+    open files (``ulimit -n``) leaves less room beside the files the request threads open."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(16, min(wanted, soft - _reserved_files(max_threads)))
 
-    def _reap(self) -> None:
-        while True:
-            time.sleep(min(1.0, self._deadline / 4))
-            now = time.monotonic()
-            with self._guard:
-                late = [sock for sock, deadline in self._open.items() if deadline < now]
-            for sock in late:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)  # the handler's next read or write fails
-                except OSError:
-                    pass
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        err = sys.exc_info()[1]
-        if isinstance(err, (ConnectionError, TimeoutError)):
-            return
-        print(_escaped(f"{client_address[0]}: {type(err).__name__}: {err}")[:500], file=sys.stderr, flush=True)
+def _reserved_files(max_threads: int) -> int:
+    return 64 + 4 * max_threads  # the store's SQLite, an events file and a run folder per thread
+
+
+def raise_file_limit(max_threads: int = MAX_THREADS, wanted: int = MAX_CONNECTIONS) -> None:
+    """Raise the soft limit on open files towards what ``wanted`` connections need (never
+    above the hard limit, never lower than it was)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + _reserved_files(max_threads)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def make_server(service: ResultsService, host: str, port: int, timeout: float = TIMEOUT_SECONDS,
-                max_threads: int = MAX_THREADS) -> ThreadingHTTPServer:
-    """An HTTP server for ``service`` on host:port (IPv4 or IPv6, as the host says); a connection
-    may be idle ``timeout`` seconds between reads and lasts at most four times that."""
-    handler = type("Handler", (_Handler,), {"service": service, "routes": _routes(service),
-                                            "timeout": timeout})
-    server_class = type("Server", (_Server,), {
-        "address_family": socket.AF_INET6 if ":" in host else socket.AF_INET})
-    return server_class((host, port), handler, max_threads, 4 * timeout)
+                max_threads: int = MAX_THREADS, max_connections: int | None = None,
+                head_timeout: float = HEAD_SECONDS) -> HttpServer:
+    """An HTTP server for ``service`` on host:port (IPv4 or IPv6, as the host says): a request's
+    head must arrive within ``head_timeout`` seconds (or ``timeout`` if less), a later read may
+    wait ``timeout`` seconds, a connection lasts at most four times that; at most
+    ``max_connections`` are open (default: :func:`connection_bound`)."""
+    return HttpServer((host, port), _Handler(service, max_threads), timeout=timeout,
+                      head_timeout=min(head_timeout, timeout), deadline=4 * timeout,
+                      max_connections=max_connections or connection_bound(max_threads), backlog=BACKLOG)
 
 
 def serve(home: str | Path | None, host: str, port: int, namespace: str | None = None) -> None:
@@ -271,12 +236,16 @@ def serve(home: str | Path | None, host: str, port: int, namespace: str | None =
     """
     service = ResultsService(home or default_home(), os.environ.get("MLBENCH_WORKER_TOKEN", ""),
                              os.environ.get("MLBENCH_ADMIN_TOKEN", ""))
+    raise_file_limit()
+    try:
+        server = make_server(service, host, port)
+    except OSError as err:
+        raise MlbenchError(f"cannot listen on {host}:{port} ({err.strerror})") from None
     if namespace:
         from mlbench.launch.k8s_supervisor import PodSupervisor
 
         service.supervisor = PodSupervisor.in_cluster(service.store, namespace)
         service.supervisor.start()
-    server = make_server(service, host, port)
     signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=server.shutdown).start())
     print(f"mlbench results service on {host}:{server.server_address[1]}, run store "
           f"{service.store.home}" + (f", supervising runs in namespace {namespace}" if namespace else ""),

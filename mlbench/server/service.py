@@ -1,4 +1,4 @@
-"""The results service's HTTP API over a run store (stdlib ``http.server``, JSON in and out).
+"""The results service's HTTP API over a run store (JSON in and out).
 
 Two secrets, both random and kept in a Kubernetes Secret. The CLI reads the *admin* token from
 the Secret with the user's own credentials and may do everything. The *worker* secret is never
