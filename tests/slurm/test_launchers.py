@@ -15,6 +15,7 @@ import torch
 
 from mlbench.launch.plan import RunRequest
 from mlbench.launch.registry import launcher_class
+from mlbench.results.events import read_run_events
 from mlbench.results.store import RunStore
 from mlbench.server.httpd import make_server
 from mlbench.server.service import ResultsService
@@ -78,4 +79,7 @@ def test_a_launcher_that_starts_another_number_of_workers_is_one_line(libsvm_dir
     assert proc.stderr.strip() == (f"Error: torchrun started 3 worker(s) but the run in {run.run_dir} was "
                                    "recorded for 2; start 2 (e.g. --nproc-per-node / srun -n 2) or record "
                                    "a run for 3")
-    assert not any((run.run_dir / "events").iterdir())  # nothing recorded for a run that never began
+    # the refusal is the run's one event (no training was recorded), so `status` marks it failed
+    # with the reason instead of leaving it pending (issue 21, item 11)
+    recorded = read_run_events(run.run_dir)
+    assert [e["name"] for e in recorded] == ["error"] and "recorded for 2" in recorded[0]["value"], recorded
