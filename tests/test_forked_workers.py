@@ -79,3 +79,34 @@ def test_a_local_worker_holds_nothing_of_its_parent_and_runs_in_its_own_session(
         if cli.poll() is None:
             cli.kill()
             cli.communicate()
+
+
+FORKING_ALLOWED = "from mlbench.launch.forked import forking_allowed; print(forking_allowed('mlbench.tasks.classification_runtime'))"
+
+
+@pytest.mark.parametrize("before, allowed", [
+    ("", True),                                                       # torch imported for the workers
+    ("import torch; torch.ones(1)", False),                           # imported before: unknown past
+    ("import torch; x = torch.randn(1500, 1500); x @ x", False),     # OpenMP's pool started: a fork hangs
+    ("import threading, time; threading.Thread(target=time.sleep, args=(5,), daemon=True).start()", False),
+    ("import os; os.environ['MLBENCH_NO_FORK'] = '1'", False),
+])
+def test_ranks_are_forked_only_from_a_process_that_computed_nothing_with_torch(before, allowed):
+    code = f"{before}\n{FORKING_ALLOWED}"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "MLBENCH_NO_FORK"})
+    assert proc.stdout.strip() == str(allowed), proc.stderr
+
+
+def test_after_a_parallel_operation_the_fork_would_hang_so_the_check_is_needed():
+    """Why forking_allowed refuses a process whose torch computed in parallel: its child's first
+    parallel operation never returns (GNU OpenMP); the child is given a minute, then killed."""
+    code = ("import os, sys, torch\nx = torch.randn(1500, 1500); x @ x\ntorch.set_num_threads(2)\n"
+            "pid = os.fork()\nif pid == 0:\n    x @ x; os._exit(0)\n"
+            "import time\nfor _ in range(600):\n    done, status = os.waitpid(pid, os.WNOHANG)\n"
+            "    if done: print('ended'); sys.exit(0)\n    time.sleep(0.1)\n"
+            "os.kill(pid, 9); print('hung')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    if os.cpu_count() == 1:
+        pytest.skip("one CPU: OpenMP starts no pool")
+    assert proc.stdout.strip() == "hung", proc.stdout + proc.stderr

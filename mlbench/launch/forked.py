@@ -10,9 +10,10 @@ started: its own session, stdin from /dev/null, stdout and stderr to its log fil
 environment, no descriptor of the parent's except those passed on purpose, and tied to the
 supervisor's life.
 
-Forking is only safe from a process with one thread and no CUDA context: :func:`can_fork` says
-so, and the supervisor starts fresh interpreters otherwise (and always for the emulated
-network's namespaces, whose command is ``nsenter``).
+Forking is only safe from a process with one thread, no CUDA context and no OpenMP thread pool
+started (a child of a process that ran a parallel torch operation hangs in its first one):
+:func:`forking_allowed` says so, and the supervisor starts fresh interpreters otherwise (and
+always for the emulated network's namespaces, whose command is ``nsenter``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ PRELOADED_MODULES = ("torch", "mlbench.worker.__main__", "mlbench.worker.trainer
 #: Set in the environment to start every worker as a fresh interpreter (the behaviour before forking).
 NO_FORK_ENV = "MLBENCH_NO_FORK"
 _WAIT_POLL_SECONDS = 0.02
+#: This process's thread count right after :func:`forking_allowed` imported torch (None: torch
+#: was imported before, perhaps computed with: never fork).
+_THREADS_AFTER_IMPORT: int | None = None
 #: In a child: the parent's standard stream objects, kept alive (see _become_a_fresh_process).
 _PARENT_STREAMS: list[object] = []
 
@@ -73,18 +77,38 @@ class ForkedProcess:
         return self.returncode
 
 
-def can_fork() -> bool:
-    """Whether this process may fork workers: Linux, one thread, no CUDA context, not refused."""
+def forking_allowed(runtime_module: str | None) -> bool:
+    """Import what every rank needs (torch, the worker, the task's runtime ``runtime_module``) and
+    say whether ranks may be forked from this process.
+
+    Only from a process that has one thread of Python, no CUDA context, and whose torch has run
+    no parallel operation: GNU OpenMP's thread pool, once started, does not survive a fork (the
+    child's first parallel operation waits for ever). That is known for sure only when this
+    function imported torch itself (nothing computed with it before) and the process has no
+    more threads than right after that import (the pool's threads stay once started)."""
+    global _THREADS_AFTER_IMPORT
     if not sys.platform.startswith("linux") or os.environ.get(NO_FORK_ENV) or threading.active_count() != 1:
         return False
+    torch_was_imported = "torch" in sys.modules
+    try:
+        for name in (*PRELOADED_MODULES, *([runtime_module] if runtime_module else [])):
+            importlib.import_module(name)
+    except Exception:  # a fresh worker will fail on it too, and report it as the run's error
+        return False
+    if not torch_was_imported:
+        _THREADS_AFTER_IMPORT = _os_threads()
     cuda = sys.modules.get("torch.cuda")
-    return not (cuda is not None and cuda.is_initialized())
+    if cuda is not None and cuda.is_initialized():
+        return False
+    return _THREADS_AFTER_IMPORT is not None and _os_threads() <= _THREADS_AFTER_IMPORT
 
 
-def preload(runtime_module: str | None) -> None:
-    """Import what every rank needs once, here, before the forks share it."""
-    for name in (*PRELOADED_MODULES, *([runtime_module] if runtime_module else [])):
-        importlib.import_module(name)
+def _os_threads() -> int:
+    """This process's threads, native ones included (OpenMP's, OpenBLAS's)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1 << 30   # cannot tell: never fork
 
 
 def fork_worker(worker_args: Sequence[str], log: Path, env: dict[str, str], keep_fds: Sequence[int] = (),

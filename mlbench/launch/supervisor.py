@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from mlbench.launch.forked import ForkedProcess, can_fork, fork_worker, preload
+from mlbench.launch.forked import ForkedProcess, fork_worker, forking_allowed
 from mlbench.launch.processes import ProcessRef
 from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, rank_error
 from mlbench.network.emulation import NETWORK_LOST, LocalNetwork, local_network
@@ -144,9 +144,7 @@ class WorkerProcesses:
             document.save(self.run_dir)
             # without namespaces to enter, the ranks are forked from here once their modules are
             # imported (mlbench.launch.forked: seconds of CPU saved per worker)
-            fork = self.network is None and can_fork()
-            if fork:
-                preload(TASKS.runtime_module(config.task.name))
+            fork = self.network is None and forking_allowed(TASKS.runtime_module(config.task.name))
             for rank in range(config.workers):
                 worker_args = [str(self.run_dir), "--rank", str(rank)]
                 pass_fds: tuple[int, ...] = ()
