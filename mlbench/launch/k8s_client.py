@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from typing import Any, Protocol
@@ -23,6 +24,9 @@ from mlbench.launch.k8s_objects import SERVICE
 from mlbench.results.http_sink import TOKEN_HEADER, URL_ENV
 
 TIMEOUT_SECONDS = 60
+#: How long a request waits for the service to have a ready endpoint again (a restart, a probe
+#: that timed out on a loaded node) before its error is reported.
+UNAVAILABLE_RETRY_SECONDS = 30.0
 
 
 class Transport(Protocol):
@@ -87,14 +91,24 @@ class ResultsClient:
     def _send(self, method: str, path: str, body: dict[str, Any] | None) -> bytes:
         data = json.dumps(body, default=str).encode() if body is not None else None
         headers = {TOKEN_HEADER: self.token, "Content-Type": "application/json"}
-        try:
-            status, answer = self.transport.request(method, path, data, headers)
-        except OSError as err:
-            raise ClusterError(f"Cannot reach the results service of {self.where} ({err}); check that "
-                               "the cluster is up (`mlbench list-clusters`) and retry.") from None
-        if status >= 400:
-            raise self._error(status, answer)
-        return answer
+        deadline = time.monotonic() + UNAVAILABLE_RETRY_SECONDS
+        pause = 0.5
+        while True:
+            try:
+                status, answer = self.transport.request(method, path, data, headers)
+            except OSError as err:
+                raise ClusterError(f"Cannot reach the results service of {self.where} ({err}); check "
+                                   "that the cluster is up (`mlbench list-clusters`) and retry.") from None
+            # 503 from the API server's proxy (not the service's own JSON error): no ready endpoint,
+            # the service is starting or was marked unready for a moment; the request never reached
+            # it, so asking again is safe for every method
+            if status == 503 and not _from_the_service(answer) and time.monotonic() < deadline:
+                time.sleep(pause)
+                pause = min(pause * 2, 4.0)
+                continue
+            if status >= 400:
+                raise self._error(status, answer)
+            return answer
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         answer = self._send(method, path, body)
@@ -134,3 +148,12 @@ class ResultsClient:
                                 f"services/proxy in namespace {self.namespace}.")
         return ClusterError(f"The results service of {self.where} is not reachable ({status}: "
                             f"{message}); it may be starting or failing: check `{pods}` and retry.")
+
+
+def _from_the_service(answer: bytes) -> bool:
+    """Whether an error answer is the results service's own (a JSON object with ``error``)."""
+    try:
+        doc = json.loads(answer)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and "error" in doc

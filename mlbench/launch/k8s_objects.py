@@ -131,9 +131,13 @@ def service_objects(namespace: str, image: str, worker_token: str, admin_token: 
                 {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
                 {"name": "HOME", "value": "/tmp"}],  # the root filesystem is read-only
         "ports": [{"name": "http", "containerPort": SERVICE_PORT}],
-        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 5},
+        # a loaded node's kubelet may wait over the default 1 s for an answer: an unready service
+        # makes every CLI request fail for a while, a restarted one loses its in-memory state
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 5,
+                           "timeoutSeconds": 5},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
-                          "initialDelaySeconds": 30, "periodSeconds": 20},
+                          "initialDelaySeconds": 30, "periodSeconds": 20, "timeoutSeconds": 10,
+                          "failureThreshold": 6},
         "resources": SERVICE_RESOURCES,
         "volumeMounts": [{"name": "store", "mountPath": STORE_DIR}, {"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": container_security(),
