@@ -116,9 +116,10 @@ class WorkerProcesses:
         self._watched_at = 0.0
 
     def worker_env(self, config: RunConfig) -> dict[str, str]:
-        """The workers' environment: their threads, and that this process watches them."""
+        """The workers' environment (their threads, and that this process watches them); the
+        watchdog's bound and clock start here, as the workers do."""
         threads = str(config.threads_per_worker)
-        self.watchdog_s, self.workers, self.started_at = config.watchdog_s, config.workers, time.time()
+        self.watchdog_s, self.started_at = config.watchdog_s, time.time()
         return dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1",
                     **{SUPERVISED_ENV: "1"})
 
