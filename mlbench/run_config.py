@@ -50,6 +50,9 @@ class RunConfig:
     threads_per_worker: int = 1
     optimizer: str = "centralized-sgd"
     optimizer_options: dict[str, str] = field(default_factory=dict)
+    #: A plug-in optimizer (mlbench.optim.plugins): its spec, class, the copy of its source in
+    #: the run folder and that copy's SHA-256, its parsed options; None: a built-in.
+    optimizer_plugin: dict[str, Any] | None = None
     save_model: bool = False
     master_addr: str = "127.0.0.1"
     master_port: int = 0

@@ -7,6 +7,7 @@ validates what can be validated before any process starts, and writes ``run.json
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
@@ -242,9 +243,19 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
     and how its emulated ``network`` is applied (:class:`mlbench.launch.base.Launcher`, through
     which runs are created)."""
     from mlbench.optim.descriptors import check_optimizer, with_grad_hook
+    from mlbench.optim.plugins import resolve_optimizer
 
+    # a plug-in is read and checked here, before the run exists; the run keeps its source
+    plugin = resolve_optimizer(request.optimizer) if request.optimizer else None
+    if plugin is not None:
+        request = dataclasses.replace(request, optimizer=plugin.label)
     config, changed = build_config(request, resources)
-    optimizer = check_optimizer(config.optimizer, request.optimizer_options, request.workers)
+    if plugin is None:
+        optimizer = check_optimizer(config.optimizer, request.optimizer_options, request.workers)
+    else:
+        optimizer = plugin.info
+        options = optimizer.parse_options(request.optimizer_options, request.workers)
+        config.optimizer_plugin = plugin.record(options)
     spec = config.task
     if isinstance(spec, TaskSpec) and spec.settings.needs_averaged_gradient and not optimizer.supports_grad_hook:
         # task 3a clips the averaged gradient between the all-reduce and the update
@@ -270,4 +281,5 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
         run_json["network"] = network
     return store.create(task=request.task, workers=request.workers, division=division,
                         run_json=run_json, name=request.name, optimizer=config.optimizer,
-                        launcher=launcher, seed=request.seed, group_id=request.group_id)
+                        launcher=launcher, seed=request.seed, group_id=request.group_id,
+                        files={plugin.copy_path: plugin.source} if plugin is not None else None)

@@ -123,8 +123,10 @@ class RunStore:
     # -- creating -------------------------------------------------------------------------
     def create(self, *, task: str, workers: int, division: str, run_json: dict[str, Any],
                name: str | None = None, optimizer: str = "centralized-sgd", launcher: str = "local",
-               seed: int | None = None, group_id: str | None = None) -> RunRecord:
-        """A new run in state `pending`, with its folder and run.json written.
+               seed: int | None = None, group_id: str | None = None,
+               files: dict[str, bytes] | None = None) -> RunRecord:
+        """A new run in state `pending`, with its folder and run.json written, and ``files``
+        (a path relative to the folder: its bytes; a plug-in's source) beside it.
 
         The folder and the catalog row exist together or not at all: the folder is written
         first (nothing is recorded when it cannot be: a full disk), and removed again when the
@@ -140,6 +142,11 @@ class RunStore:
             try:
                 (run_dir / "events").mkdir(mode=0o700)
                 (run_dir / "logs").mkdir(mode=0o700)
+                for relative, data in (files or {}).items():
+                    path = run_dir / relative
+                    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    with open(path, "xb") as out:
+                        out.write(data)
                 write_json_atomic(run_dir / "run.json", {"id": run_id, "name": name, **run_json})
             except OSError as err:
                 raise self.catalog.os_error(err) from None

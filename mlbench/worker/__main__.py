@@ -95,7 +95,7 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
             from mlbench.tasks.registry import runtime_module
             result = runtime_module(config.task).run_benchmark(config, rank, events)
         else:
-            trainer = Trainer(config, rank, events, heartbeat)
+            trainer = Trainer(config, rank, events, heartbeat, run_dir)
             trainer.setup()
             result = trainer.train().to_dict()
             if config.save_model and run_dir is not None:

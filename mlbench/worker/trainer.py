@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 
 import torch
@@ -65,8 +66,10 @@ class Progress:
 
 
 class Trainer:
-    def __init__(self, config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None):
+    def __init__(self, config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None,
+                 run_dir: Path | None = None):
         self.cfg = config
+        self.run_dir = run_dir  # where a plug-in optimizer's source is
         self.heartbeat = heartbeat
         self.rank = rank
         self.world = config.workers
@@ -98,7 +101,8 @@ class Trainer:
         ctx = OptimizerContext(model=self.model, spec=self.spec, world_size=self.world,
                                rank=self.rank, timer=self.timer,
                                options=dict(self.cfg.optimizer_options))
-        self.optimizer: DistributedOptimizer = build_optimizer(self.cfg.optimizer, ctx)
+        self.optimizer: DistributedOptimizer = build_optimizer(self.cfg.optimizer, ctx, self.cfg.optimizer_plugin,
+                                                                self.run_dir)
 
     # -- the loop -----------------------------------------------------------------------------
     def train(self) -> TrainingResult:
