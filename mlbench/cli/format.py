@@ -9,7 +9,8 @@ import click
 
 from mlbench.cli.output import tabulate
 from mlbench.launch.plan import RunRequest
-from mlbench.results.report import describe_result, fmt_duration, task_metric
+from mlbench.optim.plugins import is_plugin_label
+from mlbench.results.report import describe_plugin, describe_result, fmt_duration, run_plugin, task_metric
 from mlbench.results.store import RunRecord
 from mlbench.network.settings import describe_network, network_label
 from mlbench.results.summary import RunSummary, phase_table
@@ -32,8 +33,10 @@ def fmt_bytes(count: float) -> str:
 
 
 def status_table(runs: list[dict[str, Any]]) -> str:
-    """The table of `mlbench status`, from :func:`mlbench.results.report.run_overview` rows."""
-    rows = [[r["id"], r["name"], r["task"], r["workers"], r["state"], r["division"],
+    """The table of `mlbench status`, from :func:`mlbench.results.report.run_overview` rows (a
+    plug-in run's division cell names its plug-in and source: ``open (my-sgd@1a2b3c4d5e6f)``)."""
+    rows = [[r["id"], r["name"], r["task"], r["workers"], r["state"],
+             f"{r['division']} ({r['optimizer']})" if is_plugin_label(r["optimizer"]) else r["division"],
              f"{r['epoch']:.2f}" if r["epoch"] is not None else "-",
              r["metric_text"], fmt_duration(r["time_to_accuracy"]), fmt_time(r["created_at"])]
             for r in runs]
@@ -112,6 +115,9 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
             ["division", run.division], ["optimizer", run.optimizer], ["created", fmt_time(run.created_at)],
             ["epoch", f"{summary.epoch:.2f}"], ["steps", summary.steps],
             ["training time", fmt_duration(summary.train_time)]]
+    plugin = describe_plugin(run_plugin(run))
+    if plugin:
+        rows.insert(7, ["plug-in", plugin])
     if summary.last_train_loss is not None:
         rows.append(["last training loss", f"{summary.last_train_loss:.4f}"])
     if summary.evaluations:

@@ -22,12 +22,20 @@ def _default(value: Any) -> str:
 def optimizers(output) -> None:
     """The distributed optimizers for `mlbench run --optimizer NAME --opt KEY=VALUE`."""
     from mlbench.optim.descriptors import describe_optimizers
+    from mlbench.optim.plugins import describe_plugins
 
+    described = describe_optimizers() + describe_plugins()
     if output != "table":
-        emit({"optimizers": describe_optimizers()}, output)
+        emit({"optimizers": described}, output)
         return
-    for info in describe_optimizers():
+    for info in described:
+        plugin = info.get("plugin")
+        if plugin is not None and "error" in plugin:
+            click.echo(f"{info['name']} (plug-in from {_source(plugin)}): cannot be used: {plugin['error']}\n")
+            continue
         division = "closed division: the reference" if info["closed_division"] else "open division"
+        if plugin is not None:
+            division = f"plug-in, open division; from {_source(plugin)}, sha256 {plugin['sha256'][:12]}"
         click.echo(f"{info['name']} ({division})")
         click.echo(f"  {info['summary']}")
         click.echo(f"  Reference: {info['reference']}")
@@ -37,6 +45,14 @@ def optimizers(output) -> None:
             click.echo("  " + table.replace("\n", "\n  "))
         click.echo("")
     click.echo("Example: mlbench run task1a 4 --optimizer powersgd --opt rank=2")
+    click.echo("Your own: --optimizer FILE.py:CLASS, package.module:CLASS, or an installed plug-in's "
+               "name (docs/plugins.md)")
+
+
+def _source(plugin: dict[str, Any]) -> str:
+    """``entry point NAME = VALUE of DIST``: where an installed plug-in comes from."""
+    dist = f" of {plugin['distribution']}" if plugin.get("distribution") else ""
+    return f"entry point {plugin['entry_point']} = {plugin['value']}{dist}"
 
 
 def print_compression(summary: RunSummary) -> None:

@@ -19,7 +19,7 @@ from mlbench.network.settings import network_label
 from mlbench.results.charts import family_labels, network_axis, representative
 from mlbench.results.compare import Comparison, Group, sweep_bandwidth, training_curve
 from mlbench.results.outcome import AllreduceResult, read_result
-from mlbench.results.report import (compare_headers, compare_notes, compare_row, describe_result,
+from mlbench.results.report import (compare_headers, compare_notes, compare_row, describe_plugin, describe_result,
                                     differs_in_network, family_heading, group_label, is_sweep,
                                     run_progress, sweep_table, task_metric)
 from mlbench.results.repeats import RepeatStats
@@ -101,6 +101,8 @@ def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -
         "model": task.get("model") or (task.get("settings") or {}).get("model"),
         "workers": record.workers, "threads_per_worker": config.get("threads_per_worker"),
         "optimizer": record.optimizer, "optimizer_options": config.get("optimizer_options") or {},
+        "plugin": describe_plugin(config.get("optimizer_plugin")),
+        "plugin_sha256": (config.get("optimizer_plugin") or {}).get("sha256"),
         "division": record.division, "changed": run_json.get("changed") or [],
         "device": config.get("device"), "backend": config.get("backend"),
         "data": config.get("data"), "data_dir": config.get("data_dir"),

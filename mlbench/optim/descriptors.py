@@ -229,8 +229,12 @@ def with_grad_hook() -> list[str]:
 
 def describe_optimizers() -> list[dict[str, Any]]:
     """Every optimizer with its division, summary, reference and options (for the CLI/README)."""
-    return [{"name": info.name, "closed_division": info.closed_division, "summary": info.summary,
-             "reference": info.reference,
-             "options": [{"name": key, "default": opt.default, "help": opt.help}
-                         for key, opt in info.options.items()]}
-            for info in _ALL]
+    return [describe(info) for info in _ALL]
+
+
+def describe(info: OptimizerInfo) -> dict[str, Any]:
+    """One optimizer's division, summary, reference and options (a built-in or a plug-in)."""
+    return {"name": info.name, "closed_division": info.closed_division, "summary": info.summary,
+            "reference": info.reference,
+            "options": [{"name": key, "default": opt.default, "help": opt.help}
+                        for key, opt in info.options.items()]}

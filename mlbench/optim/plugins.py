@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from mlbench.errors import MlbenchError, UsageError
-from mlbench.optim.descriptors import INFO, OptimizerInfo
+from mlbench.optim.descriptors import INFO, OptimizerInfo, describe
 
 if TYPE_CHECKING:
     from mlbench.optim.base import DistributedOptimizer
@@ -98,6 +98,11 @@ def plugin_label(name: str, sha256: str) -> str:
     return f"{name}@{sha256[:SHORT_HASH]}"
 
 
+def is_plugin_label(optimizer: str | None) -> bool:
+    """Whether a run's optimizer (as the catalog has it) is a plug-in's ``name@sha``."""
+    return bool(optimizer) and "@" in str(optimizer)
+
+
 def is_builtin(name: str) -> bool:
     return name in INFO
 
@@ -144,6 +149,23 @@ def installed_plugins() -> list[dict[str, Any]]:
                 row["error"] = str(err)
         found.append(row)
     return found
+
+
+def describe_plugins() -> list[dict[str, Any]]:
+    """The installed plug-ins as :func:`mlbench.optim.descriptors.describe` has the built-ins, each
+    with ``plugin``: its entry point, what it points to, its package, its source's SHA-256, or
+    why it cannot be used (``error``)."""
+    described = []
+    for row in installed_plugins():
+        source = {"entry_point": row["entry_point"], "value": row["value"],
+                  "distribution": row["distribution"]}
+        plugin: Plugin | None = row.get("plugin")
+        if plugin is None:
+            described.append({"name": row["entry_point"], "plugin": {**source, "error": row["error"]}})
+        else:
+            described.append({**describe(plugin.info), "closed_division": False,
+                              "plugin": {**source, "origin": plugin.origin, "sha256": plugin.sha256}})
+    return described
 
 
 def load_recorded(run_dir: Path, record: dict[str, Any]) -> type[DistributedOptimizer]:

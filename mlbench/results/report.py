@@ -22,9 +22,11 @@ from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group
 from mlbench.results.events import read_run_events
 from mlbench.results.outcome import AllreduceResult, Outcome, fmt_duration, read_result
 from mlbench.results.repeats import RepeatStats
+from mlbench.optim.plugins import SHORT_HASH
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table, summarize
 from mlbench.tasks.metrics import ACCURACY, LATENCY, Metric, get_metric
+from mlbench.run_config import RunDocument
 from mlbench.tasks.registry import TASKS
 
 
@@ -255,6 +257,23 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
     }
 
 
+def run_plugin(record: RunRecord) -> dict[str, Any] | None:
+    """run.json's record of the run's plug-in optimizer (name, spec, class, the copy's file and
+    full SHA-256, options), or None for a built-in."""
+    document = RunDocument.load_or_none(record.run_dir)
+    return document.config.optimizer_plugin if document is not None else None
+
+
+def describe_plugin(plugin: dict[str, Any] | None) -> str | None:
+    """``my-sgd, sha256 1a2b3c4d5e6f (./my_sgd.py:MySGD, kept as plugin/my_sgd.py)``: which code
+    ran (the hash names the source the workers executed), or None for a built-in."""
+    if not plugin:
+        return None
+    sha = str(plugin.get("sha256") or "")
+    return (f"{plugin.get('name')}, sha256 {sha[:SHORT_HASH]} ({plugin.get('spec')}, kept as "
+            f"{plugin.get('file')})")
+
+
 def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
     """One run as `mlbench status RUN` shows it: the overview, the summary of its metric events
     over all workers, its result as recorded and the result sentence."""
@@ -280,6 +299,7 @@ def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
             "compression_ratio": summary.compression_ratio,
             "errors": list(summary.errors),
         },
+        "optimizer_plugin": run_plugin(record),
         "result": record.result,
         "result_sentence": result.sentence() if result else None,
         **({"allreduce": sweep} if sweep else {}),

@@ -115,6 +115,7 @@
       ["model", spec.model],
       ["workers", spec.threads_per_worker ? `${spec.workers} x ${spec.threads_per_worker} thread(s)` : spec.workers],
       ["optimizer", doc.sweep ? null : options ? `${spec.optimizer} (${options})` : spec.optimizer],
+      ["plug-in", spec.plugin ? `${spec.plugin}; sha256 ${spec.plugin_sha256}` : null],
       ["division", spec.changed.length ? `${spec.division} (${spec.changed.join(", ")})` : spec.division],
       ["device", [spec.device, spec.backend].filter(Boolean).join(" / ")],
       ["network", spec.network || "not shaped"],
