@@ -293,6 +293,7 @@ def _execute(source: bytes, filename: str, module_name: str, package: str | None
     module = types.ModuleType(module_name)
     module.__file__ = filename
     module.__package__ = package or ""
+    module.__spec__ = importlib.util.spec_from_loader(module_name, None, origin=filename)
     code = compile(source, filename, "exec")
     previous = sys.modules.get(module_name)
     sys.modules[module_name] = module
