@@ -222,3 +222,8 @@ def test_sys_modules_keeps_a_file_plugin_under_a_name_of_its_own(tmp_path):
     assert plugin.cls.__module__.startswith("_mlbench_plugin_halve_")
     with pytest.raises(UsageError):
         resolve_optimizer(f"{path}:")
+
+
+def test_the_documented_example_is_the_file_the_tests_run():
+    doc = (REPO / "docs" / "plugins.md").read_text()
+    assert f"```python\n{EXAMPLE.read_text()}```" in doc
