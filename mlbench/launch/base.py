@@ -90,6 +90,9 @@ class Launcher(ABC):
     #: How long a follow goes on while the launcher cannot say how the run is (a scheduler's
     #: controller restarting, a cluster's API server blipping); 0: not at all.
     unreachable_seconds: ClassVar[float] = 0.0
+    #: The most bytes of a plug-in optimizer's source it can ship to its workers; None: they
+    #: read it from the run folder they share with this machine.
+    plugin_limit: ClassVar[int | None] = None
 
     def __init__(self, store: RunStore, settings: LaunchSettings | None = None):
         self.store = store
@@ -137,7 +140,8 @@ class Launcher(ABC):
         network = self.network_record(request.network) if request.network else None
         return create_run(self.store, request, launcher=self.name, check_data=check_data,
                           resources=resources, nodes=self.occupied_nodes(request, resources),
-                          on_this_machine=self.on_this_machine, network=network)
+                          on_this_machine=self.on_this_machine, network=network,
+                          plugin_limit=self.plugin_limit)
 
     @abstractmethod
     def create(self, request: RunRequest) -> RunRecord:

@@ -51,9 +51,19 @@ class ClusterStore(RunStore):
 
     # -- writing goes to the service first ------------------------------------------------
     def create(self, **fields: Any) -> RunRecord:
-        """A new pending run, recorded by the service (same arguments as RunStore.create)."""
+        """A new pending run, recorded by the service (same arguments as RunStore.create).
+
+        ``files`` (a plug-in's source) stay in this machine's copy of the run folder, from which
+        the launcher ships them to the pods in the run's ConfigMap; the service's run.json
+        records their SHA-256."""
+        files: dict[str, bytes] = fields.pop("files", None) or {}
         record = self.service().call("POST", "/v1/runs", fields)
         self._put(record)
+        run_dir = self.runs_dir / record["id"]
+        for relative, data in files.items():
+            path = run_dir / relative
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path.write_bytes(data)
         return self.sync_run(record["id"])
 
     def delete(self, run_id: str) -> None:

@@ -21,6 +21,7 @@ the cluster's data volume, mounted read-only (:mod:`mlbench.launch.k8s_data`).
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -173,11 +174,28 @@ def owned_by(owner: dict[str, Any]) -> list[dict[str, Any]]:
              "uid": owner["metadata"]["uid"], "controller": True}]
 
 
-def run_configmap(run_id: str, run_json: dict[str, Any], namespace: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": run_name(run_id), "namespace": namespace,
-                         "labels": {RUN_LABEL: run_id, **MANAGED}},
-            "data": {"run.json": json.dumps(run_json, indent=2, sort_keys=True, default=str)}}
+#: The most bytes of a plug-in's source a run ships in its ConfigMap (which, with run.json,
+#: must stay under the API server's 1 MiB per object).
+PLUGIN_LIMIT = 512 * 1024
+
+
+def configmap_key(relative: str) -> str:
+    """The ConfigMap key of a file of the run folder (keys hold no '/'): plugin/x.py -> plugin.x.py."""
+    return relative.replace("/", ".")
+
+
+def run_configmap(run_id: str, run_json: dict[str, Any], namespace: str,
+                  files: dict[str, bytes] | None = None) -> dict[str, Any]:
+    """run.json, and ``files`` of the run folder (a plug-in's source) as binary data: the pods
+    get the exact bytes whose SHA-256 run.json records (see :func:`worker_pod`'s items)."""
+    configmap: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": run_name(run_id), "namespace": namespace, "labels": {RUN_LABEL: run_id, **MANAGED}},
+        "data": {"run.json": json.dumps(run_json, indent=2, sort_keys=True, default=str)}}
+    if files:
+        configmap["binaryData"] = {configmap_key(path): base64.b64encode(data).decode("ascii")
+                                   for path, data in files.items()}
+    return configmap
 
 
 def run_secret(run_id: str, token: str, owner: dict[str, Any]) -> dict[str, Any]:
@@ -209,9 +227,12 @@ def _affinity(run_id: str, workers: int, nodes: int) -> dict[str, Any]:
 
 
 def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Placement,
-               owner: dict[str, Any], network: dict[str, Any] | None = None) -> dict[str, Any]:
+               owner: dict[str, Any], network: dict[str, Any] | None = None,
+               files: tuple[str, ...] = ()) -> dict[str, Any]:
     """The pod of one worker: the local worker command, its run.json mounted from the ConfigMap;
-    with run.json's ``network``, shaped by an init container or CNI annotations (mlbench.network.kube)."""
+    with run.json's ``network``, shaped by an init container or CNI annotations (mlbench.network.kube).
+    ``files``: the run folder's other files in the ConfigMap (a plug-in's source), mounted at
+    their paths in the folder."""
     amount = {"cpu": f"{placement.cpu_millis}m", "memory": f"{placement.memory_mib}Mi",
               "ephemeral-storage": WORKER_EPHEMERAL}
     if placement.gpus:
@@ -232,7 +253,11 @@ def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Pl
     ]
     mounts = [{"name": "run", "mountPath": RUN_DIR, "readOnly": True},
               {"name": "tmp", "mountPath": "/tmp"}, {"name": "shm", "mountPath": "/dev/shm"}]
-    volumes = [{"name": "run", "configMap": {"name": run_name(run_id)}}, scratch_volume(TMP_LIMIT),
+    run_volume: dict[str, Any] = {"name": run_name(run_id)}
+    if files:
+        run_volume["items"] = [{"key": "run.json", "path": "run.json"},
+                               *({"key": configmap_key(path), "path": path} for path in files)]
+    volumes = [{"name": "run", "configMap": run_volume}, scratch_volume(TMP_LIMIT),
                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_LIMIT}}]
     if placement.data_claim:
         mounts.append({"name": "data", "mountPath": DATA_DIR, "readOnly": True})

@@ -224,7 +224,10 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
     # the client's create_* calls take plain dict bodies too: their annotations (kubernetes >= 37)
     # name only its models, hence the ignores below (unused where kubernetes is older, untyped)
     try:
-        configmap = objects.run_configmap(run.id, document.to_dict(), store.namespace)
+        plugin = document.config.optimizer_plugin
+        files = (str(plugin["file"]),) if plugin else ()
+        configmap = objects.run_configmap(run.id, document.to_dict(), store.namespace,
+                                          {path: (run.run_dir / path).read_bytes() for path in files})
         made = core.create_namespaced_config_map(store.namespace, configmap)  # type: ignore[arg-type, unused-ignore]
         owner = store.api.sanitize_for_serialization(made)
         tokens = _tokens(core, store.namespace)
@@ -237,7 +240,7 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
         networking.create_namespaced_network_policy(store.namespace, policy)  # type: ignore[arg-type, unused-ignore]
         for rank in range(run.workers):
             pod = objects.worker_pod(run.id, rank, run.workers, threads, placement, owner,
-                                     document.extra.get("network"))
+                                     document.extra.get("network"), files)
             core.create_namespaced_pod(store.namespace, pod)  # type: ignore[arg-type, unused-ignore]
     except Exception as err:
         error = _api_error(err, store, f"create the pods of run {run.id}")
@@ -281,6 +284,7 @@ class KubernetesLauncher(Launcher):
     options = (LauncherOption("--image", "image", "Worker image on a cluster [the cluster's, else "
                                                   "mlbench/worker:VERSION]."),)
     follow_seconds = 2.0
+    plugin_limit = objects.PLUGIN_LIMIT  # a plug-in's source travels in the run's ConfigMap
     unreachable_seconds = 120.0  # the API server or the service blipped; the run goes on in the cluster
 
     def __init__(self, store: RunStore, settings: LaunchSettings | None = None,

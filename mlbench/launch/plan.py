@@ -237,17 +237,21 @@ def prepare_data(config: RunConfig) -> None:
 
 def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: int, on_this_machine: bool,
                check_data: bool = True, resources: WorkerResources | None = None,
-               network: dict[str, Any] | None = None) -> RunRecord:
+               network: dict[str, Any] | None = None, plugin_limit: int | None = None) -> RunRecord:
     """Validate the request (and, locally, the data) and record a new pending run of
-    ``launcher``, which says the machines it occupies (``nodes``, whether ``on_this_machine``)
-    and how its emulated ``network`` is applied (:class:`mlbench.launch.base.Launcher`, through
-    which runs are created)."""
+    ``launcher``, which says the machines it occupies (``nodes``, whether ``on_this_machine``),
+    how its emulated ``network`` is applied and the largest plug-in source it ships
+    (``plugin_limit``; None: its workers share the run folder) (:class:`mlbench.launch.base.Launcher`,
+    through which runs are created)."""
     from mlbench.optim.descriptors import check_optimizer, with_grad_hook
     from mlbench.optim.plugins import resolve_optimizer
 
     # a plug-in is read and checked here, before the run exists; the run keeps its source
     plugin = resolve_optimizer(request.optimizer) if request.optimizer else None
     if plugin is not None:
+        if plugin_limit is not None and len(plugin.source) > plugin_limit:
+            raise UsageError(f"optimizer plug-in {request.optimizer}: its source is {len(plugin.source):,} bytes; "
+                             f"a {launcher} run ships it to the workers in at most {plugin_limit:,} bytes")
         request = dataclasses.replace(request, optimizer=plugin.label)
     config, changed = build_config(request, resources)
     if plugin is None:

@@ -84,7 +84,7 @@ class Plugin:
     def copy_path(self) -> str:
         """Where the run folder keeps the source, relative to it."""
         stem = self.module if self.module else Path(self.origin).stem
-        return f"{PLUGIN_DIR}/{stem}.py"
+        return f"{PLUGIN_DIR}/{re.sub(r'[^A-Za-z0-9_.-]', '_', stem)}.py"  # also a ConfigMap key
 
     def record(self, options: dict[str, Any]) -> dict[str, Any]:
         """What run.json says of the plug-in (``config.optimizer_plugin``): enough for a worker to

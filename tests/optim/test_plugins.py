@@ -26,7 +26,7 @@ from mlbench.cli import (
 from mlbench.errors import UsageError
 from mlbench.optim.base import OptimizerContext
 from mlbench.optim.catalog import build_optimizer
-from mlbench.optim.plugins import PluginError, resolve_optimizer
+from mlbench.optim.plugins import PluginError, load_recorded, resolve_optimizer
 from mlbench.tasks.registry import get_task
 from mlbench.timing import PhaseTimer
 from tests.helpers import last_run, mlbench, run_ids, run_json
@@ -227,3 +227,39 @@ def test_sys_modules_keeps_a_file_plugin_under_a_name_of_its_own(tmp_path):
 def test_the_documented_example_is_the_file_the_tests_run():
     doc = (REPO / "docs" / "plugins.md").read_text()
     assert f"```python\n{EXAMPLE.read_text()}```" in doc
+
+
+def test_pods_get_the_exact_source_through_the_configmap_and_a_large_one_is_refused(tmp_path):
+    """What the kubelet makes of the run's ConfigMap and the pod's items is a run folder from
+    which the worker loads the plug-in (no cluster here: the projection is done as it does it)."""
+    import base64
+
+    from mlbench.launch.k8s_objects import Placement, run_configmap, worker_pod
+    from mlbench.launch.plan import RunRequest, create_run
+    from mlbench.results.store import RunStore
+
+    path = write(tmp_path, "halve.py", GOOD)
+    plugin = resolve_optimizer(f"{path}:Halve")
+    assert plugin is not None
+    record = plugin.record({"factor": 0.5})
+    files = {record["file"]: plugin.source}
+    configmap = run_configmap("abc", {"config": {"optimizer_plugin": record}}, "ns", files)
+    placement = Placement(namespace="ns", image="mlbench/worker", nodes=1, cpu_millis=1000, memory_mib=1000)
+    pod = worker_pod("abc", 0, 2, 1, placement, {"metadata": {"name": "c", "uid": "u", "namespace": "ns"}},
+                     files=tuple(files))
+    volume = next(v["configMap"] for v in pod["spec"]["volumes"] if v["name"] == "run")
+    mounted = tmp_path / "pod-run"
+    for item in volume["items"]:
+        target = mounted / item["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if item["key"] in configmap["data"]:
+            target.write_text(configmap["data"][item["key"]])
+        else:
+            target.write_bytes(base64.b64decode(configmap["binaryData"][item["key"]]))
+    assert json.loads((mounted / "run.json").read_text())["config"]["optimizer_plugin"] == record
+    assert load_recorded(mounted, record).info.name == "halve"
+
+    request = RunRequest(task="task2a", workers=2, data="synthetic", optimizer=f"{path}:Halve")
+    with pytest.raises(UsageError, match=f"its source is {len(plugin.source):,} bytes; a kubernetes run ships"):
+        create_run(RunStore(), request, "kubernetes", nodes=2, on_this_machine=False, plugin_limit=100)
+    assert run_ids() == []
