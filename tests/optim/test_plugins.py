@@ -23,10 +23,12 @@ from mlbench.cli import (
     cli,
     commands,  # noqa: F401  (registers the commands)
 )
+from mlbench.dashboard.views import run_spec
 from mlbench.errors import UsageError
 from mlbench.optim.base import OptimizerContext
 from mlbench.optim.catalog import build_optimizer
 from mlbench.optim.plugins import PluginError, load_recorded, resolve_optimizer
+from mlbench.results.summary import summarize
 from mlbench.tasks.registry import get_task
 from mlbench.timing import PhaseTimer
 from tests.helpers import last_run, mlbench, run_ids, run_json
@@ -146,6 +148,9 @@ def test_the_run_keeps_the_source_and_its_workers_execute_the_copy_not_the_users
     assert record["options"] == {"factor": 0.25} and record["spec"] == f"{path}:Halve"
     assert run.optimizer == f"halve@{record['sha256'][:12]}" and run.division == "open"
     assert run_json(run)["changed"][0] == f"optimizer={run.optimizer}"
+    spec = run_spec(run, run_json(run), summarize([]))   # the dashboard's run page
+    assert spec["plugin"] == f"halve, sha256 {record['sha256'][:12]} ({path}:Halve, kept as plugin/halve.py)"
+    assert spec["plugin_sha256"] == record["sha256"] and spec["optimizer"] == run.optimizer
 
     path.write_text("raise SystemExit('edited after the run was created')\n")
     ctx = context({"factor": "0.25"})
