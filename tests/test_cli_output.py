@@ -170,7 +170,7 @@ def test_charts_without_matplotlib_say_what_to_install_and_write_nothing(runs, t
 
     proc = run_without("matplotlib", "charts", "--group", runs, "-d", str(tmp_path / "charts"))
     assert (proc.returncode, proc.stderr) == (
-        1, "Error: this needs matplotlib, which is not installed: pip install 'mlbench[charts]'\n")
+        1, "Error: this needs matplotlib, which is not installed: pip install 'mlbench-suite[charts]'\n")
     assert not (tmp_path / "charts").exists()
 
 

@@ -113,7 +113,7 @@ def test_download_replaces_a_link_at_the_zip_instead_of_writing_its_target(tmp_p
 
 
 def test_charts_never_write_through_a_link_at_an_image_or_its_partial_file(tmp_path, victim):
-    pytest.importorskip("matplotlib", reason="charts need matplotlib (pip install 'mlbench[charts]')")
+    pytest.importorskip("matplotlib", reason="charts need matplotlib (pip install 'mlbench-suite[charts]')")
     store = RunStore()
     runs = [record_run(store, workers=k, tta=10.0 / k, wall=12.0 / k) for k in (1, 2)]
     out = tmp_path / "charts"
