@@ -1,4 +1,4 @@
-"""Optional dependencies, installed as extras: ``pip install 'mlbench[aws]'``.
+"""Optional dependencies, installed as extras: ``pip install 'mlbench-suite[aws]'``.
 
 The core install (click, torch, torchvision, numpy, pyyaml, tabulate) runs benchmarks on this
 machine; clouds, Kubernetes, charts and the dashboard each need SDKs that a laptop run or a
@@ -33,9 +33,14 @@ class MissingExtra(MlbenchError):
     """An optional dependency is not installed (exit code 1)."""
 
 
+#: The distribution's name on the package index (the command and the import are `mlbench`; that
+#: name on the index is an unrelated package).
+DISTRIBUTION = "mlbench-suite"
+
+
 def install_hint(extra: str) -> str:
     """The command that installs ``extra``."""
-    return f"pip install 'mlbench[{extra}]'"
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
 
 
 @contextlib.contextmanager

@@ -14,7 +14,9 @@ import sys
 import pytest
 import yaml
 
+from mlbench.cli.output import SCHEMA_VERSION
 from mlbench.results.environment import may_have_gpu
+from mlbench.results.report import OVERVIEW_FIELDS
 from mlbench.results.store import RunStore
 from tests.helpers import events, mlbench, run_json, wait_for
 
@@ -53,12 +55,15 @@ def runs(group_home, monkeypatch):
 def _json(*args: str):
     proc = mlbench(*args, "-o", "json", check=True)
     assert proc.stderr == ""
-    return json.loads(proc.stdout)
+    document = json.loads(proc.stdout)
+    assert document.pop("schema_version") == SCHEMA_VERSION
+    return document
 
 
 def test_status_json_lists_every_run_with_the_documented_keys(runs):
     listed = _json("status")["runs"]
-    assert [r["workers"] for r in listed] == [1, 2]
+    assert [r["workers"] for r in listed] == [2, 1]  # newest first: a script's runs[0] is the last run
+    assert listed[0]["created_at"] > listed[1]["created_at"]
     for run in listed:
         assert set(run) == OVERVIEW_KEYS
         assert run["state"] == "finished" and run["group_id"] == runs and run["task"] == "task2a"
@@ -68,10 +73,44 @@ def test_status_json_lists_every_run_with_the_documented_keys(runs):
         assert (run["time_to_accuracy"] is not None) == run["goal_reached"]
 
 
+def test_status_sorts_and_limits_the_list_by_any_key_of_its_entries(runs):
+    assert tuple(OVERVIEW_KEYS) and set(OVERVIEW_FIELDS) == OVERVIEW_KEYS
+    newest, oldest = _json("status")["runs"]
+    assert _json("status", "--sort", "workers")["runs"] == [oldest, newest]
+    assert _json("status", "--sort", "-workers")["runs"] == [newest, oldest]
+    assert _json("status", "--sort", "created_at", "--limit", "1")["runs"] == [oldest]
+    assert _json("status", "--limit", "1")["runs"] == [newest]
+    assert _json("status", "--sort", "reason", "--all")["runs"] == [newest, oldest]  # no value: newest first
+    table = mlbench("status", "--sort", "workers", check=True).stdout.splitlines()
+    assert [line.split()[0] for line in table[2:]] == [oldest["id"], newest["id"]]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--sort", "speed"), "Error: --sort speed: not a field of a run; choose from id, name, task, "),
+    (("--all", "--limit", "3"), "Error: --all lists every run and --limit N the first N: give one of them\n"),
+    (("some-run", "--sort", "name"), "Error: --sort, --limit and --all choose runs for the list: give no "
+                                     "RUN with them\n"),
+    (("--limit", "0"), "Usage: "),  # click's own: usage, then the error
+])
+def test_status_refuses_a_wrong_sort_or_limit(runs, args, message):
+    proc = mlbench("status", *args)
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.startswith(message), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_sort_puts_runs_without_a_value_last_in_either_direction():
+    from mlbench.results.report import sort_runs
+
+    rows = [{"id": i, "created_at": float(i), "time_to_accuracy": t} for i, t in enumerate([None, 5.0, 2.0, 5.0])]
+    assert [r["id"] for r in sort_runs(rows, "time_to_accuracy")] == [2, 3, 1, 0]
+    assert [r["id"] for r in sort_runs(rows, "time_to_accuracy", descending=True)] == [3, 1, 2, 0]
+
+
 def test_status_run_yaml_holds_the_summary_the_result_and_its_sentence(runs):
     first = _json("status")["runs"][0]
     proc = mlbench("status", first["name"], "-o", "yaml", check=True)
     run = yaml.safe_load(proc.stdout)
+    assert run.pop("schema_version") == SCHEMA_VERSION
     assert {k: run[k] for k in OVERVIEW_KEYS} == first
     summary = run["summary"]
     assert summary["steps"] > 0 and summary["samples"] > 0 and summary["throughput"] > 0
@@ -108,28 +147,30 @@ def test_tasks_optimizers_prices_and_clusters_parse_as_json_and_yaml(runs):
     config.save_cluster(config.ClusterRecord(provider="kind", name="demo", context="mlbench-kind-demo",
                                              kubeconfig=config.config_dir() / "kubeconfig", nodes=2))
     tasks = yaml.safe_load(mlbench("tasks", "-o", "yaml", check=True).stdout)
+    assert tasks["schema_version"] == SCHEMA_VERSION
     assert [t["name"] for t in tasks["tasks"]] == ["task0a", "task1a", "task2a", "task3a", "task4b"]
     assert [t["metric"] for t in tasks["tasks"][1:]] == ["accuracy", "accuracy", "perplexity", "bleu"]
     assert tasks["tasks"][1]["goal_full"] == 0.8 and "resnet20-v1" in tasks["models"]
-    prices = json.loads(mlbench("prices", "-o", "json", check=True).stdout)["prices"]
+    prices = _json("prices")["prices"]
     assert {"name": "n1-standard-4", "usd_per_hour": 0.19} in [
         {k: p[k] for k in ("name", "usd_per_hour")} for p in prices]
     clusters = yaml.safe_load(mlbench("list-clusters", "--no-refresh", "-o", "yaml", check=True).stdout)
+    assert clusters.pop("schema_version") == SCHEMA_VERSION
     assert clusters["clusters"] == [{
         "provider": "kind", "name": "demo", "current": False, "state": "not checked",
         "detail": "", "nodes": 2, "where": "this machine", "namespace": None, "image": None,
         "created_by_mlbench": True, "context": "mlbench-kind-demo",
         "kubeconfig": str(config.config_dir() / "kubeconfig")}]
-    optimizers = json.loads(mlbench("optimizers", "-o", "json", check=True).stdout)["optimizers"]
+    optimizers = _json("optimizers")["optimizers"]
     assert optimizers[0]["name"] == "centralized-sgd" and optimizers[0]["closed_division"] is True
 
 
 def test_charts_without_matplotlib_say_what_to_install_and_write_nothing(runs, tmp_path):
     from tests.test_extras import run_without
 
-    proc = run_without("matplotlib", "charts", "--group", runs, "-o", str(tmp_path / "charts"))
+    proc = run_without("matplotlib", "charts", "--group", runs, "-d", str(tmp_path / "charts"))
     assert (proc.returncode, proc.stderr) == (
-        1, "Error: this needs matplotlib, which is not installed: pip install 'mlbench[charts]'\n")
+        1, "Error: this needs matplotlib, which is not installed: pip install 'mlbench-suite[charts]'\n")
     assert not (tmp_path / "charts").exists()
 
 
@@ -154,9 +195,9 @@ def test_completion_offers_run_ids_names_tasks_groups_and_clusters(runs):
     config.save_cluster(config.ClusterRecord(provider="aws", name="bench", context="mlbench-aws-bench",
                                              kubeconfig=config.config_dir() / "kubeconfig", nodes=4))
     listed = _json("status")["runs"]
-    newest_first = [v for r in reversed(listed) for v in (r["id"], r["name"])]
+    newest_first = [v for r in listed for v in (r["id"], r["name"])]
     assert _complete("mlbench status ") == newest_first
-    assert _complete("mlbench logs task2a-1") == [listed[0]["name"]]
+    assert _complete("mlbench logs task2a-1") == [listed[1]["name"]]
     assert _complete(f"mlbench download {listed[1]['id'][:3]}") == [listed[1]["id"]]
     assert _complete("mlbench run task") == ["task0a", "task1a", "task2a", "task3a", "task4b"]
     assert _complete("mlbench compare --group ") == [runs]

@@ -346,3 +346,31 @@ def test_bad_data_stops_a_task2a_run_in_one_line_before_any_worker(tmp_path, tra
     assert len(lines) == 1 and "Traceback" not in proc.stderr + proc.stdout
     assert lines[0].startswith(f"Error: {folder / 'bad'}, line {line}: {problem}"), lines[0]
     assert RunStore().list() == []
+
+
+def test_the_data_cache_is_mlbench_data_then_xdg_cache_home_then_the_home_cache(tmp_path, monkeypatch):
+    from mlbench.tasks.data.download import default_data_root
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("MLBENCH_DATA", str(tmp_path / "own"))
+    assert default_data_root() == tmp_path / "own"
+    monkeypatch.delenv("MLBENCH_DATA")
+    assert default_data_root() == tmp_path / "xdg" / "mlbench" / "data"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # invalid by the XDG specification
+    assert default_data_root() == tmp_path / "home" / ".cache" / "mlbench" / "data"
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    assert default_data_root() == tmp_path / "home" / ".cache" / "mlbench" / "data"
+
+
+def test_a_run_converts_its_libsvm_files_into_the_xdg_cache(libsvm_dir, tmp_path, monkeypatch):
+    from tests.helpers import mlbench
+
+    monkeypatch.delenv("MLBENCH_DATA")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # never the user's cache, even when this fails
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    proc = mlbench("run", "task2a", "1", "--data-dir", str(libsvm_dir), "--max-steps", "2", "--log-every", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cache = tmp_path / "xdg" / "mlbench" / "data" / "libsvm-cache"
+    # one converted entry per file of the pair, named for it
+    assert sorted(p.name.rsplit("-", 1)[0] for p in cache.iterdir() if p.is_dir()) == ["small", "small.t"]

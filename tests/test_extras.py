@@ -32,14 +32,14 @@ def run_without(modules: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("modules, args, message", [
     ("boto3,botocore", ["create-cluster", "aws", "2", "demo"],
-     "this needs the AWS SDK (boto3), which is not installed: pip install 'mlbench[aws]'"),
+     "this needs the AWS SDK (boto3), which is not installed: pip install 'mlbench-suite[aws]'"),
     ("googleapiclient,google", ["create-cluster", "gcloud", "2", "demo", "--project", "p"],
      "this needs the Google Cloud client (google-api-python-client, google-auth), which is not "
-     "installed: pip install 'mlbench[gcp]'"),
+     "installed: pip install 'mlbench-suite[gcp]'"),
     ("docker", ["create-cluster", "kind", "1", "demo"],
-     "this needs the Docker SDK, which is not installed: pip install 'mlbench[kind]'"),
+     "this needs the Docker SDK, which is not installed: pip install 'mlbench-suite[kind]'"),
     ("docker", ["image", "build"],
-     "this needs the Docker SDK, which is not installed: pip install 'mlbench[kind]'"),
+     "this needs the Docker SDK, which is not installed: pip install 'mlbench-suite[kind]'"),
 ])
 def test_a_missing_extra_is_one_line_naming_the_extra(modules, args, message):
     proc = run_without(modules, *args)
@@ -56,7 +56,7 @@ def test_runs_on_a_cluster_without_the_kubernetes_client_say_what_to_install():
     proc = run_without("kubernetes", "status")
     assert proc.returncode == 1
     assert proc.stderr == ("Error: this needs the Kubernetes client, which is not installed: "
-                           "pip install 'mlbench[kubernetes]'\n")
+                           "pip install 'mlbench-suite[kubernetes]'\n")
 
 
 def test_a_missing_module_of_another_package_is_not_blamed_on_the_extra():

@@ -132,7 +132,7 @@ def case(request):
 @pytest.mark.parametrize("action", list(ACTIONS))
 @pytest.mark.parametrize("case", ["local", "mpi", "external"], indirect=True)
 def test_every_launcher_cancels_and_ends_its_runs_alike_in_the_cli_and_the_dashboard(case, action):
-    pytest.importorskip("uvicorn", reason="the dashboard needs uvicorn (pip install 'mlbench[dashboard]')")
+    pytest.importorskip("uvicorn", reason="the dashboard needs uvicorn (pip install 'mlbench-suite[dashboard]')")
     ACTIONS[action](case)
 
 

@@ -11,7 +11,7 @@ import click
 from mlbench.cli import cli
 from mlbench.cli.completion import complete_clusters
 from mlbench.cli.output import emit, output_option, tabulate
-from mlbench.cloud import manager
+from mlbench.cloud import address, manager
 from mlbench.cloud.providers import ADOPTED, PROVIDER_MODULES
 from mlbench.cloud.provisioner import ClusterSpec
 from mlbench.progress import StatusLines
@@ -36,8 +36,11 @@ _COMMON = _options(
     click.option("--kubernetes-version", help="Kubernetes version (default: the provider's)."),
     click.option("--image", help="Worker image the cluster runs (default: mlbench's)."),
     click.option("--allow-api-from", "api_cidrs", multiple=True, metavar="CIDR",
-                 help="Only these CIDRs may reach the Kubernetes API (repeatable; default: "
-                      "any address, authenticated)."),
+                 help="Only these IPv4 CIDRs may reach the Kubernetes API (repeatable). Default: "
+                      "only this machine's public address, asked of "
+                      f"{address.PUBLIC_ADDRESS_URL} (${address.URL_ENV} names another); when it "
+                      "cannot be found, nothing is created. 0.0.0.0/0: any address, authenticated "
+                      "(the clouds' own default)."),
 )
 
 

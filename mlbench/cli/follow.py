@@ -1,6 +1,7 @@
-"""`mlbench logs RUN` and `mlbench status RUN --follow`: a run's output and progress, live.
+"""`mlbench logs RUN`, `mlbench status RUN --follow` and `mlbench wait RUN...`: a run's output
+and progress, live, and its verdict when it ends.
 
-Both work on any run of the current store, whoever started it (this terminal, a ``--detach``,
+All three work on any run of the current store, whoever started it (this terminal, a ``--detach``,
 another machine for a cluster run); the launcher of the run (:meth:`Launcher.follow
 <mlbench.launch.base.Launcher.follow>` and :meth:`Launcher.logs <mlbench.launch.base.Launcher.logs>`)
 does the following.
@@ -8,16 +9,21 @@ does the following.
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from mlbench.cli import cli
 from mlbench.cli.allreduce import AllreducePrinter
 from mlbench.cli.completion import complete_runs
 from mlbench.cli.format import ProgressPrinter
+from mlbench.cli.output import emit, output_option
 from mlbench.launch import session
 from mlbench.launch.base import Launcher
+from mlbench.launch.plan import parse_duration
 from mlbench.launch.registry import launcher_of
 from mlbench.results.events import read_run_events
+from mlbench.results.report import describe_result, run_overview
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
 from mlbench.tasks.registry import TASKS
@@ -47,3 +53,49 @@ def logs(run_ref, rank, follow) -> None:
     record = launcher.reconcile(store.get(run_ref))
     for line in launcher.logs(record, rank, follow):
         click.echo(line)
+
+
+def verdict(record: RunRecord) -> str:
+    """One line on how a run ended (or that it still goes on), for `mlbench wait`."""
+    who = f"Run {record.id} ({record.name})"
+    if record.active:
+        return f"{who} is still {record.state}."
+    if record.state == "finished":
+        return f"{who} finished: {describe_result(record.result) or 'no result recorded.'}"
+    if record.state == "cancelled":
+        return f"{who} was cancelled."
+    return f"{who} {record.state}: {record.reason}"
+
+
+@cli.command()
+@click.argument("run_refs", metavar="RUN...", nargs=-1, required=True, shell_complete=complete_runs)
+@click.option("--timeout", metavar="DURATION",
+              help="Give up waiting after DURATION (90s, 10m, 1h30m) and exit 124; the runs go on.")
+@output_option(help="table: a line per run as it ends; json or yaml: at the end, `exit_code` and "
+                    "`runs` (`status -o json` entries).")
+def wait(run_refs, timeout, output) -> None:
+    """Wait until every RUN has ended and exit with the code `mlbench run` would have exited
+    with: 0 (goal reached, or no goal), 3 (finished below its goal), 1 (failed), 130 (cancelled);
+    with several runs the worst (130, then 1, then 3). 124: --timeout passed first.
+
+    \b
+    Examples:
+      mlbench wait 3f2a9c1d
+      RUN=$(mlbench run task2a 2 --detach -o json | jq -r .id); mlbench wait $RUN --timeout 1h
+    """
+    limit = parse_duration(timeout) if timeout else None
+    store = session.open_store(read_only=True)
+    records = [store.get(ref) for ref in run_refs]
+    table = output == "table"
+    outcome = session.wait_for_runs(store, records, limit,
+                                    on_end=(lambda r: click.echo(verdict(r))) if table else None)
+    going = [r for r in outcome.records if r.active]
+    if table:
+        for record in going:
+            click.echo(verdict(record))
+    else:
+        emit({"exit_code": outcome.exit_code, "runs": [run_overview(r) for r in outcome.records]}, output)
+    if going:
+        click.echo(f"Stopped waiting after --timeout {timeout}: {len(going)} run(s) still going on "
+                   "(`mlbench cancel RUN` stops one).", err=True)
+    sys.exit(outcome.exit_code)

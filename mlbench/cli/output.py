@@ -15,14 +15,19 @@ from collections.abc import Callable
 import click
 
 FORMATS = ("table", "json", "yaml")
+#: The ``schema_version`` of every JSON or YAML document the CLI prints: raised when a key is
+#: renamed or dropped, or its meaning changes (adding a key does not raise it), so that a script
+#: can refuse a document it does not understand instead of misreading it.
+SCHEMA_VERSION = 1
+_HELP = "table for people; json or yaml for scripts (keys: README, \"Machine-readable output\")."
 
 
-def output_option(command: Callable) -> Callable:
-    """The ``-o/--output`` option of a listing command."""
-    return click.option("-o", "--output", "output", type=click.Choice(FORMATS), default="table",
-                        show_default=True,
-                        help="table for people; json or yaml for scripts (keys: README, "
-                             "\"Machine-readable output\").")(command)
+def output_option(command: Callable | None = None, *, help: str = _HELP) -> Callable:
+    """The ``-o/--output`` option: the notation a command prints in. Used bare
+    (``@output_option``) or with its own help (``@output_option(help=...)``)."""
+    option = click.option("-o", "--output", "output", type=click.Choice(FORMATS), default="table",
+                          show_default=True, help=help)
+    return option if command is None else option(command)
 
 
 def tabulate(*args: Any, **kwargs: Any) -> str:
@@ -44,9 +49,10 @@ def plain(value: Any) -> Any:
     return value
 
 
-def emit(data: Any, fmt: str) -> None:
-    """Print ``data`` as JSON or YAML (``fmt`` "json" or "yaml")."""
-    data = plain(data)
+def emit(data: dict[str, Any], fmt: str) -> None:
+    """Print the document ``data`` as JSON or YAML (``fmt`` "json" or "yaml"), with
+    ``schema_version`` as its last key (a run's record keeps its id first)."""
+    data = plain({**data, "schema_version": SCHEMA_VERSION})
     if fmt == "json":
         click.echo(json.dumps(data, indent=2, allow_nan=False))
     else:

@@ -84,19 +84,29 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file, output
 @cli.command()
 @_selection
 @_pricing
-@click.option("-o", "--output", "out_dir", default="charts", show_default=True,
-              type=click.Path(file_okay=False), help="Folder for the charts.")
+@click.option("--out-dir", "-d", "out_dir", type=click.Path(file_okay=False),
+              help="Folder for the charts [charts].")
+@click.option("-o", "--output", "old_out_dir", type=click.Path(file_okay=False), hidden=True,
+              help="Deprecated spelling of --out-dir (-o is an output format in the other commands).")
 @click.option("--format", "formats", default=",".join(FORMATS), show_default=True,
               help="Image formats, comma-separated (png, svg, pdf).")
-def charts(run_refs, task, group, instance, price_per_hour, prices_file, out_dir, formats) -> None:
+def charts(run_refs, task, group, instance, price_per_hour, prices_file, out_dir, old_out_dir,
+           formats) -> None:
     """Draw the four figures of the original mlbench from runs of one task: speedup vs workers,
     cost vs workers, loss and accuracy vs time per worker count, communication vs computation.
 
     \b
     Examples:
-      mlbench charts --task task1a -o charts/
+      mlbench charts --task task1a -d charts/
       mlbench charts --group 5d1e20c4 --instance n1-standard-4:preemptible --format png
     """
+    if old_out_dir is not None:
+        if out_dir is not None:
+            raise UsageError("-o/--output is the old spelling of --out-dir/-d: give one of them")
+        click.echo(f"Warning: `charts -o DIR` is deprecated (-o is an output format elsewhere); "
+                   f"use --out-dir {old_out_dir} or -d {old_out_dir}.", err=True)
+        out_dir = old_out_dir
+    out_dir = out_dir or "charts"
     chosen = tuple(f.strip().lower() for f in formats.split(",") if f.strip())
     unknown = sorted(set(chosen) - {"png", "svg", "pdf"})
     if not chosen or unknown:

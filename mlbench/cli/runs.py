@@ -22,7 +22,7 @@ from mlbench.launch.plan import BACKENDS, RunRequest, parse_duration, parse_watc
 from mlbench.launch.registry import choose, launcher_of
 from mlbench.network.settings import SHAPING, network_options
 from mlbench.results.events import read_run_events
-from mlbench.results.report import run_details, run_overview
+from mlbench.results.report import parse_sort, run_details, run_overview, sort_runs
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
 from mlbench.tasks.models import MODEL_NAMES
@@ -114,11 +114,13 @@ def tasks(output) -> None:
 @click.option("--shaping", type=click.Choice(SHAPING), default="tc",
               help="On a cluster: tc from an init container with NET_ADMIN, or the CNI bandwidth "
                    "plugin's pod annotations (rate only).")
+@output_option(help="With --detach: json or yaml prints the started run's record (as a `status -o json` "
+                    "entry, id first) instead of a sentence.")
 @launcher_options
 def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, model, sets, optimizer, opts,
         backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
         channels_last, no_graph, watchdog, max_size, name, detach, bandwidth, latency, jitter, loss,
-        shaping, launch) -> None:
+        shaping, output, launch) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
 
@@ -132,7 +134,11 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
       mlbench run task1a 8 --slurm --partition gpu --gpus-per-task 1 --time 01:00:00
       mlbench run task1a 8 --record-only     # then: torchrun ... -m mlbench.worker RUN_DIR
       mlbench run task1a 2 --light --bandwidth 100mbit,1gbit,10gbit --latency 0.5ms
+      RUN=$(mlbench run task2a 2 --detach -o json | jq -r .id); mlbench wait $RUN
     """
+    if output != "table" and not detach:
+        raise UsageError(f"-o {output} prints the record of a run started with --detach: add --detach "
+                         "(then `mlbench wait RUN -o json` gives its result)")
     base = RunRequest(
         task=task, workers=workers[0] if workers else 1, overrides=parse_overrides(sets), model=model,
         data=data, data_dir=data_dir, data_pvc=data_pvc, light=light, stop_at_goal=not no_stop,
@@ -143,13 +149,21 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
         name=name, max_size=max_size, watchdog_s=parse_watchdog(watchdog))
     plan = session.plan_runs(base, workers, repeat, detach=detach,
                              networks=network_options(bandwidth, latency, jitter, loss, shaping))
-    launcher = choose(session.open_store(), launch, progress=click.echo)
+    # with -o json the launcher's progress (an image built, a cluster reached) goes to stderr,
+    # so that stdout is the document alone
+    launcher = choose(session.open_store(), launch,
+                      progress=click.echo if output == "table" else lambda line: click.echo(line, err=True))
     if launcher.records_only:
+        if output != "table":
+            raise UsageError(f"-o {output} prints a started run's record; --record-only starts none")
         for request in plan.requests:
             print_worker_commands(launcher, launcher.create(request))
         return
     if detach:
         record = session.start_detached(launcher, plan)
+        if output != "table":
+            emit(run_overview(record), output)
+            return
         click.echo(f"Started run {record.id} ({record.name}) {launcher.where(record)}. "
                    f"Follow it with: mlbench status {record.id}")
         return
@@ -179,15 +193,28 @@ class _TerminalObserver:
 
 @cli.command()
 @click.argument("run_ref", metavar="[RUN]", required=False, shell_complete=complete_runs)
-@click.option("--all", "show_all", is_flag=True, help="With no RUN: list every run (default: the last 30).")
+@click.option("--all", "show_all", is_flag=True, help="With no RUN: list every run (default: --limit 30).")
+@click.option("--sort", "sort_key", metavar="[-]FIELD",
+              help="With no RUN: order the runs by this key of a `status -o json` entry (id, name, "
+                   "workers, state, created_at, finished_at, metric_value, time_to_accuracy, ...), "
+                   "ascending; -FIELD descending; runs without a value last [-created_at: newest "
+                   "first].")
+@click.option("--limit", type=click.IntRange(min=1), metavar="N",
+              help="With no RUN: list the first N runs in --sort order [30].")
 @click.option("--follow", "-f", is_flag=True,
               help="With RUN: print its progress lines as it trains, until it ends; exit with "
                    "`mlbench run`'s code for it (0, 1 failed, 3 missed its goal, 130 cancelled).")
 @output_option
-def status(run_ref, show_all, follow, output) -> None:
-    """A table of runs, or one run's progress, metrics, result and compute vs communication."""
+def status(run_ref, show_all, sort_key, limit, follow, output) -> None:
+    """A table of runs, newest first, or one run's progress, metrics, result and compute vs
+    communication."""
     if follow and (not run_ref or output != "table"):
         raise UsageError("--follow follows one run's progress lines: give RUN, and no -o")
+    if show_all and limit:
+        raise UsageError("--all lists every run and --limit N the first N: give one of them")
+    if run_ref and (sort_key or limit or show_all):
+        raise UsageError("--sort, --limit and --all choose runs for the list: give no RUN with them")
+    order = parse_sort(sort_key or "-created_at")
     store = session.open_store(read_only=True)
     if run_ref:
         launcher = launcher_of(store, store.get(run_ref))
@@ -205,10 +232,10 @@ def status(run_ref, show_all, follow, output) -> None:
         print_compression(summary)
         return
     records = [launcher_of(store, r).reconcile(r) for r in store.list()]
+    runs = sort_runs([run_overview(r, summarize(read_run_events(r.run_dir)) if r.active else None)
+                      for r in records], *order)
     if not show_all:
-        records = records[-30:]
-    runs = [run_overview(r, summarize(read_run_events(r.run_dir)) if r.active else None)
-            for r in records]
+        runs = runs[:limit or 30]
     if output != "table":
         emit({"runs": runs}, output)
     elif not runs:

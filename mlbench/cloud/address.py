@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import urllib.request
 
 from mlbench.errors import UsageError
 
@@ -24,6 +23,8 @@ TIMEOUT_SECONDS = 10.0
 
 def public_address() -> str:
     """This machine's public IPv4 address, as the address service sees it."""
+    import urllib.request  # here: the CLI imports this module for its --help, which asks nothing
+
     url = os.environ.get(URL_ENV) or PUBLIC_ADDRESS_URL
     try:
         with urllib.request.urlopen(url, timeout=TIMEOUT_SECONDS) as response:

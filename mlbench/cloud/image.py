@@ -4,7 +4,7 @@ The tag is the package version (``mlbench/worker:<version>``, ``-cuda`` for the 
 so a cluster runs exactly the code of the CLI that launched it. The CPU and CUDA variants are the
 same Dockerfile with another PyTorch wheel index: CUDA wheels bundle the CUDA runtime, and the
 node supplies the driver. The build context is assembled here (the Dockerfile, pyproject.toml,
-README.md and the ``mlbench`` package, without caches), so nothing else from the checkout, such
+README.md, LICENSE and the ``mlbench`` package, without caches), so nothing else from the checkout, such
 as data sets, virtual environments or .git, is sent to the Docker engine.
 
 ``base`` replaces the Dockerfile's base image and ``pip_options`` are given to its pip installs
@@ -53,7 +53,7 @@ def build_context(root: Path) -> io.BytesIO:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         tar.add(root / "docker" / "Dockerfile", arcname="Dockerfile")
-        for name in ("pyproject.toml", "README.md"):
+        for name in ("pyproject.toml", "README.md", "LICENSE"):  # LICENSE: pyproject's license-files
             if (root / name).is_file():
                 tar.add(root / name, arcname=name)
         for path in sorted((root / "mlbench").rglob("*")):

@@ -2,7 +2,8 @@
 
 The clouds' price APIs need credentials and network access that `mlbench create-cluster` should
 not depend on for a printed estimate, so this uses the package's table of on-demand list prices
-in USD (``mlbench/results/prices.csv``: GCP us-central1 and AWS us-east-1, checked November 2025)
+in USD (``mlbench/results/prices.csv``: GCP us-central1 and AWS us-east-1, checked November 2025;
+its GPU instances (p5, p4de, g6, a3, a2-ultragpu) as of June 2025, each row with its date)
 plus the fixed cluster, disk and address fees below. Other regions differ by up to ~30%;
 spot/preemptible capacity is typically 60-90% cheaper than shown. Unknown types return None and
 the CLI says so instead of guessing.

@@ -77,7 +77,7 @@ def serve(host: str, port: int, open_browser: bool, echo: Callable[[str], None],
         from mlbench.dashboard.app import create_app
     except ImportError as err:
         raise MlbenchError(f"the dashboard needs packages that are not installed ({err.name}); "
-                           "install them with: pip install 'mlbench[dashboard]'") from None
+                           "install them with: pip install 'mlbench-suite[dashboard]'") from None
     sock = bind(host, port)
     token = secrets.token_urlsafe(32)
     address = address_of(host, sock, token)

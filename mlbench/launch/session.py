@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mlbench.errors import UsageError
 from mlbench.launch.base import EventCallback, Launcher
 from mlbench.launch.plan import RunRequest, check_seed
+from mlbench.launch.registry import launcher_of
 from mlbench.results.store import CANCELLED, FINISHED, RunRecord, RunStore
 
-#: Exit codes of `mlbench run` and `mlbench status RUN --follow` (README, "CLI reference"): 3
-#: when every run finished but one missed its goal.
-EXIT_OK, EXIT_FAILED, EXIT_MISSED_GOAL, EXIT_CANCELLED = 0, 1, 3, 130
+#: Exit codes of `mlbench run`, `mlbench status RUN --follow` and `mlbench wait` (README, "CLI
+#: reference"): 3 when every run finished but one missed its goal; 124 (as GNU `timeout`) when
+#: `wait --timeout` passed while a run was still going on.
+EXIT_OK, EXIT_FAILED, EXIT_MISSED_GOAL, EXIT_TIMEOUT, EXIT_CANCELLED = 0, 1, 3, 124, 130
 
 
 def open_store(read_only: bool = False) -> RunStore:
@@ -109,10 +112,14 @@ class Outcome:
 
     @property
     def exit_code(self) -> int:
+        """The worst of the runs: cancelled, then failed, then still going on (a `wait` that
+        timed out), then a missed goal."""
         if self.cancelled:
             return EXIT_CANCELLED
-        if not all(r.state == FINISHED for r in self.records):
+        if any(not r.active and r.state != FINISHED for r in self.records):
             return EXIT_FAILED
+        if any(r.active for r in self.records):
+            return EXIT_TIMEOUT
         return EXIT_MISSED_GOAL if any(r.missed_goal for r in self.records) else EXIT_OK
 
 
@@ -144,3 +151,46 @@ def start_detached(launcher: Launcher, plan: RunPlan) -> RunRecord:
     record = launcher.create(plan.requests[0])
     launcher.start_detached(record)
     return record
+
+
+class _Deadline(Exception):
+    """The time a `wait` was given is spent."""
+
+
+def wait_for_runs(store: RunStore, records: Sequence[RunRecord], timeout_s: float | None = None,
+                  on_end: Callable[[RunRecord], None] | None = None,
+                  clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> Outcome:
+    """Wait until every run of ``records`` has ended, or ``timeout_s`` has passed, without
+    touching the runs: a script's `mlbench run --detach` then `mlbench wait`. Each run is
+    followed by its own launcher (:meth:`~mlbench.launch.base.Launcher.follow`, which bears a
+    controller or results service that is briefly unreachable); ``on_end`` hears of each run
+    as it is seen ended. The outcome holds every run as last seen: its
+    :attr:`~Outcome.exit_code` is what `mlbench run` would have exited with, or
+    :data:`EXIT_TIMEOUT` for a run still going on."""
+    deadline = None if timeout_s is None else clock() + timeout_s
+
+    def pause(seconds: float) -> None:
+        if deadline is not None:
+            left = deadline - clock()
+            if left <= 0:
+                raise _Deadline
+            seconds = min(seconds, left)
+        sleep(seconds)
+
+    outcome = Outcome()
+    for i, record in enumerate(records):
+        launcher = launcher_of(store, record)
+        try:
+            final = launcher.follow(launcher.reconcile(record), sleep=pause)
+        except _Deadline:
+            for late in records[i:]:
+                last = launcher_of(store, late).reconcile(store.get(late.id))
+                outcome.records.append(last)
+                if on_end is not None and not last.active:
+                    on_end(last)
+            return outcome
+        outcome.records.append(final)
+        if on_end is not None:
+            on_end(final)
+    return outcome

@@ -86,13 +86,15 @@ def cost_usd(seconds: float, nodes: int, usd_per_node_hour: float) -> float:
 
 
 def read_price_file(path: Path) -> dict[str, Price]:
-    """Prices from a CSV file (columns name, usd_per_hour, ...) or a YAML/JSON mapping."""
+    """Prices from a CSV file (columns name, usd_per_hour, ...; ``#`` lines are comments) or a
+    YAML/JSON mapping."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise UsageError(f"cannot read the price file {path} ({err.strerror or err})") from None
     if path.suffix.lower() == ".csv":
-        rows = list(csv.DictReader(text.splitlines()))
+        # lines starting with '#' are comments: where a table's prices come from, and when
+        rows = list(csv.DictReader(line for line in text.splitlines() if not line.lstrip().startswith("#")))
         if rows and not {"name", "usd_per_hour"} <= set(rows[0]):
             raise UsageError(f"{path}: a price CSV needs the columns name and usd_per_hour")
         entries = {(r.get("name") or "").strip(): r for r in rows}

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from mlbench.errors import UsageError
 from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, sweep_bandwidth,
                                      sweep_latency)
 from mlbench.results.events import read_run_events
@@ -272,6 +273,32 @@ def describe_plugin(plugin: dict[str, Any] | None) -> str | None:
     sha = str(plugin.get("sha256") or "")
     return (f"{plugin.get('name')}, sha256 {sha[:SHORT_HASH]} ({plugin.get('spec')}, kept as "
             f"{plugin.get('file')})")
+
+
+#: The keys of :func:`run_overview`, in its order: what `status --sort` orders by.
+OVERVIEW_FIELDS = ("id", "name", "task", "workers", "state", "reason", "division", "optimizer", "launcher",
+                   "seed", "group_id", "created_at", "started_at", "finished_at", "epoch", "metric",
+                   "metric_value", "metric_title", "metric_unit", "metric_text", "goal", "goal_reached",
+                   "time_to_accuracy")
+
+
+def parse_sort(text: str) -> tuple[str, bool]:
+    """``FIELD`` (ascending) or ``-FIELD`` (descending) -> (field, descending); a field that is
+    not an overview key is a usage error that lists them."""
+    field = text.strip().removeprefix("-")
+    if field not in OVERVIEW_FIELDS:
+        raise UsageError(f"--sort {text}: not a field of a run; choose from {', '.join(OVERVIEW_FIELDS)} "
+                         "(-FIELD for descending)")
+    return field, text.strip().startswith("-")
+
+
+def sort_runs(runs: list[dict[str, Any]], field: str, descending: bool = False) -> list[dict[str, Any]]:
+    """Overview rows ordered by ``field``; runs without a value come last either way, and runs
+    with equal values newest first, so that a script's ``runs[0]`` is always the same run."""
+    newest = sorted(runs, key=lambda r: r["created_at"] or 0, reverse=True)
+    # sorted() is stable with reverse=True too: ties stay newest first
+    known = sorted((r for r in newest if r[field] is not None), key=lambda r: r[field], reverse=descending)
+    return known + [r for r in newest if r[field] is None]
 
 
 def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:

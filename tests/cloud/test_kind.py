@@ -145,7 +145,7 @@ def test_the_build_context_holds_only_what_the_dockerfile_copies():
     with tarfile.open(fileobj=build_context(REPO)) as tar:
         names = tar.getnames()
     assert names[0] == "Dockerfile"
-    assert {"pyproject.toml", "README.md", "mlbench/__init__.py",
+    assert {"pyproject.toml", "README.md", "LICENSE", "mlbench/__init__.py",
             "mlbench/cloud/image.py"} <= set(names)
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     assert not [n for n in names if n.startswith(("tests/", ".git", "docker/"))]

@@ -31,3 +31,12 @@ def test_unknown_types_have_no_price_rather_than_a_guess():
     assert pricing.gke_hourly("n9-imaginary", 4, 50, None, 0) is None
     assert pricing.gke_hourly("n1-standard-4", 4, 50, "nvidia-imaginary", 1) is None
     assert pricing.eks_hourly("x9.imaginary", 4, 50) is None
+
+
+def test_an_eks_cluster_of_gpu_instances_is_priced_from_the_shipped_table():
+    disk = 50 * pricing.EBS_GP3_GB_MONTH / pricing.HOURS_PER_MONTH
+    fees = pricing.EKS_CLUSTER_HOURLY + pricing.NAT_GATEWAY_HOURLY + pricing.PUBLIC_IPV4_HOURLY
+    assert pricing.eks_hourly("p5.48xlarge", 2, 50) == round(2 * (55.04 + disk) + fees, 4)
+    assert pricing.eks_hourly("g6.xlarge", 1, 50) == round(0.8048 + disk + fees, 4)
+    assert pricing.gke_hourly("a3-highgpu-8g", 1, 50, None, 0) == round(
+        88.2494 + 50 * pricing.GCE_PD_STANDARD_GB_MONTH / pricing.HOURS_PER_MONTH + pricing.GKE_CLUSTER_HOURLY, 4)

@@ -86,7 +86,7 @@ class Lab:
 def start_dashboard(base: Path) -> Lab:
     """`mlbench dashboard` serving the run store ``base/home`` (its own config and data folders)."""
     for package in ("starlette", "uvicorn"):
-        pytest.importorskip(package, reason=f"the dashboard needs {package} (pip install 'mlbench[dashboard]')")
+        pytest.importorskip(package, reason=f"the dashboard needs {package} (pip install 'mlbench-suite[dashboard]')")
     env = dict(os.environ, MLBENCH_HOME=str(base / "home"), MLBENCH_CONFIG_DIR=str(base / "config"),
                MLBENCH_DATA=str(base / "data"), PYTHONUNBUFFERED="1")
     server = subprocess.Popen([sys.executable, "-m", "mlbench", "dashboard", "--port", "0"], env=env,

@@ -135,7 +135,7 @@ def surface(lab, page, tmp_path: Path, case: Case, name: str) -> str:
         return text
     if name == "charts":
         out = tmp_path / "charts"
-        invoke(lab, "charts", record.id, "-o", str(out), "--format", "svg")
+        invoke(lab, "charts", record.id, "--out-dir", str(out), "--format", "svg")
         if sweep:
             text = svg_text(out / f"{record.task}-bandwidth.svg")
             assert f"{metric.title} ({metric.unit})" in text and "message size (bytes)" in text, text
@@ -231,7 +231,7 @@ def test_runs_on_two_networks_read_apart_everywhere(lab, page, tmp_path):
     headings = [line for line in text.splitlines() if line.startswith("task1a |")]
     assert len(headings) == 2 and "network 10 Mbit/s" in headings[0] and "network 100 Mbit/s" in headings[1]
     assert "NETWORK" in text
-    invoke(lab, "charts", slow.id, fast.id, "-o", str(tmp_path), "--format", "svg")
+    invoke(lab, "charts", slow.id, fast.id, "--out-dir", str(tmp_path), "--format", "svg")
     legend = svg_text(tmp_path / "task1a-loss-accuracy.svg")
     assert "network 10 Mbit/s" in legend and "network 100 Mbit/s" in legend
     assert "10 Mbit/s" in svg_text(tmp_path / "task1a-network.svg")
@@ -260,7 +260,7 @@ def test_runs_at_two_latencies_get_the_network_figure_by_latency(lab, page, tmp_
                  for delay, tta in ((5e-4, 20.0), (5e-3, 60.0)))
     text = invoke(lab, "compare", near.id, far.id)
     assert "network 1 Gbit/s, 0.5 ms |" in text and "network 1 Gbit/s, 5 ms |" in text, text
-    invoke(lab, "charts", near.id, far.id, "-o", str(tmp_path), "--format", "svg")
+    invoke(lab, "charts", near.id, far.id, "--out-dir", str(tmp_path), "--format", "svg")
     figure = svg_text(tmp_path / "task1a-network.svg")
     assert "time to accuracy vs latency" in figure and "emulated one-way latency between workers" in figure
     assert "0.5 ms" in figure and "5 ms" in figure, figure

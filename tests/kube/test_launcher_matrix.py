@@ -31,7 +31,7 @@ def on_node(node_namespace):
 @pytest.mark.parametrize("action", list(ACTIONS))
 def test_cluster_runs_are_cancelled_with_their_pods_deleted_and_end_alike_in_the_cli_and_the_dashboard(
         on_node, action):
-    pytest.importorskip("uvicorn", reason="the dashboard needs uvicorn (pip install 'mlbench[dashboard]')")
+    pytest.importorskip("uvicorn", reason="the dashboard needs uvicorn (pip install 'mlbench-suite[dashboard]')")
     from mlbench.dashboard.sources import Sources
     from mlbench.results.store import RunStore
 

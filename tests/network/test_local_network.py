@@ -105,7 +105,7 @@ def test_runs_at_several_bandwidths_train_exactly_the_parameters_of_an_unshaped_
     table = cli("compare", "--task", "task2a")
     assert "| network 100 Mbit/s |" in table and "| network 1 Gbit/s |" in table
     assert "| network not emulated |" in table and "NETWORK" in table
-    charts = cli("charts", "--group", shaped_slow.group_id, "-o", str(tmp_path), "--format", "png")
+    charts = cli("charts", "--group", shaped_slow.group_id, "--out-dir", str(tmp_path), "--format", "png")
     assert "task2a-network.png" in charts
     archive = tmp_path / "run.zip"
     cli("download", shaped_fast.id, "-o", str(archive), "--format", "mlperf")

@@ -68,7 +68,7 @@ def test_an_unknown_run_id_is_one_line(store):
 
 def test_charts_without_a_finished_run_is_one_line(store, tmp_path):
     failed = record_run(store, workers=2, state="failed")
-    assert_usage_error(invoke("charts", failed.id, "-o", tmp_path / "c"), "no finished run")
+    assert_usage_error(invoke("charts", failed.id, "--out-dir", tmp_path / "c"), "no finished run")
     assert not (tmp_path / "c").exists()
 
 
@@ -88,16 +88,31 @@ def test_usage_errors_are_one_line_with_exit_code_2(args, text):
 
 def test_charts_write_the_four_figures_even_when_no_run_reached_its_goal(store, tmp_path):
     runs = [record_run(store, workers=k, tta=None) for k in (1, 2)]
-    result = invoke("charts", *(r.id for r in runs), "-o", tmp_path, "--format", "png")
+    result = invoke("charts", *(r.id for r in runs), "--out-dir", tmp_path, "--format", "png")
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "task1a-communication.png", "task1a-cost.png", "task1a-loss-accuracy.png", "task1a-speedup.png"]
 
 
+def test_charts_take_the_folder_as_out_dir_and_the_old_o_with_a_deprecation_line(store, tmp_path):
+    runs = [record_run(store, workers=k, tta=5.0 / k) for k in (1, 2)]
+    short = invoke("charts", *(r.id for r in runs), "-d", tmp_path / "d", "--format", "svg")
+    assert short.exit_code == 0 and short.stderr == "", short.output
+    old = invoke("charts", *(r.id for r in runs), "-o", tmp_path / "o", "--format", "svg")
+    assert old.exit_code == 0, old.output
+    assert old.stderr == (f"Warning: `charts -o DIR` is deprecated (-o is an output format elsewhere); "
+                          f"use --out-dir {tmp_path / 'o'} or -d {tmp_path / 'o'}.\n")
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == sorted(p.name for p in (tmp_path / "d").iterdir())
+    assert len(list((tmp_path / "o").iterdir())) == 4
+    assert_usage_error(invoke("charts", runs[0].id, "-o", tmp_path / "x", "-d", tmp_path / "y"),
+                       "-o/--output is the old spelling of --out-dir/-d: give one of them")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
 def test_charts_add_the_network_figure_for_runs_at_several_bandwidths(store, tmp_path):
     runs = [record_run(store, workers=k, tta=tta, network=NetworkSettings(rate).to_dict())
             for rate, tta in ((1e8, 12.0), (1e9, 8.0)) for k in (1, 2)]
-    result = invoke("charts", *(r.id for r in runs), "-o", tmp_path, "--format", "png")
+    result = invoke("charts", *(r.id for r in runs), "--out-dir", tmp_path, "--format", "png")
     assert result.exit_code == 0, result.output
     assert (tmp_path / "task1a-network.png").stat().st_size > 0
 

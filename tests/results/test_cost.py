@@ -16,6 +16,23 @@ def test_the_shipped_table_has_the_original_figures_and_dated_current_prices():
     assert all(p.source and p.region and p.usd_per_hour > 0 for p in current)
 
 
+def test_the_shipped_table_prices_current_gpu_instances_with_their_date_and_source():
+    table = PriceTable.load()
+    expected = {"p5.48xlarge": 55.04, "p4de.24xlarge": 27.447, "g6.xlarge": 0.8048,
+                "a3-highgpu-8g": 88.2494, "a2-ultragpu-1g": 5.0688, "g2-standard-4": 0.707}
+    for name, usd in expected.items():
+        price = next(p for p in table if p.name == name)
+        assert price.usd_per_hour == usd and price.kind == "machine"
+        assert price.checked.startswith("2025-") and price.source.startswith("https://")
+        assert "NVIDIA" in price.source  # the GPUs the price includes
+
+
+def test_comment_lines_of_a_price_csv_are_skipped(tmp_path):
+    user = tmp_path / "mine.csv"
+    user.write_text("# from our lab's invoice, 2026-01\nname,usd_per_hour\n  # a note\nlab-box,1.5\n")
+    assert PriceTable.load(user).hourly("lab-box") == 1.5
+
+
 def test_a_machine_and_its_gpu_add_up():
     table = PriceTable.load()
     assert table.hourly("n1-standard-4:preemptible+nvidia-tesla-k80:preemptible") == pytest.approx(0.175)

@@ -65,7 +65,7 @@ def test_compare_shows_both_worker_counts_with_their_repeats(home):
 
 
 def test_charts_are_four_valid_pngs_and_svgs_of_sensible_size(home, tmp_path):
-    out = invoke("charts", "--task", "task2a", "-o", tmp_path, "--price-per-hour", "0.19")
+    out = invoke("charts", "--task", "task2a", "--out-dir", tmp_path, "--price-per-hour", "0.19")
     assert "Wrote 8 files" in out
     for name in ("speedup", "cost", "loss-accuracy", "communication"):
         png, svg = tmp_path / f"task2a-{name}.png", tmp_path / f"task2a-{name}.svg"

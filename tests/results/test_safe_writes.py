@@ -113,14 +113,14 @@ def test_download_replaces_a_link_at_the_zip_instead_of_writing_its_target(tmp_p
 
 
 def test_charts_never_write_through_a_link_at_an_image_or_its_partial_file(tmp_path, victim):
-    pytest.importorskip("matplotlib", reason="charts need matplotlib (pip install 'mlbench[charts]')")
+    pytest.importorskip("matplotlib", reason="charts need matplotlib (pip install 'mlbench-suite[charts]')")
     store = RunStore()
     runs = [record_run(store, workers=k, tta=10.0 / k, wall=12.0 / k) for k in (1, 2)]
     out = tmp_path / "charts"
     out.mkdir()
     image = out / "task1a-speedup.png"
     image.symlink_to(victim)
-    result = invoke("charts", *(r.id for r in runs), "-o", out, "--format", "png,svg")
+    result = invoke("charts", *(r.id for r in runs), "--out-dir", out, "--format", "png,svg")
     assert result.exit_code == 0, result.output
     assert_untouched(victim)
     assert not image.is_symlink() and image.read_bytes().startswith(b"\x89PNG")
@@ -128,7 +128,7 @@ def test_charts_never_write_through_a_link_at_an_image_or_its_partial_file(tmp_p
 
     part = out / "task1a-cost.svg.part"
     part.symlink_to(victim)
-    result = invoke("charts", *(r.id for r in runs), "-o", out, "--format", "svg")
+    result = invoke("charts", *(r.id for r in runs), "--out-dir", out, "--format", "svg")
     assert result.exit_code == 1, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "task1a-cost.svg.part already exists" in lines[0], result.output

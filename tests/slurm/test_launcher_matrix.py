@@ -50,7 +50,7 @@ def _job_gone(run_id: str) -> bool:
 
 @pytest.mark.parametrize("action", list(ACTIONS))
 def test_slurm_runs_are_cancelled_with_scancel_and_end_alike_in_the_cli_and_the_dashboard(slurm, action):
-    pytest.importorskip("uvicorn", reason="the dashboard needs uvicorn (pip install 'mlbench[dashboard]')")
+    pytest.importorskip("uvicorn", reason="the dashboard needs uvicorn (pip install 'mlbench-suite[dashboard]')")
     case = LauncherCase("slurm", _endless, lambda: _submitted(*SHORT), _job_gone, cancel_reason="scancel")
     ACTIONS[action](case)
     if action == "end":

@@ -48,10 +48,17 @@ class Split(NamedTuple):
 
 
 def default_data_root() -> pathlib.Path:
-    """$MLBENCH_DATA if set, else ~/.cache/mlbench/data: one place, outside the run store, so that
-    data sets are downloaded and converted once per machine, not once per run."""
+    """$MLBENCH_DATA if set, else $XDG_CACHE_HOME/mlbench/data, else ~/.cache/mlbench/data: one
+    place, outside the run store, so that data sets are downloaded and converted once per machine,
+    not once per run. The XDG Base Directory specification's cache folder is honoured as the run
+    store honours $XDG_DATA_HOME; a relative $XDG_CACHE_HOME is ignored, as the specification
+    says (it would depend on the folder each command runs in)."""
     env = os.environ.get("MLBENCH_DATA")
-    return pathlib.Path(env).expanduser() if env else pathlib.Path.home() / ".cache" / "mlbench" / "data"
+    if env:
+        return pathlib.Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = pathlib.Path(xdg) if os.path.isabs(xdg) else pathlib.Path.home() / ".cache"
+    return base / "mlbench" / "data"
 
 
 @contextlib.contextmanager

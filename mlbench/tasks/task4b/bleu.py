@@ -23,7 +23,7 @@ def _bleu_class():
     try:
         from sacrebleu.metrics import BLEU
     except ImportError:
-        raise UsageError("task 4b's BLEU needs sacreBLEU: pip install 'mlbench[nlp]'") from None
+        raise UsageError("task 4b's BLEU needs sacreBLEU: pip install 'mlbench-suite[nlp]'") from None
     return BLEU
 
 

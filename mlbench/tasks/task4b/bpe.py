@@ -79,7 +79,8 @@ def _sentencepiece():
     try:
         import sentencepiece as spm
     except ImportError:
-        raise DataError("task 4b needs SentencePiece for its BPE vocabulary: pip install 'mlbench[nlp]'") from None
+        raise DataError("task 4b needs SentencePiece for its BPE vocabulary: "
+                        "pip install 'mlbench-suite[nlp]'") from None
     return spm
 
 
