@@ -30,12 +30,12 @@ from tabulate import tabulate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from network import _plugin_case  # noqa: E402
+from network import _plugin_case
 
-from mlbench.errors import MlbenchError  # noqa: E402
-from mlbench.network.emulation import check_local_shaping  # noqa: E402
-from mlbench.network.settings import network_options  # noqa: E402
-from mlbench.results.environment import cpu_model, usable_cores  # noqa: E402
+from mlbench.errors import MlbenchError
+from mlbench.network.emulation import check_local_shaping
+from mlbench.network.settings import network_options
+from mlbench.results.environment import cpu_model, usable_cores
 
 CASES = [
     ("centralized-sgd (reference)", "centralized-sgd", {}),
