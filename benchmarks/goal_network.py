@@ -96,7 +96,9 @@ def main() -> None:
         check_local_shaping(networks[0])
     except MlbenchError as err:
         sys.exit(f"benchmarks/goal_network.py: {err}")
-    home = Path(os.environ.setdefault("MLBENCH_HOME", tempfile.mkdtemp(prefix="mlbench-bench-")))
+    # a fresh store unless one is given (setdefault would make the folder even then, and leave it)
+    home = Path(os.environ.get("MLBENCH_HOME") or tempfile.mkdtemp(prefix="mlbench-bench-"))
+    os.environ["MLBENCH_HOME"] = str(home)
     home.mkdir(parents=True, exist_ok=True)
     data_dir = str(write_data(Path(tempfile.mkdtemp(prefix="mlbench-libsvm-", dir=home)), args.features,
                               args.samples))

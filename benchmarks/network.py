@@ -175,7 +175,9 @@ def main() -> None:
         check_local_shaping(networks[0])
     except MlbenchError as err:
         sys.exit(f"benchmarks/network.py: {err}")
-    home = Path(os.environ.setdefault("MLBENCH_HOME", tempfile.mkdtemp(prefix="mlbench-bench-")))
+    # a fresh store unless one is given (setdefault would make the folder even then, and leave it)
+    home = Path(os.environ.get("MLBENCH_HOME") or tempfile.mkdtemp(prefix="mlbench-bench-"))
+    os.environ["MLBENCH_HOME"] = str(home)
     home.mkdir(parents=True, exist_ok=True)
     data_dir = str(write_random_cifar(Path(tempfile.mkdtemp(prefix="mlbench-cifar-", dir=home))))
     print(f"# {datetime.date.today()} | {cpu_model()}, {usable_cores()} cores | torch {torch.__version__} | task1a "
