@@ -3,6 +3,7 @@
     python benchmarks/network.py                           # 10gbit, 1gbit, 100mbit at 0.5 ms, 2 workers
     python benchmarks/network.py --latency 0               # where the kernel has no netem
     python benchmarks/network.py --bandwidth 1gbit --only powersgd
+    python benchmarks/network.py --only centralized-sgd model-averaging powersgd --plugin "diloco H=10"
 
 For every bandwidth, the table of benchmarks/optimizers.py (ms/step, communication ms/step,
 bytes sent per step and worker) for the reference and the compressing optimizers, every row a
@@ -10,7 +11,8 @@ real `mlbench run task1a K --bandwidth B --latency L --optimizer ...` through th
 as the baseline the PyTorch DDP tutorial loop started in the same emulated network (each of its
 processes in its own namespace, gloo on the namespace's link). Then, per optimizer, its step time
 relative to the reference at each bandwidth, and the highest bandwidth at which it is faster: the
-crossover.
+crossover. ``--plugin "SPEC KEY=VALUE ..."`` adds a row for an optimizer plug-in (docs/plugins.md:
+a file, a module or an installed entry point such as examples/diloco's ``diloco``), run the same way.
 
 The runs train on random images in the CIFAR-10 layout (10,000 train, 200 test): what is timed
 is the same as with --data synthetic, but the evaluation that ends every run costs nothing.
@@ -113,11 +115,17 @@ def _plain_worker_main(argv: list[str]) -> None:
     _plain_ddp_worker(rank, workers, store, "cpu", "gloo", steps, warmup, _Print())
 
 
-def crossover(results: dict[float, list[list]]) -> list[list[str]]:
+def _plugin_case(text: str) -> tuple[str, str, dict[str, str]]:
+    """``"SPEC KEY=VALUE ..."`` as a row of CASES, labelled as given."""
+    spec, *pairs = text.split()
+    return text, spec, dict(pair.split("=", 1) for pair in pairs)
+
+
+def crossover(results: dict[float, list[list]], cases: list[tuple[str, str, dict[str, str]]]) -> list[list[str]]:
     """Per optimizer: its step time / the reference's at each bandwidth, and where it starts to win."""
     rates = sorted(results, reverse=True)
     rows = []
-    for label, *_ in CASES[1:]:
+    for label, *_ in cases[1:]:
         cells, winning = [], [rate for rate in rates if _faster(results[rate], label)]
         for rate in rates:
             mine, ref = _ms(results[rate], label), _ms(results[rate], REFERENCE)
@@ -158,13 +166,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="timed steps per run (after one interval of warm-up)")
     parser.add_argument("--interval", type=int, default=10, help="logging interval; the first is warm-up")
     parser.add_argument("--only", nargs="*", help="optimizer names to run (default: all)")
+    parser.add_argument("--plugin", action="append", default=[], metavar="'SPEC KEY=VALUE ...'",
+                        help="also an optimizer plug-in with its options (repeatable)")
     args = parser.parse_args()
+    cases = [case for case in CASES if not args.only or case[1] in args.only] + [_plugin_case(p) for p in args.plugin]
     try:
         networks = network_options(args.bandwidth, args.latency, None, None)
         check_local_shaping(networks[0])
     except MlbenchError as err:
         sys.exit(f"benchmarks/network.py: {err}")
-    home = Path(os.environ.setdefault("MLBENCH_HOME", tempfile.mkdtemp(prefix="mlbench-bench-")))
+    # a fresh store unless one is given (setdefault would make the folder even then, and leave it)
+    home = Path(os.environ.get("MLBENCH_HOME") or tempfile.mkdtemp(prefix="mlbench-bench-"))
+    os.environ["MLBENCH_HOME"] = str(home)
     home.mkdir(parents=True, exist_ok=True)
     data_dir = str(write_random_cifar(Path(tempfile.mkdtemp(prefix="mlbench-cifar-", dir=home))))
     print(f"# {datetime.date.today()} | {cpu_model()}, {usable_cores()} cores | torch {torch.__version__} | task1a "
@@ -174,19 +187,17 @@ def main() -> None:
     for network in networks:
         rows = [plain_ddp_row(network, workers=args.workers, steps=args.steps, warmup=args.interval,
                               log=home / "plain-network.log")]
-        for label, optimizer, options in CASES:
-            if args.only and optimizer not in args.only:
-                continue
+        for label, optimizer, options in cases:
             rows.append(mlbench_row(label, optimizer, options, workers=args.workers, steps=args.steps,
                                     interval=args.interval, device="cpu", backend="gloo", network=network,
                                     data_dir=data_dir))
             print(f"  done: {network.label()}: {label}", file=sys.stderr, flush=True)
         results[network.bandwidth_bps] = rows
         print(f"\n{network.label()}:\n{_table(rows)}", flush=True)
-    if len(results) > 1 and not args.only:
+    if len(results) > 1 and cases[0][0] == REFERENCE:
         print("\nStep time relative to the reference (below 1.00x: faster), and where each starts to win:")
         rates = [format_rate(r) for r in sorted(results, reverse=True)]
-        print(tabulate(crossover(results), headers=["optimizer", *rates, "faster than the reference"],
+        print(tabulate(crossover(results, cases), headers=["optimizer", *rates, "faster than the reference"],
                        tablefmt="github", disable_numparse=True))
 
 

@@ -163,7 +163,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="optimizer names to run (default: all)")
     args = parser.parse_args()
     backend = "nccl" if args.device == "cuda" and torch.cuda.device_count() >= args.workers else "gloo"
-    os.environ.setdefault("MLBENCH_HOME", tempfile.mkdtemp(prefix="mlbench-bench-"))
+    if not os.environ.get("MLBENCH_HOME"):   # a fresh store unless one is given (never an empty folder left)
+        os.environ["MLBENCH_HOME"] = tempfile.mkdtemp(prefix="mlbench-bench-")
     machine = (f"{torch.cuda.get_device_name()} x {torch.cuda.device_count()}" if args.device == "cuda"
                else f"{cpu_model()}, {usable_cores()} cores")
     print(f"# {datetime.date.today()} | {machine} | torch {torch.__version__} | task1a ResNet-20, "

@@ -20,6 +20,7 @@ class MySGD(DistributedOptimizer):
         reference="Robbins & Monro 1951; the all-reduce as in Goyal et al. 2017 (arXiv:1706.02677)",
         summary="Gradients averaged by one all-reduce, then plain SGD (no momentum).",
         options={"lr_scale": Option("the step is the task's rate x lr_scale", 1.0, kind="float", minimum=0.0)},
+        exact=True,  # k workers x batch b = 1 process x batch k*b: `mlbench check-optimizer` checks it
     )
 
     def __init__(self, ctx: OptimizerContext):

@@ -7,3 +7,4 @@ from mlbench.cli import serve  # noqa: F401
 from mlbench.cli import optimizers  # noqa: F401
 from mlbench.cli import dashboard  # noqa: F401
 from mlbench.cli import follow  # noqa: F401
+from mlbench.cli import check  # noqa: F401

@@ -32,7 +32,8 @@ from mlbench.tasks.registry import TASKS, get_task
 from mlbench.tasks.spec import AllreduceSpec, describe_task
 
 
-def _parse_opts(pairs: tuple[str, ...]) -> dict[str, str]:
+def parse_opts(pairs: tuple[str, ...]) -> dict[str, str]:
+    """``--opt KEY=VALUE`` pairs as a dict (the optimizer checks names and values itself)."""
     options = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -144,7 +145,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
         data=data, data_dir=data_dir, data_pvc=data_pvc, light=light, stop_at_goal=not no_stop,
         time_budget_s=parse_duration(time_budget) if time_budget else None, max_steps=max_steps,
         seed=seed, backend=backend, device=device, optimizer=optimizer,
-        optimizer_options=_parse_opts(opts), log_every=log_every, timing=not no_timing,
+        optimizer_options=parse_opts(opts), log_every=log_every, timing=not no_timing,
         save_model=save_model, precision=precision, channels_last=channels_last, graph=not no_graph,
         name=name, max_size=max_size, watchdog_s=parse_watchdog(watchdog))
     plan = session.plan_runs(base, workers, repeat, detach=detach,

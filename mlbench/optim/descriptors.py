@@ -69,7 +69,16 @@ def _bound(value: float | None) -> str:
 class OptimizerInfo:
     """One optimizer as the CLI knows it. ``supports_grad_hook``: whether every rank holds the
     averaged gradient before its update (what gradient clipping and fp16 unscaling need).
-    ``check``: checks across options or against the worker count (None: none)."""
+    ``check``: checks across options or against the worker count (None: none).
+
+    What the optimizer claims, which ``mlbench check-optimizer`` (:mod:`mlbench.optim.check`)
+    holds it to, as a bool or a function of the parsed options: ``exact``, that k workers with
+    batch b compute the parameters of one process with batch k*b (up to float rounding);
+    ``ranks_differ``, that the ranks' models differ between synchronisations by design (local
+    steps, gossip), so that only their consensus distance is reported and evaluation must see
+    their average (``state_for_eval``). Unless it says so, a method claims neither: every rank
+    must then hold the same parameters after every step.
+    """
 
     name: str
     reference: str
@@ -78,6 +87,16 @@ class OptimizerInfo:
     options: dict[str, Option] = field(default_factory=dict)
     supports_grad_hook: bool = False
     check: Callable[[dict[str, Any], int], None] | None = None
+    exact: bool | Callable[[dict[str, Any]], bool] = False
+    ranks_differ: bool | Callable[[dict[str, Any]], bool] = False
+
+    def claims_exact(self, values: dict[str, Any]) -> bool:
+        """Whether, with the parsed options ``values``, k workers equal one process with batch k*b."""
+        return bool(self.exact(values) if callable(self.exact) else self.exact)
+
+    def claims_ranks_differ(self, values: dict[str, Any]) -> bool:
+        """Whether, with the parsed options ``values``, the ranks' models may differ after a step."""
+        return bool(self.ranks_differ(values) if callable(self.ranks_differ) else self.ranks_differ)
 
     def parse_options(self, raw: dict[str, str], world_size: int | None) -> dict[str, Any]:
         """Typed options (defaults filled in), or a UsageError naming the wrong one.
@@ -110,7 +129,7 @@ _ALL = (
         "centralized-sgd",
         "Synchronous SGD with gradient all-reduce (Goyal et al. 2017; MLBench task 1a)",
         "The reference: average the gradients with an all-reduce, then the same SGD step everywhere.",
-        closed_division=True, options={"by": BY}, supports_grad_hook=True),
+        closed_division=True, options={"by": BY}, supports_grad_hook=True, exact=True),
     OptimizerInfo(
         "centralized-adam",
         "Adam (Kingma & Ba 2015, arXiv:1412.6980) on all-reduced gradients, as the original "
@@ -124,7 +143,7 @@ _ALL = (
             "beta2": Option("second-moment decay", 0.999, kind="float", minimum=0.0, maximum=1.0),
             "eps": Option("denominator term", 1e-8, kind="float", minimum=0.0),
         },
-        supports_grad_hook=True),
+        supports_grad_hook=True, exact=True),
     OptimizerInfo(
         "model-averaging",
         "Model averaging / local SGD (Stich 2019, arXiv:1805.09767; Lin et al. 2020, "
@@ -134,7 +153,8 @@ _ALL = (
             "by": BY,
             "period": Option("average the weights every this many steps (1: after every step)", 1,
                              kind="int", minimum=1),
-        }),
+        },
+        ranks_differ=lambda values: values["period"] > 1),
     OptimizerInfo(
         "powersgd",
         "Vogels, Karimireddy & Jaggi 2019, PowerSGD: Practical Low-Rank Gradient "
@@ -178,7 +198,7 @@ _ALL = (
             "topology": Option("ring, torus, torus:RxC, complete, or edges like 0-1,1-2,2-0 "
                                "(Metropolis-Hastings weights)", "ring"),
         },
-        check=_check_topology),
+        check=_check_topology, ranks_differ=True),
     OptimizerInfo(
         "ddp",
         "PyTorch DistributedDataParallel (Li et al. 2020, VLDB, arXiv:2006.15704); "
@@ -194,7 +214,7 @@ _ALL = (
             "broadcast_buffers": Option("broadcast rank 0's buffers before each forward (DDP's default)", True,
                                         kind="bool"),
         },
-        supports_grad_hook=True),
+        supports_grad_hook=True, exact=lambda values: values["hook"] == "allreduce"),
 )
 
 #: Every optimizer by name, in :data:`ORDER`.

@@ -1,0 +1,1 @@
+"""DiLoCo as an mlbench optimizer plug-in (the entry point ``diloco`` of ``mlbench.optimizers``)."""
