@@ -53,6 +53,9 @@ class RunConfig:
     #: A plug-in optimizer (mlbench.optim.plugins): its spec, class, the copy of its source in
     #: the run folder and that copy's SHA-256, its parsed options; None: a built-in.
     optimizer_plugin: dict[str, Any] | None = None
+    #: A model plug-in (mlbench.tasks.models.plugins): its spec, callable, the copy of its source
+    #: in the run folder and that copy's SHA-256; None: the task's model (by name) is built.
+    model_plugin: dict[str, Any] | None = None
     save_model: bool = False
     master_addr: str = "127.0.0.1"
     master_port: int = 0

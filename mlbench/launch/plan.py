@@ -20,7 +20,7 @@ from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
 from mlbench.results.environment import cuda_available, describe_environment, usable_cores
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import DEFAULT_WATCHDOG_S, Backend, DataSource, Device, Precision, RunConfig
-from mlbench.tasks.models import MODEL_NAMES
+from mlbench.tasks.models.plugins import ModelPlugin, is_builtin_model, resolve_model
 from mlbench.tasks.overrides import resolve
 from mlbench.tasks.registry import get_task
 from mlbench.tasks.spec import AllreduceSpec, TaskSpec
@@ -159,9 +159,11 @@ def _device_and_backend(request: RunRequest,
     return device, backend
 
 
-def build_config(request: RunRequest,
-                 resources: WorkerResources | None = None) -> tuple[RunConfig, list[str]]:
-    """The worker configuration and the list of closed-division values the request changed."""
+def build_config(request: RunRequest, resources: WorkerResources | None = None,
+                 model_plugin: ModelPlugin | None = None) -> tuple[RunConfig, list[str]]:
+    """The worker configuration and the list of closed-division values the request changed
+    (``model_plugin``: ``request.model`` as :func:`create_run` has already loaded it; else a
+    model that is no built-in's name is loaded here)."""
     if request.workers < 1:
         raise UsageError(f"the number of workers must be at least 1, not {request.workers}")
     check_seed(request.seed)
@@ -170,13 +172,17 @@ def build_config(request: RunRequest,
     task = get_task(request.task)
     overrides = dict(request.overrides)
     if request.model:
-        if isinstance(task, TaskSpec) and "model" not in task.settings.override_keys():
-            raise UsageError(f"--model chooses among the models of task1a and task2a; change {task.name}'s "
+        if not isinstance(task, TaskSpec) or "model" not in task.settings.override_keys():
+            raise UsageError(f"--model chooses or replaces the model of task1a and task2a; change {task.name}'s "
                              "model with --set NAME=VALUE (see `mlbench tasks`)")
-        if request.model.strip().lower() not in MODEL_NAMES + ("resnet20", "resnet32", "resnet44", "resnet56"):
-            raise UsageError(f"unknown model {request.model!r}; choose one of: {', '.join(MODEL_NAMES)}")
-        overrides["model"] = request.model.strip().lower()
+        if model_plugin is None and not is_builtin_model(request.model):
+            model_plugin = resolve_model(request.model)
+        if model_plugin is not None:
+            overrides["model"] = model_plugin.label  # the run's spec names the plug-in and its source
+        else:
+            overrides["model"] = request.model.strip().lower()
     if "model" in overrides and isinstance(task, TaskSpec) and "model" in task.settings.override_keys() \
+            and model_plugin is None \
             and (overrides["model"] == "logreg") != (task.settings.value_of("model") == "logreg"):
         raise UsageError(f"model {overrides['model']} does not fit {task.name}'s data set ({task.settings.dataset})")
     spec, changed = resolve(task, overrides)
@@ -217,6 +223,7 @@ def build_config(request: RunRequest,
         time_budget_s=request.time_budget_s, max_steps=request.max_steps, seed=request.seed,
         log_every=request.log_every, timing=request.timing, threads_per_worker=threads,
         optimizer=optimizer, optimizer_options=dict(request.optimizer_options),
+        model_plugin=model_plugin.record() if model_plugin is not None else None,
         save_model=request.save_model, precision=request.precision,
         channels_last=request.channels_last, graph=request.graph, watchdog_s=request.watchdog_s)
     return config, changed
@@ -248,12 +255,22 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
 
     # a plug-in is read and checked here, before the run exists; the run keeps its source
     plugin = resolve_optimizer(request.optimizer) if request.optimizer else None
-    if plugin is not None:
-        if plugin_limit is not None and len(plugin.source) > plugin_limit:
-            raise UsageError(f"optimizer plug-in {request.optimizer}: its source is {len(plugin.source):,} bytes; "
+    model_plugin = resolve_model(request.model) if request.model else None
+    files: dict[str, bytes] = {}
+    for kind, spec, loaded in (("optimizer", request.optimizer, plugin and plugin.loaded),
+                               ("model", request.model, model_plugin and model_plugin.loaded)):
+        if not loaded:
+            continue
+        if plugin_limit is not None and len(loaded.source) > plugin_limit:
+            raise UsageError(f"{kind} plug-in {spec}: its source is {len(loaded.source):,} bytes; "
                              f"a {launcher} run ships it to the workers in at most {plugin_limit:,} bytes")
+        if files.get(loaded.copy_path, loaded.source) != loaded.source:
+            raise UsageError(f"model plug-in {spec}: its file and the optimizer plug-in's are both called "
+                             f"{loaded.copy_path.rpartition('/')[2]}; rename one")
+        files[loaded.copy_path] = loaded.source
+    if plugin is not None:
         request = dataclasses.replace(request, optimizer=plugin.label)
-    config, changed = build_config(request, resources)
+    config, changed = build_config(request, resources, model_plugin)
     if plugin is None:
         optimizer = check_optimizer(config.optimizer, request.optimizer_options, request.workers)
     else:
@@ -286,4 +303,4 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
     return store.create(task=request.task, workers=request.workers, division=division,
                         run_json=run_json, name=request.name, optimizer=config.optimizer,
                         launcher=launcher, seed=request.seed, group_id=request.group_id,
-                        files={plugin.copy_path: plugin.source} if plugin is not None else None)
+                        files=files or None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -109,7 +110,7 @@ class ClassificationSettings(TrainingSettings):
                 raise ValueError("--set lr.alpha applies to inverse-sqrt schedules")
             return ((1, float(value)),)
         if key == "model":
-            return value if "-v" in value or not value.startswith("resnet") else value + "-v1"
+            return value + "-v1" if re.fullmatch(r"resnet\d+", value) else value
         return value
 
     def with_values(self, values: dict[str, Any]) -> ClassificationSettings:

@@ -23,9 +23,15 @@ from mlbench.tasks.data.sharding import epoch_batches, eval_shard, steps_per_epo
 from mlbench.tasks.datasets import get_dataset, load_splits
 from mlbench.tasks.losses import get_loss, regulariser
 from mlbench.tasks.models import build_model
+from mlbench.tasks.models.logreg import LogisticRegression
+from mlbench.tasks.models.plugins import build_plugin_model
 from mlbench.tasks.pipeline import Pipeline
 from mlbench.tasks.runtime import RunView, StepOptimizer
 from mlbench.timing import PhaseTimer
+
+
+#: The classes of the cross-entropy tasks' data sets (CIFAR-10), the built-in models' default.
+NUM_CLASSES = 10
 
 
 class SupervisedRuntime:
@@ -33,7 +39,8 @@ class SupervisedRuntime:
 
     metric_name = "accuracy"
 
-    def __init__(self, config: RunView, rank: int, device: torch.device, timer: PhaseTimer):
+    def __init__(self, config: RunView, rank: int, device: torch.device, timer: PhaseTimer,
+                 model_builder: Callable[..., Any] | None = None):
         self.cfg = config
         settings = config.training_spec.settings
         assert isinstance(settings, ClassificationSettings)
@@ -49,16 +56,32 @@ class SupervisedRuntime:
         # Every rank builds the model from the same seed, so all start from the same weights.
         torch.manual_seed(config.seed)
         in_features = None if dataset.images else self.data.num_features
-        self.model = build_model(self.settings.model, in_features=in_features).to(device)
+        self.loss = get_loss(self.settings.loss)
+        if model_builder is None:
+            self.model = build_model(self.settings.model, in_features=in_features).to(device)
+        else:  # a model plug-in (mlbench.tasks.models.plugins): the settings' model is its label
+            self.model = self._plugin_model(model_builder).to(device)
         if config.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
-        self.loss = get_loss(self.settings.loss)
         self._steps_per_epoch = steps_per_epoch(self.data.num_train, self.world, self.settings.batch_per_worker)
         if self._steps_per_epoch == 0:
             raise UsageError(f"the training set has {self.data.num_train} samples, fewer than one "
                              f"global batch ({self.world} workers x {self.settings.batch_per_worker})")
         self._step: Callable[[torch.Tensor, float], torch.Tensor] | None = None
         self._optimizer: StepOptimizer | None = None
+
+    def _plugin_model(self, builder: Callable[..., Any]) -> torch.nn.Module:
+        """``builder(input_shape, num_outputs)``: one sample's shape as the model sees it, and the
+        outputs the loss reads per sample (one logit for the logistic loss, whose output is
+        ``[N]``; a logit per class for cross-entropy, ``[N, classes]``)."""
+        x, _ = self.data.test_batch(0, 1)
+        input_shape = tuple(int(n) for n in x.shape[1:])
+        if self.settings.loss == "logistic":
+            outputs, shape = 1, (lambda n: (n,))
+        else:
+            outputs = NUM_CLASSES
+            shape = (lambda n: (n, NUM_CLASSES))
+        return build_plugin_model(builder, self.settings.model, input_shape, outputs, shape)
 
     # -- training -------------------------------------------------------------------------------
     def steps_per_epoch(self) -> int:
@@ -89,7 +112,10 @@ class SupervisedRuntime:
     def _make_step(self, optimizer: StepOptimizer) -> Callable[[torch.Tensor, float], torch.Tensor]:
         """The optimizer's whole step around this task's gradients (captured in a CUDA graph
         when the optimizer can and the run allows it)."""
-        closed_form = self.loss.closed_form is not None and optimizer.module is self.model
+        # the closed form reads the built-in LogisticRegression's weight: a plug-in's model
+        # that is another module goes through autograd
+        closed_form = (self.loss.closed_form is not None and optimizer.module is self.model
+                       and type(self.model) is LogisticRegression)
         gradients = self._closed_form_gradients if closed_form else self._autograd_gradients
         make_step = getattr(optimizer, "make_step", None)
         if make_step is None:  # an optimizer without a step of its own: the textbook step
@@ -180,6 +206,7 @@ class SupervisedRuntime:
         return self.data.num_test
 
 
-def build_runtime(config: RunView, rank: int, device: torch.device, timer: PhaseTimer) -> SupervisedRuntime:
-    """What the worker calls for tasks 1a and 2a."""
-    return SupervisedRuntime(config, rank, device, timer)
+def build_runtime(config: RunView, rank: int, device: torch.device, timer: PhaseTimer,
+                  model_builder: Callable[..., Any] | None = None) -> SupervisedRuntime:
+    """What the worker calls for tasks 1a and 2a (``model_builder``: a model plug-in's)."""
+    return SupervisedRuntime(config, rank, device, timer, model_builder)

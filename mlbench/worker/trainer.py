@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 import torch
@@ -27,11 +28,13 @@ import torch.distributed as dist
 from mlbench.errors import DivergedError
 from mlbench.optim.base import DistributedOptimizer, OptimizerContext, allreduce_bytes
 from mlbench.optim.catalog import build_optimizer
+from mlbench.plugins import PluginError
 from mlbench.results.events import EventWriter
 from mlbench.results.outcome import TrainingResult
 from mlbench.run_config import RunConfig
 from mlbench.tasks.metrics import get_metric
 from mlbench.tasks.models import count_trainable_parameters
+from mlbench.tasks.models.plugins import load_recorded_model
 from mlbench.tasks.registry import runtime_module
 from mlbench.tasks.runtime import TaskRuntime
 from mlbench.timing import PhaseTimer
@@ -69,7 +72,7 @@ class Trainer:
     def __init__(self, config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None,
                  run_dir: Path | None = None):
         self.cfg = config
-        self.run_dir = run_dir  # where a plug-in optimizer's source is
+        self.run_dir = run_dir  # where a plug-in's source is
         self.heartbeat = heartbeat
         self.rank = rank
         self.world = config.workers
@@ -90,8 +93,14 @@ class Trainer:
     def setup(self) -> None:
         torch.manual_seed(self.cfg.seed)
         self.timer = PhaseTimer(self.device, enabled=self.cfg.timing)
+        plugin = self.cfg.model_plugin
+        extra: dict[str, Any] = {}
+        if plugin is not None:   # a model plug-in, made from the run folder's copy of its source
+            if self.run_dir is None:
+                raise PluginError(f"model plug-in {plugin.get('name')}: this worker has no run folder to load it from")
+            extra["model_builder"] = load_recorded_model(self.run_dir, plugin)
         self.runtime: TaskRuntime = runtime_module(self.spec).build_runtime(self.cfg, self.rank, self.device,
-                                                                             self.timer)
+                                                                             self.timer, **extra)
         self.model = self.runtime.model
         self.metric = get_metric(self.runtime.metric_name)
         # What the reference (one fp32 all-reduce of all gradients) sends per step and rank: the
