@@ -10,7 +10,7 @@ import click
 from mlbench.cli.output import tabulate
 from mlbench.launch.plan import RunRequest
 from mlbench.optim.plugins import is_plugin_label
-from mlbench.results.report import describe_plugin, describe_result, fmt_duration, run_plugin, task_metric
+from mlbench.results.report import describe_plugin, describe_result, fmt_duration, run_plugins, task_metric
 from mlbench.results.store import RunRecord
 from mlbench.network.settings import describe_network, network_label
 from mlbench.results.summary import RunSummary, phase_table
@@ -115,9 +115,10 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
             ["division", run.division], ["optimizer", run.optimizer], ["created", fmt_time(run.created_at)],
             ["epoch", f"{summary.epoch:.2f}"], ["steps", summary.steps],
             ["training time", fmt_duration(summary.train_time)]]
-    plugin = describe_plugin(run_plugin(run))
-    if plugin:
-        rows.insert(7, ["plug-in", plugin])
+    plugins = run_plugins(run)
+    for kind, label in (("model", "model plug-in"), ("optimizer", "plug-in")):
+        if kind in plugins:
+            rows.insert(7, [label, describe_plugin(plugins[kind])])
     if summary.last_train_loss is not None:
         rows.append(["last training loss", f"{summary.last_train_loss:.4f}"])
     if summary.evaluations:

@@ -103,6 +103,8 @@ def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -
         "optimizer": record.optimizer, "optimizer_options": config.get("optimizer_options") or {},
         "plugin": describe_plugin(config.get("optimizer_plugin")),
         "plugin_sha256": (config.get("optimizer_plugin") or {}).get("sha256"),
+        "model_plugin": describe_plugin(config.get("model_plugin")),
+        "model_plugin_sha256": (config.get("model_plugin") or {}).get("sha256"),
         "division": record.division, "changed": run_json.get("changed") or [],
         "device": config.get("device"), "backend": config.get("backend"),
         "data": config.get("data"), "data_dir": config.get("data_dir"),

@@ -224,8 +224,8 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
     # the client's create_* calls take plain dict bodies too: their annotations (kubernetes >= 37)
     # name only its models, hence the ignores below (unused where kubernetes is older, untyped)
     try:
-        plugin = document.config.optimizer_plugin
-        files = (str(plugin["file"]),) if plugin else ()
+        plugins = (document.config.optimizer_plugin, document.config.model_plugin)
+        files = tuple(dict.fromkeys(str(plugin["file"]) for plugin in plugins if plugin))  # each file once
         configmap = objects.run_configmap(run.id, document.to_dict(), store.namespace,
                                           {path: (run.run_dir / path).read_bytes() for path in files})
         made = core.create_namespaced_config_map(store.namespace, configmap)  # type: ignore[arg-type, unused-ignore]

@@ -257,15 +257,15 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
     plugin = resolve_optimizer(request.optimizer) if request.optimizer else None
     model_plugin = resolve_model(request.model) if request.model else None
     files: dict[str, bytes] = {}
-    for kind, spec, loaded in (("optimizer", request.optimizer, plugin and plugin.loaded),
-                               ("model", request.model, model_plugin and model_plugin.loaded)):
-        if not loaded:
+    for kind, given, loaded in (("optimizer", request.optimizer, plugin.loaded if plugin else None),
+                                ("model", request.model, model_plugin.loaded if model_plugin else None)):
+        if loaded is None:
             continue
         if plugin_limit is not None and len(loaded.source) > plugin_limit:
-            raise UsageError(f"{kind} plug-in {spec}: its source is {len(loaded.source):,} bytes; "
+            raise UsageError(f"{kind} plug-in {given}: its source is {len(loaded.source):,} bytes; "
                              f"a {launcher} run ships it to the workers in at most {plugin_limit:,} bytes")
         if files.get(loaded.copy_path, loaded.source) != loaded.source:
-            raise UsageError(f"model plug-in {spec}: its file and the optimizer plug-in's are both called "
+            raise UsageError(f"model plug-in {given}: its file and the optimizer plug-in's are both called "
                              f"{loaded.copy_path.rpartition('/')[2]}; rename one")
         files[loaded.copy_path] = loaded.source
     if plugin is not None:

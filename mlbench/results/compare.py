@@ -23,6 +23,7 @@ from statistics import median
 from typing import Any, TypedDict
 
 from mlbench.errors import UsageError
+from mlbench.plugins import plugin_label
 from mlbench.results.cost import PriceTable, cost_usd
 from mlbench.network.settings import network_label
 from mlbench.results.events import read_run_events
@@ -134,6 +135,13 @@ class RunResult:
         return self.result.goal
 
     @property
+    def model_plugin(self) -> str:
+        """The run's model plug-in as ``name@sha`` (its spec's model), or "" for the task's own:
+        two sources never share a row."""
+        plugin = self.config.model_plugin if self.config is not None else None
+        return plugin_label(str(plugin["name"]), str(plugin["sha256"])) if plugin else ""
+
+    @property
     def time_to_accuracy(self) -> float | None:
         """Training seconds to the goal (evaluation excluded), None when it was not reached."""
         return self.result.time_to_accuracy if self.result.reached else None
@@ -172,6 +180,7 @@ class Family:
     network: str = ""                  # the emulated network's label; "" when not emulated
     bandwidth_bps: float | None = None
     latency_s: float = 0.0             # the emulated network's one-way latency
+    model: str = ""                    # a model plug-in's name@sha; "": the task's own model
 
     @property
     def metric(self) -> str:
@@ -270,7 +279,7 @@ def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = Non
         run = RunResult.load(record)
         family = Family(record.task, record.division, record.optimizer, run.hardware, run.goal,
                         network_label(run.network), (run.network or {}).get("bandwidth_bps"),
-                        float((run.network or {}).get("latency_s") or 0.0))
+                        float((run.network or {}).get("latency_s") or 0.0), run.model_plugin)
         buckets[(family, record.workers)].append(run)
     groups = [_group(f, k, runs, usd_per_node_hour)
               for (f, k), runs in sorted(buckets.items(), key=lambda item: _sort_key(*item[0]))]
@@ -283,7 +292,7 @@ def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = Non
 
 
 def _sort_key(family: Family, workers: int) -> tuple:
-    return (family.division, family.optimizer, family.hardware, family.goal or 0.0,
+    return (family.division, family.optimizer, family.model, family.hardware, family.goal or 0.0,
             family.bandwidth_bps or math.inf, family.network, workers)
 
 

@@ -126,7 +126,8 @@ def family_heading(family: Family, emulated: bool = False) -> str:
     metric = ("speedup of time to accuracy" if family.metric == TIME_TO_ACCURACY
               else "no goal: speedup of throughput")
     goal = f"goal {task_metric(family.task).format(family.goal)}" if family.goal is not None else "synthetic data"
-    return (f"{family.task} | {family.division} division | {family.optimizer} | "
+    model = f"model {family.model} | " if family.model else ""
+    return (f"{family.task} | {family.division} division | {family.optimizer} | {model}"
             f"{family.hardware} | {network}{goal} | {metric}")
 
 
@@ -261,13 +262,22 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
 def run_plugin(record: RunRecord) -> dict[str, Any] | None:
     """run.json's record of the run's plug-in optimizer (name, spec, class, the copy's file and
     full SHA-256, options), or None for a built-in."""
+    return run_plugins(record).get("optimizer")
+
+
+def run_plugins(record: RunRecord) -> dict[str, dict[str, Any]]:
+    """run.json's records of the run's plug-ins by kind (``optimizer``, ``model``); only those it has."""
     document = RunDocument.load_or_none(record.run_dir)
-    return document.config.optimizer_plugin if document is not None else None
+    if document is None:
+        return {}
+    found = {"optimizer": document.config.optimizer_plugin, "model": document.config.model_plugin}
+    return {kind: plugin for kind, plugin in found.items() if plugin}
 
 
 def describe_plugin(plugin: dict[str, Any] | None) -> str | None:
     """``my-sgd, sha256 1a2b3c4d5e6f (./my_sgd.py:MySGD, kept as plugin/my_sgd.py)``: which code
-    ran (the hash names the source the workers executed), or None for a built-in."""
+    ran (the hash names the source the workers executed), or None for a built-in; for a plug-in
+    of either kind (optimizer, model)."""
     if not plugin:
         return None
     sha = str(plugin.get("sha256") or "")
@@ -309,6 +319,7 @@ def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
     evals = list(summary.eval_seconds.values())
     sent = list(summary.bytes_sent.values())
     result = read_result(record.result)
+    plugins = run_plugins(record)
     sweep = ({"latency_us": result.latency_us, "rows": result.rows}
              if isinstance(result, AllreduceResult) else None)
     return {
@@ -326,7 +337,8 @@ def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
             "compression_ratio": summary.compression_ratio,
             "errors": list(summary.errors),
         },
-        "optimizer_plugin": run_plugin(record),
+        "optimizer_plugin": plugins.get("optimizer"),
+        "model_plugin": plugins.get("model"),
         "result": record.result,
         "result_sentence": result.sentence() if result else None,
         **({"allreduce": sweep} if sweep else {}),

@@ -76,11 +76,11 @@ class SupervisedRuntime:
         ``[N]``; a logit per class for cross-entropy, ``[N, classes]``)."""
         x, _ = self.data.test_batch(0, 1)
         input_shape = tuple(int(n) for n in x.shape[1:])
-        if self.settings.loss == "logistic":
-            outputs, shape = 1, (lambda n: (n,))
-        else:
-            outputs = NUM_CLASSES
-            shape = (lambda n: (n, NUM_CLASSES))
+        logistic = self.settings.loss == "logistic"
+        outputs = 1 if logistic else NUM_CLASSES
+
+        def shape(n: int) -> tuple[int, ...]:
+            return (n,) if logistic else (n, NUM_CLASSES)
         return build_plugin_model(builder, self.settings.model, input_shape, outputs, shape)
 
     # -- training -------------------------------------------------------------------------------

@@ -116,6 +116,7 @@
       ["workers", spec.threads_per_worker ? `${spec.workers} x ${spec.threads_per_worker} thread(s)` : spec.workers],
       ["optimizer", doc.sweep ? null : options ? `${spec.optimizer} (${options})` : spec.optimizer],
       ["plug-in", spec.plugin ? `${spec.plugin}; sha256 ${spec.plugin_sha256}` : null],
+      ["model plug-in", spec.model_plugin ? `${spec.model_plugin}; sha256 ${spec.model_plugin_sha256}` : null],
       ["division", spec.changed.length ? `${spec.division} (${spec.changed.join(", ")})` : spec.division],
       ["device", [spec.device, spec.backend].filter(Boolean).join(" / ")],
       ["network", spec.network || "not shaped"],

@@ -149,4 +149,4 @@ def _builder(obj: Any, name: str, spec: str, where: str) -> Callable[..., Any]:
     if not callable(obj):
         raise UsageError(f"{NOUN} {spec}: {name} is a {type(obj).__name__}, not a callable "
                          "build(input_shape, num_outputs) -> torch.nn.Module")
-    return obj  # type: ignore[no-any-return]
+    return obj
