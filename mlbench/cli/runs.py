@@ -79,7 +79,8 @@ def tasks(output) -> None:
 @click.option("--data-pvc", metavar="NAME",
               help="Clusters: a PersistentVolumeClaim you filled with the data set [mlbench-data-DATASET, "
                    "filled once by a download Job].")
-@click.option("--model", help="Model override, e.g. resnet56-v2 (open division).")
+@click.option("--model", help="Model override, e.g. resnet56-v2, or a plug-in FILE.py:NAME, module:NAME or "
+              "entry point of mlbench.models (open division; docs/plugins.md).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a hyper-parameter, e.g. --set momentum=0 (open division).")
 @click.option("--optimizer", help="Distributed optimizer (`mlbench optimizers`) [the task's reference: "
