@@ -21,49 +21,6 @@ SHARED_DATA = Path(os.environ.get("MLBENCH_SHARED_DATA", REPO.parent / "shared" 
 CIFAR_NPZ = SHARED_DATA / "cifar10-jpeg.npz"
 
 
-#: Fixtures whose tests share one lane: each starts a server for the whole session or package
-#: (a Slurm cluster, the local reference run the launcher tests compare against).
-_SESSION_LANES = {"slurm_cluster": "slurm", "local_reference": "slurm"}
-#: Fixtures of tests that build emulated networks: `tests/network` checks before and after each
-#: test that the host's own network holds nothing of ours, so no other test may build one meanwhile.
-_NETWORK_FIXTURES = {"shaping", "shaping_ok"}
-
-
-def test_lane(item: pytest.Item) -> str:
-    """The pytest-xdist group of a test (the README's test command runs two lanes, addopts in
-    pyproject.toml). A lane keeps together what must not run at the same time or would start its
-    servers twice: the real Kubernetes node's package (minutes of waiting on the kubelet, which
-    is why there are two lanes), the cloud package (its control plane and moto server), the Slurm
-    cluster's tests, the tests that shape the host's network; every other test runs with the
-    rest of its module (module-scoped fixtures start once)."""
-    path = Path(str(item.path)).resolve().relative_to(REPO).as_posix()
-    names = set(item.fixturenames)
-    if path.startswith("tests/kube/"):
-        return "kube"
-    for fixture, lane in _SESSION_LANES.items():
-        if fixture in names:
-            return lane
-    if path.startswith("tests/network/") or names & _NETWORK_FIXTURES:
-        return "network"
-    if path.startswith("tests/cloud/"):
-        return "cloud"
-    return path
-
-
-#: Lanes handed out first (pyproject.toml's addopts keep the collection's order): the node's
-#: long waits start at once on one worker while the other takes the Slurm cluster and the rest.
-_FIRST_LANES = ("kube", "slurm")
-
-
-@pytest.hookimpl(tryfirst=True)   # before pytest-xdist's worker reads the groups
-def pytest_collection_modifyitems(config, items):
-    lanes = {item.nodeid: test_lane(item) for item in items}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(lanes[item.nodeid]))
-    first = {lane: order for order, lane in enumerate(_FIRST_LANES)}
-    items.sort(key=lambda item: first.get(lanes[item.nodeid], len(first)))   # stable: else as collected
-
-
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory, monkeypatch):
     """Every test gets its own run store, config folder and data cache (never the user's).
