@@ -6,6 +6,7 @@ is downloaded once onto a volume (tests/kube/conftest.py, tests/kube/node.py).""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import ssl
@@ -24,6 +25,7 @@ from mlbench.launch.k8s_objects import pod_name, run_name
 from mlbench.launch.plan import RunRequest
 from mlbench.launch.registry import launcher_class
 from mlbench.results.events import read_run_events
+from tests.conftest import REPO
 from tests.helpers import mlbench
 from tests.kube.conftest import mlbench_cli, wait_for
 
@@ -137,12 +139,23 @@ def test_two_runs_on_the_real_node_share_one_download_and_leave_nothing_behind(n
     assert {e["rank"] for e in events if e["name"] == "train/loss"} == {0, 1}
     wait_gone(ns, run_id)
 
-    second = mlbench_cli("run", "task2a", "2", "--light")
+    # the second run's optimizer is a plug-in written outside the repository (issue 22): its
+    # source travels to the pods in the run's ConfigMap, and its hash is what status shows
+    plugin = tmp_path / "elsewhere" / "my_sgd.py"
+    plugin.parent.mkdir()
+    plugin.write_bytes((REPO / "examples" / "plugins" / "my_sgd.py").read_bytes())
+    sha = hashlib.sha256(plugin.read_bytes()).hexdigest()
+    second = mlbench_cli("run", "task2a", "2", "--light", "--optimizer", f"{plugin}:MySGD")
     assert second.exit_code == 0, explain(ns, second)
     assert "Preparing" not in second.output and "Starting the results service" not in second.output
-    assert "Goal 80.00% reached" in second.output
+    assert re.search(r"epoch\s+1\.00\s+test accuracy", second.output), second.output
+    second_id = run_id_of(second.output)
+    shown = mlbench_cli("status", second_id)
+    assert re.search(r"state\s+finished", shown.output), shown.output
+    assert re.search(rf"plug-in\s+my-sgd, sha256 {sha[:12]} ", shown.output), shown.output
+    # (a worker refuses a copy whose SHA-256 is not run.json's: the run finished on the shipped bytes)
     assert jobs.stop() == ["mlbench-data-epsilon"]       # one download Job, in the first run only
-    wait_gone(ns, run_id, run_id_of(second.output), containers=True)
+    wait_gone(ns, run_id, second_id, containers=True)
     claim = ns.core.read_namespaced_persistent_volume_claim("mlbench-data-epsilon", ns.name)
     assert claim.metadata.annotations["mlbench/data-ready"] == "epsilon"
     assert (ns.volumes / "mlbench-data-epsilon" / "epsilon" / "epsilon_normalized.bz2").is_file()
