@@ -23,7 +23,7 @@ from mlbench.cli import (
     cli,
     commands,  # noqa: F401  (registers the commands)
 )
-from mlbench.dashboard.views import run_spec
+from mlbench.dashboard.views import run_row, run_spec
 from mlbench.plugins import PluginError
 from mlbench.results.summary import summarize
 from mlbench.tasks.models.plugins import build_plugin_model, load_recorded_model, resolve_model
@@ -166,6 +166,11 @@ def test_the_documented_example_runs_on_two_workers_and_status_and_compare_name_
     doc = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
     assert doc["model_plugin"]["sha256"] == sha and doc["optimizer_plugin"] is None and doc["summary"]["steps"] == 3
     assert f"| model {label} |" in mlbench("compare", "--task", "task2a", check=True).stdout
+    assert f"open ({label})" in mlbench("status", check=True).stdout       # the list names it too
+    listed = json.loads(mlbench("status", "-o", "json", check=True).stdout)["runs"]
+    assert [(r["model"], r["division_text"]) for r in listed] == [(label, f"open ({label})")]
+    row = run_row("local", run, None, run_json(run))        # the dashboard's runs table, the same cell
+    assert row["division_text"] == f"open ({label})"
 
 
 def test_the_documented_example_is_the_file_the_tests_run():

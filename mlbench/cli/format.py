@@ -9,7 +9,6 @@ import click
 
 from mlbench.cli.output import tabulate
 from mlbench.launch.plan import RunRequest
-from mlbench.optim.plugins import is_plugin_label
 from mlbench.results.report import describe_plugin, describe_result, fmt_duration, run_plugins, task_metric
 from mlbench.results.store import RunRecord
 from mlbench.network.settings import describe_network, network_label
@@ -34,9 +33,8 @@ def fmt_bytes(count: float) -> str:
 
 def status_table(runs: list[dict[str, Any]]) -> str:
     """The table of `mlbench status`, from :func:`mlbench.results.report.run_overview` rows (a
-    plug-in run's division cell names its plug-in and source: ``open (my-sgd@1a2b3c4d5e6f)``)."""
-    rows = [[r["id"], r["name"], r["task"], r["workers"], r["state"],
-             f"{r['division']} ({r['optimizer']})" if is_plugin_label(r["optimizer"]) else r["division"],
+    plug-in run's division cell names its plug-ins and their sources: ``open (my-sgd@1a2b3c4d5e6f)``)."""
+    rows = [[r["id"], r["name"], r["task"], r["workers"], r["state"], r["division_text"],
              f"{r['epoch']:.2f}" if r["epoch"] is not None else "-",
              r["metric_text"], fmt_duration(r["time_to_accuracy"]), fmt_time(r["created_at"])]
             for r in runs]

@@ -20,6 +20,7 @@ from mlbench.results.charts import family_labels, network_axis, representative
 from mlbench.results.compare import Comparison, Group, sweep_bandwidth, training_curve
 from mlbench.results.outcome import AllreduceResult, read_result
 from mlbench.results.report import (compare_headers, compare_notes, compare_row, describe_plugin, describe_result,
+                                    division_text, model_plugin_label,
                                     differs_in_network, family_heading, group_label, is_sweep,
                                     run_progress, sweep_table, task_metric)
 from mlbench.results.repeats import RepeatStats
@@ -71,6 +72,8 @@ def run_row(source_key: str, record: RunRecord, summary: RunSummary | None,
     return {
         "id": record.id, "name": record.name, "task": record.task, "workers": record.workers,
         "state": record.state, "reason": record.reason, "division": record.division,
+        "division_text": division_text(record.division, record.optimizer,
+                                       model_plugin_label(config.get("model_plugin"))),
         "optimizer": record.optimizer, "launcher": record.launcher, "source": source_key,
         "device": config.get("device"), "network": run_network(run_json),
         "epoch": progress.epoch, "accuracy": progress.accuracy,

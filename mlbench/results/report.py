@@ -23,7 +23,7 @@ from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group
 from mlbench.results.events import read_run_events
 from mlbench.results.outcome import AllreduceResult, Outcome, fmt_duration, read_result
 from mlbench.results.repeats import RepeatStats
-from mlbench.optim.plugins import SHORT_HASH
+from mlbench.plugins import SHORT_HASH, is_plugin_label, plugin_label
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table, summarize
 from mlbench.tasks.metrics import ACCURACY, LATENCY, Metric, get_metric
@@ -245,11 +245,13 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
     else:
         epoch = result.epochs if result else None
     reached = result.reached if result and result.goal is not None else None
+    model = _model_plugin_label(record)
     return {
         "id": record.id, "name": record.name, "task": record.task, "workers": record.workers,
         "state": record.state, "reason": record.reason, "division": record.division,
-        "optimizer": record.optimizer, "launcher": record.launcher, "seed": record.seed,
-        "group_id": record.group_id, "created_at": record.created_at,
+        "optimizer": record.optimizer, "model": model,
+        "division_text": division_text(record.division, record.optimizer, model),
+        "launcher": record.launcher, "seed": record.seed, "group_id": record.group_id, "created_at": record.created_at,
         "started_at": record.started_at, "finished_at": record.finished_at,
         "epoch": epoch, "metric": metric.name, "metric_value": value,
         "metric_title": metric.title, "metric_unit": metric.describe()["unit"],
@@ -257,6 +259,27 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
         "goal": result.goal if result else None, "goal_reached": reached,
         "time_to_accuracy": result.time_to_accuracy if result and reached else None,
     }
+
+
+def division_text(division: str, optimizer: str | None, model: str | None) -> str:
+    """The division as the tables show it, with the plug-ins that made a run open:
+    ``open (my-sgd@1a2b3c4d5e6f, my_model.build@0a1b2c3d4e5f)``."""
+    plugins = [str(label) for label in (optimizer, model) if is_plugin_label(label)]
+    return f"{division} ({', '.join(plugins)})" if plugins else division
+
+
+def _model_plugin_label(record: RunRecord) -> str | None:
+    """``NAME@SHA12`` of the run's model plug-in (as ``optimizer`` names an optimizer plug-in),
+    None for the task's own model. Only an open-division run can have one, so only its run.json
+    is read (the catalog has the optimizer, not the model)."""
+    if record.division != "open":
+        return None
+    return model_plugin_label(run_plugins(record).get("model"))
+
+
+def model_plugin_label(plugin: dict[str, Any] | None) -> str | None:
+    """``NAME@SHA12`` of run.json's record of a model plug-in; None without one."""
+    return plugin_label(str(plugin.get("name")), str(plugin.get("sha256"))) if plugin else None
 
 
 def run_plugin(record: RunRecord) -> dict[str, Any] | None:
@@ -286,8 +309,9 @@ def describe_plugin(plugin: dict[str, Any] | None) -> str | None:
 
 
 #: The keys of :func:`run_overview`, in its order: what `status --sort` orders by.
-OVERVIEW_FIELDS = ("id", "name", "task", "workers", "state", "reason", "division", "optimizer", "launcher",
-                   "seed", "group_id", "created_at", "started_at", "finished_at", "epoch", "metric",
+OVERVIEW_FIELDS = ("id", "name", "task", "workers", "state", "reason", "division", "optimizer", "model",
+                   "division_text", "launcher", "seed", "group_id", "created_at", "started_at", "finished_at",
+                   "epoch", "metric",
                    "metric_value", "metric_title", "metric_unit", "metric_text", "goal", "goal_reached",
                    "time_to_accuracy")
 

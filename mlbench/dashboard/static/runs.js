@@ -35,7 +35,7 @@
       el("td", { "data-col": "task" }, row.task),
       el("td", { class: "num" }, row.workers),
       el("td", { "data-col": "state", title: row.reason || "" }, MB.badge(row.state)),
-      el("td", {}, row.division),
+      el("td", {}, row.division_text),
       el("td", { class: "muted" }, row.network || "-"),
       el("td", { class: "num", "data-col": "epoch" }, fmt.num(row.epoch)),
       el("td", { class: "num", "data-col": "metric" }, row.metric_text),
