@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -196,6 +198,24 @@ def test_the_documented_example_runs_on_two_workers_and_status_and_compare_name_
     doc = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
     assert doc["optimizer_plugin"]["sha256"] == sha and doc["summary"]["steps"] == 3
     assert f"| {label} |" in mlbench("compare", "--task", "task2a", check=True).stdout
+
+
+def test_torchrun_workers_of_a_recorded_run_execute_the_kept_copy(tmp_path):
+    """The torchrun launcher (`--record-only`, then the user's own torchrun): its workers load the
+    run folder's copy; the user's file, broken after the run was recorded, is never read."""
+    torchrun = shutil.which("torchrun") or pytest.skip("torchrun is not installed")
+    plugin = shutil.copy(EXAMPLE, tmp_path / "my_sgd.py")
+    sha = hashlib.sha256(Path(plugin).read_bytes()).hexdigest()
+    mlbench("run", "task2a", "2", "--data", "synthetic", "--max-steps", "3", "--log-every", "1",
+            "--optimizer", f"{plugin}:MySGD", "--record-only", check=True)
+    run = last_run()
+    Path(plugin).write_text("raise SystemExit('the user edited the file after recording the run')\n")
+    workers = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "mlbench.worker",
+                              str(run.run_dir)], capture_output=True, text=True, timeout=300)
+    assert workers.returncode == 0, workers.stdout[-2000:] + workers.stderr[-2000:]
+    shown = mlbench("status", run.id, check=True).stdout       # status reconciles the recorded run
+    assert re.search(r"state\s+finished", shown) and f"my-sgd, sha256 {sha[:12]} " in shown, shown
+    assert last_run().optimizer == f"my-sgd@{sha[:12]}"
 
 
 def test_a_plugin_failing_in_a_worker_fails_the_run_naming_it_and_the_step(tmp_path):
