@@ -179,9 +179,21 @@ def _post_json(endpoint: str, token: str, body: dict[str, Any], timeout: float) 
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as err:
-        if err.code in _PERMANENT:
-            raise _Permanent(f"HTTP {err.code}: {err.read()[:200].decode(errors='replace')}") from None
+        text = err.read()[:2000].decode(errors="replace")
+        if err.code in _PERMANENT and _service_error(text):
+            raise _Permanent(f"HTTP {err.code}: {text[:200]}") from None
+        # not the service's own refusal (its answers are JSON with "error"): something between,
+        # e.g. a pod of the service being replaced; trying again may help
         raise OSError(f"HTTP {err.code}") from None
+
+
+def _service_error(text: str) -> bool:
+    """Whether an error answer is the results service's own (``{"error": ...}``)."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and "error" in answer
 
 
 class HttpBeatSender:

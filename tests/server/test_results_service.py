@@ -170,3 +170,49 @@ def test_a_gap_left_by_a_sender_is_kept_open_for_the_missing_events(tmp_path):
     restarted = EventLog(tmp_path)                                # the ranges come back from the file
     assert restarted.append("r1", 0, batch(0, [0, 1, 3, 4, 6])) == 8
     assert sorted(e["seq"] for e in read_rank_events(log.path("r1", 0))) == list(range(8))
+
+
+def test_a_404_that_is_not_the_services_own_answer_is_sent_again(service):
+    """Between the workers and the service (a pod of it being replaced on Kubernetes) something
+    answered 404 with an empty body: not the service's refusal ({"error": ...}), so the sink sends
+    the batch again instead of giving up on the run's events (seen on the real node)."""
+    import http.server
+    import urllib.request as request
+
+    run_id = new_run(service)
+    answered = []
+
+    class Between(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            answered.append(len(answered) < 2)
+            if answered[-1]:   # the first two: an empty 404, as no mlbench service answers
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            forwarded = request.Request(service.url + self.path, data=body, method="POST",
+                                        headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+            with request.urlopen(forwarded, timeout=30) as answer:
+                data = answer.read()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    between = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Between)
+    threading.Thread(target=between.serve_forever, daemon=True).start()
+    try:
+        sink = HttpSink(f"http://127.0.0.1:{between.server_address[1]}", run_token(WORKER_TOKEN, run_id), run_id, 0,
+                        batch_size=10, interval=0.05, first_backoff=0.05, max_backoff=0.2, close_timeout=30)
+        for step in range(30):
+            sink.write({"time": 0.0, "rank": 0, "epoch": 0.0, "step": step, "name": "x", "value": step})
+        sink.close()
+    finally:
+        between.shutdown()
+        between.server_close()
+    assert answered[:2] == [True, True]
+    assert [e["seq"] for e in stored(service, run_id, 0)] == list(range(30))
