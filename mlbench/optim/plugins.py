@@ -58,22 +58,44 @@ NOUN = "optimizer plug-in"
 
 @dataclass(frozen=True)
 class Plugin:
-    """A plug-in optimizer as read from its source: where from, the bytes, the class."""
+    """A plug-in optimizer as read from its source (:class:`mlbench.plugins.Loaded`: where from,
+    the bytes) and the class it defines."""
 
-    spec: str                 # as the user gave it
-    kind: str                 # "file", "module" or "entry-point"
-    class_name: str
-    module: str | None        # the module's import name (module and entry-point plug-ins)
-    origin: str               # the source file it was read from
-    source: bytes
+    loaded: Loaded
     cls: type[DistributedOptimizer]
-    distribution: str | None          # an entry point's package, "name version"
-    loaded: Loaded                    # the source as read (mlbench.plugins)
 
-    @classmethod
-    def of(cls, loaded: Loaded, optimizer: type[DistributedOptimizer]) -> Plugin:
-        return cls(loaded.spec, loaded.kind, loaded.attr, loaded.module, loaded.origin, loaded.source,
-                   optimizer, loaded.distribution, loaded)
+    @property
+    def spec(self) -> str:
+        """As the user gave it."""
+        return self.loaded.spec
+
+    @property
+    def kind(self) -> str:
+        """"file", "module" or "entry-point"."""
+        return self.loaded.kind
+
+    @property
+    def class_name(self) -> str:
+        return self.loaded.attr
+
+    @property
+    def module(self) -> str | None:
+        """The module's import name (module and entry-point plug-ins)."""
+        return self.loaded.module
+
+    @property
+    def origin(self) -> str:
+        """The source file it was read from."""
+        return self.loaded.origin
+
+    @property
+    def source(self) -> bytes:
+        return self.loaded.source
+
+    @property
+    def distribution(self) -> str | None:
+        """An entry point's package, "name version"."""
+        return self.loaded.distribution
 
     @property
     def info(self) -> OptimizerInfo:
@@ -119,7 +141,7 @@ def resolve_optimizer(spec: str) -> Plugin | None:
                 "or give a plug-in as FILE.py:CLASS or package.module:CLASS")
 
     loaded = load(spec, noun=NOUN, group=ENTRY_POINT_GROUP, unknown=unknown)
-    return Plugin.of(loaded, _plugin_class(loaded.obj, loaded.attr, spec, loaded.where))
+    return Plugin(loaded, _plugin_class(loaded.obj, loaded.attr, spec, loaded.where))
 
 
 def installed_plugins() -> list[dict[str, Any]]:
