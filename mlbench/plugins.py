@@ -27,7 +27,7 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mlbench.errors import MlbenchError, UsageError
 
@@ -35,6 +35,8 @@ from mlbench.errors import MlbenchError, UsageError
 PLUGIN_DIR = "plugin"
 #: The hex digits of the SHA-256 that name a plug-in's source in tables (``my-sgd@1a2b3c4d5e6f``).
 SHORT_HASH = 12
+
+T = TypeVar("T")
 
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -131,9 +133,11 @@ def installed(group: str, resolve: Callable[[str], Any], builtin: Callable[[str]
     return found
 
 
-def load_copy(run_dir: Path, record: dict[str, Any], noun: str, attr: str) -> Any:
-    """The object ``attr`` of a run's plug-in, executed from the run folder's copy (a worker);
-    None when the copy defines no such name.
+def load_copy(run_dir: Path, record: dict[str, Any], noun: str, attr: str,
+              check: Callable[[Any, str, str, str], T]) -> T:
+    """The object ``attr`` of a run's plug-in, executed from the run folder's copy (a worker), as
+    ``check(obj, attr, spec, where)`` accepts it (the kind's own check, as the CLI ran it; obj is
+    None when the copy defines no such name).
 
     The copy's SHA-256 must be the recorded one: a copy changed after the run was created would
     make the record lie about the code that ran. Failures are :class:`PluginError` in one line.
@@ -156,7 +160,10 @@ def load_copy(run_dir: Path, record: dict[str, Any], noun: str, attr: str) -> An
     except (Exception, SystemExit) as err:
         traceback.print_exc()
         raise PluginError(f"{noun} {label}: importing the run's copy failed: {last_line(err, str(path))}") from None
-    return getattr(loaded, attr, None)
+    try:
+        return check(getattr(loaded, attr, None), attr, str(record["spec"]), str(path))
+    except UsageError as err:
+        raise PluginError(str(err)) from None
 
 
 # -- loading -------------------------------------------------------------------------------------

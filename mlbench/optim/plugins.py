@@ -173,11 +173,7 @@ def load_recorded(run_dir: Path, record: dict[str, Any]) -> type[DistributedOpti
     The copy's SHA-256 must be the recorded one: a copy changed after the run was created would
     make the record lie about the code that ran.
     """
-    obj = load_copy(run_dir, record, NOUN, str(record["class"]))
-    try:
-        return _plugin_class(obj, str(record["class"]), str(record["spec"]), str(Path(run_dir) / str(record["file"])))
-    except UsageError as err:
-        raise PluginError(str(err)) from None
+    return load_copy(run_dir, record, NOUN, str(record["class"]), _plugin_class)
 
 
 def guard_steps(optimizer: Any, label: str) -> None:

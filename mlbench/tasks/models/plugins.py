@@ -101,12 +101,7 @@ def installed_models() -> list[dict[str, Any]]:
 def load_recorded_model(run_dir: Path, record: dict[str, Any]) -> Callable[..., Any]:
     """The builder of the model plug-in a run recorded, executed from the run folder's copy (a
     worker), its SHA-256 checked as :func:`mlbench.plugins.load_copy` does."""
-    attr = str(record["callable"])
-    obj = load_copy(run_dir, record, NOUN, attr)
-    try:
-        return _builder(obj, attr, str(record["spec"]), str(Path(run_dir) / str(record["file"])))
-    except UsageError as err:
-        raise PluginError(str(err)) from None
+    return load_copy(run_dir, record, NOUN, str(record["callable"]), _builder)
 
 
 def build_plugin_model(builder: Callable[..., Any], label: str, input_shape: tuple[int, ...],
