@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -30,11 +29,8 @@ from tabulate import tabulate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from network import _plugin_case
+from network import _plugin_case, bench_home, shaped_networks
 
-from mlbench.errors import MlbenchError
-from mlbench.network.emulation import check_local_shaping
-from mlbench.network.settings import network_options
 from mlbench.results.environment import cpu_model, usable_cores
 
 CASES = [
@@ -91,15 +87,8 @@ def main() -> None:
     parser.add_argument("--plugin", action="append", default=[], metavar="'SPEC KEY=VALUE ...'",
                         help="also an optimizer plug-in with its options (repeatable)")
     args = parser.parse_args()
-    try:
-        networks = network_options(args.bandwidth, args.latency, None, None)
-        check_local_shaping(networks[0])
-    except MlbenchError as err:
-        sys.exit(f"benchmarks/goal_network.py: {err}")
-    # a fresh store unless one is given (setdefault would make the folder even then, and leave it)
-    home = Path(os.environ.get("MLBENCH_HOME") or tempfile.mkdtemp(prefix="mlbench-bench-"))
-    os.environ["MLBENCH_HOME"] = str(home)
-    home.mkdir(parents=True, exist_ok=True)
+    networks = shaped_networks(args.bandwidth, args.latency, "goal_network.py")
+    home = bench_home()
     data_dir = str(write_data(Path(tempfile.mkdtemp(prefix="mlbench-libsvm-", dir=home)), args.features,
                               args.samples))
     cases = CASES + [_plugin_case(p) for p in args.plugin]

@@ -115,6 +115,26 @@ def _plain_worker_main(argv: list[str]) -> None:
     _plain_ddp_worker(rank, workers, store, "cpu", "gloo", steps, warmup, _Print())
 
 
+def shaped_networks(bandwidth: str, latency: str, script: str) -> list:
+    """The emulated networks to measure (``--bandwidth``, ``--latency``), or the script's exit
+    with the reason this machine cannot shape them."""
+    try:
+        networks = network_options(bandwidth, latency, None, None)
+        check_local_shaping(networks[0])
+    except MlbenchError as err:
+        sys.exit(f"benchmarks/{script}: {err}")
+    return networks
+
+
+def bench_home() -> Path:
+    """The run store of the benchmark: ``MLBENCH_HOME``, else a fresh folder (setdefault would
+    make the folder even when one is given, and leave it)."""
+    home = Path(os.environ.get("MLBENCH_HOME") or tempfile.mkdtemp(prefix="mlbench-bench-"))
+    os.environ["MLBENCH_HOME"] = str(home)
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
 def _plugin_case(text: str) -> tuple[str, str, dict[str, str]]:
     """``"SPEC KEY=VALUE ..."`` as a row of CASES, labelled as given."""
     spec, *pairs = text.split()
@@ -170,15 +190,8 @@ def main() -> None:
                         help="also an optimizer plug-in with its options (repeatable)")
     args = parser.parse_args()
     cases = [case for case in CASES if not args.only or case[1] in args.only] + [_plugin_case(p) for p in args.plugin]
-    try:
-        networks = network_options(args.bandwidth, args.latency, None, None)
-        check_local_shaping(networks[0])
-    except MlbenchError as err:
-        sys.exit(f"benchmarks/network.py: {err}")
-    # a fresh store unless one is given (setdefault would make the folder even then, and leave it)
-    home = Path(os.environ.get("MLBENCH_HOME") or tempfile.mkdtemp(prefix="mlbench-bench-"))
-    os.environ["MLBENCH_HOME"] = str(home)
-    home.mkdir(parents=True, exist_ok=True)
+    networks = shaped_networks(args.bandwidth, args.latency, "network.py")
+    home = bench_home()
     data_dir = str(write_random_cifar(Path(tempfile.mkdtemp(prefix="mlbench-cifar-", dir=home))))
     print(f"# {datetime.date.today()} | {cpu_model()}, {usable_cores()} cores | torch {torch.__version__} | task1a "
           f"ResNet-20, batch 32 per worker, {args.workers} workers, cpu/gloo, {args.steps} timed steps, emulated "
