@@ -64,3 +64,21 @@ def events(run) -> list[dict]:
 
 def run_json(run) -> dict:
     return json.loads((Path(run.run_dir) / "run.json").read_text())
+
+
+def install_plugin_package(root: Path, module: str, source: str, distribution: str, group: str,
+                           entry_point: str) -> None:
+    """An installed package as pip leaves one, without pip: ``module`` (``package.name``) holding
+    ``source`` and its dist-info declaring ``entry_point`` (``NAME = module:ATTR``) in ``group``;
+    ``distribution`` is ``name-version``. The caller puts ``root`` on sys.path."""
+    import textwrap
+
+    package, name = module.split(".")
+    (root / package).mkdir()
+    (root / package / "__init__.py").write_text("")
+    (root / package / f"{name}.py").write_text(textwrap.dedent(source))
+    dist_name, version = distribution.rsplit("-", 1)
+    dist = root / f"{distribution}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: {version}\n")
+    (dist / "entry_points.txt").write_text(f"[{group}]\n{entry_point}\n")

@@ -27,7 +27,7 @@ from mlbench.dashboard.views import run_row, run_spec
 from mlbench.plugins import PluginError
 from mlbench.results.summary import summarize
 from mlbench.tasks.models.plugins import build_plugin_model, load_recorded_model, resolve_model
-from tests.helpers import last_run, mlbench, run_ids, run_json
+from tests.helpers import install_plugin_package, last_run, mlbench, run_ids, run_json
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "plugins" / "my_model.py"
@@ -61,14 +61,8 @@ def test_a_file_a_module_and_an_entry_point_resolve_to_the_builder_and_its_sourc
                                "sha256": sha, "callable": "build"}
     assert resolve_model("logreg") is None and resolve_model("resnet20") is None   # built-ins load nothing
 
-    package = tmp_path / "mymodels"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    write(package, "wide.py", GOOD)
-    dist = tmp_path / "mymodels-0.3.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mymodels\nVersion: 0.3\n")
-    (dist / "entry_points.txt").write_text("[mlbench.models]\nwide-net = mymodels.wide:build\n")
+    install_plugin_package(tmp_path, "mymodels.wide", GOOD, "mymodels-0.3", "mlbench.models",
+                           "wide-net = mymodels.wide:build")
     monkeypatch.syspath_prepend(str(tmp_path))
     by_module, by_entry = resolve_model("mymodels.wide:build"), resolve_model("wide-net")
     assert by_module is not None and by_entry is not None

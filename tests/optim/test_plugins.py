@@ -33,7 +33,7 @@ from mlbench.optim.plugins import PluginError, load_recorded, resolve_optimizer
 from mlbench.results.summary import summarize
 from mlbench.tasks.registry import get_task
 from mlbench.timing import PhaseTimer
-from tests.helpers import last_run, mlbench, run_ids, run_json
+from tests.helpers import install_plugin_package, last_run, mlbench, run_ids, run_json
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "plugins" / "my_sgd.py"
@@ -80,14 +80,8 @@ def test_a_file_plugin_resolves_to_its_class_info_and_source_hash(tmp_path):
 
 
 def test_a_module_plugin_and_an_entry_point_plugin_resolve_from_the_installed_source(tmp_path, monkeypatch):
-    package = tmp_path / "myopts"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    write(package, "halving.py", GOOD)
-    dist = tmp_path / "myopts-1.2.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myopts\nVersion: 1.2\n")
-    (dist / "entry_points.txt").write_text("[mlbench.optimizers]\nhalf-sgd = myopts.halving:Halve\n")
+    install_plugin_package(tmp_path, "myopts.halving", GOOD, "myopts-1.2", "mlbench.optimizers",
+                           "half-sgd = myopts.halving:Halve")
     monkeypatch.syspath_prepend(str(tmp_path))
     by_module = resolve_optimizer("myopts.halving:Halve")
     by_entry = resolve_optimizer("half-sgd")
