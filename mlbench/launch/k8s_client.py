@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from mlbench.errors import ClusterError, MlbenchError, RunNotFound, UsageError
 from mlbench.extras import needs
 from mlbench.launch.k8s_objects import SERVICE
-from mlbench.results.http_sink import TOKEN_HEADER, URL_ENV
+from mlbench.results.http_sink import TOKEN_HEADER, URL_ENV, from_the_service
 
 TIMEOUT_SECONDS = 60
 #: How long a request waits for the service to have a ready endpoint again (a restart, a probe
@@ -102,7 +102,7 @@ class ResultsClient:
             # 503 from the API server's proxy (not the service's own JSON error): no ready endpoint,
             # the service is starting or was marked unready for a moment; the request never reached
             # it, so asking again is safe for every method
-            if status == 503 and not _from_the_service(answer) and time.monotonic() < deadline:
+            if status == 503 and not from_the_service(answer) and time.monotonic() < deadline:
                 time.sleep(pause)
                 pause = min(pause * 2, 4.0)
                 continue
@@ -148,12 +148,3 @@ class ResultsClient:
                                 f"services/proxy in namespace {self.namespace}.")
         return ClusterError(f"The results service of {self.where} is not reachable ({status}: "
                             f"{message}); it may be starting or failing: check `{pods}` and retry.")
-
-
-def _from_the_service(answer: bytes) -> bool:
-    """Whether an error answer is the results service's own (a JSON object with ``error``)."""
-    try:
-        doc = json.loads(answer)
-    except ValueError:
-        return False
-    return isinstance(doc, dict) and "error" in doc

@@ -179,21 +179,22 @@ def _post_json(endpoint: str, token: str, body: dict[str, Any], timeout: float) 
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as err:
-        text = err.read()[:2000].decode(errors="replace")
-        if err.code in _PERMANENT and _service_error(text):
-            raise _Permanent(f"HTTP {err.code}: {text[:200]}") from None
+        answer = err.read()
+        if err.code in _PERMANENT and from_the_service(answer):
+            raise _Permanent(f"HTTP {err.code}: {answer[:200].decode(errors='replace')}") from None
         # not the service's own refusal (its answers are JSON with "error"): something between,
         # e.g. a pod of the service being replaced; trying again may help
         raise OSError(f"HTTP {err.code}") from None
 
 
-def _service_error(text: str) -> bool:
-    """Whether an error answer is the results service's own (``{"error": ...}``)."""
+def from_the_service(answer: bytes) -> bool:
+    """Whether an error answer is the results service's own (a JSON object with ``error``), not
+    that of something between (the API server's proxy, a pod of the service being replaced)."""
     try:
-        answer = json.loads(text)
+        doc = json.loads(answer)
     except ValueError:
         return False
-    return isinstance(answer, dict) and "error" in answer
+    return isinstance(doc, dict) and "error" in doc
 
 
 class HttpBeatSender:
