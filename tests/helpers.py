@@ -13,14 +13,15 @@ from typing import Any
 
 import torch
 
+from tests import zygote
+
 
 def mlbench(*args: str, timeout: float = 240, check: bool = False,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m mlbench ARGS` with the test's environment (its isolated MLBENCH_HOME), or
+    """Run `python -m mlbench ARGS` (forked by tests/zygote.py) with the test's environment (its isolated MLBENCH_HOME), or
     with ``env`` (a run store shared by the tests of a module); ``check``: it succeeded (0, or 3:
     a run that finished without reaching its goal)."""
-    proc = subprocess.run([sys.executable, "-m", "mlbench", *args], capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ) if env is None else env)
+    proc = zygote.run(list(args), dict(os.environ) if env is None else env, timeout)
     if check and proc.returncode not in (0, 3):
         raise AssertionError(f"mlbench {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -48,7 +48,7 @@ from mlbench.results.store import (
 from mlbench.results.watchdog import Stall, judge
 from mlbench.run_config import RunConfig, RunDocument
 from mlbench.safefile import open_append
-from mlbench.tasks.registry import TASKS
+from mlbench.tasks.registry import TASKS, runtime_module
 from mlbench.worker.heartbeat import SUPERVISED_ENV
 
 POLL_SECONDS = 0.1
@@ -146,6 +146,9 @@ class WorkerProcesses:
             # without namespaces to enter, the ranks are forked from here once their modules are
             # imported (mlbench.launch.forked: seconds of CPU saved per worker)
             fork = self.network is None and forking_allowed(TASKS.runtime_module(config.task.name))
+            prepare = getattr(runtime_module(config.task), "prepare_before_fork", None) if fork else None
+            if prepare is not None:   # what every rank would make alike (synthetic data), made once
+                prepare(config)
             for rank in range(config.workers):
                 worker_args = [str(self.run_dir), "--rank", str(rank)]
                 pass_fds: tuple[int, ...] = ()

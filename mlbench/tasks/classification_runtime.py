@@ -20,7 +20,7 @@ import torch.distributed as dist
 from mlbench.errors import UsageError
 from mlbench.tasks.classification import ClassificationSettings, learning_rate
 from mlbench.tasks.data.sharding import epoch_batches, eval_shard, steps_per_epoch
-from mlbench.tasks.datasets import get_dataset, load_splits
+from mlbench.tasks.datasets import get_dataset, load_splits, make_synthetic_before_fork
 from mlbench.tasks.losses import get_loss, regulariser
 from mlbench.tasks.models import build_model
 from mlbench.tasks.models.logreg import LogisticRegression
@@ -204,6 +204,15 @@ class SupervisedRuntime:
     @property
     def test_samples(self) -> int:
         return self.data.num_test
+
+
+def prepare_before_fork(config: RunView) -> None:
+    """What the local supervisor calls once before it forks the ranks: synthetic data, drawn here
+    for all of them (:func:`mlbench.tasks.datasets.make_synthetic_before_fork`)."""
+    if config.data == "synthetic":
+        settings = config.training_spec.settings
+        assert isinstance(settings, ClassificationSettings)
+        make_synthetic_before_fork(settings.dataset, config.seed)
 
 
 def build_runtime(config: RunView, rank: int, device: torch.device, timer: PhaseTimer,

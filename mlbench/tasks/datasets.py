@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from mlbench.errors import UsageError
@@ -48,13 +49,32 @@ def get_dataset(name: str) -> Dataset:
         raise UsageError(f"unknown data set {name!r}") from None
 
 
+#: Synthetic splits made in this process, by (data set, seed): the local supervisor makes them
+#: once before it forks its ranks (:func:`make_synthetic_before_fork`), and every rank then reads
+#: the same pages copy-on-write instead of drawing 320 MB (epsilon) of its own.
+_SYNTHETIC_MADE: dict[tuple[str, int], tuple[Split, Split]] = {}
+
+
 def load_splits(dataset: str, source: str, data_dir: str | None, seed: int = 0) -> tuple[Split, Split]:
     """(train, test) for a task's data set: the real one, or random data of its shape."""
     entry = get_dataset(dataset)
     loader = entry.synthetic if source == "synthetic" else entry.load
     if loader is None:
         raise UsageError(f"the data set {dataset!r} is read by its task's runtime, not as tensors")
-    return loader(seed) if source == "synthetic" else loader(data_dir)  # type: ignore[arg-type]
+    if source != "synthetic":
+        return loader(data_dir)  # type: ignore[arg-type]
+    made = _SYNTHETIC_MADE.get((dataset, seed))
+    if made is None:
+        made = _SYNTHETIC_MADE[(dataset, seed)] = loader(seed)  # type: ignore[arg-type]
+    return made
+
+
+def make_synthetic_before_fork(dataset: str, seed: int) -> None:
+    """Draw ``dataset``'s synthetic splits in this process, for the ranks it is about to fork.
+
+    Safe before a fork because the draw is NumPy's (one thread; torch's OpenMP pool, which a
+    forked child cannot use, stays unstarted) and the tensors only wrap NumPy's arrays."""
+    load_splits(dataset, "synthetic", None, seed)
 
 
 def synthetic_splits(dataset: str, seed: int = 0) -> tuple[Split, Split]:
@@ -74,9 +94,9 @@ SYNTHETIC_TEST_SAMPLES = 1_000
 
 
 def _synthetic_cifar10(seed: int) -> tuple[Split, Split]:
-    gen = torch.Generator().manual_seed(seed)
-    return tuple(Split(torch.randint(0, 256, (n, 3, 32, 32), generator=gen, dtype=torch.uint8),  # type: ignore[return-value]
-                       torch.randint(0, 10, (n,), generator=gen))
+    gen = np.random.default_rng(seed)
+    return tuple(Split(torch.from_numpy(gen.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)),  # type: ignore[return-value]
+                       torch.from_numpy(gen.integers(0, 10, n, dtype=np.int64)))
                  for n in (50_000, SYNTHETIC_TEST_SAMPLES))
 
 
@@ -87,10 +107,14 @@ def _load_epsilon(data_dir: str | None) -> tuple[Split, Split]:
 
 
 def _synthetic_epsilon(seed: int) -> tuple[Split, Split]:
-    gen = torch.Generator().manual_seed(seed)
-    return tuple(Split(torch.randn(n, EPSILON_FEATURES, generator=gen) / EPSILON_FEATURES ** 0.5,  # type: ignore[return-value]
-                       torch.randint(0, 2, (n,), generator=gen).float() * 2 - 1)
-                 for n in (40_000, SYNTHETIC_TEST_SAMPLES))
+    gen = np.random.default_rng(seed)
+
+    def split(n: int) -> Split:
+        x = gen.standard_normal((n, EPSILON_FEATURES), dtype=np.float32)
+        x *= np.float32(EPSILON_FEATURES ** -0.5)   # unit-norm rows on average, as epsilon's
+        return Split(torch.from_numpy(x), torch.from_numpy(gen.integers(0, 2, n).astype(np.float32) * 2 - 1))
+
+    return split(40_000), split(SYNTHETIC_TEST_SAMPLES)
 
 
 def _prepare_wikitext2(data_dir: str | None) -> object:
