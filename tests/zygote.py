@@ -114,6 +114,11 @@ def _start(conn: socket.socket, listener: socket.socket, waiting: dict[int, sock
 
 def _become_the_command(request: dict, fds: list[int]) -> int:
     """In the child: be ``python -m mlbench ARGS`` and return its exit code."""
+    # threads do not survive a fork: what forking_allowed compares with is this process's count now
+    # (an OpenMP pool the command starts must show as more threads than this, as in a fresh interpreter)
+    from mlbench.launch import forked
+
+    forked._THREADS_AFTER_IMPORT = forked._os_threads()
     if request.get("new_session"):
         os.setsid()
     for signum in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
