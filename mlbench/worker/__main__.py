@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         launch = launcher_env(args.rank)
     except MlbenchError as err:
+        # no rank to speak for: recorded as rank 0's, the one a lone process would be
+        _record_refusal(args.run_dir, 0, document.id, str(err))
         print(f"Error: {err}", file=sys.stderr)
         return err.exit_code
     try:
