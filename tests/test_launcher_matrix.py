@@ -164,6 +164,26 @@ def test_a_torchrun_run_started_with_the_wrong_worker_count_is_marked_failed_wit
     assert "was recorded for 2" in details["reason"], details
 
 
+def test_a_worker_started_without_a_rank_fails_its_run_naming_the_variables_it_looked_for():
+    """A launcher that sets no rank (or a worker started by hand): the worker exits non-zero in
+    one line, and the run, which no mlbench process watches, is failed with that line instead of
+    staying pending for ever."""
+    proc = mlbench("run", *SHORT[:1], "2", *SHORT[2:], "--record-only", check=True)
+    run = RunStore().get(proc.stdout.split("Recorded run ")[1].split()[0])
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE") and not k.startswith(("OMPI_", "PMI_", "SLURM_"))}
+    started = subprocess.run([sys.executable, "-m", "mlbench.worker", str(run.run_dir)], capture_output=True,
+                             text=True, timeout=120, env=env)
+    assert started.returncode == 2, started.stdout + started.stderr
+    line = ("no rank in this worker's environment (looked for RANK and WORLD_SIZE (torchrun), "
+            "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE (Open MPI), PMI_RANK and PMI_SIZE (MPICH), "
+            "SLURM_PROCID and SLURM_JOB_ID (srun)): give --rank R, or start the workers with a launcher "
+            "that sets them (torchrun, srun, mpirun); see the README, 'Clusters without Kubernetes'")
+    assert started.stderr == f"Error: {line}\n"
+    details = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
+    assert (details["state"], details["reason"]) == ("failed", f"worker 0: {line}"), details
+
+
 def test_every_log_and_event_file_of_a_run_is_private_to_its_user():
     """The README says the run store is its user's alone: a local run's files (the workers' logs
     and events, the supervisor's log, run.json, pids.json) are mode 600 whatever the umask, and

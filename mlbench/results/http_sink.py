@@ -40,6 +40,7 @@ from typing import Any
 from mlbench.errors import UsageError
 from mlbench.results.events import EventSink, FileSink
 from mlbench.results.heartbeat import Beat, write_beat
+from mlbench.results.watchdog import Stall
 
 TOKEN_HEADER = "X-Mlbench-Token"
 MAX_PENDING = 200_000  # events (a few hundred bytes each): hours of outage at the usual rates
@@ -204,7 +205,9 @@ class HttpBeatSender:
     (``timeout`` at most) but never on training. Only the latest heartbeat matters: one that
     does not get through is not sent again, the next one replaces it; an outage longer than the
     watchdog's bound reads as a stall, as a frozen machine would. A refusal for good (wrong
-    token, run deleted) raises OSError, which ends the heartbeats."""
+    token, run deleted) raises OSError, which ends the heartbeats. Returns the verdict of the
+    service's watchdog when it failed the run (:mod:`mlbench.server.watch`), for the worker to
+    act on, as it acts on its own judgement of its peers on a shared run folder."""
 
     def __init__(self, url: str, token: str, run_id: str, *, timeout: float = 5.0):
         self.endpoint = f"{url.rstrip('/')}/v1/runs/{run_id}/heartbeat"
@@ -212,9 +215,9 @@ class HttpBeatSender:
         self.timeout = timeout
         self._failing = False
 
-    def __call__(self, beat: Beat) -> None:
+    def __call__(self, beat: Beat) -> Stall | None:
         try:
-            _post_json(self.endpoint, self.token, beat.to_json(), self.timeout)
+            answer = _post_json(self.endpoint, self.token, beat.to_json(), self.timeout)
         except _Permanent as err:
             raise OSError(f"the results service refused it ({err})") from None
         except (OSError, ValueError) as err:
@@ -222,8 +225,19 @@ class HttpBeatSender:
                 print(f"heartbeat: the results service did not take it ({err}); trying every second",
                       file=sys.stderr)
             self._failing = True
-            return
+            return None
         self._failing = False
+        return _stall(answer.get("stalled") if isinstance(answer, dict) else None)
+
+
+def _stall(data: Any) -> Stall | None:
+    """The service's verdict in a heartbeat's answer (None for none, or for anything else)."""
+    if not isinstance(data, dict) or not isinstance(data.get("reason"), str):
+        return None
+    ranks = data.get("ranks")
+    if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+        return None
+    return Stall(tuple(ranks), data["reason"])
 
 
 def open_sink(run_dir: str | os.PathLike, rank: int, run_id: str | None) -> EventSink:
@@ -238,7 +252,7 @@ def open_sink(run_dir: str | os.PathLike, rank: int, run_id: str | None) -> Even
     return HttpSink(url, token, run_id, rank)
 
 
-def beat_sender(run_dir: str | os.PathLike, run_id: str | None) -> Callable[[Beat], None]:
+def beat_sender(run_dir: str | os.PathLike, run_id: str | None) -> Callable[[Beat], Stall | None]:
     """Where the worker's heartbeat goes, as :func:`open_sink` decides for its events: the results
     service when the environment names one (a pod), else the run folder."""
     url, token = os.environ.get(URL_ENV), os.environ.get(TOKEN_ENV)

@@ -246,6 +246,7 @@ def serve(home: str | Path | None, host: str, port: int, namespace: str | None =
 
         service.supervisor = PodSupervisor.in_cluster(service.store, namespace)
         service.supervisor.start()
+    service.watch.start()
     signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=server.shutdown).start())
     print(f"mlbench results service on {host}:{server.server_address[1]}, run store "
           f"{service.store.home}" + (f", supervising runs in namespace {namespace}" if namespace else ""),
@@ -254,5 +255,6 @@ def serve(home: str | Path | None, host: str, port: int, namespace: str | None =
         server.serve_forever()
     finally:
         server.server_close()
+        service.watch.stop()
         if service.supervisor is not None:
             service.supervisor.stop()

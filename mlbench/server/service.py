@@ -22,6 +22,8 @@ The HTTP side (limits, timeouts, logs) and :func:`~mlbench.server.httpd.serve` a
                                            (200: all of them stored; n: the rank's lowest number
                                            not stored yet)
     POST   /v1/runs/RUN/heartbeat          the run's token: a worker's heartbeat -> {"stored": bool}
+                                           (and "stalled": {"ranks": [...], "reason": ...} once
+                                           the service's watchdog failed the run)
     POST   /v1/runs/RUN/cancel | /fail     end an active run (and delete its pods)
     DELETE /v1/runs/RUN                    end it if active, delete its pods and its record
 """
@@ -41,6 +43,7 @@ from mlbench.results.heartbeat import Beat, on_clock_of_receiver, write_beat
 from mlbench.results.http_sink import run_token
 from mlbench.results.store import ACTIVE_STATES, CANCELLED, RunRecord, RunStore
 from mlbench.server.eventlog import EventLog
+from mlbench.server.watch import HeartbeatWatch
 
 MAX_CHUNK = 8 * 1024 * 1024
 _FILE = re.compile(r"^(run\.json|events/rank-\d+\.jsonl|logs/[A-Za-z0-9_.-]+)$")
@@ -71,6 +74,8 @@ class ResultsService:
         self.events = EventLog(self.store.runs_dir)
         self.tokens = {"worker": worker_token.encode(), "admin": admin_token.encode()}
         self.supervisor = supervisor
+        # judges the heartbeats posted here that no supervisor judges (started by serve())
+        self.watch = HeartbeatWatch(self.store)
 
     def scope_of(self, token: str | None) -> str | None:
         """'admin', 'worker' (the worker secret itself) or None for the token a request presented."""
@@ -141,9 +146,11 @@ class ResultsService:
         return {"next_seq": self.events.append(run_id, rank, events)}
 
     def post_heartbeat(self, run_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Store a pod's heartbeat where a local worker writes its own (``RUN_DIR/heartbeats``),
-        on this service's clock, for the pod supervisor's watchdog; nothing else is done with it.
-        A heartbeat of a run that has ended is not stored (its pods are being deleted)."""
+        """Store a worker's heartbeat where a local worker writes its own (``RUN_DIR/heartbeats``),
+        on this service's clock, for the watchdog: the pod supervisor's for a Kubernetes run, this
+        service's own (:mod:`mlbench.server.watch`) for workers that no supervisor owns. A
+        heartbeat of a run that has ended is not stored (its pods are being deleted); the answer
+        then carries the watchdog's verdict if that ended it, for the workers to act on."""
         record = self.run(run_id)
         if record.id != run_id:
             raise HttpError(404, f"no run {run_id!r}")
@@ -152,8 +159,13 @@ class ResultsService:
             raise HttpError(400, f"expected a heartbeat of rank 0..{record.workers - 1} "
                                  "(fields: rank, time, started, step, stepped_at, phase, ...)")
         if record.state not in ACTIVE_STATES:
-            return {"stored": False}
-        write_beat(record.run_dir, on_clock_of_receiver(beat, time.time()))
+            stall = self.watch.verdict(run_id)
+            return {"stored": False, **({"stalled": {"ranks": list(stall.ranks), "reason": stall.reason}}
+                                        if stall is not None else {})}
+        received = time.time()
+        write_beat(record.run_dir, on_clock_of_receiver(beat, received))
+        if not (self.supervisor is not None and record.launcher == "kubernetes"):
+            self.watch.received(run_id, received)
         return {"stored": True}
 
     def end(self, record: RunRecord, state: str, reason: str) -> dict[str, Any]:
@@ -167,4 +179,5 @@ class ResultsService:
         self.end(record, CANCELLED, "deleted by the user")
         self.store.delete(record.id)
         self.events.forget(record.id)
+        self.watch.forget(record.id)
 

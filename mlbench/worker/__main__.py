@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         launch = launcher_env(args.rank)
     except MlbenchError as err:
+        # no rank to speak for: recorded as rank 0's, the one a lone process would be
+        _record_refusal(args.run_dir, 0, document.id, str(err))
         print(f"Error: {err}", file=sys.stderr)
         return err.exit_code
     try:
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     events = EventWriter(sink, launch.rank)
     _end_even_when_blocked(events)
     # no mlbench supervisor owns workers started by torchrun, srun or mpirun: they watch each other
-    # (a pod's heartbeat goes to the results service, whose pod supervisor watches them)
+    # (a heartbeat posted to the results service is judged there: by the pod supervisor for a
+    # pod, else by the service's own watchdog, whose verdict comes back in the answer)
     watch_peers = isinstance(sink, FileSink) and launch.source != MLBENCH and not os.environ.get(SUPERVISED_ENV)
     heartbeat = Heartbeat(args.run_dir, launch.rank, config.workers, watchdog_s=config.watchdog_s,
                           watch_peers=watch_peers, on_stall=functools.partial(_stalled_peer, events),

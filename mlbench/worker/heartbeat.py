@@ -14,7 +14,9 @@ heartbeats themselves and kill the workers of a stalled run. Workers that no mlb
 owns (started by torchrun, srun or mpirun on a shared run folder, ``watch_peers``) judge their
 peers instead: on a verdict the lowest rank not blamed records the reason as its error, and
 every rank not blamed exits with code 1, so that the user's launcher (srun --kill-on-bad-exit,
-torchrun) ends the rest.
+torchrun) ends the rest. Such workers without a shared run folder post their heartbeats to the
+results service, whose own watchdog (:mod:`mlbench.server.watch`) judges them and answers a
+heartbeat with its verdict: the ranks not blamed then exit with code 1 alike.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from pathlib import Path
 from types import FrameType
 
 from mlbench.results.heartbeat import Beat, read_beats, write_beat
-from mlbench.results.watchdog import judge
+from mlbench.results.watchdog import Stall, judge
 
 #: Where a heartbeat goes; an OSError from it ends the heartbeats (the sender gave up for good).
-BeatSender = Callable[[Beat], None]
+#: It may answer with the verdict of a watchdog beyond it (the results service's).
+BeatSender = Callable[[Beat], "Stall | None"]
 
 #: Seconds between two heartbeats.
 INTERVAL_S = 1.0
@@ -127,10 +130,11 @@ class Heartbeat:
         self._phase = "done"
         self.beat()
 
-    def beat(self) -> None:
-        """Write the heartbeat now (a file system or a service that refuses it ends the heartbeats, once)."""
+    def beat(self) -> Stall | None:
+        """Write the heartbeat now (a file system or a service that refuses it ends the heartbeats,
+        once); the verdict of the watchdog that received it, when that failed the run."""
         if self._broken:
-            return
+            return None
         durations = list(self._durations)
         waiting, where = main_thread_state(self._main) if self._phase != "done" else (False, "")
         beat = Beat(rank=self.rank, time=time.time(), started=self.started, step=self.step,
@@ -138,23 +142,31 @@ class Heartbeat:
                     median_step_s=statistics.median(durations) if durations else None,
                     phase=self._phase, waiting=waiting, where=where, pid=os.getpid(), host=self.host)
         try:
-            self.send(beat)
+            return self.send(beat)
         except OSError as err:
             self._broken = True
             print(f"heartbeat: not written ({err}); the watchdog cannot see this worker", file=sys.stderr)
+            return None
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            self.beat()
-            if self.watch_peers:
+            verdict = self.beat()
+            if verdict is not None:  # the service's watchdog failed the run and recorded why
+                self._act(verdict, record=False)
+            elif self.watch_peers:
                 self._judge_peers()
 
     def _judge_peers(self) -> None:
         assert self.watchdog_s
         stall = judge(read_beats(self.run_dir, self.workers), time.time(), self.watchdog_s, self.started)
-        if stall is None or self.on_stall is None:
+        if stall is not None:
+            self._act(stall, record=True)
+
+    def _act(self, stall: Stall, record: bool) -> None:
+        """The ranks not blamed act (``on_stall``); when every rank is (all wait on a dropped
+        link), all do. The first of them records the reason when ``record``."""
+        if self.on_stall is None:
             return
-        # the ranks not blamed act; when every rank is (all wait on a dropped link), all do
         actors = [r for r in range(self.workers) if r not in stall.ranks] or list(range(self.workers))
         if self.rank in actors:
-            self.on_stall(stall.reason, self.rank == actors[0])
+            self.on_stall(stall.reason, record and self.rank == actors[0])

@@ -29,6 +29,9 @@ MLBENCH, TORCHRUN, OPENMPI, MPICH, SLURM = "mlbench", "torchrun", "openmpi", "mp
 # Slurm tasks without MASTER_PORT agree on a port derived from the job and step ids, below the
 # Linux ephemeral range (32768+) so that no outgoing connection holds it.
 SLURM_PORT_BASE = 10000
+#: What :func:`launcher_env` looks for, in its order, as a worker without a rank says.
+RANK_VARIABLES = ("RANK and WORLD_SIZE (torchrun), OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE (Open "
+                  "MPI), PMI_RANK and PMI_SIZE (MPICH), SLURM_PROCID and SLURM_JOB_ID (srun)")
 
 
 class LaunchEnv(NamedTuple):
@@ -126,8 +129,9 @@ def launcher_env(rank: int | None, env: Mapping[str, str] | None = None) -> Laun
                          int(env.get("MPI_LOCALRANKID", "0")), addr, port, MPICH)
     if "SLURM_PROCID" in env and "SLURM_JOB_ID" in env:
         return _slurm(env)
-    raise UsageError("no rank: give --rank R, or start the workers with a launcher that sets one "
-                     "(torchrun, srun, mpirun); see the README, 'Clusters without Kubernetes'")
+    raise UsageError(f"no rank in this worker's environment (looked for {RANK_VARIABLES}): give "
+                     "--rank R, or start the workers with a launcher that sets them (torchrun, srun, "
+                     "mpirun); see the README, 'Clusters without Kubernetes'")
 
 
 def check_world_size(launch: LaunchEnv, workers: int, run_dir: str | os.PathLike) -> None:
