@@ -29,7 +29,8 @@ from mlbench.results.outcome import AllreduceResult, TrainingResult, read_result
 from mlbench.results.report import task_metric
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table, summarize
-from mlbench.run_config import RunDocument
+from mlbench.jsonfile import read_json
+from mlbench.run_config import RUN_JSON
 from mlbench.tasks.metrics import LATENCY, Metric, get_metric
 
 #: The figures of one all-reduce row that become points (the row's other keys describe it).
@@ -93,10 +94,12 @@ def exportable(record: RunRecord) -> RunRecord:
 
 def run_head(record: RunRecord) -> RunHead:
     """The run's head: catalog fields, then run.json's configuration and environment, flat."""
-    document = RunDocument.load_or_none(record.run_dir)
     raw: dict[str, Any] = {k: getattr(record, k) for k in _CATALOG_PARAMS}
-    if document is not None:
-        data = document.to_dict()
+    try:  # as recorded (a document of an older or newer mlbench too), not as this version parses it
+        data = read_json(record.run_dir / RUN_JSON)
+    except (OSError, ValueError):
+        data = None
+    if isinstance(data, dict):
         raw["config"] = data.get("config") or {}
         raw["environment"] = data.get("environment") or {}
         if data.get("network"):
@@ -130,7 +133,8 @@ def event_points(events: Iterable[dict[str, Any]]) -> list[Point]:
     each row of task 0a's sweep; objects that are no series (result, environment) give none."""
     points = []
     for event in events:
-        name, rank, value = event["name"], event["rank"], event.get("value")
+        name, rank = event["name"], event["rank"]
+        value: Any = event.get("value")  # of the type its name gives (checked by the readers)
         if name.startswith(NUMERIC_PREFIXES) and math.isfinite(value):
             tag = name if rank == 0 else f"rank{rank}/{name}"
             points.append(Point(tag, value, event["step"], event["time"]))

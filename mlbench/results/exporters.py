@@ -97,7 +97,8 @@ class TensorBoardWriter(Writer):
             from torch.utils.tensorboard import SummaryWriter
         self.folder = out_dir / head.id
         self.writer = SummaryWriter(log_dir=str(self.folder))
-        self.writer.file_writer.add_summary(
+        file_writer: Any = self.writer.file_writer  # created by the SummaryWriter's __init__
+        file_writer.add_summary(
             summary_v2.hparams_pb(dict(head.hparams), trial_id=head.id, start_time_secs=head.started_at),
             0, head.started_at)
         self.writer.add_text("mlbench/run", metrics_text(head), 0, walltime=head.started_at)
