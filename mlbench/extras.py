@@ -26,6 +26,10 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kubernetes": ("the Kubernetes client", ("kubernetes", "urllib3")),
     "kind": ("the Docker SDK", ("docker", "requests")),
     "dashboard": ("starlette and uvicorn", ("starlette", "uvicorn")),
+    # exporters (mlbench.results.exporters): each tool's own library writes its own files
+    "tensorboard": ("TensorBoard", ("tensorboard",)),
+    "mlflow": ("MLflow", ("mlflow",)),
+    "wandb": ("Weights & Biases (wandb)", ("wandb",)),
 }
 
 

@@ -14,6 +14,7 @@ from mlbench.errors import UsageError
 from mlbench.results.charts import FORMATS, write_charts
 from mlbench.results.compare import Comparison, comparison_of
 from mlbench.results.cost import PriceTable
+from mlbench.results.exporters import TOOLS, check_library, export_runs
 from mlbench.results.report import (compare_headers, compare_notes, compare_row, comparison_document,
                                     differs_in_network, family_heading, is_sweep, sweep_table)
 
@@ -137,3 +138,30 @@ def prices(prices_file, output) -> None:
                         disable_numparse=True))
     click.echo("\nCombine a machine and its GPUs with '+', e.g. "
                "--instance n1-standard-4:preemptible+nvidia-tesla-k80:preemptible.")
+
+
+@cli.command()
+@click.argument("run_refs", metavar="RUN...", nargs=-1, required=True, shell_complete=complete_runs)
+@click.option("--to", "tool", type=click.Choice(TOOLS), required=True,
+              help="The tool whose files to write (each needs its extra: pip install 'mlbench-suite[TOOL]').")
+@click.argument("out_dir", metavar="DIR", type=click.Path(file_okay=False))
+def export(run_refs, tool, out_dir) -> None:
+    """Write ended runs in the files of TensorBoard, MLflow or Weights & Biases: every metric
+    they recorded (per worker where each worker records it), their summary and result, and
+    their configuration as hyper-parameters (docs/exporters.md).
+
+    \b
+    tensorboard: DIR/RUN_ID/ event files          tensorboard --logdir DIR
+    mlflow:      a local MLflow store (file:DIR)  MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri DIR
+    wandb:       DIR/wandb/offline-run-*-RUN_ID   wandb sync DIR/wandb/offline-run-*
+
+    \b
+    Examples:
+      mlbench export 3f2a9c1d --to tensorboard tb/
+      mlbench export 3f2a9c1d 7b0e44aa --to mlflow mlruns/
+    """
+    check_library(tool)
+    store = open_store(read_only=True)
+    records = [store.get(ref) for ref in run_refs]
+    for location in export_runs(records, tool, out_dir):
+        click.echo(f"Exported to {location}")
