@@ -18,7 +18,7 @@ from mlbench.cli.optimizers import print_compression
 from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.errors import UsageError
 from mlbench.launch import session
-from mlbench.launch.plan import BACKENDS, RunRequest, parse_duration, parse_watchdog
+from mlbench.launch.plan import BACKENDS, RunRequest, parse_checkpoint_every, parse_duration, parse_watchdog
 from mlbench.launch.registry import choose, launcher_of
 from mlbench.network.settings import SHAPING, network_options
 from mlbench.results.events import read_run_events
@@ -104,6 +104,11 @@ def tasks(output) -> None:
               help="Fail the run when a worker makes no progress for max(DURATION, 10 x the median "
                    "step time), naming it (10 x DURATION before its first step and while it "
                    "evaluates); off: wait for the collectives' timeout.")
+@click.option("--checkpoint-every", metavar="DURATION|Nsteps",
+              help="Write every worker's resumable state this often (2m, 500steps) and at a clean stop "
+                   "(Ctrl-C, cancel, --max-steps, --time-budget); `mlbench resume RUN` continues from it.")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False),
+              help="Keep the checkpoints in DIR/RUN_ID (shared storage) [RUN_DIR/checkpoints].")
 @click.option("--max-size", type=float, metavar="N", help="task0a: largest message, in elements [1e8].")
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
@@ -121,7 +126,7 @@ def tasks(output) -> None:
 @launcher_options
 def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, model, sets, optimizer, opts,
         backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
-        channels_last, no_graph, watchdog, max_size, name, detach, bandwidth, latency, jitter, loss,
+        channels_last, no_graph, watchdog, checkpoint_every, checkpoint_dir, max_size, name, detach, bandwidth, latency, jitter, loss,
         shaping, output, launch) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
@@ -141,6 +146,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
     if output != "table" and not detach:
         raise UsageError(f"-o {output} prints the record of a run started with --detach: add --detach "
                          "(then `mlbench wait RUN -o json` gives its result)")
+    every_s, every_steps = parse_checkpoint_every(checkpoint_every) if checkpoint_every else (None, None)
     base = RunRequest(
         task=task, workers=workers[0] if workers else 1, overrides=parse_overrides(sets), model=model,
         data=data, data_dir=data_dir, data_pvc=data_pvc, light=light, stop_at_goal=not no_stop,
@@ -148,7 +154,8 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
         seed=seed, backend=backend, device=device, optimizer=optimizer,
         optimizer_options=parse_opts(opts), log_every=log_every, timing=not no_timing,
         save_model=save_model, precision=precision, channels_last=channels_last, graph=not no_graph,
-        name=name, max_size=max_size, watchdog_s=parse_watchdog(watchdog))
+        name=name, max_size=max_size, watchdog_s=parse_watchdog(watchdog), checkpoint_every_s=every_s,
+        checkpoint_every_steps=every_steps, checkpoint_dir=checkpoint_dir)
     plan = session.plan_runs(base, workers, repeat, detach=detach,
                              networks=network_options(bandwidth, latency, jitter, loss, shaping))
     # with -o json the launcher's progress (an image built, a cluster reached) goes to stderr,
