@@ -128,8 +128,8 @@ def tasks(output) -> None:
 @launcher_options
 def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, model, sets, optimizer, opts,
         backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
-        channels_last, no_graph, watchdog, checkpoint_every, checkpoint_dir, max_size, name, detach, bandwidth, latency, jitter, loss,
-        shaping, output, launch) -> None:
+        channels_last, no_graph, watchdog, checkpoint_every, checkpoint_dir, max_size, name, detach, bandwidth,
+        latency, jitter, loss, shaping, output, launch) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
 

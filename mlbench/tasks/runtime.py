@@ -89,8 +89,9 @@ class TaskRuntime(Protocol):
     global step (several micro-batches where the task accumulates gradients) and calls
     ``optimizer.step(lr)`` exactly once; it returns the step's loss as a device tensor, not
     synchronised. Given the same state (``state_dict``, the model's, the random generators') and
-    the same batch, a step does the same thing: that is what makes a resumed run exact. ``evaluate`` returns the metrics of the evaluation set, already reduced over
-    all workers: ``{"loss": ..., <metric name>: ...}``.
+    the same batch, a step does the same thing: that is what makes a resumed run exact.
+    ``evaluate`` returns the metrics of the evaluation set, already reduced over all workers:
+    ``{"loss": ..., <metric name>: ...}``.
     """
 
     model: torch.nn.Module
