@@ -50,6 +50,12 @@ def test_a_run_stopped_by_its_step_cap_resumes_to_the_parameters_of_the_uninterr
     assert status["checkpoints"]["newest_step"] == 6 and len(status["resumes"]) == 1
     table = mlbench("status", stopped.id, check=True).stdout
     assert "every 2 steps; newest at step 6 (2 kept)" in table and "1: from step 3 (after finished)" in table
+    from mlbench.dashboard.views import run_spec  # the dashboard's run page: the same words
+    from mlbench.results.events import read_run_events
+    from mlbench.results.summary import summarize
+    spec = run_spec(resumed, document, summarize(read_run_events(resumed.run_dir)))
+    assert (spec["checkpoints"], spec["resumes"]) == ("every 2 steps; newest at step 6 (2 kept)",
+                                                      "1: from step 3 (after finished)")
 
     mlbench("run", *RUN, "--max-steps", "6", check=True)
     reference = RunStore().list()[-1]
