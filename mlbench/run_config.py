@@ -65,6 +65,19 @@ class RunConfig:
     graph: bool = True                  # capture the step in a CUDA graph where possible
     #: The watchdog's least bound in seconds (mlbench.results.watchdog); None: no watchdog.
     watchdog_s: float | None = DEFAULT_WATCHDOG_S
+    #: ``--checkpoint-every``: a resumable checkpoint every so many seconds of the run or every
+    #: so many steps (at most one of them); neither: checkpoints are not written.
+    checkpoint_every_s: float | None = None
+    checkpoint_every_steps: int | None = None
+    #: ``--checkpoint-dir``: the checkpoints go to DIR/RUN_ID instead of RUN_DIR/checkpoints.
+    checkpoint_dir: str | None = None
+    #: Set by `mlbench resume`: the step of the checkpoint the workers start from.
+    resume_step: int | None = None
+
+    @property
+    def checkpoints(self) -> bool:
+        """Whether the workers write resumable checkpoints."""
+        return self.checkpoint_every_s is not None or self.checkpoint_every_steps is not None
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -115,6 +128,8 @@ class RunDocument:
     on_this_machine: bool | None = None
     id: str | None = None
     name: str | None = None
+    #: Every `mlbench resume` of the run: from which step, when, with which step cap.
+    resumes: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -129,13 +144,15 @@ class RunDocument:
             data["nodes"] = self.nodes
         if self.on_this_machine is not None:
             data["on_this_machine"] = self.on_this_machine
+        if self.resumes:
+            data["resumes"] = [dict(r) for r in self.resumes]
         data.update(self.extra)
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunDocument:
         own = {"id", "name", "task", "division", "changed", "config", "environment", "command",
-               "placement", "nodes", "on_this_machine"}
+               "placement", "nodes", "on_this_machine", "resumes"}
         nodes, here = data.get("nodes"), data.get("on_this_machine")
         return cls(task=data["task"], config=RunConfig.from_dict(data["config"]),
                    division=data.get("division", "closed"), changed=list(data.get("changed") or []),
@@ -144,6 +161,7 @@ class RunDocument:
                    nodes=nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 0 else None,
                    on_this_machine=here if isinstance(here, bool) else None,
                    id=data.get("id"), name=data.get("name"),
+                   resumes=[dict(r) for r in data.get("resumes") or [] if isinstance(r, dict)],
                    extra={k: v for k, v in data.items() if k not in own})
 
     @classmethod

@@ -9,7 +9,16 @@ import click
 
 from mlbench.cli.output import tabulate
 from mlbench.launch.plan import RunRequest
-from mlbench.results.report import describe_plugin, describe_result, fmt_duration, run_plugins, task_metric
+from mlbench.results.report import (
+    describe_checkpoints,
+    describe_plugin,
+    describe_result,
+    describe_resumes,
+    fmt_duration,
+    run_plugins,
+    run_recovery,
+    task_metric,
+)
 from mlbench.results.store import RunRecord
 from mlbench.network.settings import describe_network, network_label
 from mlbench.results.summary import RunSummary, phase_table
@@ -128,6 +137,11 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
         rows.append(["throughput", f"{summary.throughput:.0f} samples/s (all workers)"])
     document = RunDocument.load_or_none(run.run_dir)
     rows.append(["network", describe_network(document.extra.get("network") if document else None)])
+    recovery = run_recovery(run)
+    for label, text in (("checkpoints", describe_checkpoints(recovery["checkpoints"])),
+                        ("resumes", describe_resumes(recovery["resumes"]))):
+        if text:
+            rows.append([label, text])
     if run.result:
         rows.append(["result", describe_result(run.result)])
     click.echo(tabulate(rows, tablefmt="plain"))

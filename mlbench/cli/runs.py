@@ -1,4 +1,4 @@
-"""`mlbench tasks | run | status | download | cancel | delete`: running benchmarks and their results."""
+"""`mlbench tasks | run | resume | status | download | cancel | delete`: running benchmarks and their results."""
 
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ from mlbench.cli.optimizers import print_compression
 from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.errors import UsageError
 from mlbench.launch import session
-from mlbench.launch.plan import BACKENDS, RunRequest, parse_duration, parse_watchdog
+from mlbench.launch.base import NO_STEP_CAP
+from mlbench.launch.plan import BACKENDS, RunRequest, parse_checkpoint_every, parse_duration, parse_watchdog
 from mlbench.launch.registry import choose, launcher_of
 from mlbench.network.settings import SHAPING, network_options
 from mlbench.results.events import read_run_events
 from mlbench.results.report import parse_sort, run_details, run_overview, sort_runs
 from mlbench.results.store import RunRecord
+from mlbench.run_config import RunDocument
 from mlbench.results.summary import summarize
 from mlbench.tasks.models import MODEL_NAMES
 from mlbench.tasks.overrides import parse_overrides
@@ -104,6 +106,11 @@ def tasks(output) -> None:
               help="Fail the run when a worker makes no progress for max(DURATION, 10 x the median "
                    "step time), naming it (10 x DURATION before its first step and while it "
                    "evaluates); off: wait for the collectives' timeout.")
+@click.option("--checkpoint-every", metavar="DURATION|Nsteps",
+              help="Write every worker's resumable state this often (2m, 500steps) and at a clean stop "
+                   "(Ctrl-C, cancel, --max-steps, --time-budget); `mlbench resume RUN` continues from it.")
+@click.option("--checkpoint-dir", type=click.Path(file_okay=False),
+              help="Keep the checkpoints in DIR/RUN_ID (shared storage) [RUN_DIR/checkpoints].")
 @click.option("--max-size", type=float, metavar="N", help="task0a: largest message, in elements [1e8].")
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
@@ -121,8 +128,8 @@ def tasks(output) -> None:
 @launcher_options
 def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, model, sets, optimizer, opts,
         backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
-        channels_last, no_graph, watchdog, max_size, name, detach, bandwidth, latency, jitter, loss,
-        shaping, output, launch) -> None:
+        channels_last, no_graph, watchdog, checkpoint_every, checkpoint_dir, max_size, name, detach, bandwidth,
+        latency, jitter, loss, shaping, output, launch) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
 
@@ -141,6 +148,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
     if output != "table" and not detach:
         raise UsageError(f"-o {output} prints the record of a run started with --detach: add --detach "
                          "(then `mlbench wait RUN -o json` gives its result)")
+    every_s, every_steps = parse_checkpoint_every(checkpoint_every) if checkpoint_every else (None, None)
     base = RunRequest(
         task=task, workers=workers[0] if workers else 1, overrides=parse_overrides(sets), model=model,
         data=data, data_dir=data_dir, data_pvc=data_pvc, light=light, stop_at_goal=not no_stop,
@@ -148,7 +156,8 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
         seed=seed, backend=backend, device=device, optimizer=optimizer,
         optimizer_options=parse_opts(opts), log_every=log_every, timing=not no_timing,
         save_model=save_model, precision=precision, channels_last=channels_last, graph=not no_graph,
-        name=name, max_size=max_size, watchdog_s=parse_watchdog(watchdog))
+        name=name, max_size=max_size, watchdog_s=parse_watchdog(watchdog), checkpoint_every_s=every_s,
+        checkpoint_every_steps=every_steps, checkpoint_dir=checkpoint_dir)
     plan = session.plan_runs(base, workers, repeat, detach=detach,
                              networks=network_options(bandwidth, latency, jitter, loss, shaping))
     # with -o json the launcher's progress (an image built, a cluster reached) goes to stderr,
@@ -182,7 +191,7 @@ class _TerminalObserver:
     def __init__(self) -> None:
         self.printer: AllreducePrinter | ProgressPrinter | None = None
 
-    def started(self, record: RunRecord, request: RunRequest) -> AllreducePrinter | ProgressPrinter:
+    def started(self, record: RunRecord, request: RunRequest | None) -> AllreducePrinter | ProgressPrinter:
         self.printer = (AllreducePrinter(record) if isinstance(get_task(record.task), AllreduceSpec)
                         else ProgressPrinter(record, request))
         self.printer.header()
@@ -191,6 +200,61 @@ class _TerminalObserver:
     def finished(self, record: RunRecord) -> None:
         assert self.printer is not None
         self.printer.footer(record, summarize(read_run_events(record.run_dir)))
+
+
+def parse_step_cap(text: str | None) -> int | None:
+    """`resume --max-steps`: N (at least 1), 'off' (no cap: NO_STEP_CAP) or not given (None)."""
+    if text is None:
+        return None
+    if text.strip().lower() == "off":
+        return NO_STEP_CAP
+    try:
+        steps = int(text)
+    except ValueError:
+        raise UsageError(f"--max-steps {text!r}: give a whole number of steps, or off") from None
+    if steps < 1:
+        raise UsageError("--max-steps must be at least 1")
+    return steps
+
+
+@cli.command()
+@click.argument("run_ref", metavar="RUN", shell_complete=complete_runs)
+@click.option("--max-steps", metavar="N|off",
+              help="Stop the resumed run after step N (counted from the run's start), or never (off) "
+                   "[the run's own --max-steps].")
+@click.option("--detach", "-d", is_flag=True, help="Resume the run in the background and return at once.")
+def resume(run_ref, max_steps, detach) -> None:
+    """Continue a stopped, failed or cancelled RUN from its newest complete checkpoint
+    (`mlbench run --checkpoint-every`), as the same run: its events go on, run.json records the
+    resume. The run's time budget and goal are its own; --max-steps replaces its step cap.
+
+    \b
+    Examples:
+      mlbench run task2a 2 --checkpoint-every 100steps --max-steps 300
+      mlbench resume RUN --max-steps 600
+    """
+    cap = parse_step_cap(max_steps)
+    store = session.open_store()
+    record = store.get(run_ref)
+    launcher = launcher_of(store, record)
+    record = launcher.prepare_resume(launcher.reconcile(record), cap)
+    step = RunDocument.load(record.run_dir).config.resume_step
+    if detach:
+        launcher.start_detached(record)
+        click.echo(f"Resumed run {record.id} ({record.name}) from step {step} {launcher.where(record)}. "
+                   f"Follow it with: mlbench status {record.id}")
+        return
+    click.echo(f"Resuming run {record.id} ({record.name}) from step {step}.")
+    observer = _TerminalObserver()
+    on_event = observer.started(record, None)
+    try:
+        final = launcher.run_attached(record, on_event)
+    except KeyboardInterrupt:
+        final = launcher.cancel(record)
+    observer.finished(final)
+    code = session.Outcome([final]).exit_code
+    if code:
+        sys.exit(code)
 
 
 @cli.command()

@@ -19,7 +19,8 @@ from mlbench.network.settings import network_label
 from mlbench.results.charts import family_labels, network_axis, representative
 from mlbench.results.compare import Comparison, Group, sweep_bandwidth, training_curve
 from mlbench.results.outcome import AllreduceResult, read_result
-from mlbench.results.report import (compare_headers, compare_notes, compare_row, describe_plugin, describe_result,
+from mlbench.results.report import (compare_headers, compare_notes, compare_row, describe_checkpoints,
+                                    describe_plugin, describe_result, describe_resumes, run_recovery,
                                     division_text, model_plugin_label,
                                     differs_in_network, family_heading, group_label, is_sweep,
                                     run_progress, sweep_table, task_metric)
@@ -119,7 +120,15 @@ def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -
         "host": environment.get("host"), "cpu": environment.get("cpu"),
         "cores": environment.get("cores"), "gpus": environment.get("gpus") or [],
         "command": run_json.get("command"),
+        **_recovery_texts(record),
     }
+
+
+def _recovery_texts(record: RunRecord) -> dict[str, str | None]:
+    """The run's checkpoints and resumes in the words of `mlbench status RUN`."""
+    recovery = run_recovery(record)
+    return {"checkpoints": describe_checkpoints(recovery["checkpoints"]),
+            "resumes": describe_resumes(recovery["resumes"])}
 
 
 def run_metric(record: RunRecord) -> Metric:

@@ -27,12 +27,17 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from mlbench.errors import MlbenchError, UsageError
+from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints
 from mlbench.launch.follow import check_rank, follow_file
 from mlbench.launch.plan import RunRequest, WorkerResources, create_run
 from mlbench.launch.run_folder import events_path, log_path
 from mlbench.network.settings import NetworkSettings
 from mlbench.results.events import EventTail
 from mlbench.results.store import RunRecord, RunStore
+from mlbench.run_config import RunDocument
+
+#: `mlbench resume --max-steps off`: no step cap.
+NO_STEP_CAP = 0
 
 #: Called with each of rank 0's metric events while a run is followed in the foreground.
 EventCallback = Callable[[dict[str, Any]], None]
@@ -93,6 +98,8 @@ class Launcher(ABC):
     #: The most bytes of a plug-in optimizer's source it can ship to its workers; None: they
     #: read it from the run folder they share with this machine.
     plugin_limit: ClassVar[int | None] = None
+    #: Whether `mlbench resume` can start its runs again from a checkpoint.
+    resumable: ClassVar[bool] = False
 
     def __init__(self, store: RunStore, settings: LaunchSettings | None = None):
         self.store = store
@@ -162,6 +169,44 @@ class Launcher(ABC):
     @abstractmethod
     def reconcile(self, record: RunRecord) -> RunRecord:
         """The run's true state now (a run whose workers vanished is marked failed)."""
+
+    def prepare_resume(self, record: RunRecord, max_steps: int | None = None) -> RunRecord:
+        """Make an ended run ready to go on from its newest complete checkpoint: run.json names
+        the checkpoint (``resume_step``) and records the resume (from which step, when, its step
+        cap), and the run is pending again under the same id; then :meth:`run_attached` or
+        :meth:`start_detached` starts it as any pending run. ``max_steps``: the new step cap
+        (:data:`NO_STEP_CAP`: none); None keeps the run's own, which must lie past the
+        checkpoint. One UsageError line for a run that cannot resume."""
+        if not self.resumable:
+            raise UsageError(f"run {record.id} is a {self.label} run: `mlbench resume` continues local runs only "
+                             "for now")
+        if record.active:
+            raise UsageError(f"run {record.id} is {record.state}: resume continues a run that stopped, failed "
+                             "or was cancelled")
+        document = RunDocument.load_or_none(record.run_dir)
+        if document is None:
+            raise UsageError(f"run {record.id} has no readable run.json to resume from")
+        config = document.config
+        done = complete_checkpoints(checkpoint_root(record.run_dir, config.checkpoint_dir), record.workers)
+        if done.newest is None:
+            hint = ("" if config.checkpoints else
+                    " (it was started without --checkpoint-every)")
+            raise UsageError(f"run {record.id} has no complete checkpoint to resume from{hint}")
+        cap = config.max_steps if max_steps is None else (None if max_steps == NO_STEP_CAP else max_steps)
+        if cap is not None and cap <= done.newest:
+            raise UsageError(f"run {record.id}'s newest checkpoint is at step {done.newest}, its step cap "
+                             f"{cap}: give a larger --max-steps (or --max-steps off)")
+        config.resume_step, config.max_steps = done.newest, cap
+        document.resumes.append({"from_step": done.newest, "at": time.time(), "max_steps": cap,
+                                 "after": record.state, "reason": record.reason})
+        document.save(record.run_dir)
+        self.before_resume(record)
+        if not self.store.reopen(record.id):
+            raise UsageError(f"run {record.id} started again meanwhile; not resumed")
+        return self.store.get(record.id)
+
+    def before_resume(self, record: RunRecord) -> None:  # noqa: B027 - optional hook, a no-op unless overridden
+        """Clear what the run's last start left that would mislead the next one."""
 
     def worker_commands(self, record: RunRecord) -> list[tuple[str, str]]:
         """For a launcher that only records runs: ways to start the run's workers, as (where,

@@ -78,6 +78,7 @@ class LocalLauncher(Launcher):
     name = "local"
     label = "local"
     on_this_machine = True
+    resumable = True
 
     def check_workers(self, workers: int) -> None:
         limit, why = local_worker_limit()
@@ -99,6 +100,15 @@ class LocalLauncher(Launcher):
         if request.data_pvc:
             raise UsageError("--data-pvc is for runs on a cluster; use --data-dir DIR on this machine")
         return self.record(request)
+
+    def before_resume(self, record: RunRecord) -> None:
+        """The workers' last heartbeats (the watchdog would take them for a stall of the new
+        workers) go; the processes of the last start are long gone (the run ended)."""
+        import shutil
+
+        from mlbench.results.heartbeat import HEARTBEATS_DIR
+
+        shutil.rmtree(record.run_dir / HEARTBEATS_DIR, ignore_errors=True)
 
     def run_attached(self, record: RunRecord, on_event: EventCallback | None = None) -> RunRecord:
         """Start the run's workers here and supervise them to the end (Ctrl-C / SIGTERM cancel)."""

@@ -60,6 +60,9 @@ class RunRequest:
     network: NetworkSettings | None = None  # an emulated network (mlbench.network); None: as is
     data_pvc: str | None = None       # clusters: a PersistentVolumeClaim holding the data set
     watchdog_s: float | None = DEFAULT_WATCHDOG_S  # mlbench.results.watchdog; None: off
+    checkpoint_every_s: float | None = None   # --checkpoint-every DURATION
+    checkpoint_every_steps: int | None = None  # --checkpoint-every Nsteps
+    checkpoint_dir: str | None = None          # --checkpoint-dir DIR
 
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
@@ -82,6 +85,25 @@ def parse_watchdog(text: str) -> float | None:
         raise UsageError(f"--watchdog {text}: at least {MIN_WATCHDOG_S:.0f}s (the workers' heartbeats "
                          "come once a second), or off")
     return seconds
+
+
+_STEPS = re.compile(r"^\s*(\d+)\s*steps?\s*$")
+
+
+def parse_checkpoint_every(text: str) -> tuple[float | None, int | None]:
+    """--checkpoint-every: a duration ('2m', '90s': seconds, first item) or a step count
+    ('500steps': steps, second item)."""
+    match = _STEPS.match(text or "")
+    if match:
+        steps = int(match.group(1))
+        if steps < 1:
+            raise UsageError(f"--checkpoint-every {text}: at least 1 step")
+        return None, steps
+    try:
+        return parse_duration(text), None
+    except UsageError:
+        raise UsageError(f"--checkpoint-every {text!r}: give a duration (2m, 90s) or a step count "
+                         "(500steps)") from None
 
 
 def parse_duration(text: str) -> float:
@@ -212,6 +234,17 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
         raise UsageError("--max-steps must be at least 1")
     if request.log_every < 1:
         raise UsageError("--log-every must be at least 1")
+    checkpoints = request.checkpoint_every_s is not None or request.checkpoint_every_steps is not None
+    if checkpoints and isinstance(spec, AllreduceSpec):
+        raise UsageError(f"{spec.name} trains nothing and has no state to checkpoint: leave out --checkpoint-every")
+    if request.checkpoint_dir is not None and not checkpoints:
+        raise UsageError("--checkpoint-dir says where checkpoints go: add --checkpoint-every DURATION|Nsteps")
+    checkpoint_dir = None
+    if request.checkpoint_dir is not None:
+        folder = Path(request.checkpoint_dir).expanduser()
+        if not folder.is_dir():
+            raise UsageError(f"--checkpoint-dir {request.checkpoint_dir}: no such folder")
+        checkpoint_dir = str(folder.resolve())
     device, backend = _device_and_backend(request, resources)
     if resources is not None:
         threads = resources.threads
@@ -225,7 +258,9 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
         optimizer=optimizer, optimizer_options=dict(request.optimizer_options),
         model_plugin=model_plugin.record() if model_plugin is not None else None,
         save_model=request.save_model, precision=request.precision,
-        channels_last=request.channels_last, graph=request.graph, watchdog_s=request.watchdog_s)
+        channels_last=request.channels_last, graph=request.graph, watchdog_s=request.watchdog_s,
+        checkpoint_every_s=request.checkpoint_every_s, checkpoint_every_steps=request.checkpoint_every_steps,
+        checkpoint_dir=checkpoint_dir)
     return config, changed
 
 

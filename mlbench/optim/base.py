@@ -86,6 +86,17 @@ class DistributedOptimizer:
         state back afterwards (None: nothing to undo; methods whose ranks differ override)."""
         return None
 
+    def state_dict(self) -> dict[str, Any]:
+        """What this optimizer carries from step to step (momentum, error feedback, Q matrices,
+        counters), for a checkpoint; :mod:`mlbench.optim.state` finds it in the attributes."""
+        from mlbench.optim.state import capture
+        return capture(self, self.ctx.model)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (:meth:`state_dict` of the same run's optimizer)."""
+        from mlbench.optim.state import restore
+        restore(self, state)
+
 
 class ConsensusEvaluation:
     """Evaluate the average of the ranks' models, then give each rank its own model back.

@@ -20,6 +20,7 @@ from typing import Any
 from mlbench.errors import UsageError
 from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, sweep_bandwidth,
                                      sweep_latency)
+from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints
 from mlbench.results.events import read_run_events
 from mlbench.results.outcome import AllreduceResult, Outcome, fmt_duration, read_result
 from mlbench.results.repeats import RepeatStats
@@ -335,6 +336,41 @@ def sort_runs(runs: list[dict[str, Any]], field: str, descending: bool = False) 
     return known + [r for r in newest if r[field] is None]
 
 
+def run_recovery(record: RunRecord) -> dict[str, Any]:
+    """A run's checkpoints and resumes, as `status RUN` (table and ``-o json``) and the
+    dashboard's run page show them: ``checkpoints`` (None for a run without checkpoints:
+    ``every`` as given, the newest complete one's step, how many are kept, their folder) and
+    ``resumes`` (from which step, when, after what)."""
+    document = RunDocument.load_or_none(record.run_dir)
+    if document is None:
+        return {"checkpoints": None, "resumes": []}
+    config = document.config
+    checkpoints = None
+    if config.checkpoints:
+        every = (f"{config.checkpoint_every_steps} steps" if config.checkpoint_every_steps is not None
+                 else fmt_duration(config.checkpoint_every_s))
+        done = complete_checkpoints(checkpoint_root(record.run_dir, config.checkpoint_dir), record.workers)
+        checkpoints = {"every": every, **done.to_dict()}
+    return {"checkpoints": checkpoints, "resumes": [dict(r) for r in document.resumes]}
+
+
+def describe_checkpoints(checkpoints: dict[str, Any] | None) -> str | None:
+    """``every 100 steps; newest at step 300 (2 kept)``, or None for a run without them."""
+    if checkpoints is None:
+        return None
+    newest = (f"newest at step {checkpoints['newest_step']} ({checkpoints['count']} kept)"
+              if checkpoints["newest_step"] is not None else "none written yet")
+    return f"every {checkpoints['every']}; {newest}"
+
+
+def describe_resumes(resumes: list[dict[str, Any]]) -> str | None:
+    """``2: from step 3 (after cancelled), from step 6 (after failed)``, or None when never resumed."""
+    if not resumes:
+        return None
+    return f"{len(resumes)}: " + ", ".join(f"from step {r.get('from_step')} (after {r.get('after')})"
+                                          for r in resumes)
+
+
 def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
     """One run as `mlbench status RUN` shows it: the overview, the summary of its metric events
     over all workers, its result as recorded and the result sentence."""
@@ -365,6 +401,7 @@ def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
         "model_plugin": plugins.get("model"),
         "result": record.result,
         "result_sentence": result.sentence() if result else None,
+        **run_recovery(record),
         **({"allreduce": sweep} if sweep else {}),
     }
 

@@ -211,6 +211,14 @@ class RunStore:
                                 (RUNNING, started_at or time.time(), run_id, PENDING))
             return cursor.rowcount > 0
 
+    def reopen(self, run_id: str) -> bool:
+        """An ended run is pending again (`mlbench resume`): its end, reason and result are
+        cleared, the rest kept; False (no change) when it is active."""
+        with self.catalog.connect(write=True) as db:
+            cursor = db.execute("UPDATE runs SET state = ?, finished_at = NULL, reason = NULL, result = NULL "
+                                "WHERE id = ? AND state NOT IN (?, ?)", (PENDING, run_id, *ACTIVE_STATES))
+            return cursor.rowcount > 0
+
     def mark_ended(self, run_id: str, state: str, reason: str | None = None,
                    result: dict[str, Any] | None = None) -> bool:
         """End an active run; a run ends once: False (and no change) when it has already ended.

@@ -163,6 +163,13 @@ class SupervisedRuntime:
         self.timer.mark("backward")
         return loss
 
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing beyond the model: the batches and the augmentation follow from (seed, epoch)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing to restore (see :meth:`state_dict`)."""
+
     # -- evaluation ---------------------------------------------------------------------------
     def _sync_buffers(self) -> None:
         """Average the BatchNorm running statistics over workers before evaluating.

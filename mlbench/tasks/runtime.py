@@ -88,8 +88,10 @@ class TaskRuntime(Protocol):
     all ranks stay in lock-step. ``train_step`` runs the forward and backward passes of one
     global step (several micro-batches where the task accumulates gradients) and calls
     ``optimizer.step(lr)`` exactly once; it returns the step's loss as a device tensor, not
-    synchronised. ``evaluate`` returns the metrics of the evaluation set, already reduced over
-    all workers: ``{"loss": ..., <metric name>: ...}``.
+    synchronised. Given the same state (``state_dict``, the model's, the random generators') and
+    the same batch, a step does the same thing: that is what makes a resumed run exact.
+    ``evaluate`` returns the metrics of the evaluation set, already reduced over all workers:
+    ``{"loss": ..., <metric name>: ...}``.
     """
 
     model: torch.nn.Module
@@ -108,6 +110,15 @@ class TaskRuntime(Protocol):
     def samples_in(self, batch: Any) -> int: ...
 
     def evaluate(self) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the runtime carries between steps beyond the model (a language model's hidden
+        state, averaged weights, a loss scale), for a checkpoint; tensors on any device."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``, after ``begin_epoch`` of the checkpoint's epoch."""
+        ...
 
 
 def all_reduce_sum(values: list[float], world: int, device: torch.device) -> list[float]:

@@ -6,6 +6,12 @@ Without ``--rank`` the rank, world size and rendezvous come from the launcher th
 must be the run's.
 Exit codes: 0 done; 1 failed (the reason is the last ``error`` event and the log); 143 stopped by
 SIGTERM. A user mistake (missing data, ...) is recorded as one line, never as a traceback only.
+
+A run with checkpoints (``--checkpoint-every``) stops cleanly on SIGTERM (Ctrl-C, cancel): the
+signal only asks; the workers agree on it at their next clock check (a fraction of a second),
+write their checkpoint together and exit with 143. A worker that cannot get there (blocked in a
+collective whose peer is gone) is ended by the SIGTERM watchdog as before, its newest complete
+checkpoint intact.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from mlbench.errors import MlbenchError
@@ -31,6 +38,25 @@ from mlbench.worker.launcher_env import MLBENCH, LaunchEnv, check_world_size, la
 # how long the SIGTERM handler has to end the worker before the watchdog does (below the local
 # launcher's 4 s and a pod's 15 s before SIGKILL)
 SIGTERM_GRACE_SECONDS = 2.0
+# the same with checkpoints: time for the workers to agree on the stop and write their state
+CHECKPOINT_GRACE_SECONDS = 3.5
+
+
+class StopRequest:
+    """SIGTERM as a request to stop at the next step, for a run that writes checkpoints (the
+    trainer asks :meth:`__call__`); without checkpoints it ends the worker at once (143)."""
+
+    def __init__(self, polite: bool):
+        self.polite = polite
+        self.requested = False
+
+    def handle(self, signum: int, frame: object) -> None:
+        if not self.polite:
+            sys.exit(143)
+        self.requested = True
+
+    def __call__(self) -> bool:
+        return self.requested
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,9 +70,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="listening socket for the rendezvous store (rank 0, local runs)")
     args = parser.parse_args(argv)
 
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+    stop = StopRequest(polite=False)
+    signal.signal(signal.SIGTERM, stop.handle)
     document = RunDocument.load(args.run_dir)
     config = document.config
+    stop.polite = config.checkpoints
     try:
         launch = launcher_env(args.rank)
     except MlbenchError as err:
@@ -64,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     # when the environment names one (a pod)
     sink = open_sink(args.run_dir, launch.rank, document.id)
     events = EventWriter(sink, launch.rank)
-    _end_even_when_blocked(events)
+    _end_even_when_blocked(events, CHECKPOINT_GRACE_SECONDS if config.checkpoints else SIGTERM_GRACE_SECONDS)
     # no mlbench supervisor owns workers started by torchrun, srun or mpirun: they watch each other
     # (a heartbeat posted to the results service is judged there: by the pod supervisor for a
     # pod, else by the service's own watchdog, whose verdict comes back in the answer)
@@ -73,21 +101,23 @@ def main(argv: list[str] | None = None) -> int:
                           watch_peers=watch_peers, on_stall=functools.partial(_stalled_peer, events),
                           send=beat_sender(args.run_dir, document.id)).start()
     return run_worker(config, launch.rank, events, store_fd=args.store_fd, run_dir=args.run_dir,
-                      launch=launch, iface=args.iface, heartbeat=heartbeat)
+                      launch=launch, iface=args.iface, heartbeat=heartbeat, stop_requested=stop)
 
 
 def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int | None = None,
                run_dir: Path | None = None, launch: LaunchEnv | None = None,
-               iface: str | None = None, heartbeat: Heartbeat | None = None) -> int:
+               iface: str | None = None, heartbeat: Heartbeat | None = None,
+               stop_requested: Callable[[], bool] | None = None) -> int:
     """Train as rank ``rank``; record the result (rank 0) or the error; return the exit code.
 
     With ``save_model`` the final parameters go to ``RUN_DIR/checkpoints/rank-<r>.pt``.
-    ``heartbeat`` is told the training's progress (the watchdog's evidence).
+    ``heartbeat`` is told the training's progress (the watchdog's evidence);
+    ``stop_requested`` says when to stop cleanly (a run with checkpoints: 143 after writing one).
     """
     import torch
 
     from mlbench.results.environment import describe_environment
-    from mlbench.worker.trainer import Trainer
+    from mlbench.worker.trainer import Stopped, Trainer
 
     torch.set_num_threads(max(1, config.threads_per_worker))
     try:
@@ -98,9 +128,13 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
             from mlbench.tasks.registry import runtime_module
             result = runtime_module(config.task).run_benchmark(config, rank, events)
         else:
-            trainer = Trainer(config, rank, events, heartbeat, run_dir)
+            trainer = Trainer(config, rank, events, heartbeat, run_dir, stop_requested)
             trainer.setup()
-            result = trainer.train().to_dict()
+            try:
+                result = trainer.train().to_dict()
+            except Stopped as stopped:
+                print(str(stopped), file=sys.stderr)
+                return 143
             if config.save_model and run_dir is not None:
                 (run_dir / "checkpoints").mkdir(exist_ok=True)
                 torch.save(trainer.model.state_dict(), run_dir / "checkpoints" / f"rank-{rank}.pt")

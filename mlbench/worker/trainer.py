@@ -16,7 +16,10 @@ and any other non-finite gradient shows in the parameters after the step.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,7 @@ from mlbench.optim.base import DistributedOptimizer, OptimizerContext, allreduce
 from mlbench.optim.catalog import build_optimizer
 from mlbench.plugins import PluginError
 from mlbench.results.events import EventWriter
+from mlbench.results.checkpoints import checkpoint_root
 from mlbench.results.outcome import TrainingResult
 from mlbench.run_config import RunConfig
 from mlbench.tasks.metrics import get_metric
@@ -38,10 +42,19 @@ from mlbench.tasks.models.plugins import load_recorded_model
 from mlbench.tasks.registry import runtime_module
 from mlbench.tasks.runtime import TaskRuntime
 from mlbench.timing import PhaseTimer
+from mlbench.worker import checkpoint
 from mlbench.worker.heartbeat import Heartbeat
 
-#: Target seconds between two checks of the time budget (the workers agree on the step count).
+#: Target seconds between two checks of the time budget, the time-based checkpoint and a stop
+#: request (the workers agree on the step count).
 BUDGET_CHECK_SECONDS = 0.25
+#: Why the loop ended, for the stops after which a checkpoint is written.
+CHECKPOINTED_STOPS = ("max-steps", "time-budget", "stopped")
+
+
+class Stopped(Exception):
+    """The workers agreed to stop on a request (SIGTERM: Ctrl-C or a cancel) and wrote their
+    checkpoint: the worker exits as stopped (143)."""
 
 
 @dataclass
@@ -67,12 +80,27 @@ class Progress:
             return 0.0
         return time.perf_counter() - self.train_start - self.eval_time
 
+    def to_checkpoint(self) -> dict[str, Any]:
+        """The counters as plain values (the training time so far in place of its start)."""
+        data = dataclasses.asdict(self)
+        del data["train_start"]
+        data["train_time"] = self.train_time()
+        return data
+
+    @classmethod
+    def from_checkpoint(cls, data: dict[str, Any]) -> Progress:
+        """The counters of :meth:`to_checkpoint`, their clock going on from now."""
+        fields = {f.name for f in dataclasses.fields(cls)} - {"train_start"}
+        progress = cls(**{k: v for k, v in data.items() if k in fields})
+        progress.train_start = time.perf_counter() - float(data["train_time"]) - progress.eval_time
+        return progress
+
 
 class Trainer:
     def __init__(self, config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None,
-                 run_dir: Path | None = None):
+                 run_dir: Path | None = None, stop_requested: Callable[[], bool] | None = None):
         self.cfg = config
-        self.run_dir = run_dir  # where a plug-in's source is
+        self.run_dir = run_dir  # where a plug-in's source is, and the checkpoints by default
         self.heartbeat = heartbeat
         self.rank = rank
         self.world = config.workers
@@ -81,6 +109,18 @@ class Trainer:
         self.device = self._device()
         self.progress = Progress()
         self._next_budget_check = 0
+        # a clean stop asked for from outside (the worker's SIGTERM), agreed at the clock checks
+        self.stop_requested = stop_requested or (lambda: False)
+        self._resume: dict[str, Any] | None = None
+        self._checkpointed_at = -1      # the step of the last checkpoint written or read
+        self._checkpoint_clock = 0.0    # perf_counter() of it
+
+    @property
+    def checkpoint_root(self) -> Path:
+        """Where this run's resumable checkpoints go."""
+        if self.run_dir is None:
+            raise PluginError("this worker has no run folder to write its checkpoints to")
+        return checkpoint_root(self.run_dir, self.cfg.checkpoint_dir)
 
     # -- setup ------------------------------------------------------------------------------
     def _device(self) -> torch.device:
@@ -112,30 +152,95 @@ class Trainer:
                                options=dict(self.cfg.optimizer_options))
         self.optimizer: DistributedOptimizer = build_optimizer(self.cfg.optimizer, ctx, self.cfg.optimizer_plugin,
                                                                 self.run_dir)
+        if self.cfg.resume_step is not None:
+            self._load_checkpoint(self.cfg.resume_step)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _load_checkpoint(self, step: int) -> None:
+        """Read this rank's state of the checkpoint of ``step``: the model and optimizer now, the
+        runtime's and the random generators' when the loop has begun the checkpoint's epoch."""
+        state = checkpoint.read(self.checkpoint_root, step, self.rank, seed=self.cfg.seed, workers=self.world)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.progress = Progress.from_checkpoint(state["progress"])
+        self._resume = state
+        self._checkpointed_at = self.progress.step
+        self._checkpoint_clock = time.perf_counter()
+
+    def _write_checkpoint(self, epoch: int, index: int) -> None:
+        """This rank's state between two steps: about to run batch ``index`` of ``epoch``."""
+        p = self.progress
+        state = {"format": checkpoint.FORMAT, "step": p.step, "epoch": epoch, "batch": index,
+                 "seed": self.cfg.seed, "workers": self.world, "task": self.spec.name,
+                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "runtime": self.runtime.state_dict(), "rng": checkpoint.rng_state(self.device),
+                 "progress": p.to_checkpoint()}
+        seconds = checkpoint.write(self.checkpoint_root, self.rank, self.world, state)
+        self._checkpointed_at = p.step
+        self._checkpoint_clock = time.perf_counter()
+        if self.rank == 0:
+            self.events.emit("checkpoint", {"step": p.step, "seconds": seconds}, epoch=self._epoch_float(),
+                             step=p.step)
+
+    def _checkpoint_due_by_steps(self) -> bool:
+        every = self.cfg.checkpoint_every_steps
+        step = self.progress.step
+        return every is not None and step > 0 and step % every == 0 and step != self._checkpointed_at
+
+    def _clock_checks(self) -> bool:
+        """Whether the loop looks at clocks the workers must agree on."""
+        return self.cfg.time_budget_s is not None or self.cfg.checkpoints
 
     # -- the loop -----------------------------------------------------------------------------
     def train(self) -> TrainingResult:
-        """Train until the goal, the epoch cap, the time budget or the step cap; return the result."""
+        """Train until the goal, the epoch cap, the time budget or the step cap; return the result.
+
+        With checkpoints, one is written every ``--checkpoint-every`` and at a stop by the step
+        cap, the time budget or a stop request (before the evaluation a stop adds); a resumed run
+        (``resume_step``) starts at its checkpoint's epoch and batch with its state."""
         p = self.progress
         stop_reason = "max-epochs"
         evaluated_at = -1
-        p.train_start = time.perf_counter()
+        start_epoch, start_batch = 0, 0
+        if self._resume is not None:
+            start_epoch, start_batch = int(self._resume["epoch"]), int(self._resume["batch"])
+            evaluated_at = p.step if start_batch == 0 else -1  # the epoch's end was evaluated
+        else:
+            p.train_start = time.perf_counter()
+        self._checkpoint_clock = time.perf_counter()
         loss_sum = torch.zeros((), device=self.device)
         losses = torch.zeros(self.cfg.log_every, device=self.device)  # this interval's, per step
         interval_steps = interval_samples = 0
-        interval_start_bytes = 0
-        for epoch in range(self.spec.settings.max_epochs):
+        interval_start_bytes = self.optimizer.bytes_sent
+        for epoch in range(start_epoch, self.spec.settings.max_epochs):
             p.epoch = epoch
             self.runtime.begin_epoch(epoch)
+            batches = self.runtime.batches(epoch)
+            index = 0
+            if self._resume is not None:  # the checkpoint's place in its epoch, and its state
+                batches = itertools.islice(batches, start_batch, None)
+                index = start_batch
+                self.runtime.load_state_dict(self._resume["runtime"])
+                checkpoint.set_rng_state(self._resume["rng"], self.device)
+                self._resume = None
             stop = None
-            for batch in self.runtime.batches(epoch):
+            for batch in batches:
                 if self.cfg.max_steps is not None and p.step >= self.cfg.max_steps:
                     stop = "max-steps"
                     break
-                if (self.cfg.time_budget_s is not None and p.step >= self._next_budget_check
-                        and self._budget_spent()):
-                    stop = "time-budget"
-                    break
+                if self._clock_checks() and p.step >= self._next_budget_check:
+                    spent, due, asked = self._agree()
+                    if spent:
+                        stop = "time-budget"
+                        break
+                    if asked:
+                        stop = "stopped"
+                        break
+                    if due and p.step != self._checkpointed_at:
+                        self._write_checkpoint(epoch, index)
+                if self._checkpoint_due_by_steps():
+                    self._write_checkpoint(epoch, index)
+                index += 1
                 lr = self.runtime.lr(p.step, batch)
                 loss = self.runtime.train_step(batch, lr, self.optimizer)
                 loss_sum += loss
@@ -156,6 +261,10 @@ class Trainer:
                 loss_sum.zero_()
                 interval_steps = interval_samples = 0
                 interval_start_bytes = self.optimizer.bytes_sent
+            if stop in CHECKPOINTED_STOPS and self.cfg.checkpoints and p.step != self._checkpointed_at:
+                self._write_checkpoint(epoch, index)
+            if stop == "stopped":
+                raise Stopped(f"stopped at step {p.step} on request, with a checkpoint")
             if stop is not None and evaluated_at == p.step:
                 stop_reason = stop  # at an epoch's first step: the model was evaluated already
                 break
@@ -171,27 +280,31 @@ class Trainer:
             self.evaluate()
         return self._result(stop_reason)
 
-    def _budget_spent(self) -> bool:
-        """All workers agree on whether the training-time budget is spent, and on the next check.
+    def _agree(self) -> tuple[bool, bool, bool]:
+        """All workers agree on whether the training-time budget is spent, whether a time-based
+        checkpoint is due, whether a stop was asked for, and on the next check.
 
-        One small all-reduce (MAX) carries "spent?" and minus each worker's proposal of how many
-        steps to wait until the next check (about BUDGET_CHECK_SECONDS of training), so the
-        slowest worker's pace sets the interval and the overshoot stays a fraction of a second
-        without a collective on every step.
+        One small all-reduce (MAX) carries the three flags and minus each worker's proposal of
+        how many steps to wait until the next check (about BUDGET_CHECK_SECONDS of training), so
+        the slowest worker's pace sets the interval and the overshoot stays a fraction of a
+        second without a collective on every step; a stop asked of any worker stops them all at
+        the same step.
         """
         p = self.progress
         elapsed = p.train_time()
         per_step = elapsed / p.step if p.step else 0.0
         proposal = max(1, min(1000, int(BUDGET_CHECK_SECONDS / per_step))) if per_step > 0 else 1
         budget = self.cfg.time_budget_s
-        assert budget is not None
-        flags = torch.tensor([1.0 if elapsed >= budget else 0.0, -float(proposal)],
+        every = self.cfg.checkpoint_every_s
+        spent = budget is not None and elapsed >= budget
+        due = every is not None and time.perf_counter() - self._checkpoint_clock >= every
+        flags = torch.tensor([float(spent), float(due), float(self.stop_requested()), -float(proposal)],
                              device=self.device)
         if self.world > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        spent, interval = flags.tolist()
+        spent_f, due_f, asked_f, interval = flags.tolist()
         self._next_budget_check = p.step + int(-interval)
-        return spent > 0
+        return spent_f > 0, due_f > 0, asked_f > 0
 
     def _epoch_float(self) -> float:
         return self.progress.step / self.steps_per_epoch

@@ -125,6 +125,8 @@
       ["stop at goal", spec.stop_at_goal === false ? "no (--no-stop)" : null],
       ["time budget", spec.time_budget_s ? fmt.dur(spec.time_budget_s) : null],
       ["max steps", spec.max_steps],
+      ["checkpoints", spec.checkpoints],
+      ["resumes", spec.resumes],
       ["seed", spec.seed],
       ["machine", [spec.host, spec.cpu && `${spec.cpu}${spec.cores ? ` (${spec.cores} cores)` : ""}`, ...(spec.gpus || [])].filter(Boolean).join(", ")],
       ["created", fmt.time(run.created_at)],

@@ -164,6 +164,19 @@ class LanguageModelRuntime:
         self._history.append(loss)
         return {"loss": loss, "perplexity": math.exp(loss)}
 
+    def state_dict(self) -> dict[str, Any]:
+        """The hidden state carried from batch to batch, and NT-ASGD's switch, average and history."""
+        return {"hidden": [tuple(t.detach().clone() for t in layer) for layer in self.hidden],
+                "averaging": self.averaging, "average": [t.clone() for t in self._average],
+                "averaged_steps": self._averaged_steps, "history": list(self._history)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.hidden = [tuple(t.to(self.device) for t in layer) for layer in state["hidden"]]
+        self.averaging = bool(state["averaging"])
+        self._average = [t.to(self.device) for t in state["average"]]
+        self._averaged_steps = int(state["averaged_steps"])
+        self._history = [float(v) for v in state["history"]]
+
     # -- clipping and averaging -----------------------------------------------------------------
     def _clip(self) -> bool:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.s.grad_clip)

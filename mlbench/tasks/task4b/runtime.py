@@ -185,6 +185,14 @@ class TranslationRuntime:
     def samples_in(self, batch: TranslationStep) -> int:
         return sum(mb.tokens for mb in batch.micro)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The fp16 loss scale and its growth counter (nothing else: batches follow from (seed, epoch))."""
+        return {"scaler": self.scaler.scaler.state_dict() if self.scaler is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.scaler.load_state_dict(state["scaler"])
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """newstest2014 negative log-likelihood per target token and BLEU, over all workers."""

@@ -1,0 +1,80 @@
+"""Where a run's resumable checkpoints are, and which of them are complete.
+
+A checkpoint of step N is one folder, ``state-step-N``, holding one file per rank
+(``rank-R.pt``, each written whole or not at all by :mod:`mlbench.worker.checkpoint`). It is
+*complete* when every rank of the run wrote its file: only then can the run resume from it (a
+worker killed half-way through a checkpoint leaves an incomplete one, which is ignored). After
+the ranks agreed that they all wrote, rank 0 names the newest complete one in the manifest
+``state.json`` beside the folders, for a person or another tool; mlbench itself trusts the
+folders, so a lost manifest loses nothing.
+
+The folders are in ``RUN_DIR/checkpoints`` (beside ``rank-R.pt``, the final parameters of
+``--save-model``, which keep that meaning), or in ``--checkpoint-dir DIR/RUN_ID`` on storage that
+outlives the run folder. This module reads names and files only (no torch), so that status, the
+dashboard and the launchers can tell what a run can resume from.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+STATE_PREFIX = "state-step-"
+MANIFEST = "state.json"
+#: Complete checkpoints kept: the newest and the one before it (a resume reads the newest).
+KEEP = 2
+_STATE_DIR = re.compile(rf"^{STATE_PREFIX}(\d+)$")
+
+
+def checkpoint_root(run_dir: Path, checkpoint_dir: str | None) -> Path:
+    """The folder of the run's resumable checkpoints: ``--checkpoint-dir DIR`` gives
+    ``DIR/RUN_ID`` (the run folder's name is its id), else ``RUN_DIR/checkpoints``."""
+    if checkpoint_dir:
+        return Path(checkpoint_dir) / run_dir.name
+    return run_dir / "checkpoints"
+
+
+def state_dir(root: Path, step: int) -> Path:
+    """The folder of the checkpoint of step ``step``."""
+    return root / f"{STATE_PREFIX}{step}"
+
+
+def rank_file(root: Path, step: int, rank: int) -> Path:
+    """Rank ``rank``'s file of the checkpoint of step ``step``."""
+    return state_dir(root, step) / f"rank-{rank}.pt"
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """A run's complete checkpoints, by step (ascending)."""
+
+    root: Path
+    steps: tuple[int, ...]
+
+    @property
+    def newest(self) -> int | None:
+        """The step of the newest complete checkpoint (None: none)."""
+        return self.steps[-1] if self.steps else None
+
+    @property
+    def count(self) -> int:
+        return len(self.steps)
+
+    def to_dict(self) -> dict[str, object]:
+        """As `status -o json` and the dashboard show them."""
+        return {"newest_step": self.newest, "count": self.count, "folder": str(self.root)}
+
+
+def complete_checkpoints(root: Path, workers: int) -> Checkpoints:
+    """The checkpoints in ``root`` that every one of ``workers`` ranks wrote."""
+    steps = []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        entries = []
+    for entry in entries:
+        match = _STATE_DIR.match(entry.name)
+        if match and all((entry / f"rank-{r}.pt").is_file() for r in range(workers)):
+            steps.append(int(match.group(1)))
+    return Checkpoints(root, tuple(sorted(steps)))

@@ -1,0 +1,85 @@
+"""`mlbench run --checkpoint-every` and `mlbench resume RUN` with 2 real workers, through the CLI.
+
+A run stopped by its step cap and resumed with a larger one ends with the very parameters
+(torch.equal) of the same run uninterrupted, with PowerSGD (whose error feedback and Q
+matrices each rank keeps); a run cancelled while it trains writes its checkpoint at the stop
+and resumes from it; `status` shows the checkpoints and the resumes; a run that cannot resume
+is refused in one line with exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from mlbench.results.store import RunStore
+from tests.helpers import checkpoint, mlbench, run_json, wait_for
+
+OPTIONS = ("--set", "batch_per_worker=50", "--optimizer", "powersgd", "--log-every", "1", "--save-model")
+
+
+def _status(run_id: str) -> dict:
+    return json.loads(mlbench("status", run_id, "-o", "json", check=True).stdout)
+
+
+def _refused(*args: str) -> str:
+    proc = mlbench(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    return proc.stderr
+
+
+def test_a_run_stopped_by_its_step_cap_resumes_to_the_parameters_of_the_uninterrupted_run(libsvm_dir):
+    RUN = ("task2a", "2", "--data-dir", str(libsvm_dir), *OPTIONS)
+    mlbench("run", *RUN, "--max-steps", "3", "--checkpoint-every", "2steps", check=True)
+    stopped = RunStore().list()[-1]
+    status = _status(stopped.id)
+    assert status["checkpoints"]["newest_step"] == 3 and status["checkpoints"]["count"] == 2
+    assert status["checkpoints"]["every"] == "2 steps" and status["resumes"] == []
+
+    _refused("resume", stopped.id)  # its own cap is the checkpoint's step
+    proc = mlbench("resume", stopped.id, "--max-steps", "6", check=True)
+    assert f"Resuming run {stopped.id}" in proc.stdout and "from step 3" in proc.stdout
+    resumed = RunStore().get(stopped.id)
+    assert resumed.state == "finished" and resumed.result["steps"] == 6
+    document = run_json(resumed)
+    assert [r["from_step"] for r in document["resumes"]] == [3]
+    assert document["config"]["max_steps"] == 6 and document["config"]["resume_step"] == 3
+    status = _status(stopped.id)
+    assert status["checkpoints"]["newest_step"] == 6 and len(status["resumes"]) == 1
+    table = mlbench("status", stopped.id, check=True).stdout
+    assert "every 2 steps; newest at step 6 (2 kept)" in table and "1: from step 3 (after finished)" in table
+    from mlbench.dashboard.views import run_spec  # the dashboard's run page: the same words
+    from mlbench.results.events import read_run_events
+    from mlbench.results.summary import summarize
+    spec = run_spec(resumed, document, summarize(read_run_events(resumed.run_dir)))
+    assert (spec["checkpoints"], spec["resumes"]) == ("every 2 steps; newest at step 6 (2 kept)",
+                                                      "1: from step 3 (after finished)")
+
+    mlbench("run", *RUN, "--max-steps", "6", check=True)
+    reference = RunStore().list()[-1]
+    for rank in range(2):
+        expected, actual = checkpoint(reference, rank), checkpoint(resumed, rank)
+        assert all(torch.equal(expected[name], actual[name]) for name in expected), rank
+
+    assert "no complete checkpoint" in _refused("resume", reference.id)
+    assert "no run" in _refused("resume", "nosuchrun").lower()
+
+
+def test_a_cancelled_run_writes_its_checkpoint_at_the_stop_and_resumes_from_it(libsvm_dir):
+    RUN = ("task2a", "2", "--data-dir", str(libsvm_dir), "--no-stop", "--set", "max_epochs=100000", *OPTIONS)
+    proc = mlbench("run", *RUN, "--max-steps", "100000", "--checkpoint-every", "10m", "--detach")
+    assert proc.returncode == 0, proc.stderr
+    run = RunStore().list()[-1]
+    wait_for(lambda: RunStore().get(run.id).state == "running" and _status(run.id)["summary"]["steps"] >= 2,
+             120, "the run to train")
+    assert "is running" in _refused("resume", run.id)
+    mlbench("cancel", run.id, check=True)
+    assert RunStore().get(run.id).state == "cancelled"
+    newest = _status(run.id)["checkpoints"]["newest_step"]
+    assert newest is not None and newest >= 2
+    mlbench("resume", run.id, "--max-steps", str(newest + 2), check=True)
+    final = RunStore().get(run.id)
+    assert final.state == "finished" and final.result["steps"] == newest + 2
+    assert run_json(final)["resumes"][0]["after"] == "cancelled"
