@@ -65,6 +65,8 @@ class RunConfig:
     graph: bool = True                  # capture the step in a CUDA graph where possible
     #: The watchdog's least bound in seconds (mlbench.results.watchdog); None: no watchdog.
     watchdog_s: float | None = DEFAULT_WATCHDOG_S
+    #: Which framework trains (mlbench.frameworks): its worker program, recorded with the run.
+    framework: str = "pytorch"
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
