@@ -26,7 +26,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "kubernetes": ("the Kubernetes client", ("kubernetes", "urllib3")),
     "kind": ("the Docker SDK", ("docker", "requests")),
     "dashboard": ("starlette and uvicorn", ("starlette", "uvicorn")),
-    "jax": ("JAX and Optax (the JAX port, --framework jax)", ("jax", "jaxlib", "optax", "flax")),
+    "jax": ("JAX and Optax (the JAX port, --framework jax)", ("jax", "jaxlib", "optax")),
 }
 
 

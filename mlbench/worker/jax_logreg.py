@@ -57,7 +57,11 @@ class LogisticRegressionPort:
 
         def local_step(w: jax.Array, state: Any, x: jax.Array, y: jax.Array,
                        lr: jax.Array) -> tuple[jax.Array, Any, jax.Array]:
-            loss, grad = jax.value_and_grad(objective)(w, x, y, l2)
+            # the gradient of this worker's own minibatch: taken with respect to a per-device
+            # ("varying") copy of w, since the gradient with respect to the replicated w itself
+            # would be summed over the workers by shard_map's autodiff already
+            local_w = jax.lax.pcast(w, AXIS, to="varying")
+            loss, grad = jax.value_and_grad(objective)(local_w, x, y, l2)
             grad = jax.lax.pmean(grad, AXIS)   # the all-reduce of the gradients
             direction, state = tx.update(grad, state, w)
             return w - lr * direction, state, loss[None]
