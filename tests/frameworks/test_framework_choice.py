@@ -43,3 +43,19 @@ def test_what_the_jax_port_does_not_offer_is_refused_before_anything_is_recorded
     proc = mlbench("run", "task2a", "2", "--framework", "jax", "--data", "synthetic", *args)
     assert (proc.returncode, proc.stderr) == (2, f"Error: {message}\n")
     assert nothing_recorded()
+
+
+def test_runs_of_different_frameworks_never_share_a_row_of_compare():
+    from mlbench.results.compare import compare_runs
+    from mlbench.results.report import family_heading, framework_of, run_overview
+    from mlbench.results.store import RunStore
+    from tests.results.recorded import record_run
+
+    store = RunStore()
+    old = record_run(store, workers=2, task="task2a", tta=10.0)   # recorded before --framework
+    jax_run = record_run(store, workers=2, task="task2a", tta=20.0, framework="jax")
+    comparison = compare_runs([old, jax_run])
+    assert sorted((g.family.framework, len(g.runs)) for g in comparison.groups) == [("jax", 1), ("pytorch", 1)]
+    assert [family_heading(f).split(" | ")[:2] for f in comparison.families()] == [["task2a", "jax"],
+                                                                                 ["task2a", "closed division"]]
+    assert (framework_of(old), run_overview(jax_run)["framework"]) == ("pytorch", "jax")
