@@ -30,6 +30,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "tensorboard": ("TensorBoard", ("tensorboard",)),
     "mlflow": ("MLflow", ("mlflow",)),
     "wandb": ("Weights & Biases (wandb)", ("wandb",)),
+    "jax": ("JAX and Optax (the JAX port, --framework jax)", ("jax", "jaxlib", "optax")),
 }
 
 

@@ -65,6 +65,8 @@ class RunConfig:
     graph: bool = True                  # capture the step in a CUDA graph where possible
     #: The watchdog's least bound in seconds (mlbench.results.watchdog); None: no watchdog.
     watchdog_s: float | None = DEFAULT_WATCHDOG_S
+    #: Which framework trains (mlbench.frameworks): its worker program, recorded with the run.
+    framework: str = "pytorch"
     #: ``--checkpoint-every``: a resumable checkpoint every so many seconds of the run or every
     #: so many steps (at most one of them); neither: checkpoints are not written.
     checkpoint_every_s: float | None = None

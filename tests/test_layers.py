@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mlbench"
 
 #: Lowest first. A module may import its own layer's packages and any lower layer's.
 LAYERS: list[set[str]] = [
-    {"mlbench", "errors", "extras", "timing", "progress", "jsonfile", "safefile", "plugins"},
+    {"mlbench", "errors", "extras", "frameworks", "timing", "progress", "jsonfile", "safefile", "plugins"},
     {"tasks", "network"},
     {"optim"},
     {"run_config"},

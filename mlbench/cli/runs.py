@@ -17,6 +17,7 @@ from mlbench.cli.launchers import launcher_options, print_worker_commands
 from mlbench.cli.optimizers import print_compression
 from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.errors import UsageError
+from mlbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS
 from mlbench.launch import session
 from mlbench.launch.base import NO_STEP_CAP
 from mlbench.launch.plan import BACKENDS, RunRequest, parse_checkpoint_every, parse_duration, parse_watchdog
@@ -90,6 +91,9 @@ def tasks(output) -> None:
 @click.option("--opt", "opts", multiple=True, metavar="KEY=VALUE", help="Optimizer option, e.g. --opt by=layer.")
 @click.option("--backend", type=click.Choice(BACKENDS), help="torch.distributed backend [gloo on CPU, nccl on GPU].")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="[cuda when a GPU is visible, else cpu]")
+@click.option("--framework", type=click.Choice(list(FRAMEWORKS)), default=DEFAULT_FRAMEWORK,
+              help="Which framework trains: jax needs `pip install 'mlbench-suite[jax]'` and runs task2a "
+                   "(docs/worker-contract.md).")
 @click.option("--seed", type=int, default=0, help="Seed of model init, data order and augmentation.")
 @click.option("--repeat", type=int, default=1, metavar="N",
               help="Run every worker count N times, with seeds SEED..SEED+N-1, in N rounds over the "
@@ -127,7 +131,7 @@ def tasks(output) -> None:
                     "entry, id first) instead of a sentence.")
 @launcher_options
 def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, model, sets, optimizer, opts,
-        backend, device, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
+        backend, device, framework, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
         channels_last, no_graph, watchdog, checkpoint_every, checkpoint_dir, max_size, name, detach, bandwidth,
         latency, jitter, loss, shaping, output, launch) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
@@ -138,6 +142,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
       mlbench run task0a 4
       mlbench run task1a 2 --light
       mlbench run task2a 4 --data-dir ~/data/epsilon
+      mlbench run task2a 2 --framework jax
       mlbench run task1a 1 2 4 --time-budget 10m
       mlbench run task1a 1 2 4 8 --repeat 3
       mlbench run task1a 8 --slurm --partition gpu --gpus-per-task 1 --time 01:00:00
@@ -157,7 +162,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
         optimizer_options=parse_opts(opts), log_every=log_every, timing=not no_timing,
         save_model=save_model, precision=precision, channels_last=channels_last, graph=not no_graph,
         name=name, max_size=max_size, watchdog_s=parse_watchdog(watchdog), checkpoint_every_s=every_s,
-        checkpoint_every_steps=every_steps, checkpoint_dir=checkpoint_dir)
+        checkpoint_every_steps=every_steps, checkpoint_dir=checkpoint_dir, framework=framework)
     plan = session.plan_runs(base, workers, repeat, detach=detach,
                              networks=network_options(bandwidth, latency, jitter, loss, shaping))
     # with -o json the launcher's progress (an image built, a cluster reached) goes to stderr,

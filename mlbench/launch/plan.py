@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench.errors import UsageError
+from mlbench.frameworks import DEFAULT_FRAMEWORK, PYTORCH, check_framework
 from mlbench.network.settings import NetworkSettings
 from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
 from mlbench.results.environment import cuda_available, describe_environment, usable_cores
@@ -63,6 +64,7 @@ class RunRequest:
     checkpoint_every_s: float | None = None   # --checkpoint-every DURATION
     checkpoint_every_steps: int | None = None  # --checkpoint-every Nsteps
     checkpoint_dir: str | None = None          # --checkpoint-dir DIR
+    framework: str = DEFAULT_FRAMEWORK  # mlbench.frameworks: which worker program trains
 
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
@@ -192,6 +194,9 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
     if request.data not in ("real", "synthetic"):
         raise UsageError(f"--data {request.data}: choose real or synthetic")
     task = get_task(request.task)
+    framework = check_framework(request.framework, task.name)
+    if framework is not PYTORCH and request.device is None:
+        request = dataclasses.replace(request, device="cpu")  # the ports run on CPUs
     overrides = dict(request.overrides)
     if request.model:
         if not isinstance(task, TaskSpec) or "model" not in task.settings.override_keys():
@@ -260,8 +265,27 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
         save_model=request.save_model, precision=request.precision,
         channels_last=request.channels_last, graph=request.graph, watchdog_s=request.watchdog_s,
         checkpoint_every_s=request.checkpoint_every_s, checkpoint_every_steps=request.checkpoint_every_steps,
-        checkpoint_dir=checkpoint_dir)
+        checkpoint_dir=checkpoint_dir, framework=framework.name)
+    if framework is not PYTORCH:
+        _check_port_options(config, request)
     return config, changed
+
+
+def _check_port_options(config: RunConfig, request: RunRequest) -> None:
+    """What a port to another framework does not offer (it trains the closed division's
+    algorithm on CPUs): one line each, before anything is recorded."""
+    name = config.framework
+    if config.optimizer != config.training_spec.optimizer or request.optimizer_options:
+        raise UsageError(f"--framework {name} trains with the task's reference optimizer only; drop --optimizer/--opt")
+    if config.model_plugin is not None:
+        raise UsageError(f"--framework {name} trains the task's own model; drop the model plug-in")
+    unsupported = [(config.device != "cpu", "--device cuda"), (config.time_budget_s is not None, "--time-budget"),
+                   (config.precision != "fp32", "--precision"), (config.save_model, "--save-model"),
+                   (config.channels_last, "--channels-last"), (config.backend != "gloo", f"--backend {config.backend}"),
+                   (request.network is not None, "an emulated network")]
+    for given, what in unsupported:
+        if given:
+            raise UsageError(f"--framework {name}: {what} is not in this port yet (it runs on CPUs, over gloo)")
 
 
 def prepare_data(config: RunConfig) -> None:
@@ -306,6 +330,8 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
     if plugin is not None:
         request = dataclasses.replace(request, optimizer=plugin.label)
     config, changed = build_config(request, resources, model_plugin)
+    if config.framework != PYTORCH.name and launcher != "local":
+        raise UsageError(f"--framework {config.framework} runs on this machine only (the local launcher) so far")
     if plugin is None:
         optimizer = check_optimizer(config.optimizer, request.optimizer_options, request.workers)
     else:

@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from mlbench.frameworks import PYTORCH, get_framework
 from mlbench.launch.forked import ForkedProcess, fork_worker, forking_allowed
 from mlbench.launch.processes import ProcessRef
 from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, rank_error
@@ -145,7 +146,14 @@ class WorkerProcesses:
             document.save(self.run_dir)
             # without namespaces to enter, the ranks are forked from here once their modules are
             # imported (mlbench.launch.forked: seconds of CPU saved per worker)
-            fork = self.network is None and forking_allowed(TASKS.runtime_module(config.task.name))
+            # a port to another framework is a program of its own, started as a fresh interpreter:
+            # never forked from this torch-importing process; its coordinator binds the port itself
+            framework = get_framework(config.framework)
+            if framework is not PYTORCH and listener is not None:
+                listener.close()
+                listener = None
+            fork = (framework is PYTORCH and self.network is None
+                    and forking_allowed(TASKS.runtime_module(config.task.name)))
             prepare = getattr(runtime_module(config.task), "prepare_before_fork", None) if fork else None
             if prepare is not None:   # what every rank would make alike (synthetic data), made once
                 prepare(config)
@@ -160,7 +168,7 @@ class WorkerProcesses:
                 if fork:
                     self.procs.append(fork_worker(worker_args, log, rank_env, pass_fds, tied_to_this_process()))
                     continue
-                cmd = [sys.executable, "-m", "mlbench.worker", *worker_args]
+                cmd = [sys.executable, "-m", framework.worker, *worker_args]
                 if self.network:
                     cmd, rank_env = self.network.worker_command(rank, cmd), {**env, **self.network.worker_env(rank)}
                 self.procs.append(self.spawn(cmd, log.name, rank_env, pass_fds))

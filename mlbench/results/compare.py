@@ -181,6 +181,7 @@ class Family:
     bandwidth_bps: float | None = None
     latency_s: float = 0.0             # the emulated network's one-way latency
     model: str = ""                    # a model plug-in's name@sha; "": the task's own model
+    framework: str = "pytorch"         # mlbench.frameworks: which framework trained
 
     @property
     def metric(self) -> str:
@@ -279,7 +280,8 @@ def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = Non
         run = RunResult.load(record)
         family = Family(record.task, record.division, record.optimizer, run.hardware, run.goal,
                         network_label(run.network), (run.network or {}).get("bandwidth_bps"),
-                        float((run.network or {}).get("latency_s") or 0.0), run.model_plugin)
+                        float((run.network or {}).get("latency_s") or 0.0), run.model_plugin,
+                        run.config.framework if run.config is not None else "pytorch")
         buckets[(family, record.workers)].append(run)
     groups = [_group(f, k, runs, usd_per_node_hour)
               for (f, k), runs in sorted(buckets.items(), key=lambda item: _sort_key(*item[0]))]
@@ -292,7 +294,7 @@ def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = Non
 
 
 def _sort_key(family: Family, workers: int) -> tuple:
-    return (family.division, family.optimizer, family.model, family.hardware, family.goal or 0.0,
+    return (family.framework, family.division, family.optimizer, family.model, family.hardware, family.goal or 0.0,
             family.bandwidth_bps or math.inf, family.network, workers)
 
 

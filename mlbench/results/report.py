@@ -128,7 +128,8 @@ def family_heading(family: Family, emulated: bool = False) -> str:
               else "no goal: speedup of throughput")
     goal = f"goal {task_metric(family.task).format(family.goal)}" if family.goal is not None else "synthetic data"
     model = f"model {family.model} | " if family.model else ""
-    return (f"{family.task} | {family.division} division | {family.optimizer} | {model}"
+    framework = f"{family.framework} | " if family.framework != "pytorch" else ""
+    return (f"{family.task} | {framework}{family.division} division | {family.optimizer} | {model}"
             f"{family.hardware} | {network}{goal} | {metric}")
 
 
@@ -250,7 +251,7 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
     return {
         "id": record.id, "name": record.name, "task": record.task, "workers": record.workers,
         "state": record.state, "reason": record.reason, "division": record.division,
-        "optimizer": record.optimizer, "model": model,
+        "optimizer": record.optimizer, "model": model, "framework": framework_of(record),
         "division_text": division_text(record.division, record.optimizer, model),
         "launcher": record.launcher, "seed": record.seed, "group_id": record.group_id, "created_at": record.created_at,
         "started_at": record.started_at, "finished_at": record.finished_at,
@@ -267,6 +268,13 @@ def division_text(division: str, optimizer: str | None, model: str | None) -> st
     ``open (my-sgd@1a2b3c4d5e6f, my_model.build@0a1b2c3d4e5f)``."""
     plugins = [str(label) for label in (optimizer, model) if is_plugin_label(label)]
     return f"{division} ({', '.join(plugins)})" if plugins else division
+
+
+def framework_of(record: RunRecord) -> str:
+    """The framework that trained the run (run.json; the catalog has no column for it): runs
+    recorded before there was a choice, or whose run.json is gone, were PyTorch's."""
+    document = RunDocument.load_or_none(record.run_dir)
+    return document.config.framework if document is not None else "pytorch"
 
 
 def _model_plugin_label(record: RunRecord) -> str | None:

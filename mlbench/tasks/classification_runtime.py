@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -26,7 +27,8 @@ from mlbench.tasks.models import build_model
 from mlbench.tasks.models.logreg import LogisticRegression
 from mlbench.tasks.models.plugins import build_plugin_model
 from mlbench.tasks.pipeline import Pipeline
-from mlbench.tasks.runtime import RunView, StepOptimizer
+from mlbench.tasks.runtime import RunView, StepOptimizer, all_reduce_sum
+from mlbench.tasks.scoring import TOTALS, metrics_of, score_outputs
 from mlbench.timing import PhaseTimer
 
 
@@ -187,22 +189,21 @@ class SupervisedRuntime:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Loss (with the L2 term) and top-1 accuracy on the whole test set, over all workers."""
+        """Loss (with the L2 term) and top-1 accuracy on the whole test set, over all workers.
+
+        The model only computes the logits of this rank's share; mlbench's NumPy scorer
+        (:mod:`mlbench.tasks.scoring`, the same for every framework) scores them."""
         self._sync_buffers()
         self.model.eval()
         start, stop = eval_shard(self.data.num_test, workers=self.world, rank=self.rank)
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
+        totals = np.zeros(len(TOTALS), dtype=np.float64)
         for lo in range(start, stop, self.cfg.eval_batch_size):
             x, y = self.data.test_batch(lo, min(stop, lo + self.cfg.eval_batch_size))
             output = self.model(x)
-            totals[0] += self.loss.value(output, y, "sum").double()
-            totals[1] += self.loss.correct(output, y).double()
-            totals[2] += y.shape[0]
-        if self.world > 1:
-            dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+            totals += score_outputs(self.settings.loss, output.float().cpu().numpy(), y.cpu().numpy())
+        summed = all_reduce_sum(totals.tolist(), self.world, self.device)
         self.model.train()
-        loss = float(totals[0] / totals[2]) + float(regulariser(self.model, self.settings.l2))
-        return {"loss": loss, "accuracy": float(totals[1] / totals[2])}
+        return metrics_of(summed, float(regulariser(self.model, self.settings.l2)))
 
     @property
     def train_samples(self) -> int:

@@ -15,14 +15,13 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class Loss:
-    """``value(output, target, reduction)`` is the objective over a batch; ``correct(output,
-    target)`` counts right predictions (the accuracy's numerator); ``closed_form``, when given,
+    """``value(output, target, reduction)`` is the objective over a batch (training; the test
+    set is scored by :mod:`mlbench.tasks.scoring`, the same for every framework); ``closed_form``, when given,
     writes the exact gradient of the mean objective (plus L2) into the parameters' ``.grad`` of a
     linear model and returns the objective, with no autograd graph."""
 
     name: str
     value: Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
-    correct: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     closed_form: Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None
 
 
@@ -52,18 +51,10 @@ def _cross_entropy(output: torch.Tensor, target: torch.Tensor, reduction: str = 
     return F.cross_entropy(output, target, reduction=reduction)
 
 
-def _top1(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return (output.argmax(dim=1) == target).sum()
-
-
 def _logistic(output: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """log(1 + exp(-y z)) for labels y in {-1, +1}."""
     losses = F.softplus(-target * output)
     return losses.mean() if reduction == "mean" else losses.sum()
-
-
-def _sign_agrees(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return ((output >= 0).to(target.dtype) * 2 - 1 == target).sum()
 
 
 def logistic_gradients_(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, l2: float) -> torch.Tensor:
@@ -86,5 +77,5 @@ def logistic_gradients_(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
     return F.softplus(margin).mean() + 0.5 * l2 * (w * w).sum()
 
 
-CROSS_ENTROPY = register_loss(Loss("cross-entropy", _cross_entropy, _top1))
-LOGISTIC = register_loss(Loss("logistic", _logistic, _sign_agrees, closed_form=logistic_gradients_))
+CROSS_ENTROPY = register_loss(Loss("cross-entropy", _cross_entropy))
+LOGISTIC = register_loss(Loss("logistic", _logistic, closed_form=logistic_gradients_))

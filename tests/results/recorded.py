@@ -28,7 +28,7 @@ def record_run(store: RunStore, *, workers: int, task: str = "task1a", tta: floa
                device: str = "cpu", group_id: str | None = None,
                result_extra: dict[str, Any] | None = None, network: dict[str, Any] | None = None,
                final: float | None = None, nodes: int | None = None,
-               on_this_machine: bool | None = None) -> RunRecord:
+               on_this_machine: bool | None = None, framework: str | None = None) -> RunRecord:
     """A run whose events and result say exactly what the arguments say; ``final`` is the goal
     metric's last value (the task's: accuracy, perplexity, BLEU; default 0.9 or 0.5 accuracy);
     ``nodes`` and ``on_this_machine`` as its launcher records them (None: a run.json from before
@@ -39,6 +39,8 @@ def record_run(store: RunStore, *, workers: int, task: str = "task1a", tta: floa
                 "config": {"task": spec_to_dict(spec), "workers": workers, "device": device,
                            "seed": seed, "data": "real" if goal is not None else "synthetic"},
                 "environment": environment or ENVIRONMENT}
+    if framework is not None:  # None: a run.json from before there was a choice (PyTorch's)
+        run_json["config"]["framework"] = framework
     if network is not None:  # the emulated network, as NetworkSettings.to_dict() records it
         run_json["network"] = network
     if nodes is not None:

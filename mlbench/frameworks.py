@@ -1,0 +1,61 @@
+"""The frameworks a run may train with (``mlbench run --framework``), and what each can run.
+
+The PyTorch worker (``python -m mlbench.worker``) runs every task; a port to another framework
+keeps the same worker contract (docs/worker-contract.md) in a program of its own, started as a
+fresh interpreter, and runs the tasks it has a port of. Torch-free and import-free: the CLI checks
+a request here before anything is recorded, without importing the framework itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from mlbench.errors import UsageError
+from mlbench.extras import install_hint
+
+
+@dataclass(frozen=True)
+class Framework:
+    """``worker``: the module run as ``python -m WORKER RUN_DIR --rank R``; ``modules``: what
+    must be importable; ``extra``: the pip extra that installs them (None: the core); ``tasks``:
+    the tasks it has a port of (None: all)."""
+
+    name: str
+    title: str
+    worker: str
+    modules: tuple[str, ...] = ()
+    extra: str | None = None
+    tasks: tuple[str, ...] | None = None
+
+    def installed(self) -> bool:
+        return all(importlib.util.find_spec(m) is not None for m in self.modules)
+
+
+PYTORCH = Framework("pytorch", "PyTorch", "mlbench.worker")
+JAX = Framework("jax", "JAX", "mlbench.worker.jax_worker", modules=("jax", "optax"), extra="jax",
+                tasks=("task2a",))
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (PYTORCH, JAX)}
+DEFAULT_FRAMEWORK = PYTORCH.name
+
+
+def get_framework(name: str) -> Framework:
+    try:
+        return FRAMEWORKS[name]
+    except KeyError:
+        raise UsageError(f"--framework {name}: choose one of {', '.join(FRAMEWORKS)}") from None
+
+
+def check_framework(name: str, task: str) -> Framework:
+    """The framework ``name`` if it is installed and has a port of ``task``; else UsageError
+    (exit 2) in one line that names the pip extra."""
+    framework = get_framework(name)
+    if framework.tasks is not None and task not in framework.tasks:
+        raise UsageError(f"--framework {name}: {task} has no {framework.title} port "
+                         f"({framework.title} runs {', '.join(framework.tasks)}); "
+                         f"use --framework {DEFAULT_FRAMEWORK}")
+    if not framework.installed():
+        assert framework.extra is not None
+        raise UsageError(f"--framework {name}: {framework.title} is not installed: {install_hint(framework.extra)}")
+    return framework

@@ -1,0 +1,97 @@
+"""Task 2a in JAX: L2 logistic regression, trained by synchronous data-parallel SGD over processes.
+
+The closed division's algorithm, as the PyTorch worker trains it (docs/tasks.md, task 2a; the
+settings in :mod:`mlbench.tasks.task2a`): the model is ``z = x @ w`` without bias, ``w`` starts
+at zero; the objective is the mean ``log(1 + exp(-y z))`` plus ``l2/2 |w|^2``; every worker takes
+the gradient of its own minibatch (``jax.grad``), the workers average the gradients (``pmean``
+over the mesh of all processes' devices, gloo on CPUs), and the update is torch.optim.SGD's
+(dampening 0): weight decay added to the gradient, then momentum (``optax.trace``, Nesterov
+when the settings say so), then ``w -= lr * d`` with the rate that mlbench's rule gives for the
+step. One device per process: rank r's minibatch is the r-th shard of the global batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from mlbench.tasks.classification import ClassificationSettings
+
+AXIS = "workers"
+
+
+def objective(w: jax.Array, x: jax.Array, y: jax.Array, l2: float) -> jax.Array:
+    """Mean log(1 + exp(-y (x @ w))) + l2/2 |w|^2, labels y in {-1, +1}."""
+    margin = -y * (x @ w)
+    return jnp.mean(jax.nn.softplus(margin)) + 0.5 * l2 * jnp.sum(w * w)
+
+
+class LogisticRegressionPort:
+    """The model's parameters, the optimizer's state and the jitted step, on a mesh of one
+    device per process (a single process: a mesh of one)."""
+
+    def __init__(self, settings: ClassificationSettings, in_features: int):
+        self.settings = settings
+        self.mesh = Mesh(np.array(jax.devices()), (AXIS,))
+        self.replicated = NamedSharding(self.mesh, P())
+        self.sharded = NamedSharding(self.mesh, P(AXIS))
+        self.tx = optax.chain(optax.add_decayed_weights(settings.weight_decay),
+                              optax.trace(decay=settings.momentum, nesterov=settings.nesterov))
+        w = np.zeros(in_features, np.float32)   # the PyTorch model's start: zero weights
+        self.params = self._replicate(w)
+        self.opt_state = jax.tree.map(self._replicate, self.tx.init(jnp.asarray(w)))
+        self._step = jax.jit(self._make_step())
+        self._forward = jax.jit(lambda w, x: x @ w)
+
+    def _replicate(self, value: Any) -> jax.Array:
+        return jax.make_array_from_process_local_data(self.replicated, np.asarray(value))
+
+    def _make_step(self) -> Any:
+        l2, tx = self.settings.l2, self.tx
+
+        def local_step(w: jax.Array, state: Any, x: jax.Array, y: jax.Array,
+                       lr: jax.Array) -> tuple[jax.Array, Any, jax.Array]:
+            # the gradient of this worker's own minibatch: taken with respect to a per-device
+            # ("varying") copy of w, since the gradient with respect to the replicated w itself
+            # would be summed over the workers by shard_map's autodiff already
+            local_w = jax.lax.pcast(w, AXIS, to="varying")
+            loss, grad = jax.value_and_grad(objective)(local_w, x, y, l2)
+            grad = jax.lax.pmean(grad, AXIS)   # the all-reduce of the gradients
+            direction, state = tx.update(grad, state, w)
+            return w - lr * direction, state, loss[None]
+
+        return jax.shard_map(local_step, mesh=self.mesh,
+                             in_specs=(P(), P(), P(AXIS), P(AXIS), P()),
+                             out_specs=(P(), P(), P(AXIS)))
+
+    def step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
+        """One synchronous step on this process's minibatch; returns this process's loss."""
+        gx = jax.make_array_from_process_local_data(self.sharded, x)
+        gy = jax.make_array_from_process_local_data(self.sharded, y)
+        rate = self._replicate(np.float32(lr))
+        self.params, self.opt_state, losses = self._step(self.params, self.opt_state, gx, gy, rate)
+        return float(np.asarray(losses.addressable_data(0))[0])
+
+    def weights(self) -> np.ndarray:
+        """This process's copy of ``w`` (every process holds the same)."""
+        return np.asarray(self.params.addressable_data(0))
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """The logits of ``x`` with this process's copy of the weights (no collective)."""
+        w = self.params.addressable_data(0)
+        return np.asarray(self._forward(w, jnp.asarray(x)))
+
+    def regulariser(self) -> float:
+        """l2/2 |w|^2, in float64 (the evaluation's L2 term)."""
+        w = self.weights().astype(np.float64)
+        return 0.5 * self.settings.l2 * float(w @ w)
+
+    @property
+    def num_parameters(self) -> int:
+        return int(self.params.shape[0])

@@ -1,0 +1,61 @@
+"""A framework that is not installed, or a task it has no port of: one line naming the pip
+extra (or what it runs), exit 2, and nothing recorded: no run folder, no catalog row."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import mlbench, run_ids
+from tests.test_extras import run_without
+
+
+def nothing_recorded() -> bool:
+    home = Path(os.environ["MLBENCH_HOME"])
+    runs = home / "runs"
+    return (not runs.exists() or not any(runs.iterdir())) and (not (home / "runs.db").exists() or run_ids() == [])
+
+
+def test_a_task_without_a_jax_port_is_one_line_and_records_nothing():
+    proc = mlbench("run", "task1a", "2", "--framework", "jax", "--data", "synthetic")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == ("Error: --framework jax: task1a has no JAX port (JAX runs task2a); "
+                           "use --framework pytorch\n")
+    assert nothing_recorded()
+
+
+def test_jax_not_installed_names_the_extra_and_records_nothing():
+    proc = run_without("jax,jaxlib,optax", "run", "task2a", "2", "--framework", "jax", "--data", "synthetic")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == "Error: --framework jax: JAX is not installed: pip install 'mlbench-suite[jax]'\n"
+    assert nothing_recorded()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--optimizer", "powersgd"], "--framework jax trains with the task's reference optimizer only; "
+                                   "drop --optimizer/--opt"),
+    (["--time-budget", "1m"], "--framework jax: --time-budget is not in this port yet (it runs on CPUs, over gloo)"),
+])
+def test_what_the_jax_port_does_not_offer_is_refused_before_anything_is_recorded(args, message):
+    pytest.importorskip("jax")
+    proc = mlbench("run", "task2a", "2", "--framework", "jax", "--data", "synthetic", *args)
+    assert (proc.returncode, proc.stderr) == (2, f"Error: {message}\n")
+    assert nothing_recorded()
+
+
+def test_runs_of_different_frameworks_never_share_a_row_of_compare():
+    from mlbench.results.compare import compare_runs
+    from mlbench.results.report import family_heading, framework_of, run_overview
+    from mlbench.results.store import RunStore
+    from tests.results.recorded import record_run
+
+    store = RunStore()
+    old = record_run(store, workers=2, task="task2a", tta=10.0)   # recorded before --framework
+    jax_run = record_run(store, workers=2, task="task2a", tta=20.0, framework="jax")
+    comparison = compare_runs([old, jax_run])
+    assert sorted((g.family.framework, len(g.runs)) for g in comparison.groups) == [("jax", 1), ("pytorch", 1)]
+    assert [family_heading(f).split(" | ")[:2] for f in comparison.families()] == [["task2a", "jax"],
+                                                                                 ["task2a", "closed division"]]
+    assert (framework_of(old), run_overview(jax_run)["framework"]) == ("pytorch", "jax")
