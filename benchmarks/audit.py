@@ -12,7 +12,7 @@ namespace (root and unshare(1)); without them its row says "skipped" and why.
 
 It lives beside the benchmarks because it is used as they are: a script run against whichever
 mlbench is installed (or on PYTHONPATH), in a store of its own, that prints a table; the tests
-(named in the README's reliability section) check the same promises case by case inside the
+(named in docs/reliability.md) check the same promises case by case inside the
 suite, where this script checks them end to end, as the audit did.
 """
 
@@ -497,7 +497,7 @@ def case_11(work: Path, run_id: str) -> list[Row]:
                     proc.returncode == 2 and one_line(proc), f"exit {proc.returncode}: {proc.stderr.strip()[-70:]}"))
     logs = sorted((run_dir(run_id) / "logs").glob("*.log"))
     modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in logs}
-    rows.append(Row("11 log modes", "the logs of a finished local run", "mode 600 (as the README says)",
+    rows.append(Row("11 log modes", "the logs of a finished local run", "mode 600 (as docs/reliability.md says)",
                     bool(logs) and set(modes.values()) == {"0o600"}, ", ".join(f"{k} {v}" for k, v in modes.items())))
     return rows
 

@@ -2,7 +2,7 @@
 
 The core install (click, torch, torchvision, numpy, pyyaml, tabulate) runs benchmarks on this
 machine; clouds, Kubernetes, charts and the dashboard each need SDKs that a laptop run or a
-worker image does not (README, "Install"). Every import of such an SDK goes through
+worker image does not (docs/getting-started.md, "Install"). Every import of such an SDK goes through
 :func:`needs`, so that a command whose extra is missing stops with one line that says what to
 install, instead of a traceback:
 

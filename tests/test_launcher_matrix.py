@@ -178,14 +178,14 @@ def test_a_worker_started_without_a_rank_fails_its_run_naming_the_variables_it_l
     line = ("no rank in this worker's environment (looked for RANK and WORLD_SIZE (torchrun), "
             "OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE (Open MPI), PMI_RANK and PMI_SIZE (MPICH), "
             "SLURM_PROCID and SLURM_JOB_ID (srun)): give --rank R, or start the workers with a launcher "
-            "that sets them (torchrun, srun, mpirun); see the README, 'Clusters without Kubernetes'")
+            "that sets them (torchrun, srun, mpirun); see docs/slurm-and-torchrun.md")
     assert started.stderr == f"Error: {line}\n"
     details = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
     assert (details["state"], details["reason"]) == ("failed", f"worker 0: {line}"), details
 
 
 def test_every_log_and_event_file_of_a_run_is_private_to_its_user():
-    """The README says the run store is its user's alone: a local run's files (the workers' logs
+    """docs/reliability.md says the run store is its user's alone: a local run's files (the workers' logs
     and events, the supervisor's log, run.json, pids.json) are mode 600 whatever the umask, and
     so are those of a torchrun run (its workers' events and a refused worker's error)."""
     run_id = _started(mlbench("run", *SHORT, "--detach"))

@@ -1,5 +1,5 @@
 """Shell completion of run ids and names, task names and cluster names (click's
-``shell_complete`` callbacks; README, "Shell completion").
+``shell_complete`` callbacks; docs/scripting.md, "Shell completion").
 
 The shell runs `mlbench` once per Tab, so these read local files only: the run catalog (this
 machine's, or the last copy of the current cluster's, without contacting the cluster), the task

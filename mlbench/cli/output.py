@@ -19,7 +19,7 @@ FORMATS = ("table", "json", "yaml")
 #: renamed or dropped, or its meaning changes (adding a key does not raise it), so that a script
 #: can refuse a document it does not understand instead of misreading it.
 SCHEMA_VERSION = 1
-_HELP = "table for people; json or yaml for scripts (keys: README, \"Machine-readable output\")."
+_HELP = "table for people; json or yaml for scripts (keys: docs/scripting.md)."
 
 
 def output_option(command: Callable | None = None, *, help: str = _HELP) -> Callable:

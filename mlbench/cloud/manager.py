@@ -99,7 +99,7 @@ class ClusterRow:
         return "/".join(str(p) for p in parts if p) or "this machine"
 
     def to_dict(self) -> dict[str, Any]:
-        """`mlbench list-clusters -o json|yaml` (README, "Machine-readable output")."""
+        """`mlbench list-clusters -o json|yaml` (docs/scripting.md, "Machine-readable output")."""
         r = self.record
         return {"provider": r.provider, "name": r.name, "current": self.current,
                 "state": self.status.state, "detail": self.status.detail,

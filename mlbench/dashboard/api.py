@@ -1,4 +1,4 @@
-"""The dashboard's JSON API, which its pages use and scripts can use too (README, "Dashboard").
+"""The dashboard's JSON API, which its pages use and scripts can use too (docs/dashboard.md).
 
 Handlers are plain functions, which Starlette runs in its thread pool: they read the run store
 (SQLite, files) and start processes, none of which may block the event loop that serves the

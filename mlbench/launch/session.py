@@ -22,8 +22,8 @@ from mlbench.launch.plan import RunRequest, check_seed
 from mlbench.launch.registry import launcher_of
 from mlbench.results.store import CANCELLED, FINISHED, RunRecord, RunStore
 
-#: Exit codes of `mlbench run`, `mlbench status RUN --follow` and `mlbench wait` (README, "CLI
-#: reference"): 3 when every run finished but one missed its goal; 124 (as GNU `timeout`) when
+#: Exit codes of `mlbench run`, `mlbench status RUN --follow` and `mlbench wait` (docs/running.md, "Exit
+#: codes"): 3 when every run finished but one missed its goal; 124 (as GNU `timeout`) when
 #: `wait --timeout` passed while a run was still going on.
 EXIT_OK, EXIT_FAILED, EXIT_MISSED_GOAL, EXIT_TIMEOUT, EXIT_CANCELLED = 0, 1, 3, 124, 130
 

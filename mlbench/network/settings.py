@@ -1,6 +1,6 @@
 """What a run's network is: bandwidth, latency, jitter and loss of every worker's link.
 
-The semantics (README, "Network"): each worker behaves as a machine with its own network
+The semantics (docs/network.md): each worker behaves as a machine with its own network
 interface, joined to the others by a non-blocking switch. ``bandwidth_bps`` is that interface's
 rate in each direction (bits per second, what it sends and what it receives are limited
 separately, as on a full-duplex Ethernet port); ``latency_s`` is the one-way delay between any

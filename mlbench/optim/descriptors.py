@@ -5,7 +5,7 @@ The CLI, the dashboard's form and ``mlbench optimizers`` need only this, and a r
 before any worker starts; importing the implementations (and torch, seconds on a small machine)
 is left to the worker. Each implementation class in :mod:`mlbench.optim` names its descriptor
 (``info = INFO["centralized-sgd"]``). :data:`ORDER` is the
-order in which ``mlbench optimizers`` and the README list them: the reference first, then the
+order in which ``mlbench optimizers`` and docs/optimizers.md list them: the reference first, then the
 other all-reduce methods, then the compressing and decentralized ones, then the plain-PyTorch
 baseline.
 """
@@ -248,7 +248,7 @@ def with_grad_hook() -> list[str]:
 
 
 def describe_optimizers() -> list[dict[str, Any]]:
-    """Every optimizer with its division, summary, reference and options (for the CLI/README)."""
+    """Every optimizer with its division, summary, reference and options (for the CLI and docs/optimizers.md)."""
     return [describe(info) for info in _ALL]
 
 

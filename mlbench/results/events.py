@@ -3,7 +3,7 @@
 An event is ``{"time": unix seconds, "rank": r, "epoch": float, "step": int, "name": str,
 "value": number | object}``. Each line is written and flushed on its own, so a crash (or a full
 disk) loses at most the line being written, and a reader skips a torn last line. The same
-records travel over HTTP to the results service on a cluster (README, "Design": "A run, as
+records travel over HTTP to the results service on a cluster (ARCHITECTURE.md: "A run, as
 data"); locally the sink is a file per rank.
 
 Readers trust nothing about a line: one that is not JSON, or whose fields have the wrong types

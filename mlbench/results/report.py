@@ -5,7 +5,7 @@ its tables, the dashboard (`mlbench dashboard`) shows the same ones in the brows
 progress, its result sentence and a comparison's table read the same wherever they are looked at.
 
 The same rows as plain data are what `status`, `status RUN` and `compare` print with ``-o json``
-or ``-o yaml`` (README, "Machine-readable output"). Those keys are an interface for scripts:
+or ``-o yaml`` (docs/scripting.md, "Machine-readable output"). Those keys are an interface for scripts:
 later versions may add keys, never rename or drop one. Durations are seconds, instants Unix
 seconds, fractions (accuracy, shares) between 0 and 1; a value that is unknown, or a goal that
 was not reached, is null (never NaN or infinity, which JSON does not have).

@@ -131,7 +131,7 @@ def launcher_env(rank: int | None, env: Mapping[str, str] | None = None) -> Laun
         return _slurm(env)
     raise UsageError(f"no rank in this worker's environment (looked for {RANK_VARIABLES}): give "
                      "--rank R, or start the workers with a launcher that sets them (torchrun, srun, "
-                     "mpirun); see the README, 'Clusters without Kubernetes'")
+                     "mpirun); see docs/slurm-and-torchrun.md")
 
 
 def check_world_size(launch: LaunchEnv, workers: int, run_dir: str | os.PathLike) -> None:

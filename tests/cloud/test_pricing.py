@@ -1,4 +1,4 @@
-"""The costs the README's Clusters section states are the ones mlbench computes."""
+"""The costs docs/kubernetes.md's Clusters section states are the ones mlbench computes."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from pathlib import Path
 
 from mlbench.cloud import pricing
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
 
 
 def clusters_section() -> str:
-    text = README.read_text(encoding="utf-8")
+    text = PAGE.read_text(encoding="utf-8")
     return text[text.index("<!-- section: clusters -->"):text.index("<!-- /section: clusters -->")]
 
 
