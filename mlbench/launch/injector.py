@@ -24,10 +24,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mlbench.results.faults import KILL, SLOW, STALL, start_times
+from mlbench.results.goodput import FAULTS_SECTION
 from mlbench.run_config import RunDocument
-
-#: The run.json section of the faults and restarts.
-FAULTS_SECTION = "faults"
 
 
 class Process(Protocol):

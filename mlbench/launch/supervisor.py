@@ -142,13 +142,9 @@ class WorkerProcesses:
         document = RunDocument.load(self.run_dir)
         config = document.config
         env = self.worker_env(config)
-        if self.clock_start is None:
-            self.clock_start = time.time()
-            self.on_failure, self.max_restarts = config.on_failure, config.max_restarts
-            if config.faults or config.on_failure != "fail":
-                self.faults = FaultRecord(self.run_dir)
-                self.injector = Injector(config.faults, self.clock_start, self.faults) if config.faults else None
-        env[FAULT_CLOCK_ENV] = repr(self.clock_start)
+        self.on_failure, self.max_restarts = config.on_failure, config.max_restarts
+        if self.faults is None and (config.faults or config.on_failure != "fail"):
+            self.faults = FaultRecord(self.run_dir)
         listener = None
         try:
             # an emulated network: every worker in its own namespace, rendezvous on rank 0's address
@@ -178,6 +174,7 @@ class WorkerProcesses:
             prepare = getattr(runtime_module(config.task), "prepare_before_fork", None) if fork else None
             if prepare is not None:   # what every rank would make alike (synthetic data), made once
                 prepare(config)
+            self._start_fault_clock(config, env)
             for rank in range(config.workers):
                 worker_args = [str(self.run_dir), "--rank", str(rank)]
                 pass_fds: tuple[int, ...] = ()
@@ -202,6 +199,15 @@ class WorkerProcesses:
         record_pids(self.run_dir, [p.pid for p in self.procs], self.network.pid if self.network else None)
         if not restarting:
             mark_supervised(self.store, self.run)
+
+    def _start_fault_clock(self, config: RunConfig, env: dict[str, str]) -> None:
+        """The fault clock starts as the workers of the first start do (the run's start); the
+        workers learn it from their environment (a straggler's schedule)."""
+        if self.clock_start is None:
+            self.clock_start = time.time()
+            if config.faults and self.faults is not None:
+                self.injector = Injector(config.faults, self.clock_start, self.faults)
+        env[FAULT_CLOCK_ENV] = repr(self.clock_start)
 
     def spawn(self, cmd: list[str], log_name: str, env: dict[str, str],
               pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
