@@ -66,6 +66,11 @@ def test_a_killed_worker_restarted_from_checkpoints_of_every_step_ends_with_the_
     assert "worker 1 was killed by SIGKILL" in restart["reason"] and "kill of rank 1" in restart["reason"]
     table = mlbench("status", faulty.id, check=True).stdout
     assert "kill of rank 1 at 1.5 s" in table and "1 restarts" in table and "goodput" in table
+    from mlbench.dashboard.views import run_spec  # the dashboard's run page: the same rows
+    from mlbench.results.events import read_run_events
+    from mlbench.results.summary import summarize
+    rows = dict(run_spec(faulty, run_json(faulty), summarize(read_run_events(faulty.run_dir)))["faults"])
+    assert rows["faults"] in table and rows["recovery"] in table and rows["goodput"] in table
 
     mlbench("run", *RUN, check=True)
     reference = RunStore().list()[-1]
