@@ -75,6 +75,12 @@ class RunConfig:
     checkpoint_dir: str | None = None
     #: Set by `mlbench resume`: the step of the checkpoint the workers start from.
     resume_step: int | None = None
+    #: ``--inject``: the fault schedules (dicts, :mod:`mlbench.results.faults`); empty: none.
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    #: ``--on-failure``: ``fail`` or ``restart`` (the group again from the newest complete
+    #: checkpoint, at most ``max_restarts`` times).
+    on_failure: str = "fail"
+    max_restarts: int = 0
 
     @property
     def checkpoints(self) -> bool:

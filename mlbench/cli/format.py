@@ -19,6 +19,7 @@ from mlbench.results.report import (
     run_recovery,
     task_metric,
 )
+from mlbench.results.goodput import describe_faults, run_faults
 from mlbench.results.store import RunRecord
 from mlbench.network.settings import describe_network, network_label
 from mlbench.results.summary import RunSummary, phase_table
@@ -142,6 +143,8 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
                         ("resumes", describe_resumes(recovery["resumes"]))):
         if text:
             rows.append([label, text])
+    for label, text in describe_faults(run_faults(run, summary)):
+        rows.append([label, text])
     if run.result:
         rows.append(["result", describe_result(run.result)])
     click.echo(tabulate(rows, tablefmt="plain"))

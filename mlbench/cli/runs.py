@@ -20,6 +20,7 @@ from mlbench.errors import UsageError
 from mlbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS
 from mlbench.launch import session
 from mlbench.launch.base import NO_STEP_CAP
+from mlbench.launch.faults import parse_inject, parse_on_failure
 from mlbench.launch.plan import BACKENDS, RunRequest, parse_checkpoint_every, parse_duration, parse_watchdog
 from mlbench.launch.registry import choose, launcher_of
 from mlbench.network.settings import SHAPING, network_options
@@ -115,6 +116,14 @@ def tasks(output) -> None:
                    "(Ctrl-C, cancel, --max-steps, --time-budget); `mlbench resume RUN` continues from it.")
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False),
               help="Keep the checkpoints in DIR/RUN_ID (shared storage) [RUN_DIR/checkpoints].")
+@click.option("--inject", multiple=True, metavar="KIND:rank=R,at=T|every=T[,...]",
+              help="Inject a fault (repeatable): kill (SIGKILL), stall (SIGSTOP; for=T then SIGCONT) or "
+                   "slow (a straggler, factor=F) of worker R, at T, every T or every=rand(A,B),seed=S "
+                   "(docs/faults.md).")
+@click.option("--on-failure", default="fail", metavar="fail|restart[:N]",
+              help="When a worker dies or the watchdog finds one stalled: fail the run, or restart the "
+                   "workers from the newest complete checkpoint, at most N times [3] (implies "
+                   "--checkpoint-every 1m unless given).")
 @click.option("--max-size", type=float, metavar="N", help="task0a: largest message, in elements [1e8].")
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
@@ -132,8 +141,8 @@ def tasks(output) -> None:
 @launcher_options
 def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, model, sets, optimizer, opts,
         backend, device, framework, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
-        channels_last, no_graph, watchdog, checkpoint_every, checkpoint_dir, max_size, name, detach, bandwidth,
-        latency, jitter, loss, shaping, output, launch) -> None:
+        channels_last, no_graph, watchdog, checkpoint_every, checkpoint_dir, inject, on_failure, max_size, name,
+        detach, bandwidth, latency, jitter, loss, shaping, output, launch) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
 
@@ -154,6 +163,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
         raise UsageError(f"-o {output} prints the record of a run started with --detach: add --detach "
                          "(then `mlbench wait RUN -o json` gives its result)")
     every_s, every_steps = parse_checkpoint_every(checkpoint_every) if checkpoint_every else (None, None)
+    policy, max_restarts = parse_on_failure(on_failure)
     base = RunRequest(
         task=task, workers=workers[0] if workers else 1, overrides=parse_overrides(sets), model=model,
         data=data, data_dir=data_dir, data_pvc=data_pvc, light=light, stop_at_goal=not no_stop,
@@ -162,7 +172,8 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
         optimizer_options=parse_opts(opts), log_every=log_every, timing=not no_timing,
         save_model=save_model, precision=precision, channels_last=channels_last, graph=not no_graph,
         name=name, max_size=max_size, watchdog_s=parse_watchdog(watchdog), checkpoint_every_s=every_s,
-        checkpoint_every_steps=every_steps, checkpoint_dir=checkpoint_dir, framework=framework)
+        checkpoint_every_steps=every_steps, checkpoint_dir=checkpoint_dir, framework=framework,
+        faults=[parse_inject(text) for text in inject], on_failure=policy, max_restarts=max_restarts)
     plan = session.plan_runs(base, workers, repeat, detach=detach,
                              networks=network_options(bandwidth, latency, jitter, loss, shaping))
     # with -o json the launcher's progress (an image built, a cluster reached) goes to stderr,

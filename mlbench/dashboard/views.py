@@ -25,6 +25,7 @@ from mlbench.results.report import (compare_headers, compare_notes, compare_row,
                                     differs_in_network, family_heading, group_label, is_sweep,
                                     run_progress, sweep_table, task_metric)
 from mlbench.results.repeats import RepeatStats
+from mlbench.results.goodput import describe_faults, run_faults
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table
 from mlbench.run_config import RunConfig, RunDocument
@@ -121,6 +122,8 @@ def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -
         "cores": environment.get("cores"), "gpus": environment.get("gpus") or [],
         "command": run_json.get("command"),
         **_recovery_texts(record),
+        # faults, recovery, goodput and stragglers: the rows of `mlbench status RUN`
+        "faults": [list(row) for row in describe_faults(run_faults(record, summary))],
     }
 
 

@@ -58,7 +58,8 @@ def find_mpirun() -> str:
 class MpiProcesses(WorkerProcesses):
     """One ``mpirun`` process in place of one process per worker; the same supervision."""
 
-    def start(self) -> None:
+    def start(self, restarting: bool = False) -> None:
+        """Start mpirun (``restarting`` is never asked: --inject and --on-failure refuse --backend mpi)."""
         config = RunDocument.load(self.run_dir).config
         env = self.worker_env(config)
         cmd = mpirun_command(config.workers, self.run_dir, mpirun=find_mpirun())

@@ -19,6 +19,7 @@ from mlbench.frameworks import DEFAULT_FRAMEWORK, PYTORCH, check_framework
 from mlbench.network.settings import NetworkSettings
 from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
 from mlbench.results.environment import cuda_available, describe_environment, usable_cores
+from mlbench.results.faults import SLOW
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import DEFAULT_WATCHDOG_S, Backend, DataSource, Device, Precision, RunConfig
 from mlbench.tasks.models.plugins import ModelPlugin, is_builtin_model, resolve_model
@@ -65,6 +66,9 @@ class RunRequest:
     checkpoint_every_steps: int | None = None  # --checkpoint-every Nsteps
     checkpoint_dir: str | None = None          # --checkpoint-dir DIR
     framework: str = DEFAULT_FRAMEWORK  # mlbench.frameworks: which worker program trains
+    faults: list[dict[str, Any]] = field(default_factory=list)  # --inject, parsed (mlbench.launch.faults)
+    on_failure: str = "fail"                   # --on-failure fail|restart (mlbench.launch.faults)
+    max_restarts: int = 0                      # --on-failure restart:N
 
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
@@ -72,6 +76,11 @@ _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:
 
 #: The longest time budget or timeout a run may be given: 30 days.
 MAX_DURATION_S = 30 * 86400
+
+
+#: The checkpoint interval ``--on-failure restart`` implies when --checkpoint-every is not given:
+#: a restart goes back at most this much training (docs/faults.md).
+DEFAULT_RESTART_CHECKPOINT_S = 60.0
 
 
 #: The least --watchdog: heartbeats come once a second, so a shorter bound would blame the living.
@@ -239,6 +248,10 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
         raise UsageError("--max-steps must be at least 1")
     if request.log_every < 1:
         raise UsageError("--log-every must be at least 1")
+    _check_faults(request, spec)
+    if request.on_failure == "restart" and request.checkpoint_every_s is None \
+            and request.checkpoint_every_steps is None:
+        request = dataclasses.replace(request, checkpoint_every_s=DEFAULT_RESTART_CHECKPOINT_S)
     checkpoints = request.checkpoint_every_s is not None or request.checkpoint_every_steps is not None
     if checkpoints and isinstance(spec, AllreduceSpec):
         raise UsageError(f"{spec.name} trains nothing and has no state to checkpoint: leave out --checkpoint-every")
@@ -265,10 +278,29 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
         save_model=request.save_model, precision=request.precision,
         channels_last=request.channels_last, graph=request.graph, watchdog_s=request.watchdog_s,
         checkpoint_every_s=request.checkpoint_every_s, checkpoint_every_steps=request.checkpoint_every_steps,
-        checkpoint_dir=checkpoint_dir, framework=framework.name)
+        checkpoint_dir=checkpoint_dir, framework=framework.name,
+        faults=[dict(f) for f in request.faults], on_failure=request.on_failure, max_restarts=request.max_restarts)
     if framework is not PYTORCH:
         _check_port_options(config, request)
     return config, changed
+
+
+def _check_faults(request: RunRequest, spec: Any) -> None:
+    """--inject and --on-failure against the run (before anything is recorded): each fault's
+    rank is one of its workers; a restart resumes training from checkpoints and a straggler
+    slows training steps, so neither fits the all-reduce benchmark."""
+    for fault in request.faults:
+        if not 0 <= fault["rank"] < request.workers:
+            raise UsageError(f"--inject {fault['text']}: rank {fault['rank']} is not a worker of a "
+                             f"{request.workers}-worker run (ranks 0 to {request.workers - 1})")
+    if (request.faults or request.on_failure != "fail") and request.backend == "mpi":
+        raise UsageError("--inject and --on-failure act on one process per worker; --backend mpi starts "
+                         "one mpirun: use gloo")
+    if isinstance(spec, AllreduceSpec):
+        if request.on_failure == "restart":
+            raise UsageError(f"--on-failure restart: {spec.name} trains nothing to restart from a checkpoint")
+        if any(f["kind"] == SLOW for f in request.faults):
+            raise UsageError(f"--inject slow: {spec.name} has no training steps to slow; use kill or stall")
 
 
 def _check_port_options(config: RunConfig, request: RunRequest) -> None:
@@ -282,7 +314,8 @@ def _check_port_options(config: RunConfig, request: RunRequest) -> None:
     unsupported = [(config.device != "cpu", "--device cuda"), (config.time_budget_s is not None, "--time-budget"),
                    (config.precision != "fp32", "--precision"), (config.save_model, "--save-model"),
                    (config.channels_last, "--channels-last"), (config.backend != "gloo", f"--backend {config.backend}"),
-                   (request.network is not None, "an emulated network")]
+                   (request.network is not None, "an emulated network"),
+                   (bool(config.faults), "--inject"), (config.on_failure != "fail", "--on-failure restart")]
     for given, what in unsupported:
         if given:
             raise UsageError(f"--framework {name}: {what} is not in this port yet (it runs on CPUs, over gloo)")
@@ -332,6 +365,9 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
     config, changed = build_config(request, resources, model_plugin)
     if config.framework != PYTORCH.name and launcher != "local":
         raise UsageError(f"--framework {config.framework} runs on this machine only (the local launcher) so far")
+    if (config.faults or config.on_failure != "fail") and launcher != "local":
+        raise UsageError("--inject and --on-failure are applied by the local launcher's supervisor only so far; "
+                         "run on this machine")
     if plugin is None:
         optimizer = check_optimizer(config.optimizer, request.optimizer_options, request.workers)
     else:

@@ -23,20 +23,25 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from mlbench.frameworks import PYTORCH, get_framework
 from mlbench.launch.forked import ForkedProcess, fork_worker, forking_allowed
+from mlbench.launch.injector import FaultRecord, Injector
 from mlbench.launch.processes import ProcessRef
 from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, rank_error
 from mlbench.network.emulation import NETWORK_LOST, LocalNetwork, local_network
+from mlbench.results.checkpoints import STATE_PREFIX, checkpoint_root, complete_checkpoints
 from mlbench.results.events import read_rank_events
-from mlbench.results.heartbeat import read_beats
+from mlbench.results.faults import FAULT_CLOCK_ENV, describe_fault
+from mlbench.results.heartbeat import HEARTBEATS_DIR, read_beats
 from mlbench.results.store import (
     CANCELLED,
     FAILED,
@@ -115,6 +120,13 @@ class WorkerProcesses:
         self.watchdog_s: float | None = None
         self.started_at = time.time()
         self._watched_at = 0.0
+        # --inject and --on-failure (mlbench.launch.injector): the fault clock starts with the
+        # first start of the workers and goes on through restarts
+        self.clock_start: float | None = None
+        self.faults: FaultRecord | None = None
+        self.injector: Injector | None = None
+        self.on_failure, self.max_restarts, self.restarts_done = "fail", 0, 0
+        self._recovering: dict[str, Any] | None = None   # the restart whose first step is awaited
 
     def worker_env(self, config: RunConfig) -> dict[str, str]:
         """The workers' environment (their threads, and that this process watches them); the
@@ -124,10 +136,15 @@ class WorkerProcesses:
         return dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1",
                     **{SUPERVISED_ENV: "1"})
 
-    def start(self) -> None:
+    def start(self, restarting: bool = False) -> None:
+        """Start the workers (again, after a failure, with ``restarting``: the run stays marked
+        running since its first start)."""
         document = RunDocument.load(self.run_dir)
         config = document.config
         env = self.worker_env(config)
+        self.on_failure, self.max_restarts = config.on_failure, config.max_restarts
+        if self.faults is None and (config.faults or config.on_failure != "fail"):
+            self.faults = FaultRecord(self.run_dir)
         listener = None
         try:
             # an emulated network: every worker in its own namespace, rendezvous on rank 0's address
@@ -157,6 +174,7 @@ class WorkerProcesses:
             prepare = getattr(runtime_module(config.task), "prepare_before_fork", None) if fork else None
             if prepare is not None:   # what every rank would make alike (synthetic data), made once
                 prepare(config)
+            self._start_fault_clock(config, env)
             for rank in range(config.workers):
                 worker_args = [str(self.run_dir), "--rank", str(rank)]
                 pass_fds: tuple[int, ...] = ()
@@ -179,7 +197,17 @@ class WorkerProcesses:
             if listener:
                 listener.close()
         record_pids(self.run_dir, [p.pid for p in self.procs], self.network.pid if self.network else None)
-        mark_supervised(self.store, self.run)
+        if not restarting:
+            mark_supervised(self.store, self.run)
+
+    def _start_fault_clock(self, config: RunConfig, env: dict[str, str]) -> None:
+        """The fault clock starts as the workers of the first start do (the run's start); the
+        workers learn it from their environment (a straggler's schedule)."""
+        if self.clock_start is None:
+            self.clock_start = time.time()
+            if config.faults and self.faults is not None:
+                self.injector = Injector(config.faults, self.clock_start, self.faults)
+        env[FAULT_CLOCK_ENV] = repr(self.clock_start)
 
     def spawn(self, cmd: list[str], log_name: str, env: dict[str, str],
               pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
@@ -195,12 +223,12 @@ class WorkerProcesses:
         detail = rank_error(self.run_dir, index) or log_tail(log_path(self.run_dir, index))
         return f"{reason}: {detail}" if detail else reason
 
-    def stop_all(self) -> None:
-        """SIGTERM every worker's process group, then SIGKILL what is left after a grace period."""
+    def stop_all(self, grace: float = TERMINATE_GRACE_SECONDS) -> None:
+        """SIGTERM every worker's process group, then SIGKILL what is left after ``grace`` seconds."""
         alive = [p for p in self.procs if p.poll() is None]
         for proc in alive:
-            _signal_group(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + TERMINATE_GRACE_SECONDS
+            _signal_group(proc.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
+        deadline = time.monotonic() + grace
         while alive and time.monotonic() < deadline:
             time.sleep(POLL_SECONDS)
             alive = [p for p in alive if p.poll() is None]
@@ -218,14 +246,15 @@ class WorkerProcesses:
         """One look at the workers: a failed one, all of them done, or the emulated network gone
         ends the run (recorded in the store); returns the run's record either way. ``run`` is
         ignored (the signature of a launcher's refresh)."""
+        if self.injector is not None:
+            self.injector.apply(self.procs)
         codes = [p.poll() for p in self.procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             # a worker killed by a signal is the cause; the others' connection errors are its
             # consequence, even when they are seen in the same poll
             rank, code = min(failed, key=lambda rank_code: (rank_code[1] >= 0, rank_code[0]))
-            self.stop_all()
-            self.store.mark_ended(self.run.id, FAILED, reason=self.failure_reason(rank, code))
+            self.failed((rank,), self.failure_reason(rank, code))
         elif all(c == 0 for c in codes):
             self.stop_all()  # nothing left to stop but the emulated network
             self._finish()
@@ -233,9 +262,71 @@ class WorkerProcesses:
             self.stop_all()
             self.store.mark_ended(self.run.id, FAILED, reason=NETWORK_LOST)
         elif (stall := self.watch(codes)) is not None:
-            self.stop_all()  # SIGKILL reaches a stopped process too
-            self.store.mark_ended(self.run.id, FAILED, reason=stall.reason)
+            self.failed(stall.ranks, stall.reason)  # SIGKILL reaches a stopped process too
+        elif self._recovering is not None:
+            self._check_recovered()
         return self.store.get(self.run.id)
+
+    def failed(self, ranks: tuple[int, ...], reason: str) -> None:
+        """Workers ``ranks`` died or stalled: restart the group (``--on-failure restart``, while
+        restarts are left) or end the run failed, naming the injected fault it is blamed on."""
+        now = time.time()
+        fault = self.faults.culprit(ranks) if self.faults is not None else None
+        if fault is not None:
+            fault["detected_s"] = round(now - fault["time"], 3)
+            reason = f"{reason} [injected: {describe_fault(fault)}, --inject {fault['schedule']}]"
+        if self.on_failure == "restart" and self.restarts_done < self.max_restarts:
+            self.restart(reason, fault, now)
+            return
+        if self.faults is not None:
+            if fault is not None:
+                fault["action"] = "fail"
+            self.faults.save()
+        if self.restarts_done:
+            reason = f"{reason} (after {self.restarts_done} restarts, the most --on-failure allowed)"
+        self.stop_all(grace=0 if fault is not None else TERMINATE_GRACE_SECONDS)
+        self.store.mark_ended(self.run.id, FAILED, reason=reason)
+
+    def restart(self, reason: str, fault: dict[str, Any] | None, now: float) -> None:
+        """End the group at once and start it again from the newest complete checkpoint (from
+        the beginning without one), recording the restart and the work it loses in run.json."""
+        assert self.faults is not None
+        reached = max((b.step for b in read_beats(self.run_dir, self.workers).values() if b), default=0)
+        self.stop_all(grace=0)   # the checkpoint is what goes on; nothing to save
+        if self.injector is not None:
+            self.injector.forget_processes()
+        document = RunDocument.load(self.run_dir)
+        config = document.config
+        root = checkpoint_root(self.run_dir, config.checkpoint_dir)
+        discard_incomplete_checkpoints(root, self.workers)
+        done = complete_checkpoints(root, self.workers)
+        config.resume_step = done.newest
+        document.save(self.run_dir)
+        self.restarts_done += 1
+        entry = {"at": now, "reason": reason, "from_step": done.newest or 0, "reached_step": reached,
+                 "lost_steps": max(0, reached - (done.newest or 0)),
+                 "fault": self.faults.events.index(fault) if fault is not None else None}
+        self.faults.restarts.append(entry)
+        if fault is not None:
+            fault.update(action="restart", lost_steps=entry["lost_steps"])
+        self.faults.save()
+        shutil.rmtree(self.run_dir / HEARTBEATS_DIR, ignore_errors=True)   # the old group's
+        self.procs = []
+        self._recovering = entry
+        self.start(restarting=True)
+
+    def _check_recovered(self) -> None:
+        """The restarted group is back once every rank made a step past the checkpoint (seen in
+        its heartbeat, within the second it takes to be rewritten): the time to recover."""
+        entry = self._recovering
+        assert entry is not None and self.faults is not None
+        beats = read_beats(self.run_dir, self.workers).values()
+        if all(b is not None and b.step > entry["from_step"] for b in beats):
+            entry["recovered_s"] = round(time.time() - entry["at"], 3)
+            if entry["fault"] is not None:
+                self.faults.events[entry["fault"]]["recovered_s"] = entry["recovered_s"]
+            self.faults.save()
+            self._recovering = None
 
     def watch(self, codes: list[int | None]) -> Stall | None:
         """The watchdog's verdict on the workers' heartbeats (:mod:`mlbench.results.watchdog`),
@@ -270,6 +361,17 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def discard_incomplete_checkpoints(root: Path, workers: int) -> None:
+    """Remove the checkpoint folders newer than the newest complete one: a worker killed while
+    writing left its partial file there, in the way of the same step's next write. Call it only
+    while no worker of the run is alive (they are the only writers)."""
+    newest = complete_checkpoints(root, workers).newest
+    for entry in root.glob(f"{STATE_PREFIX}*"):
+        step = entry.name.removeprefix(STATE_PREFIX)
+        if step.isdigit() and (newest is None or int(step) > newest):
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def record_pids(run_dir: Path, workers: list[int], network: int | None = None) -> None:

@@ -22,6 +22,7 @@ from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group
                                      sweep_latency)
 from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints
 from mlbench.results.events import read_run_events
+from mlbench.results.goodput import run_faults
 from mlbench.results.outcome import AllreduceResult, Outcome, fmt_duration, read_result
 from mlbench.results.repeats import RepeatStats
 from mlbench.plugins import SHORT_HASH, is_plugin_label, plugin_label
@@ -410,6 +411,7 @@ def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
         "result": record.result,
         "result_sentence": result.sentence() if result else None,
         **run_recovery(record),
+        "faults": run_faults(record, summary),
         **({"allreduce": sweep} if sweep else {}),
     }
 

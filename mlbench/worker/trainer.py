@@ -44,6 +44,7 @@ from mlbench.tasks.runtime import TaskRuntime
 from mlbench.timing import PhaseTimer
 from mlbench.worker import checkpoint
 from mlbench.worker.heartbeat import Heartbeat
+from mlbench.worker.straggler import Straggler
 
 #: Target seconds between two checks of the time budget, the time-based checkpoint and a stop
 #: request (the workers agree on the step count).
@@ -114,6 +115,7 @@ class Trainer:
         self._resume: dict[str, Any] | None = None
         self._checkpointed_at = -1      # the step of the last checkpoint written or read
         self._checkpoint_clock = 0.0    # perf_counter() of it
+        self.straggler = Straggler.of(config.faults, rank)   # --inject slow: this rank slowed
 
     @property
     def checkpoint_root(self) -> Path:
@@ -242,7 +244,10 @@ class Trainer:
                     self._write_checkpoint(epoch, index)
                 index += 1
                 lr = self.runtime.lr(p.step, batch)
+                step_began = time.perf_counter()
                 loss = self.runtime.train_step(batch, lr, self.optimizer)
+                if self.straggler is not None:
+                    self.straggler.after_step(time.perf_counter() - step_began)
                 loss_sum += loss
                 losses[interval_steps] = loss
                 p.last_lr = lr
@@ -324,6 +329,8 @@ class Trainer:
             emit(f"time/{phase}", seconds, epoch=epoch, step=step)
         emit("comm/bytes", self.optimizer.bytes_sent - start_bytes, epoch=epoch, step=step)
         emit("comm/dense_bytes", steps * self.dense_bytes_per_step, epoch=epoch, step=step)
+        if self.straggler is not None:
+            emit("fault/slowed", self.straggler.take_slowed(), epoch=epoch, step=step)
 
     def _check_finite(self, loss_sum: torch.Tensor, losses: torch.Tensor) -> float:
         """The interval's loss sum, read in the same device sync as whether each of its step

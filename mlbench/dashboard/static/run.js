@@ -127,6 +127,7 @@
       ["max steps", spec.max_steps],
       ["checkpoints", spec.checkpoints],
       ["resumes", spec.resumes],
+      ...(spec.faults || []),
       ["seed", spec.seed],
       ["machine", [spec.host, spec.cpu && `${spec.cpu}${spec.cores ? ` (${spec.cores} cores)` : ""}`, ...(spec.gpus || [])].filter(Boolean).join(", ")],
       ["created", fmt.time(run.created_at)],

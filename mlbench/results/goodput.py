@@ -1,0 +1,138 @@
+"""What faults and stragglers cost a run: goodput, work lost, time to detect and to recover, and
+the per-rank step-time spread.
+
+* **goodput** = productive training time / wall time (as the *effective training time ratio*
+  of large-scale training reports). The productive time is the run's training time as its
+  result (or its latest ``train/time``) says: a restarted group continues the clock of its
+  checkpoint, so the training a restart threw away and redid counts once, evaluations not at
+  all; the wall time runs from the supervisor's start to the end (now, while it runs).
+* **faults**: the applied faults of run.json's ``faults`` section (:mod:`mlbench.launch.injector`)
+  with, for each, seconds to detect (from the fault to the supervisor's verdict), to recover (from
+  the verdict to the restarted group's first step) and the steps lost (done after the newest
+  complete checkpoint, and so done again).
+* **stragglers**: each rank's busy seconds per step (its compute phases, plus what an injected
+  slowdown slept: ``fault/slowed``), the slowest rank, the spread (slowest / median) and how long
+  the other ranks waited for it on average (their communication time beyond the slowest's, which
+  waits for nobody). Needs the phase timing (not ``--no-timing``).
+
+`status RUN` (table and ``-o json``), the dashboard's run page and `compare` read these from
+here, so they say the same.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from mlbench.results.events import read_run_events
+from mlbench.results.faults import SLOW
+from mlbench.results.store import RunRecord
+from mlbench.results.summary import RunSummary
+from mlbench.run_config import RunDocument
+
+#: The run.json section written by the supervisor (:mod:`mlbench.launch.injector`).
+FAULTS_SECTION = "faults"
+#: A rank this many times slower per step than the median is named a straggler in `status`.
+STRAGGLER_SPREAD = 1.5
+
+
+def goodput(record: RunRecord, summary: RunSummary | None = None) -> float | None:
+    """Productive training time / wall time of a run that started (None before it trained)."""
+    if record.started_at is None:
+        return None
+    train = (record.result or {}).get("train_time")
+    if not isinstance(train, (int, float)):
+        train = summary.train_time if summary is not None else None
+    end = record.finished_at if record.finished_at is not None else time.time()
+    wall = end - record.started_at
+    if not train or wall <= 0:
+        return None
+    return min(1.0, float(train) / wall)
+
+
+def stragglers(summary: RunSummary, events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """Per-rank busy seconds per step, the slowest rank, the spread and the wait it caused; None
+    for a run of one rank or without phase timing."""
+    if len(summary.ranks) < 2 or not summary.steps:
+        return None
+    slowed: dict[int, float] = defaultdict(float)
+    for event in events:
+        if event.get("name") == "fault/slowed" and isinstance(event.get("value"), (int, float)):
+            slowed[int(event.get("rank", 0))] += float(event["value"])
+    busy = {r: summary.compute_seconds(r) + slowed[r] for r in summary.ranks}
+    if not all(busy.values()):
+        return None
+    per_step = {r: busy[r] / summary.steps for r in summary.ranks}
+    slowest = max(per_step, key=lambda r: per_step[r])
+    median = statistics.median(per_step.values())
+    others = [r for r in summary.ranks if r != slowest]
+    waited = statistics.mean(max(0.0, summary.communication_seconds(r) - summary.communication_seconds(slowest))
+                             for r in others)
+    return {"step_s": [per_step[r] for r in summary.ranks], "ranks": list(summary.ranks),
+            "slowest_rank": slowest, "spread": per_step[slowest] / median if median > 0 else None,
+            "waited_s": waited}
+
+
+def run_faults(record: RunRecord, summary: RunSummary,
+               events: Iterable[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The measurements of one run, as `status -o json` shows them under ``faults``:
+    ``injected`` (the --inject schedules), ``on_failure``, ``events`` (each applied fault),
+    ``count``, ``restarts``, ``lost_steps``, ``detect_s``/``recover_s`` (per fault dealt with),
+    ``goodput`` and ``stragglers``. ``events``: the run's metric events, read here when None
+    and a slowdown was injected (only then do they add to the summary)."""
+    document = RunDocument.load_or_none(record.run_dir)
+    config = document.config if document is not None else None
+    if events is None:
+        slowed = config is not None and any(f.get("kind") == SLOW for f in config.faults)
+        events = read_run_events(record.run_dir) if slowed else []
+    section = (document.extra.get(FAULTS_SECTION) if document is not None else None) or {}
+    applied = [dict(e) for e in section.get("events") or [] if isinstance(e, dict)]
+    restarts = [dict(r) for r in section.get("restarts") or [] if isinstance(r, dict)]
+    policy = None
+    if config is not None:
+        policy = config.on_failure + (f":{config.max_restarts}" if config.on_failure == "restart" else "")
+    return {
+        "injected": [f.get("text") for f in (config.faults if config is not None else [])],
+        "on_failure": policy,
+        "events": applied,
+        "count": sum(1 for e in applied if not e.get("missed")),
+        "restarts": len(restarts),
+        "lost_steps": sum(int(r.get("lost_steps") or 0) for r in restarts),
+        "detect_s": [e["detected_s"] for e in applied if e.get("detected_s") is not None],
+        "recover_s": [r["recovered_s"] for r in restarts if r.get("recovered_s") is not None],
+        "goodput": goodput(record, summary),
+        "stragglers": stragglers(summary, events),
+    }
+
+
+def describe_faults(faults: dict[str, Any]) -> list[tuple[str, str]]:
+    """The `status RUN` rows (label, text) of :func:`run_faults`: the faults and what they cost
+    when any were injected or the run restarted, the goodput of a run that trained, and the
+    straggler when one rank is clearly the slowest."""
+    rows: list[tuple[str, str]] = []
+    if faults["injected"] or faults["restarts"]:
+        kinds = ", ".join(f"{e.get('kind')} of rank {e.get('rank')} at {float(e.get('at') or 0):.1f} s"
+                          + (" (missed)" if e.get("missed") else "") for e in faults["events"])
+        rows.append(("faults", f"{faults['count']} ({kinds or 'none applied yet'}); on failure: "
+                               f"{faults['on_failure']}"))
+        detect = _seconds(faults["detect_s"])
+        recover = _seconds(faults["recover_s"])
+        rows.append(("recovery", f"{faults['restarts']} restarts, {faults['lost_steps']} steps lost and redone; "
+                                 f"detected in {detect}, recovered in {recover}"))
+    if faults["goodput"] is not None:
+        rows.append(("goodput", f"{100 * faults['goodput']:.1f}% (training time / wall time)"))
+    spread = faults["stragglers"]
+    if spread is not None and spread["spread"] is not None and (spread["spread"] >= STRAGGLER_SPREAD
+                                                                 or faults["injected"]):
+        per_step = ", ".join(f"{1000 * s:.2f}" for s in spread["step_s"])
+        rows.append(("stragglers", f"rank {spread['slowest_rank']} slowest, {spread['spread']:.2f}x the median "
+                                   f"busy step; others waited {spread['waited_s']:.2f} s for it "
+                                   f"(ms per step by rank: {per_step})"))
+    return rows
+
+
+def _seconds(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f} s" for v in values) if values else "-"

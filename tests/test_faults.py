@@ -1,0 +1,113 @@
+"""`mlbench run --inject ... --on-failure ...` (docs/faults.md): faults applied for real to 2 real
+workers by the local supervisor, the restart policy, and what status says they cost.
+
+A kill with a restart from checkpoints written every step ends with the very parameters
+(torch.equal) of the same run uninterrupted; a SIGSTOPped worker is found by the watchdog and
+the group restarted; a slowed rank is named the straggler; the fail policy fails naming the
+fault. The schedules themselves (seeded random intervals, windows) are checked in-process.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mlbench.errors import UsageError
+from mlbench.launch.faults import parse_inject, parse_on_failure
+from mlbench.results.faults import slow_factor, start_times
+from mlbench.results.store import RunStore
+from tests.helpers import checkpoint, mlbench, run_json
+
+OPTIONS = ("--set", "batch_per_worker=50", "--log-every", "5", "--no-stop", "--set", "max_epochs=100000")
+
+
+def _status(run_id: str) -> dict:
+    return json.loads(mlbench("status", run_id, "-o", "json", check=True).stdout)
+
+
+def test_schedules_repeat_exactly_and_bad_ones_are_refused_in_one_line(libsvm_dir):
+    spec = parse_inject("kill:rank=1,every=rand(60s,120s),seed=3")
+    times = start_times(spec, 600)
+    assert times == start_times(parse_inject("kill:rank=1,every=rand(60s,120s),seed=3"), 600)
+    assert all(60 <= b - a <= 120 for a, b in zip([0.0, *times], times)) and len(times) >= 4
+    assert times != start_times(parse_inject("kill:rank=1,every=rand(60s,120s),seed=4"), 600)
+    assert start_times(parse_inject("stall:rank=0,every=30s,for=5s"), 100) == [30.0, 60.0, 90.0]
+    assert start_times(parse_inject("kill:rank=0,at=2m"), 1000) == [120.0]
+    slow = [parse_inject("slow:rank=1,at=10s,for=5s,factor=3")]
+    assert [slow_factor(slow, 1, t) for t in (9.9, 10.0, 14.9, 15.0)] == [1.0, 3.0, 3.0, 1.0]
+    assert slow_factor(slow, 0, 12) == 1.0 and slow_factor([parse_inject("slow:rank=0,factor=2")], 0, 1e6) == 2.0
+    assert parse_on_failure("restart") == ("restart", 3) and parse_on_failure("restart:5") == ("restart", 5)
+    for bad in ("kill:rank=1", "boom:rank=1,at=1s", "kill:at=1s", "kill:rank=1,at=1s,factor=2", "slow:rank=0",
+                "slow:rank=0,factor=0.5", "stall:rank=0,every=rand(9s,2s)", "kill:rank=0,at=1s,seed=2"):
+        with pytest.raises(UsageError):
+            parse_inject(bad)
+    for args in (("--inject", "kill:rank=2,at=1s"), ("--on-failure", "shrink"), ("--inject", "kill:rank=x,at=1s")):
+        proc = mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), *args)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert RunStore().list() == []
+
+
+def test_a_killed_worker_restarted_from_checkpoints_of_every_step_ends_with_the_uninterrupted_parameters(libsvm_dir):
+    RUN = ("task2a", "2", "--data-dir", str(libsvm_dir), *OPTIONS, "--max-steps", "120", "--save-model")
+    mlbench("run", *RUN, "--checkpoint-every", "1steps", "--inject", "kill:rank=1,at=1.5s",
+            "--on-failure", "restart:2", check=True)
+    faulty = RunStore().list()[-1]
+    assert faulty.state == "finished" and faulty.result["steps"] == 120
+    faults = _status(faulty.id)["faults"]
+    assert faults["count"] == 1 and faults["restarts"] == 1 and faults["on_failure"] == "restart:2"
+    event = faults["events"][0]
+    assert (event["kind"], event["rank"], event["at"], event["action"]) == ("kill", 1, 1.5, "restart")
+    assert 0 <= event["detected_s"] < 5 and len(faults["recover_s"]) == 1
+    assert 0 < faults["goodput"] <= 1
+    restart = run_json(faulty)["faults"]["restarts"][0]
+    assert "worker 1 was killed by SIGKILL" in restart["reason"] and "kill of rank 1" in restart["reason"]
+    table = mlbench("status", faulty.id, check=True).stdout
+    assert "kill of rank 1 at 1.5 s" in table and "1 restarts" in table and "goodput" in table
+    from mlbench.dashboard.views import run_spec  # the dashboard's run page: the same rows
+    from mlbench.results.events import read_run_events
+    from mlbench.results.summary import summarize
+    rows = dict(run_spec(faulty, run_json(faulty), summarize(read_run_events(faulty.run_dir)))["faults"])
+    assert rows["faults"] in table and rows["recovery"] in table and rows["goodput"] in table
+
+    mlbench("run", *RUN, check=True)
+    reference = RunStore().list()[-1]
+    for rank in range(2):
+        expected, actual = checkpoint(reference, rank), checkpoint(faulty, rank)
+        assert all(torch.equal(expected[name], actual[name]) for name in expected), rank
+
+
+def test_a_stalled_worker_is_found_by_the_watchdog_and_the_group_restarted(libsvm_dir):
+    mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), *OPTIONS, "--max-steps", "100",
+            "--checkpoint-every", "10steps", "--watchdog", "5s", "--inject", "stall:rank=1,at=1s",
+            "--on-failure", "restart:1", check=True)
+    run = RunStore().list()[-1]
+    assert run.state == "finished" and run.result["steps"] == 100
+    faults = _status(run.id)["faults"]
+    event = faults["events"][0]
+    assert (event["kind"], event["rank"], event["action"]) == ("stall", 1, "restart")
+    assert event["detected_s"] >= 4   # the watchdog's 5 s bound, from a heartbeat up to 1 s before the stop
+    assert "rank 1 made no progress" in run_json(run)["faults"]["restarts"][0]["reason"]
+
+
+def test_a_slowed_rank_is_named_the_straggler(libsvm_dir):
+    mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), *OPTIONS, "--max-steps", "60",
+            "--inject", "slow:rank=1,factor=4", check=True)
+    run = RunStore().list()[-1]
+    assert run.state == "finished"
+    spread = _status(run.id)["faults"]["stragglers"]
+    assert spread["slowest_rank"] == 1 and spread["spread"] > 1.5
+    assert "rank 1 slowest" in mlbench("status", run.id, check=True).stdout
+    assert run_json(run)["faults"]["events"][0]["kind"] == "slow"
+
+
+def test_the_fail_policy_fails_naming_the_fault(libsvm_dir):
+    proc = mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), *OPTIONS,
+                   "--max-steps", "100000", "--inject", "kill:rank=0,at=1s")
+    assert proc.returncode != 0
+    run = RunStore().list()[-1]
+    assert run.state == "failed"
+    assert "worker 0 was killed by SIGKILL" in run.reason and "injected: kill of rank 0 at 1.0 s" in run.reason
+    assert _status(run.id)["faults"]["events"][0]["action"] == "fail"
