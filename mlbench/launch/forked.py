@@ -12,8 +12,9 @@ supervisor's life.
 
 Forking is only safe from a process with one thread, no CUDA context and no OpenMP thread pool
 started (a child of a process that ran a parallel torch operation hangs in its first one):
-:func:`forking_allowed` says so, and the supervisor starts fresh interpreters otherwise (and
-always for the emulated network's namespaces, whose command is ``nsenter``).
+:func:`forking_allowed` says so, and the supervisor starts fresh interpreters otherwise. On an
+emulated network the child joins its rank's namespaces itself (``setns``, as ``nsenter`` and
+``ip netns exec`` do for a fresh interpreter: :meth:`mlbench.network.emulation.LocalNetwork.enter`).
 """
 
 from __future__ import annotations
@@ -112,23 +113,25 @@ def _os_threads() -> int:
 
 
 def fork_worker(worker_args: Sequence[str], log: Path, env: dict[str, str], keep_fds: Sequence[int] = (),
-                before_main: Callable[[], None] | None = None) -> ForkedProcess:
+                before_main: Callable[[], None] | None = None,
+                enter: Callable[[], None] | None = None) -> ForkedProcess:
     """Fork a child that runs ``python -m mlbench.worker WORKER_ARGS`` in this interpreter.
 
     ``log`` receives its stdout and stderr (appended, created private); ``keep_fds`` stay open
     in the child (a listening socket); ``before_main`` runs first in the child (tying it to
-    this process's life)."""
+    this process's life); ``enter`` runs once the child's streams are its log's (joining the
+    emulated network's namespaces: its failure is the worker's, told in its log)."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # or the child would write this process's buffered output once more
     with open_append(log) as opened:   # mode 600, never through a link (as the spawned workers' logs)
         pid = os.fork()
         if pid == 0:
-            _child(worker_args, opened.fileno(), env, keep_fds, before_main)   # never returns
+            _child(worker_args, opened.fileno(), env, keep_fds, before_main, enter)   # never returns
     return ForkedProcess(pid, ["mlbench.worker", *worker_args])
 
 
 def _child(worker_args: Sequence[str], log_fd: int, env: dict[str, str], keep_fds: Sequence[int],
-           before_main: Callable[[], None] | None) -> NoReturn:
+           before_main: Callable[[], None] | None, enter: Callable[[], None] | None) -> NoReturn:
     """The forked child: becomes a worker, runs it, and exits with its code, whatever happens."""
     code = 1
     try:
@@ -136,6 +139,8 @@ def _child(worker_args: Sequence[str], log_fd: int, env: dict[str, str], keep_fd
         if before_main is not None:
             before_main()
         _become_a_fresh_process(log_fd, env, keep_fds)
+        if enter is not None:
+            enter()
         _name_this_process(worker_args)
         from mlbench.worker.__main__ import main
         code = main(list(worker_args))

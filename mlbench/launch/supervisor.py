@@ -161,16 +161,15 @@ class WorkerProcesses:
                 if loopback:
                     env["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
             document.save(self.run_dir)
-            # without namespaces to enter, the ranks are forked from here once their modules are
-            # imported (mlbench.launch.forked: seconds of CPU saved per worker)
-            # a port to another framework is a program of its own, started as a fresh interpreter:
+            # the ranks are forked from here once their modules are imported (mlbench.launch.forked:
+            # seconds of CPU saved per worker), and join their namespaces of an emulated network
+            # themselves; a port to another framework is a program of its own, started as a fresh interpreter:
             # never forked from this torch-importing process; its coordinator binds the port itself
             framework = get_framework(config.framework)
             if framework is not PYTORCH and listener is not None:
                 listener.close()
                 listener = None
-            fork = (framework is PYTORCH and self.network is None
-                    and forking_allowed(TASKS.runtime_module(config.task.name)))
+            fork = framework is PYTORCH and forking_allowed(TASKS.runtime_module(config.task.name))
             prepare = getattr(runtime_module(config.task), "prepare_before_fork", None) if fork else None
             if prepare is not None:   # what every rank would make alike (synthetic data), made once
                 prepare(config)
@@ -184,7 +183,11 @@ class WorkerProcesses:
                     pass_fds = (listener.fileno(),)
                 log = log_path(self.run_dir, rank)
                 if fork:
-                    self.procs.append(fork_worker(worker_args, log, rank_env, pass_fds, tied_to_this_process()))
+                    network = self.network
+                    enter = functools.partial(network.enter, rank) if network else None
+                    rank_env = {**env, **network.worker_env(rank)} if network else env
+                    self.procs.append(fork_worker(worker_args, log, rank_env, pass_fds, tied_to_this_process(),
+                                                  enter))
                     continue
                 cmd = [sys.executable, "-m", framework.worker, *worker_args]
                 if self.network:

@@ -10,6 +10,7 @@ own, and ends it; the kernel frees everything once the holder and the workers ar
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import os
@@ -106,6 +107,20 @@ def check_local_shaping(settings: NetworkSettings) -> dict[str, Any]:
                        f"bridge; {describe(settings)}")}
 
 
+_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+
+
+def _setns(path: str, nstype: int) -> None:
+    """setns(2) into the namespace at ``path`` (os.setns arrived in Python 3.12)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, nstype) != 0:
+            err = ctypes.get_errno()
+            raise NetworkError(f"cannot enter the namespace {path}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
 class LocalNetwork:
     """The namespaces of one running local run, held by one process."""
 
@@ -152,6 +167,20 @@ class LocalNetwork:
         user = [] if _as_root() else ["--user", "--preserve-credentials"]
         return ["nsenter", f"--target={self.pid}", "--mount", *user, "--",
                 "ip", "netns", "exec", netns.worker_netns(rank), *command]
+
+    def enter(self, rank: int) -> None:
+        """In a worker forked by the supervisor (one thread): join worker ``rank``'s namespaces,
+        as :meth:`worker_command` does for a fresh interpreter: the holder's user namespace (not
+        root), its mount namespace (where ``ip netns`` keeps the worker's), then the worker's
+        network namespace. The working directory is kept, as nsenter keeps it."""
+        if self.pid is None:
+            raise NetworkError("the emulated network is not running")
+        here = os.getcwd()
+        if not _as_root():
+            _setns(f"/proc/{self.pid}/ns/user", _CLONE_NEWUSER)
+        _setns(f"/proc/{self.pid}/ns/mnt", _CLONE_NEWNS)
+        _setns(f"{netns.NETNS_DIR}/{netns.worker_netns(rank)}", _CLONE_NEWNET)
+        os.chdir(here)
 
     def worker_env(self, rank: int) -> dict[str, str]:
         """gloo's sockets on the worker's link; rank 0's rendezvous store on its address."""
