@@ -22,6 +22,7 @@ from mlbench.results.report import (
 from mlbench.results.store import RunRecord
 from mlbench.network.settings import describe_network, network_label
 from mlbench.results.summary import RunSummary, phase_table
+from mlbench.results.sysmetrics import describe_system, system_metrics
 from mlbench.run_config import RunDocument
 from mlbench.tasks.metrics import get_metric
 
@@ -142,6 +143,8 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
                         ("resumes", describe_resumes(recovery["resumes"]))):
         if text:
             rows.append([label, text])
+    system = system_metrics(summary)
+    rows.extend([label, text] for label, text in describe_system(system.to_dict() if system else None))
     if run.result:
         rows.append(["result", describe_result(run.result)])
     click.echo(tabulate(rows, tablefmt="plain"))
