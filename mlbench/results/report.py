@@ -94,7 +94,8 @@ def run_progress(record: RunRecord, summary: RunSummary | None = None) -> RunPro
 
 # -- several runs: the table of `mlbench compare` ------------------------------------------------
 COMPARE_HEADERS = ("WORKERS", "CONVERGED", "TIME TO GOAL", "MIN..MAX", "OLYMPIC MEAN", "SPEEDUP",
-                   "EFFICIENCY", "COMPUTE/COMM.", "SAMPLES/S", "METRIC", "COST TO GOAL", "PEAK MEM", "MFU")
+                   "EFFICIENCY", "COMPUTE/COMM.", "SAMPLES/S", "PEAK MEM", "MFU", "METRIC",
+                   "COST TO GOAL")
 #: Task 0a's table: per worker count its headline figures over the repeats (medians).
 SWEEP_HEADERS = ("WORKERS", "RUNS", "PEAK BANDWIDTH", "LATENCY")
 
@@ -156,10 +157,10 @@ def compare_row(g: Group, emulated: bool = False) -> list[str]:
         f"{100 * g.efficiency:.0f}%" if g.efficiency is not None else "-",
         f"{100 * (1 - share):.0f}% / {100 * share:.0f}%" if share is not None else "-",
         f"{g.throughput.median:.0f}",
-        metric.cell(g.final_accuracy),
-        cost,
         format_bytes(g.peak_memory_bytes),
         format_fraction(g.utilisation),
+        metric.cell(g.final_accuracy),
+        cost,
     ]
 
 
