@@ -138,3 +138,15 @@ def test_a_real_run_records_memory_flops_and_its_straggler(tmp_path):
     assert "slowest rank 1" in table and "analytic FLOPs per step" in table
     compared = mlbench("compare", run_id, check=True).stdout
     assert "PEAK MEM" in compared and "MFU" in compared
+
+
+def test_the_dashboards_run_page_shows_the_rows_of_status_run():
+    from mlbench.dashboard.views import run_system
+
+    events = [_event(0, "time/forward", 1.0), _event(0, "system", _system())]
+    page = run_system(summarize(events))
+    metrics = system_metrics(summarize(events))
+    assert page is not None and metrics is not None
+    assert page["rows"] == [list(row) for row in describe_system(metrics.to_dict())]
+    assert page["slowest_rank"] == 0 and page["achieved_flops"] == 2e6
+    assert run_system(summarize([])) is None
