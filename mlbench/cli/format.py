@@ -23,6 +23,7 @@ from mlbench.results.goodput import describe_faults, run_faults
 from mlbench.results.store import RunRecord
 from mlbench.network.settings import describe_network, network_label
 from mlbench.results.summary import RunSummary, phase_table
+from mlbench.results.sysmetrics import describe_system, system_metrics
 from mlbench.run_config import RunDocument
 from mlbench.tasks.metrics import get_metric
 
@@ -145,6 +146,8 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
             rows.append([label, text])
     for label, text in describe_faults(run_faults(run, summary)):
         rows.append([label, text])
+    system = system_metrics(summary)
+    rows.extend([label, text] for label, text in describe_system(system.to_dict() if system else None))
     if run.result:
         rows.append(["result", describe_result(run.result)])
     click.echo(tabulate(rows, tablefmt="plain"))

@@ -25,6 +25,7 @@ from mlbench.launch.plan import BACKENDS, RunRequest, parse_checkpoint_every, pa
 from mlbench.launch.registry import choose, launcher_of
 from mlbench.network.settings import SHAPING, network_options
 from mlbench.results.events import read_run_events
+from mlbench.results.live_export import parse_targets
 from mlbench.results.report import parse_sort, run_details, run_overview, sort_runs
 from mlbench.results.store import RunRecord
 from mlbench.run_config import RunDocument
@@ -127,6 +128,9 @@ def tasks(output) -> None:
 @click.option("--max-size", type=float, metavar="N", help="task0a: largest message, in elements [1e8].")
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
+@click.option("--log-to", "log_to", multiple=True, metavar="TOOL:DIR",
+              help="Write each run into tensorboard:DIR, mlflow:DIR or wandb:DIR while it trains, as "
+                   "`mlbench export` would after it (repeatable; not with --detach).")
 @click.option("--bandwidth", metavar="RATE[,RATE...]",
               help="Emulate every worker's link at RATE in each direction (tc units: 100mbit, 1gbit, "
                    "10gbit); a comma list makes one run per rate.")
@@ -142,7 +146,7 @@ def tasks(output) -> None:
 def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, model, sets, optimizer, opts,
         backend, device, framework, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
         channels_last, no_graph, watchdog, checkpoint_every, checkpoint_dir, inject, on_failure, max_size, name,
-        detach, bandwidth, latency, jitter, loss, shaping, output, launch) -> None:
+        detach, log_to, bandwidth, latency, jitter, loss, shaping, output, launch) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
 
@@ -158,7 +162,12 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
       mlbench run task1a 8 --record-only     # then: torchrun ... -m mlbench.worker RUN_DIR
       mlbench run task1a 2 --light --bandwidth 100mbit,1gbit,10gbit --latency 0.5ms
       RUN=$(mlbench run task2a 2 --detach -o json | jq -r .id); mlbench wait $RUN
+      mlbench run task2a 2 --data synthetic --log-to tensorboard:tb/
     """
+    if log_to and detach:
+        raise UsageError("--log-to writes a run as this command follows it; a detached run is followed by "
+                         "nobody: leave out --detach, or `mlbench export RUN --to TOOL DIR` when it has ended")
+    targets = parse_targets(log_to)
     if output != "table" and not detach:
         raise UsageError(f"-o {output} prints the record of a run started with --detach: add --detach "
                          "(then `mlbench wait RUN -o json` gives its result)")
@@ -180,7 +189,10 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
     # so that stdout is the document alone
     launcher = choose(session.open_store(), launch,
                       progress=click.echo if output == "table" else lambda line: click.echo(line, err=True))
+    launcher.settings.log_to = targets
     if launcher.records_only:
+        if log_to:
+            raise UsageError("--log-to writes a run as this command follows it; --record-only starts none")
         if output != "table":
             raise UsageError(f"-o {output} prints a started run's record; --record-only starts none")
         for request in plan.requests:

@@ -104,6 +104,7 @@ def run_document(source: Source, record: RunRecord, events: list[dict[str, Any]]
             "spec": views.run_spec(record, run_json, summary),
             "summary": views.run_summary(summary, summary.compression_ratio, views.run_metric(record)),
             "result": views.result_sentence(record, summary),
+            "system": views.run_system(summary),
             "series": views.run_series(record, events, summary),
             "sweep": views.run_sweep(record),
             "logs": views.log_names(record)}

@@ -28,6 +28,7 @@ from mlbench.results.repeats import RepeatStats
 from mlbench.results.goodput import describe_faults, run_faults
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table
+from mlbench.results.sysmetrics import describe_system, system_metrics
 from mlbench.run_config import RunConfig, RunDocument
 from mlbench.tasks.task0a.sweep import TABLE_HEADERS, table_row
 from mlbench.tasks.metrics import LATENCY, Metric
@@ -125,6 +126,16 @@ def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -
         # faults, recovery, goodput and stragglers: the rows of `mlbench status RUN`
         "faults": [list(row) for row in describe_faults(run_faults(record, summary))],
     }
+
+
+def run_system(summary: RunSummary) -> dict[str, Any] | None:
+    """The run's systems metrics (peak memory, step-time spread, FLOP/s) as numbers and as the
+    rows of `status RUN` (mlbench.results.sysmetrics); None before any rank recorded them."""
+    metrics = system_metrics(summary)
+    if metrics is None:
+        return None
+    data = metrics.to_dict()
+    return {**data, "rows": [list(row) for row in describe_system(data)]}
 
 
 def _recovery_texts(record: RunRecord) -> dict[str, str | None]:

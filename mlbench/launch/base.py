@@ -33,6 +33,7 @@ from mlbench.launch.plan import RunRequest, WorkerResources, create_run
 from mlbench.launch.run_folder import events_path, log_path
 from mlbench.network.settings import NetworkSettings
 from mlbench.results.events import EventTail
+from mlbench.results.live_export import LiveExport, Target
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import RunDocument
 
@@ -70,6 +71,8 @@ class LaunchSettings:
 
     options: dict[str, Any] = field(default_factory=dict)
     progress: Progress = quiet
+    #: ``--log-to`` targets: each run followed in the foreground is written there as it goes
+    log_to: tuple[Target, ...] = ()
 
 
 class Launcher(ABC):
@@ -229,15 +232,24 @@ class Launcher(ABC):
         arrive, until the run has ended; returns its final record. Every ``interval`` seconds
         (:attr:`follow_seconds`) ``refresh`` (:meth:`refresh`) says how the run is. The state is
         read *before* the events, so once a run is seen ended, the read that follows holds
-        everything it wrote."""
+        everything it wrote. With ``--log-to`` targets (:attr:`LaunchSettings.log_to`), a run
+        followed with ``on_event`` (its own start, not `status --follow`) is written into them
+        at every look (:class:`LiveExport`)."""
         look = refresh or self.refresh
         tail = EventTail(events_path(record.run_dir, 0))
+        export = (LiveExport(self.settings.log_to, record, self.settings.progress)
+                  if self.settings.log_to and on_event is not None else None)
         misses = 0
         while True:
             ended = not record.active
             if on_event is not None:
                 for event in tail.read_new():
                     on_event(event)
+            if export is not None:
+                if ended:
+                    export.close(record)
+                else:
+                    export.poll()
             if ended:
                 return record
             sleep(self.follow_seconds if interval is None else interval)

@@ -31,6 +31,7 @@ from mlbench.results.repeats import RepeatStats, repeat_stats
 from mlbench.results.outcome import AllreduceResult, Outcome, TrainingResult, read_result
 from mlbench.results.store import FINISHED, RunRecord, RunStore
 from mlbench.results.summary import RunSummary, summarize
+from mlbench.results.sysmetrics import system_metrics
 from mlbench.run_config import Occupancy, RunConfig, RunDocument, occupancy
 from mlbench.tasks.metrics import Metric
 from mlbench.tasks.registry import get_task
@@ -205,6 +206,10 @@ class Group:
     speedup: float | None = None
     speedup_range: tuple[float, float] | None = None
     efficiency: float | None = None
+    #: medians over the runs of their systems metrics (mlbench.results.sysmetrics); None when
+    #: no run recorded them
+    peak_memory_bytes: float | None = None   # the largest rank's CUDA peak on a GPU, else its RSS peak
+    utilisation: float | None = None         # achieved FLOP/s over the devices' peak
 
     @property
     def communication_share(self) -> float | None:
@@ -304,6 +309,9 @@ def _group(family: Family, workers: int, runs: list[RunResult], usd: float | Non
         c, m = run.phase_totals()
         compute, communication = compute + c, communication + m
     outcomes = [run.outcome for run in runs]
+    systems = [m for m in (system_metrics(run.summary) for run in runs) if m is not None]
+    memory = [m.cuda_peak_bytes if m.cuda_peak_bytes is not None else m.peak_rss_bytes for m in systems]
+    utilisation = [m.utilisation for m in systems if m.utilisation is not None]
     accuracies = [o.headline for o in outcomes if o is not None and o.headline is not None]
     return Group(
         family=family, workers=workers, runs=runs,
@@ -311,7 +319,12 @@ def _group(family: Family, workers: int, runs: list[RunResult], usd: float | Non
         throughput=RepeatStats(tuple(sorted(run.summary.throughput or 0.0 for run in runs))),
         final_accuracy=median(accuracies) if accuracies else None,
         compute_seconds=compute, communication_seconds=communication,
-        cost=_costs(runs, usd), metric=next((o.goal_metric for o in outcomes if o is not None), None))
+        cost=_costs(runs, usd), metric=next((o.goal_metric for o in outcomes if o is not None), None),
+        peak_memory_bytes=_median([m for m in memory if m is not None]), utilisation=_median(utilisation))
+
+
+def _median(values: list[float] | list[int]) -> float | None:
+    return median(values) if values else None
 
 
 def _costs(runs: list[RunResult], usd: float | None) -> RepeatStats | None:

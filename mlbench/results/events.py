@@ -26,7 +26,7 @@ EVENTS_DIR = "events"
 #: names whose value is a number (phase seconds, training and evaluation metrics, bytes sent)
 NUMERIC_PREFIXES = ("time/", "train/", "eval/", "comm/")
 #: names whose value is an object
-OBJECT_NAMES = ("result", "environment", "allreduce")
+OBJECT_NAMES = ("result", "environment", "allreduce", "system")
 
 
 class EventSink(Protocol):

@@ -32,12 +32,15 @@ from mlbench.results.summary import RunSummary, phase_table, summarize
 from mlbench.jsonfile import read_json
 from mlbench.run_config import RUN_JSON
 from mlbench.tasks.metrics import LATENCY, Metric, get_metric
+from mlbench.tasks.registry import TASKS
 
 #: The figures of one all-reduce row that become points (the row's other keys describe it).
 SWEEP_FIGURES = {"busbw_gbps": "busbw_gbps", "algbw_gbps": "algbw_gbps", "time_s": "time_us"}
 
-#: Catalog fields that are hyper-parameters of a run (the rest of them come from run.json).
-_CATALOG_PARAMS = ("name", "task", "workers", "division", "optimizer", "launcher", "seed", "group_id", "state")
+#: Catalog fields that are hyper-parameters of a run (the rest of them come from run.json). Its
+#: state is an outcome, not a setting, and changes while a live export writes (``--log-to``):
+#: each tool has it as the run's status and in the note (:func:`~mlbench.results.exporters.metrics_text`).
+_CATALOG_PARAMS = ("name", "task", "workers", "division", "optimizer", "launcher", "seed", "group_id")
 
 
 @dataclass(frozen=True)
@@ -106,8 +109,10 @@ def run_head(record: RunRecord) -> RunHead:
             raw["network"] = data["network"]
     result = read_result(record.result)
     metric = result.goal_metric if result is not None else task_metric(record.task)
-    goal_tag = (f"result/peak_{metric_key(metric)}" if isinstance(result, AllreduceResult)
-                else f"eval/{metric.name}")
+    # (a run still going, exported live, has no result yet: its task says whether it sweeps)
+    spec = TASKS.get(record.task)
+    sweep = isinstance(result, AllreduceResult) or (result is None and spec is not None and spec.kind == "allreduce")
+    goal_tag = f"result/peak_{metric_key(metric)}" if sweep else f"eval/{metric.name}"
     return RunHead(id=record.id, name=record.name, task=record.task, state=record.state,
                    started_at=record.started_at or record.created_at, group_id=record.group_id,
                    metric=metric, goal_tag=goal_tag, hparams=flatten(raw))

@@ -16,6 +16,7 @@ wrote is removed again, so a folder never holds half a run that looks whole.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import time
@@ -101,7 +102,6 @@ class TensorBoardWriter(Writer):
         file_writer.add_summary(
             summary_v2.hparams_pb(dict(head.hparams), trial_id=head.id, start_time_secs=head.started_at),
             0, head.started_at)
-        self.writer.add_text("mlbench/run", metrics_text(head), 0, walltime=head.started_at)
 
     @classmethod
     def conflict(cls, out_dir: Path, head: RunHead) -> str | None:
@@ -117,6 +117,8 @@ class TensorBoardWriter(Writer):
         self.writer.flush()
 
     def finish(self, summary: dict[str, float], step: int, state: str, when: float) -> None:
+        self.head = dataclasses.replace(self.head, state=state)  # (a live export began it running)
+        self.writer.add_text("mlbench/run", metrics_text(self.head), 0, walltime=self.head.started_at)
         self.write([Point(tag, value, step, when) for tag, value in summary.items()])
         self.writer.close()
 
@@ -193,8 +195,12 @@ class MlflowWriter(Writer):
                 self.client.log_batch(self.run_id, metrics=metrics[i:i + self.BATCH])
 
     def finish(self, summary: dict[str, float], step: int, state: str, when: float) -> None:
+        from mlflow.entities import RunTag
+        self.head = dataclasses.replace(self.head, state=state)  # (a live export began it running)
         self.write([Point(tag, value, step, when) for tag, value in summary.items()])
         with _quiet():
+            self.client.log_batch(self.run_id, tags=[RunTag("mlbench.state", state),
+                                                     RunTag("mlflow.note.content", metrics_text(self.head))])
             self.client.set_terminated(self.run_id, _MLFLOW_STATUS.get(state, "FAILED"), int(when * 1000))
 
     def discard(self) -> None:
@@ -257,6 +263,8 @@ class WandbWriter(Writer):
             self.run.log(row)
 
     def finish(self, summary: dict[str, float], step: int, state: str, when: float) -> None:
+        self.head = dataclasses.replace(self.head, state=state)  # (a live export began it running)
+        self.run.notes = metrics_text(self.head)
         self.run.summary.update(summary)
         self.run.finish(exit_code=0 if state == FINISHED else 1)
 

@@ -28,6 +28,7 @@ from mlbench.results.repeats import RepeatStats
 from mlbench.plugins import SHORT_HASH, is_plugin_label, plugin_label
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table, summarize
+from mlbench.results.sysmetrics import format_bytes, format_fraction, system_metrics
 from mlbench.tasks.metrics import ACCURACY, LATENCY, Metric, get_metric
 from mlbench.run_config import RunDocument
 from mlbench.tasks.registry import TASKS
@@ -94,7 +95,8 @@ def run_progress(record: RunRecord, summary: RunSummary | None = None) -> RunPro
 
 # -- several runs: the table of `mlbench compare` ------------------------------------------------
 COMPARE_HEADERS = ("WORKERS", "CONVERGED", "TIME TO GOAL", "MIN..MAX", "OLYMPIC MEAN", "SPEEDUP",
-                   "EFFICIENCY", "COMPUTE/COMM.", "SAMPLES/S", "METRIC", "COST TO GOAL")
+                   "EFFICIENCY", "COMPUTE/COMM.", "SAMPLES/S", "PEAK MEM", "MFU", "METRIC",
+                   "COST TO GOAL")
 #: Task 0a's table: per worker count its headline figures over the repeats (medians).
 SWEEP_HEADERS = ("WORKERS", "RUNS", "PEAK BANDWIDTH", "LATENCY")
 
@@ -156,6 +158,8 @@ def compare_row(g: Group, emulated: bool = False) -> list[str]:
         f"{100 * g.efficiency:.0f}%" if g.efficiency is not None else "-",
         f"{100 * (1 - share):.0f}% / {100 * share:.0f}%" if share is not None else "-",
         f"{g.throughput.median:.0f}",
+        format_bytes(g.peak_memory_bytes),
+        format_fraction(g.utilisation),
         metric.cell(g.final_accuracy),
         cost,
     ]
@@ -406,6 +410,7 @@ def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
             "compression_ratio": summary.compression_ratio,
             "errors": list(summary.errors),
         },
+        "system": system.to_dict() if (system := system_metrics(summary)) is not None else None,
         "optimizer_plugin": plugins.get("optimizer"),
         "model_plugin": plugins.get("model"),
         "result": record.result,
@@ -439,6 +444,8 @@ def _group(group: Group) -> dict[str, Any]:
         "metric": (group.metric or task_metric(group.family.task)).name,
         "metric_value": group.final_accuracy,
         "cost_to_accuracy": _stats(group.cost) if goal and group.cost is not None else None,
+        "peak_memory_bytes": group.peak_memory_bytes,
+        "utilisation": group.utilisation,
         **({"latency_us": sweep_latency(group),
             "sweep": [{"dtype": dtype, "elements": elements, "bandwidth_gbps": value}
                       for (dtype, elements), value in sweep_bandwidth(group).items()]}

@@ -35,6 +35,8 @@ class RunSummary:
     evaluations: list[dict[str, float]] = field(default_factory=list)
     result: dict[str, Any] | None = None
     environment: dict[str, Any] | None = None
+    #: each rank's ``system`` event: peak memory, peak FLOP/s, FLOPs per step (mlbench.results.sysmetrics)
+    systems: dict[int, dict[str, Any]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     skipped_events: int = 0                # unreadable event lines the reader left out
 
@@ -111,6 +113,8 @@ def summarize(events: list[dict[str, Any]]) -> RunSummary:
             s.result = value
         elif name == "environment":
             s.environment = value
+        elif name == "system":
+            s.systems[rank] = value
         elif name == "error":
             s.errors.append(f"worker {rank}: {value}")
         if name == "train/time" and rank == 0 and int(e["step"]) in evals:

@@ -22,6 +22,7 @@ from mlbench.errors import UsageError
 from mlbench.tasks.classification import ClassificationSettings, learning_rate
 from mlbench.tasks.data.sharding import epoch_batches, eval_shard, steps_per_epoch
 from mlbench.tasks.datasets import get_dataset, load_splits, make_synthetic_before_fork
+from mlbench.tasks.flops import ANALYTIC, FLOP_COUNTER, counted_flops, logistic_regression_flops
 from mlbench.tasks.losses import get_loss, regulariser
 from mlbench.tasks.models import build_model
 from mlbench.tasks.models.logreg import LogisticRegression
@@ -164,6 +165,14 @@ class SupervisedRuntime:
         self.timer.mark("forward")
         self.timer.mark("backward")
         return loss
+
+    def flops_per_step(self) -> tuple[int, str]:
+        """FLOPs of this worker's step and how they were counted (:mod:`mlbench.tasks.flops`)."""
+        batch = self.settings.batch_per_worker
+        if type(self.model) is LogisticRegression:
+            return logistic_regression_flops(batch, self.model.in_features), ANALYTIC
+        sample, _ = self.data.test_batch(0, 1)
+        return counted_flops(self.model, sample, batch), FLOP_COUNTER
 
     def state_dict(self) -> dict[str, Any]:
         """Nothing beyond the model: the batches and the augmentation follow from (seed, epoch)."""

@@ -45,6 +45,7 @@ from mlbench.timing import PhaseTimer
 from mlbench.worker import checkpoint
 from mlbench.worker.heartbeat import Heartbeat
 from mlbench.worker.straggler import Straggler
+from mlbench.worker.sysmetrics import DevicePeak, system_record
 
 #: Target seconds between two checks of the time budget, the time-based checkpoint and a stop
 #: request (the workers agree on the step count).
@@ -154,6 +155,11 @@ class Trainer:
                                options=dict(self.cfg.optimizer_options))
         self.optimizer: DistributedOptimizer = build_optimizer(self.cfg.optimizer, ctx, self.cfg.optimizer_plugin,
                                                                 self.run_dir)
+        # the system metrics' constants: the device's peak (a CPU's is probed here, before the
+        # training loads the cores) and the FLOPs of a step where the task's runtime counts them
+        self.device_peak = DevicePeak.of(self.device, self.cfg.precision)
+        count_flops = getattr(self.runtime, "flops_per_step", None)
+        self.step_flops: tuple[int, str] | None = count_flops() if count_flops is not None else None
         if self.cfg.resume_step is not None:
             self._load_checkpoint(self.cfg.resume_step)
 
@@ -283,6 +289,9 @@ class Trainer:
                 break
         if evaluated_at != p.step:
             self.evaluate()
+        self.events.emit("system", system_record(self.device, self.device_peak, self.step_flops, steps=p.step,
+                                                 train_time=p.train_time()),
+                         epoch=self._epoch_float(), step=p.step)
         return self._result(stop_reason)
 
     def _agree(self) -> tuple[bool, bool, bool]:

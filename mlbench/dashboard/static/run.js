@@ -150,6 +150,7 @@
       ["bytes sent", s.ranks.length ? `${fmt.bytes(s.bytes_sent_mean)} per worker (${s.bytes_sent.map(fmt.bytes).join(", ")})` : "-"],
       ["communication / compute", s.communication_ratio === null ? "-" : s.communication_ratio.toFixed(3)],
       ["compression", s.compression ? `the reference all-reduce would have sent ${s.compression.toFixed(2)}x the bytes` : null],
+      ...(doc.system ? doc.system.rows : []),
       ["errors", s.errors.length ? s.errors.join("; ") : null],
     ]);
     for (const which of ["time", "epoch"]) {

@@ -1,0 +1,101 @@
+"""What a worker measures about the machine it trains on: peak memory, the device's peak FLOP/s
+and the FLOPs of its step, recorded once per rank as the ``system`` event at the end of training
+(docs/system-metrics.md).
+
+The peak FLOP/s is the denominator of the utilisation. A GPU's comes from its data sheet
+(:data:`GPU_PEAKS`, dense, without sparsity, for the run's precision); a CPU has no data sheet
+worth trusting (turbo, AVX frequency, the threads a run gets), so each worker measures one with a
+short matrix-product probe at start (:func:`cpu_peak_flops`) and records it with the run: the
+utilisation is then against what this machine reached with the run's threads, not a catalogue.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: Dense peak FLOP/s per GPU model by precision (NVIDIA's data sheets, no sparsity): ``fp32`` is
+#: plain FP32 (torch's default matmul precision), ``tf32`` where torch's matmul precision allows
+#: it, ``bf16`` the tensor cores'. Matched in order by a substring of ``torch.cuda.get_device_name``.
+GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H100 PCIe", {"fp32": 51.2e12, "tf32": 378e12, "bf16": 756e12}),
+    ("H100 NVL", {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835e12}),
+    ("H100", {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12}),
+    ("H200", {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12}),
+    ("A100", {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12}),
+    ("L40S", {"fp32": 91.6e12, "tf32": 183e12, "bf16": 362e12}),
+    ("L4", {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12}),
+    ("A10", {"fp32": 31.2e12, "tf32": 62.5e12, "bf16": 125e12}),
+    ("V100", {"fp32": 15.7e12, "tf32": 15.7e12}),
+)
+#: The probe's square matrices: big enough for the BLAS to reach its speed, small enough for
+#: a few tens of milliseconds per worker.
+PROBE_SIZE = 512
+PROBE_TRIALS = 3
+PROBE_PRODUCTS = 4
+
+
+def gpu_peak_flops(name: str, precision: str) -> float | None:
+    """The data-sheet peak of GPU ``name`` for ``precision`` (None: a model or precision the
+    table does not hold)."""
+    if precision == "fp32" and torch.get_float32_matmul_precision() != "highest":
+        precision = "tf32"
+    for model, peaks in GPU_PEAKS:
+        if model in name:
+            return peaks.get(precision)
+    return None
+
+
+def cpu_peak_flops(precision: str, size: int = PROBE_SIZE) -> float:
+    """FLOP/s of the best of a few timed products of two ``size`` x ``size`` matrices, in the
+    run's precision, with the threads torch was given (the run's threads per worker)."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    generator = torch.Generator().manual_seed(0)  # the run's random streams stay untouched
+    a = torch.rand(size, size, generator=generator).to(dtype)
+    b = torch.rand(size, size, generator=generator).to(dtype)
+    torch.mm(a, b)  # warm-up: the BLAS's buffers and threads
+    best = float("inf")
+    for _ in range(PROBE_TRIALS):
+        begin = time.perf_counter()
+        for _ in range(PROBE_PRODUCTS):
+            torch.mm(a, b)
+        best = min(best, time.perf_counter() - begin)
+    return 2 * size ** 3 * PROBE_PRODUCTS / best
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident memory (``ru_maxrss``: kilobytes on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+@dataclass
+class DevicePeak:
+    """The device a worker trains on and its peak FLOP/s (None: unknown), and where that came from."""
+
+    device: str
+    peak_flops: float | None
+    source: str          # "data sheet", "gemm probe" or "unknown"
+
+    @classmethod
+    def of(cls, device: torch.device, precision: str) -> DevicePeak:
+        if device.type == "cuda":
+            name = torch.cuda.get_device_name(device)
+            peak = gpu_peak_flops(name, precision)
+            return cls(name, peak, "data sheet" if peak is not None else "unknown")
+        return cls("cpu", cpu_peak_flops(precision), "gemm probe")
+
+
+def system_record(device: torch.device, peak: DevicePeak, flops: tuple[int, str] | None, *,
+                  steps: int, train_time: float) -> dict[str, Any]:
+    """The value of one rank's ``system`` event (docs/worker-contract.md)."""
+    cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    return {"device": peak.device, "peak_rss_bytes": peak_rss_bytes(), "cuda_peak_bytes": cuda_peak,
+            "peak_flops": peak.peak_flops, "peak_source": peak.source,
+            "flops_per_step": flops[0] if flops else None, "flops_method": flops[1] if flops else None,
+            "steps": steps, "train_time": train_time}

@@ -1,0 +1,152 @@
+"""Systems metrics (issue 25, part 4): the FLOPs of a step, the device's peak, peak memory and
+the spread of the step time over the ranks, from the worker's ``system`` events to `status RUN`
+and `compare`."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import torch
+from torch import nn
+
+from mlbench.results.summary import summarize
+from mlbench.results.sysmetrics import BUSY, WALL, describe_system, system_metrics
+from mlbench.tasks.datasets import EPSILON_FEATURES
+from mlbench.tasks.registry import get_task
+from mlbench.tasks.flops import counted_flops, logistic_regression_flops
+from mlbench.worker.sysmetrics import cpu_peak_flops, gpu_peak_flops
+from tests.helpers import mlbench
+
+
+def test_a_logistic_regression_step_is_two_matrix_vector_products():
+    # score X w: B x D multiply-adds; gradient X^T s: as many; 2 FLOPs per multiply-add
+    assert logistic_regression_flops(100, 2000) == 2 * 100 * 2000 + 2 * 100 * 2000 == 800_000
+
+
+def test_a_counted_step_is_three_forward_passes_of_the_batch():
+    model = nn.Sequential(nn.Linear(10, 3), nn.ReLU(), nn.Linear(3, 2), nn.BatchNorm1d(2))
+    running = model[3].running_mean.clone()
+    flops = counted_flops(model, torch.randn(1, 10), batch=5)
+    assert flops == 3 * (2 * 10 * 3 + 2 * 3 * 2) * 5
+    assert model.training and torch.equal(model[3].running_mean, running)  # no statistics updated
+
+
+def test_gpu_peaks_come_from_the_data_sheet_of_the_model_and_precision():
+    assert gpu_peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.4e12
+    assert gpu_peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
+    assert gpu_peak_flops("NVIDIA A100-SXM4-80GB", "fp32") == 19.5e12
+    assert gpu_peak_flops("NVIDIA V100-SXM2-16GB", "bf16") is None
+    assert gpu_peak_flops("Some Future GPU", "fp32") is None
+
+
+def test_the_cpu_probe_measures_without_touching_the_runs_random_stream():
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    assert cpu_peak_flops("fp32", size=64) > 0
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def _event(rank, name, value, step=4):
+    return {"time": 1.0, "rank": rank, "epoch": 0.1, "step": step, "name": name, "value": value}
+
+
+def _system(peak_flops=1e9, train_time=2.0, steps=4, flops=1_000_000):
+    return {"device": "cpu", "peak_rss_bytes": 5_000_000, "cuda_peak_bytes": None, "peak_flops": peak_flops,
+            "peak_source": "gemm probe", "flops_per_step": flops, "flops_method": "analytic", "steps": steps,
+            "train_time": train_time}
+
+
+def test_the_spread_is_of_each_ranks_busy_time_per_step_and_names_the_slowest():
+    events = []
+    for rank, (forward, communication) in enumerate([(0.5, 1.5), (1.5, 0.5), (1.0, 1.0)]):
+        events += [_event(rank, "time/forward", forward), _event(rank, "time/optimizer", 0.5),
+                   _event(rank, "time/communication", communication), _event(rank, "system", _system())]
+    metrics = system_metrics(summarize(events))
+    assert metrics is not None and metrics.step_basis == BUSY
+    assert [r.step_seconds for r in metrics.ranks] == [1.0 / 4, 2.0 / 4, 1.5 / 4]  # communication left out
+    assert (metrics.step_min, metrics.step_median, metrics.step_max) == (1.0 / 4, 1.5 / 4, 2.0 / 4)
+    assert metrics.slowest_rank == 1
+    # FLOPs of the steps over the training time, against the peak: 1e6 x 4 / 2 s = 2 MFLOP/s a rank
+    assert [r.achieved_flops for r in metrics.ranks] == [2e6, 2e6, 2e6]
+    assert metrics.achieved_flops == 6e6 and metrics.utilisation == 6e6 / 3e9
+    assert metrics.peak_rss_bytes == 5_000_000
+
+
+def test_without_phase_times_the_step_is_the_wall_clock_one():
+    metrics = system_metrics(summarize([_event(0, "system", _system(train_time=2.0, steps=4))]))
+    assert metrics is not None and metrics.step_basis == WALL
+    assert metrics.step_min == metrics.step_max == 0.5 and metrics.slowest_rank == 0
+    assert system_metrics(summarize([_event(0, "train/loss", 0.5)])) is None
+
+
+def test_a_model_whose_flops_are_not_counted_says_so():
+    record = {**_system(), "flops_per_step": None, "flops_method": None}
+    metrics = system_metrics(summarize([_event(0, "system", record)]))
+    assert metrics is not None and metrics.achieved_flops is None and metrics.utilisation is None
+    assert ("achieved", "not counted for this task's model") in describe_system(metrics.to_dict())
+
+
+STRAGGLER = textwrap.dedent('''
+    import time
+
+    import torch
+
+    from mlbench.optim.base import DistributedOptimizer, all_reduce_mean_, allreduce_bytes
+    from mlbench.optim.descriptors import OptimizerInfo
+
+
+    class Straggler(DistributedOptimizer):
+        """SGD whose rank 1 takes 0.1 s more for its update than the others."""
+
+        info = OptimizerInfo(name="straggler", reference="a test", summary="SGD, rank 1 slow.")
+
+        @torch.no_grad()
+        def step(self, lr):
+            flat = torch.cat([p.grad.reshape(-1) for p in self.params])
+            all_reduce_mean_(flat, self.ctx.world_size, self.ctx.group)
+            self.bytes_sent += allreduce_bytes(flat.numel(), flat.element_size(), self.ctx.world_size)
+            self.ctx.timer.mark("communication")
+            if self.ctx.rank == 1:
+                time.sleep(0.1)
+            offset = 0
+            for p in self.params:
+                p.add_(flat[offset:offset + p.numel()].view_as(p), alpha=-lr)
+                offset += p.numel()
+            self.ctx.timer.mark("optimizer")
+''')
+
+
+def test_a_real_run_records_memory_flops_and_its_straggler(tmp_path):
+    plugin = tmp_path / "straggler.py"
+    plugin.write_text(STRAGGLER)
+    run = mlbench("run", "task2a", "2", "--data", "synthetic", "--max-steps", "3", "--log-every", "1",
+                  "--optimizer", f"{plugin}:Straggler", check=True)
+    run_id = run.stdout.split()[1]
+    details = json.loads(mlbench("status", run_id, "-o", "json", check=True).stdout)
+    system = details["system"]
+    batch = get_task("task2a").settings.batch_per_worker
+    assert [r["flops_per_step"] for r in system["ranks"]] == [logistic_regression_flops(batch, EPSILON_FEATURES)] * 2
+    assert system["flops_method"] == "analytic" and system["peak_source"] == "gemm probe"
+    # every rank holds the synthetic training set: 40,000 x 2,000 float32
+    assert system["peak_rss_bytes"] > 40_000 * EPSILON_FEATURES * 4
+    assert system["step_basis"] == BUSY and system["slowest_rank"] == 1
+    assert system["step_max"] >= 0.1 > system["step_min"]
+    for rank in system["ranks"]:
+        assert rank["utilisation"] == rank["achieved_flops"] / rank["peak_flops"]
+    table = mlbench("status", run_id, check=True).stdout
+    assert "slowest rank 1" in table and "analytic FLOPs per step" in table
+    compared = mlbench("compare", run_id, check=True).stdout
+    assert "PEAK MEM" in compared and "MFU" in compared
+
+
+def test_the_dashboards_run_page_shows_the_rows_of_status_run():
+    from mlbench.dashboard.views import run_system
+
+    events = [_event(0, "time/forward", 1.0), _event(0, "system", _system())]
+    page = run_system(summarize(events))
+    metrics = system_metrics(summarize(events))
+    assert page is not None and metrics is not None
+    assert page["rows"] == [list(row) for row in describe_system(metrics.to_dict())]
+    assert page["slowest_rank"] == 0 and page["achieved_flops"] == 2e6
+    assert run_system(summarize([])) is None
