@@ -15,15 +15,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mlbench"
 
 #: Lowest first. A module may import its own layer's packages and any lower layer's.
 LAYERS: list[set[str]] = [
-    {"mlbench", "errors", "extras", "frameworks", "timing", "progress", "jsonfile", "safefile", "plugins"},
+    {"errors", "extras", "frameworks", "timing", "progress", "jsonfile", "safefile", "plugins", "version"},
     {"tasks", "network"},
     {"optim"},
     {"run_config"},
     {"results"},
     {"worker"},
     {"cloud", "launch"},
+    {"api"},
     {"server", "dashboard"},
     {"cli", "__main__"},
+    {"mlbench"},   # the package's front door (mlbench/__init__.py): exports the API
 ]
 
 

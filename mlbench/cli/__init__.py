@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from mlbench import __version__
+from mlbench.version import __version__
 from mlbench.errors import MlbenchError
 
 

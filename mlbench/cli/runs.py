@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from mlbench import api
 from mlbench.cli import cli
 from mlbench.cli.allreduce import AllreducePrinter, print_allreduce_table, task_rows
 from mlbench.cli.completion import complete_runs, complete_tasks
@@ -20,18 +21,16 @@ from mlbench.errors import UsageError
 from mlbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS
 from mlbench.launch import session
 from mlbench.launch.base import NO_STEP_CAP
-from mlbench.launch.faults import parse_inject, parse_on_failure
-from mlbench.launch.plan import BACKENDS, RunRequest, parse_checkpoint_every, parse_duration, parse_watchdog
+from mlbench.launch.plan import BACKENDS, RunRequest
 from mlbench.launch.registry import choose, launcher_of
-from mlbench.network.settings import SHAPING, network_options
+from mlbench.network.settings import SHAPING
 from mlbench.results.events import read_run_events
 from mlbench.results.live_export import parse_targets
-from mlbench.results.report import parse_sort, run_details, run_overview, sort_runs
+from mlbench.results.report import run_overview
 from mlbench.results.store import RunRecord
 from mlbench.run_config import RunDocument
 from mlbench.results.summary import summarize
 from mlbench.tasks.models import MODEL_NAMES
-from mlbench.tasks.overrides import parse_overrides
 from mlbench.tasks.records import spec_to_dict
 from mlbench.tasks.registry import TASKS, get_task
 from mlbench.tasks.spec import AllreduceSpec, describe_task
@@ -171,20 +170,15 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
     if output != "table" and not detach:
         raise UsageError(f"-o {output} prints the record of a run started with --detach: add --detach "
                          "(then `mlbench wait RUN -o json` gives its result)")
-    every_s, every_steps = parse_checkpoint_every(checkpoint_every) if checkpoint_every else (None, None)
-    policy, max_restarts = parse_on_failure(on_failure)
-    base = RunRequest(
-        task=task, workers=workers[0] if workers else 1, overrides=parse_overrides(sets), model=model,
-        data=data, data_dir=data_dir, data_pvc=data_pvc, light=light, stop_at_goal=not no_stop,
-        time_budget_s=parse_duration(time_budget) if time_budget else None, max_steps=max_steps,
-        seed=seed, backend=backend, device=device, optimizer=optimizer,
-        optimizer_options=parse_opts(opts), log_every=log_every, timing=not no_timing,
-        save_model=save_model, precision=precision, channels_last=channels_last, graph=not no_graph,
-        name=name, max_size=max_size, watchdog_s=parse_watchdog(watchdog), checkpoint_every_s=every_s,
-        checkpoint_every_steps=every_steps, checkpoint_dir=checkpoint_dir, framework=framework,
-        faults=[parse_inject(text) for text in inject], on_failure=policy, max_restarts=max_restarts)
-    plan = session.plan_runs(base, workers, repeat, detach=detach,
-                             networks=network_options(bandwidth, latency, jitter, loss, shaping))
+    plan = api.plan(
+        task, workers, repeat=repeat, light=light, time_budget=time_budget, stop_at_goal=not no_stop, data=data,
+        data_dir=data_dir, data_pvc=data_pvc, model=model, overrides=sets, optimizer=optimizer,
+        optimizer_options=parse_opts(opts), backend=backend, device=device, framework=framework, seed=seed,
+        max_steps=max_steps, log_every=log_every, timing=not no_timing, save_model=save_model,
+        precision=precision, channels_last=channels_last, graph=not no_graph, watchdog=watchdog,
+        checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, inject=inject, on_failure=on_failure,
+        max_size=max_size, name=name, detach=detach, bandwidth=bandwidth, latency=latency, jitter=jitter,
+        loss=loss, shaping=shaping)
     # with -o json the launcher's progress (an image built, a cluster reached) goes to stderr,
     # so that stdout is the document alone
     launcher = choose(session.open_store(), launch,
@@ -308,34 +302,30 @@ def status(run_ref, show_all, sort_key, limit, follow, output) -> None:
         raise UsageError("--all lists every run and --limit N the first N: give one of them")
     if run_ref and (sort_key or limit or show_all):
         raise UsageError("--sort, --limit and --all choose runs for the list: give no RUN with them")
-    order = parse_sort(sort_key or "-created_at")
-    store = session.open_store(read_only=True)
-    if run_ref:
-        launcher = launcher_of(store, store.get(run_ref))
-        record = launcher.reconcile(store.get(run_ref))
-        if follow:
-            final = follow_progress(launcher, record)
-            sys.exit(session.Outcome([final]).exit_code)
-        summary = summarize(read_run_events(record.run_dir))
+    if not run_ref:
+        listed = api.runs(sort=sort_key or "-created_at", limit=None if show_all else limit or 30)
+        runs = [r.to_dict() for r in listed]
         if output != "table":
-            emit(run_details(record, summary), output)
-            return
-        print_run_details(record, summary)
-        if record.result and record.result.get("kind") == "allreduce":
-            print_allreduce_table(record.result)
-        print_compression(summary)
+            emit({"runs": runs}, output)
+        elif not runs:
+            click.echo("No runs yet. Start one with: mlbench run task1a 2 --light")
+        else:
+            click.echo(status_table(runs))
         return
-    records = [launcher_of(store, r).reconcile(r) for r in store.list()]
-    runs = sort_runs([run_overview(r, summarize(read_run_events(r.run_dir)) if r.active else None)
-                      for r in records], *order)
-    if not show_all:
-        runs = runs[:limit or 30]
     if output != "table":
-        emit({"runs": runs}, output)
-    elif not runs:
-        click.echo("No runs yet. Start one with: mlbench run task1a 2 --light")
-    else:
-        click.echo(status_table(runs))
+        emit(api.get(run_ref).to_dict(), output)
+        return
+    store = session.open_store(read_only=True)
+    launcher = launcher_of(store, store.get(run_ref))
+    record = launcher.reconcile(store.get(run_ref))
+    if follow:
+        final = follow_progress(launcher, record)
+        sys.exit(session.Outcome([final]).exit_code)
+    summary = summarize(read_run_events(record.run_dir))
+    print_run_details(record, summary)
+    if record.result and record.result.get("kind") == "allreduce":
+        print_allreduce_table(record.result)
+    print_compression(summary)
 
 
 @cli.command()

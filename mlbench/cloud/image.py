@@ -21,7 +21,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
-from mlbench import __version__
+from mlbench.version import __version__
 from mlbench.errors import MlbenchError, UsageError
 from mlbench.extras import needs
 from mlbench.progress import Progress

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlbench import __version__
+from mlbench.version import __version__
 from mlbench.errors import UsageError
 from mlbench.launch.mpi import MPIRUN_LOG, mpirun_command
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import mlbench
+from mlbench.version import __version__
 
 
 def cpu_model() -> str:
@@ -143,7 +143,7 @@ def describe_environment() -> dict[str, Any]:
         "cudnn": cudnn_text(cudnn),
         "nccl": nccl_version(),
         "cuda_driver": nvidia_driver_version(),
-        "mlbench": mlbench.__version__,
+        "mlbench": __version__,
     }
 
 

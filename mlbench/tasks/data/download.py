@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from mlbench import __version__
+from mlbench.version import __version__
 from mlbench.progress import Progress
 
 #: Exceptions a download or extraction can end with when the network, the server or the disk

@@ -1,0 +1,385 @@
+"""mlbench's public Python API: start runs, list them and read what they recorded, from a script
+or a notebook, without the terminal (``import mlbench; mlbench.run("task2a", 2, ...)``).
+
+The CLI is a thin layer over this module: `mlbench run` builds its runs with :func:`plan` (the
+options of :func:`run` and of `mlbench run` are the same options, checked by a test), `mlbench
+status` lists with :func:`runs` and shows one run as :func:`get` does. So what a script reads is
+what `mlbench status -o json` prints: :meth:`RunInfo.to_dict` is a `status -o json` entry and
+:meth:`Run.to_dict` the document of `status RUN -o json` (less its ``schema_version``).
+
+Like SkyPilot's ``sky.launch``/``sky.status`` and MLflow's client: typed, frozen dataclasses;
+keyword-only options; every mistake an exception of :mod:`mlbench.errors` (never an exit and
+never a printed line). Nothing here imports torch: the workers do, in their own processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mlbench.errors import MlbenchError, UsageError
+from mlbench.frameworks import DEFAULT_FRAMEWORK
+from mlbench.launch import session
+from mlbench.launch.faults import parse_inject, parse_on_failure
+from mlbench.launch.base import EventCallback, Progress, quiet
+from mlbench.launch.plan import RunRequest, parse_checkpoint_every, parse_duration, parse_watchdog
+from mlbench.launch.registry import choose, launcher_of
+from mlbench.network.settings import network_options
+from mlbench.results.events import read_run_events
+from mlbench.results.live_export import parse_targets
+from mlbench.results.report import parse_sort, run_details, run_overview, sort_runs
+from mlbench.results.store import RunRecord, RunStore
+from mlbench.results.summary import summarize
+from mlbench.run_config import Backend, DataSource, Device, Precision
+from mlbench.tasks.overrides import parse_overrides
+
+if TYPE_CHECKING:
+    import pandas
+
+#: The columns of :meth:`RunInfo.events`, one row per metric event (mlbench.results.events).
+EVENT_COLUMNS = ("time", "rank", "epoch", "step", "name", "value")
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON has it: tuples as lists, non-finite floats as None (what `-o json` prints)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _store(home: str | os.PathLike[str] | None, read_only: bool = False) -> RunStore:
+    """The run store at ``home``, else the current one (a cluster's, else this machine's)."""
+    if home is None:
+        return session.open_store(read_only=read_only)
+    return RunStore(home, read_only=read_only)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInfo:
+    """One run as a row of `mlbench status`: identity, state and how far it got (the keys of a
+    `status -o json` entry, README "Machine-readable output"). Times are unix seconds."""
+
+    id: str
+    name: str
+    task: str
+    workers: int
+    state: str                     # pending, running, finished, failed, cancelled
+    reason: str | None
+    division: str                  # closed or open
+    optimizer: str
+    model: str | None              # a model plug-in's NAME@SHA12; None: the task's own model
+    framework: str
+    division_text: str
+    launcher: str
+    seed: int | None
+    group_id: str | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    epoch: float | None
+    metric: str
+    metric_value: float | None
+    metric_title: str
+    metric_unit: str
+    metric_text: str
+    goal: float | None
+    goal_reached: bool | None
+    time_to_accuracy: float | None
+    #: the run's folder (run.json, events/, logs/)
+    run_dir: Path
+    _record: RunRecord = field(repr=False, compare=False)
+    _store: RunStore = field(repr=False, compare=False)
+
+    @classmethod
+    def _fields(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls) if f.name not in ("run_dir", "_record", "_store")]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run as `mlbench status -o json` prints it (plain JSON values, without
+        ``schema_version``)."""
+        return _plain({name: getattr(self, name) for name in self._fields()})
+
+    @property
+    def active(self) -> bool:
+        """Still pending or running (as last read)."""
+        return self._record.active
+
+    @property
+    def exit_code(self) -> int:
+        """What `mlbench run` exits with for this run: 0, 1 failed, 3 missed its goal, 130
+        cancelled; 124 while it is still going on (as `mlbench wait --timeout`)."""
+        return session.Outcome([self._record]).exit_code
+
+    def events(self, frame: bool | None = None) -> pandas.DataFrame | list[dict[str, Any]]:
+        """Every metric event the run's workers recorded, one row each, ordered by time, with the
+        columns :data:`EVENT_COLUMNS` (``value`` is a number, or a dict for ``result``,
+        ``environment`` and ``allreduce``). A pandas DataFrame when pandas is installed, else a
+        list of dicts; ``frame`` True asks for the DataFrame (an error without pandas), False
+        for the list."""
+        rows = [{column: event.get(column) for column in EVENT_COLUMNS}
+                for event in read_run_events(self.run_dir)]
+        if frame is False:
+            return rows
+        try:
+            import pandas
+        except ImportError:
+            if frame:
+                raise MlbenchError("events as a DataFrame need pandas: pip install pandas") from None
+            return rows
+        return pandas.DataFrame(rows, columns=list(EVENT_COLUMNS))
+
+    def refresh(self) -> Run:
+        """The run as it is now (its state, its metrics so far)."""
+        return _details(self._store, self._store.get(self.id))
+
+    def wait(self, timeout: float | None = None) -> Run:
+        """Wait until the run has ended (or ``timeout`` seconds have passed: then it is still
+        :attr:`active`), as `mlbench wait` does, and return it as it is then."""
+        if timeout is not None and timeout <= 0:
+            raise UsageError(f"timeout {timeout}: give a number of seconds above 0, or None")
+        outcome = session.wait_for_runs(self._store, [self._record], timeout)
+        return _details(self._store, outcome.records[0])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run(RunInfo):
+    """One run with everything `mlbench status RUN` shows: the summary of its metric events over
+    every worker, its result as recorded and the result sentence, its checkpoints and resumes."""
+
+    summary: dict[str, Any]
+    optimizer_plugin: dict[str, Any] | None
+    model_plugin: dict[str, Any] | None
+    result: dict[str, Any] | None
+    result_sentence: str | None
+    checkpoints: dict[str, Any] | None
+    resumes: list[dict[str, Any]]
+    allreduce: dict[str, Any] | None = None   # task0a: the latency and bandwidth sweep
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run as `mlbench status RUN -o json` prints it (without ``schema_version``)."""
+        data = super().to_dict()
+        if self.allreduce is None:
+            del data["allreduce"]
+        return data
+
+
+def _overview(store: RunStore, record: RunRecord) -> RunInfo:
+    summary = summarize(read_run_events(record.run_dir)) if record.active else None
+    return RunInfo(**run_overview(record, summary), run_dir=record.run_dir, _record=record, _store=store)
+
+
+def _details(store: RunStore, record: RunRecord) -> Run:
+    record = launcher_of(store, record).reconcile(record)
+    document = run_details(record, summarize(read_run_events(record.run_dir)))
+    return Run(**document, run_dir=record.run_dir, _record=record, _store=store)
+
+
+def runs(*, sort: str = "-created_at", limit: int | None = None,
+         home: str | os.PathLike[str] | None = None) -> list[RunInfo]:
+    """The runs of the store (``home``, else the current cluster's, else this machine's), each as
+    its launcher sees it now, ordered by ``sort`` (a field of :class:`RunInfo`; ``-FIELD``
+    descending; runs without a value last), the first ``limit`` of them. As `mlbench status`."""
+    field_name, descending = parse_sort(sort)
+    if limit is not None and limit < 1:
+        raise UsageError(f"limit {limit}: give at least 1, or None for every run")
+    store = _store(home, read_only=True)
+    found = [_overview(store, launcher_of(store, r).reconcile(r)) for r in store.list()]
+    by_id = {info.id: info for info in found}
+    ordered = sort_runs([info.to_dict() for info in found], field_name, descending)
+    return [by_id[row["id"]] for row in ordered[:limit]]
+
+
+def get(run: str, *, home: str | os.PathLike[str] | None = None) -> Run:
+    """One run by id, id prefix or name, as its launcher sees it now (:class:`Run`); raises
+    :class:`~mlbench.errors.RunNotFound` when none matches. As `mlbench status RUN`."""
+    store = _store(home, read_only=True)
+    return _details(store, store.get(run))
+
+
+def _set_pairs(overrides: Mapping[str, Any] | Sequence[str]) -> list[str]:
+    """``{"momentum": 0, "lr.milestones": [50, 75]}`` (or `--set`'s own ``["momentum=0"]``) as
+    `--set` pairs, which parse_overrides types and checks: the API and `--set` accept the same
+    values, with the same messages."""
+    def text(value: Any) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, (list, tuple)):
+            return ",".join(text(v) for v in value)
+        return str(value)
+    if isinstance(overrides, str):
+        return [overrides]
+    if isinstance(overrides, Mapping):
+        return [f"{key}={text(value)}" for key, value in overrides.items()]
+    return [str(pair) for pair in overrides]
+
+
+def _seconds(value: str | float | None, option: str) -> float | None:
+    """A duration given as text ("10m", "90s") or as seconds."""
+    if value is None or isinstance(value, str):
+        return parse_duration(value) if value is not None else None
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"{option} {value}: give a duration above 0 seconds (a number, or text like 10m)")
+    return float(value)
+
+
+def plan(task: str, workers: Sequence[int], *, repeat: int = 1,
+         light: bool = False,
+         time_budget: str | float | None = None,
+         stop_at_goal: bool = True,
+         data: DataSource = "real",
+         data_dir: str | os.PathLike[str] | None = None,
+         data_pvc: str | None = None,
+         model: str | None = None,
+         overrides: Mapping[str, Any] | Sequence[str] | None = None,
+         optimizer: str | None = None,
+         optimizer_options: Mapping[str, Any] | None = None,
+         backend: Backend | None = None,
+         device: Device | None = None,
+         framework: str = DEFAULT_FRAMEWORK,
+         seed: int = 0,
+         max_steps: int | None = None,
+         log_every: int = 50,
+         timing: bool = True,
+         save_model: bool = False,
+         precision: Precision = "fp32",
+         channels_last: bool = False,
+         graph: bool = True,
+         watchdog: str | float | None = "60s",
+         checkpoint_every: str | None = None,
+         checkpoint_dir: str | os.PathLike[str] | None = None,
+         inject: Sequence[str] | None = None,
+         on_failure: str = "fail",
+         max_size: float | None = None,
+         name: str | None = None,
+         detach: bool = False,
+         bandwidth: str | None = None,
+         latency: str | None = None,
+         jitter: str | None = None,
+         loss: str | None = None,
+         shaping: str = "tc") -> session.RunPlan:
+    """The runs `mlbench run TASK WORKERS... [options]` makes, checked, before anything is
+    recorded: one request per worker count, network and repeat. The one translation of
+    `mlbench run`'s options (as :func:`run` takes them) into run requests, for the CLI and
+    :func:`run` alike. ``watchdog``: a duration, or None (or "off") for none."""
+    every_s, every_steps = parse_checkpoint_every(checkpoint_every) if checkpoint_every else (None, None)
+    policy, max_restarts = parse_on_failure(on_failure)
+    base = RunRequest(
+        task=task, workers=workers[0] if workers else 1, overrides=parse_overrides(_set_pairs(overrides or {})),
+        model=model, data=data, data_dir=None if data_dir is None else str(data_dir), data_pvc=data_pvc,
+        light=light, stop_at_goal=stop_at_goal, time_budget_s=_seconds(time_budget, "time_budget"),
+        max_steps=max_steps, seed=seed, backend=backend, device=device, optimizer=optimizer,
+        optimizer_options={str(k): str(v) for k, v in (optimizer_options or {}).items()},
+        log_every=log_every, timing=timing, save_model=save_model, precision=precision,
+        channels_last=channels_last, graph=graph, name=name, max_size=max_size,
+        watchdog_s=(parse_watchdog(watchdog) if isinstance(watchdog, str)
+                    else _seconds(watchdog, "watchdog") if watchdog is not None else None),
+        checkpoint_every_s=every_s, checkpoint_every_steps=every_steps,
+        checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir), framework=framework,
+        faults=[parse_inject(text) for text in inject or ()], on_failure=policy, max_restarts=max_restarts)
+    return session.plan_runs(base, list(workers), repeat, detach=detach,
+                             networks=network_options(bandwidth, latency, jitter, loss, shaping))
+
+
+def run(task: str, workers: int, *,
+        light: bool = False,
+        time_budget: str | float | None = None,
+        stop_at_goal: bool = True,
+        data: DataSource = "real",
+        data_dir: str | os.PathLike[str] | None = None,
+        data_pvc: str | None = None,
+        model: str | None = None,
+        overrides: Mapping[str, Any] | Sequence[str] | None = None,
+        optimizer: str | None = None,
+        optimizer_options: Mapping[str, Any] | None = None,
+        backend: Backend | None = None,
+        device: Device | None = None,
+        framework: str = DEFAULT_FRAMEWORK,
+        seed: int = 0,
+        max_steps: int | None = None,
+        log_every: int = 50,
+        timing: bool = True,
+        save_model: bool = False,
+        precision: Precision = "fp32",
+        channels_last: bool = False,
+        graph: bool = True,
+        watchdog: str | float | None = "60s",
+        checkpoint_every: str | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        inject: Sequence[str] | None = None,
+        on_failure: str = "fail",
+        max_size: float | None = None,
+        name: str | None = None,
+        detach: bool = False,
+        bandwidth: str | None = None,
+        latency: str | None = None,
+        jitter: str | None = None,
+        loss: str | None = None,
+        shaping: str = "tc",
+        log_to: Sequence[str] | None = None,
+        launch: Mapping[str, Any] | None = None,
+        home: str | os.PathLike[str] | None = None,
+        on_event: EventCallback | None = None,
+        progress: Progress = quiet) -> Run:
+    """Run TASK on WORKERS workers and return the run once it has ended (``detach``: once it has
+    started in the background; :meth:`Run.wait` waits for it). The options are `mlbench run`'s,
+    by the same names (``--set`` is ``overrides``, ``--opt`` ``optimizer_options``, ``--no-stop``
+    ``stop_at_goal=False``, ``--no-timing`` ``timing=False``, ``--no-graph`` ``graph=False``;
+    ``launch`` holds a launcher's options by name, e.g. ``{"slurm": True, "partition": "gpu"}``).
+
+    The run is kept in the store at ``home`` (else the current one: a cluster's, else this
+    machine's MLBENCH_HOME) and listed by `mlbench status` like any other. ``on_event`` hears
+    rank 0's metric events as they come; ``progress`` the launcher's lines (an image built, a
+    cluster reached). A KeyboardInterrupt cancels the run, which is returned cancelled. A run
+    that fails is returned (``state`` "failed", ``reason`` why); a mistake in the options raises
+    :class:`~mlbench.errors.UsageError` before anything is recorded.
+    """
+    request_plan = plan(
+        task, [workers], light=light, time_budget=time_budget, stop_at_goal=stop_at_goal, data=data,
+        data_dir=data_dir, data_pvc=data_pvc, model=model, overrides=overrides, optimizer=optimizer,
+        optimizer_options=optimizer_options, backend=backend, device=device, framework=framework, seed=seed,
+        max_steps=max_steps, log_every=log_every, timing=timing, save_model=save_model, precision=precision,
+        channels_last=channels_last, graph=graph, watchdog=watchdog, checkpoint_every=checkpoint_every,
+        checkpoint_dir=checkpoint_dir, inject=inject, on_failure=on_failure, max_size=max_size, name=name,
+        detach=detach, bandwidth=bandwidth, latency=latency, jitter=jitter, loss=loss, shaping=shaping)
+    if len(request_plan.requests) != 1:
+        raise UsageError("mlbench.run makes one run: give one bandwidth (a comma list makes one run each)")
+    if log_to and detach:
+        raise UsageError("log_to writes a run as it is followed; a detached run is followed by nobody")
+    targets = parse_targets(log_to or ())
+    store = _store(home)
+    launcher = choose(store, dict(launch or {}), progress=progress)
+    launcher.settings.log_to = targets
+    if launcher.records_only:
+        if log_to:
+            raise UsageError("log_to writes a run as it is followed; a record-only run starts none")
+        launcher.check_workers(workers)
+        return _details(store, launcher.create(request_plan.requests[0]))
+    if detach:
+        return _details(store, session.start_detached(launcher, request_plan))
+    outcome = session.execute(launcher, request_plan, _Listener(on_event))
+    return _details(store, outcome.records[0])
+
+
+class _Listener:
+    """The observer of :func:`run`: passes rank 0's events on, prints nothing."""
+
+    def __init__(self, on_event: EventCallback | None) -> None:
+        self.on_event = on_event
+
+    def started(self, record: RunRecord, request: RunRequest) -> EventCallback | None:
+        return self.on_event
+
+    def finished(self, record: RunRecord) -> None:
+        pass
+
+
+__all__ = ["EVENT_COLUMNS", "Run", "RunInfo", "get", "plan", "run", "runs"]

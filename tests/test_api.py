@@ -1,0 +1,256 @@
+"""The public Python API (docs/python-api.md): real runs through ``mlbench.run``, the same
+documents as `mlbench status -o json`, the events as exact rows, options that cannot drift from
+`mlbench run`'s, and an ``import mlbench`` that costs nothing.
+
+The module's real runs are the documentation's own examples: ``page`` executes every ``python``
+block of docs/python-api.md in order, in a run store of its own, and the tests read what they
+left (its ``run``: a 2-worker task2a run on synthetic data, 20 steps).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import mlbench
+import mlbench.cli.commands  # noqa: F401  (registers the commands)
+from mlbench import api
+from mlbench.cli import cli
+from mlbench.cli.output import SCHEMA_VERSION
+from mlbench.errors import MlbenchError, RunNotFound, UsageError
+from mlbench.launch.registry import launcher_classes
+from mlbench.results.events import FileSink
+from mlbench.results.report import OVERVIEW_FIELDS
+from mlbench.results.store import RunStore
+from tests.helpers import mlbench as mlbench_cli
+from tests.results.recorded import record_run
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "python-api.md"
+HEAVY = ("torch", "torchvision", "matplotlib", "numpy", "pandas", "boto3", "botocore", "kubernetes",
+         "googleapiclient", "docker", "click")
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    """Every python block of docs/python-api.md, run in order in one namespace and a run store
+    of its own; yields (the namespace, the environment of that store)."""
+    base = tmp_path_factory.mktemp("api-page")
+    env = {"MLBENCH_HOME": str(base / "home"), "MLBENCH_CONFIG_DIR": str(base / "config"),
+           "MLBENCH_DATA": str(base / "data")}
+    namespace: dict = {}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        for block in python_blocks(PAGE.read_text(encoding="utf-8")):
+            exec(compile(block, str(PAGE), "exec"), namespace)  # noqa: S102 - the page's own code
+    return namespace, {**os.environ, **env}
+
+
+def _status_json(env: dict, *args: str) -> dict:
+    proc = mlbench_cli("status", *args, "-o", "json", env=env, check=True)
+    document = json.loads(proc.stdout)
+    assert document.pop("schema_version") == SCHEMA_VERSION
+    return document
+
+
+def test_the_page_has_examples_of_every_call():
+    code = "\n".join(python_blocks(PAGE.read_text(encoding="utf-8")))
+    for call in ("mlbench.run(", "mlbench.runs(", "mlbench.get(", ".events(", ".wait(", "detach=True"):
+        assert call in code
+
+
+def test_a_real_run_is_what_status_json_says_of_it(page):
+    namespace, env = page
+    run = namespace["run"]
+    assert isinstance(run, mlbench.Run) and run.state == "finished" and run.workers == 2
+    assert run.task == "task2a" and run.summary["steps"] == 20 and run.result["steps"] == 20
+    document = _status_json(env, run.id)
+    assert run.to_dict() == document
+    assert list(run.to_dict()) == list(document)  # the same keys in the same order
+    # and every run of the store is the list of `status -o json`, in its order
+    listed = _status_json(env)["runs"]
+    assert [info.to_dict() for info in api.runs(home=env["MLBENCH_HOME"])] == listed
+    assert [r["id"] for r in listed] == [namespace["done"].id, run.id]  # newest first
+
+
+def test_a_run_reports_rank_0s_events_as_they_come_and_its_rows_are_its_files(page):
+    namespace, _ = page
+    run, seen = namespace["run"], namespace["seen"]
+    rows = run.events(frame=False)
+    ranks = [[json.loads(line) for line in (run.run_dir / "events" / f"rank-{r}.jsonl").read_text().splitlines()]
+             for r in (0, 1)]
+    assert sorted(rows, key=lambda e: (e["rank"], e["time"])) == ranks[0] + ranks[1]
+    assert [e["time"] for e in rows] == sorted(e["time"] for e in rows)
+    assert seen == ranks[0]
+    frame = run.events()
+    assert list(frame.columns) == list(api.EVENT_COLUMNS)
+    assert frame.to_dict("records") == rows
+
+
+def test_a_detached_run_is_waited_for(page):
+    namespace, _ = page
+    started, done = namespace["started"], namespace["done"]
+    assert started.id == done.id and started.workers == 1
+    assert done.state == "finished" and done.exit_code == 0 and not done.active
+    assert done.summary["steps"] == 5 and done.finished_at >= done.started_at
+
+
+def _recorded_store(home: Path) -> tuple[RunStore, list[str]]:
+    store = RunStore(home)
+    ids = [record_run(store, workers=k, tta=tta).id for k, tta in ((1, 20.0), (4, 8.0), (2, None))]
+    return store, ids
+
+
+def test_run_info_has_the_keys_of_a_status_entry_in_their_order():
+    assert mlbench.RunInfo._fields() == list(OVERVIEW_FIELDS)
+
+
+def test_runs_and_get_read_a_store_as_status_does(tmp_path):
+    home = tmp_path / "store"
+    _, (one, four, two) = _recorded_store(home)
+    assert [r.id for r in api.runs(home=home)] == [two, four, one]
+    assert [r.workers for r in api.runs(home=home, sort="workers")] == [1, 2, 4]
+    assert [r.id for r in api.runs(home=home, sort="-time_to_accuracy")] == [one, four, two]
+    assert [r.id for r in api.runs(home=home, limit=1)] == [two]
+    # the CLI's list is the API's, key for key (its store: MLBENCH_HOME)
+    result = CliRunner().invoke(cli, ["status", "-o", "json"], env={"MLBENCH_HOME": str(home)})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["runs"] == [r.to_dict() for r in api.runs(home=home)]
+    for ref in (four, four[:5]):
+        run = api.get(ref, home=home)
+        result = CliRunner().invoke(cli, ["status", four, "-o", "json"], env={"MLBENCH_HOME": str(home)})
+        assert {**run.to_dict(), "schema_version": SCHEMA_VERSION} == json.loads(result.output)
+    assert run.workers == 4 and run.goal_reached is True and run.time_to_accuracy == 8.0
+    assert api.get(four, home=home) == run and api.runs(home=home, limit=1)[0] != run
+
+
+def test_without_home_the_api_reads_the_current_store(isolated_home):
+    _, ids = _recorded_store(isolated_home)
+    assert [r.id for r in mlbench.runs()] == ids[::-1]
+    assert mlbench.get(ids[0]).id == ids[0]
+
+
+def test_events_are_the_rows_the_workers_wrote_in_time_order(tmp_path):
+    store = RunStore(tmp_path / "store")
+    record = store.create(task="task2a", workers=2, division="closed",
+                          run_json={"task": "task2a", "division": "closed", "config": {"workers": 2}})
+    written = {0: [(10.0, 0.0, 0, "environment", {"host": "lab"}), (12.0, 0.5, 5, "train/loss", 0.25),
+                   (14.5, 1.0, 10, "result", {"steps": 10})],
+               1: [(11.0, 0.5, 5, "train/loss", 0.5), (13.0, 1.0, 10, "comm/bytes", 4096)]}
+    for rank, events in written.items():
+        sink = FileSink(record.run_dir, rank)
+        for when, epoch, step, name, value in events:
+            sink.write({"time": when, "rank": rank, "epoch": epoch, "step": step, "name": name, "value": value})
+        sink.close()
+    with open(record.run_dir / "events" / "rank-1.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"time": "x", "rank": 1}\n{"time": 15.0, "rank": 1, "epo')  # a bad line, a torn one
+    rows = api.get(record.id, home=store.home).events(frame=False)
+    assert rows == [
+        {"time": 10.0, "rank": 0, "epoch": 0.0, "step": 0, "name": "environment", "value": {"host": "lab"}},
+        {"time": 11.0, "rank": 1, "epoch": 0.5, "step": 5, "name": "train/loss", "value": 0.5},
+        {"time": 12.0, "rank": 0, "epoch": 0.5, "step": 5, "name": "train/loss", "value": 0.25},
+        {"time": 13.0, "rank": 1, "epoch": 1.0, "step": 10, "name": "comm/bytes", "value": 4096},
+        {"time": 14.5, "rank": 0, "epoch": 1.0, "step": 10, "name": "result", "value": {"steps": 10}},
+    ]
+    frame = api.get(record.id, home=store.home).events()
+    assert frame["step"].tolist() == [0, 5, 5, 10, 10] and frame.loc[1, "value"] == 0.5
+    assert frame.to_dict("records") == rows
+
+
+def test_events_without_pandas_are_a_list_and_a_frame_asked_for_is_an_error(tmp_path, monkeypatch):
+    store, ids = _recorded_store(tmp_path / "store")
+    run = api.get(ids[0], home=store.home)
+    monkeypatch.setitem(sys.modules, "pandas", None)  # as if it were not installed
+    rows = run.events()
+    assert isinstance(rows, list) and rows == run.events(frame=False) and rows
+    with pytest.raises(MlbenchError, match="pip install pandas"):
+        run.events(frame=True)
+
+
+def test_mistakes_raise_one_sentence_and_record_nothing(isolated_home):
+    cases = [(dict(workers=0), "the number of workers must be at least 1, not 0"),
+             (dict(time_budget="soon"), "invalid duration 'soon'"),
+             (dict(time_budget=-5), "time_budget -5: give a duration above 0 seconds"),
+             (dict(overrides={"no_such_key": 1}), "--set 'no_such_key=1': expected KEY=VALUE"),
+             (dict(watchdog="1s"), "--watchdog 1s: at least 5s"),
+             (dict(bandwidth="1gbit,10gbit"), "mlbench.run makes one run"),
+             (dict(launch={"partition": "gpu"}), "--partition is an option of Slurm runs")]
+    for options, message in cases:
+        kwargs = {"workers": 2, "data": "synthetic", **options}
+        with pytest.raises(UsageError) as caught:
+            mlbench.run("task2a", **kwargs)
+        assert message in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(UsageError, match="limit 0"):
+        mlbench.runs(limit=0)
+    with pytest.raises(UsageError, match="--sort nothing: not a field"):
+        mlbench.runs(sort="nothing")
+    with pytest.raises(RunNotFound, match="no run 'nope'"):
+        mlbench.get("nope")
+    assert RunStore(isolated_home).list() == []
+
+
+def test_overrides_as_a_mapping_are_what_set_makes():
+    mapping = api.plan("task1a", [2], overrides={"momentum": 0, "lr.milestones": [50, 75], "nesterov": False})
+    pairs = api.plan("task1a", [2], overrides=["momentum=0", "lr.milestones=50,75", "nesterov=false"])
+    assert mapping.requests[0].overrides == pairs.requests[0].overrides == {
+        "momentum": 0.0, "lr.milestones": (50, 75), "nesterov": False}
+    assert api.plan("task2a", [2], time_budget=90).requests[0].time_budget_s == \
+        api.plan("task2a", [2], time_budget="1m30s").requests[0].time_budget_s == 90.0
+    assert api.plan("task2a", [2], watchdog=None).requests[0].watchdog_s is None
+    assert api.plan("task2a", [2], watchdog="off").requests[0].watchdog_s is None
+
+
+#: `mlbench run`'s options whose API name reads differently (a negative flag, a repeated pair)
+CLI_TO_API = {"no_stop": "stop_at_goal", "no_timing": "timing", "no_graph": "graph", "sets": "overrides",
+              "opts": "optimizer_options"}
+
+
+def test_the_api_takes_every_option_of_mlbench_run_with_its_default():
+    command = cli.commands["run"]
+    launcher_names = {o.name for cls in launcher_classes() for o in
+                      [*([cls.choose_option] if cls.choose_option else []), *cls.options]}
+    run_params = inspect.signature(api.run).parameters
+    plan_params = inspect.signature(api.plan).parameters
+    options = [p for p in command.params if isinstance(p, click.Option)
+               and p.name not in launcher_names and p.name != "output"]
+    assert {CLI_TO_API.get(p.name, p.name) for p in options} - {"repeat"} == \
+        set(run_params) - {"task", "workers", "launch", "home", "on_event", "progress"}
+    given = command.make_context("run", ["task2a", "2"]).params  # what the command receives
+    for option in options:
+        name = CLI_TO_API.get(option.name, option.name)
+        default, cli_default = plan_params[name].default, given[option.name]
+        if option.is_flag and name in CLI_TO_API.values():
+            assert default is (not cli_default), name  # --no-stop: stop_at_goal=True
+        else:
+            assert default == (None if option.multiple else cli_default), name
+    # run and plan take the same options, with the same types and defaults
+    same = [(p.name, p.default, p.annotation) for p in run_params.values()  # log_to: how the run is followed
+            if p.name not in ("workers", "launch", "home", "on_event", "progress", "log_to")]
+    assert same == [(p.name, p.default, p.annotation) for p in plan_params.values()
+                    if p.name not in ("workers", "repeat")]
+
+
+def test_import_mlbench_imports_nothing_heavy_and_the_api_no_torch():
+    code = ("import json, sys, mlbench; first = sorted(sys.modules); mlbench.run; "
+            "print(json.dumps([[m for m in first if m.startswith('mlbench')], sorted({m.split('.')[0] for m in sys.modules})]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          check=True, env=dict(os.environ))
+    package, loaded = json.loads(proc.stdout)
+    assert package == ["mlbench", "mlbench.version"]
+    assert "mlbench" in loaded and loaded and set(loaded).isdisjoint(HEAVY), set(loaded) & set(HEAVY)
+    assert mlbench.run is api.run and mlbench.Run is api.Run and "get" in dir(mlbench)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        mlbench.nope  # noqa: B018
