@@ -20,7 +20,9 @@ class Framework:
     """``worker``: the module run as ``python -m WORKER RUN_DIR --rank R``; ``modules``: what
     must be importable; ``extra``: the pip extra that installs them (None: the core); ``tasks``:
     the tasks it has a port of (None: all); ``package``: the key under which a worker's
-    ``environment`` event records the framework's version."""
+    ``environment`` event records the framework's version; ``peers``: every worker listens on
+    an address of its own (TensorFlow's gRPC servers), which the supervisor picks and passes to
+    all of them, instead of one rendezvous at rank 0."""
 
     name: str
     title: str
@@ -29,6 +31,7 @@ class Framework:
     modules: tuple[str, ...] = ()
     extra: str | None = None
     tasks: tuple[str, ...] | None = None
+    peers: bool = False
 
     def installed(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in self.modules)
@@ -38,7 +41,10 @@ PYTORCH = Framework("pytorch", "PyTorch", "mlbench.worker", "torch")
 JAX = Framework("jax", "JAX", "mlbench.worker.jax_worker", "jax", modules=("jax", "optax"), extra="jax",
                 tasks=("task2a",))
 
-FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (PYTORCH, JAX)}
+TENSORFLOW = Framework("tensorflow", "TensorFlow", "mlbench.worker.tf_worker", "tensorflow",
+                       modules=("tensorflow",), extra="tensorflow", tasks=("task2a",), peers=True)
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (PYTORCH, JAX, TENSORFLOW)}
 DEFAULT_FRAMEWORK = PYTORCH.name
 
 
