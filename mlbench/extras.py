@@ -31,6 +31,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mlflow": ("MLflow", ("mlflow",)),
     "wandb": ("Weights & Biases (wandb)", ("wandb",)),
     "jax": ("JAX and Optax (the JAX port, --framework jax)", ("jax", "jaxlib", "optax")),
+    "tensorflow": ("TensorFlow 2 (the TensorFlow port, --framework tensorflow)", ("tensorflow",)),
 }
 
 

@@ -19,24 +19,32 @@ from mlbench.extras import install_hint
 class Framework:
     """``worker``: the module run as ``python -m WORKER RUN_DIR --rank R``; ``modules``: what
     must be importable; ``extra``: the pip extra that installs them (None: the core); ``tasks``:
-    the tasks it has a port of (None: all)."""
+    the tasks it has a port of (None: all); ``package``: the key under which a worker's
+    ``environment`` event records the framework's version; ``peers``: every worker listens on
+    an address of its own (TensorFlow's gRPC servers), which the supervisor picks and passes to
+    all of them, instead of one rendezvous at rank 0."""
 
     name: str
     title: str
     worker: str
+    package: str
     modules: tuple[str, ...] = ()
     extra: str | None = None
     tasks: tuple[str, ...] | None = None
+    peers: bool = False
 
     def installed(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in self.modules)
 
 
-PYTORCH = Framework("pytorch", "PyTorch", "mlbench.worker")
-JAX = Framework("jax", "JAX", "mlbench.worker.jax_worker", modules=("jax", "optax"), extra="jax",
+PYTORCH = Framework("pytorch", "PyTorch", "mlbench.worker", "torch")
+JAX = Framework("jax", "JAX", "mlbench.worker.jax_worker", "jax", modules=("jax", "optax"), extra="jax",
                 tasks=("task2a",))
 
-FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (PYTORCH, JAX)}
+TENSORFLOW = Framework("tensorflow", "TensorFlow", "mlbench.worker.tf_worker", "tensorflow",
+                       modules=("tensorflow",), extra="tensorflow", tasks=("task2a",), peers=True)
+
+FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (PYTORCH, JAX, TENSORFLOW)}
 DEFAULT_FRAMEWORK = PYTORCH.name
 
 
@@ -45,6 +53,17 @@ def get_framework(name: str) -> Framework:
         return FRAMEWORKS[name]
     except KeyError:
         raise UsageError(f"--framework {name}: choose one of {', '.join(FRAMEWORKS)}") from None
+
+
+def framework_release(name: str, environment: dict) -> str:
+    """The framework and its version as a run's ``environment`` event records them (``JAX
+    0.4.30``), as MLPerf's system descriptions name a submission's framework; a framework this
+    version does not know (a run recorded by a newer one) by its name."""
+    framework = FRAMEWORKS.get(name)
+    if framework is None:
+        return name
+    version = environment.get(framework.package)
+    return f"{framework.title} {version}" if version else framework.title
 
 
 def check_framework(name: str, task: str) -> Framework:

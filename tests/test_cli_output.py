@@ -107,6 +107,27 @@ def test_sort_puts_runs_without_a_value_last_in_either_direction():
     assert [r["id"] for r in sort_runs(rows, "time_to_accuracy", descending=True)] == [3, 1, 2, 0]
 
 
+def test_status_and_compare_name_each_runs_framework():
+    """A JAX run and a PyTorch run of task 2a (recorded; this test's own store): `status` has a
+    FRAMEWORK column, `status RUN` a framework line, --sort orders by it, and `compare -o json`
+    keeps them in two families."""
+    from tests.results.recorded import record_run
+
+    store = RunStore()
+    torch_run = record_run(store, workers=2, task="task2a", tta=10.0)   # run.json from before --framework
+    jax_run = record_run(store, workers=2, task="task2a", tta=12.0, framework="jax")
+    table = mlbench("status", check=True).stdout.splitlines()
+    assert table[0].split()[:5] == ["ID", "NAME", "TASK", "FRAMEWORK", "WORKERS"]
+    assert {line.split()[0]: line.split()[3] for line in table[2:]} == {torch_run.id: "pytorch", jax_run.id: "jax"}
+    for run, name in ((jax_run, "jax"), (torch_run, "pytorch")):
+        lines = mlbench("status", run.id, check=True).stdout.splitlines()
+        assert lines[3].split() == ["framework", name]
+    assert [r["id"] for r in _json("status", "--sort", "-framework")["runs"]] == [torch_run.id, jax_run.id]
+    families = _json("compare", "--task", "task2a")["families"]
+    assert [(f["framework"], g["run_ids"]) for f in families for g in f["groups"]] == [
+        ("jax", [jax_run.id]), ("pytorch", [torch_run.id])]
+
+
 def test_status_run_yaml_holds_the_summary_the_result_and_its_sentence(runs):
     first = _json("status")["runs"][0]
     proc = mlbench("status", first["name"], "-o", "yaml", check=True)

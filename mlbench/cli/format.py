@@ -15,6 +15,7 @@ from mlbench.results.report import (
     describe_result,
     describe_resumes,
     fmt_duration,
+    framework_of,
     run_plugins,
     run_recovery,
     task_metric,
@@ -45,11 +46,11 @@ def fmt_bytes(count: float) -> str:
 def status_table(runs: list[dict[str, Any]]) -> str:
     """The table of `mlbench status`, from :func:`mlbench.results.report.run_overview` rows (a
     plug-in run's division cell names its plug-ins and their sources: ``open (my-sgd@1a2b3c4d5e6f)``)."""
-    rows = [[r["id"], r["name"], r["task"], r["workers"], r["state"], r["division_text"],
+    rows = [[r["id"], r["name"], r["task"], r["framework"], r["workers"], r["state"], r["division_text"],
              f"{r['epoch']:.2f}" if r["epoch"] is not None else "-",
              r["metric_text"], fmt_duration(r["time_to_accuracy"]), fmt_time(r["created_at"])]
             for r in runs]
-    return tabulate(rows, headers=["ID", "NAME", "TASK", "WORKERS", "STATE", "DIVISION", "EPOCH",
+    return tabulate(rows, headers=["ID", "NAME", "TASK", "FRAMEWORK", "WORKERS", "STATE", "DIVISION", "EPOCH",
                                    "METRIC", "TIME TO GOAL", "CREATED"], disable_numparse=True)
 
 
@@ -119,7 +120,8 @@ def network_note(run: RunRecord) -> str:
 
 
 def print_run_details(run: RunRecord, summary: RunSummary) -> None:
-    rows = [["id", run.id], ["name", run.name], ["task", run.task], ["workers", run.workers],
+    rows = [["id", run.id], ["name", run.name], ["task", run.task], ["framework", framework_of(run)],
+            ["workers", run.workers],
             ["state", run.state + (f" ({run.reason})" if run.reason else "")],
             ["division", run.division], ["optimizer", run.optimizer], ["created", fmt_time(run.created_at)],
             ["epoch", f"{summary.epoch:.2f}"], ["steps", summary.steps],
@@ -127,7 +129,7 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
     plugins = run_plugins(run)
     for kind, label in (("model", "model plug-in"), ("optimizer", "plug-in")):
         if kind in plugins:
-            rows.insert(7, [label, describe_plugin(plugins[kind])])
+            rows.insert(8, [label, describe_plugin(plugins[kind])])
     if summary.last_train_loss is not None:
         rows.append(["last training loss", f"{summary.last_train_loss:.4f}"])
     if summary.evaluations:

@@ -93,8 +93,8 @@ def tasks(output) -> None:
 @click.option("--backend", type=click.Choice(BACKENDS), help="torch.distributed backend [gloo on CPU, nccl on GPU].")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="[cuda when a GPU is visible, else cpu]")
 @click.option("--framework", type=click.Choice(list(FRAMEWORKS)), default=DEFAULT_FRAMEWORK,
-              help="Which framework trains: jax needs `pip install 'mlbench-suite[jax]'` and runs task2a "
-                   "(docs/worker-contract.md).")
+              help="Which framework trains: jax needs `pip install 'mlbench-suite[jax]'`, tensorflow "
+                   "`pip install 'mlbench-suite[tensorflow]'`; both run task2a (docs/worker-contract.md).")
 @click.option("--seed", type=int, default=0, help="Seed of model init, data order and augmentation.")
 @click.option("--repeat", type=int, default=1, metavar="N",
               help="Run every worker count N times, with seeds SEED..SEED+N-1, in N rounds over the "
@@ -155,6 +155,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
       mlbench run task1a 2 --light
       mlbench run task2a 4 --data-dir ~/data/epsilon
       mlbench run task2a 2 --framework jax
+      mlbench run task2a 2 --framework tensorflow
       mlbench run task1a 1 2 4 --time-budget 10m
       mlbench run task1a 1 2 4 8 --repeat 3
       mlbench run task1a 8 --slurm --partition gpu --gpus-per-task 1 --time 01:00:00

@@ -21,7 +21,7 @@ from mlbench.results.compare import Comparison, Group, sweep_bandwidth, training
 from mlbench.results.outcome import AllreduceResult, read_result
 from mlbench.results.report import (compare_headers, compare_notes, compare_row, describe_checkpoints,
                                     describe_plugin, describe_result, describe_resumes, run_recovery,
-                                    division_text, model_plugin_label,
+                                    division_text, framework_of, model_plugin_label,
                                     differs_in_network, family_heading, group_label, is_sweep,
                                     run_progress, sweep_table, task_metric)
 from mlbench.results.repeats import RepeatStats
@@ -77,7 +77,8 @@ def run_row(source_key: str, record: RunRecord, summary: RunSummary | None,
         "state": record.state, "reason": record.reason, "division": record.division,
         "division_text": division_text(record.division, record.optimizer,
                                        model_plugin_label(config.get("model_plugin"))),
-        "optimizer": record.optimizer, "launcher": record.launcher, "source": source_key,
+        "optimizer": record.optimizer, "framework": framework_of(record), "launcher": record.launcher,
+        "source": source_key,
         "device": config.get("device"), "network": run_network(run_json),
         "epoch": progress.epoch, "accuracy": progress.accuracy,
         "metric": progress.metric.name, "metric_value": progress.accuracy, "metric_text": progress.metric_text,
@@ -105,6 +106,7 @@ def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -
     return {
         "task": record.task, "title": task.get("title"),
         "model": task.get("model") or (task.get("settings") or {}).get("model"),
+        "framework": framework_of(record),
         "workers": record.workers, "threads_per_worker": config.get("threads_per_worker"),
         "optimizer": record.optimizer, "optimizer_options": config.get("optimizer_options") or {},
         "plugin": describe_plugin(config.get("optimizer_plugin")),

@@ -56,6 +56,7 @@ from mlbench.run_config import RunConfig, RunDocument
 from mlbench.safefile import open_append
 from mlbench.tasks.registry import TASKS, runtime_module
 from mlbench.worker.heartbeat import SUPERVISED_ENV
+from mlbench.worker.launcher_env import PEERS_ENV
 
 POLL_SECONDS = 0.1
 #: Seconds between two looks at the workers' heartbeats.
@@ -89,6 +90,21 @@ def _set_pdeathsig(parent: int) -> None:  # pragma: no cover - runs in the child
 def tied_to_this_process() -> functools.partial[None] | None:
     """The preexec function that ties a child to this process's life (Linux only)."""
     return functools.partial(_set_pdeathsig, os.getpid()) if sys.platform.startswith("linux") else None
+
+
+def free_ports(host: str, count: int) -> list[int]:
+    """``count`` distinct ports free on ``host`` now, as the OS picks them (all held open until
+    all are picked, so none repeats); the workers bind them a moment later."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _loopback_interface() -> str | None:
@@ -174,6 +190,9 @@ class WorkerProcesses:
             if prepare is not None:   # what every rank would make alike (synthetic data), made once
                 prepare(config)
             self._start_fault_clock(config, env)
+            if framework.peers and config.workers > 1:  # each worker's own address (TensorFlow)
+                env[PEERS_ENV] = ",".join(f"{config.master_addr}:{port}"
+                                          for port in free_ports(config.master_addr, config.workers))
             for rank in range(config.workers):
                 worker_args = [str(self.run_dir), "--rank", str(rank)]
                 pass_fds: tuple[int, ...] = ()

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from collections.abc import Sequence
 
 from mlbench.extras import needs
+from mlbench.frameworks import DEFAULT_FRAMEWORK
 from mlbench.network.settings import format_rate, format_time
 from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, RunResult,
                                      sweep_bandwidth)
@@ -68,6 +69,7 @@ def write_charts(comparison: Comparison, out_dir: str | Path,
 def family_labels(families: Sequence[Family]) -> dict[Family, str]:
     """Legend text per family: what tells the families apart (all of it when there is one)."""
     fields = {
+        "framework": lambda f: f.framework,
         "division": lambda f: f"{f.division} division",
         "optimizer": lambda f: f.optimizer,
         "hardware": lambda f: f.hardware,
@@ -77,7 +79,16 @@ def family_labels(families: Sequence[Family]) -> dict[Family, str]:
     }
     varying = [k for k, text in fields.items() if len({text(f) for f in families}) > 1]
     shown = varying or ["optimizer", "hardware"]
+    if "framework" not in shown and not only_pytorch(families):  # a port is always named
+        shown = ["framework", *shown]
     return {f: ", ".join(fields[k](f) for k in shown) for f in families}
+
+
+def only_pytorch(families: Sequence[Family]) -> bool:
+    """Whether every family trained with PyTorch, the default that legends leave unsaid; a
+    figure of any other framework's runs names it in every legend entry, even a figure of one
+    family."""
+    return all(f.framework == DEFAULT_FRAMEWORK for f in families)
 
 
 def speedup_chart(comparison: Comparison) -> Figure:
@@ -156,7 +167,7 @@ def loss_accuracy_chart(comparison: Comparison) -> Figure:
     metric = task_metric(comparison.task)
     families = comparison.families()
     labels = family_labels(list(families))
-    multi = len(families) > 1
+    multi = len(families) > 1 or not only_pytorch(list(families))
     goals = set()
     for f_index, (family, groups) in enumerate(families.items()):
         for g_index, g in enumerate(groups):
@@ -208,7 +219,7 @@ def communication_chart(comparison: Comparison) -> Figure:
         x = [counts.index(g.workers) + (i - (len(families) - 1) / 2) * width for g in bars]
         comm = [100 * share for _, share in shares if share is not None]
         comp = [100 - c for c in comm]
-        suffix = f" ({labels[family]})" if len(families) > 1 else ""
+        suffix = f" ({labels[family]})" if len(families) > 1 or not only_pytorch(list(families)) else ""
         ax.bar(x, comp, width=width, color="#4c72b0", alpha=1.0 - 0.25 * i, edgecolor="white",
                label=f"computation{suffix}")
         ax.bar(x, comm, width=width, bottom=comp, color="#dd8452", alpha=1.0 - 0.25 * i,
@@ -258,9 +269,12 @@ def network_chart(comparison: Comparison) -> Figure:
             continue
         # what the label says besides the axis' setting (the rate comes first in a label)
         first, _, rest = f.network.partition(", ")
-        key = (f.optimizer, g.workers, f.division, f.hardware, f.goal, rest if axis == "bandwidth" else first)
+        key = (f.optimizer, g.workers, f.division, f.hardware, f.goal, rest if axis == "bandwidth" else first,
+               f.framework)
         lines.setdefault(key, []).append((setting, g))
-    varying = [i for i in range(6) if len({k[i] for k in lines}) > 1]
+    varying = [i for i in range(7) if len({k[i] for k in lines}) > 1]
+    if 6 not in varying and any(k[6] != DEFAULT_FRAMEWORK for k in lines):  # a port is always named
+        varying.append(6)
     scale, ticks = (1e6, format_rate) if axis == "bandwidth" else (1e-3, format_time)
     for i, (key, points) in enumerate(lines.items()):
         points.sort(key=lambda p: p[0])
@@ -300,10 +314,10 @@ def network_chart(comparison: Comparison) -> Figure:
 
 
 def _line_text(key: tuple, index: int, task: str) -> str:
-    optimizer, workers, division, hardware, goal, rest = key
+    optimizer, workers, division, hardware, goal, rest, framework = key
     return [optimizer, f"{workers} workers", f"{division} division", hardware,
             f"goal {task_metric(task).format(goal)}" if goal is not None else "no goal",
-            rest or "no latency"][index]
+            rest or "no latency", framework][index]
 
 
 def bandwidth_chart(comparison: Comparison) -> Figure:

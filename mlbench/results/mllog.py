@@ -12,6 +12,9 @@ fact, so it needs nothing from the workers beyond what every run records:
   minus the training and evaluation seconds before it;
 * an evaluation ends at rank 0's ``time/eval`` event and starts that many seconds earlier; the
   epoch before it runs from the previous evaluation's end (or ``run_start``) to its start;
+* the framework that trained (`mlbench run --framework`) is in ``submission_platform`` with its
+  version, where MLPerf's system description names a submission's framework (``..., local,
+  JAX 0.4.30``), and ``mlbench_framework`` holds its name (run.json's) and that release;
 * a run on an emulated network (`mlbench run --bandwidth ...`) adds ``mlbench_network``: its
   label as the value, run.json's settings and mechanism as the metadata;
 * ``init_start`` is when the launcher started the run (process start, data loading and the
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench.errors import UsageError
+from mlbench.frameworks import DEFAULT_FRAMEWORK, framework_release
 from mlbench.network.settings import network_label
 from mlbench.results.compare import hardware_label
 from mlbench.results.events import read_run_events
@@ -86,6 +90,9 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
     for kind in ("tensor", "pipeline", "context", "expert"):  # data parallelism only
         log.add(init_start, f"{kind}_parallelism", 1)
     log.add(init_start, "config_filename", "run.json")
+    framework = config.framework if config is not None else DEFAULT_FRAMEWORK
+    log.add(init_start, "mlbench_framework", framework,
+            metadata={"release": framework_release(framework, environment)})
     network = document.extra.get("network") if document else None
     if network:  # the emulated network: its label, the settings and how
         log.add(init_start, "mlbench_network", network_label(network), metadata=dict(network))
@@ -176,7 +183,8 @@ class _Log:
 def _platform(record: RunRecord, config: RunConfig | None, environment: dict[str, Any]) -> str:
     nodes = occupancy(record.run_dir, record.launcher, record.workers).nodes
     hardware = hardware_label(config.device if config else None, environment)
-    return f"{nodes}x {hardware}, {record.workers} worker(s), {record.launcher}"
+    framework = framework_release(config.framework if config else DEFAULT_FRAMEWORK, environment)
+    return f"{nodes}x {hardware}, {record.workers} worker(s), {record.launcher}, {framework}"
 
 
 def _steps_per_epoch(result: TrainingResult) -> int | None:

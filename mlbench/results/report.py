@@ -323,9 +323,9 @@ def describe_plugin(plugin: dict[str, Any] | None) -> str | None:
 
 
 #: The keys of :func:`run_overview`, in its order: what `status --sort` orders by.
-OVERVIEW_FIELDS = ("id", "name", "task", "workers", "state", "reason", "division", "optimizer", "model", "framework",
-                   "division_text", "launcher", "seed", "group_id", "created_at", "started_at", "finished_at",
-                   "epoch", "metric",
+OVERVIEW_FIELDS = ("id", "name", "task", "workers", "state", "reason", "division", "optimizer", "model",
+                   "framework", "division_text", "launcher", "seed", "group_id", "created_at", "started_at",
+                   "finished_at", "epoch", "metric",
                    "metric_value", "metric_title", "metric_unit", "metric_text", "goal", "goal_reached",
                    "time_to_accuracy")
 
@@ -460,8 +460,8 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
         "task": comparison.task,
         "usd_per_node_hour": comparison.usd_per_node_hour,
         "families": [{
-            "task": family.task, "division": family.division, "optimizer": family.optimizer,
-            "hardware": family.hardware, "network": family.network, "goal": family.goal,
+            "task": family.task, "framework": family.framework, "division": family.division,
+            "optimizer": family.optimizer, "hardware": family.hardware, "network": family.network, "goal": family.goal,
             "measure": family.metric,
             "groups": [_group(g) for g in groups],
         } for family, groups in comparison.families().items()],

@@ -29,6 +29,9 @@ MLBENCH, TORCHRUN, OPENMPI, MPICH, SLURM = "mlbench", "torchrun", "openmpi", "mp
 # Slurm tasks without MASTER_PORT agree on a port derived from the job and step ids, below the
 # Linux ephemeral range (32768+) so that no outgoing connection holds it.
 SLURM_PORT_BASE = 10000
+#: every worker's ``host:port`` in rank order, comma-separated: the local supervisor's addresses
+#: for the workers of a framework whose every worker listens (TensorFlow's gRPC servers)
+PEERS_ENV = "MLBENCH_PEERS"
 #: What :func:`launcher_env` looks for, in its order, as a worker without a rank says.
 RANK_VARIABLES = ("RANK and WORLD_SIZE (torchrun), OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE (Open "
                   "MPI), PMI_RANK and PMI_SIZE (MPICH), SLURM_PROCID and SLURM_JOB_ID (srun)")

@@ -10,6 +10,9 @@ score is never shown as a percentage anywhere.
 The runs: task 0a is a real 2-worker sweep to 1000 elements, task 2a the dashboard lab's real
 light run (tests/dashboard/conftest.py); tasks 1a, 3a and 4b are recorded run documents with
 known values (tests/results/recorded.py), read by the same code as real runs.
+
+The framework (issue 23) is shown on the same surfaces: a recorded JAX run of task 2a beside the
+lab's real PyTorch run.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from mlbench.results.report import describe_result
 from mlbench.results.store import RunRecord
 from mlbench.tasks.metrics import Metric
 from tests.helpers import mlbench
-from tests.results.recorded import record_run
+from tests.results.recorded import ENVIRONMENT, record_run
 
 TASKS = ("task0a", "task1a", "task2a", "task3a", "task4b")
 SURFACES = ("result line", "status table", "status RUN", "status -o json", "compare", "charts",
@@ -269,3 +272,90 @@ def test_runs_at_two_latencies_get_the_network_figure_by_latency(lab, page, tmp_
     assert page.inner_text("#network-title") == "Time to accuracy vs emulated latency"
     assert json.loads(page.get_attribute("#chart-network", "data-lines")) == [
         "2 workers, centralized-sgd, Test CPU (8 cores)"]
+
+
+@pytest.fixture(scope="module")
+def jax_pair(lab, cases) -> tuple[RunRecord, RunRecord]:
+    """A recorded JAX run of task 2a (its environment event names JAX 0.4.30) beside the lab's
+    real PyTorch run of the same task."""
+    run = record_run(lab.store(), workers=2, task="task2a", tta=12.0, wall=14.0, goal=0.8, final=0.85,
+                     framework="jax", environment={**ENVIRONMENT, "framework": "jax", "jax": "0.4.30"},
+                     result_extra={"test_samples": 100})
+    return run, cases["task2a"].record
+
+
+def column(table: str, header: str, row_id: str) -> str:
+    """The cell of column ``header`` in the row of run ``row_id`` of a plain-text table."""
+    lines = table.splitlines()
+    start = lines[0].index(header)
+    row = next(line for line in lines if line.startswith(row_id))
+    return row[start:].split()[0]
+
+
+@pytest.mark.parametrize("name", SURFACES[1:])
+def test_every_surface_names_the_framework_and_never_merges_two(lab, jax_pair, request, tmp_path, name):
+    """Issue 23: the framework is a column of `status`, a line of `status RUN` and its JSON, a
+    heading of its own in `compare` (never one row with PyTorch's), a legend entry of `charts`
+    and of the dashboard's figures, a column and a fact on the dashboard's pages, and the
+    MLPerf log's platform names it with its version."""
+    run, torch_run = jax_pair
+    page = request.getfixturevalue("page") if name.startswith("dashboard") else None
+    if name == "status table":
+        text = invoke(lab, "status")
+        assert column(text, "FRAMEWORK", run.id) == "jax" and column(text, "FRAMEWORK", torch_run.id) == "pytorch"
+    elif name == "status RUN":
+        assert re.search(r"^framework\s+jax$", invoke(lab, "status", run.id), re.M)
+        assert re.search(r"^framework\s+pytorch$", invoke(lab, "status", torch_run.id), re.M)
+    elif name == "status -o json":
+        rows = {r["id"]: r for r in json.loads(invoke(lab, "status", "-o", "json"))["runs"]}
+        assert (rows[run.id]["framework"], rows[torch_run.id]["framework"]) == ("jax", "pytorch")
+        ordered = [r["id"] for r in json.loads(invoke(lab, "status", "--sort", "framework", "-o", "json"))["runs"]]
+        assert ordered.index(run.id) < ordered.index(torch_run.id)
+    elif name == "compare":
+        text = invoke(lab, "compare", run.id, torch_run.id)
+        headings = [line for line in text.splitlines() if line.startswith("task2a |")]
+        assert len(headings) == 2 and headings[0].startswith("task2a | jax | closed division"), text
+        assert not headings[1].startswith("task2a | jax"), text
+        families = json.loads(invoke(lab, "compare", run.id, torch_run.id, "-o", "json"))["families"]
+        assert [(f["framework"], [g["run_ids"] for g in f["groups"]]) for f in families] == [
+            ("jax", [[run.id]]), ("pytorch", [[torch_run.id]])]
+    elif name == "charts":
+        out = tmp_path / "charts"
+        invoke(lab, "charts", run.id, torch_run.id, "--out-dir", str(out), "--format", "svg")
+        legend = svg_text(out / "task2a-loss-accuracy.svg")
+        assert re.search(r"2 workers, jax\b", legend) and re.search(r"workers?, pytorch\b", legend), legend
+        invoke(lab, "charts", run.id, "--out-dir", str(out / "one"), "--format", "svg")
+        assert "2 workers, jax" in svg_text(out / "one" / "task2a-loss-accuracy.svg")  # alone, still named
+    elif name == "dashboard runs":
+        page.goto(lab.base + "/")
+        cell = page.locator(f'#runs tr[data-id="{run.id}"] [data-col="framework"]')
+        cell.wait_for()
+        assert cell.inner_text() == "jax"
+        assert page.inner_text(f'#runs tr[data-id="{torch_run.id}"] [data-col="framework"]') == "pytorch"
+        page.select_option("#filter-framework", "jax")
+        page.wait_for_function(f"!document.querySelector('#runs tr[data-id=\"{torch_run.id}\"]')")
+        assert page.locator(f'#runs tr[data-id="{run.id}"]').count() == 1
+    elif name == "dashboard run":
+        page.goto(f"{lab.base}/runs/{run.id}")
+        page.wait_for_selector('#spec dd[data-fact="framework"]')
+        assert page.inner_text('#spec dd[data-fact="framework"]') == "jax"
+    elif name == "dashboard compare":
+        page.goto(f"{lab.base}/compare?runs={run.id},{torch_run.id}")
+        page.wait_for_selector("#tables h3")
+        headings = [h.inner_text() for h in page.locator("#tables h3").all()]
+        assert len(headings) == 2 and headings[0].startswith("task2a | jax | "), headings
+        assert len(page.locator("table.compare tbody tr").all()) == 2  # a row per framework
+        page.wait_for_function("document.querySelector('#chart-accuracy .u-legend')")
+        legend = page.inner_text("#chart-accuracy .u-legend")
+        assert "2 workers, jax" in legend and "pytorch" in legend, legend
+    elif name == "mllog":
+        proc = mlbench("download", run.id, "--format", "mlperf", "--check", "-o", str(tmp_path / "run.zip"),
+                       env=lab.env, timeout=300)
+        assert proc.returncode == 0 and "compliance checker passes" in proc.stdout, proc.stdout + proc.stderr
+        lines = {(body := json.loads(line.split(" ", 1)[1]))["key"]: body
+                 for line in (tmp_path / "run.mllog.txt").read_text().splitlines()}
+        assert lines["submission_platform"]["value"].endswith(", 2 worker(s), local, JAX 0.4.30")
+        assert (lines["mlbench_framework"]["value"], lines["mlbench_framework"]["metadata"]) == (
+            "jax", {"release": "JAX 0.4.30"})
+    else:
+        raise AssertionError(f"no surface {name}")

@@ -33,6 +33,22 @@ def test_jax_not_installed_names_the_extra_and_records_nothing():
     assert nothing_recorded()
 
 
+def test_tensorflow_not_installed_names_the_extra_and_records_nothing():
+    proc = run_without("tensorflow", "run", "task2a", "2", "--framework", "tensorflow", "--data", "synthetic")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == ("Error: --framework tensorflow: TensorFlow is not installed: "
+                           "pip install 'mlbench-suite[tensorflow]'\n")
+    assert nothing_recorded()
+
+
+def test_a_task_without_a_tensorflow_port_is_one_line_and_records_nothing():
+    proc = mlbench("run", "task1a", "2", "--framework", "tensorflow", "--data", "synthetic")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == ("Error: --framework tensorflow: task1a has no TensorFlow port (TensorFlow runs "
+                           "task2a); use --framework pytorch\n")
+    assert nothing_recorded()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--optimizer", "powersgd"], "--framework jax trains with the task's reference optimizer only; "
                                    "drop --optimizer/--opt"),

@@ -112,6 +112,7 @@
     const options = Object.entries(spec.optimizer_options || {}).map(([k, v]) => `${k}=${v}`).join(" ");
     facts("spec", [
       ["task", spec.title ? `${spec.task}: ${spec.title}` : spec.task],
+      ["framework", spec.framework],
       ["model", spec.model],
       ["workers", spec.threads_per_worker ? `${spec.workers} x ${spec.threads_per_worker} thread(s)` : spec.workers],
       ["optimizer", doc.sweep ? null : options ? `${spec.optimizer} (${options})` : spec.optimizer],

@@ -33,6 +33,7 @@
       el("td", { class: "mono" }, el("a", { href: `/runs/${row.id}` }, row.id)),
       el("td", {}, el("a", { href: `/runs/${row.id}` }, row.name)),
       el("td", { "data-col": "task" }, row.task),
+      el("td", { "data-col": "framework" }, row.framework),
       el("td", { class: "num" }, row.workers),
       el("td", { "data-col": "state", title: row.reason || "" }, MB.badge(row.state)),
       el("td", {}, row.division_text),

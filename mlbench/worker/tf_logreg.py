@@ -1,0 +1,87 @@
+"""Task 2a in TensorFlow 2: L2 logistic regression, trained by synchronous data-parallel SGD over
+processes with ``tf.distribute.MultiWorkerMirroredStrategy``.
+
+The closed division's algorithm, as the PyTorch worker trains it (docs/tasks.md, task 2a; the
+settings in :mod:`mlbench.tasks.task2a`): the model is ``z = x @ w`` without bias, ``w`` starts
+at zero; the objective is the mean ``log(1 + exp(-y z))`` plus ``l2/2 |w|^2``; every worker takes
+the gradient of its own minibatch (``tf.GradientTape``), the workers average the gradients (the
+replica context's all-reduce, MultiWorkerMirroredStrategy's ring over gRPC), and the update is
+torch.optim.SGD's (dampening 0), written out because Keras' SGD folds the rate into its momentum
+buffer (which differs once the rate changes): weight decay added to the gradient, then momentum
+(Nesterov when the settings say so), then ``w -= lr * d`` with the rate that mlbench's rule
+gives for the step. One replica per process; each process keeps its own copy of ``w`` and of the
+momentum buffer, which stay equal because every process applies the same averaged gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from mlbench.tasks.classification import ClassificationSettings
+
+
+def objective(w: tf.Tensor, x: tf.Tensor, y: tf.Tensor, l2: float) -> tf.Tensor:
+    """Mean log(1 + exp(-y (x @ w))) + l2/2 |w|^2, labels y in {-1, +1}."""
+    margin = -y * tf.linalg.matvec(x, w)
+    return tf.reduce_mean(tf.nn.softplus(margin)) + 0.5 * l2 * tf.reduce_sum(w * w)
+
+
+class LogisticRegressionPort:
+    """The model's parameters, the momentum buffer and the compiled step (``strategy``: the
+    run's MultiWorkerMirroredStrategy; None for a single process, which reduces nothing)."""
+
+    def __init__(self, settings: ClassificationSettings, in_features: int, strategy: Any = None):
+        self.settings = settings
+        self.strategy = strategy
+        # the PyTorch model's start: zero weights; this process's own copies (not mirrored)
+        self.w = tf.Variable(tf.zeros([in_features], tf.float32), name="w")
+        self.buffer = tf.Variable(tf.zeros([in_features], tf.float32), name="momentum_buffer")
+        self.device = strategy.extended.worker_devices[0] if strategy is not None else "/cpu:0"
+        self._step = tf.function(self._distributed_step, reduce_retracing=True)
+        self._forward = tf.function(lambda w, x: tf.linalg.matvec(x, w), reduce_retracing=True)
+
+    def _local_step(self, x: tf.Tensor, y: tf.Tensor, lr: tf.Tensor) -> tf.Tensor:
+        s, w = self.settings, self.w
+        with tf.GradientTape() as tape:
+            loss = objective(w, x, y, s.l2)
+        grad = tape.gradient(loss, w)
+        if self.strategy is not None:   # the all-reduce of the gradients
+            with tf.device(self.device):  # a placed tensor: the collective needs its device
+                grad = tf.identity(grad)
+            grad = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, grad)
+        direction = grad + s.weight_decay * w if s.weight_decay else grad
+        if s.momentum:
+            self.buffer.assign(s.momentum * self.buffer + direction)
+            direction = direction + s.momentum * self.buffer if s.nesterov else self.buffer
+        w.assign_sub(lr * direction)
+        return loss
+
+    def _distributed_step(self, x: tf.Tensor, y: tf.Tensor, lr: tf.Tensor) -> tf.Tensor:
+        if self.strategy is None:
+            return self._local_step(x, y, lr)
+        losses = self.strategy.run(self._local_step, args=(x, y, lr))
+        return self.strategy.experimental_local_results(losses)[0]
+
+    def step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
+        """One synchronous step on this process's minibatch; returns this process's loss."""
+        return float(self._step(tf.constant(x), tf.constant(y), tf.constant(lr, tf.float32)))
+
+    def weights(self) -> np.ndarray:
+        """This process's copy of ``w`` (every process holds the same)."""
+        return self.w.numpy()
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """The logits of ``x`` with this process's copy of the weights (no collective)."""
+        return self._forward(self.w, tf.constant(x)).numpy()
+
+    def regulariser(self) -> float:
+        """l2/2 |w|^2, in float64 (the evaluation's L2 term)."""
+        w = self.weights().astype(np.float64)
+        return 0.5 * self.settings.l2 * float(w @ w)
+
+    @property
+    def num_parameters(self) -> int:
+        return int(self.w.shape[0])

@@ -1,0 +1,118 @@
+"""``python -m mlbench.worker.tf_worker RUN_DIR [--rank R]``: one TensorFlow 2 worker of a run.
+
+The TensorFlow implementation of the worker contract (docs/worker-contract.md): the rank, world
+size and rendezvous come from ``--rank`` and run.json (or another launcher's environment, as for
+the PyTorch worker); the processes meet through ``tf.distribute.MultiWorkerMirroredStrategy``.
+Its cluster is TensorFlow's ``TF_CONFIG``: every worker runs a gRPC server of its own, so each
+needs an address, which the local supervisor picks on 127.0.0.1 and passes to every worker as
+``MLBENCH_PEERS`` (``host:port`` per rank, comma-separated); a ``TF_CONFIG`` already in the
+environment (another launcher's) is used as it is. The data, their order, the training loop and
+the evaluation are those of every port (:mod:`mlbench.worker.port_trainer`); the model and its
+update are :mod:`mlbench.worker.tf_logreg`'s. The supervisor starts this module as a fresh
+interpreter. Exit codes are the PyTorch worker's: 0 done, 1 failed, 143 stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+from mlbench.errors import MlbenchError
+from mlbench.results.events import EventWriter
+from mlbench.run_config import RunConfig
+from mlbench.tasks.classification import ClassificationSettings
+from mlbench.worker.heartbeat import Heartbeat
+from mlbench.worker.launcher_env import PEERS_ENV
+from mlbench.worker.port_trainer import PortModel, PortTrainer, run_trainer, worker_main
+
+
+def main(argv: list[str] | None = None) -> int:
+    return worker_main("mlbench.worker.tf_worker", join, run_worker, argv)
+
+
+def cluster_config(rank: int, workers: int, peers: str | None) -> dict[str, Any]:
+    """The ``TF_CONFIG`` of rank ``rank``: a cluster of ``workers`` workers at ``peers``."""
+    addresses = [a.strip() for a in (peers or "").split(",") if a.strip()]
+    if len(addresses) != workers:
+        raise MlbenchError(f"{PEERS_ENV} names {len(addresses)} worker address(es), the run has {workers} "
+                           f"workers: start TensorFlow workers with `mlbench run ... --framework tensorflow`, "
+                           "or set TF_CONFIG")
+    return {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}}
+
+
+def join(config: RunConfig, rank: int, coordinator: str) -> Any:
+    """The run's MultiWorkerMirroredStrategy (None for a single process), made before any other
+    TensorFlow operation, as the strategy requires; TensorFlow on CPUs only, its own log quiet.
+    (``coordinator``, rank 0's address, is not TensorFlow's way: each worker has its own.)"""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""   # the port runs on CPUs (a GPU build would take a GPU)
+    if config.workers > 1 and "TF_CONFIG" not in os.environ:
+        os.environ["TF_CONFIG"] = json.dumps(cluster_config(rank, config.workers, os.environ.get(PEERS_ENV)))
+    import tensorflow as tf
+
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0)
+    if threads:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    if config.workers == 1:
+        return None
+    ring = tf.distribute.experimental.CommunicationImplementation.RING
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(implementation=ring))
+
+
+def run_worker(config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None,
+               strategy: Any = None) -> int:
+    """Train as rank ``rank`` (after :func:`join`, with the strategy it made); record the result
+    (rank 0); return 0. Also what the tests call in-process for one worker."""
+    import tensorflow as tf
+
+    return run_trainer(TfTrainer(config, rank, events, heartbeat, strategy),
+                       {"framework": "tensorflow", "tensorflow": tf.__version__})
+
+
+class TfTrainer(PortTrainer):
+    """The ports' training loop around :class:`mlbench.worker.tf_logreg.LogisticRegressionPort`."""
+
+    def __init__(self, config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None,
+                 strategy: Any = None):
+        self.strategy = strategy
+        super().__init__(config, rank, events, heartbeat)
+
+    def make_model(self, settings: ClassificationSettings, in_features: int) -> PortModel:
+        from mlbench.worker.tf_logreg import LogisticRegressionPort
+
+        return LogisticRegressionPort(settings, in_features, self.strategy)
+
+    def sum_over_processes(self, totals: np.ndarray) -> np.ndarray:
+        """Every process's float64 ``totals`` gathered (the replica context's all-gather), then
+        summed in NumPy in rank order."""
+        gathered = self._all_gather(np.asarray(totals, np.float64)[None])
+        return np.asarray(gathered, np.float64).sum(axis=0)
+
+    def _all_gather(self, value: np.ndarray) -> np.ndarray:
+        import tensorflow as tf
+
+        strategy = self.strategy
+        device = strategy.extended.worker_devices[0]
+
+        def gather(v: tf.Tensor) -> tf.Tensor:
+            with tf.device(device):
+                v = tf.identity(v)
+            return tf.distribute.get_replica_context().all_gather(v, axis=0)
+
+        result = strategy.run(tf.function(gather), args=(tf.constant(value),))
+        return strategy.experimental_local_results(result)[0].numpy()
+
+    def leave(self) -> None:
+        """The last collective: no process leaves while another still needs it."""
+        if self.world > 1:
+            self._all_gather(np.zeros((1, 1), np.float32))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

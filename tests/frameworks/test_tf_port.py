@@ -1,0 +1,77 @@
+"""The TensorFlow 2 port of task 2a trains the same as the PyTorch worker, and as itself on one process.
+
+From the same initial weights (zero) and the same data order (mlbench's ``epoch_batches``), the
+first 50 training losses of the TensorFlow port equal PyTorch's within ``rtol=1e-5, atol=1e-6``,
+the tolerance of the JAX port and for the same reason: each loss is a float32 mean of 100
+softplus terms, whose worst-case rounding is n*u = 100 * 2**-24 = 6e-6 relative; TensorFlow's
+softplus, its reduction order and its tape's gradient differ from PyTorch's by a few ulp per
+step, which the 50 updates carry into the weights. The test-set metrics come from the same NumPy
+scorer and agree to the same order.
+
+Then a real `mlbench run task2a 2 --framework tensorflow` (two processes,
+MultiWorkerMirroredStrategy over gRPC on 127.0.0.1): its two ranks' losses average to those of one
+TensorFlow process with the doubled batch (the same samples, the rate of 2 workers), to the same
+tolerance.
+"""
+
+import numpy as np
+import pytest
+
+from mlbench.results.events import EventWriter
+from mlbench.run_config import RunConfig
+from mlbench.tasks.overrides import resolve
+from mlbench.tasks.task2a import TASK2A
+from tests.frameworks.test_jax_port import ATOL, RTOL, ListSink, values
+from tests.helpers import events, last_run, mlbench, run_json
+
+pytest.importorskip("tensorflow")
+
+
+def train_tf_in_process(config):
+    from mlbench.worker.tf_worker import TfTrainer, join
+
+    join(config, 0, "")
+    sink = ListSink()
+    TfTrainer(config, 0, EventWriter(sink, 0)).train()
+    return sink.events
+
+
+def test_the_first_50_losses_of_the_tensorflow_port_equal_pytorchs(libsvm_dir):
+    from mlbench.worker.trainer import Trainer
+
+    spec, _ = resolve(TASK2A, {})
+    config = RunConfig(task=spec, workers=1, data_dir=str(libsvm_dir), max_steps=50, log_every=1,
+                       stop_at_goal=False)
+    torch_sink = ListSink()
+    trainer = Trainer(config, 0, EventWriter(torch_sink, 0))
+    trainer.setup()
+    trainer.train()
+    tf_events = train_tf_in_process(config)
+    torch_losses, tf_losses = values(torch_sink.events, "train/loss"), values(tf_events, "train/loss")
+    assert len(torch_losses) == len(tf_losses) == 50
+    np.testing.assert_allclose(tf_losses, torch_losses, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(values(tf_events, "eval/loss"), values(torch_sink.events, "eval/loss"),
+                               rtol=RTOL, atol=ATOL)
+    # 500 test samples: one sample's verdict would move the accuracy by 0.002
+    assert values(tf_events, "eval/accuracy").tolist() == values(torch_sink.events, "eval/accuracy").tolist()
+
+
+@pytest.mark.slow
+def test_two_tensorflow_workers_equal_one_tensorflow_process_with_the_doubled_batch(libsvm_dir):
+    steps = 12
+    proc = mlbench("run", "task2a", "2", "--framework", "tensorflow", "--data-dir", str(libsvm_dir),
+                   "--max-steps", str(steps), "--log-every", "1", "--no-stop", "--set", "lr.alpha=400",
+                   check=True, timeout=600)
+    run = last_run()
+    assert run_json(run)["config"]["framework"] == "tensorflow"
+    recorded = events(run)
+    two = (values(recorded, "train/loss", 0) + values(recorded, "train/loss", 1)) / 2
+    assert len(two) == steps, proc.stdout + proc.stderr
+    environment = next(e["value"] for e in recorded if e["name"] == "environment")
+    assert environment["framework"] == "tensorflow" and environment["tensorflow"]
+
+    spec, _ = resolve(TASK2A, {"batch_per_worker": 200, "lr.alpha": 400})
+    one = train_tf_in_process(RunConfig(task=spec, workers=1, data_dir=str(libsvm_dir), max_steps=steps,
+                                        log_every=1, stop_at_goal=False))
+    np.testing.assert_allclose(two, values(one, "train/loss"), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(values(recorded, "eval/loss"), values(one, "eval/loss"), rtol=RTOL, atol=ATOL)
