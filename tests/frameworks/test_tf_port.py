@@ -24,6 +24,10 @@ from mlbench.tasks.task2a import TASK2A
 from tests.frameworks.test_jax_port import ATOL, RTOL, ListSink, values
 from tests.helpers import events, last_run, mlbench, run_json
 
+# torchvision (and with it torch._dynamo and triton) before TensorFlow: in the other order, loading
+# triton's LLVM after TensorFlow's crashes the process (a later test module imports torchvision)
+import torchvision  # noqa: E402,F401
+
 pytest.importorskip("tensorflow")
 
 
