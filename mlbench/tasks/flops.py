@@ -7,6 +7,11 @@ Two ways, and each run records which one it used:
   features is the score ``X w`` (``2 B D``) and the gradient ``X^T s`` (``2 B D``): ``4 B D``.
   The backward pass needs no gradient of the input, so the usual "backward = 2 x forward" rule
   would count ``6 B D``, one matrix-vector product too many.
+- ``analytic x3`` for task 3a's AWD-LSTM and task 4b's Transformer: the forward pass's matrix
+  products counted from the shapes (:func:`lstm_language_model_flops`,
+  :func:`transformer_flops`), the step 3 x that (below). Not the flop counter: on the CPU it
+  sees neither the LSTM kernel nor the fused attention, and on a GPU neither cuDNN's LSTM; a
+  test checks the formulas against it with those kernels switched to their decomposed forms.
 - ``flop-counter x3``: torch's ``FlopCounterMode`` counts the matrix products and convolutions
   of one forward pass, and the step is 3 x that (the backward pass computes the gradients of
   the inputs and of the weights, each as costly as the forward: Kaplan et al. 2020,
@@ -18,15 +23,44 @@ optimizer's update), as the MFU convention does.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 ANALYTIC = "analytic"
+ANALYTIC_X3 = "analytic x3"
 FLOP_COUNTER = "flop-counter x3"
 
 
 def logistic_regression_flops(batch: int, features: int) -> int:
     """FLOPs of one step of the logistic regression: ``4 B D`` (see the module)."""
     return 4 * batch * features
+
+
+def lstm_language_model_flops(tokens: int, sizes: list[int], vocab: int) -> int:
+    """Forward FLOPs of a stack of LSTMs and a linear output over ``tokens`` (time steps x
+    sequences): per token and layer of input ``i`` and hidden ``h`` the gates' products
+    ``W_ih x`` and ``W_hh h`` (``2 * 4h * (i + h)``), then the output ``2 E V`` (``E`` the last
+    layer's size). ``sizes`` is the embedding's size then each layer's hidden size; the
+    embedding's look-up and the biases are not products."""
+    recurrent = sum(2 * 4 * h * (i + h) for i, h in itertools.pairwise(sizes))
+    return tokens * (recurrent + 2 * sizes[-1] * vocab)
+
+
+def transformer_flops(sentences: int, source: int, target: int, *, dim: int, ffn: int, encoder_layers: int,
+                      decoder_layers: int, vocab: int) -> int:
+    """Forward FLOPs of the encoder-decoder Transformer on a padded batch of ``sentences``
+    sources of ``source`` tokens and target prefixes of ``target`` tokens (the shapes the device
+    computes, padding included). Per sentence, with ``d`` the model size and ``f`` the
+    feed-forward size: an encoder layer's four projections ``8 S d^2``, its attention scores and
+    weighted values ``4 S^2 d`` and feed-forward ``4 S d f``; a decoder layer's self-attention
+    ``8 T d^2 + 4 T^2 d`` (the causal mask still computes every score), cross-attention
+    (queries and output on the target, keys and values on the source) ``4 T d^2 + 4 S d^2 +
+    4 T S d`` and feed-forward ``4 T d f``; the output projection ``2 T d V``."""
+    s, t, d = source, target, dim
+    encoder = 8 * s * d * d + 4 * s * s * d + 4 * s * d * ffn
+    decoder = (8 * t * d * d + 4 * t * t * d) + (4 * t * d * d + 4 * s * d * d + 4 * t * s * d) + 4 * t * d * ffn
+    return sentences * (encoder_layers * encoder + decoder_layers * decoder + 2 * t * d * vocab)
 
 
 @torch.no_grad()

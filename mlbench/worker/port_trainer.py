@@ -21,7 +21,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from mlbench.tasks.metrics import get_metric
 from mlbench.tasks.scoring import TOTALS, metrics_of, score_outputs
 from mlbench.worker.heartbeat import SUPERVISED_ENV, Heartbeat
 from mlbench.worker.launcher_env import MLBENCH, check_world_size, launcher_env
+
+if TYPE_CHECKING:
+    from mlbench.worker.sysmetrics import DevicePeak
 
 
 class PortModel(Protocol):
@@ -132,6 +135,11 @@ class PortTrainer:
         self.train_x, self.train_y = train.x.numpy(), train.y.numpy()
         self.test_x, self.test_y = test.x.numpy(), test.y.numpy()
         self.port = self.make_model(settings, int(self.train_x.shape[1]))
+        # the system metrics' constants, as the PyTorch worker's (mlbench.worker.sysmetrics): the
+        # CPU's peak probed with the run's threads before the training loads the cores, and the
+        # FLOPs of a step
+        self.device_peak = self._probe_peak(config.threads_per_worker)
+        self.step_flops = self.flops_per_step()
         self.steps_per_epoch = steps_per_epoch(len(self.train_y), self.world, settings.batch_per_worker)
         if self.steps_per_epoch == 0:
             raise MlbenchError(f"the training set has {len(self.train_y)} samples, fewer than one global "
@@ -145,6 +153,28 @@ class PortTrainer:
         self.best: float | None = None
         self.last: dict[str, float] = {}
         self.goal_at: tuple[int, float, float, float] | None = None
+
+    @staticmethod
+    def _probe_peak(threads: int) -> DevicePeak:
+        """The CPU's peak FLOP/s by the PyTorch worker's GEMM probe (the ports compute in float32
+        on CPUs), with the run's threads; torch keeps one thread for the data loaders after."""
+        import torch
+
+        from mlbench.worker.sysmetrics import DevicePeak
+
+        torch.set_num_threads(max(1, threads))
+        try:
+            return DevicePeak.of(torch.device("cpu"), "fp32")
+        finally:
+            torch.set_num_threads(1)
+
+    def flops_per_step(self) -> tuple[int, str] | None:
+        """FLOPs of this process's step and how they were counted (:mod:`mlbench.tasks.flops`):
+        every port trains task 2a's logistic regression, ``4 B D`` analytic; a port of another
+        model says its own (None: not counted)."""
+        from mlbench.tasks.flops import ANALYTIC, logistic_regression_flops
+
+        return logistic_regression_flops(self.settings.batch_per_worker, int(self.train_x.shape[1])), ANALYTIC
 
     def make_model(self, settings: ClassificationSettings, in_features: int) -> PortModel:
         """The framework's model, its optimizer state and its synchronous step."""
@@ -203,7 +233,20 @@ class PortTrainer:
                 break
         if evaluated_at != self.step:
             self.evaluate()
+        self._record_system()
         return self._result(stop_reason)
+
+    def _record_system(self) -> None:
+        """This rank's ``system`` event, the PyTorch worker's: peak memory, the CPU's probed peak,
+        the FLOPs of a step. No phase times: a port's step is one compiled program whose
+        all-reduce cannot be timed apart, so its step time is the wall clock's."""
+        import torch
+
+        from mlbench.worker.sysmetrics import system_record
+
+        self.events.emit("system", system_record(torch.device("cpu"), self.device_peak, self.step_flops,
+                                                 steps=self.step, train_time=self.train_time()),
+                         epoch=self._epoch(), step=self.step)
 
     def _epoch(self) -> float:
         return self.step / self.steps_per_epoch

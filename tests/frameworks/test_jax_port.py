@@ -43,6 +43,25 @@ def values(recorded, name, rank=0):
     return np.array([e["value"] for e in recorded if e["name"] == name and e["rank"] == rank])
 
 
+def check_port_system(port_events, torch_events, steps):
+    """A port's ``system`` event is the PyTorch worker's: the same analytic FLOPs of the step, the
+    CPU's probed peak, peak memory; `status RUN`'s numbers follow from it (wall-clock steps)."""
+    from mlbench.results.summary import summarize
+    from mlbench.results.sysmetrics import WALL, system_metrics
+
+    (port,), (torch_record,) = ([e["value"] for e in recorded if e["name"] == "system"]
+                                for recorded in (port_events, torch_events))
+    assert port["flops_per_step"] == torch_record["flops_per_step"] == 4 * 100 * 40  # B = 100, the 40 features
+    assert (port["flops_method"], port["peak_source"], port["device"], port["steps"]) == \
+        ("analytic", "gemm probe", "cpu", steps)
+    assert port["peak_flops"] > 0 and port["peak_rss_bytes"] > 0 and port["cuda_peak_bytes"] is None
+    metrics = system_metrics(summarize(port_events))
+    assert metrics is not None and metrics.step_basis == WALL and metrics.slowest_rank == 0
+    assert metrics.step_median == port["train_time"] / steps
+    assert metrics.achieved_flops == port["flops_per_step"] * steps / port["train_time"]
+    assert metrics.utilisation == metrics.achieved_flops / port["peak_flops"]
+
+
 def train_jax_in_process(config):
     from mlbench.worker.jax_worker import JaxTrainer, _join
 
@@ -70,6 +89,7 @@ def test_the_first_50_losses_of_the_jax_port_equal_pytorchs(libsvm_dir):
                                rtol=RTOL, atol=ATOL)
     # 500 test samples: one sample's verdict would move the accuracy by 0.002
     assert values(jax_events, "eval/accuracy").tolist() == values(torch_sink.events, "eval/accuracy").tolist()
+    check_port_system(jax_events, torch_sink.events, steps=50)
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from mlbench.results.events import EventWriter
 from mlbench.run_config import RunConfig
 from mlbench.tasks.overrides import resolve
 from mlbench.tasks.task2a import TASK2A
-from tests.frameworks.test_jax_port import ATOL, RTOL, ListSink, values
+from tests.frameworks.test_jax_port import ATOL, RTOL, ListSink, check_port_system, values
 from tests.helpers import events, last_run, mlbench, run_json
 
 # torchvision (and with it torch._dynamo and triton) before TensorFlow: in the other order, loading
@@ -58,6 +58,7 @@ def test_the_first_50_losses_of_the_tensorflow_port_equal_pytorchs(libsvm_dir):
                                rtol=RTOL, atol=ATOL)
     # 500 test samples: one sample's verdict would move the accuracy by 0.002
     assert values(tf_events, "eval/accuracy").tolist() == values(torch_sink.events, "eval/accuracy").tolist()
+    check_port_system(tf_events, torch_sink.events, steps=50)
 
 
 @pytest.mark.slow

@@ -32,6 +32,56 @@ def test_a_counted_step_is_three_forward_passes_of_the_batch():
     assert model.training and torch.equal(model[3].running_mean, running)  # no statistics updated
 
 
+def _decomposed_flops(model, *inputs) -> int:
+    """What torch's flop counter counts of ``model(*inputs)`` with the LSTM and attention kernels it
+    cannot see (oneDNN's LSTM, the CPU's fused attention) switched to their decomposed forms."""
+    import warnings
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's note on oneDNN's TF32 when its flags are set
+        with torch.backends.mkldnn.flags(enabled=False), sdpa_kernel(SDPBackend.MATH), counter, torch.no_grad():
+            model(*inputs)
+    return int(counter.get_total_flops())
+
+
+def test_the_awd_lstm_step_is_counted_analytically_as_the_flop_counter_counts_it():
+    from mlbench.tasks.task3a.runtime import LanguageModelRuntime
+    from mlbench.tasks.task3a.settings import LanguageModelSettings
+
+    settings = LanguageModelSettings(embedding=8, hidden=12, layers=2, bptt=6, batch_per_worker=4,
+                                     synthetic_tokens=(240, 100), synthetic_vocab=50)
+    runtime = LanguageModelRuntime(settings, synthetic=True, rank=1, world=2)
+    model = runtime.model.eval()
+    steps, counted = 0, 0
+    for batch in runtime.batches(0):  # random lengths: the step's count is the epoch's mean
+        counted += _decomposed_flops(model, batch.data, model.init_hidden(batch.data.size(1)))
+        steps += 1
+    assert steps > 3 and counted > 0
+    assert runtime.flops_per_step() == ((3 * counted + steps // 2) // steps, "analytic x3")
+
+
+def test_the_transformer_step_is_counted_analytically_as_the_flop_counter_counts_it():
+    from mlbench.tasks.task4b.runtime import TranslationRuntime
+    from mlbench.tasks.task4b.settings import TranslationSettings
+
+    settings = TranslationSettings(dim=16, ffn=32, heads=4, encoder_layers=2, decoder_layers=1, vocab_size=40,
+                                   synthetic_pairs=(30, 4), batch_per_worker=256, global_tokens=1024,
+                                   batch_multiple=1)
+    runtime = TranslationRuntime(settings, synthetic=True, rank=1, world=2)
+    model = runtime.model.eval()
+    steps, counted = 0, 0
+    for step in runtime.batches(0):  # padded shapes differ from step to step: the mean
+        for mb in step.micro:
+            counted += _decomposed_flops(model, mb.src, mb.tgt_in)
+        steps += 1
+    assert steps > 1 and counted > 0
+    assert runtime.flops_per_step() == ((3 * counted + steps // 2) // steps, "analytic x3")
+
+
 def test_gpu_peaks_come_from_the_data_sheet_of_the_model_and_precision():
     assert gpu_peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.4e12
     assert gpu_peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12

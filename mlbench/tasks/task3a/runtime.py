@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 from mlbench.tasks.task3a.bptt import batchify, bptt_batches, bptt_lengths, eval_lengths, worker_columns
 from mlbench.tasks.data.sharding import eval_shard
-from mlbench.tasks.task3a.model import AWDLSTM, detach_hidden
+from mlbench.tasks.flops import ANALYTIC_X3, lstm_language_model_flops
+from mlbench.tasks.task3a.model import AWDLSTM, WeightDropLSTM, detach_hidden
 from mlbench.tasks.runtime import RunView, all_reduce_sum
 from mlbench.tasks.task3a.settings import LanguageModelSettings
 from mlbench.timing import PhaseTimer
@@ -140,6 +141,16 @@ class LanguageModelRuntime:
 
     def samples_in(self, batch: LMBatch) -> int:
         return int(batch.data.size(1))
+
+    def flops_per_step(self) -> tuple[int, str]:
+        """FLOPs of this worker's mean step and how they were counted (:mod:`mlbench.tasks.flops`):
+        3 x the forward pass over its columns x the first epoch's mean sequence length (the
+        lengths are random, drawn alike every epoch), rounded to an integer."""
+        sizes = [self.s.embedding] + [cast(WeightDropLSTM, rnn).hidden_size for rnn in self.model.rnns]
+        lengths = bptt_lengths(self.train.size(0), self.s.bptt, self.seed, 0)
+        steps = max(1, len(lengths))
+        total = 3 * lstm_language_model_flops(self.train.size(1) * sum(lengths), sizes, self.vocab_size)
+        return (total + steps // 2) // steps, ANALYTIC_X3
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

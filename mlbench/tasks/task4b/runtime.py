@@ -35,6 +35,7 @@ from mlbench.tasks.task4b.bleu import STATISTICS, bleu_from_statistics, bleu_sta
 from mlbench.tasks.task4b.bpe import BOS, EOS, PAD, Side
 from mlbench.tasks.task4b.bucketing import GlobalBatches, accumulation, token_batches
 from mlbench.tasks.data.sharding import eval_shard
+from mlbench.tasks.flops import ANALYTIC_X3, transformer_flops
 from mlbench.tasks.task4b.model import Transformer
 from mlbench.tasks.precision import DynamicLossScaler, autocast, choose_precision
 from mlbench.tasks.runtime import RunView, all_reduce_sum
@@ -184,6 +185,22 @@ class TranslationRuntime:
 
     def samples_in(self, batch: TranslationStep) -> int:
         return sum(mb.tokens for mb in batch.micro)
+
+    def flops_per_step(self) -> tuple[int, str]:
+        """FLOPs of this worker's mean step and how they were counted (:mod:`mlbench.tasks.flops`):
+        3 x the forward passes of its micro-batches in their padded shapes, averaged over its
+        steps of the first epoch (steps differ in their sentences' lengths), rounded."""
+        src, tgt = self.train_sides
+        src_len, tgt_len = src.lengths() + 1, tgt.lengths() + 1  # + EOS; BOS + target
+        s = self.s
+        per_batch = [transformer_flops(len(ids), int(src_len[ids].max()), int(tgt_len[ids].max()), dim=s.dim,
+                                       ffn=s.ffn, encoder_layers=s.encoder_layers,
+                                       decoder_layers=s.decoder_layers, vocab=self.vocab_size)
+                     for ids in self.schedule.batches]
+        order = self.schedule.epoch_order(self.seed, 0)
+        steps = max(1, len(order))
+        total = 3 * sum(per_batch[i] for ids in order for i in self.schedule.share(ids, self.rank).tolist())
+        return (total + steps // 2) // steps, ANALYTIC_X3
 
     def state_dict(self) -> dict[str, Any]:
         """The fp16 loss scale and its growth counter (nothing else: batches follow from (seed, epoch))."""
