@@ -76,6 +76,7 @@ def family_labels(families: Sequence[Family]) -> dict[Family, str]:
         "goal": lambda f: (f"goal {task_metric(f.task).format(f.goal)}" if f.goal is not None
                            else "no goal"),
         "network": lambda f: f"network {f.network}" if f.network else "network not emulated",
+        "faults": lambda f: f.faults or "no faults",
     }
     varying = [k for k, text in fields.items() if len({text(f) for f in families}) > 1]
     shown = varying or ["optimizer", "hardware"]

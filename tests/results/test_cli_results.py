@@ -3,6 +3,8 @@
 Usage errors are one line on stderr and exit code 2, never a traceback.
 """
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
@@ -120,3 +122,27 @@ def test_charts_add_the_network_figure_for_runs_at_several_bandwidths(store, tmp
 def test_prices_lists_the_table_with_the_original_figures():
     out = invoke("prices").stdout
     assert "n1-standard-4:preemptible" in out and "0.04" in out and "nvidia-tesla-k80:preemptible" in out
+
+
+def test_compare_shows_goodput_restarts_and_lost_steps_when_a_run_had_faults(store):
+    kills = "kill:rank=1,every=90s"
+    clean = record_run(store, workers=2, tta=50.0, wall=60.0)
+    faulty = record_run(store, workers=2, tta=10.0, wall=20.0, inject=(kills,), on_failure="restart",
+                        restarts=({"lost_steps": 7},))
+    result = invoke("compare", clean.id, faulty.id)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "GOODPUT    RESTARTS    STEPS LOST" in result.output
+    heading = next(i for i, line in enumerate(lines) if f"inject {kills}; on failure restart:3 |" in line)
+    row = lines[heading + 3].split()   # heading, column names, rule, the row of 2 workers
+    assert row[0] == "2" and row[-3:] == ["60.6%", "1", "7"]   # 10 s of training in 16.5 s
+    assert any("| no faults |" in line for line in lines)
+
+    data = json.loads(invoke("compare", clean.id, faulty.id, "-o", "json").output)
+    by_faults = {f["faults"]: f["groups"][0] for f in data["families"]}
+    assert set(by_faults) == {None, f"inject {kills}; on failure restart:3"}
+    assert by_faults[f"inject {kills}; on failure restart:3"]["restarts"] == 1
+    assert by_faults[f"inject {kills}; on failure restart:3"]["lost_steps"] == 7
+    assert by_faults[None]["goodput"] == 10 / 16.5
+
+    assert "GOODPUT" not in invoke("compare", clean.id).output
