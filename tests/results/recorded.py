@@ -47,10 +47,12 @@ def record_run(store: RunStore, *, workers: int, task: str = "task1a", tta: floa
         policy, max_restarts = parse_on_failure(on_failure)
         run_json["config"].update(faults=[parse_inject(text) for text in inject], on_failure=policy,
                                   max_restarts=max_restarts)
-        kills = [{"kind": "kill", "rank": 1, "at": 30.0 * (i + 1), "time": T0 + 30.0 * (i + 1),
+        # the workers start at T0 - 5 (started_at below); kill i at 30 (i + 1) s, its verdict 0.5 s later
+        kills = [{"kind": "kill", "rank": 1, "at": 30.0 * (i + 1), "time": T0 - 5.0 + 30.0 * (i + 1),
                   "schedule": 0, "action": "restart", "lost_steps": r.get("lost_steps", 0)}
                  for i, r in enumerate(restarts)]
-        run_json["faults"] = {"events": kills, "restarts": [{"fault": i, **r} for i, r in enumerate(restarts)]}
+        run_json["faults"] = {"events": kills, "restarts": [{"fault": i, "at": kill["time"] + 0.5, **r}
+                                                            for i, (r, kill) in enumerate(zip(restarts, kills))]}
     if framework is not None:  # None: a run.json from before there was a choice (PyTorch's)
         run_json["config"]["framework"] = framework
     if network is not None:  # the emulated network, as NetworkSettings.to_dict() records it

@@ -146,3 +146,29 @@ def test_compare_shows_goodput_restarts_and_lost_steps_when_a_run_had_faults(sto
     assert by_faults[None]["goodput"] == 10 / 16.5
 
     assert "GOODPUT" not in invoke("compare", clean.id).output
+
+
+def test_charts_draw_the_fault_timeline_of_runs_with_faults(store, tmp_path):
+    from mlbench.results.charts import fault_chart, fault_timeline
+    from mlbench.results.compare import compare_runs
+
+    clean = record_run(store, workers=2, tta=50.0, wall=60.0)
+    faulty = record_run(store, workers=2, tta=None, train_time=60.0, inject=("kill:rank=1,every=30s",),
+                        on_failure="restart", restarts=({"lost_steps": 7, "recovered_s": 2.5}, {"lost_steps": 3}))
+    comparison = compare_runs([clean, faulty])
+    [run] = [r for g in comparison.groups for r in g.runs if r.had_faults]
+    timeline = fault_timeline(run)
+    # wall seconds from the workers' start (T0 - 5): losses logged at T0 + 30 and T0 + 60
+    assert timeline.loss == [(35.0, 2.0), (65.0, 1.0)]
+    assert timeline.faults == [(30.0, "kill of rank 1", False), (60.0, "kill of rank 1", False)]
+    assert timeline.restarts == [(30.5, 2.5), (60.5, None)]
+    figure = fault_chart(comparison)
+    [ax] = figure.axes
+    assert [t.get_text().strip() for t in ax.texts] == ["kill of rank 1", "kill of rank 1"]
+    assert ax.get_title() == f"run {faulty.id}, 2 workers: goodput 90.2%, 2 restarts, 10 steps lost"
+
+    result = invoke("charts", clean.id, faulty.id, "--out-dir", tmp_path, "--format", "svg")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "task1a-faults.svg").stat().st_size > 0
+    plain = invoke("charts", clean.id, "--out-dir", tmp_path / "plain", "--format", "svg")
+    assert plain.exit_code == 0 and not (tmp_path / "plain" / "task1a-faults.svg").exists()
