@@ -13,6 +13,7 @@ import json
 
 import torch
 
+from mlbench.results.checkpoints import complete_checkpoints
 from mlbench.results.store import RunStore
 from tests.helpers import checkpoint, mlbench, run_json, wait_for
 
@@ -83,3 +84,23 @@ def test_a_cancelled_run_writes_its_checkpoint_at_the_stop_and_resumes_from_it(l
     final = RunStore().get(run.id)
     assert final.state == "finished" and final.result["steps"] == newest + 2
     assert run_json(final)["resumes"][0]["after"] == "cancelled"
+
+
+def test_a_worker_killed_while_writing_a_checkpoint_does_not_block_the_resume(libsvm_dir):
+    """SIGKILL mid-checkpoint leaves ``rank-R.pt.part`` in the step's folder (made here by hand:
+    rank 0 wrote step 3's file, rank 1 died writing it); the resumed run writes step 3 again, which
+    the partial file would refuse ("already exists") had resume not discarded the incomplete step."""
+    RUN = ("task2a", "2", "--data-dir", str(libsvm_dir), "--set", "batch_per_worker=50", "--checkpoint-every", "2steps")
+    mlbench("run", *RUN, "--max-steps", "2", check=True)
+    run = RunStore().list()[-1]
+    root = run.run_dir / "checkpoints"
+    torn = root / "state-step-3"
+    torn.mkdir()
+    (torn / "rank-0.pt").write_bytes((root / "state-step-2" / "rank-0.pt").read_bytes())
+    (torn / "rank-1.pt.part").write_bytes(b"half a checkpoint")
+
+    proc = mlbench("resume", run.id, "--max-steps", "3")
+    resumed = RunStore().get(run.id)
+    assert proc.returncode == 0 and resumed.state == "finished", (resumed.reason, proc.stderr)
+    assert resumed.result["steps"] == 3 and complete_checkpoints(root, 2).newest == 3
+    assert sorted(p.name for p in torn.iterdir()) == ["rank-0.pt", "rank-1.pt"]

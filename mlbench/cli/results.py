@@ -16,7 +16,8 @@ from mlbench.results.compare import Comparison, comparison_of
 from mlbench.results.cost import PriceTable
 from mlbench.results.exporters import TOOLS, check_library, export_runs
 from mlbench.results.report import (compare_headers, compare_notes, compare_row, comparison_document,
-                                    differs_in_network, family_heading, is_sweep, sweep_table)
+                                    differs_in_network, family_heading, had_faults, is_sweep,
+                                    sweep_table)
 
 
 def _selection(command: Callable) -> Callable:
@@ -67,12 +68,13 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file, output
         return
     emulated = differs_in_network(comparison)
     sweep = is_sweep(comparison)
+    faults = had_faults(comparison)
     for i, (family, groups) in enumerate(comparison.families().items()):
         if i:
             click.echo("")
-        click.echo(family_heading(family, emulated))
-        click.echo(tabulate([compare_row(g, emulated) for g in groups], disable_numparse=True,
-                            headers=compare_headers(emulated, sweep)))
+        click.echo(family_heading(family, emulated, faults))
+        click.echo(tabulate([compare_row(g, emulated, faults) for g in groups], disable_numparse=True,
+                            headers=compare_headers(emulated, sweep, faults)))
     if sweep:
         headers, rows = sweep_table(comparison)
         click.echo("\nBy message size (median of the repeats):")

@@ -22,7 +22,7 @@ from mlbench.results.outcome import AllreduceResult, read_result
 from mlbench.results.report import (compare_headers, compare_notes, compare_row, describe_checkpoints,
                                     describe_plugin, describe_result, describe_resumes, run_recovery,
                                     division_text, framework_of, model_plugin_label,
-                                    differs_in_network, family_heading, group_label, is_sweep,
+                                    differs_in_network, family_heading, group_label, had_faults, is_sweep,
                                     run_progress, sweep_table, task_metric)
 from mlbench.results.repeats import RepeatStats
 from mlbench.results.goodput import describe_faults, run_faults
@@ -225,7 +225,7 @@ def _stats(stats: RepeatStats | None) -> dict[str, Any] | None:
             "max": _finite(stats.maximum), "runs": stats.runs, "converged": stats.converged}
 
 
-def _group(g: Group, emulated: bool, metric: Metric) -> dict[str, Any]:
+def _group(g: Group, emulated: bool, metric: Metric, faults: bool) -> dict[str, Any]:
     lead = representative(g)
     sizes = {(row["dtype"], int(row["elements"])): int(row["bytes"])
              for run in g.runs if run.sweep for row in run.sweep.rows}
@@ -237,7 +237,8 @@ def _group(g: Group, emulated: bool, metric: Metric) -> dict[str, Any]:
         "time_to_accuracy": _stats(g.time_to_accuracy), "throughput": _stats(g.throughput),
         "compute_seconds": g.compute_seconds, "communication_seconds": g.communication_seconds,
         "communication_share": g.communication_share, "final_accuracy": g.final_accuracy,
-        "row": compare_row(g, emulated),
+        "goodput": g.goodput, "restarts": g.restarts, "lost_steps": g.lost_steps,
+        "row": compare_row(g, emulated, faults),
         "sweep": [{"dtype": dtype, "bytes": sizes[(dtype, elements)], "value": value}
                   for (dtype, elements), value in sweep_bandwidth(g).items()],
         "runs": [{"id": run.record.id, "name": run.record.name, "lead": run is lead,
@@ -259,22 +260,23 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
     line_labels = family_labels(list(dict.fromkeys(plain.values())))
     emulated = differs_in_network(comparison)
     sweep = is_sweep(comparison)
+    faults = had_faults(comparison)
     metric = task_metric(comparison.task)
     sweep_headers, sweep_rows = sweep_table(comparison) if sweep else ([], [])
     return {
-        "task": comparison.task, "headers": list(compare_headers(emulated, sweep)),
+        "task": comparison.task, "headers": list(compare_headers(emulated, sweep, faults)),
         "usd_per_node_hour": comparison.usd_per_node_hour,
         "notes": compare_notes(comparison),
         "skipped": [{"id": r.id, "state": r.state} for r in comparison.skipped],
         "metric": metric_view(metric), "sweep": sweep,
         "sweep_table": {"headers": sweep_headers, "rows": sweep_rows} if sweep else None,
         "network": network_axis(comparison),
-        "families": [{"label": labels[f], "heading": family_heading(f, emulated), "metric": f.metric,
+        "families": [{"label": labels[f], "heading": family_heading(f, emulated, faults), "metric": f.metric,
                       "goal": f.goal, "goal_text": metric.format(f.goal) if f.goal is not None else None,
                       "goal_display": metric.display(f.goal) if f.goal is not None else None,
                       "network": f.network or None, "bandwidth_bps": f.bandwidth_bps,
-                      "latency_s": f.latency_s,
+                      "latency_s": f.latency_s, "faults": f.faults or None,
                       "line": line_labels[plain[f]],
-                      "groups": [_group(g, emulated, metric) for g in groups]}
+                      "groups": [_group(g, emulated, metric, faults) for g in groups]}
                      for f, groups in families.items()],
     }

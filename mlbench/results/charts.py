@@ -8,7 +8,9 @@ is drawn here from a :class:`~mlbench.results.compare.Comparison`, so the charts
 groups, repeats and families that `mlbench compare` prints. When the runs were made at several
 emulated bandwidths (`mlbench run ... --bandwidth 100mbit,1gbit`), or at one bandwidth and
 several latencies, a fifth figure shows time to accuracy and time per epoch against that
-setting. Task 0a's runs (the all-reduce sweep) have one figure instead: bandwidth against
+setting. When some run was put through faults (`--inject`) or restarted, a figure of fault
+timelines follows: each such run's training loss over the wall clock with its faults and restarts
+marked. Task 0a's runs (the all-reduce sweep) have one figure instead: bandwidth against
 message size. Every value and target is labelled by the
 task's metric (:mod:`mlbench.tasks.metrics`): a perplexity is never drawn as a percentage.
 Figures are drawn on matplotlib's Agg canvas without pyplot: no display, no global state between
@@ -18,8 +20,9 @@ calls.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from collections.abc import Sequence
 
 from mlbench.extras import needs
@@ -27,7 +30,10 @@ from mlbench.frameworks import DEFAULT_FRAMEWORK
 from mlbench.network.settings import format_rate, format_time
 from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, RunResult,
                                      sweep_bandwidth)
-from mlbench.results.report import differs_in_network, group_label, is_sweep, task_metric
+from mlbench.results.events import read_run_events
+from mlbench.results.goodput import FAULTS_SECTION
+from mlbench.results.report import differs_in_network, group_label, had_faults, is_sweep, task_metric
+from mlbench.run_config import RunDocument
 from mlbench.safefile import replacing
 
 if TYPE_CHECKING:
@@ -38,6 +44,8 @@ CHART_NAMES = ("speedup", "cost", "loss-accuracy", "communication")
 #: Task 0a's figure: bandwidth against message size, a line per worker count, network and dtype.
 SWEEP_CHART_NAMES = ("bandwidth",)
 FORMATS = ("png", "svg")
+#: The fault timelines drawn in one figure at most (the first runs with faults, in compare's order).
+MAX_TIMELINES = 6
 _COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
             "#17becf", "#7f7f7f", "#bcbd22")
 _STYLES = ("-", "--", ":", "-.")
@@ -52,9 +60,11 @@ def write_charts(comparison: Comparison, out_dir: str | Path,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     drawers = {"speedup": speedup_chart, "cost": cost_chart, "loss-accuracy": loss_accuracy_chart,
-               "communication": communication_chart, "network": network_chart, "bandwidth": bandwidth_chart}
+               "communication": communication_chart, "network": network_chart, "bandwidth": bandwidth_chart,
+               "faults": fault_chart}
     names: tuple[str, ...] = SWEEP_CHART_NAMES if is_sweep(comparison) else CHART_NAMES
     names += ("network",) if network_axis(comparison) and not is_sweep(comparison) else ()
+    names += ("faults",) if had_faults(comparison) and not is_sweep(comparison) else ()
     written = []
     for name in names:
         fig = drawers[name](comparison)
@@ -76,6 +86,7 @@ def family_labels(families: Sequence[Family]) -> dict[Family, str]:
         "goal": lambda f: (f"goal {task_metric(f.task).format(f.goal)}" if f.goal is not None
                            else "no goal"),
         "network": lambda f: f"network {f.network}" if f.network else "network not emulated",
+        "faults": lambda f: f.faults or "no faults",
     }
     varying = [k for k, text in fields.items() if len({text(f) for f in families}) > 1]
     shown = varying or ["optimizer", "hardware"]
@@ -350,6 +361,80 @@ def bandwidth_chart(comparison: Comparison) -> Figure:
         _footnote(fig, "nccl-tests' bus bandwidth (algorithm bandwidth on one worker); median of the repeats")
     else:
         _empty(ax, "no measurement above 0 GB/s")
+    return fig
+
+
+@dataclass(frozen=True)
+class FaultTimeline:
+    """One run on its wall clock, in seconds from the workers' start (the origin of goodput's
+    wall time): rank 0's training loss as it was logged, each fault as it was applied and each
+    restart of the group. The wall clock, not the training time, because a restarted group
+    continues the training time of its checkpoint: on it, the work lost and redone would overlap
+    and the time the recovery took would not show."""
+
+    loss: list[tuple[float, float]]
+    faults: list[tuple[float, str, bool]]          # (seconds, "kill of rank 1", missed)
+    restarts: list[tuple[float, float | None]]     # (seconds of the verdict, seconds to recover)
+
+
+def fault_timeline(run: RunResult) -> FaultTimeline:
+    """:class:`FaultTimeline` of a run, from its events and run.json's ``faults`` section."""
+    start = run.record.started_at or 0.0
+    loss = [(float(e["time"]) - start, float(e["value"])) for e in read_run_events(run.record.run_dir)
+            if e["name"] == "train/loss" and e.get("rank", 0) == 0]
+    document = RunDocument.load_or_none(run.record.run_dir)
+    section: dict[str, Any] = (document.extra.get(FAULTS_SECTION) if document is not None else None) or {}
+    faults = [(float(e["time"]) - start, f"{e.get('kind')} of rank {e.get('rank')}", bool(e.get("missed")))
+              for e in section.get("events") or [] if isinstance(e, dict) and _is_number(e.get("time"))]
+    restarts = [(float(r["at"]) - start, float(r["recovered_s"]) if _is_number(r.get("recovered_s")) else None)
+                for r in section.get("restarts") or [] if isinstance(r, dict) and _is_number(r.get("at"))]
+    return FaultTimeline(loss, faults, restarts)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def fault_chart(comparison: Comparison) -> Figure:
+    """A timeline per run with faults (at most :data:`MAX_TIMELINES`): its training loss over the
+    wall clock, a red line at each applied fault (dotted: missed, its worker was being restarted)
+    and, per restart, a shaded span from the verdict to every rank's first step past the
+    checkpoint (a line only, when it never got that far)."""
+    runs = [run for g in comparison.groups for run in g.runs if run.had_faults]
+    shown = runs[:MAX_TIMELINES]
+    fig = _new_figure(figsize=(8, 1.2 + 2.4 * max(1, len(shown))))
+    axes = fig.subplots(max(1, len(shown)), 1, squeeze=False)[:, 0]
+    for ax, run in zip(axes, shown):
+        timeline = fault_timeline(run)
+        if timeline.loss:
+            t, loss = zip(*timeline.loss)
+            ax.plot(t, loss, color=_colour(0), lw=1.4, label="training loss (rank 0)")
+        for i, (at, recovered) in enumerate(timeline.restarts):
+            label = "restart: verdict to recovery" if i == 0 else None
+            if recovered is None:
+                ax.axvline(at, color="#ff7f0e", lw=1.2, label=label)
+            else:
+                ax.axvspan(at, at + recovered, color="#ff7f0e", alpha=0.25, lw=0, label=label)
+        for i, (at, what, missed) in enumerate(timeline.faults):
+            ax.axvline(at, color="#d62728", lw=1.2, linestyle=":" if missed else "-",
+                       label="fault" if i == 0 else None)
+            ax.text(at, 0.98, f" {what}{' (missed)' if missed else ''}", transform=ax.get_xaxis_transform(),
+                    rotation=90, va="top", ha="left", fontsize=7, color="#d62728")
+        faults = run.faults
+        goodput = f"goodput {100 * faults['goodput']:.1f}%" if faults.get("goodput") is not None else "no goodput"
+        ax.set_title(f"run {run.record.id}, {run.record.workers} workers: {goodput}, "
+                     f"{faults.get('restarts', 0)} restarts, {faults.get('lost_steps', 0)} steps lost",
+                     fontsize=9)
+        ax.set_ylabel("training loss")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # beside: the marks own the plot
+    axes[-1].set_xlabel("wall time since the workers' start (s)")
+    if not shown:
+        _empty(axes[0], "no run with faults")
+    if len(runs) > len(shown):
+        _footnote(fig, f"the first {len(shown)} of {len(runs)} runs with faults")
+    fig.suptitle(f"{comparison.task}: faults and restarts on the training loss", fontsize=11)
     return fig
 
 

@@ -1,12 +1,14 @@
 """`mlbench compare`: runs side by side, grouped so that only like is compared with like.
 
-Runs are grouped by *family* (task, division, optimizer, hardware, goal, emulated network) and,
+Runs are grouped by *family* (task, division, optimizer, hardware, goal, emulated network, the
+injected faults and the recovery policy) and,
 within a family, by worker count; repeats of one configuration fall into one group and are summarised with
 :mod:`mlbench.results.repeats`. Within a family, speedup is relative to the smallest worker count
 present (the original's figures: "speedup relative to one node") and parallel efficiency is the
 speedup divided by the growth in workers. Closed and open division, different optimizers,
-hardware, goals or networks never share a family: a speedup across them would compare two things
-at once.
+hardware, goals, networks or fault settings never share a family: a speedup across them would
+compare two things at once. Runs with faults add their goodput, restarts and lost steps (medians
+over the repeats, from :mod:`mlbench.results.goodput`, as `status RUN` says them).
 
 The measure behind the speedup is time to accuracy (docs/tasks.md); a family without a goal (synthetic
 data, for throughput only) is compared by training throughput instead, and says so. The compute /
@@ -27,6 +29,7 @@ from mlbench.plugins import plugin_label
 from mlbench.results.cost import PriceTable, cost_usd
 from mlbench.network.settings import network_label
 from mlbench.results.events import read_run_events
+from mlbench.results.goodput import fault_setting, had_faults, run_faults
 from mlbench.results.repeats import RepeatStats, repeat_stats
 from mlbench.results.outcome import AllreduceResult, Outcome, TrainingResult, read_result
 from mlbench.results.store import FINISHED, RunRecord, RunStore
@@ -103,6 +106,8 @@ class RunResult:
     hardware: str
     losses: list[tuple[float, float]] = field(default_factory=list)
     network: dict[str, Any] | None = None   # run.json's emulated network, None: as it was
+    #: :func:`mlbench.results.goodput.run_faults`: the faults, restarts and goodput, as `status` says
+    faults: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def load(cls, record: RunRecord) -> RunResult:
@@ -112,7 +117,13 @@ class RunResult:
         config = document.config if document else None
         environment = summary.environment or (document.environment if document else {})
         return cls(record, summary, config, hardware_label(config.device if config else None, environment),
-                   loss_curve(events), document.extra.get("network") if document else None)
+                   loss_curve(events), document.extra.get("network") if document else None,
+                   run_faults(record, summary, events))
+
+    @property
+    def had_faults(self) -> bool:
+        """Whether faults were injected into the run or it restarted after a failure."""
+        return had_faults(self.faults)
 
     @property
     def outcome(self) -> Outcome | None:
@@ -183,6 +194,8 @@ class Family:
     latency_s: float = 0.0             # the emulated network's one-way latency
     model: str = ""                    # a model plug-in's name@sha; "": the task's own model
     framework: str = "pytorch"         # mlbench.frameworks: which framework trained
+    #: the --inject schedules and --on-failure policy (goodput.fault_setting); "": neither
+    faults: str = ""
 
     @property
     def metric(self) -> str:
@@ -210,6 +223,16 @@ class Group:
     #: no run recorded them
     peak_memory_bytes: float | None = None   # the largest rank's CUDA peak on a GPU, else its RSS peak
     utilisation: float | None = None         # achieved FLOP/s over the devices' peak
+    #: medians over the runs of what faults cost them (mlbench.results.goodput); None: no run
+    #: said (goodput needs a run that trained)
+    goodput: float | None = None             # productive training time / wall time
+    restarts: float | None = None            # restarts of the group per run
+    lost_steps: float | None = None          # steps done after a restart's checkpoint, done again
+
+    @property
+    def had_faults(self) -> bool:
+        """Whether any run of the group was put through faults or restarted."""
+        return any(run.had_faults for run in self.runs)
 
     @property
     def communication_share(self) -> float | None:
@@ -286,7 +309,8 @@ def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = Non
         family = Family(record.task, record.division, record.optimizer, run.hardware, run.goal,
                         network_label(run.network), (run.network or {}).get("bandwidth_bps"),
                         float((run.network or {}).get("latency_s") or 0.0), run.model_plugin,
-                        run.config.framework if run.config is not None else "pytorch")
+                        run.config.framework if run.config is not None else "pytorch",
+                        fault_setting(run.faults))
         buckets[(family, record.workers)].append(run)
     groups = [_group(f, k, runs, usd_per_node_hour)
               for (f, k), runs in sorted(buckets.items(), key=lambda item: _sort_key(*item[0]))]
@@ -300,7 +324,7 @@ def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = Non
 
 def _sort_key(family: Family, workers: int) -> tuple:
     return (family.framework, family.division, family.optimizer, family.model, family.hardware, family.goal or 0.0,
-            family.bandwidth_bps or math.inf, family.network, workers)
+            family.bandwidth_bps or math.inf, family.network, family.faults, workers)
 
 
 def _group(family: Family, workers: int, runs: list[RunResult], usd: float | None) -> Group:
@@ -320,7 +344,10 @@ def _group(family: Family, workers: int, runs: list[RunResult], usd: float | Non
         final_accuracy=median(accuracies) if accuracies else None,
         compute_seconds=compute, communication_seconds=communication,
         cost=_costs(runs, usd), metric=next((o.goal_metric for o in outcomes if o is not None), None),
-        peak_memory_bytes=_median([m for m in memory if m is not None]), utilisation=_median(utilisation))
+        peak_memory_bytes=_median([m for m in memory if m is not None]), utilisation=_median(utilisation),
+        goodput=_median([run.faults["goodput"] for run in runs if run.faults.get("goodput") is not None]),
+        restarts=_median([run.faults.get("restarts", 0) for run in runs]),
+        lost_steps=_median([run.faults.get("lost_steps", 0) for run in runs]))
 
 
 def _median(values: list[float] | list[int]) -> float | None:

@@ -108,6 +108,25 @@ def run_faults(record: RunRecord, summary: RunSummary,
     }
 
 
+def fault_setting(faults: dict[str, Any]) -> str:
+    """What a run was put through, from :func:`run_faults`: its ``--inject`` schedules and its
+    ``--on-failure`` policy, as compare's family key and heading ("" for a run with neither, the
+    default). Runs under different schedules or policies measure different things, so they never
+    share a family; the text is the options as given, so repeats of one setting share it."""
+    injected = [str(text) for text in faults.get("injected") or []]
+    policy = faults.get("on_failure")
+    if not injected and policy in (None, "fail"):
+        return ""
+    schedule = f"inject {' + '.join(injected)}" if injected else "no faults injected"
+    return f"{schedule}; on failure {policy or 'fail'}"
+
+
+def had_faults(faults: dict[str, Any]) -> bool:
+    """Whether a run was put through faults or recovered from a failure (any injected schedule
+    or restart): then compare shows the goodput columns."""
+    return bool(faults.get("injected") or faults.get("restarts"))
+
+
 def describe_faults(faults: dict[str, Any]) -> list[tuple[str, str]]:
     """The `status RUN` rows (label, text) of :func:`run_faults`: the faults and what they cost
     when any were injected or the run restarted, the goodput of a run that trained, and the

@@ -97,6 +97,9 @@ def run_progress(record: RunRecord, summary: RunSummary | None = None) -> RunPro
 COMPARE_HEADERS = ("WORKERS", "CONVERGED", "TIME TO GOAL", "MIN..MAX", "OLYMPIC MEAN", "SPEEDUP",
                    "EFFICIENCY", "COMPUTE/COMM.", "SAMPLES/S", "PEAK MEM", "MFU", "METRIC",
                    "COST TO GOAL")
+#: Added when some compared run had faults: goodput (training time / wall time), restarts and
+#: steps lost and redone per run, medians over the repeats (mlbench.results.goodput).
+FAULT_HEADERS = ("GOODPUT", "RESTARTS", "STEPS LOST")
 #: Task 0a's table: per worker count its headline figures over the repeats (medians).
 SWEEP_HEADERS = ("WORKERS", "RUNS", "PEAK BANDWIDTH", "LATENCY")
 
@@ -112,17 +115,28 @@ def differs_in_network(comparison: Comparison) -> bool:
     return any(g.family.network for g in comparison.groups)
 
 
-def compare_headers(emulated: bool = False, sweep: bool = False) -> tuple[str, ...]:
+def had_faults(comparison: Comparison) -> bool:
+    """Whether some run compared was put through faults or restarted: then every table shows
+    what they cost (:data:`FAULT_HEADERS`) and every heading its fault setting."""
+    return any(g.had_faults for g in comparison.groups)
+
+
+def compare_headers(emulated: bool = False, sweep: bool = False, faults: bool = False) -> tuple[str, ...]:
     """The columns of a family's table (task 0a's ``sweep``), with the network column when some
-    family ran on an emulated one."""
+    family ran on an emulated one and the goodput columns when some run had ``faults``."""
     headers = SWEEP_HEADERS if sweep else COMPARE_HEADERS
+    if faults and not sweep:
+        headers = (*headers, *FAULT_HEADERS)
     return (headers[0], "NETWORK", *headers[1:]) if emulated else headers
 
 
-def family_heading(family: Family, emulated: bool = False) -> str:
+def family_heading(family: Family, emulated: bool = False, faults: bool = False) -> str:
     """What the runs of one table have in common, and the measure of their speedup
-    (``emulated``: some family ran on an emulated network, so each says its network)."""
+    (``emulated``: some family ran on an emulated network, so each says its network;
+    ``faults``: some run had faults, so each says its --inject and --on-failure)."""
     network = f"network {family.network or 'not emulated'} | " if emulated else ""
+    if faults:
+        network += f"{family.faults or 'no faults'} | "
     spec = TASKS.get(family.task)
     if spec is not None and spec.kind == "allreduce":
         return (f"{family.task} | all-reduce sweep | {family.hardware} | {network}"
@@ -136,7 +150,7 @@ def family_heading(family: Family, emulated: bool = False) -> str:
             f"{family.hardware} | {network}{goal} | {metric}")
 
 
-def compare_row(g: Group, emulated: bool = False) -> list[str]:
+def compare_row(g: Group, emulated: bool = False, faults: bool = False) -> list[str]:
     """One worker count of a family, in the columns of :func:`compare_headers`."""
     network = [g.family.network or "-"] if emulated else []
     metric = g.metric or task_metric(g.family.task)
@@ -162,7 +176,14 @@ def compare_row(g: Group, emulated: bool = False) -> list[str]:
         format_fraction(g.utilisation),
         metric.cell(g.final_accuracy),
         cost,
+        *(_fault_cells(g) if faults else []),
     ]
+
+
+def _fault_cells(g: Group) -> list[str]:
+    """GOODPUT, RESTARTS, STEPS LOST of one group (medians of its runs)."""
+    goodput = f"{100 * g.goodput:.1f}%" if g.goodput is not None else "-"
+    return [goodput, *("-" if v is None else f"{v:g}" for v in (g.restarts, g.lost_steps))]
 
 
 def group_label(g: Group, emulated: bool = False) -> str:
@@ -201,6 +222,10 @@ def compare_notes(comparison: Comparison) -> list[str]:
     notes = [("Time to accuracy: training time to the goal, evaluation excluded; median over the "
               "repeats, olympic mean without the fastest and slowest run; a run that missed the "
               "goal counts as the slowest.")]
+    if had_faults(comparison):
+        notes.append("Goodput: training time / wall time, as `status RUN` says it (docs/faults.md); restarts "
+                     "and steps lost (done after the checkpoint a restart went back to, and done again) per "
+                     "run; medians over the repeats.")
     if comparison.usd_per_node_hour is None:
         notes.append("Cost: local runs cost nothing unless priced (--price-per-hour USD or --instance NAME).")
     else:
@@ -446,6 +471,7 @@ def _group(group: Group) -> dict[str, Any]:
         "cost_to_accuracy": _stats(group.cost) if goal and group.cost is not None else None,
         "peak_memory_bytes": group.peak_memory_bytes,
         "utilisation": group.utilisation,
+        "goodput": group.goodput, "restarts": group.restarts, "lost_steps": group.lost_steps,
         **({"latency_us": sweep_latency(group),
             "sweep": [{"dtype": dtype, "elements": elements, "bandwidth_gbps": value}
                       for (dtype, elements), value in sweep_bandwidth(group).items()]}
@@ -462,7 +488,7 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
         "families": [{
             "task": family.task, "framework": family.framework, "division": family.division,
             "optimizer": family.optimizer, "hardware": family.hardware, "network": family.network, "goal": family.goal,
-            "measure": family.metric,
+            "faults": family.faults or None, "measure": family.metric,
             "groups": [_group(g) for g in groups],
         } for family, groups in comparison.families().items()],
         "skipped": [{"id": r.id, "state": r.state} for r in comparison.skipped],

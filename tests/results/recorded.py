@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlbench.launch.faults import parse_inject, parse_on_failure
 from mlbench.results.events import FileSink
 from mlbench.results.store import FINISHED, RunRecord, RunStore
 from mlbench.tasks.records import spec_to_dict
@@ -28,17 +29,30 @@ def record_run(store: RunStore, *, workers: int, task: str = "task1a", tta: floa
                device: str = "cpu", group_id: str | None = None,
                result_extra: dict[str, Any] | None = None, network: dict[str, Any] | None = None,
                final: float | None = None, nodes: int | None = None,
-               on_this_machine: bool | None = None, framework: str | None = None) -> RunRecord:
+               on_this_machine: bool | None = None, framework: str | None = None,
+               inject: tuple[str, ...] = (), on_failure: str = "fail",
+               restarts: tuple[dict[str, Any], ...] = ()) -> RunRecord:
     """A run whose events and result say exactly what the arguments say; ``final`` is the goal
     metric's last value (the task's: accuracy, perplexity, BLEU; default 0.9 or 0.5 accuracy);
     ``nodes`` and ``on_this_machine`` as its launcher records them (None: a run.json from before
-    it did)."""
+    it did); ``inject`` and ``on_failure`` as `run --inject/--on-failure` take them, ``restarts``
+    the entries of run.json's ``faults.restarts`` (each a kill of rank 1 it answered)."""
     spec = TASKS[task]
     metric = spec.metric
     run_json = {"task": task, "division": division, "changed": [],
                 "config": {"task": spec_to_dict(spec), "workers": workers, "device": device,
                            "seed": seed, "data": "real" if goal is not None else "synthetic"},
                 "environment": environment or ENVIRONMENT}
+    if inject or on_failure != "fail":
+        policy, max_restarts = parse_on_failure(on_failure)
+        run_json["config"].update(faults=[parse_inject(text) for text in inject], on_failure=policy,
+                                  max_restarts=max_restarts)
+        # the workers start at T0 - 5 (started_at below); kill i at 30 (i + 1) s, its verdict 0.5 s later
+        kills = [{"kind": "kill", "rank": 1, "at": 30.0 * (i + 1), "time": T0 - 5.0 + 30.0 * (i + 1),
+                  "schedule": 0, "action": "restart", "lost_steps": r.get("lost_steps", 0)}
+                 for i, r in enumerate(restarts)]
+        run_json["faults"] = {"events": kills, "restarts": [{"fault": i, "at": kill["time"] + 0.5, **r}
+                                                            for i, (r, kill) in enumerate(zip(restarts, kills))]}
     if framework is not None:  # None: a run.json from before there was a choice (PyTorch's)
         run_json["config"]["framework"] = framework
     if network is not None:  # the emulated network, as NetworkSettings.to_dict() records it

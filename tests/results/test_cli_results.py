@@ -3,6 +3,8 @@
 Usage errors are one line on stderr and exit code 2, never a traceback.
 """
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
@@ -120,3 +122,53 @@ def test_charts_add_the_network_figure_for_runs_at_several_bandwidths(store, tmp
 def test_prices_lists_the_table_with_the_original_figures():
     out = invoke("prices").stdout
     assert "n1-standard-4:preemptible" in out and "0.04" in out and "nvidia-tesla-k80:preemptible" in out
+
+
+def test_compare_shows_goodput_restarts_and_lost_steps_when_a_run_had_faults(store):
+    kills = "kill:rank=1,every=90s"
+    clean = record_run(store, workers=2, tta=50.0, wall=60.0)
+    faulty = record_run(store, workers=2, tta=10.0, wall=20.0, inject=(kills,), on_failure="restart",
+                        restarts=({"lost_steps": 7},))
+    result = invoke("compare", clean.id, faulty.id)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "GOODPUT    RESTARTS    STEPS LOST" in result.output
+    heading = next(i for i, line in enumerate(lines) if f"inject {kills}; on failure restart:3 |" in line)
+    row = lines[heading + 3].split()   # heading, column names, rule, the row of 2 workers
+    assert row[0] == "2" and row[-3:] == ["60.6%", "1", "7"]   # 10 s of training in 16.5 s
+    assert any("| no faults |" in line for line in lines)
+
+    data = json.loads(invoke("compare", clean.id, faulty.id, "-o", "json").output)
+    by_faults = {f["faults"]: f["groups"][0] for f in data["families"]}
+    assert set(by_faults) == {None, f"inject {kills}; on failure restart:3"}
+    assert by_faults[f"inject {kills}; on failure restart:3"]["restarts"] == 1
+    assert by_faults[f"inject {kills}; on failure restart:3"]["lost_steps"] == 7
+    assert by_faults[None]["goodput"] == 10 / 16.5
+
+    assert "GOODPUT" not in invoke("compare", clean.id).output
+
+
+def test_charts_draw_the_fault_timeline_of_runs_with_faults(store, tmp_path):
+    from mlbench.results.charts import fault_chart, fault_timeline
+    from mlbench.results.compare import compare_runs
+
+    clean = record_run(store, workers=2, tta=50.0, wall=60.0)
+    faulty = record_run(store, workers=2, tta=None, train_time=60.0, inject=("kill:rank=1,every=30s",),
+                        on_failure="restart", restarts=({"lost_steps": 7, "recovered_s": 2.5}, {"lost_steps": 3}))
+    comparison = compare_runs([clean, faulty])
+    [run] = [r for g in comparison.groups for r in g.runs if r.had_faults]
+    timeline = fault_timeline(run)
+    # wall seconds from the workers' start (T0 - 5): losses logged at T0 + 30 and T0 + 60
+    assert timeline.loss == [(35.0, 2.0), (65.0, 1.0)]
+    assert timeline.faults == [(30.0, "kill of rank 1", False), (60.0, "kill of rank 1", False)]
+    assert timeline.restarts == [(30.5, 2.5), (60.5, None)]
+    figure = fault_chart(comparison)
+    [ax] = figure.axes
+    assert [t.get_text().strip() for t in ax.texts] == ["kill of rank 1", "kill of rank 1"]
+    assert ax.get_title() == f"run {faulty.id}, 2 workers: goodput 90.2%, 2 restarts, 10 steps lost"
+
+    result = invoke("charts", clean.id, faulty.id, "--out-dir", tmp_path, "--format", "svg")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "task1a-faults.svg").stat().st_size > 0
+    plain = invoke("charts", clean.id, "--out-dir", tmp_path / "plain", "--format", "svg")
+    assert plain.exit_code == 0 and not (tmp_path / "plain" / "task1a-faults.svg").exists()

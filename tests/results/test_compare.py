@@ -171,3 +171,51 @@ def test_hardware_is_the_gpu_model_on_cuda_and_the_cpu_otherwise():
 def test_time_to_accuracy_families_say_so(scaling):
     [family] = compare_runs(scaling).families()
     assert family.metric == TIME_TO_ACCURACY and family.goal == 0.8 and family.hardware == "Test CPU (8 cores)"
+
+
+KILLS = "kill:rank=1,every=90s"
+RESTART_FAMILY = f"inject {KILLS}; on failure restart:3"
+
+
+@pytest.fixture
+def faulty(store):
+    """task1a on 2 workers: 2 clean repeats; 2 under kills with restarts (1 restart losing 7
+    steps, 2 losing 3 + 5); 1 under the same kills failing on a failure; 1 without faults but
+    ready to restart. Wall = train time + 6.5 s (recorded.py), so goodput = T / (T + 6.5)."""
+    return {
+        "clean": [record_run(store, workers=2, tta=50.0, wall=60.0, seed=i) for i in range(2)],
+        "restart": [record_run(store, workers=2, tta=t, wall=t + 10, seed=i, train_time=t, inject=(KILLS,),
+                               on_failure="restart", restarts=r)
+                    for i, (t, r) in enumerate([(10.0, ({"lost_steps": 7},)),
+                                                (20.0, ({"lost_steps": 3}, {"lost_steps": 5}))])],
+        "fail": [record_run(store, workers=2, tta=40.0, wall=50.0, inject=(KILLS,))],
+        "ready": [record_run(store, workers=2, tta=45.0, wall=55.0, on_failure="restart:2")],
+    }
+
+
+def test_fault_schedules_and_policies_are_families_of_their_own_with_their_goodput(faulty):
+    comparison = compare_runs([run for runs in faulty.values() for run in runs])
+    families = {f.faults: groups for f, groups in comparison.families().items()}
+    assert sorted(families) == ["", f"inject {KILLS}; on failure fail", RESTART_FAMILY,
+                                "no faults injected; on failure restart:2"]
+    assert all(len(groups) == 1 and groups[0].speedup == 1.0 for groups in families.values())
+    [restarted] = families[RESTART_FAMILY]
+    assert [run.record.id for run in restarted.runs] == [run.id for run in faulty["restart"]]
+    assert restarted.goodput == (10 / 16.5 + 20 / 26.5) / 2
+    assert (restarted.restarts, restarted.lost_steps, restarted.had_faults) == (1.5, 7.5, True)
+    [clean] = families[""]
+    assert clean.goodput == 10 / 16.5
+    assert (clean.restarts, clean.lost_steps, clean.had_faults) == (0, 0, False)
+    assert families["no faults injected; on failure restart:2"][0].had_faults is False
+
+    from mlbench.dashboard.views import comparison_document   # the dashboard's compare page
+    document = comparison_document(comparison)
+    assert document["headers"][-3:] == ["GOODPUT", "RESTARTS", "STEPS LOST"]
+    shown = {f["faults"]: f for f in document["families"]}
+    assert shown[RESTART_FAMILY]["groups"][0]["row"][-3:] == ["68.0%", "1.5", "7.5"]
+    assert shown[None]["groups"][0]["row"][-3:] == ["60.6%", "0", "0"]
+    assert RESTART_FAMILY in shown[RESTART_FAMILY]["heading"] and "| no faults |" in shown[None]["heading"]
+    assert any(note.startswith("Goodput: ") for note in document["notes"])
+
+    plain = comparison_document(compare_runs(faulty["clean"] + faulty["ready"]))
+    assert "GOODPUT" not in plain["headers"] and not any("faults" in f["heading"] for f in plain["families"])
