@@ -153,15 +153,18 @@ class RunInfo:
 @dataclass(frozen=True, kw_only=True)
 class Run(RunInfo):
     """One run with everything `mlbench status RUN` shows: the summary of its metric events over
-    every worker, its result as recorded and the result sentence, its checkpoints and resumes."""
+    every worker, its systems metrics, its result as recorded and the result sentence, its
+    checkpoints and resumes, its faults."""
 
     summary: dict[str, Any]
+    system: dict[str, Any] | None   # peak memory, step-time spread, FLOP/s (docs/system-metrics.md)
     optimizer_plugin: dict[str, Any] | None
     model_plugin: dict[str, Any] | None
     result: dict[str, Any] | None
     result_sentence: str | None
     checkpoints: dict[str, Any] | None
     resumes: list[dict[str, Any]]
+    faults: dict[str, Any] | None   # injected faults, restarts, goodput (docs/faults.md)
     allreduce: dict[str, Any] | None = None   # task0a: the latency and bandwidth sweep
 
     def to_dict(self) -> dict[str, Any]:

@@ -231,7 +231,7 @@ def test_the_api_takes_every_option_of_mlbench_run_with_its_default():
     given = command.make_context("run", ["task2a", "2"]).params  # what the command receives
     for option in options:
         name = CLI_TO_API.get(option.name, option.name)
-        default, cli_default = plan_params[name].default, given[option.name]
+        default, cli_default = (plan_params.get(name) or run_params[name]).default, given[option.name]
         if option.is_flag and name in CLI_TO_API.values():
             assert default is (not cli_default), name  # --no-stop: stop_at_goal=True
         else:
