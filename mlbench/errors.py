@@ -32,3 +32,14 @@ class RunNotFound(UsageError):
 
 class ClusterError(MlbenchError):
     """A cluster could not be created, reached or deleted."""
+
+
+def peer_consequence(message: str) -> int:
+    """How surely a worker's error ``message`` only follows from another rank's failure: 2 a
+    peer's closed or reset connection (gloo says so in several ways), 1 a timeout waiting for a
+    peer, 0 a rank's own error. Who is blamed for a failed run is the rank with the lowest."""
+    text = message.lower()
+    if any(words in text for words in ("connection closed by peer", "connection reset by peer",
+                                       "caused by a remote worker crashing")):
+        return 2
+    return 1 if "timed out" in text or "timeout" in text else 0

@@ -88,8 +88,10 @@ def test_time_budget_gives_accuracy_after_time(cifar_dir):
         result = run.result
         assert run.state == "finished" and result["stop_reason"] == "time-budget"
         # stopped within a few steps of the budget, then evaluated once more; the workers stop
-        # when the first of them has spent it, so rank 0's own clock may be a few ms short
-        assert result["train_time"] >= 2.9
+        # when the first of them has spent it, whose clock may lead rank 0's (under load by most
+        # of a second: rank 0 also writes the events): some rank's training clock reached it
+        spent = max(e["value"] for e in events(run) if e["name"] == "train/time")
+        assert spent >= 2.9, spent
         # "a few steps" counted, not timed (a loaded machine stretches every step): the budget
         # is checked about every BUDGET_CHECK_SECONDS of training at the pace seen so far
         clock = [(e["step"], e["value"]) for e in events(run) if e["name"] == "train/time" and e["rank"] == 0]

@@ -80,11 +80,12 @@ def test_a_killed_worker_restarted_from_checkpoints_of_every_step_ends_with_the_
 
 
 def test_a_stalled_worker_is_found_by_the_watchdog_and_the_group_restarted(libsvm_dir):
-    mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), *OPTIONS, "--max-steps", "100",
-            "--checkpoint-every", "10steps", "--watchdog", "5s", "--inject", "stall:rank=1,at=1s",
+    # enough steps that the stall at 1 s falls inside training on an idle machine too
+    mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), *OPTIONS, "--max-steps", "1500",
+            "--checkpoint-every", "50steps", "--watchdog", "5s", "--inject", "stall:rank=1,at=1s",
             "--on-failure", "restart:1", check=True)
     run = RunStore().list()[-1]
-    assert run.state == "finished" and run.result["steps"] == 100
+    assert run.state == "finished" and run.result["steps"] == 1500
     faults = _status(run.id)["faults"]
     event = faults["events"][0]
     assert (event["kind"], event["rank"], event["action"]) == ("stall", 1, "restart")

@@ -210,7 +210,11 @@ def test_a_rank_that_stops_calling_collectives_is_blamed_not_the_peer_waiting_fo
     assert record.state == "failed"
     assert record.reason.startswith("rank 1 made no progress for ")
     assert " while rank 0 waited for it in a collective (last step " in record.reason
-    assert "in sitecustomize.py:7 in _sleep; watchdog bound max(8 s, 10 x median step " in record.reason
+    # the step bound while it trains; the startup bound (10 x 8 s) where the stop lands in an
+    # evaluation, which a loaded machine makes likelier
+    assert ("in sitecustomize.py:7 in _sleep; watchdog bound max(8 s, 10 x median step " in record.reason
+            or ("evaluation, in sitecustomize.py:7 in _sleep; startup bound 80 s, 10 x the watchdog's 8 s"
+                in record.reason)), record.reason
     assert "rank 1 made no progress" in err
     assert not any(pid_alive(p) for p in workers)
 

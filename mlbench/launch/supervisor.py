@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlbench.errors import peer_consequence
 from mlbench.frameworks import PYTORCH, get_framework
 from mlbench.launch.forked import ForkedProcess, fork_worker, forking_allowed
 from mlbench.launch.injector import FaultRecord, Injector
@@ -274,8 +275,10 @@ class WorkerProcesses:
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             # a worker killed by a signal is the cause; the others' connection errors are its
-            # consequence, even when they are seen in the same poll
-            rank, code = min(failed, key=lambda rank_code: (rank_code[1] >= 0, rank_code[0]))
+            # consequence, even when they are seen in the same poll; among ranks that exited with
+            # an error, the one whose recorded error is its own (not a peer's closed connection)
+            rank, code = min(failed, key=lambda rank_code: (
+                rank_code[1] >= 0, peer_consequence(rank_error(self.run_dir, rank_code[0]) or ""), rank_code[0]))
             self.failed((rank,), self.failure_reason(rank, code))
         elif all(c == 0 for c in codes):
             self.stop_all()  # nothing left to stop but the emulated network

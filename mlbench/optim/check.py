@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlbench.errors import peer_consequence
 from mlbench.optim.descriptors import OptimizerInfo, optimizer_info
 from mlbench.optim.plugins import Plugin, resolve_optimizer
 
@@ -206,22 +207,13 @@ def _failure(errors: dict[int, str], missing: list[int], settings: Settings) -> 
         return "the one-process reference" if role == REFERENCE else f"rank {role}"
     # a rank's own error first: its peers' timeouts only follow from it, and a closed connection
     # from a peer that already ended (which of the two a loaded machine shows first varies)
-    ordered = sorted(errors.items(), key=lambda item: (_consequence(item[1]), item[0]))
+    ordered = sorted(errors.items(), key=lambda item: (peer_consequence(item[1]), item[0]))
     if ordered:
         role, message = ordered[0]
         hint = " (a rank that skips a collective makes its peers wait)" if "timed out" in message.lower() else ""
         return f"{who(role)}: {message}{hint}"
     return (f"{', '.join(who(r) for r in missing)} did not finish in {2 * settings.timeout_s + 60:.0f} s "
             "(a rank that skips a collective makes its peers wait)")
-
-
-def _consequence(message: str) -> int:
-    """How surely ``message`` only follows from another rank's failure: 2 a peer's closed
-    connection, 1 a timeout waiting for a peer, 0 a rank's own error."""
-    text = message.lower()
-    if "connection closed by peer" in text or "connection reset by peer" in text:
-        return 2
-    return 1 if "timed out" in text or "timeout" in text else 0
 
 
 # -- in each process -----------------------------------------------------------------------------
