@@ -295,20 +295,25 @@ class PodSupervisor:
                     print(f"supervisor: logs of run {run_id} not kept: {type(err).__name__}: "
                           f"{str(err)[:300]}", file=sys.stderr)
                 self.store.mark_ended(run_id, state, reason=reason, result=result)
-        self.cleanup(run_id)
+        self.cleanup(run_id, at_once=state == FAILED)
 
-    def cleanup(self, run_id: str) -> None:
-        """Delete a run's pods, headless Service and ConfigMap (what is already gone is fine)."""
+    def cleanup(self, run_id: str, at_once: bool = False) -> None:
+        """Delete a run's pods, headless Service and ConfigMap (what is already gone is fine).
+
+        ``at_once``: the pods of a failed run, whose logs are kept already, go without a grace
+        period: a stopped or hung worker cannot answer SIGTERM, and waiting for it only keeps the
+        node's resources (on a loaded node, past the 90 s within which the run's objects go)."""
         with needs("kubernetes"):
             from kubernetes.client.exceptions import ApiException
 
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{RUN_LABEL}={run_id}").items
-        calls = [(self.core.delete_namespaced_pod, p.metadata.name) for p in pods]
-        calls += [(self.core.delete_namespaced_service, run_name(run_id)),
-                  (self.core.delete_namespaced_config_map, run_name(run_id))]
-        for delete, name in calls:
+        grace = {"grace_period_seconds": 0} if at_once else {}
+        calls = [(self.core.delete_namespaced_pod, p.metadata.name, grace) for p in pods]
+        calls += [(self.core.delete_namespaced_service, run_name(run_id), {}),
+                  (self.core.delete_namespaced_config_map, run_name(run_id), {})]
+        for delete, name, options in calls:
             try:  # the raw answer: some client versions fail to parse the Status that deletes return
-                delete(name, self.namespace, _preload_content=False)
+                delete(name, self.namespace, _preload_content=False, **options)
             except ApiException as err:
                 if err.status != 404:
                     raise
