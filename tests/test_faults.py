@@ -51,11 +51,12 @@ def test_schedules_repeat_exactly_and_bad_ones_are_refused_in_one_line(libsvm_di
 
 
 def test_a_killed_worker_restarted_from_checkpoints_of_every_step_ends_with_the_uninterrupted_parameters(libsvm_dir):
-    RUN = ("task2a", "2", "--data-dir", str(libsvm_dir), *OPTIONS, "--max-steps", "120", "--save-model")
+    # enough steps that the kill at 1.5 s falls inside training on an idle machine too
+    RUN = ("task2a", "2", "--data-dir", str(libsvm_dir), *OPTIONS, "--max-steps", "500", "--save-model")
     mlbench("run", *RUN, "--checkpoint-every", "1steps", "--inject", "kill:rank=1,at=1.5s",
             "--on-failure", "restart:2", check=True)
     faulty = RunStore().list()[-1]
-    assert faulty.state == "finished" and faulty.result["steps"] == 120
+    assert faulty.state == "finished" and faulty.result["steps"] == 500
     faults = _status(faulty.id)["faults"]
     assert faults["count"] == 1 and faults["restarts"] == 1 and faults["on_failure"] == "restart:2"
     event = faults["events"][0]
