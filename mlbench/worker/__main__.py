@@ -29,6 +29,7 @@ from pathlib import Path
 
 from mlbench.errors import MlbenchError
 from mlbench.results.events import EventWriter, FileSink
+from mlbench.worker.failures import record_error, stalled_peer
 from mlbench.results.http_sink import beat_sender, open_sink
 from mlbench.run_config import RunConfig, RunDocument
 from mlbench.worker.group import init_group, leave_group
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     # pod, else by the service's own watchdog, whose verdict comes back in the answer)
     watch_peers = isinstance(sink, FileSink) and launch.source != MLBENCH and not os.environ.get(SUPERVISED_ENV)
     heartbeat = Heartbeat(args.run_dir, launch.rank, config.workers, watchdog_s=config.watchdog_s,
-                          watch_peers=watch_peers, on_stall=functools.partial(_stalled_peer, events),
+                          watch_peers=watch_peers, on_stall=functools.partial(stalled_peer, events),
                           send=beat_sender(args.run_dir, document.id)).start()
     return run_worker(config, launch.rank, events, store_fd=args.store_fd, run_dir=args.run_dir,
                       launch=launch, iface=args.iface, heartbeat=heartbeat, stop_requested=stop)
@@ -145,14 +146,14 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
         leave_group()
         return 0
     except MlbenchError as err:
-        _record_error(events, str(err))
+        record_error(events, str(err))
         print(f"Error: {err}", file=sys.stderr)
         return 1
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as err:
         traceback.print_exc()
-        _record_error(events, f"{type(err).__name__}: {err}".splitlines()[0][:500])
+        record_error(events, f"{type(err).__name__}: {err}".splitlines()[0][:500])
         return 1
     finally:
         if heartbeat is not None:
@@ -188,38 +189,15 @@ def _end_even_when_blocked(events: EventWriter, grace_s: float = SIGTERM_GRACE_S
     threading.Thread(target=wait_for_sigterm, name="sigterm-watch", daemon=True).start()
 
 
-def _stalled_peer(events: EventWriter, reason: str, record: bool) -> None:
-    """The peers' watchdog found a stalled rank (workers without a supervisor): the first rank
-    not blamed records the reason as its error; every one not blamed exits with 1 at once (its
-    main thread may wait in a collective that never returns), so the launcher ends the rest."""
-    message = f"watchdog: {reason}"
-    if record:
-        _record_error(events, message)
-    print(f"Error: {message}", file=sys.stderr, flush=True)
-    try:
-        events.close()
-    except Exception:  # exiting regardless; the log has the reason
-        pass
-    os._exit(1)
-
-
 def _record_refusal(run_dir: Path, rank: int, run_id: str | None, message: str) -> None:
     """Record why a worker refused to start as its ``error`` event, so that the run is marked
     failed with that reason: under torchrun, srun or mpirun no mlbench process watches the run,
-    which would otherwise stay pending for ever. Best effort, as :func:`_record_error`."""
+    which would otherwise stay pending for ever. Best effort, as :func:`mlbench.worker.failures.record_error`."""
     try:
         events = EventWriter(open_sink(run_dir, rank, run_id), rank)
-        _record_error(events, message)
+        record_error(events, message)
         events.close()
     except (MlbenchError, OSError) as err:
-        print(f"could not record the error event: {err}", file=sys.stderr)
-
-
-def _record_error(events: EventWriter, message: str) -> None:
-    """Best effort: the error event may itself fail (a full disk); the log still has it."""
-    try:
-        events.emit("error", message, epoch=0, step=0)
-    except OSError as err:
         print(f"could not record the error event: {err}", file=sys.stderr)
 
 

@@ -33,6 +33,7 @@ from mlbench.run_config import RunConfig, RunDocument
 from mlbench.tasks.classification import ClassificationSettings, learning_rate
 from mlbench.tasks.metrics import get_metric
 from mlbench.tasks.scoring import TOTALS, metrics_of, score_outputs
+from mlbench.worker.failures import record_error, stalled_peer
 from mlbench.worker.heartbeat import SUPERVISED_ENV, Heartbeat
 from mlbench.worker.launcher_env import MLBENCH, check_world_size, launcher_env
 
@@ -309,26 +310,6 @@ class PortTrainer:
             train_time=self.train_time(), eval_time=self.eval_time, epochs=self._epoch(), steps=self.step,
             stop_reason=stop_reason, bytes_sent=self.step * self.bytes_per_step,
             train_samples=len(self.train_y), test_samples=len(self.test_y))
-
-
-def stalled_peer(events: EventWriter, reason: str, record: bool) -> None:
-    """As the PyTorch worker's: the peers' watchdog found a stalled rank (no supervisor)."""
-    message = f"watchdog: {reason}"
-    if record:
-        record_error(events, message)
-    print(f"Error: {message}", file=sys.stderr, flush=True)
-    try:
-        events.close()
-    except Exception:  # exiting regardless; the log has the reason
-        pass
-    os._exit(1)
-
-
-def record_error(events: EventWriter, message: str) -> None:
-    try:
-        events.emit("error", message, epoch=0, step=0)
-    except OSError as err:
-        print(f"could not record the error event: {err}", file=sys.stderr)
 
 
 def run_trainer(trainer: PortTrainer, environment: dict[str, str]) -> int:
