@@ -1,7 +1,7 @@
 """Training-step throughput: mlbench's reference step vs a plain PyTorch loop, in one run.
 
     python benchmarks/throughput.py                # GPU if visible, else CPU
-    python benchmarks/throughput.py --device cpu --steps 60
+    python benchmarks/throughput.py --device cpu --steps 60 --repeats 5
 
 The plain loop is what a user writes from the PyTorch tutorials: the model, autograd,
 torch.optim.SGD (momentum 0.9, Nesterov, weight decay 1e-4), data already in memory (synthetic,
@@ -15,9 +15,8 @@ single process that uses every core.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,16 +24,19 @@ from pathlib import Path
 import torch
 from tabulate import tabulate
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlbench.results.events import EventWriter  # noqa: E402
-from mlbench.run_config import RunConfig  # noqa: E402
-from mlbench.tasks.losses import get_loss  # noqa: E402
-from mlbench.tasks.models import build_model  # noqa: E402
-from mlbench.tasks.overrides import resolve  # noqa: E402
-from mlbench.tasks.task1a import TASK1A  # noqa: E402
-from mlbench.tasks.task2a import TASK2A  # noqa: E402
-from mlbench.worker.trainer import Trainer  # noqa: E402
+from measure import DEFAULT_REPEATS, interleave, machine_line, ratio_spread, spread
+
+from mlbench.results.events import EventWriter
+from mlbench.run_config import RunConfig
+from mlbench.tasks.losses import get_loss
+from mlbench.tasks.models import build_model
+from mlbench.tasks.overrides import resolve
+from mlbench.tasks.task1a import TASK1A
+from mlbench.tasks.task2a import TASK2A
+from mlbench.worker.trainer import Trainer
 
 
 def sync(device: torch.device) -> None:
@@ -118,23 +120,30 @@ class _Discard:
         pass
 
 
-def gpu_table(steps: int) -> list[list]:
+def gpu_table(steps: int, repeats: int) -> list[list]:
+    """Per case: the plain loop, mlbench's step and mlbench's step without phase timing, in
+    interleaved rounds (benchmarks/measure.py); each step function is built once per case and
+    timed anew in every round."""
     device = torch.device("cuda")
     cases = [("resnet20-v1", 32, "fp32", False), ("resnet20-v1", 32, "bf16", True),
              ("resnet20-v1", 512, "bf16", True), ("logreg", 100, "fp32", False)]
     rows = []
     for model, batch, precision, cl in cases:
-        base = timed(plain_loop(model, batch, device, precision, cl), steps, device)
-        ours = timed(mlbench_step(model, batch, device, precision, cl), steps, device)
-        untimed = timed(mlbench_step(model, batch, device, precision, cl, timing=False), steps, device)
+        steps_of = {"plain": plain_loop(model, batch, device, precision, cl),
+                    "mlbench": mlbench_step(model, batch, device, precision, cl),
+                    "untimed": mlbench_step(model, batch, device, precision, cl, timing=False)}
+        seconds = interleave({name: (lambda f=f: timed(f, steps, device)) for name, f in steps_of.items()}, repeats)
+        base, ours, untimed = seconds["plain"], seconds["mlbench"], seconds["untimed"]
         label = f"{model}, batch {batch}, {precision}{' + channels-last' if cl else ''}"
-        rows.append([label, f"{batch / base:,.0f}", f"{base * 1e6:,.0f}", f"{batch / ours:,.0f}",
-                     f"{ours * 1e6:,.0f}", f"{base / ours:.2f}x", f"{100 * (ours / untimed - 1):+.1f}%"])
+        cost = [100 * (o / u - 1) for o, u in zip(ours, untimed, strict=True)]
+        rows.append([label, spread([batch / s for s in base]), spread([batch / s for s in ours]),
+                     ratio_spread(base, ours), f"{statistics.median(cost):+.1f}%"])
     return rows
 
 
-def cpu_table(steps: int) -> list[list]:
-    """Plain single process on all cores vs `mlbench run task1a K --data synthetic`."""
+def cpu_table(steps: int, repeats: int) -> list[list]:
+    """Plain single process on all cores vs `mlbench run task1a K --data synthetic`, in
+    interleaved rounds: each round times the plain loop and then one real run per K."""
     from mlbench.launch.plan import RunRequest
     from mlbench.launch.registry import choose
     from mlbench.results.events import read_run_events
@@ -142,21 +151,29 @@ def cpu_table(steps: int) -> list[list]:
 
     device = torch.device("cpu")
     threads = torch.get_num_threads()
-    base = timed(plain_loop("resnet20-v1", 32, device, "fp32", False), steps, device, warmup=5)
-    rows = [[f"plain PyTorch, 1 process x {threads} threads", f"{32 / base:,.0f}", "1.00x"]]
+    plain_step = plain_loop("resnet20-v1", 32, device, "fp32", False)
     store = RunStore()
     launcher = choose(store, {})  # this machine's processes, as `mlbench run`
-    for workers in (1, 2):
-        run = launcher.create(RunRequest(task="task1a", workers=workers, data="synthetic",
-                                         max_steps=steps + 5, log_every=5))
-        final = launcher.run_attached(run)
+
+    def plain() -> float:
+        return 32 / timed(plain_step, steps, device, warmup=5)
+
+    def run(workers: int) -> float:
+        record = launcher.create(RunRequest(task="task1a", workers=workers, data="synthetic",
+                                            max_steps=steps + 5, log_every=5))
+        final = launcher.run_attached(record)
         # rank 0's training clock at every logging interval; the first interval is warm-up
         clock = [(e["step"], e["value"]) for e in read_run_events(final.run_dir)
                  if e["name"] == "train/time" and e["rank"] == 0]
         (s0, t0), (s1, t1) = clock[0], clock[-1]
-        tput = (s1 - s0) * 32 * workers / (t1 - t0)
+        return (s1 - s0) * 32 * workers / (t1 - t0)
+
+    rates = interleave({"plain": plain, 1: lambda: run(1), 2: lambda: run(2)}, repeats)
+    rows = [[f"plain PyTorch, 1 process x {threads} threads", spread(rates["plain"]), "1.00x"]]
+    for workers in (1, 2):
         rows.append([f"mlbench run task1a {workers} (processes x threads: {workers} x "
-                     f"{max(1, os.cpu_count() // workers)})", f"{tput:,.0f}", f"{tput * base / 32:.2f}x"])
+                     f"{max(1, (os.cpu_count() or 1) // workers)})", spread(rates[workers]),
+                     ratio_spread(rates[workers], rates["plain"])])
     return rows
 
 
@@ -164,16 +181,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     args = parser.parse_args()
-    machine = (torch.cuda.get_device_name() if args.device == "cuda"
-               else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
-    print(f"# {datetime.date.today()} | {machine} | torch {torch.__version__}")
+    machine = torch.cuda.get_device_name() if args.device == "cuda" else ""
+    print(machine_line(f"{machine + ' | ' if machine else ''}torch {torch.__version__} | "
+                       f"{args.repeats} interleaved rounds"))
     if args.device == "cuda":
-        rows = gpu_table(args.steps or 500)
-        print(tabulate(rows, headers=["step", "plain img/s", "plain us/step", "mlbench img/s",
-                                      "mlbench us/step", "speed-up", "timing cost"], tablefmt="github"))
+        rows = gpu_table(args.steps or 500, args.repeats)
+        print(tabulate(rows, headers=["step", "plain img/s", "mlbench img/s", "speed-up",
+                                      "timing cost (median)"], tablefmt="github"))
     else:
-        rows = cpu_table(args.steps or 60)
+        rows = cpu_table(args.steps or 60, args.repeats)
         print(tabulate(rows, headers=["ResNet-20, batch 32 per worker", "samples/s", "vs plain"],
                        tablefmt="github"))
 
