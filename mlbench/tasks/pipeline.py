@@ -64,9 +64,9 @@ class Pipeline:
         if self.images:
             assert self._aug is not None, "begin_epoch() draws the augmentation first"
             idx = idx.to(self.train.x.device)
-            dy, dx, flip = (t[idx] for t in self._aug)
-            x = normalise(crop_flip(self.train.x[idx], dy, dx, flip))
-            y = self.train.y[idx]
+            dy, dx, flip = (t.index_select(0, idx) for t in self._aug)
+            x = normalise(crop_flip(self.train.x.index_select(0, idx), dy, dx, flip))
+            y = self.train.y.index_select(0, idx)
             return self._images_out(x), y.to(self.device, non_blocking=True)
         return self._vectors_out(self.train, idx)
 
@@ -80,9 +80,12 @@ class Pipeline:
         x = x.to(self.device, non_blocking=True)
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
-    def _vectors_out(self, split: Split, idx) -> tuple[torch.Tensor, torch.Tensor]:
+    def _vectors_out(self, split: Split, idx: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(idx, torch.Tensor):
+            # index_select, not x[idx]: on the CPU the advanced-indexing kernel takes 2-3 times as
+            # long for the same rows (0.45 against 0.19 ms for 100 rows of epsilon, one thread)
             idx = idx.to(split.x.device)
-        x = split.x[idx]
-        y = split.y[idx]
+            x, y = split.x.index_select(0, idx), split.y.index_select(0, idx)
+        else:
+            x, y = split.x[idx], split.y[idx]
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
