@@ -70,6 +70,21 @@ def test_a_file_a_module_and_an_entry_point_resolve_to_the_builder_and_its_sourc
     assert by_entry.loaded.distribution == "mymodels 0.3" and by_entry.sha256 == by_module.sha256 == sha
     assert by_entry.copy_path == "plugin/mymodels.wide.py"
 
+    # `mlbench tasks` lists what is installed: the usable plug-in with its source's hash, and one
+    # that cannot be used with why (a second entry point naming a builder the module lacks)
+    install_plugin_package(tmp_path, "othermodels.net", GOOD, "othermodels-1.0", "mlbench.models",
+                           "broken-net = othermodels.net:missing")
+    listed = CliRunner().invoke(cli, ["tasks"])
+    assert listed.exit_code == 0, listed.output
+    assert "Installed model plug-ins (entry points of mlbench.models; --model NAME, open division):" in listed.output
+    assert f"  wide-net = mymodels.wide:build of mymodels 0.3, sha256 {sha[:12]}" in listed.output
+    assert "  broken-net = othermodels.net:missing of othermodels 1.0, cannot be used: " in listed.output
+    assert "defines no missing" in listed.output
+    as_json = json.loads(CliRunner().invoke(cli, ["tasks", "-o", "json"]).output)
+    wide = next(m for m in as_json["model_plugins"] if m["name"] == "wide-net")
+    assert wide["sha256"] == sha and wide["distribution"] == "mymodels 0.3" and "error" not in wide
+    assert "defines no missing" in next(m for m in as_json["model_plugins"] if m["name"] == "broken-net")["error"]
+
 
 @pytest.mark.parametrize("args,message", [
     (("task2a", "--model", "{tmp}/missing.py:build"), "model plug-in {tmp}/missing.py:build: no such file"),

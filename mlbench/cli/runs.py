@@ -51,9 +51,12 @@ def parse_opts(pairs: tuple[str, ...]) -> dict[str, str]:
 @output_option
 def tasks(output) -> None:
     """The benchmark tasks with their closed-division specification and goals."""
+    from mlbench.tasks.models.plugins import ENTRY_POINT_GROUP, describe_installed_models
+
+    plugins = describe_installed_models()
     if output != "table":
-        emit({"tasks": [spec_to_dict(spec) for spec in TASKS.values()], "models": list(MODEL_NAMES)},
-             output)
+        emit({"tasks": [spec_to_dict(spec) for spec in TASKS.values()], "models": list(MODEL_NAMES),
+              "model_plugins": plugins}, output)
         return
     for spec in TASKS.values():
         if isinstance(spec, AllreduceSpec):
@@ -67,6 +70,13 @@ def tasks(output) -> None:
         click.echo(tabulate(rows, tablefmt="plain"))
         click.echo("")
     click.echo("Models for --model: " + ", ".join(MODEL_NAMES))
+    if plugins:
+        click.echo(f"Installed model plug-ins (entry points of {ENTRY_POINT_GROUP}; --model NAME, open division):")
+        for plugin in plugins:
+            source = f"{plugin['value']}" + (f" of {plugin['distribution']}" if plugin["distribution"] else "")
+            state = (f"cannot be used: {plugin['error']}" if "error" in plugin
+                     else f"sha256 {plugin['sha256'][:12]}")
+            click.echo(f"  {plugin['name']} = {source}, {state}")
 
 
 @cli.command(context_settings={"show_default": True})

@@ -98,6 +98,21 @@ def installed_models() -> list[dict[str, Any]]:
     return installed(ENTRY_POINT_GROUP, resolve_model, is_builtin_model, "model")
 
 
+def describe_installed_models() -> list[dict[str, Any]]:
+    """The installed model plug-ins as `mlbench tasks` lists them: ``name`` (what --model takes),
+    the entry point's ``value`` and ``distribution``, and the source's ``sha256`` and ``origin``,
+    or why it cannot be used (``error``)."""
+    described = []
+    for row in installed_models():
+        entry = {"name": row["entry_point"], "value": row["value"], "distribution": row["distribution"]}
+        plugin: ModelPlugin | None = row.get("plugin")
+        if plugin is None:
+            described.append({**entry, "error": row["error"]})
+        else:
+            described.append({**entry, "origin": plugin.loaded.origin, "sha256": plugin.sha256})
+    return described
+
+
 def load_recorded_model(run_dir: Path, record: dict[str, Any]) -> Callable[..., Any]:
     """The builder of the model plug-in a run recorded, executed from the run folder's copy (a
     worker), its SHA-256 checked as :func:`mlbench.plugins.load_copy` does."""
