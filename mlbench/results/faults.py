@@ -29,6 +29,28 @@ FAULT_CLOCK_ENV = "MLBENCH_FAULT_CLOCK"
 Schedule = Mapping[str, Any]
 
 
+def policy_text(policy: str, limit: int) -> str:
+    """An ``--on-failure`` policy as a user types it: ``restart:3``, ``shrink``, ``shrink:2``,
+    ``fail`` (``limit`` 0: none but the policy's own)."""
+    return f"{policy}:{limit}" if limit and policy != "fail" else policy
+
+
+def worker_sizes(started: int, restarts: Iterable[Mapping[str, Any]]) -> list[int]:
+    """The sizes a run's group trained at, in order: ``started``, then each shrink's new size
+    (``faults.restarts`` entries with ``workers``; a restart at the same size adds none)."""
+    sizes = [started]
+    for entry in restarts:
+        size = entry.get("workers")
+        if isinstance(size, int) and size != sizes[-1]:
+            sizes.append(size)
+    return sizes
+
+
+def workers_label(sizes: list[int]) -> str:
+    """``4``, or ``4 -> 3`` for a run that shrank (what every surface showing workers shows)."""
+    return " -> ".join(str(size) for size in sizes)
+
+
 def periodic(spec: Schedule) -> bool:
     return spec.get("every") is not None or spec.get("every_range") is not None
 
