@@ -41,11 +41,13 @@ def test_schedules_repeat_exactly_and_bad_ones_are_refused_in_one_line(libsvm_di
     assert parse_on_failure("restart") == ("restart", 3) and parse_on_failure("restart:5") == ("restart", 5)
     assert parse_on_failure("shrink") == ("shrink", 0) and parse_on_failure("shrink:2") == ("shrink", 2)
     for bad in ("kill:rank=1", "boom:rank=1,at=1s", "kill:at=1s", "kill:rank=1,at=1s,factor=2", "slow:rank=0",
-                "slow:rank=0,factor=0.5", "stall:rank=0,every=rand(9s,2s)", "kill:rank=0,at=1s,seed=2"):
+                "slow:rank=0,factor=0.5", "stall:rank=0,every=rand(9s,2s)", "kill:rank=0,at=1s,seed=2",
+                "link-down:rank=1,at=1s"):
         with pytest.raises(UsageError):
             parse_inject(bad)
     for args in (("--inject", "kill:rank=2,at=1s"), ("--on-failure", "shrink:2"), ("--on-failure", "grow"),
-                 ("--on-failure", "shrink", "--optimizer", "powersgd"), ("--inject", "kill:rank=x,at=1s")):
+                 ("--on-failure", "shrink", "--optimizer", "powersgd"), ("--inject", "kill:rank=x,at=1s"),
+                 ("--inject", "link-down:rank=1,at=1s,for=2s")):
         proc = mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), *args)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "Traceback" not in proc.stderr

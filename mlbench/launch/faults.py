@@ -14,7 +14,7 @@ from typing import Any
 
 from mlbench.errors import UsageError
 from mlbench.launch.plan import parse_duration
-from mlbench.results.faults import KILL, KINDS, SLOW, STALL, policy_text  # noqa: F401 (re-exported)
+from mlbench.results.faults import KILL, KINDS, LINK_DOWN, SLOW, STALL, policy_text  # noqa: F401 (re-exported)
 
 FAIL, RESTART, SHRINK = "fail", "restart", "shrink"
 POLICIES = (FAIL, RESTART, SHRINK)
@@ -91,12 +91,14 @@ def parse_inject(text: str) -> dict[str, Any]:
 
 def _check_kind(where: str, spec: dict[str, Any], values: dict[str, str]) -> None:
     periodic = "every" in values
-    if spec["kind"] in (KILL, STALL) and "at" not in values and not periodic:
+    if spec["kind"] in (KILL, STALL, LINK_DOWN) and "at" not in values and not periodic:
         raise UsageError(f"{where}: say when with at=T or every=T (every=rand(60s,120s),seed=3)")
     if spec["kind"] == KILL and ("for" in values or "factor" in values):
         raise UsageError(f"{where}: a kill takes no for= or factor= (the worker is gone)")
     if spec["kind"] == STALL and "factor" in values:
         raise UsageError(f"{where}: a stall takes no factor= (it stops the worker; slow:...,factor=F slows it)")
+    if spec["kind"] == LINK_DOWN and ("for" not in values or "factor" in values):
+        raise UsageError(f"{where}: a link-down needs for=T (how long the link stays down) and takes no factor=")
     if spec["kind"] == SLOW:
         if spec["factor"] is None:
             raise UsageError(f"{where}: say how much slower with factor=F (3: three times slower)")

@@ -19,7 +19,7 @@ from mlbench.frameworks import DEFAULT_FRAMEWORK, PYTORCH, check_framework
 from mlbench.network.settings import NetworkSettings
 from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
 from mlbench.results.environment import cuda_available, describe_environment, usable_cores
-from mlbench.results.faults import SLOW, policy_text
+from mlbench.results.faults import LINK_DOWN, SLOW, policy_text
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import DEFAULT_WATCHDOG_S, Backend, DataSource, Device, Precision, RunConfig
 from mlbench.tasks.classification import ClassificationSettings
@@ -294,6 +294,10 @@ def _check_faults(request: RunRequest, spec: Any) -> None:
         if not 0 <= fault["rank"] < request.workers:
             raise UsageError(f"--inject {fault['text']}: rank {fault['rank']} is not a worker of a "
                              f"{request.workers}-worker run (ranks 0 to {request.workers - 1})")
+    down = next((f for f in request.faults if f["kind"] == LINK_DOWN), None)
+    if down is not None and request.network is None:
+        raise UsageError(f"--inject {down['text']}: a link-down takes down the worker's emulated link: "
+                         "add --bandwidth/--latency (docs/network.md)")
     if (request.faults or request.on_failure != "fail") and request.backend == "mpi":
         raise UsageError("--inject and --on-failure act on one process per worker; --backend mpi starts "
                          "one mpirun: use gloo")

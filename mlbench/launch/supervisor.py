@@ -271,6 +271,7 @@ class WorkerProcesses:
         ends the run (recorded in the store); returns the run's record either way. ``run`` is
         ignored (the signature of a launcher's refresh)."""
         if self.injector is not None:
+            self.injector.network = self.network
             self.injector.apply(self.procs)
         codes = [p.poll() for p in self.procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]

@@ -21,8 +21,8 @@ import random
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-KILL, STALL, SLOW = "kill", "stall", "slow"
-KINDS = (KILL, STALL, SLOW)
+KILL, STALL, SLOW, LINK_DOWN = "kill", "stall", "slow", "link-down"
+KINDS = (KILL, STALL, SLOW, LINK_DOWN)
 #: The environment variable that hands the fault clock's start (unix seconds) to the workers.
 FAULT_CLOCK_ENV = "MLBENCH_FAULT_CLOCK"
 
