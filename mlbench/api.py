@@ -71,7 +71,8 @@ class RunInfo:
     id: str
     name: str
     task: str
-    workers: int
+    workers: int                   # the size it started at
+    workers_text: str              # "4", or "4 -> 3" after --on-failure shrink (docs/faults.md)
     state: str                     # pending, running, finished, failed, cancelled
     reason: str | None
     division: str                  # closed or open

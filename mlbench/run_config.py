@@ -77,8 +77,10 @@ class RunConfig:
     resume_step: int | None = None
     #: ``--inject``: the fault schedules (dicts, :mod:`mlbench.results.faults`); empty: none.
     faults: list[dict[str, Any]] = field(default_factory=list)
-    #: ``--on-failure``: ``fail`` or ``restart`` (the group again from the newest complete
-    #: checkpoint, at most ``max_restarts`` times).
+    #: ``--on-failure``: ``fail``, ``restart`` (the group again from the newest complete
+    #: checkpoint, at most ``max_restarts`` times) or ``shrink`` (the survivors from it, at most
+    #: ``max_restarts`` times, 0: until one worker is left; ``workers`` is then the group's
+    #: current size, the store's the size it started at).
     on_failure: str = "fail"
     max_restarts: int = 0
 

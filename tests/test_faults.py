@@ -39,11 +39,15 @@ def test_schedules_repeat_exactly_and_bad_ones_are_refused_in_one_line(libsvm_di
     assert [slow_factor(slow, 1, t) for t in (9.9, 10.0, 14.9, 15.0)] == [1.0, 3.0, 3.0, 1.0]
     assert slow_factor(slow, 0, 12) == 1.0 and slow_factor([parse_inject("slow:rank=0,factor=2")], 0, 1e6) == 2.0
     assert parse_on_failure("restart") == ("restart", 3) and parse_on_failure("restart:5") == ("restart", 5)
+    assert parse_on_failure("shrink") == ("shrink", 0) and parse_on_failure("shrink:2") == ("shrink", 2)
     for bad in ("kill:rank=1", "boom:rank=1,at=1s", "kill:at=1s", "kill:rank=1,at=1s,factor=2", "slow:rank=0",
-                "slow:rank=0,factor=0.5", "stall:rank=0,every=rand(9s,2s)", "kill:rank=0,at=1s,seed=2"):
+                "slow:rank=0,factor=0.5", "stall:rank=0,every=rand(9s,2s)", "kill:rank=0,at=1s,seed=2",
+                "link-down:rank=1,at=1s"):
         with pytest.raises(UsageError):
             parse_inject(bad)
-    for args in (("--inject", "kill:rank=2,at=1s"), ("--on-failure", "shrink"), ("--inject", "kill:rank=x,at=1s")):
+    for args in (("--inject", "kill:rank=2,at=1s"), ("--on-failure", "shrink:2"), ("--on-failure", "grow"),
+                 ("--on-failure", "shrink", "--optimizer", "powersgd"), ("--inject", "kill:rank=x,at=1s"),
+                 ("--inject", "link-down:rank=1,at=1s,for=2s")):
         proc = mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), *args)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "Traceback" not in proc.stderr
@@ -113,3 +117,64 @@ def test_the_fail_policy_fails_naming_the_fault(libsvm_dir):
     assert run.state == "failed"
     assert "worker 0 was killed by SIGKILL" in run.reason and "injected: kill of rank 0 at 1.0 s" in run.reason
     assert _status(run.id)["faults"]["events"][0]["action"] == "fail"
+
+
+def test_the_survivor_of_a_shrink_ends_with_the_parameters_of_the_two_worker_run_then_a_one_worker_resume(
+        libsvm_dir):
+    # 2 workers, rank 1 killed: rank 0 goes on alone from the newest checkpoint (step N). The
+    # reference: a 2-worker run of N steps without faults, then its checkpoint resumed by one
+    # worker (in this process) to the same step cap; both train at the 1-worker rate rule and
+    # start at the same place in the epoch (docs/faults.md's rules for the new size).
+    import dataclasses
+
+    from mlbench.results.events import EventWriter
+    from mlbench.run_config import RunDocument
+    from mlbench.worker.trainer import Trainer, resumed_batch
+
+    assert [resumed_batch(b, 2, 1) for b in (0, 3, 19)] == [0, 6, 38]
+    assert [resumed_batch(b, 4, 3) for b in (0, 1, 3, 4)] == [0, 2, 4, 6] and resumed_batch(7, 3, 3) == 7
+    steps = 2000
+    RUN = ("task2a", "2", "--data-dir", str(libsvm_dir), *OPTIONS, "--checkpoint-every", "10steps")
+    mlbench("run", *RUN, "--max-steps", str(steps), "--save-model", "--inject", "kill:rank=1,at=1.5s",
+            "--on-failure", "shrink", check=True)
+    faulty = RunStore().list()[-1]
+    assert faulty.state == "finished" and faulty.result["steps"] == steps
+    shrink = run_json(faulty)["faults"]["restarts"][0]
+    assert (shrink["workers"], shrink["survivors"]) == (1, [0])
+    status = _status(faulty.id)
+    assert status["faults"]["workers"] == [2, 1] and status["workers"] == 2
+    assert status["faults"]["events"][0]["action"] == "shrink"
+    assert "2 -> 1" in mlbench("status", faulty.id, check=True).stdout
+    assert "2 -> 1" in mlbench("status", check=True).stdout
+    compared = json.loads(mlbench("compare", "--task", "task2a", "-o", "json", check=True).stdout)
+    assert [g["workers_text"] for f in compared["families"] for g in f["groups"]] == ["2 -> 1"]
+    from mlbench.dashboard.views import run_spec
+    from mlbench.results.events import read_run_events
+    from mlbench.results.summary import summarize
+    assert run_spec(faulty, run_json(faulty), summarize(read_run_events(faulty.run_dir)))["workers_text"] == "2 -> 1"
+
+    n = shrink["from_step"]
+    assert 0 < n < steps and n % 10 == 0, shrink
+    mlbench("run", *RUN, "--max-steps", str(n), check=True)
+    reference = RunStore().list()[-1]
+    config = dataclasses.replace(RunDocument.load(faulty.run_dir).config, resume_step=n, max_steps=steps)
+    assert config.workers == 1
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads_per_worker)   # the worker's own, so sums round alike
+    try:
+        trainer = Trainer(config, 0, EventWriter(_Sink(), 0), run_dir=reference.run_dir)
+        trainer.setup()
+        assert trainer.train().steps == steps
+    finally:
+        torch.set_num_threads(threads)
+    expected, actual = trainer.model.state_dict(), checkpoint(faulty, 0)
+    assert expected.keys() == actual.keys()
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+
+
+class _Sink:
+    def write(self, event):
+        pass
+
+    def close(self):
+        pass

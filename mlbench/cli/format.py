@@ -20,7 +20,7 @@ from mlbench.results.report import (
     run_recovery,
     task_metric,
 )
-from mlbench.results.goodput import describe_faults, run_faults
+from mlbench.results.goodput import describe_faults, run_faults, run_workers_label
 from mlbench.results.store import RunRecord
 from mlbench.network.settings import describe_network, network_label
 from mlbench.results.summary import RunSummary, phase_table
@@ -46,7 +46,7 @@ def fmt_bytes(count: float) -> str:
 def status_table(runs: list[dict[str, Any]]) -> str:
     """The table of `mlbench status`, from :func:`mlbench.results.report.run_overview` rows (a
     plug-in run's division cell names its plug-ins and their sources: ``open (my-sgd@1a2b3c4d5e6f)``)."""
-    rows = [[r["id"], r["name"], r["task"], r["framework"], r["workers"], r["state"], r["division_text"],
+    rows = [[r["id"], r["name"], r["task"], r["framework"], r["workers_text"], r["state"], r["division_text"],
              f"{r['epoch']:.2f}" if r["epoch"] is not None else "-",
              r["metric_text"], fmt_duration(r["time_to_accuracy"]), fmt_time(r["created_at"])]
             for r in runs]
@@ -121,7 +121,7 @@ def network_note(run: RunRecord) -> str:
 
 def print_run_details(run: RunRecord, summary: RunSummary) -> None:
     rows = [["id", run.id], ["name", run.name], ["task", run.task], ["framework", framework_of(run)],
-            ["workers", run.workers],
+            ["workers", run_workers_label(run)],
             ["state", run.state + (f" ({run.reason})" if run.reason else "")],
             ["division", run.division], ["optimizer", run.optimizer], ["created", fmt_time(run.created_at)],
             ["epoch", f"{summary.epoch:.2f}"], ["steps", summary.steps],

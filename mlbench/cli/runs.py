@@ -128,12 +128,14 @@ def tasks(output) -> None:
               help="Keep the checkpoints in DIR/RUN_ID (shared storage) [RUN_DIR/checkpoints].")
 @click.option("--inject", multiple=True, metavar="KIND:rank=R,at=T|every=T[,...]",
               help="Inject a fault (repeatable): kill (SIGKILL), stall (SIGSTOP; for=T then SIGCONT) or "
-                   "slow (a straggler, factor=F) of worker R, at T, every T or every=rand(A,B),seed=S "
+                   "slow (a straggler, factor=F) of worker R, or link-down (its emulated link, for=T), at T, every T "
+                   "or every=rand(A,B),seed=S "
                    "(docs/faults.md).")
-@click.option("--on-failure", default="fail", metavar="fail|restart[:N]",
-              help="When a worker dies or the watchdog finds one stalled: fail the run, or restart the "
-                   "workers from the newest complete checkpoint, at most N times [3] (implies "
-                   "--checkpoint-every 1m unless given).")
+@click.option("--on-failure", default="fail", metavar="fail|restart[:N]|shrink[:N]",
+              help="When a worker dies or the watchdog finds one stalled: fail the run, restart the "
+                   "workers from the newest complete checkpoint, at most N times [3], or shrink: go on "
+                   "with the survivors from it, at most N times [until one is left] (both imply "
+                   "--checkpoint-every 1m unless given; docs/faults.md).")
 @click.option("--max-size", type=float, metavar="N", help="task0a: largest message, in elements [1e8].")
 @click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
 @click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")

@@ -25,7 +25,7 @@ from mlbench.results.report import (compare_headers, compare_notes, compare_row,
                                     differs_in_network, family_heading, group_label, had_faults, is_sweep,
                                     run_progress, sweep_table, task_metric)
 from mlbench.results.repeats import RepeatStats
-from mlbench.results.goodput import describe_faults, run_faults
+from mlbench.results.goodput import describe_faults, run_faults, run_workers_label
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table
 from mlbench.results.sysmetrics import describe_system, system_metrics
@@ -74,7 +74,8 @@ def run_row(source_key: str, record: RunRecord, summary: RunSummary | None,
     config = run_json.get("config") or {}
     return {
         "id": record.id, "name": record.name, "task": record.task, "workers": record.workers,
-        "state": record.state, "reason": record.reason, "division": record.division,
+        "workers_text": run_workers_label(record, run_json), "state": record.state, "reason": record.reason,
+        "division": record.division,
         "division_text": division_text(record.division, record.optimizer,
                                        model_plugin_label(config.get("model_plugin"))),
         "optimizer": record.optimizer, "framework": framework_of(record), "launcher": record.launcher,
@@ -107,7 +108,8 @@ def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -
         "task": record.task, "title": task.get("title"),
         "model": task.get("model") or (task.get("settings") or {}).get("model"),
         "framework": framework_of(record),
-        "workers": record.workers, "threads_per_worker": config.get("threads_per_worker"),
+        "workers": record.workers, "workers_text": run_workers_label(record, run_json),
+        "threads_per_worker": config.get("threads_per_worker"),
         "optimizer": record.optimizer, "optimizer_options": config.get("optimizer_options") or {},
         "plugin": describe_plugin(config.get("optimizer_plugin")),
         "plugin_sha256": (config.get("optimizer_plugin") or {}).get("sha256"),

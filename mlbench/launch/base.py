@@ -190,7 +190,8 @@ class Launcher(ABC):
         if document is None:
             raise UsageError(f"run {record.id} has no readable run.json to resume from")
         config = document.config
-        done = complete_checkpoints(checkpoint_root(record.run_dir, config.checkpoint_dir), record.workers)
+        # config.workers: the group's size now (smaller than the store's after --on-failure shrink)
+        done = complete_checkpoints(checkpoint_root(record.run_dir, config.checkpoint_dir), config.workers)
         if done.newest is None:
             hint = ("" if config.checkpoints else
                     " (it was started without --checkpoint-every)")

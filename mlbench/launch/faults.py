@@ -2,7 +2,8 @@
 
 ``--inject KIND:rank=R,at=T|every=T[,for=T][,factor=F][,seed=S]`` (repeatable) becomes one
 schedule dict (:mod:`mlbench.results.faults` says what its keys mean and when it strikes);
-``--on-failure fail|restart[:N]`` becomes the policy and its restart limit. Every mistake is a
+``--on-failure fail|restart[:N]|shrink[:N]`` becomes the policy and its limit (restarts, or
+shrinks: 0 for ``shrink`` alone, which goes on until one worker is left). Every mistake is a
 UsageError of one line naming the option, before anything is recorded.
 """
 
@@ -13,10 +14,10 @@ from typing import Any
 
 from mlbench.errors import UsageError
 from mlbench.launch.plan import parse_duration
-from mlbench.results.faults import KILL, KINDS, SLOW, STALL
+from mlbench.results.faults import KILL, KINDS, LINK_DOWN, SLOW, STALL, policy_text  # noqa: F401 (re-exported)
 
-FAIL, RESTART = "fail", "restart"
-POLICIES = (FAIL, RESTART)
+FAIL, RESTART, SHRINK = "fail", "restart", "shrink"
+POLICIES = (FAIL, RESTART, SHRINK)
 #: Restarts allowed by ``--on-failure restart`` without a count.
 DEFAULT_MAX_RESTARTS = 3
 _RAND = re.compile(r"^rand\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)$")
@@ -90,12 +91,14 @@ def parse_inject(text: str) -> dict[str, Any]:
 
 def _check_kind(where: str, spec: dict[str, Any], values: dict[str, str]) -> None:
     periodic = "every" in values
-    if spec["kind"] in (KILL, STALL) and "at" not in values and not periodic:
+    if spec["kind"] in (KILL, STALL, LINK_DOWN) and "at" not in values and not periodic:
         raise UsageError(f"{where}: say when with at=T or every=T (every=rand(60s,120s),seed=3)")
     if spec["kind"] == KILL and ("for" in values or "factor" in values):
         raise UsageError(f"{where}: a kill takes no for= or factor= (the worker is gone)")
     if spec["kind"] == STALL and "factor" in values:
         raise UsageError(f"{where}: a stall takes no factor= (it stops the worker; slow:...,factor=F slows it)")
+    if spec["kind"] == LINK_DOWN and ("for" not in values or "factor" in values):
+        raise UsageError(f"{where}: a link-down needs for=T (how long the link stays down) and takes no factor=")
     if spec["kind"] == SLOW:
         if spec["factor"] is None:
             raise UsageError(f"{where}: say how much slower with factor=F (3: three times slower)")
@@ -125,18 +128,21 @@ def _duration(where: str, key: str, value: str, zero: bool = False) -> float:
 
 
 def parse_on_failure(text: str) -> tuple[str, int]:
-    """``fail`` -> (fail, 0); ``restart`` -> (restart, 3); ``restart:N`` -> (restart, N)."""
+    """``fail`` -> (fail, 0); ``restart`` -> (restart, 3); ``restart:N`` -> (restart, N);
+    ``shrink`` -> (shrink, 0): no limit but the workers left; ``shrink:N`` -> (shrink, N)."""
     policy, sep, count = text.strip().lower().partition(":")
-    if policy not in POLICIES or (sep and policy != RESTART):
-        raise UsageError(f"--on-failure {text}: choose fail or restart[:N] (shrink is not offered yet)")
+    if policy not in POLICIES or (sep and policy == FAIL):
+        raise UsageError(f"--on-failure {text}: choose fail, restart[:N] or shrink[:N]")
     if policy == FAIL:
         return FAIL, 0
     if not sep:
-        return RESTART, DEFAULT_MAX_RESTARTS
+        return policy, DEFAULT_MAX_RESTARTS if policy == RESTART else 0
     try:
         limit = int(count)
     except ValueError:
         limit = -1
     if limit < 1:
-        raise UsageError(f"--on-failure {text}: N, the most restarts, is a whole number of at least 1")
-    return RESTART, limit
+        what = "restarts" if policy == RESTART else "shrinks (each leaves one worker fewer)"
+        raise UsageError(f"--on-failure {text}: N, the most {what}, is a whole number of at least 1")
+    return policy, limit
+

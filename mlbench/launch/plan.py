@@ -19,9 +19,10 @@ from mlbench.frameworks import DEFAULT_FRAMEWORK, PYTORCH, check_framework
 from mlbench.network.settings import NetworkSettings
 from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
 from mlbench.results.environment import cuda_available, describe_environment, usable_cores
-from mlbench.results.faults import SLOW
+from mlbench.results.faults import LINK_DOWN, SLOW, policy_text
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import DEFAULT_WATCHDOG_S, Backend, DataSource, Device, Precision, RunConfig
+from mlbench.tasks.classification import ClassificationSettings
 from mlbench.tasks.models.plugins import ModelPlugin, is_builtin_model, resolve_model
 from mlbench.tasks.overrides import resolve
 from mlbench.tasks.registry import get_task
@@ -67,8 +68,8 @@ class RunRequest:
     checkpoint_dir: str | None = None          # --checkpoint-dir DIR
     framework: str = DEFAULT_FRAMEWORK  # mlbench.frameworks: which worker program trains
     faults: list[dict[str, Any]] = field(default_factory=list)  # --inject, parsed (mlbench.launch.faults)
-    on_failure: str = "fail"                   # --on-failure fail|restart (mlbench.launch.faults)
-    max_restarts: int = 0                      # --on-failure restart:N
+    on_failure: str = "fail"                   # --on-failure fail|restart|shrink (mlbench.launch.faults)
+    max_restarts: int = 0                      # --on-failure restart:N|shrink:N
 
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
@@ -78,7 +79,7 @@ _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:
 MAX_DURATION_S = 30 * 86400
 
 
-#: The checkpoint interval ``--on-failure restart`` implies when --checkpoint-every is not given:
+#: The checkpoint interval ``--on-failure restart|shrink`` implies when --checkpoint-every is not given:
 #: a restart goes back at most this much training (docs/faults.md).
 DEFAULT_RESTART_CHECKPOINT_S = 60.0
 
@@ -249,7 +250,7 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
     if request.log_every < 1:
         raise UsageError("--log-every must be at least 1")
     _check_faults(request, spec)
-    if request.on_failure == "restart" and request.checkpoint_every_s is None \
+    if request.on_failure in ("restart", "shrink") and request.checkpoint_every_s is None \
             and request.checkpoint_every_steps is None:
         request = dataclasses.replace(request, checkpoint_every_s=DEFAULT_RESTART_CHECKPOINT_S)
     checkpoints = request.checkpoint_every_s is not None or request.checkpoint_every_steps is not None
@@ -293,14 +294,36 @@ def _check_faults(request: RunRequest, spec: Any) -> None:
         if not 0 <= fault["rank"] < request.workers:
             raise UsageError(f"--inject {fault['text']}: rank {fault['rank']} is not a worker of a "
                              f"{request.workers}-worker run (ranks 0 to {request.workers - 1})")
+    down = next((f for f in request.faults if f["kind"] == LINK_DOWN), None)
+    if down is not None and request.network is None:
+        raise UsageError(f"--inject {down['text']}: a link-down takes down the worker's emulated link: "
+                         "add --bandwidth/--latency (docs/network.md)")
     if (request.faults or request.on_failure != "fail") and request.backend == "mpi":
         raise UsageError("--inject and --on-failure act on one process per worker; --backend mpi starts "
                          "one mpirun: use gloo")
     if isinstance(spec, AllreduceSpec):
-        if request.on_failure == "restart":
-            raise UsageError(f"--on-failure restart: {spec.name} trains nothing to restart from a checkpoint")
+        if request.on_failure in ("restart", "shrink"):
+            raise UsageError(f"--on-failure {request.on_failure}: {spec.name} trains nothing to go on with "
+                             "from a checkpoint")
         if any(f["kind"] == SLOW for f in request.faults):
             raise UsageError(f"--inject slow: {spec.name} has no training steps to slow; use kill or stall")
+    if request.on_failure == "shrink":
+        _check_shrink(request, spec)
+
+
+def _check_shrink(request: RunRequest, spec: Any) -> None:
+    """``--on-failure shrink``: the survivors go on at a smaller size, which needs another
+    worker to go on with, and a task whose data order and learning rate are stated for any
+    size (the classification tasks: docs/faults.md)."""
+    text = policy_text(request.on_failure, request.max_restarts)
+    if request.workers < 2:
+        raise UsageError(f"--on-failure {text}: a 1-worker run has no survivors to shrink to; use restart")
+    if request.max_restarts > request.workers - 1:
+        raise UsageError(f"--on-failure {text}: a {request.workers}-worker run shrinks at most "
+                         f"{request.workers - 1} times (to one worker)")
+    if isinstance(spec, TaskSpec) and not isinstance(spec.settings, ClassificationSettings):
+        raise UsageError(f"--on-failure {text}: {spec.name} keeps per-rank data state (its shards' "
+                         "positions); shrink is offered for the classification tasks (1a, 2a); use restart")
 
 
 def _check_port_options(config: RunConfig, request: RunRequest) -> None:
@@ -315,7 +338,8 @@ def _check_port_options(config: RunConfig, request: RunRequest) -> None:
                    (config.precision != "fp32", "--precision"), (config.save_model, "--save-model"),
                    (config.channels_last, "--channels-last"), (config.backend != "gloo", f"--backend {config.backend}"),
                    (request.network is not None, "an emulated network"),
-                   (bool(config.faults), "--inject"), (config.on_failure != "fail", "--on-failure restart")]
+                   (bool(config.faults), "--inject"),
+                   (config.on_failure != "fail", f"--on-failure {config.on_failure}")]
     for given, what in unsupported:
         if given:
             raise UsageError(f"--framework {name}: {what} is not in this port yet (it runs on CPUs, over gloo)")
@@ -374,6 +398,11 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
         optimizer = plugin.info
         options = optimizer.parse_options(request.optimizer_options, request.workers)
         config.optimizer_plugin = plugin.record(options)
+    if config.on_failure == "shrink" \
+            and not optimizer.claims_exact(optimizer.parse_options(request.optimizer_options, None)):
+        raise UsageError(f"--on-failure shrink: optimizer {config.optimizer} keeps state that differs by rank "
+                         "(error feedback, local models): survivors cannot go on without the lost rank's; "
+                         "use restart, or an all-reduce optimizer such as centralized-sgd")
     spec = config.task
     if isinstance(spec, TaskSpec) and spec.settings.needs_averaged_gradient and not optimizer.supports_grad_hook:
         # task 3a clips the averaged gradient between the all-reduce and the update

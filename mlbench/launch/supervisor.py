@@ -159,6 +159,7 @@ class WorkerProcesses:
         document = RunDocument.load(self.run_dir)
         config = document.config
         env = self.worker_env(config)
+        self.workers = config.workers   # the group's size now (smaller than the store's after a shrink)
         self.on_failure, self.max_restarts = config.on_failure, config.max_restarts
         if self.faults is None and (config.faults or config.on_failure != "fail"):
             self.faults = FaultRecord(self.run_dir)
@@ -270,6 +271,7 @@ class WorkerProcesses:
         ends the run (recorded in the store); returns the run's record either way. ``run`` is
         ignored (the signature of a launcher's refresh)."""
         if self.injector is not None:
+            self.injector.network = self.network
             self.injector.apply(self.procs)
         codes = [p.poll() for p in self.procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
@@ -294,7 +296,8 @@ class WorkerProcesses:
 
     def failed(self, ranks: tuple[int, ...], reason: str) -> None:
         """Workers ``ranks`` died or stalled: restart the group (``--on-failure restart``, while
-        restarts are left) or end the run failed, naming the injected fault it is blamed on."""
+        restarts are left), go on with the survivors (``shrink``, while shrinks and survivors are
+        left), or end the run failed, naming the injected fault it is blamed on."""
         now = time.time()
         fault = self.faults.culprit(ranks) if self.faults is not None else None
         if fault is not None:
@@ -303,18 +306,30 @@ class WorkerProcesses:
         if self.on_failure == "restart" and self.restarts_done < self.max_restarts:
             self.restart(reason, fault, now)
             return
+        survivors = [rank for rank in range(self.workers) if rank not in ranks]
+        shrinks_left = not self.max_restarts or self.restarts_done < self.max_restarts
+        if self.on_failure == "shrink" and survivors and shrinks_left:
+            self.restart(reason, fault, now, survivors)
+            return
         if self.faults is not None:
             if fault is not None:
                 fault["action"] = "fail"
             self.faults.save()
-        if self.restarts_done:
-            reason = f"{reason} (after {self.restarts_done} restarts, the most --on-failure allowed)"
+        if self.on_failure == "shrink" and not survivors:
+            reason = f"{reason} (no worker left to shrink to)"
+        elif self.restarts_done:
+            what = "shrinks" if self.on_failure == "shrink" else "restarts"
+            reason = f"{reason} (after {self.restarts_done} {what}, the most --on-failure allowed)"
         self.stop_all(grace=0 if fault is not None else TERMINATE_GRACE_SECONDS)
         self.store.mark_ended(self.run.id, FAILED, reason=reason)
 
-    def restart(self, reason: str, fault: dict[str, Any] | None, now: float) -> None:
+    def restart(self, reason: str, fault: dict[str, Any] | None, now: float,
+                survivors: list[int] | None = None) -> None:
         """End the group at once and start it again from the newest complete checkpoint (from
-        the beginning without one), recording the restart and the work it loses in run.json."""
+        the beginning without one), recording the restart and the work it loses in run.json.
+        With ``survivors`` (``--on-failure shrink``: the old ranks that go on), the new group
+        has one worker per survivor, ranked in their order, and starts from their files of the
+        checkpoint (renumbered here; docs/faults.md states the rules for the new size)."""
         assert self.faults is not None
         reached = max((b.step for b in read_beats(self.run_dir, self.workers).values() if b), default=0)
         self.stop_all(grace=0)   # the checkpoint is what goes on; nothing to save
@@ -325,15 +340,20 @@ class WorkerProcesses:
         root = checkpoint_root(self.run_dir, config.checkpoint_dir)
         discard_incomplete_checkpoints(root, self.workers)
         done = complete_checkpoints(root, self.workers)
+        if survivors is not None:
+            renumber_checkpoints(root, self.workers, survivors)
+            config.workers = len(survivors)
         config.resume_step = done.newest
         document.save(self.run_dir)
         self.restarts_done += 1
         entry = {"at": now, "reason": reason, "from_step": done.newest or 0, "reached_step": reached,
                  "lost_steps": max(0, reached - (done.newest or 0)),
                  "fault": self.faults.events.index(fault) if fault is not None else None}
+        if survivors is not None:
+            entry.update(workers=len(survivors), survivors=survivors)
         self.faults.restarts.append(entry)
         if fault is not None:
-            fault.update(action="restart", lost_steps=entry["lost_steps"])
+            fault.update(action="restart" if survivors is None else "shrink", lost_steps=entry["lost_steps"])
         self.faults.save()
         shutil.rmtree(self.run_dir / HEARTBEATS_DIR, ignore_errors=True)   # the old group's
         self.procs = []
@@ -397,6 +417,22 @@ def discard_incomplete_checkpoints(root: Path, workers: int) -> None:
         step = entry.name.removeprefix(STATE_PREFIX)
         if step.isdigit() and (newest is None or int(step) > newest):
             shutil.rmtree(entry, ignore_errors=True)
+
+
+def renumber_checkpoints(root: Path, workers: int, survivors: list[int]) -> None:
+    """``--on-failure shrink``: make every complete checkpoint of ``workers`` ranks one of the
+    survivors' group: the other ranks' files go, survivor ``survivors[j]``'s file becomes rank
+    j's (ascending, so a rename never lands on a file still to be moved). The model and an
+    all-reduce optimizer's state are the same on every rank; each survivor keeps its own random
+    generators. Call it only while no worker of the run is alive."""
+    keep = sorted(survivors)
+    for step in complete_checkpoints(root, workers).steps:
+        folder = root / f"{STATE_PREFIX}{step}"
+        for rank in set(range(workers)) - set(keep):
+            (folder / f"rank-{rank}.pt").unlink(missing_ok=True)
+        for new, old in enumerate(keep):
+            if new != old:
+                os.replace(folder / f"rank-{old}.pt", folder / f"rank-{new}.pt")
 
 
 def record_pids(run_dir: Path, workers: list[int], network: int | None = None) -> None:

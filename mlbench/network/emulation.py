@@ -182,6 +182,17 @@ class LocalNetwork:
         _setns(f"{netns.NETNS_DIR}/{netns.worker_netns(rank)}", _CLONE_NEWNET)
         os.chdir(here)
 
+    def set_link(self, rank: int, up: bool) -> None:
+        """Take worker ``rank``'s link down or bring it back (``--inject link-down``): its port on
+        the bridge, in the holder's namespaces, so the worker's own address, routes and shaping
+        stay as they were and traffic flows again once the port is up."""
+        if self.pid is None:
+            raise NetworkError("the emulated network is not running")
+        user = [] if _as_root() else ["--user", "--preserve-credentials"]
+        subprocess.run(["nsenter", f"--target={self.pid}", "--net", "--mount", *user, "--",
+                        "ip", "link", "set", netns.port(rank), "up" if up else "down"],
+                       check=True, capture_output=True, timeout=10)
+
     def worker_env(self, rank: int) -> dict[str, str]:
         """gloo's sockets on the worker's link; rank 0's rendezvous store on its address."""
         env = {"GLOO_SOCKET_IFNAME": netns.WORKER_IF}

@@ -230,6 +230,17 @@ class Group:
     lost_steps: float | None = None          # steps done after a restart's checkpoint, done again
 
     @property
+    def workers_text(self) -> str:
+        """The worker count, with where ``--on-failure shrink`` left the runs that shrank:
+        ``4``, ``4 -> 3``, ``4 -> 2..3`` (repeats that shrank differently)."""
+        ends = sorted({sizes[-1] for run in self.runs if len(sizes := run.faults.get("workers") or []) > 1})
+        if not ends:
+            return str(self.workers)
+        if any(len(run.faults.get("workers") or []) <= 1 for run in self.runs):
+            ends = sorted({*ends, self.workers})
+        return f"{self.workers} -> {ends[0]}" + (f"..{ends[-1]}" if len(ends) > 1 else "")
+
+    @property
     def had_faults(self) -> bool:
         """Whether any run of the group was put through faults or restarted."""
         return any(run.had_faults for run in self.runs)

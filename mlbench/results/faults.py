@@ -21,12 +21,34 @@ import random
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-KILL, STALL, SLOW = "kill", "stall", "slow"
-KINDS = (KILL, STALL, SLOW)
+KILL, STALL, SLOW, LINK_DOWN = "kill", "stall", "slow", "link-down"
+KINDS = (KILL, STALL, SLOW, LINK_DOWN)
 #: The environment variable that hands the fault clock's start (unix seconds) to the workers.
 FAULT_CLOCK_ENV = "MLBENCH_FAULT_CLOCK"
 
 Schedule = Mapping[str, Any]
+
+
+def policy_text(policy: str, limit: int) -> str:
+    """An ``--on-failure`` policy as a user types it: ``restart:3``, ``shrink``, ``shrink:2``,
+    ``fail`` (``limit`` 0: none but the policy's own)."""
+    return f"{policy}:{limit}" if limit and policy != "fail" else policy
+
+
+def worker_sizes(started: int, restarts: Iterable[Mapping[str, Any]]) -> list[int]:
+    """The sizes a run's group trained at, in order: ``started``, then each shrink's new size
+    (``faults.restarts`` entries with ``workers``; a restart at the same size adds none)."""
+    sizes = [started]
+    for entry in restarts:
+        size = entry.get("workers")
+        if isinstance(size, int) and size != sizes[-1]:
+            sizes.append(size)
+    return sizes
+
+
+def workers_label(sizes: list[int]) -> str:
+    """``4``, or ``4 -> 3`` for a run that shrank (what every surface showing workers shows)."""
+    return " -> ".join(str(size) for size in sizes)
 
 
 def periodic(spec: Schedule) -> bool:

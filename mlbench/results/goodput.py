@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from mlbench.results.events import read_run_events
-from mlbench.results.faults import SLOW
+from mlbench.results.faults import SLOW, policy_text, worker_sizes, workers_label
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary
 from mlbench.run_config import RunDocument
@@ -93,19 +93,37 @@ def run_faults(record: RunRecord, summary: RunSummary,
     restarts = [dict(r) for r in section.get("restarts") or [] if isinstance(r, dict)]
     policy = None
     if config is not None:
-        policy = config.on_failure + (f":{config.max_restarts}" if config.on_failure == "restart" else "")
+        policy = policy_text(config.on_failure, config.max_restarts)
     return {
         "injected": [f.get("text") for f in (config.faults if config is not None else [])],
         "on_failure": policy,
         "events": applied,
         "count": sum(1 for e in applied if not e.get("missed")),
         "restarts": len(restarts),
+        "workers": worker_sizes(record.workers, restarts),
         "lost_steps": sum(int(r.get("lost_steps") or 0) for r in restarts),
         "detect_s": [e["detected_s"] for e in applied if e.get("detected_s") is not None],
         "recover_s": [r["recovered_s"] for r in restarts if r.get("recovered_s") is not None],
         "goodput": goodput(record, summary),
         "stragglers": stragglers(summary, events),
     }
+
+
+def run_worker_sizes(record: RunRecord, run_json: dict[str, Any] | None = None) -> list[int]:
+    """The sizes the run's group trained at: the store's (the size it started at), then each
+    ``--on-failure shrink``'s (run.json's ``faults.restarts``; ``run_json`` when already read)."""
+    if run_json is None:
+        document = RunDocument.load_or_none(record.run_dir)
+        section = (document.extra.get(FAULTS_SECTION) if document is not None else None) or {}
+    else:
+        section = run_json.get(FAULTS_SECTION) or {}
+    restarts = section.get("restarts") if isinstance(section, dict) else None
+    return worker_sizes(record.workers, [r for r in restarts or [] if isinstance(r, dict)])
+
+
+def run_workers_label(record: RunRecord, run_json: dict[str, Any] | None = None) -> str:
+    """``4``, or ``4 -> 3`` for a run that shrank: the workers column of every surface."""
+    return workers_label(run_worker_sizes(record, run_json))
 
 
 def fault_setting(faults: dict[str, Any]) -> str:

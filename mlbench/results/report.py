@@ -22,7 +22,7 @@ from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group
                                      sweep_latency)
 from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints
 from mlbench.results.events import read_run_events
-from mlbench.results.goodput import run_faults
+from mlbench.results.goodput import run_faults, run_workers_label
 from mlbench.results.outcome import AllreduceResult, Outcome, fmt_duration, read_result
 from mlbench.results.repeats import RepeatStats
 from mlbench.plugins import SHORT_HASH, is_plugin_label, plugin_label
@@ -162,7 +162,7 @@ def compare_row(g: Group, emulated: bool = False, faults: bool = False) -> list[
     share = g.communication_share
     cost = "-" if g.cost is None or not goal else _usd(g.cost.median)
     return [
-        str(g.workers),
+        g.workers_text,
         *network,
         f"{tta.converged}/{tta.runs}" if goal else f"-/{tta.runs}",
         _seconds(tta.median) if goal else "-",
@@ -280,6 +280,7 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
     model = _model_plugin_label(record)
     return {
         "id": record.id, "name": record.name, "task": record.task, "workers": record.workers,
+        "workers_text": run_workers_label(record),
         "state": record.state, "reason": record.reason, "division": record.division,
         "optimizer": record.optimizer, "model": model, "framework": framework_of(record),
         "division_text": division_text(record.division, record.optimizer, model),
@@ -348,7 +349,7 @@ def describe_plugin(plugin: dict[str, Any] | None) -> str | None:
 
 
 #: The keys of :func:`run_overview`, in its order: what `status --sort` orders by.
-OVERVIEW_FIELDS = ("id", "name", "task", "workers", "state", "reason", "division", "optimizer", "model",
+OVERVIEW_FIELDS = ("id", "name", "task", "workers", "workers_text", "state", "reason", "division", "optimizer", "model",
                    "framework", "division_text", "launcher", "seed", "group_id", "created_at", "started_at",
                    "finished_at", "epoch", "metric",
                    "metric_value", "metric_title", "metric_unit", "metric_text", "goal", "goal_reached",
@@ -387,7 +388,7 @@ def run_recovery(record: RunRecord) -> dict[str, Any]:
     if config.checkpoints:
         every = (f"{config.checkpoint_every_steps} steps" if config.checkpoint_every_steps is not None
                  else fmt_duration(config.checkpoint_every_s))
-        done = complete_checkpoints(checkpoint_root(record.run_dir, config.checkpoint_dir), record.workers)
+        done = complete_checkpoints(checkpoint_root(record.run_dir, config.checkpoint_dir), config.workers)
         checkpoints = {"every": every, **done.to_dict()}
     return {"checkpoints": checkpoints, "resumes": [dict(r) for r in document.resumes]}
 
@@ -455,7 +456,8 @@ def _group(group: Group) -> dict[str, Any]:
     goal = group.family.metric == TIME_TO_ACCURACY
     tta = group.time_to_accuracy
     return {
-        "workers": group.workers, "runs": tta.runs, "run_ids": [r.record.id for r in group.runs],
+        "workers": group.workers, "workers_text": group.workers_text, "runs": tta.runs,
+        "run_ids": [r.record.id for r in group.runs],
         "converged": tta.converged if goal else None,
         "time_to_accuracy": _stats(tta) if goal else None,
         "speedup": group.speedup,

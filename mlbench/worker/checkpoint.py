@@ -90,8 +90,10 @@ def write(root: Path, rank: int, world: int, state: dict[str, Any]) -> float:
     return time.perf_counter() - begin
 
 
-def read(root: Path, step: int, rank: int, *, seed: int, workers: int) -> dict[str, Any]:
-    """Rank ``rank``'s state of the checkpoint of ``step``, checked to be this run's."""
+def read(root: Path, step: int, rank: int, *, seed: int, workers: int, shrunk: bool = False) -> dict[str, Any]:
+    """Rank ``rank``'s state of the checkpoint of ``step``, checked to be this run's. ``shrunk``
+    (``--on-failure shrink``): a checkpoint of a larger group is this run's too, its files
+    renumbered for the survivors by the supervisor (:func:`mlbench.launch.supervisor.renumber_checkpoints`)."""
     path = rank_file(root, step, rank)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -100,7 +102,10 @@ def read(root: Path, step: int, rank: int, *, seed: int, workers: int) -> dict[s
     if state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is a checkpoint of another format ({state.get('format')!r}, "
                               f"expected {FORMAT})")
-    if (state.get("seed"), state.get("workers")) != (seed, workers):
+    written_by = state.get("workers")
+    if shrunk and state.get("seed") == seed and isinstance(written_by, int) and written_by > workers:
+        return state
+    if (state.get("seed"), written_by) != (seed, workers):
         raise CheckpointError(f"{path} was written by a run with seed {state.get('seed')} and "
                               f"{state.get('workers')} workers, not seed {seed} and {workers}")
     return state

@@ -98,6 +98,17 @@ class Progress:
         return progress
 
 
+def resumed_batch(batch: int, written_by: int, world: int) -> int:
+    """Where in its epoch a resumed group starts: batch ``batch`` of a checkpoint written by
+    ``written_by`` workers. At the same size, that very batch. After a shrink (docs/faults.md),
+    the epoch's permutation is the same and ``batch * written_by`` per-worker batches of it were
+    used; the survivors start at the first of their (larger) global batches that holds none of
+    them, so no sample is seen twice in the epoch and fewer than one new global batch is skipped."""
+    if written_by == world:
+        return batch
+    return -(-batch * written_by // world)
+
+
 class Trainer:
     def __init__(self, config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None,
                  run_dir: Path | None = None, stop_requested: Callable[[], bool] | None = None):
@@ -167,7 +178,8 @@ class Trainer:
     def _load_checkpoint(self, step: int) -> None:
         """Read this rank's state of the checkpoint of ``step``: the model and optimizer now, the
         runtime's and the random generators' when the loop has begun the checkpoint's epoch."""
-        state = checkpoint.read(self.checkpoint_root, step, self.rank, seed=self.cfg.seed, workers=self.world)
+        state = checkpoint.read(self.checkpoint_root, step, self.rank, seed=self.cfg.seed, workers=self.world,
+                                shrunk=self.cfg.on_failure == "shrink")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.progress = Progress.from_checkpoint(state["progress"])
@@ -211,7 +223,8 @@ class Trainer:
         evaluated_at = -1
         start_epoch, start_batch = 0, 0
         if self._resume is not None:
-            start_epoch, start_batch = int(self._resume["epoch"]), int(self._resume["batch"])
+            start_epoch = int(self._resume["epoch"])
+            start_batch = resumed_batch(int(self._resume["batch"]), int(self._resume["workers"]), self.world)
             evaluated_at = p.step if start_batch == 0 else -1  # the epoch's end was evaluated
         else:
             p.train_start = time.perf_counter()

@@ -145,3 +145,18 @@ def test_a_killed_supervisor_takes_its_network_along(libsvm_dir):
     wait_gone(namespaces)   # the holder and the workers die with their supervisor (PDEATHSIG)
     assert "failed" in cli("status")
     assert "supervising process" in RunStore().get(run.id).reason
+
+
+def test_a_short_link_down_blocks_the_collective_and_training_goes_on(libsvm_dir):
+    # rank 1's port on the bridge goes down for 2 s, well inside gloo's timeout and the watchdog's
+    # 5 minutes: the all-reduce waits, then training goes on and the run finishes
+    mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), "--no-stop", "--set", "max_epochs=100000",
+            "--max-steps", "100000", "--time-budget", "8s", "--bandwidth", "1gbit",
+            "--inject", "link-down:rank=1,at=1s,for=2s", check=True)
+    run = RunStore().list()[-1]
+    assert run.state == "finished", run.reason
+    event = run_json(run)["faults"]["events"][0]
+    assert (event["kind"], event["rank"], event["for"]) == ("link-down", 1, 2.0) and "missed" not in event
+    assert 2.0 <= event["down_s"] < 6.0, event
+    status = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
+    assert status["faults"]["count"] == 1

@@ -114,7 +114,7 @@
       ["task", spec.title ? `${spec.task}: ${spec.title}` : spec.task],
       ["framework", spec.framework],
       ["model", spec.model],
-      ["workers", spec.threads_per_worker ? `${spec.workers} x ${spec.threads_per_worker} thread(s)` : spec.workers],
+      ["workers", spec.threads_per_worker ? `${spec.workers_text} x ${spec.threads_per_worker} thread(s)` : spec.workers_text],
       ["optimizer", doc.sweep ? null : options ? `${spec.optimizer} (${options})` : spec.optimizer],
       ["plug-in", spec.plugin ? `${spec.plugin}; sha256 ${spec.plugin_sha256}` : null],
       ["model plug-in", spec.model_plugin ? `${spec.model_plugin}; sha256 ${spec.model_plugin_sha256}` : null],

@@ -34,7 +34,7 @@
       el("td", {}, el("a", { href: `/runs/${row.id}` }, row.name)),
       el("td", { "data-col": "task" }, row.task),
       el("td", { "data-col": "framework" }, row.framework),
-      el("td", { class: "num" }, row.workers),
+      el("td", { class: "num" }, row.workers_text),
       el("td", { "data-col": "state", title: row.reason || "" }, MB.badge(row.state)),
       el("td", {}, row.division_text),
       el("td", { class: "muted" }, row.network || "-"),
