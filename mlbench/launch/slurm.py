@@ -26,7 +26,8 @@ import sys
 import time
 from typing import Any
 
-from mlbench.errors import MlbenchError
+from mlbench.errors import MlbenchError, UsageError
+from mlbench.frameworks import PYTORCH, get_framework
 from mlbench.launch import slurm_jobs as jobs
 from mlbench.launch.base import EventCallback, Launcher, LauncherOption
 from mlbench.launch.plan import RunRequest, WorkerResources
@@ -171,8 +172,11 @@ class SlurmLauncher(Launcher):
         record = self.record(request, resources)
         try:
             config = RunDocument.load(record.run_dir).config
+            framework = get_framework(config.framework)
+            if framework is not PYTORCH and options.iface:
+                raise UsageError(f"--iface: the {framework.title} worker picks its network itself; leave out --iface")
             script = render_script(record.id, record.name, record.run_dir, record.workers,
-                                   config.backend, options, sys.executable)
+                                   config.backend, options, sys.executable, framework.worker)
         except MlbenchError:
             self.store.delete(record.id)
             raise

@@ -20,6 +20,7 @@ from typing import Any
 
 from mlbench.version import __version__
 from mlbench.errors import UsageError
+from mlbench.frameworks import PYTORCH
 from mlbench.launch.mpi import MPIRUN_LOG, mpirun_command
 
 SCRIPT_NAME = "job.sbatch"
@@ -80,8 +81,10 @@ def _sbatch_line(line: str) -> str:
 
 
 def render_script(run_id: str, name: str, run_dir: Path, workers: int, backend: str,
-                  options: SlurmOptions, python: str) -> str:
-    """The batch script's text (its #SBATCH lines are the job's resources)."""
+                  options: SlurmOptions, python: str, worker: str = PYTORCH.worker) -> str:
+    """The batch script's text (its #SBATCH lines are the job's resources); ``worker``: the
+    module each task runs (a framework's port, :attr:`mlbench.frameworks.Framework.worker`),
+    which learns its rank and rank 0's address from srun's and this script's environment."""
     if any(c.isspace() for c in str(run_dir)):
         raise UsageError(f"--slurm: the run folder {run_dir} has a space in its path, which "
                          "#SBATCH lines cannot carry; set MLBENCH_HOME to a folder without spaces "
@@ -103,7 +106,7 @@ def render_script(run_id: str, name: str, run_dir: Path, workers: int, backend: 
         launch += f" > {shlex.quote(str(run_dir / 'logs' / MPIRUN_LOG))} 2>&1"
     else:
         launch = shlex.join(["srun", "--kill-on-bad-exit=1", f"--output={run_dir}/logs/rank-%t.log",
-                             python, "-m", "mlbench.worker", str(run_dir), *worker_args])
+                             python, "-m", worker, str(run_dir), *worker_args])
     threads = options.cpus_per_task
     lines = [
         "#!/bin/bash",
