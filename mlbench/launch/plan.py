@@ -370,9 +370,9 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
         raise UsageError(f"--framework {config.framework} on Slurm: every TensorFlow worker listens on an "
                          "address of its own, which the batch script cannot yet pick on every node before "
                          "srun starts them; use --framework jax or pytorch, or run it locally")
-    if (config.faults or config.on_failure != "fail") and launcher != "local":
-        raise UsageError("--inject and --on-failure are applied by the local launcher's supervisor only so far; "
-                         "run on this machine")
+    if (config.faults or config.on_failure != "fail") and launcher not in ("local", "slurm"):
+        raise UsageError("--inject and --on-failure are applied by the local launcher's supervisor and inside "
+                         "Slurm jobs only so far; run on this machine or with --slurm")
     if plugin is None:
         optimizer = check_optimizer(config.optimizer, request.optimizer_options, request.workers)
     else:

@@ -17,6 +17,7 @@ dashboard and the launchers can tell what a run can resume from.
 from __future__ import annotations
 
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,3 +79,14 @@ def complete_checkpoints(root: Path, workers: int) -> Checkpoints:
         if match and all((entry / f"rank-{r}.pt").is_file() for r in range(workers)):
             steps.append(int(match.group(1)))
     return Checkpoints(root, tuple(sorted(steps)))
+
+
+def discard_incomplete_checkpoints(root: Path, workers: int) -> None:
+    """Remove the checkpoint folders newer than the newest complete one: a worker killed while
+    writing left its partial file there, in the way of the same step's next write. Call it only
+    while no worker of the run is alive (they are the only writers)."""
+    newest = complete_checkpoints(root, workers).newest
+    for entry in root.glob(f"{STATE_PREFIX}*"):
+        step = entry.name.removeprefix(STATE_PREFIX)
+        if step.isdigit() and (newest is None or int(step) > newest):
+            shutil.rmtree(entry, ignore_errors=True)
