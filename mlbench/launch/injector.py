@@ -32,7 +32,8 @@ from mlbench.run_config import RunDocument
 
 
 class Process(Protocol):
-    pid: int
+    @property
+    def pid(self) -> int: ...
 
     def poll(self) -> int | None: ...
 
