@@ -20,6 +20,7 @@ worker's output from the run folder unless a launcher knows better.
 
 from __future__ import annotations
 
+import shutil
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -27,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from mlbench.errors import MlbenchError, UsageError
-from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints
+from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints, discard_incomplete_checkpoints
+from mlbench.results.heartbeat import HEARTBEATS_DIR
 from mlbench.launch.follow import check_rank, follow_file
 from mlbench.launch.plan import RunRequest, WorkerResources, create_run
 from mlbench.launch.run_folder import events_path, log_path
@@ -44,6 +46,17 @@ NO_STEP_CAP = 0
 EventCallback = Callable[[dict[str, Any]], None]
 #: Where a launcher says what it does while a run starts (the terminal's lines).
 Progress = Callable[[str], None]
+
+
+def clear_for_resume(record: RunRecord) -> None:
+    """The workers' last heartbeats (the watchdog would take them for a stall of the new
+    workers) go, and so do the checkpoints newer than the one resumed from: a worker killed
+    while writing (SIGKILL, a lost machine) left its partial ``rank-R.pt.part`` there, which
+    would refuse that step's next write. The processes of the last start are long gone (the
+    run ended), so nothing writes there meanwhile."""
+    shutil.rmtree(record.run_dir / HEARTBEATS_DIR, ignore_errors=True)
+    document = RunDocument.load(record.run_dir)
+    discard_incomplete_checkpoints(checkpoint_root(record.run_dir, document.config.checkpoint_dir), record.workers)
 
 
 def quiet(_: str) -> None:
@@ -181,8 +194,8 @@ class Launcher(ABC):
         (:data:`NO_STEP_CAP`: none); None keeps the run's own, which must lie past the
         checkpoint. One UsageError line for a run that cannot resume."""
         if not self.resumable:
-            raise UsageError(f"run {record.id} is a {self.label} run: `mlbench resume` continues local runs only "
-                             "for now")
+            raise UsageError(f"run {record.id} is a {self.label} run: `mlbench resume` continues local and Slurm "
+                             "runs only for now")
         if record.active:
             raise UsageError(f"run {record.id} is {record.state}: resume continues a run that stopped, failed "
                              "or was cancelled")
@@ -209,8 +222,10 @@ class Launcher(ABC):
             raise UsageError(f"run {record.id} started again meanwhile; not resumed")
         return self.store.get(record.id)
 
-    def before_resume(self, record: RunRecord) -> None:  # noqa: B027 - optional hook, a no-op unless overridden
-        """Clear what the run's last start left that would mislead the next one."""
+    def before_resume(self, record: RunRecord) -> None:
+        """Clear what the run's last start left that would mislead the next one
+        (:func:`clear_for_resume`)."""
+        clear_for_resume(record)
 
     def worker_commands(self, record: RunRecord) -> list[tuple[str, str]]:
         """For a launcher that only records runs: ways to start the run's workers, as (where,

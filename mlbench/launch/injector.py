@@ -20,21 +20,30 @@ and its consequences can be read back and compared across runs and policies
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from mlbench.errors import MlbenchError
+from mlbench.results.checkpoints import (
+    checkpoint_root,
+    complete_checkpoints,
+    discard_incomplete_checkpoints,
+    renumber_checkpoints,
+)
 from mlbench.results.faults import KILL, LINK_DOWN, SLOW, STALL, start_times
 from mlbench.results.goodput import FAULTS_SECTION
+from mlbench.results.heartbeat import HEARTBEATS_DIR, read_beats
 from mlbench.run_config import RunDocument
 
 
 class Process(Protocol):
-    pid: int
+    @property
+    def pid(self) -> int: ...
 
     def poll(self) -> int | None: ...
 
@@ -69,14 +78,22 @@ class Network(Protocol):
     def set_link(self, rank: int, up: bool) -> None: ...
 
 
+def signal_pid(proc: Process, sig: int) -> None:
+    """Send ``sig`` to a process of this machine (the workers of a local run)."""
+    _signal(proc.pid, sig)
+
+
 class Injector:
     """Applies a run's kill and stall schedules to its worker processes on the fault clock that
-    starts at ``clock_start`` (unix seconds)."""
+    starts at ``clock_start`` (unix seconds); ``send`` delivers a signal to one of them (by pid
+    on this machine unless told otherwise: a Slurm task on another node)."""
 
-    def __init__(self, schedules: list[dict[str, Any]], clock_start: float, record: FaultRecord):
+    def __init__(self, schedules: list[dict[str, Any]], clock_start: float, record: FaultRecord,
+                 send: Callable[[Process, int], None] = signal_pid):
         self.schedules = schedules
         self.clock_start = clock_start
         self.record = record
+        self.send = send
         self._applied = [0] * len(schedules)
         self._continue: list[tuple[float, Process]] = []   # (unix time, process) to SIGCONT
         self._links: list[tuple[float, dict[str, Any]]] = []   # (unix time, event) to bring up
@@ -94,7 +111,7 @@ class Injector:
             if proc_due <= now:
                 self._continue.remove((proc_due, proc))
                 if proc.poll() is None:
-                    _signal(proc.pid, signal.SIGCONT)
+                    self.send(proc, signal.SIGCONT)
         for up_due, event in list(self._links):
             if up_due <= now:
                 self._links.remove((up_due, event))
@@ -127,9 +144,9 @@ class Injector:
             if self._set_link(event, False, now):
                 self._links.append((now + float(schedule["for"]), event))
         elif kind == KILL:
-            _signal(proc.pid, signal.SIGKILL)
+            self.send(proc, signal.SIGKILL)
         else:
-            _signal(proc.pid, signal.SIGSTOP)
+            self.send(proc, signal.SIGSTOP)
             if schedule.get("for") is not None:
                 event["for"] = schedule["for"]
                 self._continue.append((now + float(schedule["for"]), proc))
@@ -159,6 +176,60 @@ class Injector:
         for _, event in self._links:
             event["down_s"] = round(time.time() - event["time"], 3)
         self._links.clear()
+
+
+def reached_step(run_dir: Path, workers: int) -> int:
+    """The furthest step any worker's heartbeat reported: what a restart loses beyond its checkpoint."""
+    return max((b.step for b in read_beats(run_dir, workers).values() if b), default=0)
+
+
+def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[str, Any] | None,
+                   now: float, reached: int, survivors: list[int] | None = None) -> dict[str, Any]:
+    """A group that failed at step ``reached`` goes on from its newest complete checkpoint
+    (from the beginning without one): run.json's ``resume_step`` names it, the restart and the
+    steps it loses are recorded (``faults.restarts``, the fault's ``action``), the checkpoints
+    a killed writer left incomplete and the old group's heartbeats go. Call it only while no
+    worker of the run is alive; the local supervisor and the one inside a Slurm job both do.
+    With ``survivors`` (``--on-failure shrink``: the old ranks that go on), the new group has
+    one worker per survivor, ranked in their order, and starts from their files of the
+    checkpoint, renumbered here (docs/faults.md states the rules for the new size).
+    Returns the restart's entry (:func:`check_recovered` completes it)."""
+    run_dir = record.run_dir
+    document = RunDocument.load(run_dir)
+    config = document.config
+    root = checkpoint_root(run_dir, config.checkpoint_dir)
+    discard_incomplete_checkpoints(root, workers)
+    done = complete_checkpoints(root, workers)
+    if survivors is not None:
+        renumber_checkpoints(root, workers, survivors)
+        config.workers = len(survivors)
+    config.resume_step = done.newest
+    document.save(run_dir)
+    entry = {"at": now, "reason": reason, "from_step": done.newest or 0, "reached_step": reached,
+             "lost_steps": max(0, reached - (done.newest or 0)),
+             "fault": record.events.index(fault) if fault is not None else None}
+    if survivors is not None:
+        entry.update(workers=len(survivors), survivors=survivors)
+    record.restarts.append(entry)
+    if fault is not None:
+        fault.update(action="restart" if survivors is None else "shrink", lost_steps=entry["lost_steps"])
+    record.save()
+    shutil.rmtree(run_dir / HEARTBEATS_DIR, ignore_errors=True)   # the old group's
+    return entry
+
+
+def check_recovered(record: FaultRecord, entry: dict[str, Any], workers: int) -> bool:
+    """Whether the group restarted by ``entry`` is back: every rank made a step past the
+    checkpoint (seen in its heartbeat, within the second it takes to be rewritten); then the
+    time to recover is recorded."""
+    beats = read_beats(record.run_dir, workers).values()
+    if not all(b is not None and b.step > entry["from_step"] for b in beats):
+        return False
+    entry["recovered_s"] = round(time.time() - entry["at"], 3)
+    if entry["fault"] is not None:
+        record.events[entry["fault"]]["recovered_s"] = entry["recovered_s"]
+    record.save()
+    return True
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -27,7 +27,6 @@ from mlbench.launch.supervisor import (
     POLL_SECONDS,
     Cancelled,
     WorkerProcesses,
-    discard_incomplete_checkpoints,
     kill_recorded_processes,
     record_supervisor,
     supervisor_of,
@@ -101,23 +100,6 @@ class LocalLauncher(Launcher):
         if request.data_pvc:
             raise UsageError("--data-pvc is for runs on a cluster; use --data-dir DIR on this machine")
         return self.record(request)
-
-    def before_resume(self, record: RunRecord) -> None:
-        """The workers' last heartbeats (the watchdog would take them for a stall of the new
-        workers) go, and so do the checkpoints newer than the one resumed from: a worker killed
-        while writing (SIGKILL, a lost machine) left its partial ``rank-R.pt.part`` there, which
-        would refuse that step's next write. The processes of the last start are long gone (the
-        run ended), so nothing writes there meanwhile."""
-        import shutil
-
-        from mlbench.results.checkpoints import checkpoint_root
-        from mlbench.results.heartbeat import HEARTBEATS_DIR
-        from mlbench.run_config import RunDocument
-
-        shutil.rmtree(record.run_dir / HEARTBEATS_DIR, ignore_errors=True)
-        document = RunDocument.load(record.run_dir)
-        discard_incomplete_checkpoints(checkpoint_root(record.run_dir, document.config.checkpoint_dir),
-                                       record.workers)
 
     def run_attached(self, record: RunRecord, on_event: EventCallback | None = None) -> RunRecord:
         """Start the run's workers here and supervise them to the end (Ctrl-C / SIGTERM cancel)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench.errors import UsageError
-from mlbench.frameworks import DEFAULT_FRAMEWORK, PYTORCH, check_framework
+from mlbench.frameworks import DEFAULT_FRAMEWORK, PYTORCH, check_framework, get_framework
 from mlbench.network.settings import NetworkSettings
 from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
 from mlbench.results.environment import cuda_available, describe_environment, usable_cores
@@ -387,11 +387,16 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
     if plugin is not None:
         request = dataclasses.replace(request, optimizer=plugin.label)
     config, changed = build_config(request, resources, model_plugin)
-    if config.framework != PYTORCH.name and launcher != "local":
-        raise UsageError(f"--framework {config.framework} runs on this machine only (the local launcher) so far")
-    if (config.faults or config.on_failure != "fail") and launcher != "local":
-        raise UsageError("--inject and --on-failure are applied by the local launcher's supervisor only so far; "
-                         "run on this machine")
+    if config.framework != PYTORCH.name and launcher not in ("local", "slurm"):
+        raise UsageError(f"--framework {config.framework} runs on this machine (the local launcher) or on Slurm "
+                         "only so far")
+    if get_framework(config.framework).peers and config.workers > 1 and launcher == "slurm":
+        raise UsageError(f"--framework {config.framework} on Slurm: every TensorFlow worker listens on an "
+                         "address of its own, which the batch script cannot yet pick on every node before "
+                         "srun starts them; use --framework jax or pytorch, or run it locally")
+    if (config.faults or config.on_failure != "fail") and launcher not in ("local", "slurm"):
+        raise UsageError("--inject and --on-failure are applied by the local launcher's supervisor and inside "
+                         "Slurm jobs only so far; run on this machine or with --slurm")
     if plugin is None:
         optimizer = check_optimizer(config.optimizer, request.optimizer_options, request.workers)
     else:

@@ -56,11 +56,13 @@ def log_tail(path: Path) -> str | None:
     return lines[-1] if lines else None
 
 
-def read_outcome(run_dir: Path) -> Outcome:
-    """The result of rank 0, the earliest worker error ("worker R: ..."), the first event's time."""
+def read_outcome(run_dir: Path, since: float | None = None) -> Outcome:
+    """The result of rank 0, the earliest worker error ("worker R: ..."), the first event's time;
+    ``since``: errors recorded before it (by the workers of an attempt that was restarted or
+    resumed since) are not this start's."""
     events = read_run_events(run_dir)
     results = [e for e in events if e["name"] == "result" and e.get("rank") == 0]
-    errors = [e for e in events if e["name"] == "error"]
+    errors = [e for e in events if e["name"] == "error" and (since is None or e["time"] >= since)]
     error = f"worker {errors[0]['rank']}: {errors[0]['value']}" if errors else None
     return Outcome(results[-1]["value"] if results else None, error,
                    events[0]["time"] if events else None)

@@ -26,12 +26,14 @@ import sys
 import time
 from typing import Any
 
-from mlbench.errors import MlbenchError
+from mlbench.errors import MlbenchError, UsageError
+from mlbench.frameworks import PYTORCH, get_framework
 from mlbench.launch import slurm_jobs as jobs
 from mlbench.launch.base import EventCallback, Launcher, LauncherOption
 from mlbench.launch.plan import RunRequest, WorkerResources
 from mlbench.launch.run_folder import log_path, log_tail, logs_dir, rank_error, read_outcome
 from mlbench.launch.slurm_script import SCRIPT_NAME, SlurmOptions, render_script
+from mlbench.results.goodput import FAULTS_SECTION
 from mlbench.results.store import CANCELLED, FAILED, FINISHED, RunRecord
 from mlbench.run_config import RunDocument
 from mlbench.safefile import write_text
@@ -50,6 +52,17 @@ def job_id(run: RunRecord) -> str | None:
     """The Slurm job of ``run`` (None until it was submitted)."""
     document = RunDocument.load_or_none(run.run_dir)
     return (document.extra.get("slurm") or {}).get("job_id") if document else None
+
+
+def _last_start(run: RunRecord) -> float | None:
+    """When the workers last started anew: the latest resume or restart (inside the job) that
+    run.json records; the errors of the workers before it are an earlier attempt's."""
+    document = RunDocument.load_or_none(run.run_dir)
+    if document is None:
+        return None
+    restarts = (document.extra.get(FAULTS_SECTION) or {}).get("restarts") or []
+    moments = [float(entry["at"]) for entry in [*document.resumes, *restarts] if "at" in entry]
+    return max(moments, default=None)
 
 
 def _describe(job: str, state: jobs.JobState | None) -> str | None:
@@ -132,6 +145,7 @@ class SlurmLauncher(Launcher):
     how_to_choose = "add --slurm"
     options = _SLURM_OPTIONS
     follow_seconds = 2.0
+    resumable = True  # the batch script is submitted again; the run folder is on shared storage
     unreachable_seconds = 120.0  # how long a follow waits for an unreachable controller
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -171,8 +185,12 @@ class SlurmLauncher(Launcher):
         record = self.record(request, resources)
         try:
             config = RunDocument.load(record.run_dir).config
+            framework = get_framework(config.framework)
+            if framework is not PYTORCH and options.iface:
+                raise UsageError(f"--iface: the {framework.title} worker picks its network itself; leave out --iface")
             script = render_script(record.id, record.name, record.run_dir, record.workers,
-                                   config.backend, options, sys.executable)
+                                   config.backend, options, sys.executable, framework.worker,
+                                   supervised=config.checkpoints or bool(config.faults) or config.on_failure != "fail")
         except MlbenchError:
             self.store.delete(record.id)
             raise
@@ -188,6 +206,17 @@ class SlurmLauncher(Launcher):
             raise
         document = RunDocument.load(record.run_dir)
         document.extra["slurm"] = {"job_id": job, "script": SCRIPT_NAME, "submitted_at": time.time()}
+        document.save(record.run_dir)
+
+    def before_resume(self, record: RunRecord) -> None:
+        """As a local run's (:func:`~mlbench.launch.base.clear_for_resume`), and the ended job goes
+        from run.json's ``slurm`` to its ``earlier_jobs``, so that the run, pending again, is
+        not taken for that job's end before its new job is submitted."""
+        super().before_resume(record)
+        document = RunDocument.load(record.run_dir)
+        ended = document.extra.pop("slurm", None)
+        if ended:
+            document.extra.setdefault("slurm_earlier_jobs", []).append(ended)
         document.save(record.run_dir)
 
     def where(self, record: RunRecord) -> str:
@@ -250,7 +279,7 @@ class SlurmLauncher(Launcher):
                 store.mark_started(run.id)
                 self._record_allocation(run, state)
             return store.get(run.id), state
-        outcome = read_outcome(run.run_dir)
+        outcome = read_outcome(run.run_dir, since=_last_start(run))
         if state is None:  # forgotten by the controller, and no accounting to ask
             if outcome.result is not None and outcome.error is None:
                 store.mark_ended(run.id, FINISHED, result=outcome.result)

@@ -20,6 +20,7 @@ from typing import Any
 
 from mlbench.version import __version__
 from mlbench.errors import UsageError
+from mlbench.frameworks import PYTORCH
 from mlbench.launch.mpi import MPIRUN_LOG, mpirun_command
 
 SCRIPT_NAME = "job.sbatch"
@@ -80,8 +81,15 @@ def _sbatch_line(line: str) -> str:
 
 
 def render_script(run_id: str, name: str, run_dir: Path, workers: int, backend: str,
-                  options: SlurmOptions, python: str) -> str:
-    """The batch script's text (its #SBATCH lines are the job's resources)."""
+                  options: SlurmOptions, python: str, worker: str = PYTORCH.worker,
+                  supervised: bool = False) -> str:
+    """The batch script's text (its #SBATCH lines are the job's resources); ``worker``: the
+    module each task runs (a framework's port, :attr:`mlbench.frameworks.Framework.worker`),
+    which learns its rank and rank 0's address from srun's and this script's environment.
+    ``supervised`` (a run that checkpoints, injects faults or restarts): the job may be started
+    again by Slurm (``--requeue``, its output appended to), and the steps are run by the
+    supervisor inside the job (:mod:`mlbench.launch.slurm_supervisor`), which resumes a requeued
+    job from its newest checkpoint, injects the faults and restarts a failed step."""
     if any(c.isspace() for c in str(run_dir)):
         raise UsageError(f"--slurm: the run folder {run_dir} has a space in its path, which "
                          "#SBATCH lines cannot carry; set MLBENCH_HOME to a folder without spaces "
@@ -95,6 +103,9 @@ def render_script(run_id: str, name: str, run_dir: Path, workers: int, backend: 
             directives.append(f"--{flag}={value}")
     if options.gpus_per_task:
         directives.append(f"--gpus-per-task={options.gpus_per_task}")
+    supervised = supervised and backend != "mpi"
+    if supervised:
+        directives += ["--requeue", "--open-mode=append"]
     directives += options.extra
     worker_args = ("--iface", options.iface) if options.iface else ()
     if backend == "mpi":  # MPI's own rendezvous; Open MPI's mpirun reads the allocation
@@ -102,8 +113,10 @@ def render_script(run_id: str, name: str, run_dir: Path, workers: int, backend: 
                                            worker_args=worker_args))
         launch += f" > {shlex.quote(str(run_dir / 'logs' / MPIRUN_LOG))} 2>&1"
     else:
-        launch = shlex.join(["srun", "--kill-on-bad-exit=1", f"--output={run_dir}/logs/rank-%t.log",
-                             python, "-m", "mlbench.worker", str(run_dir), *worker_args])
+        srun = ["srun", "--kill-on-bad-exit=1", f"--output={run_dir}/logs/rank-%t.log",
+                *(["--open-mode=append"] if supervised else []), python, "-m", worker, str(run_dir), *worker_args]
+        launch = shlex.join(["exec", python, "-m", "mlbench.launch.slurm_supervisor", str(run_dir), "--", *srun]
+                            if supervised else srun)
     threads = options.cpus_per_task
     lines = [
         "#!/bin/bash",

@@ -23,7 +23,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -35,14 +34,13 @@ from typing import Any
 from mlbench.errors import peer_consequence
 from mlbench.frameworks import PYTORCH, get_framework
 from mlbench.launch.forked import ForkedProcess, fork_worker, forking_allowed
-from mlbench.launch.injector import FaultRecord, Injector
+from mlbench.launch.injector import FaultRecord, Injector, check_recovered, reached_step, record_restart
 from mlbench.launch.processes import ProcessRef
 from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, rank_error
 from mlbench.network.emulation import NETWORK_LOST, LocalNetwork, local_network
-from mlbench.results.checkpoints import STATE_PREFIX, checkpoint_root, complete_checkpoints
 from mlbench.results.events import read_rank_events
 from mlbench.results.faults import FAULT_CLOCK_ENV, describe_fault
-from mlbench.results.heartbeat import HEARTBEATS_DIR, read_beats
+from mlbench.results.heartbeat import read_beats
 from mlbench.results.store import (
     CANCELLED,
     FAILED,
@@ -331,46 +329,20 @@ class WorkerProcesses:
         has one worker per survivor, ranked in their order, and starts from their files of the
         checkpoint (renumbered here; docs/faults.md states the rules for the new size)."""
         assert self.faults is not None
-        reached = max((b.step for b in read_beats(self.run_dir, self.workers).values() if b), default=0)
+        reached = reached_step(self.run_dir, self.workers)
         self.stop_all(grace=0)   # the checkpoint is what goes on; nothing to save
         if self.injector is not None:
             self.injector.forget_processes()
-        document = RunDocument.load(self.run_dir)
-        config = document.config
-        root = checkpoint_root(self.run_dir, config.checkpoint_dir)
-        discard_incomplete_checkpoints(root, self.workers)
-        done = complete_checkpoints(root, self.workers)
-        if survivors is not None:
-            renumber_checkpoints(root, self.workers, survivors)
-            config.workers = len(survivors)
-        config.resume_step = done.newest
-        document.save(self.run_dir)
         self.restarts_done += 1
-        entry = {"at": now, "reason": reason, "from_step": done.newest or 0, "reached_step": reached,
-                 "lost_steps": max(0, reached - (done.newest or 0)),
-                 "fault": self.faults.events.index(fault) if fault is not None else None}
-        if survivors is not None:
-            entry.update(workers=len(survivors), survivors=survivors)
-        self.faults.restarts.append(entry)
-        if fault is not None:
-            fault.update(action="restart" if survivors is None else "shrink", lost_steps=entry["lost_steps"])
-        self.faults.save()
-        shutil.rmtree(self.run_dir / HEARTBEATS_DIR, ignore_errors=True)   # the old group's
+        self._recovering = record_restart(self.faults, self.workers, reason, fault, now, reached, survivors)
         self.procs = []
-        self._recovering = entry
         self.start(restarting=True)
 
     def _check_recovered(self) -> None:
-        """The restarted group is back once every rank made a step past the checkpoint (seen in
-        its heartbeat, within the second it takes to be rewritten): the time to recover."""
-        entry = self._recovering
-        assert entry is not None and self.faults is not None
-        beats = read_beats(self.run_dir, self.workers).values()
-        if all(b is not None and b.step > entry["from_step"] for b in beats):
-            entry["recovered_s"] = round(time.time() - entry["at"], 3)
-            if entry["fault"] is not None:
-                self.faults.events[entry["fault"]]["recovered_s"] = entry["recovered_s"]
-            self.faults.save()
+        """The restarted group is back once every rank made a step past the checkpoint: the
+        time to recover (:func:`mlbench.launch.injector.check_recovered`)."""
+        assert self._recovering is not None and self.faults is not None
+        if check_recovered(self.faults, self._recovering, self.workers):
             self._recovering = None
 
     def watch(self, codes: list[int | None]) -> Stall | None:
@@ -406,33 +378,6 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def discard_incomplete_checkpoints(root: Path, workers: int) -> None:
-    """Remove the checkpoint folders newer than the newest complete one: a worker killed while
-    writing left its partial file there, in the way of the same step's next write. Call it only
-    while no worker of the run is alive (they are the only writers)."""
-    newest = complete_checkpoints(root, workers).newest
-    for entry in root.glob(f"{STATE_PREFIX}*"):
-        step = entry.name.removeprefix(STATE_PREFIX)
-        if step.isdigit() and (newest is None or int(step) > newest):
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-def renumber_checkpoints(root: Path, workers: int, survivors: list[int]) -> None:
-    """``--on-failure shrink``: make every complete checkpoint of ``workers`` ranks one of the
-    survivors' group: the other ranks' files go, survivor ``survivors[j]``'s file becomes rank
-    j's (ascending, so a rename never lands on a file still to be moved). The model and an
-    all-reduce optimizer's state are the same on every rank; each survivor keeps its own random
-    generators. Call it only while no worker of the run is alive."""
-    keep = sorted(survivors)
-    for step in complete_checkpoints(root, workers).steps:
-        folder = root / f"{STATE_PREFIX}{step}"
-        for rank in set(range(workers)) - set(keep):
-            (folder / f"rank-{rank}.pt").unlink(missing_ok=True)
-        for new, old in enumerate(keep):
-            if new != old:
-                os.replace(folder / f"rank-{old}.pt", folder / f"rank-{new}.pt")
 
 
 def record_pids(run_dir: Path, workers: list[int], network: int | None = None) -> None:

@@ -16,7 +16,9 @@ dashboard and the launchers can tell what a run can resume from.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,3 +80,30 @@ def complete_checkpoints(root: Path, workers: int) -> Checkpoints:
         if match and all((entry / f"rank-{r}.pt").is_file() for r in range(workers)):
             steps.append(int(match.group(1)))
     return Checkpoints(root, tuple(sorted(steps)))
+
+
+def discard_incomplete_checkpoints(root: Path, workers: int) -> None:
+    """Remove the checkpoint folders newer than the newest complete one: a worker killed while
+    writing left its partial file there, in the way of the same step's next write. Call it only
+    while no worker of the run is alive (they are the only writers)."""
+    newest = complete_checkpoints(root, workers).newest
+    for entry in root.glob(f"{STATE_PREFIX}*"):
+        step = entry.name.removeprefix(STATE_PREFIX)
+        if step.isdigit() and (newest is None or int(step) > newest):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def renumber_checkpoints(root: Path, workers: int, survivors: list[int]) -> None:
+    """``--on-failure shrink``: make every complete checkpoint of ``workers`` ranks one of the
+    survivors' group: the other ranks' files go, survivor ``survivors[j]``'s file becomes rank
+    j's (ascending, so a rename never lands on a file still to be moved). The model and an
+    all-reduce optimizer's state are the same on every rank; each survivor keeps its own random
+    generators. Call it only while no worker of the run is alive."""
+    keep = sorted(survivors)
+    for step in complete_checkpoints(root, workers).steps:
+        folder = root / f"{STATE_PREFIX}{step}"
+        for rank in set(range(workers)) - set(keep):
+            (folder / f"rank-{rank}.pt").unlink(missing_ok=True)
+        for new, old in enumerate(keep):
+            if new != old:
+                os.replace(folder / f"rank-{old}.pt", folder / f"rank-{new}.pt")

@@ -196,6 +196,15 @@ def _wait(condition, cluster: SlurmCluster, what: str) -> None:
         time.sleep(0.3)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _zygote_before_the_cluster() -> None:
+    """The tests' zygote (tests/zygote.py) starts with the environment of its first use: started
+    inside a test, it would carry SLURM_CONF and be taken for a leftover of the cluster."""
+    from tests.helpers import mlbench
+
+    mlbench("--version")
+
+
 @pytest.fixture
 def slurm(slurm_cluster, monkeypatch) -> SlurmCluster:
     """The session's cluster, as the current Slurm of this test (SLURM_CONF)."""

@@ -1,0 +1,216 @@
+"""The supervisor inside a Slurm job: ``python -m mlbench.launch.slurm_supervisor RUN_DIR -- SRUN...``.
+
+The batch script of a run that checkpoints, injects faults or restarts on failure
+(:mod:`mlbench.launch.slurm_script`) hands over to this module on the batch node, the first node
+of the allocation, where nothing of mlbench otherwise lives while the job runs. It does there
+what the local supervisor (:mod:`mlbench.launch.supervisor`) does on one machine, with the same
+code for the record (:mod:`mlbench.launch.injector`):
+
+- a job that Slurm started again (``sbatch --requeue``, ``scontrol requeue``, a preemption;
+  ``SLURM_RESTART_COUNT`` > 0) goes on from the newest complete checkpoint, recorded as a
+  resume in run.json as `mlbench resume` records one;
+- each attempt is one job step (``srun --kill-on-bad-exit``: one task failing ends the step);
+  ``--inject kill|stall`` is applied to a task's process, found by the pid and host of its
+  heartbeat (by pid on this node, through ``srun --overlap`` on another one), ``slow`` by the
+  worker itself;
+- a failed step is restarted from the newest checkpoint as a new step while
+  ``--on-failure restart[:N]`` allows, recorded in run.json's ``faults`` as a local restart is,
+  so that `status`, `compare` and goodput read a Slurm run as a local one.
+
+A stalled task is found by its peers' own watchdog (the workers of a Slurm step watch each
+other), which ends the step. SIGTERM (scancel, a requeue) ends the step and this process
+without a restart.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from mlbench.launch.injector import FaultRecord, Injector, check_recovered, reached_step, record_restart
+from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints, discard_incomplete_checkpoints
+from mlbench.results.faults import FAULT_CLOCK_ENV, describe_fault
+from mlbench.results.heartbeat import HEARTBEATS_DIR, read_beats
+from mlbench.run_config import RunDocument
+
+POLL_SECONDS = 0.2
+# srun's line for a task that ended badly, e.g. "srun: error: node1: task 1: Killed"
+_SRUN_TASK = re.compile(r"srun: error: (\S+): tasks? ([\d\-,]+): (.+)$")
+
+
+class SlurmTask:
+    """One task (rank) of the running step, as the injector sees a worker process: its pid and
+    host from its heartbeat (none before its first beat: not running yet)."""
+
+    def __init__(self, run_dir: Path, rank: int, workers: int, step: subprocess.Popen):
+        self.run_dir, self.rank, self.workers, self.step = run_dir, rank, workers, step
+
+    def _beat(self) -> Any:
+        return read_beats(self.run_dir, self.workers).get(self.rank)
+
+    @property
+    def pid(self) -> int:
+        beat = self._beat()
+        return beat.pid if beat is not None else 0
+
+    def poll(self) -> int | None:
+        beat = self._beat()
+        if self.step.poll() is not None or beat is None or not beat.pid:
+            return 0 if self.step.poll() is None else self.step.returncode
+        if beat.host == socket.gethostname():
+            try:
+                os.kill(beat.pid, 0)
+            except ProcessLookupError:
+                return 0
+        return None
+
+    def send(self, sig: int) -> None:
+        beat = self._beat()
+        if beat is None or not beat.pid:
+            return
+        if beat.host == socket.gethostname():
+            try:
+                os.kill(beat.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            return
+        subprocess.run(["srun", f"--jobid={os.environ.get('SLURM_JOB_ID', '')}", "--overlap", f"--nodelist={beat.host}",
+                        "--nodes=1", "--ntasks=1", "kill", "-s", str(int(sig)), str(beat.pid)],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
+
+
+def _send(task: Any, sig: int) -> None:
+    task.send(sig)
+
+
+def resume_if_requeued(run_dir: Path, workers: int, env: dict[str, str]) -> int | None:
+    """A job that Slurm started again goes on from the newest complete checkpoint, recorded in
+    run.json as a resume; returns its step (None: a first start, or no checkpoint yet)."""
+    restarts = env.get("SLURM_RESTART_COUNT", "0")
+    if not restarts.isdigit() or int(restarts) == 0:
+        return None
+    document = RunDocument.load(run_dir)
+    config = document.config
+    root = checkpoint_root(run_dir, config.checkpoint_dir)
+    discard_incomplete_checkpoints(root, workers)
+    newest = complete_checkpoints(root, workers).newest
+    config.resume_step = newest
+    document.resumes.append({"from_step": newest or 0, "at": time.time(), "max_steps": config.max_steps,
+                             "after": "requeued",
+                             "reason": f"Slurm started job {env.get('SLURM_JOB_ID')} again "
+                                       f"(restart {restarts}: requeued or preempted)"})
+    document.save(run_dir)
+    return newest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class JobSupervisor:
+    """Runs the job's steps one attempt after another (see the module's docstring)."""
+
+    def __init__(self, run_dir: Path, command: list[str]):
+        self.run_dir, self.command = run_dir, command
+        config = RunDocument.load(run_dir).config
+        self.workers = config.workers
+        self.on_failure, self.max_restarts = config.on_failure, config.max_restarts
+        self.faults = FaultRecord(run_dir) if config.faults or config.on_failure != "fail" else None
+        self.restarts_done = 0
+        self.clock_start = time.time()
+        self.injector = (Injector(config.faults, self.clock_start, self.faults, _send)
+                         if config.faults and self.faults is not None else None)
+        self.stopping = False
+        self.step: subprocess.Popen | None = None
+
+    def _terminate(self, signum: int, frame: Any) -> None:
+        self.stopping = True
+        if self.step is not None and self.step.poll() is None:
+            self.step.send_signal(signal.SIGTERM)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._terminate)
+        resume_if_requeued(self.run_dir, self.workers, dict(os.environ))
+        recovering: dict[str, Any] | None = None
+        while True:
+            code, failed = self._attempt(recovering)
+            recovering = None
+            if code == 0 or self.stopping:
+                return code
+            now = time.time()
+            reason = f"Slurm step of {', '.join(f'task {r}' for r in failed) or 'the workers'} failed " \
+                     f"(srun exit code {code})"
+            fault = self.faults.culprit(failed) if self.faults is not None else None
+            if fault is not None:
+                fault["detected_s"] = round(now - fault["time"], 3)
+                reason = f"{reason} [injected: {describe_fault(fault)}, --inject {fault['schedule']}]"
+            if self.faults is None or self.on_failure != "restart" or self.restarts_done >= self.max_restarts:
+                if self.faults is not None:
+                    if fault is not None:
+                        fault["action"] = "fail"
+                    self.faults.save()
+                print(f"mlbench: {reason}; not restarted", file=sys.stderr, flush=True)
+                return code
+            if self.injector is not None:
+                self.injector.forget_processes()
+            self.restarts_done += 1
+            recovering = record_restart(self.faults, self.workers, reason, fault, now,
+                                        reached_step(self.run_dir, self.workers))
+            print(f"mlbench: {reason}; restart {self.restarts_done} of {self.max_restarts} from step "
+                  f"{recovering['from_step']}", file=sys.stderr, flush=True)
+
+    def _attempt(self, recovering: dict[str, Any] | None) -> tuple[int, list[int]]:
+        """One step: srun's exit code and the tasks srun named as failed first."""
+        import shutil
+
+        shutil.rmtree(self.run_dir / HEARTBEATS_DIR, ignore_errors=True)  # pids of this step's tasks only
+        env = dict(os.environ, MASTER_PORT=str(_free_port()), **{FAULT_CLOCK_ENV: repr(self.clock_start)})
+        failed: list[int] = []
+        step = self.step = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
+                                            stderr=subprocess.PIPE, text=True, errors="replace")
+        reader = threading.Thread(target=self._read_errors, args=(step, failed), daemon=True)
+        reader.start()
+        tasks = [SlurmTask(self.run_dir, rank, self.workers, step) for rank in range(self.workers)]
+        while step.poll() is None:
+            if self.injector is not None and not self.stopping:
+                self.injector.apply(tasks)
+            if recovering is not None and self.faults is not None \
+                    and check_recovered(self.faults, recovering, self.workers):
+                recovering = None
+            time.sleep(POLL_SECONDS)
+        reader.join(timeout=10)
+        return step.returncode, failed
+
+    @staticmethod
+    def _read_errors(step: subprocess.Popen, failed: list[int]) -> None:
+        """srun's messages go on to the job's output; the tasks it names as failed (not those it
+        ended because of them) are kept."""
+        assert step.stderr is not None
+        for line in step.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            match = _SRUN_TASK.search(line.strip())
+            if match and match.group(3).strip() != "Terminated" and not failed:
+                failed.extend(int(r) for r in re.split(r"[-,]", match.group(2)) if r.isdigit())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 3 or args[1] != "--":
+        print("usage: python -m mlbench.launch.slurm_supervisor RUN_DIR -- SRUN_COMMAND...", file=sys.stderr)
+        return 2
+    return JobSupervisor(Path(args[0]), args[2:]).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
