@@ -97,3 +97,34 @@ def test_slurm_cpus_per_task_0_is_a_usage_error_of_the_cli_and_records_nothing()
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().splitlines() == ["Error: --cpus-per-task must be at least 1, not 0"]
     assert RunStore().list() == []
+
+
+@pytest.mark.parametrize("launcher, asked, message", [
+    ("slurm", {"on_failure": "shrink"},
+     "--on-failure shrink: Slurm runs carry out fail or restart only; run on this machine"),
+    ("slurm", {"framework": "tensorflow"},
+     "--framework tensorflow on 2 workers: every TensorFlow worker listens on an address of its own, which "
+     "Slurm runs cannot yet give each worker before it starts; run one worker, another framework, or on this "
+     "machine"),
+    ("external", {"framework": "jax"}, "--framework jax: --record-only runs start PyTorch workers only so far; "
+                                       "run on this machine"),
+    ("external", {"inject": "stall:rank=1,at=5s"},
+     "--inject stall:rank=1,at=5s: --record-only runs cannot inject a stall (they apply none); run on this machine"),
+    ("external", {"on_failure": "restart"},
+     "--on-failure restart: --record-only runs carry out fail only; run on this machine"),
+])
+def test_each_launcher_refuses_what_its_abilities_leave_out_before_anything_is_recorded(launcher, asked, message):
+    from mlbench.launch.faults import parse_inject
+
+    if "framework" in asked:
+        pytest.importorskip("jax" if asked["framework"] == "jax" else "tensorflow")
+    store = RunStore()
+    fields = {k: v for k, v in asked.items() if k != "inject"}
+    request = RunRequest(task="task2a", workers=2, data="synthetic", max_restarts=0, **fields,
+                         faults=[parse_inject(asked["inject"])] if "inject" in asked else [])
+    with pytest.raises(UsageError) as refused:
+        launcher_class(launcher)(store).create(request)
+    assert str(refused.value) == message
+    assert store.list() == []
+    # the local launcher does all of it (a record-only run is enough to see it accepted)
+    assert choose(store, {}).record(request).state == "pending"

@@ -31,7 +31,7 @@ from mlbench.errors import MlbenchError, UsageError
 from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints, discard_incomplete_checkpoints
 from mlbench.results.heartbeat import HEARTBEATS_DIR
 from mlbench.launch.follow import check_rank, follow_file
-from mlbench.launch.plan import RunRequest, WorkerResources, create_run
+from mlbench.launch.plan import LauncherAbilities, RunRequest, WorkerResources, create_run
 from mlbench.launch.run_folder import events_path, log_path
 from mlbench.network.settings import NetworkSettings
 from mlbench.results.events import EventTail
@@ -116,6 +116,8 @@ class Launcher(ABC):
     plugin_limit: ClassVar[int | None] = None
     #: Whether `mlbench resume` can start its runs again from a checkpoint.
     resumable: ClassVar[bool] = False
+    #: The frameworks, injected faults and recovery policies it handles (PyTorch only, none).
+    abilities: ClassVar[LauncherAbilities] = LauncherAbilities()
 
     def __init__(self, store: RunStore, settings: LaunchSettings | None = None):
         self.store = store
@@ -161,7 +163,8 @@ class Launcher(ABC):
         """Record a pending run of ``request`` as this launcher's, with the machines it occupies
         and its network."""
         network = self.network_record(request.network) if request.network else None
-        return create_run(self.store, request, launcher=self.name, check_data=check_data,
+        return create_run(self.store, request, launcher=self.name, abilities=self.abilities, label=self.label,
+                          check_data=check_data,
                           resources=resources, nodes=self.occupied_nodes(request, resources),
                           on_this_machine=self.on_this_machine, network=network,
                           plugin_limit=self.plugin_limit)

@@ -18,9 +18,11 @@ import time
 from typing import Any
 
 from mlbench.errors import UsageError
+from mlbench.frameworks import FRAMEWORKS
 from mlbench.launch.base import EventCallback, Launcher
 from mlbench.launch.mpi import MpiProcesses, uses_mpirun
-from mlbench.launch.plan import RunRequest, WorkerResources
+from mlbench.launch.faults import POLICIES
+from mlbench.launch.plan import LauncherAbilities, RunRequest, WorkerResources
 from mlbench.launch.run_folder import logs_dir
 from mlbench.launch.supervisor import (
     CANCELLED_BY_USER,
@@ -32,6 +34,7 @@ from mlbench.launch.supervisor import (
     supervisor_of,
 )
 from mlbench.network.settings import NetworkSettings
+from mlbench.results.faults import KINDS
 from mlbench.results.store import CANCELLED, FAILED, FINISHED, RunRecord, RunStore
 from mlbench.safefile import open_append
 
@@ -79,6 +82,8 @@ class LocalLauncher(Launcher):
     label = "local"
     on_this_machine = True
     resumable = True
+    abilities = LauncherAbilities(frameworks=tuple(FRAMEWORKS), peer_addresses=True, fault_kinds=KINDS,
+                                  policies=POLICIES)
 
     def check_workers(self, workers: int) -> None:
         limit, why = local_worker_limit()

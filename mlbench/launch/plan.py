@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench.errors import UsageError
-from mlbench.frameworks import DEFAULT_FRAMEWORK, PYTORCH, check_framework, get_framework
+from mlbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, PYTORCH, check_framework, get_framework
 from mlbench.network.settings import NetworkSettings
 from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
 from mlbench.results.environment import cuda_available, describe_environment, usable_cores
@@ -358,12 +358,50 @@ def prepare_data(config: RunConfig) -> None:
         get_dataset(config.task.settings.dataset).prepare(config.data_dir)
 
 
+@dataclass(frozen=True)
+class LauncherAbilities:
+    """What a launcher does with a run beyond starting PyTorch workers: each launcher declares
+    it (:attr:`mlbench.launch.base.Launcher.abilities`) and :func:`create_run` checks a request
+    against it before anything is recorded, so that no other code asks a launcher's name.
+    ``frameworks``: whose workers it starts; ``peer_addresses``: whether it can give every
+    worker an address of its own (a framework with ``peers``, TensorFlow, needs that for more
+    than one worker); ``fault_kinds``: the ``--inject`` kinds it applies; ``policies``: the
+    ``--on-failure`` policies it carries out."""
+
+    frameworks: tuple[str, ...] = (PYTORCH.name,)
+    peer_addresses: bool = False
+    fault_kinds: tuple[str, ...] = ()
+    policies: tuple[str, ...] = ("fail",)
+
+    def check(self, config: RunConfig, label: str) -> None:
+        """One UsageError line for what ``config`` asks that ``label`` runs cannot do."""
+        framework = get_framework(config.framework)
+        if framework.name not in self.frameworks:
+            titles = ", ".join(FRAMEWORKS[name].title for name in self.frameworks)
+            raise UsageError(f"--framework {framework.name}: {label} runs start {titles} workers only so far; "
+                             "run on this machine")
+        if framework.peers and config.workers > 1 and not self.peer_addresses:
+            raise UsageError(f"--framework {framework.name} on {config.workers} workers: every {framework.title} "
+                             f"worker listens on an address of its own, which {label} runs cannot yet give each "
+                             "worker before it starts; run one worker, another framework, or on this machine")
+        for fault in config.faults:
+            if fault["kind"] not in self.fault_kinds:
+                offered = f"they apply {', '.join(self.fault_kinds)}" if self.fault_kinds else "they apply none"
+                raise UsageError(f"--inject {fault['text']}: {label} runs cannot inject a {fault['kind']} "
+                                 f"({offered}); run on this machine")
+        if config.on_failure not in self.policies:
+            raise UsageError(f"--on-failure {config.on_failure}: {label} runs carry out "
+                             f"{' or '.join(self.policies)} only; run on this machine")
+
+
 def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: int, on_this_machine: bool,
-               check_data: bool = True, resources: WorkerResources | None = None,
+               abilities: LauncherAbilities, label: str, check_data: bool = True,
+               resources: WorkerResources | None = None,
                network: dict[str, Any] | None = None, plugin_limit: int | None = None) -> RunRecord:
     """Validate the request (and, locally, the data) and record a new pending run of
     ``launcher``, which says the machines it occupies (``nodes``, whether ``on_this_machine``),
-    how its emulated ``network`` is applied and the largest plug-in source it ships
+    what it can do (``abilities``, its runs named ``label`` in a refusal), how its emulated
+    ``network`` is applied and the largest plug-in source it ships
     (``plugin_limit``; None: its workers share the run folder) (:class:`mlbench.launch.base.Launcher`,
     through which runs are created)."""
     from mlbench.optim.descriptors import check_optimizer, with_grad_hook
@@ -387,16 +425,7 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
     if plugin is not None:
         request = dataclasses.replace(request, optimizer=plugin.label)
     config, changed = build_config(request, resources, model_plugin)
-    if config.framework != PYTORCH.name and launcher not in ("local", "slurm"):
-        raise UsageError(f"--framework {config.framework} runs on this machine (the local launcher) or on Slurm "
-                         "only so far")
-    if get_framework(config.framework).peers and config.workers > 1 and launcher == "slurm":
-        raise UsageError(f"--framework {config.framework} on Slurm: every TensorFlow worker listens on an "
-                         "address of its own, which the batch script cannot yet pick on every node before "
-                         "srun starts them; use --framework jax or pytorch, or run it locally")
-    if (config.faults or config.on_failure != "fail") and launcher not in ("local", "slurm"):
-        raise UsageError("--inject and --on-failure are applied by the local launcher's supervisor and inside "
-                         "Slurm jobs only so far; run on this machine or with --slurm")
+    abilities.check(config, label)
     if plugin is None:
         optimizer = check_optimizer(config.optimizer, request.optimizer_options, request.workers)
     else:

@@ -27,12 +27,14 @@ import time
 from typing import Any
 
 from mlbench.errors import MlbenchError, UsageError
-from mlbench.frameworks import PYTORCH, get_framework
+from mlbench.frameworks import FRAMEWORKS, PYTORCH, get_framework
 from mlbench.launch import slurm_jobs as jobs
 from mlbench.launch.base import EventCallback, Launcher, LauncherOption
-from mlbench.launch.plan import RunRequest, WorkerResources
+from mlbench.launch.faults import FAIL, RESTART
+from mlbench.launch.plan import LauncherAbilities, RunRequest, WorkerResources
 from mlbench.launch.run_folder import log_path, log_tail, logs_dir, rank_error, read_outcome
 from mlbench.launch.slurm_script import SCRIPT_NAME, SlurmOptions, render_script
+from mlbench.results.faults import KILL, SLOW, STALL
 from mlbench.results.goodput import FAULTS_SECTION
 from mlbench.results.store import CANCELLED, FAILED, FINISHED, RunRecord
 from mlbench.run_config import RunDocument
@@ -146,6 +148,10 @@ class SlurmLauncher(Launcher):
     options = _SLURM_OPTIONS
     follow_seconds = 2.0
     resumable = True  # the batch script is submitted again; the run folder is on shared storage
+    # the supervisor inside the job (launch/slurm_supervisor.py) injects and restarts; it picks
+    # no address per worker on other nodes (TensorFlow) and does not shrink a step
+    abilities = LauncherAbilities(frameworks=tuple(FRAMEWORKS), fault_kinds=(KILL, STALL, SLOW),
+                                  policies=(FAIL, RESTART))
     unreachable_seconds = 120.0  # how long a follow waits for an unreachable controller
 
     def __init__(self, *args: Any, **kwargs: Any):
