@@ -51,22 +51,23 @@ RUNNING = (".running_mean", ".running_var")
 Tree = dict[str, jax.Array]
 
 
-def to_jax_layout(state: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def to_jax_layout(state: dict[str, np.ndarray], dtype: Any = np.float32,
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """(parameters, running statistics) of a PyTorch ResNet state dict, by the PyTorch names:
     convolutions OIHW -> HWIO, the classifier's [out, in] -> [in, out]; ``num_batches_tracked``
     dropped (BatchNorm reads it only without a momentum)."""
     params, stats = {}, {}
     for name, value in state.items():
         if name.endswith(RUNNING):
-            stats[name] = value.astype(np.float32)
+            stats[name] = value.astype(dtype)
         elif name.endswith(".num_batches_tracked"):
             continue
         elif value.ndim == 4:
-            params[name] = value.transpose(2, 3, 1, 0).astype(np.float32)
+            params[name] = value.transpose(2, 3, 1, 0).astype(dtype)
         elif value.ndim == 2:
-            params[name] = value.T.astype(np.float32)
+            params[name] = value.T.astype(dtype)
         else:
-            params[name] = value.astype(np.float32)
+            params[name] = value.astype(dtype)
     return params, stats
 
 
@@ -131,11 +132,15 @@ def cross_entropy(logits: jax.Array, y: jax.Array) -> jax.Array:
 
 class ResNetPort:
     """The parameters, the optimizer's state, each worker's running statistics and the jitted
-    step, on a mesh of one device per process (a single process: a mesh of one)."""
+    step, on a mesh of one device per process (a single process: a mesh of one).
 
-    def __init__(self, settings: ClassificationSettings, depth: int, version: int, state: dict[str, np.ndarray]):
+    ``dtype``: float32, as the PyTorch worker trains; float64 (under ``jax.enable_x64``) lets a
+    test check the algorithm against PyTorch's in float64, to rounding."""
+
+    def __init__(self, settings: ClassificationSettings, depth: int, version: int, state: dict[str, np.ndarray],
+                 dtype: Any = np.float32):
         self.settings = settings
-        params, stats = to_jax_layout(state)
+        params, stats = to_jax_layout(state, dtype)
         self.forward = ResNetForward(depth, version, set(params))
         self.mesh = Mesh(np.array(jax.devices()), (AXIS,))
         self.replicated = NamedSharding(self.mesh, P())
