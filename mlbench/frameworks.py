@@ -39,7 +39,7 @@ class Framework:
 
 PYTORCH = Framework("pytorch", "PyTorch", "mlbench.worker", "torch")
 JAX = Framework("jax", "JAX", "mlbench.worker.jax_worker", "jax", modules=("jax", "optax"), extra="jax",
-                tasks=("task2a",))
+                tasks=("task1a", "task2a"))
 
 TENSORFLOW = Framework("tensorflow", "TensorFlow", "mlbench.worker.tf_worker", "tensorflow",
                        modules=("tensorflow",), extra="tensorflow", tasks=("task2a",), peers=True)

@@ -104,7 +104,8 @@ def tasks(output) -> None:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="[cuda when a GPU is visible, else cpu]")
 @click.option("--framework", type=click.Choice(list(FRAMEWORKS)), default=DEFAULT_FRAMEWORK,
               help="Which framework trains: jax needs `pip install 'mlbench-suite[jax]'`, tensorflow "
-                   "`pip install 'mlbench-suite[tensorflow]'`; both run task2a (docs/worker-contract.md).")
+                   "`pip install 'mlbench-suite[tensorflow]'`; jax runs task1a and task2a, tensorflow task2a "
+                   "(docs/worker-contract.md).")
 @click.option("--seed", type=int, default=0, help="Seed of model init, data order and augmentation.")
 @click.option("--repeat", type=int, default=1, metavar="N",
               help="Run every worker count N times, with seeds SEED..SEED+N-1, in N rounds over the "

@@ -87,6 +87,9 @@ class LogisticRegressionPort:
         w = self.params.addressable_data(0)
         return np.asarray(self._forward(w, jnp.asarray(x)))
 
+    def sync_statistics(self) -> None:
+        """Nothing: the logistic regression has no running statistics."""
+
     def regulariser(self) -> float:
         """l2/2 |w|^2, in float64 (the evaluation's L2 term)."""
         w = self.weights().astype(np.float64)

@@ -56,9 +56,17 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, heartbeat: Hea
 
 
 class JaxTrainer(PortTrainer):
-    """The ports' training loop around :class:`mlbench.worker.jax_logreg.LogisticRegressionPort`."""
+    """The ports' training loop around :class:`mlbench.worker.jax_logreg.LogisticRegressionPort`
+    (task 2a) or :class:`mlbench.worker.jax_resnet.ResNetPort` (task 1a)."""
 
     def make_model(self, settings: ClassificationSettings, in_features: int) -> PortModel:
+        from mlbench.tasks.models import resnet_layout
+
+        layout = resnet_layout(settings.model)
+        if layout is not None:
+            from mlbench.worker.jax_resnet import ResNetPort
+
+            return ResNetPort(settings, *layout, self.reference_state())
         from mlbench.worker.jax_logreg import LogisticRegressionPort
 
         return LogisticRegressionPort(settings, in_features)

@@ -3,11 +3,14 @@ start and end (:func:`worker_main`) and the training loop (:class:`PortTrainer`)
 
 A port trains the closed division's algorithm in its framework; everything around the steps is
 mlbench's and the same for every framework, so that two ports differ only in how they compute:
-the data (mlbench's loaders, read on the CPU and handed over as NumPy arrays), the order of the
-samples (:func:`mlbench.tasks.data.sharding.epoch_batches`), the learning-rate rule, the log
-intervals, the evaluation (the port's logits scored by :mod:`mlbench.tasks.scoring` in NumPy), the
-goal, the events and the result. Exit codes are the PyTorch worker's: 0 done, 1 failed, 143
-stopped.
+the data (mlbench's loaders and :class:`mlbench.tasks.pipeline.Pipeline`, whose images get
+the PyTorch worker's crop/flip augmentation drawn per (seed, epoch), computed on the CPU by
+mlbench's torch code and handed over as NumPy arrays: the benchmark's data, not the framework
+under test), the order of the samples (:func:`mlbench.tasks.data.sharding.epoch_batches`), the
+initial weights (those mlbench's PyTorch model draws for the run's seed, handed over as NumPy
+arrays by :meth:`PortTrainer.reference_state`), the learning-rate rule, the log intervals, the
+evaluation (the port's logits scored by :mod:`mlbench.tasks.scoring` in NumPy), the goal, the
+events and the result. Exit codes are the PyTorch worker's: 0 done, 1 failed, 143 stopped.
 """
 
 from __future__ import annotations
@@ -48,7 +51,13 @@ class PortModel(Protocol):
     def num_parameters(self) -> int: ...
 
     def step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
-        """One synchronous step on this process's minibatch; this process's loss."""
+        """One synchronous step on this process's minibatch (images as float32 [N, 3, H, W],
+        PyTorch's layout, augmented and normalised); this process's loss."""
+        ...
+
+    def sync_statistics(self) -> None:
+        """Before an evaluation: make the model's running statistics (BatchNorm's) the same on
+        every process, as the PyTorch worker does (their mean); nothing for a model without."""
         ...
 
     def weights(self) -> np.ndarray:
@@ -120,10 +129,12 @@ class PortTrainer:
     subclass says how its processes add up the evaluation's sums and how they part."""
 
     def __init__(self, config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None):
-        import torch  # mlbench's data loaders and sample order (CPU only)
+        import torch  # mlbench's data loaders, augmentation, sample order and initial weights (CPU only)
 
         from mlbench.tasks.data.sharding import steps_per_epoch
-        from mlbench.tasks.datasets import load_splits
+        from mlbench.tasks.datasets import get_dataset, load_splits
+        from mlbench.tasks.models import build_model
+        from mlbench.tasks.pipeline import Pipeline
 
         torch.set_num_threads(1)
         self.cfg, self.rank, self.world = config, rank, config.workers
@@ -132,18 +143,22 @@ class PortTrainer:
         settings = self.spec.settings
         assert isinstance(settings, ClassificationSettings)
         self.settings = settings
+        images = get_dataset(settings.dataset).images
         train, test = load_splits(settings.dataset, config.data, config.data_dir, config.seed)
-        self.train_x, self.train_y = train.x.numpy(), train.y.numpy()
-        self.test_x, self.test_y = test.x.numpy(), test.y.numpy()
-        self.port = self.make_model(settings, int(self.train_x.shape[1]))
+        self.data = Pipeline(train, test, torch.device("cpu"), images=images)
+        # the PyTorch worker's model for the run's seed (SupervisedRuntime draws it the same way):
+        # every port starts from its weights, and its FLOPs are counted on it
+        torch.manual_seed(config.seed)
+        self.reference = build_model(settings.model, in_features=None if images else self.data.num_features)
+        self.port = self.make_model(settings, self.data.num_features)
         # the system metrics' constants, as the PyTorch worker's (mlbench.worker.sysmetrics): the
         # CPU's peak probed with the run's threads before the training loads the cores, and the
         # FLOPs of a step
         self.device_peak = self._probe_peak(config.threads_per_worker)
         self.step_flops = self.flops_per_step()
-        self.steps_per_epoch = steps_per_epoch(len(self.train_y), self.world, settings.batch_per_worker)
+        self.steps_per_epoch = steps_per_epoch(self.data.num_train, self.world, settings.batch_per_worker)
         if self.steps_per_epoch == 0:
-            raise MlbenchError(f"the training set has {len(self.train_y)} samples, fewer than one global "
+            raise MlbenchError(f"the training set has {self.data.num_train} samples, fewer than one global "
                                f"batch ({self.world} workers x {settings.batch_per_worker})")
         self.metric = get_metric("accuracy")
         #: bytes one rank sends per step in a ring all-reduce of the fp32 gradient
@@ -169,13 +184,23 @@ class PortTrainer:
         finally:
             torch.set_num_threads(1)
 
-    def flops_per_step(self) -> tuple[int, str] | None:
-        """FLOPs of this process's step and how they were counted (:mod:`mlbench.tasks.flops`):
-        every port trains task 2a's logistic regression, ``4 B D`` analytic; a port of another
-        model says its own (None: not counted)."""
-        from mlbench.tasks.flops import ANALYTIC, logistic_regression_flops
+    def reference_state(self) -> dict[str, np.ndarray]:
+        """The PyTorch model's initial state for the run's seed (parameters and buffers, by
+        their PyTorch names, in PyTorch's layouts), the start of every port."""
+        return {name: value.detach().numpy().copy() for name, value in self.reference.state_dict().items()}
 
-        return logistic_regression_flops(self.settings.batch_per_worker, int(self.train_x.shape[1])), ANALYTIC
+    def flops_per_step(self) -> tuple[int, str] | None:
+        """FLOPs of this process's step and how they were counted (:mod:`mlbench.tasks.flops`),
+        as the PyTorch worker counts them for the same model: task 2a's logistic regression
+        ``4 B D`` analytic, another model by torch's flop counter on the PyTorch model."""
+        from mlbench.tasks.flops import ANALYTIC, FLOP_COUNTER, counted_flops, logistic_regression_flops
+        from mlbench.tasks.models.logreg import LogisticRegression
+
+        batch = self.settings.batch_per_worker
+        if isinstance(self.reference, LogisticRegression):
+            return logistic_regression_flops(batch, self.reference.in_features), ANALYTIC
+        sample, _ = self.data.test_batch(0, 1)
+        return counted_flops(self.reference, sample, batch), FLOP_COUNTER
 
     def make_model(self, settings: ClassificationSettings, in_features: int) -> PortModel:
         """The framework's model, its optimizer state and its synchronous step."""
@@ -195,13 +220,15 @@ class PortTrainer:
         from mlbench.tasks.data.sharding import epoch_batches
 
         stop_reason, evaluated_at = "max-epochs", -1
+        num_train = self.data.num_train
         self.train_start = time.perf_counter()
         losses: list[float] = []
         samples = 0
         for epoch in range(self.settings.max_epochs):
-            order = epoch_batches(len(self.train_y), workers=self.world, rank=self.rank,
+            self.data.begin_epoch(self.cfg.seed, epoch)
+            order = epoch_batches(num_train, workers=self.world, rank=self.rank,
                                   batch_per_worker=self.settings.batch_per_worker, seed=self.cfg.seed,
-                                  epoch=epoch).numpy()
+                                  epoch=epoch)
             stop = None
             for idx in order:
                 if self.cfg.max_steps is not None and self.step >= self.cfg.max_steps:
@@ -210,7 +237,8 @@ class PortTrainer:
                 lr = learning_rate(self.settings.lr, workers=self.world,
                                    batch_per_worker=self.settings.batch_per_worker, step=self.step,
                                    steps_per_epoch=self.steps_per_epoch)
-                losses.append(self.port.step(self.train_x[idx], self.train_y[idx], lr))
+                x, y = self.data.train_batch(idx)
+                losses.append(self.port.step(x.numpy(), y.numpy(), lr))
                 samples += len(idx)
                 self.step += 1
                 if self.heartbeat is not None:
@@ -275,11 +303,13 @@ class PortTrainer:
         begin = time.perf_counter()
         if self.heartbeat is not None:
             self.heartbeat.phase("evaluation")
-        start, stop = eval_shard(len(self.test_y), workers=self.world, rank=self.rank)
+        if self.world > 1:
+            self.port.sync_statistics()
+        start, stop = eval_shard(self.data.num_test, workers=self.world, rank=self.rank)
         totals = np.zeros(len(TOTALS), np.float64)
         for lo in range(start, stop, self.cfg.eval_batch_size):
-            hi = min(stop, lo + self.cfg.eval_batch_size)
-            totals += score_outputs(self.settings.loss, self.port.logits(self.test_x[lo:hi]), self.test_y[lo:hi])
+            x, y = self.data.test_batch(lo, min(stop, lo + self.cfg.eval_batch_size))
+            totals += score_outputs(self.settings.loss, self.port.logits(x.numpy()), y.numpy())
         summed = totals if self.world == 1 else self.sum_over_processes(totals)
         metrics = metrics_of(summed, self.port.regulariser())
         elapsed = time.perf_counter() - begin
@@ -309,7 +339,7 @@ class PortTrainer:
             final_accuracy=self.last.get("accuracy"), final_loss=self.last.get("loss"), best_accuracy=self.best,
             train_time=self.train_time(), eval_time=self.eval_time, epochs=self._epoch(), steps=self.step,
             stop_reason=stop_reason, bytes_sent=self.step * self.bytes_per_step,
-            train_samples=len(self.train_y), test_samples=len(self.test_y))
+            train_samples=self.data.num_train, test_samples=self.data.num_test)
 
 
 def run_trainer(trainer: PortTrainer, environment: dict[str, str]) -> int:

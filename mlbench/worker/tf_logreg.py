@@ -77,6 +77,9 @@ class LogisticRegressionPort:
         """The logits of ``x`` with this process's copy of the weights (no collective)."""
         return self._forward(self.w, tf.constant(x)).numpy()
 
+    def sync_statistics(self) -> None:
+        """Nothing: the logistic regression has no running statistics."""
+
     def regulariser(self) -> float:
         """l2/2 |w|^2, in float64 (the evaluation's L2 term)."""
         w = self.weights().astype(np.float64)

@@ -19,9 +19,9 @@ def nothing_recorded() -> bool:
 
 
 def test_a_task_without_a_jax_port_is_one_line_and_records_nothing():
-    proc = mlbench("run", "task1a", "2", "--framework", "jax", "--data", "synthetic")
+    proc = mlbench("run", "task3a", "2", "--framework", "jax", "--data", "synthetic")
     assert (proc.returncode, proc.stdout) == (2, "")
-    assert proc.stderr == ("Error: --framework jax: task1a has no JAX port (JAX runs task2a); "
+    assert proc.stderr == ("Error: --framework jax: task3a has no JAX port (JAX runs task1a, task2a); "
                            "use --framework pytorch\n")
     assert nothing_recorded()
 

@@ -43,6 +43,7 @@ __all__ = [
     "ResNetCIFAR",
     "build_model",
     "count_trainable_parameters",
+    "resnet_layout",
 ]
 
 
@@ -94,6 +95,12 @@ def build_model(name: str, num_classes: int = 10, in_features: int | None = None
         f"Unknown model {name!r}; valid models are: {', '.join(MODEL_NAMES)} "
         f"(resnetNN alone means resnetNN-v1)."
     )
+
+
+def resnet_layout(name: str) -> tuple[int, int] | None:
+    """(depth, version) of a ResNet model name (``resnet20-v1``, ``resnet20``), None for another
+    model: what a port to another framework builds its ResNet from, torch-free."""
+    return _RESNETS.get(name.strip().lower())
 
 
 def count_trainable_parameters(model: nn.Module) -> int:
