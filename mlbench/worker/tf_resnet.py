@@ -29,7 +29,10 @@ weights (tests/frameworks/test_tf_resnet.py):
   its momentum buffer, which differs once the rate changes.
 
 No XLA (``jit_compile``), as in :mod:`mlbench.worker.tf_logreg`: the step is a plain
-``tf.function``, so both TensorFlow ports run the same kind of program.
+``tf.function``, so both TensorFlow ports run the same kind of program. ``dtype="float64"`` runs
+the same code in double precision: float32 training of a ReLU net is chaotic (a pre-activation
+within rounding of 0 switches), so the exact comparison with PyTorch is made in float64
+(docs/worker-contract.md); runs train in float32.
 """
 
 from __future__ import annotations
