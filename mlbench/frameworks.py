@@ -42,7 +42,7 @@ JAX = Framework("jax", "JAX", "mlbench.worker.jax_worker", "jax", modules=("jax"
                 tasks=("task1a", "task2a"))
 
 TENSORFLOW = Framework("tensorflow", "TensorFlow", "mlbench.worker.tf_worker", "tensorflow",
-                       modules=("tensorflow",), extra="tensorflow", tasks=("task2a",), peers=True)
+                       modules=("tensorflow",), extra="tensorflow", tasks=("task1a", "task2a"), peers=True)
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (PYTORCH, JAX, TENSORFLOW)}
 DEFAULT_FRAMEWORK = PYTORCH.name

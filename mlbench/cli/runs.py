@@ -104,7 +104,7 @@ def tasks(output) -> None:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="[cuda when a GPU is visible, else cpu]")
 @click.option("--framework", type=click.Choice(list(FRAMEWORKS)), default=DEFAULT_FRAMEWORK,
               help="Which framework trains: jax needs `pip install 'mlbench-suite[jax]'`, tensorflow "
-                   "`pip install 'mlbench-suite[tensorflow]'`; jax runs task1a and task2a, tensorflow task2a "
+                   "`pip install 'mlbench-suite[tensorflow]'`; both run task1a and task2a "
                    "(docs/worker-contract.md).")
 @click.option("--seed", type=int, default=0, help="Seed of model init, data order and augmentation.")
 @click.option("--repeat", type=int, default=1, metavar="N",

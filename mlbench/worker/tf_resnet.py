@@ -248,6 +248,11 @@ class ResNetPort:
     def _distributed_average(self) -> None:
         self.strategy.run(self._local_average)
 
+    def sync_statistics(self) -> None:
+        """:meth:`average_running_stats`, under the name the port trainer calls
+        (:class:`mlbench.worker.port_trainer.PortModel`)."""
+        self.average_running_stats()
+
     def average_running_stats(self) -> None:
         """Average the BatchNorm running statistics over the processes (a collective: every
         process calls it, before each evaluation), as the PyTorch runtime does: each process's

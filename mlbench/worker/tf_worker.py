@@ -8,8 +8,9 @@ needs an address, which the local supervisor picks on 127.0.0.1 and passes to ev
 ``MLBENCH_PEERS`` (``host:port`` per rank, comma-separated); a ``TF_CONFIG`` already in the
 environment (another launcher's) is used as it is. The data, their order, the training loop and
 the evaluation are those of every port (:mod:`mlbench.worker.port_trainer`); the model and its
-update are :mod:`mlbench.worker.tf_logreg`'s. The supervisor starts this module as a fresh
-interpreter. Exit codes are the PyTorch worker's: 0 done, 1 failed, 143 stopped.
+update are :mod:`mlbench.worker.tf_logreg`'s (task 2a) or :mod:`mlbench.worker.tf_resnet`'s
+(task 1a). The supervisor starts this module as a fresh interpreter. Exit codes are the
+PyTorch worker's: 0 done, 1 failed, 143 stopped.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ def join(config: RunConfig, rank: int, coordinator: str) -> Any:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""   # the port runs on CPUs (a GPU build would take a GPU)
     if config.workers > 1 and "TF_CONFIG" not in os.environ:
         os.environ["TF_CONFIG"] = json.dumps(cluster_config(rank, config.workers, os.environ.get(PEERS_ENV)))
+    # torch's flop counter (the step's FLOPs, mlbench.tasks.flops) loads triton's LLVM, which
+    # crashes the process (SIGSEGV) when TensorFlow's LLVM was loaded first: load it before
+    import torch.utils.flop_counter  # noqa: F401
     import tensorflow as tf
 
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0)
@@ -76,7 +80,8 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, heartbeat: Hea
 
 
 class TfTrainer(PortTrainer):
-    """The ports' training loop around :class:`mlbench.worker.tf_logreg.LogisticRegressionPort`."""
+    """The ports' training loop around :class:`mlbench.worker.tf_logreg.LogisticRegressionPort`
+    (task 2a) or :class:`mlbench.worker.tf_resnet.ResNetPort` (task 1a)."""
 
     def __init__(self, config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None,
                  strategy: Any = None):
@@ -84,6 +89,13 @@ class TfTrainer(PortTrainer):
         super().__init__(config, rank, events, heartbeat)
 
     def make_model(self, settings: ClassificationSettings, in_features: int) -> PortModel:
+        from mlbench.tasks.models import resnet_layout
+
+        layout = resnet_layout(settings.model)
+        if layout is not None:
+            from mlbench.worker.tf_resnet import ResNetPort
+
+            return ResNetPort(settings, *layout, self.reference_state(), self.strategy)
         from mlbench.worker.tf_logreg import LogisticRegressionPort
 
         return LogisticRegressionPort(settings, in_features, self.strategy)

@@ -47,56 +47,14 @@ import torch
 from mlbench.results.events import EventWriter
 from mlbench.run_config import RunConfig
 from mlbench.tasks.classification import learning_rate
-from mlbench.tasks.data.sharding import epoch_batches, steps_per_epoch
-from mlbench.tasks.datasets import load_splits
-from mlbench.tasks.models import build_model
 from mlbench.tasks.overrides import resolve
-from mlbench.tasks.pipeline import Pipeline
 from mlbench.tasks.task1a import TASK1A
+from tests.frameworks.resnet_reference import CHAOS_RTOL, check_losses, pytorch_reference
 from tests.frameworks.test_jax_port import ListSink, train_jax_in_process, values
 from tests.helpers import events, last_run, mlbench, run_json
 
 jax = pytest.importorskip("jax")
 pytest.importorskip("optax")
-
-FORWARD_RTOL = 1e-6     # the first loss: one float32 forward pass in each framework
-ONE_UPDATE_RTOL = 1e-4  # the second: after one update from float32 gradients
-CHAOS_RTOL = 0.2        # the rest: float32 trajectories of a ResNet at initialisation part (docstring)
-
-
-def pytorch_reference(spec, data_dir, steps, *, dtype=torch.float32, workers=1):
-    """PyTorch's ResNet trained on the first ``steps`` global batches of ``workers`` workers in
-    one process: each worker's share of a batch a chunk of its own (its own BatchNorm
-    statistics), the gradient of the chunks' mean loss, torch.optim.SGD; the losses of every
-    step and chunk [steps, workers], the model and the initial state dict (float32)."""
-    settings = spec.settings
-    batch = settings.batch_per_worker
-    train, test = load_splits(settings.dataset, "real", str(data_dir))
-    pipe = Pipeline(train, test, torch.device("cpu"), images=True)
-    torch.manual_seed(0)
-    model = build_model(settings.model)
-    initial = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    model = model.to(dtype)
-    opt = torch.optim.SGD(model.parameters(), lr=0.0, momentum=settings.momentum, nesterov=settings.nesterov,
-                          weight_decay=settings.weight_decay)
-    spe = steps_per_epoch(pipe.num_train, workers, batch)
-    order = epoch_batches(pipe.num_train, workers=1, rank=0, batch_per_worker=workers * batch, seed=0, epoch=0)
-    pipe.begin_epoch(0, 0)
-    losses, batches = [], []
-    for step in range(steps):
-        x, y = pipe.train_batch(order[step])
-        batches.append((x.numpy(), y.numpy()))
-        opt.zero_grad()
-        chunk_losses = [torch.nn.functional.cross_entropy(model(cx.to(dtype)), cy)
-                        for cx, cy in zip(x.chunk(workers), y.chunk(workers))]
-        (sum(chunk_losses) / workers).backward()
-        for group in opt.param_groups:
-            group["lr"] = learning_rate(settings.lr, workers=workers, batch_per_worker=batch, step=step,
-                                        steps_per_epoch=spe)
-        opt.step()
-        losses.append([v.detach().item() for v in chunk_losses])
-    return np.array(losses), model, initial, batches, spe
-
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
@@ -105,12 +63,6 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def check_losses(jax_losses, torch_losses):
-    np.testing.assert_allclose(jax_losses[0], torch_losses[0], rtol=FORWARD_RTOL)
-    np.testing.assert_allclose(jax_losses[1], torch_losses[1], rtol=ONE_UPDATE_RTOL)
-    np.testing.assert_allclose(jax_losses[2:], torch_losses[2:], rtol=CHAOS_RTOL)
 
 
 def test_in_float64_the_jax_resnet_is_pytorchs_to_rounding(cifar_dir):

@@ -27,6 +27,13 @@ parameters, the running statistics and the test logits after training (measured;
 they still agree to 1.3e-10). The test holds the losses to 1e-12 and the tensors to 1e-11, while
 the biased running variance would be off by 1/(n - 1) = 5e-4 in the last stage and a missing
 weight decay by lr * 1e-4 = 1e-6 of a weight per step.
+
+Then a real ``mlbench run task1a 2 --framework tensorflow`` (two processes under
+MultiWorkerMirroredStrategy) of two steps, as the JAX port's test does: its result shows on
+``status RUN`` with the framework, and each rank's loss equals that of its own half of the
+global batch in one PyTorch process, at the first step and after the update from the two
+workers' averaged gradients (the bounds of tests/frameworks/resnet_reference.py); its final
+evaluation needed the BatchNorm statistics averaged over the processes (``sync_statistics``).
 """
 
 from __future__ import annotations
@@ -196,3 +203,26 @@ def test_in_float64_the_tensorflow_resnet_trains_exactly_as_pytorchs(data):
     with torch.no_grad():
         logits = model(torch.from_numpy(test_x).double()).numpy()
     assert_close_per_tensor({"logits": port.logits(test_x)}, {"logits": logits}, 1e-11)
+
+
+@pytest.mark.slow
+def test_a_real_two_worker_tensorflow_run_of_task1a(cifar_dir):
+    from tests.frameworks.resnet_reference import check_losses, pytorch_reference
+    from tests.frameworks.test_jax_port import values
+    from tests.helpers import events, last_run, mlbench, run_json
+
+    steps, batch = 2, 16
+    mlbench("run", "task1a", "2", "--framework", "tensorflow", "--data-dir", str(cifar_dir), "--max-steps",
+            str(steps), "--log-every", "1", "--no-stop", "--set", f"batch_per_worker={batch}", check=True)
+    run = last_run()
+    assert run_json(run)["config"]["framework"] == "tensorflow"
+    shown = mlbench("status", run.id, check=True).stdout.splitlines()
+    assert ["framework", "tensorflow"] in [line.split() for line in shown]
+    recorded = events(run)
+    (result,) = [e["value"] for e in recorded if e["name"] == "result"]
+    assert (result["steps"], result["stop_reason"]) == (steps, "max-steps")
+    assert result["final_accuracy"] is not None
+    ranks = np.stack([values(recorded, "train/loss", rank) for rank in (0, 1)], axis=1)
+    spec, _ = resolve(TASK1A, {"batch_per_worker": batch})
+    reference, *_ = pytorch_reference(spec, cifar_dir, steps, workers=2)
+    check_losses(ranks, reference)

@@ -1,0 +1,56 @@
+"""What the ResNet ports' tests share (tests/frameworks/test_jax_resnet.py, test_tf_resnet.py):
+PyTorch's task 1a trained in one process as K workers would train it, and the per-step bounds
+within which a float32 port's losses follow it (their reasons: test_jax_resnet.py's docstring)."""
+
+import numpy as np
+import torch
+
+from mlbench.tasks.classification import learning_rate
+from mlbench.tasks.data.sharding import epoch_batches, steps_per_epoch
+from mlbench.tasks.datasets import load_splits
+from mlbench.tasks.models import build_model
+from mlbench.tasks.pipeline import Pipeline
+
+FORWARD_RTOL = 1e-6     # the first loss: one float32 forward pass in each framework
+ONE_UPDATE_RTOL = 1e-4  # the second: after one update from float32 gradients
+CHAOS_RTOL = 0.2        # the rest: float32 trajectories of a ResNet at initialisation part (docstring)
+
+
+def pytorch_reference(spec, data_dir, steps, *, dtype=torch.float32, workers=1):
+    """PyTorch's ResNet trained on the first ``steps`` global batches of ``workers`` workers in
+    one process: each worker's share of a batch a chunk of its own (its own BatchNorm
+    statistics), the gradient of the chunks' mean loss, torch.optim.SGD; the losses of every
+    step and chunk [steps, workers], the model and the initial state dict (float32)."""
+    settings = spec.settings
+    batch = settings.batch_per_worker
+    train, test = load_splits(settings.dataset, "real", str(data_dir))
+    pipe = Pipeline(train, test, torch.device("cpu"), images=True)
+    torch.manual_seed(0)
+    model = build_model(settings.model)
+    initial = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    model = model.to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0, momentum=settings.momentum, nesterov=settings.nesterov,
+                          weight_decay=settings.weight_decay)
+    spe = steps_per_epoch(pipe.num_train, workers, batch)
+    order = epoch_batches(pipe.num_train, workers=1, rank=0, batch_per_worker=workers * batch, seed=0, epoch=0)
+    pipe.begin_epoch(0, 0)
+    losses, batches = [], []
+    for step in range(steps):
+        x, y = pipe.train_batch(order[step])
+        batches.append((x.numpy(), y.numpy()))
+        opt.zero_grad()
+        chunk_losses = [torch.nn.functional.cross_entropy(model(cx.to(dtype)), cy)
+                        for cx, cy in zip(x.chunk(workers), y.chunk(workers))]
+        (sum(chunk_losses) / workers).backward()
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(settings.lr, workers=workers, batch_per_worker=batch, step=step,
+                                        steps_per_epoch=spe)
+        opt.step()
+        losses.append([v.detach().item() for v in chunk_losses])
+    return np.array(losses), model, initial, batches, spe
+
+
+def check_losses(port_losses, torch_losses):
+    np.testing.assert_allclose(port_losses[0], torch_losses[0], rtol=FORWARD_RTOL)
+    np.testing.assert_allclose(port_losses[1], torch_losses[1], rtol=ONE_UPDATE_RTOL)
+    np.testing.assert_allclose(port_losses[2:], torch_losses[2:], rtol=CHAOS_RTOL)
