@@ -1,21 +1,25 @@
 """Each framework's port against that framework's own plain training loop, in one run (issue 23).
 
-    python benchmarks/frameworks.py                       # every installed framework, task 2a
-    python benchmarks/frameworks.py --only jax --repeats 7 --steps 400
+    python benchmarks/frameworks.py                       # every installed framework, tasks 2a and 1a
+    python benchmarks/frameworks.py --only jax --tasks task2a --repeats 7 --steps 400
 
 A comparison of frameworks should measure the frameworks, not mlbench's wrapper around them. So
 for every framework the script measures, round by round (benchmarks/measure.py):
 
-* **plain**: the training loop a user of that framework writes from its tutorials, in a fresh
-  interpreter: task 2a's model (logistic regression, 2,000 features, batch 100, the closed
-  division's L2 term and SGD), the data already in the framework's memory, one process; PyTorch:
-  autograd and ``torch.optim.SGD``; JAX: ``jax.jit`` of ``jax.value_and_grad`` and an ``optax``
-  update; TensorFlow: a ``tf.function`` around ``tf.GradientTape`` and the SGD update;
-* **mlbench**: ``mlbench run task2a 1 --framework F --data synthetic --max-steps N``, the real
+* **plain**: the training loop a user of that framework writes, in a fresh interpreter, one
+  process, the data already in memory (random, of the task's shape; no augmentation). Task 2a
+  (logistic regression, 2,000 features, batch 100, the L2 term, SGD): PyTorch's autograd and
+  ``torch.optim.SGD``; JAX's ``jax.jit`` of ``jax.value_and_grad`` and an ``optax`` update;
+  TensorFlow's ``tf.function`` around ``tf.GradientTape``. Task 1a (ResNet-20, batch 32,
+  Nesterov SGD): PyTorch's tutorial loop (benchmarks/throughput.py); for JAX and TensorFlow,
+  which ship no ResNet-20 for CIFAR, the port's own model and jitted (``tf.function``) step
+  called in a bare loop (mlbench/worker/jax_resnet.py, tf_resnet.py): the framework's cost of
+  the step without mlbench's worker around it;
+* **mlbench**: ``mlbench run TASK 1 --framework F --data synthetic --max-steps N``, the real
   launcher and the worker users get, its seconds per step read from rank 0's training clock
   after the first logging interval (warm-up and compilation excluded as for the plain loop). The
-  worker also hands each minibatch over from NumPy (mlbench's data and sample order), records
-  losses, heartbeats and (PyTorch) phase timings.
+  worker also gathers (task 1a: augments) each minibatch with mlbench's own code and hands it
+  over from NumPy, records losses, heartbeats and (PyTorch) phase timings.
 
 The table gives samples per second of each (median and range over the rounds) and mlbench's
 rate over the plain loop's, per round. Frameworks that are not installed are skipped, saying so.
@@ -41,27 +45,70 @@ from measure import DEFAULT_REPEATS, interleave, machine_line, ratio_spread, spr
 
 from mlbench.frameworks import FRAMEWORKS
 
-BATCH, FEATURES, SAMPLES = 100, 2000, 8192
+FEATURES, SAMPLES = 2000, 8192
+#: Per task: the batch of one worker and the timed steps by default (task 1a's steps are ~50x dearer).
+TASKS = {"task2a": (100, 300), "task1a": (32, 40)}
 L2 = 2.5e-6      # task 2a's (mlbench/tasks/task2a); momentum 0, no weight decay
 LR = 0.01        # a constant rate: the plain loop times the step, not the schedule
-WARMUP = 20
+WARMUP = 5
 
 
-def plain_seconds_per_step(framework: str, steps: int) -> float:
+def plain_seconds_per_step(framework: str, task: str, steps: int) -> float:
     """One framework's plain loop, timed in this process (called in a fresh interpreter)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((SAMPLES, FEATURES), dtype=np.float32)
-    y = (rng.integers(0, 2, SAMPLES) * 2 - 1).astype(np.float32)
-    order = rng.integers(0, SAMPLES, (steps + WARMUP, BATCH))
-    step = {"pytorch": _torch_step, "jax": _jax_step, "tensorflow": _tf_step}[framework](x, y)
+    batch = TASKS[task][0]
+    if task == "task2a":
+        x = rng.standard_normal((SAMPLES, FEATURES), dtype=np.float32)
+        y = (rng.integers(0, 2, SAMPLES) * 2 - 1).astype(np.float32)
+        step = {"pytorch": _torch_step, "jax": _jax_step, "tensorflow": _tf_step}[framework](x, y)
+    else:
+        x = rng.standard_normal((SAMPLES // 4, 3, 32, 32), dtype=np.float32)
+        y = rng.integers(0, 10, SAMPLES // 4)
+        step = {"pytorch": _torch_resnet_step, "jax": _port_resnet_step, "tensorflow": _port_resnet_step}[
+            framework](x, y, framework)
+    order = rng.integers(0, len(y), (steps + WARMUP, batch))
     for i in range(WARMUP):
         step(order[i])
     start = time.perf_counter()
     for i in range(WARMUP, WARMUP + steps):
         step(order[i])
     return (time.perf_counter() - start) / steps
+
+
+def _torch_resnet_step(x, y, framework):
+    import torch
+    from throughput import plain_loop
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    step = plain_loop("resnet20-v1", TASKS["task1a"][0], torch.device("cpu"), "fp32", False)
+    return lambda idx: step(int(idx[0]))
+
+
+def _port_resnet_step(x, y, framework):
+    """The port's model and step (JAX's shard_map over one device, or TensorFlow's tf.function)
+    in a bare loop, from the reference weights."""
+    import torch
+
+    from mlbench.tasks.models import build_model
+    from mlbench.tasks.task1a import TASK1A
+
+    settings = TASK1A.settings
+    torch.manual_seed(0)
+    state = {k: v.detach().numpy().copy() for k, v in build_model(settings.model).state_dict().items()}
+    if framework == "jax":
+        import jax
+
+        jax.config.update("jax_platforms", "cpu")
+        from mlbench.worker.jax_resnet import ResNetPort as JaxResNet
+
+        port = JaxResNet(settings, 20, 1, state)
+    else:
+        from mlbench.worker.tf_resnet import ResNetPort as TfResNet
+
+        port = TfResNet(settings, 20, 1, state)
+    return lambda idx: port.step(x[idx], y[idx], LR)
 
 
 def _torch_step(x, y):
@@ -130,23 +177,24 @@ def _tf_step(x, y):
     return step
 
 
-def plain_case(framework: str, steps: int):
+def plain_case(framework: str, task: str, steps: int):
     """Samples per second of ``framework``'s plain loop, in a fresh interpreter per round."""
     def measure() -> float:
-        out = subprocess.run([sys.executable, __file__, "--plain", framework, "--steps", str(steps)],
+        out = subprocess.run([sys.executable, __file__, "--plain", framework, "--task", task, "--steps", str(steps)],
                              check=True, capture_output=True, text=True)
-        return BATCH / json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_step"]
+        return TASKS[task][0] / json.loads(out.stdout.strip().splitlines()[-1])["seconds_per_step"]
     return measure
 
 
-def mlbench_case(framework: str, steps: int, env: dict[str, str]):
-    """Samples per second of ``mlbench run task2a 1 --framework F`` (rank 0's training clock)."""
+def mlbench_case(framework: str, task: str, steps: int, env: dict[str, str]):
+    """Samples per second of ``mlbench run TASK 1 --framework F`` (rank 0's training clock)."""
     from mlbench.results.events import read_run_events
 
-    log_every = max(10, steps // 10)
+    batch = TASKS[task][0]
+    log_every = max(5, steps // 10)
 
     def measure() -> float:
-        out = subprocess.run([sys.executable, "-m", "mlbench", "run", "task2a", "1", "--framework", framework,
+        out = subprocess.run([sys.executable, "-m", "mlbench", "run", task, "1", "--framework", framework,
                               "--data", "synthetic", "--max-steps", str(steps + log_every),
                               "--log-every", str(log_every), "--detach", "-o", "json"],
                              check=True, capture_output=True, text=True, env=env)
@@ -157,43 +205,47 @@ def mlbench_case(framework: str, steps: int, env: dict[str, str]):
         clock = [(e["step"], e["value"]) for e in read_run_events(run_dir)
                  if e["name"] == "train/time" and e["rank"] == 0]
         (s0, t0), (s1, t1) = clock[0], clock[-1]   # the first interval is warm-up and compilation
-        return (s1 - s0) * BATCH / (t1 - t0)
+        return (s1 - s0) * batch / (t1 - t0)
     return measure
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=list(FRAMEWORKS), default=list(FRAMEWORKS))
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    parser.add_argument("--steps", type=int, help="timed steps [task 2a 300, task 1a 40]")
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     parser.add_argument("--plain", choices=list(FRAMEWORKS), help=argparse.SUPPRESS)
+    parser.add_argument("--task", choices=list(TASKS), default="task2a", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain:
-        print(json.dumps({"seconds_per_step": plain_seconds_per_step(args.plain, args.steps)}))
+        steps = args.steps or TASKS[args.task][1]
+        print(json.dumps({"seconds_per_step": plain_seconds_per_step(args.plain, args.task, steps)}))
         return
     frameworks = [FRAMEWORKS[name] for name in args.only]
     missing = [f.name for f in frameworks if not f.installed()]
     for name in missing:
         print(f"# {name}: not installed, skipped (pip install 'mlbench-suite[{FRAMEWORKS[name].extra}]')")
+    present = [f for f in frameworks if f.name not in missing]
     with tempfile.TemporaryDirectory() as scratch:
         env = dict(os.environ, MLBENCH_HOME=str(Path(scratch) / "home"),
                    MLBENCH_CONFIG_DIR=str(Path(scratch) / "config"))
         cases = {}
-        for f in frameworks:
-            if f.name in missing:
-                continue
-            cases[(f.name, "plain")] = plain_case(f.name, args.steps)
-            cases[(f.name, "mlbench")] = mlbench_case(f.name, args.steps, env)
+        for task in args.tasks:
+            steps = args.steps or TASKS[task][1]
+            for f in present:
+                cases[(task, f.name, "plain")] = plain_case(f.name, task, steps)
+                cases[(task, f.name, "mlbench")] = mlbench_case(f.name, task, steps, env)
         results = interleave(cases, args.repeats)
-    print(machine_line(f"{args.repeats} rounds, interleaved, {args.steps} timed steps each"))
-    rows = []
-    for f in frameworks:
-        if f.name in missing:
-            continue
-        plain, ours = results[(f.name, "plain")], results[(f.name, "mlbench")]
-        rows.append([f.title, spread(plain), spread(ours), ratio_spread(ours, plain)])
-    print(tabulate(rows, headers=["task 2a, batch 100, 1 process", "plain samples/s", "mlbench samples/s",
-                                  "mlbench / plain"], tablefmt="github"))
+    print(machine_line(f"{args.repeats} rounds, interleaved"))
+    for task in args.tasks:
+        batch, steps = TASKS[task][0], args.steps or TASKS[task][1]
+        rows = [[f.title, spread(results[(task, f.name, "plain")]), spread(results[(task, f.name, "mlbench")]),
+                 ratio_spread(results[(task, f.name, "mlbench")], results[(task, f.name, "plain")])]
+                for f in present]
+        print()
+        print(tabulate(rows, headers=[f"{task}, batch {batch}, 1 process, {steps} steps", "plain samples/s",
+                                      "mlbench samples/s", "mlbench / plain"], tablefmt="github"))
 
 
 if __name__ == "__main__":
