@@ -42,10 +42,10 @@ def test_tensorflow_not_installed_names_the_extra_and_records_nothing():
 
 
 def test_a_task_without_a_tensorflow_port_is_one_line_and_records_nothing():
-    proc = mlbench("run", "task1a", "2", "--framework", "tensorflow", "--data", "synthetic")
+    proc = mlbench("run", "task4b", "2", "--framework", "tensorflow", "--data", "synthetic")
     assert (proc.returncode, proc.stdout) == (2, "")
-    assert proc.stderr == ("Error: --framework tensorflow: task1a has no TensorFlow port (TensorFlow runs "
-                           "task2a); use --framework pytorch\n")
+    assert proc.stderr == ("Error: --framework tensorflow: task4b has no TensorFlow port (TensorFlow runs "
+                           "task1a, task2a); use --framework pytorch\n")
     assert nothing_recorded()
 
 
