@@ -18,9 +18,10 @@ gradient all-reduce and buffer broadcast, counted as for mlbench's `ddp`.
 from __future__ import annotations
 
 import argparse
-import datetime
+import functools
 import os
 import queue
+import statistics
 import sys
 import tempfile
 import time
@@ -31,12 +32,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from tabulate import tabulate
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlbench.optim.base import allreduce_bytes  # noqa: E402
-from mlbench.results.environment import cpu_model, usable_cores  # noqa: E402
-from mlbench.tasks.models import build_model, count_trainable_parameters  # noqa: E402
-from mlbench.tasks.task1a import TASK1A  # noqa: E402
+from measure import DEFAULT_REPEATS, interleave, machine_line, ratio_spread, spread
+
+from mlbench.optim.base import allreduce_bytes
+from mlbench.results.environment import cpu_model, usable_cores
+from mlbench.tasks.models import build_model, count_trainable_parameters
+from mlbench.tasks.task1a import TASK1A
 
 #: (label, optimizer, options): each optimizer at its defaults, plus the variants worth a row.
 CASES = [
@@ -154,6 +158,17 @@ def plain_ddp_bytes(workers: int) -> tuple[int, int]:
     return dense + buffers, dense
 
 
+def _aggregate(label: str, rows: list[list], base: list[float]) -> list[str]:
+    """One table row from a case's rounds: the median (range) of ms/step, the ratio to the plain
+    DDP loop of the same round, the medians of the rest (bytes are the same every round)."""
+    if any(isinstance(r[1], str) for r in rows):   # a run that did not finish: say how
+        return next(r for r in rows if isinstance(r[1], str))
+    ms = [r[1] for r in rows]
+    comm = [r[2] for r in rows if not isinstance(r[2], str)]
+    return [label, spread(ms, "{:.1f}"), ratio_spread(ms, base), spread(comm, "{:.1f}") if comm else "-",
+            f"{statistics.median(r[3] for r in rows):,.1f}", f"{statistics.median(r[4] for r in rows):.1f}x"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -161,25 +176,29 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="timed steps per run (after one interval of warm-up)")
     parser.add_argument("--interval", type=int, default=10, help="logging interval; the first is warm-up")
     parser.add_argument("--only", nargs="*", help="optimizer names to run (default: all)")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="interleaved rounds [5]")
     args = parser.parse_args()
     backend = "nccl" if args.device == "cuda" and torch.cuda.device_count() >= args.workers else "gloo"
     if not os.environ.get("MLBENCH_HOME"):   # a fresh store unless one is given (never an empty folder left)
         os.environ["MLBENCH_HOME"] = tempfile.mkdtemp(prefix="mlbench-bench-")
     machine = (f"{torch.cuda.get_device_name()} x {torch.cuda.device_count()}" if args.device == "cuda"
                else f"{cpu_model()}, {usable_cores()} cores")
-    print(f"# {datetime.date.today()} | {machine} | torch {torch.__version__} | task1a ResNet-20, "
-          f"batch 32 per worker, {args.workers} workers, {args.device}/{backend}, {args.steps} timed steps")
-    rows = [plain_ddp_row(workers=args.workers, steps=args.steps, warmup=args.interval, device=args.device,
-                          backend=backend)]
+    print(machine_line(f"{machine} | torch {torch.__version__} | task1a ResNet-20, batch 32 per worker, "
+                       f"{args.workers} workers, {args.device}/{backend}, {args.steps} timed steps, "
+                       f"{args.repeats} interleaved rounds"))
+    cases = {"plain": lambda: plain_ddp_row(workers=args.workers, steps=args.steps, warmup=args.interval,
+                                            device=args.device, backend=backend)}
     for label, optimizer, options in CASES:
         if args.only and optimizer not in args.only:
             continue
-        rows.append(mlbench_row(label, optimizer, options, workers=args.workers, steps=args.steps,
-                                interval=args.interval, device=args.device, backend=backend))
-        print(f"  done: {label}", file=sys.stderr, flush=True)
-    base = rows[0][1]
-    table = [[r[0], f"{r[1]:.1f}", f"{r[1] / base:.2f}x", r[2] if isinstance(r[2], str) else f"{r[2]:.1f}",
-              f"{r[3]:,.1f}", f"{r[4]:.1f}x"] if not isinstance(r[1], str) else r for r in rows]
+        cases[label] = functools.partial(mlbench_row, label, optimizer, options, workers=args.workers,
+                                         steps=args.steps, interval=args.interval, device=args.device,
+                                         backend=backend)
+    rounds = interleave(cases, args.repeats)
+    base = [r[1] for r in rounds["plain"]]
+    table = [_aggregate(rounds["plain"][0][0], rounds["plain"], base)]
+    table[0][2] = "1.00x"
+    table += [_aggregate(label, rows, base) for label, rows in rounds.items() if label != "plain"]
     print(tabulate(table, headers=["optimizer", "ms/step", "vs plain DDP", "comm ms/step",
                                    "KB sent/step/worker", "fewer bytes than all-reduce"],
                    tablefmt="github", disable_numparse=True))
