@@ -14,7 +14,6 @@ torch.optim.SGD.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 import time
@@ -23,14 +22,17 @@ from pathlib import Path
 import torch
 from tabulate import tabulate
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlbench.launch.plan import RunRequest  # noqa: E402
-from mlbench.launch.registry import choose  # noqa: E402
-from mlbench.results.store import RunStore  # noqa: E402
-from mlbench.tasks.data.augment import CIFAR10_MEAN, CIFAR10_STD  # noqa: E402
-from mlbench.tasks.data.cifar10 import load_cifar10  # noqa: E402
-from mlbench.tasks.models import build_model  # noqa: E402
+from measure import DEFAULT_REPEATS, interleave, machine_line, spread
+
+from mlbench.launch.plan import RunRequest
+from mlbench.launch.registry import choose
+from mlbench.results.store import RunStore
+from mlbench.tasks.data.augment import CIFAR10_MEAN, CIFAR10_STD
+from mlbench.tasks.data.cifar10 import load_cifar10
+from mlbench.tasks.models import build_model
 
 
 def run_mlbench(data_dir: str, goal: float, timing: bool, extra: dict) -> dict:
@@ -106,22 +108,24 @@ def main() -> None:
     parser.add_argument("--goal", type=float, default=0.8)
     parser.add_argument("--limit", type=float, default=600, help="seconds for the plain script")
     parser.add_argument("--skip-plain", action="store_true")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="interleaved rounds [5]")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
-    print(f"# {datetime.date.today()} | {torch.cuda.get_device_name() if cuda else 'CPU'} | "
-          f"torch {torch.__version__} | goal {args.goal:.0%}")
-    rows = []
-    for label, timing in (("mlbench run task1a 1 (phase timing on)", True),
-                          ("mlbench run task1a 1 --no-timing", False)):
-        r = run_mlbench(args.data_dir, args.goal, timing, {})
-        rows.append([label, r["reached"] if r["state"] == "finished" else r["state"], f"{r['wall']:.1f}",
-                     _fmt(r["tta"]), r["epochs"], _fmt(r["accuracy"], 4)])
-        print(tabulate(rows[-1:], tablefmt="plain"), flush=True)
+    cases = {"mlbench run task1a 1 (phase timing on)": lambda: run_mlbench(args.data_dir, args.goal, True, {}),
+             "mlbench run task1a 1 --no-timing": lambda: run_mlbench(args.data_dir, args.goal, False, {})}
     if not args.skip_plain:
-        r = run_plain(args.data_dir, args.goal, args.limit, device)
-        rows.append(["plain PyTorch (DataLoader, eager)", r["reached"], f"{r['wall']:.1f}", _fmt(r["tta"]),
-                     r["epochs"], _fmt(r["accuracy"], 4)])
+        cases["plain PyTorch (DataLoader, eager)"] = lambda: run_plain(args.data_dir, args.goal, args.limit, device)
+    rounds = interleave(cases, args.repeats)
+    print(machine_line(f"{torch.cuda.get_device_name() if cuda else 'CPU'} | torch {torch.__version__} | "
+                       f"goal {args.goal:.0%} | {args.repeats} interleaved rounds; median (range)"))
+    rows = []
+    for label, results in rounds.items():
+        reached = [r for r in results if r["reached"]]
+        rows.append([label, f"{len(reached)}/{len(results)}", spread([r["wall"] for r in results], "{:.1f}"),
+                     spread([r["tta"] for r in reached], "{:.1f}") if reached else "-",
+                     spread([float(r["epochs"]) for r in reached], "{:.0f}") if reached else "-",
+                     spread([r["accuracy"] for r in results if r["accuracy"] is not None], "{:.4f}")])
     print(tabulate(rows, headers=["run", "goal reached", "wall s (from launch)", "train s to goal",
                                   "epochs", "final accuracy"], tablefmt="github"))
 
