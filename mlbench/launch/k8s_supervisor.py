@@ -40,6 +40,7 @@ from mlbench.results.watchdog import Stall
 from mlbench.run_config import RunDocument
 from mlbench.safefile import open_append, write_text
 from mlbench.results.store import (
+    CANCELLED,
     FAILED,
     FINISHED,
     PENDING,
@@ -295,14 +296,16 @@ class PodSupervisor:
                     print(f"supervisor: logs of run {run_id} not kept: {type(err).__name__}: "
                           f"{str(err)[:300]}", file=sys.stderr)
                 self.store.mark_ended(run_id, state, reason=reason, result=result)
-        self.cleanup(run_id, at_once=state == FAILED)
+        self.cleanup(run_id, at_once=state in (FAILED, CANCELLED))
 
     def cleanup(self, run_id: str, at_once: bool = False) -> None:
         """Delete a run's pods, headless Service and ConfigMap (what is already gone is fine).
 
-        ``at_once``: the pods of a failed run, whose logs are kept already, go without a grace
-        period: a stopped or hung worker cannot answer SIGTERM, and waiting for it only keeps the
-        node's resources (on a loaded node, past the 90 s within which the run's objects go)."""
+        ``at_once``: the pods of a failed or cancelled run, whose logs are kept already, go
+        without a grace period: a stopped or hung worker cannot answer SIGTERM, a cancelled one
+        has nothing left to save (its run has ended), and waiting for either only keeps the
+        node's resources (on a loaded node, past the 90 s within which the run's objects go; a
+        kubelet still starting a cancelled run's containers took longer than that)."""
         with needs("kubernetes"):
             from kubernetes.client.exceptions import ApiException
 
