@@ -172,6 +172,37 @@ def test_the_survivor_of_a_shrink_ends_with_the_parameters_of_the_two_worker_run
     assert all(torch.equal(expected[name], actual[name]) for name in expected)
 
 
+def test_a_resumed_run_goes_on_on_the_fault_clock_where_its_stop_left_it():
+    """The stopped supervisor records the clock's seconds (``faults.clock_s``); the resumed one
+    goes on from them: a moment already passed is not struck again, one beyond the stop is struck
+    once, on the continued clock. The first segment's record is set to 999.8 s (a long first
+    segment, without waiting for one) so that ``at=1000s`` falls just after the resume."""
+    RUN = ("task2a", "2", "--data", "synthetic", "--set", "batch_per_worker=50", "--checkpoint-every", "2steps",
+           "--inject", "slow:rank=0,every=0.1s,for=0.1s,factor=1.5",
+           "--inject", "slow:rank=1,at=1000s,for=0.1s,factor=1.5")
+    mlbench("run", *RUN, "--max-steps", "2", check=True)
+    run = RunStore().list()[-1]
+    document = run_json(run)
+    first = document["faults"]["events"]
+    assert 0 < document["faults"]["clock_s"] < 1000
+    assert first and all(e["rank"] == 0 for e in first)   # the first segment lasts a few tenths
+    document["faults"]["clock_s"] = 999.8
+    (run.run_dir / "run.json").write_text(json.dumps(document))
+
+    mlbench("resume", run.id, "--max-steps", "6", check=True)
+    document = run_json(RunStore().get(run.id))
+    events, resumed_at = document["faults"]["events"], document["resumes"][0]["at"]
+    assert events[:len(first)] == first
+    later = events[len(first):]
+    assert later and all(e["at"] > 999 for e in later), later
+    assert [e["at"] for e in later if e["rank"] == 1] == [1000.0]
+    ats = [e["at"] for e in events if e["rank"] == 0]
+    assert ats == sorted(set(ats))   # each moment once
+    # on the continued clock: its start (the event's unix time less its moment) lies before the resume
+    assert all(e["time"] - e["at"] < resumed_at for e in later)
+    assert document["faults"]["clock_s"] > 1000
+
+
 class _Sink:
     def write(self, event):
         pass

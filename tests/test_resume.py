@@ -10,6 +10,7 @@ is refused in one line with exit 2.
 from __future__ import annotations
 
 import json
+import re
 
 import torch
 
@@ -104,3 +105,20 @@ def test_a_worker_killed_while_writing_a_checkpoint_does_not_block_the_resume(li
     assert proc.returncode == 0 and resumed.state == "finished", (resumed.reason, proc.stderr)
     assert resumed.result["steps"] == 3 and complete_checkpoints(root, 2).newest == 3
     assert sorted(p.name for p in torn.iterdir()) == ["rank-0.pt", "rank-1.pt"]
+
+
+def _steps_printed(output: str) -> list[int]:
+    return [int(n) for n in re.findall(r"^  epoch +[\d.]+  step +(\d+)  loss", output, re.MULTILINE)]
+
+
+def test_following_a_resumed_run_prints_only_what_came_after_the_resume():
+    RUN = ("task2a", "2", "--data", "synthetic", "--set", "batch_per_worker=50", "--log-every", "1",
+           "--checkpoint-every", "3steps")
+    first = mlbench("run", *RUN, "--max-steps", "3", check=True).stdout
+    assert _steps_printed(first) == [1, 2, 3], first
+    run = RunStore().list()[-1]
+    resumed = mlbench("resume", run.id, "--max-steps", "5", check=True).stdout
+    assert _steps_printed(resumed) == [4, 5], resumed
+    followed = mlbench("status", run.id, "--follow", check=True).stdout
+    assert _steps_printed(followed) == [4, 5], followed
+    assert _status(run.id)["summary"]["steps"] == 5   # status RUN: the whole run

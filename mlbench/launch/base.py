@@ -25,6 +25,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from mlbench.errors import MlbenchError, UsageError
@@ -218,7 +219,8 @@ class Launcher(ABC):
                              f"{cap}: give a larger --max-steps (or --max-steps off)")
         config.resume_step, config.max_steps = done.newest, cap
         document.resumes.append({"from_step": done.newest, "at": time.time(), "max_steps": cap,
-                                 "after": record.state, "reason": record.reason})
+                                 "after": record.state, "reason": record.reason,
+                                 EVENTS_FROM: _size(events_path(record.run_dir, 0))})
         document.save(record.run_dir)
         self.before_resume(record)
         if not self.store.reopen(record.id):
@@ -248,14 +250,16 @@ class Launcher(ABC):
                refresh: Callable[[RunRecord], RunRecord] | None = None, interval: float | None = None,
                sleep: Callable[[float], None] = time.sleep) -> RunRecord:
         """Pass rank 0's events to ``on_event``, those recorded so far and then new ones as they
-        arrive, until the run has ended; returns its final record. Every ``interval`` seconds
+        arrive, until the run has ended; returns its final record. Of a resumed run, the events
+        since its latest resume only (the earlier segments' lines were printed when they ran;
+        `status RUN` summarizes the whole run). Every ``interval`` seconds
         (:attr:`follow_seconds`) ``refresh`` (:meth:`refresh`) says how the run is. The state is
         read *before* the events, so once a run is seen ended, the read that follows holds
         everything it wrote. With ``--log-to`` targets (:attr:`LaunchSettings.log_to`), a run
         followed with ``on_event`` (its own start, not `status --follow`) is written into them
         at every look (:class:`LiveExport`)."""
         look = refresh or self.refresh
-        tail = EventTail(events_path(record.run_dir, 0))
+        tail = EventTail(events_path(record.run_dir, 0), resumed_events_offset(record))
         export = (LiveExport(self.settings.log_to, record, self.settings.progress)
                   if self.settings.log_to and on_event is not None else None)
         misses = 0
@@ -287,3 +291,24 @@ class Launcher(ABC):
         workers write and a cluster's supervisor keeps the logs of ended pods."""
         check_rank(record, rank)
         return follow_file(record, log_path(record.run_dir, rank), follow, self.refresh, self.follow_seconds)
+
+
+#: A resume's entry in run.json: the size of rank 0's events file when the resume began, where
+#: the resumed run's own events start.
+EVENTS_FROM = "events_from"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def resumed_events_offset(record: RunRecord) -> int:
+    """Where rank 0's events of the run's latest resume begin in its file (0: a run never
+    resumed, or resumed before this was recorded)."""
+    document = RunDocument.load_or_none(record.run_dir)
+    resumes = document.resumes if document is not None else []
+    offset = resumes[-1].get(EVENTS_FROM) if resumes else None
+    return offset if isinstance(offset, int) and offset >= 0 else 0

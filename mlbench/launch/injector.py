@@ -49,7 +49,9 @@ class Process(Protocol):
 
 
 class FaultRecord:
-    """run.json's ``faults`` section: the applied faults and the restarts, saved on each change."""
+    """run.json's ``faults`` section: the applied faults and the restarts, saved on each change,
+    and ``clock_s``: the seconds the fault clock had run when the run's supervisor last stopped
+    (``mlbench resume`` goes on from there)."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
@@ -57,11 +59,24 @@ class FaultRecord:
         section = document.extra.get(FAULTS_SECTION) or {}
         self.events: list[dict[str, Any]] = list(section.get("events") or [])
         self.restarts: list[dict[str, Any]] = list(section.get("restarts") or [])
+        clock = section.get("clock_s")
+        self.clock_s: float | None = float(clock) if isinstance(clock, (int, float)) else None
 
     def save(self) -> None:
         document = RunDocument.load(self.run_dir)
-        document.extra[FAULTS_SECTION] = {"events": self.events, "restarts": self.restarts}
+        section: dict[str, Any] = {"events": self.events, "restarts": self.restarts}
+        if self.clock_s is not None:
+            section["clock_s"] = self.clock_s
+        document.extra[FAULTS_SECTION] = section
         document.save(self.run_dir)
+
+    def clock_so_far(self) -> float:
+        """Where the fault clock of a run started again goes on from: the seconds recorded when
+        its supervisor stopped; without them (a supervisor that was killed), the latest fault's
+        moment; 0 for a run that never ran."""
+        if self.clock_s is not None:
+            return self.clock_s
+        return max((float(e["at"]) for e in self.events if isinstance(e.get("at"), (int, float))), default=0.0)
 
     def culprit(self, ranks: Sequence[int]) -> dict[str, Any] | None:
         """The fault a failure of ``ranks`` is blamed on: the latest kill or stall of one of
@@ -85,16 +100,19 @@ def signal_pid(proc: Process, sig: int) -> None:
 
 class Injector:
     """Applies a run's kill and stall schedules to its worker processes on the fault clock that
-    starts at ``clock_start`` (unix seconds); ``send`` delivers a signal to one of them (by pid
+    started at ``clock_start`` (unix seconds; earlier than now by the ``passed`` seconds of the
+    clock so far when a run is resumed); ``send`` delivers a signal to one of them (by pid
     on this machine unless told otherwise: a Slurm task on another node)."""
 
     def __init__(self, schedules: list[dict[str, Any]], clock_start: float, record: FaultRecord,
-                 send: Callable[[Process, int], None] = signal_pid):
+                 send: Callable[[Process, int], None] = signal_pid, passed: float = 0.0):
         self.schedules = schedules
         self.clock_start = clock_start
         self.record = record
         self.send = send
-        self._applied = [0] * len(schedules)
+        # the moments up to ``passed``, the seconds the clock ran under a stopped supervisor of the
+        # run (``mlbench resume`` goes on from them), were struck then: not again
+        self._applied = [len(start_times(s, passed)) if passed > 0 else 0 for s in schedules]
         self._continue: list[tuple[float, Process]] = []   # (unix time, process) to SIGCONT
         self._links: list[tuple[float, dict[str, Any]]] = []   # (unix time, event) to bring up
         self.network: Network | None = None   # the emulated network of the group now

@@ -223,12 +223,15 @@ class WorkerProcesses:
             mark_supervised(self.store, self.run)
 
     def _start_fault_clock(self, config: RunConfig, env: dict[str, str]) -> None:
-        """The fault clock starts as the workers of the first start do (the run's start); the
+        """The fault clock starts as the workers of the first start do (the run's start; after
+        ``mlbench resume``, it goes on from the seconds the stopped supervisor recorded); the
         workers learn it from their environment (a straggler's schedule)."""
         if self.clock_start is None:
-            self.clock_start = time.time()
+            # a resumed run's clock goes on from where its last supervisor stopped it
+            passed = self.faults.clock_so_far() if self.faults is not None else 0.0
+            self.clock_start = time.time() - passed
             if config.faults and self.faults is not None:
-                self.injector = Injector(config.faults, self.clock_start, self.faults)
+                self.injector = Injector(config.faults, self.clock_start, self.faults, passed=passed)
         env[FAULT_CLOCK_ENV] = repr(self.clock_start)
 
     def spawn(self, cmd: list[str], log_name: str, env: dict[str, str],
@@ -285,7 +288,7 @@ class WorkerProcesses:
             self._finish()
         elif self.network and not self.network.alive():
             self.stop_all()
-            self.store.mark_ended(self.run.id, FAILED, reason=NETWORK_LOST)
+            self._mark_ended(FAILED, reason=NETWORK_LOST)
         elif (stall := self.watch(codes)) is not None:
             self.failed(stall.ranks, stall.reason)  # SIGKILL reaches a stopped process too
         elif self._recovering is not None:
@@ -319,7 +322,7 @@ class WorkerProcesses:
             what = "shrinks" if self.on_failure == "shrink" else "restarts"
             reason = f"{reason} (after {self.restarts_done} {what}, the most --on-failure allowed)"
         self.stop_all(grace=0 if fault is not None else TERMINATE_GRACE_SECONDS)
-        self.store.mark_ended(self.run.id, FAILED, reason=reason)
+        self._mark_ended(FAILED, reason=reason)
 
     def restart(self, reason: str, fault: dict[str, Any] | None, now: float,
                 survivors: list[int] | None = None) -> None:
@@ -360,17 +363,25 @@ class WorkerProcesses:
         other error as failed (the workers are stopped either way)."""
         self.stop_all()
         if isinstance(how, (KeyboardInterrupt, Cancelled)):
-            self.store.mark_ended(self.run.id, CANCELLED, reason=CANCELLED_BY_USER)
+            self._mark_ended(CANCELLED, reason=CANCELLED_BY_USER)
         else:
-            self.store.mark_ended(self.run.id, FAILED, reason=f"supervisor error: {how}")
+            self._mark_ended(FAILED, reason=f"supervisor error: {how}")
         return self.store.get(self.run.id)
+
+    def _mark_ended(self, state: str, **details: Any) -> None:
+        """End the run in the store, first recording in run.json the seconds its fault clock ran,
+        which a resume goes on from (docs/faults.md)."""
+        if self.faults is not None and self.clock_start is not None:
+            self.faults.clock_s = round(time.time() - self.clock_start, 3)
+            self.faults.save()
+        self.store.mark_ended(self.run.id, state, **details)
 
     def _finish(self) -> None:
         results = [e for e in read_rank_events(events_path(self.run_dir, 0)) if e["name"] == "result"]
         if results:
-            self.store.mark_ended(self.run.id, FINISHED, result=results[-1]["value"])
+            self._mark_ended(FINISHED, result=results[-1]["value"])
         else:
-            self.store.mark_ended(self.run.id, FAILED, reason="the workers exited without a result")
+            self._mark_ended(FAILED, reason="the workers exited without a result")
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -10,13 +10,17 @@ the CPU, where the backward waits for the last bucket): the rest is inside "back
 
 Communication hooks (``hook=``) change what a bucket sends: ``fp16`` / ``bf16`` halve the bytes
 (torch's ``fp16_compress_hook`` / ``bf16_compress_hook``); ``powersgd`` is torch's PowerSGD hook
-(Vogels et al. 2019; vanilla all-reduce for the first ``start_iter`` steps, as torch requires).
+(Vogels et al. 2019; vanilla all-reduce for the first ``start_iter`` steps, as torch requires); its
+state is part of :meth:`DDP.state_dict`, so a resumed run continues exactly
+(:mod:`mlbench.optim.ddp_powersgd`).
 Bytes are counted from what each hook sends; DDP's broadcast of rank 0's buffers (BatchNorm
 statistics) before each forward counts as (k-1)/k of the buffers per rank, the mean share of a
 broadcast.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -30,6 +34,7 @@ from mlbench.optim.base import (
     local_sgd,
     set_lr,
 )
+from mlbench.optim.ddp_powersgd import ResumablePowerSGD
 from mlbench.optim.descriptors import INFO
 from mlbench.optim.registry import register
 
@@ -51,6 +56,7 @@ class DDP(DistributedOptimizer):
         self.module.broadcast_buffers = o["broadcast_buffers"]
         self.hook = o["hook"]
         self.powersgd: powerSGD_hook.PowerSGDState | None = None
+        self.resumable: ResumablePowerSGD | None = None
         if self.hook in _HALF_HOOKS:
             self.module.register_comm_hook(ctx.group, _HALF_HOOKS[self.hook])
         elif self.hook == "powersgd":
@@ -61,7 +67,8 @@ class DDP(DistributedOptimizer):
             self.powersgd = powerSGD_hook.PowerSGDState(
                 process_group=ctx.group, matrix_approximation_rank=o["rank"],
                 start_powerSGD_iter=o["start_iter"])
-            self.module.register_comm_hook(self.powersgd, powerSGD_hook.powerSGD_hook)
+            self.resumable = ResumablePowerSGD(self.powersgd, list(ctx.model.parameters()))
+            self.module.register_comm_hook(self.powersgd, self.resumable.hook)
         self.numel = sum(p.numel() for p in self.params)
         buffers = [b for b in ctx.model.buffers()]
         self.buffer_bytes = sum(b.numel() * b.element_size() for b in buffers) \
@@ -80,6 +87,20 @@ class DDP(DistributedOptimizer):
             numel, self._compressed_seen = after - self._compressed_seen, after
             return buffers + allreduce_bytes(numel or self.numel, 4, world)
         return buffers + allreduce_bytes(self.numel, 4, world)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The base state plus the PowerSGD hook's (which lives in torch's hook state, not here)."""
+        state = {k: v for k, v in super().state_dict().items() if k not in ("powersgd", "resumable")}
+        if self.resumable is not None:
+            state["powersgd_hook"] = self.resumable.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        hook = state.pop("powersgd_hook", None)
+        super().load_state_dict(state)
+        if self.resumable is not None and hook is not None:
+            self.resumable.load_state_dict(hook, next(self.ctx.model.parameters()).device)
 
     def step(self, lr: float) -> None:
         self.bytes_sent += self._step_bytes()

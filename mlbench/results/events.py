@@ -163,11 +163,12 @@ def read_events_from(path: str | os.PathLike, offset: int = 0) -> tuple[list[dic
 
 
 class EventTail:
-    """Reads the events appended to one file since the last call (for live progress)."""
+    """Reads the events appended to one file since the last call (for live progress), from byte
+    ``offset`` on (a resumed run's follower starts where its resume found the file)."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, offset: int = 0):
         self.path = Path(path)
-        self._offset = 0
+        self._offset = offset
         self._partial = ""
 
     def read_new(self) -> list[dict[str, Any]]:
