@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlbench.tasks.classification import ClassificationSettings
+from mlbench.worker.tf_sgd import mean_over_processes, on_every_replica, sgd_update
 
 
 def objective(w: tf.Tensor, x: tf.Tensor, y: tf.Tensor, l2: float) -> tf.Tensor:
@@ -47,23 +48,12 @@ class LogisticRegressionPort:
         s, w = self.settings, self.w
         with tf.GradientTape() as tape:
             loss = objective(w, x, y, s.l2)
-        grad = tape.gradient(loss, w)
-        if self.strategy is not None:   # the all-reduce of the gradients
-            with tf.device(self.device):  # a placed tensor: the collective needs its device
-                grad = tf.identity(grad)
-            grad = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, grad)
-        direction = grad + s.weight_decay * w if s.weight_decay else grad
-        if s.momentum:
-            self.buffer.assign(s.momentum * self.buffer + direction)
-            direction = direction + s.momentum * self.buffer if s.nesterov else self.buffer
-        w.assign_sub(lr * direction)
+        (grad,) = mean_over_processes([tape.gradient(loss, w)], self.strategy, self.device)
+        sgd_update([w], [grad], [self.buffer], s, lr)
         return loss
 
     def _distributed_step(self, x: tf.Tensor, y: tf.Tensor, lr: tf.Tensor) -> tf.Tensor:
-        if self.strategy is None:
-            return self._local_step(x, y, lr)
-        losses = self.strategy.run(self._local_step, args=(x, y, lr))
-        return self.strategy.experimental_local_results(losses)[0]
+        return on_every_replica(self.strategy, self._local_step, x, y, lr)
 
     def step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
         """One synchronous step on this process's minibatch; returns this process's loss."""

@@ -43,6 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlbench.tasks.classification import ClassificationSettings
+from mlbench.worker.tf_sgd import mean_over_processes, on_every_replica, sgd_update
 
 #: PyTorch's BatchNorm2d defaults: the running statistics' momentum and the epsilon.
 BN_MOMENTUM = 0.1
@@ -204,27 +205,15 @@ class ResNetPort:
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
             if s.l2:
                 loss = loss + self._l2()
-        grads = tape.gradient(loss, self._trainable)
-        if self.strategy is not None:   # the all-reduce (mean) of the gradients
-            with tf.device(self.device):  # placed tensors: the collective needs their device
-                grads = [tf.identity(g) for g in grads]
-            grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, grads)
+        grads = mean_over_processes(tape.gradient(loss, self._trainable), self.strategy, self.device)
         for name, mean, var in updates:   # the running statistics of this process's batch
             running_update(self.stats[f"{name}.running_mean"], mean)
             running_update(self.stats[f"{name}.running_var"], var)
-        for p, g, buf in zip(self._trainable, grads, self.buffers):   # torch.optim.SGD, dampening 0
-            d = g + s.weight_decay * p if s.weight_decay else g
-            if s.momentum:
-                buf.assign(s.momentum * buf + d)
-                d = d + s.momentum * buf if s.nesterov else buf
-            p.assign_sub(lr * d)
+        sgd_update(self._trainable, grads, self.buffers, s, lr)
         return loss
 
     def _distributed_step(self, x: tf.Tensor, y: tf.Tensor, lr: tf.Tensor) -> tf.Tensor:
-        if self.strategy is None:
-            return self._local_step(x, y, lr)
-        losses = self.strategy.run(self._local_step, args=(x, y, lr))
-        return self.strategy.experimental_local_results(losses)[0]
+        return on_every_replica(self.strategy, self._local_step, x, y, lr)
 
     def step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
         """One synchronous step on this process's minibatch (``x`` float32 NCHW, as mlbench's

@@ -6,6 +6,8 @@ import numpy as np
 import torch
 
 from mlbench.tasks.classification import learning_rate
+from mlbench.tasks.overrides import resolve
+from mlbench.tasks.task1a import TASK1A
 from mlbench.tasks.data.sharding import epoch_batches, steps_per_epoch
 from mlbench.tasks.datasets import load_splits
 from mlbench.tasks.models import build_model
@@ -54,3 +56,28 @@ def check_losses(port_losses, torch_losses):
     np.testing.assert_allclose(port_losses[0], torch_losses[0], rtol=FORWARD_RTOL)
     np.testing.assert_allclose(port_losses[1], torch_losses[1], rtol=ONE_UPDATE_RTOL)
     np.testing.assert_allclose(port_losses[2:], torch_losses[2:], rtol=CHAOS_RTOL)
+
+
+def check_a_real_two_worker_run(framework: str, cifar_dir) -> None:
+    """A real ``mlbench run task1a 2 --framework FRAMEWORK`` of two steps: its result shows on
+    ``status RUN`` with the framework, and each rank's loss equals that of its own half of the
+    global batch in one PyTorch process (:func:`pytorch_reference` with 2 workers), at the first
+    step (the forward pass) and after the update from the two workers' averaged gradients."""
+    from tests.frameworks.test_jax_port import values
+    from tests.helpers import events, last_run, mlbench, run_json
+
+    steps, batch = 2, 16
+    mlbench("run", "task1a", "2", "--framework", framework, "--data-dir", str(cifar_dir), "--max-steps",
+            str(steps), "--log-every", "1", "--no-stop", "--set", f"batch_per_worker={batch}", check=True)
+    run = last_run()
+    assert run_json(run)["config"]["framework"] == framework
+    shown = mlbench("status", run.id, check=True).stdout.splitlines()
+    assert ["framework", framework] in [line.split() for line in shown]
+    recorded = events(run)
+    (result,) = [e["value"] for e in recorded if e["name"] == "result"]
+    assert (result["steps"], result["stop_reason"]) == (steps, "max-steps")
+    assert result["final_accuracy"] is not None
+    ranks = np.stack([values(recorded, "train/loss", rank) for rank in (0, 1)], axis=1)
+    spec, _ = resolve(TASK1A, {"batch_per_worker": batch})
+    reference, *_ = pytorch_reference(spec, cifar_dir, steps, workers=2)
+    check_losses(ranks, reference)

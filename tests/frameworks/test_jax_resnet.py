@@ -49,9 +49,13 @@ from mlbench.run_config import RunConfig
 from mlbench.tasks.classification import learning_rate
 from mlbench.tasks.overrides import resolve
 from mlbench.tasks.task1a import TASK1A
-from tests.frameworks.resnet_reference import CHAOS_RTOL, check_losses, pytorch_reference
+from tests.frameworks.resnet_reference import (
+    CHAOS_RTOL,
+    check_a_real_two_worker_run,
+    check_losses,
+    pytorch_reference,
+)
 from tests.frameworks.test_jax_port import ListSink, train_jax_in_process, values
-from tests.helpers import events, last_run, mlbench, run_json
 
 jax = pytest.importorskip("jax")
 pytest.importorskip("optax")
@@ -113,18 +117,4 @@ def test_the_first_50_losses_of_the_jax_port_equal_pytorchs(cifar_dir):
 
 @pytest.mark.slow
 def test_a_real_two_worker_jax_run_of_task1a(cifar_dir):
-    steps, batch = 2, 16
-    mlbench("run", "task1a", "2", "--framework", "jax", "--data-dir", str(cifar_dir), "--max-steps", str(steps),
-            "--log-every", "1", "--no-stop", "--set", f"batch_per_worker={batch}", check=True)
-    run = last_run()
-    assert run_json(run)["config"]["framework"] == "jax"
-    shown = mlbench("status", run.id, check=True).stdout.splitlines()
-    assert ["framework", "jax"] in [line.split() for line in shown]
-    recorded = events(run)
-    (result,) = [e["value"] for e in recorded if e["name"] == "result"]
-    assert (result["steps"], result["stop_reason"]) == (steps, "max-steps")
-    assert result["final_accuracy"] is not None
-    ranks = np.stack([values(recorded, "train/loss", rank) for rank in (0, 1)], axis=1)
-    spec, _ = resolve(TASK1A, {"batch_per_worker": batch})
-    reference, *_ = pytorch_reference(spec, cifar_dir, steps, workers=2)
-    check_losses(ranks, reference)
+    check_a_real_two_worker_run("jax", cifar_dir)

@@ -207,22 +207,6 @@ def test_in_float64_the_tensorflow_resnet_trains_exactly_as_pytorchs(data):
 
 @pytest.mark.slow
 def test_a_real_two_worker_tensorflow_run_of_task1a(cifar_dir):
-    from tests.frameworks.resnet_reference import check_losses, pytorch_reference
-    from tests.frameworks.test_jax_port import values
-    from tests.helpers import events, last_run, mlbench, run_json
+    from tests.frameworks.resnet_reference import check_a_real_two_worker_run
 
-    steps, batch = 2, 16
-    mlbench("run", "task1a", "2", "--framework", "tensorflow", "--data-dir", str(cifar_dir), "--max-steps",
-            str(steps), "--log-every", "1", "--no-stop", "--set", f"batch_per_worker={batch}", check=True)
-    run = last_run()
-    assert run_json(run)["config"]["framework"] == "tensorflow"
-    shown = mlbench("status", run.id, check=True).stdout.splitlines()
-    assert ["framework", "tensorflow"] in [line.split() for line in shown]
-    recorded = events(run)
-    (result,) = [e["value"] for e in recorded if e["name"] == "result"]
-    assert (result["steps"], result["stop_reason"]) == (steps, "max-steps")
-    assert result["final_accuracy"] is not None
-    ranks = np.stack([values(recorded, "train/loss", rank) for rank in (0, 1)], axis=1)
-    spec, _ = resolve(TASK1A, {"batch_per_worker": batch})
-    reference, *_ = pytorch_reference(spec, cifar_dir, steps, workers=2)
-    check_losses(ranks, reference)
+    check_a_real_two_worker_run("tensorflow", cifar_dir)
