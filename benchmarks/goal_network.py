@@ -1,6 +1,7 @@
 """Time to the light goal of task 2a on an emulated network, per optimizer (plug-ins included).
 
     python benchmarks/goal_network.py --latency 0 --plugin "diloco H=10"
+    python benchmarks/goal_network.py --latency 0 --bandwidth 1gbit --samples 2000 --features 50 --repeats 2
 
 Task 1a's light goal (70% on CIFAR-10) takes an hour per run on a 2-core CPU; task 2a's
 logistic regression reaches its light goal (80% test accuracy) in seconds, so the convergence of
@@ -12,12 +13,18 @@ test on, in LIBSVM files. Every row is a real `mlbench run task2a K --light --ba
 --optimizer ...` through the launcher (each worker in its own network namespace); it reports
 the training time to the goal (evaluation excluded, as mlbench's time to accuracy is), the
 epochs, and the bytes each worker sent per step.
+
+Every case (each bandwidth's reference and optimizers) runs once per round, ``--repeats`` rounds
+(benchmarks/measure.py): the table gives in how many rounds the goal was reached, the median
+(fastest-slowest) of the rounds that reached it, and the time to the goal relative to the
+reference's in the same round (the baseline here: task 2a has no plain loop to compare with).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
+import functools
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -29,7 +36,8 @@ from tabulate import tabulate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from network import _plugin_case, bench_home, shaped_networks
+from measure import DEFAULT_REPEATS, interleave, machine_line, ratio_spread, spread
+from network import _announced, _plugin_case, bench_home, shaped_networks
 
 from mlbench.results.environment import cpu_model, usable_cores
 
@@ -53,8 +61,10 @@ def write_data(root: Path, features: int, samples: int) -> Path:
     return root
 
 
-def goal_row(label: str, optimizer: str, options: dict[str, str], *, workers: int, network, data_dir: str,
-             max_epochs: int) -> list:
+def goal_row(optimizer: str, options: dict[str, str], *, workers: int, network, data_dir: str,
+             max_epochs: int) -> dict:
+    """One run's figures: its state (and why, if it did not finish), whether it reached the goal,
+    the training seconds, epochs and steps to it, the best accuracy and the KB sent per step."""
     from mlbench.launch.plan import RunRequest
     from mlbench.launch.registry import choose
     from mlbench.results.store import RunStore
@@ -66,14 +76,31 @@ def goal_row(label: str, optimizer: str, options: dict[str, str], *, workers: in
                                      overrides={"max_epochs": max_epochs}))
     final = launcher.run_attached(run)
     result = final.result or {}
-    if final.state != "finished":
-        return [label, f"{final.state}: {final.reason}", "", "", ""]
-    sent = (result.get("bytes_sent") or 0) / max(1, result.get("steps") or 1)
-    if not result.get("reached"):
-        return [label, f"not reached in {max_epochs} epochs (best {result.get('best_accuracy', 0):.2%})",
-                "-", f"{result.get('steps')}", f"{sent / 1e3:,.2f}"]
-    return [label, f"{result['time_to_accuracy']:.2f}", f"{result['epochs_to_accuracy']:.2f}",
-            f"{result['steps_to_accuracy']}", f"{sent / 1e3:,.2f}"]
+    return {"state": final.state, "reason": final.reason, "reached": bool(result.get("reached")),
+            "seconds": result.get("time_to_accuracy"), "epochs": result.get("epochs_to_accuracy"),
+            "steps": result.get("steps_to_accuracy"), "best": result.get("best_accuracy") or 0.0,
+            "kb_sent": (result.get("bytes_sent") or 0) / max(1, result.get("steps") or 1) / 1e3}
+
+
+def _row(label: str, runs: list[dict], reference: list[dict], max_epochs: int) -> list[str]:
+    """A case's rounds as one row; the ratio to the reference from the rounds where both reached."""
+    failed = next((r for r in runs if r["state"] != "finished"), None)
+    if failed:   # a run that did not finish: say how
+        return [label, f"{failed['state']}: {failed['reason']}", "", "", "", "", ""]
+    reached = [r for r in runs if r["reached"]]
+    kb = f"{statistics.median(r['kb_sent'] for r in runs):,.2f}"
+    if not reached:
+        best = max(r["best"] for r in runs)
+        return [label, f"0/{len(runs)}", f"not reached in {max_epochs} epochs (best {best:.2%})", "-", "-", "-", kb]
+    pairs = [(r["seconds"], ref["seconds"]) for r, ref in zip(runs, reference, strict=True)
+             if r["reached"] and ref["state"] == "finished" and ref["reached"]]
+    if runs is reference:
+        versus = "1.00x"
+    else:
+        versus = ratio_spread([mine for mine, _ in pairs], [ref for _, ref in pairs]) if pairs else "-"
+    return [label, f"{len(reached)}/{len(runs)}", spread([r["seconds"] for r in reached], "{:.2f}"), versus,
+            spread([r["epochs"] for r in reached], "{:.2f}"), spread([float(r["steps"]) for r in reached], "{:.0f}"),
+            kb]
 
 
 def main() -> None:
@@ -86,24 +113,31 @@ def main() -> None:
     parser.add_argument("--max-epochs", type=int, default=10)
     parser.add_argument("--plugin", action="append", default=[], metavar="'SPEC KEY=VALUE ...'",
                         help="also an optimizer plug-in with its options (repeatable)")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="interleaved rounds [5]")
     args = parser.parse_args()
     networks = shaped_networks(args.bandwidth, args.latency, "goal_network.py")
     home = bench_home()
     data_dir = str(write_data(Path(tempfile.mkdtemp(prefix="mlbench-libsvm-", dir=home)), args.features,
                               args.samples))
     cases = CASES + [_plugin_case(p) for p in args.plugin]
-    print(f"# {datetime.date.today()} | {cpu_model()}, {usable_cores()} cores | torch {torch.__version__} | task2a "
-          f"light goal (80%), logistic regression on {args.samples:,} generated samples x {args.features:,} "
-          f"features, {args.workers} workers, cpu/gloo, emulated network: {', '.join(n.label() for n in networks)}")
+    print(machine_line(f"{cpu_model()}, {usable_cores()} cores | torch {torch.__version__} | task2a light goal "
+                       f"(80%), logistic regression on {args.samples:,} generated samples x {args.features:,} "
+                       f"features, {args.workers} workers, cpu/gloo, emulated network: "
+                       f"{', '.join(n.label() for n in networks)} | {args.repeats} interleaved rounds; median (range)"),
+          flush=True)
+    plan = {}   # one round: every network's optimizers, in this order
     for network in networks:
-        rows = []
         for label, optimizer, options in cases:
-            rows.append(goal_row(label, optimizer, options, workers=args.workers, network=network,
-                                 data_dir=data_dir, max_epochs=args.max_epochs))
-            print(f"  done: {network.label()}: {label}", file=sys.stderr, flush=True)
+            plan[(network, label)] = _announced(f"{network.label()}: {label}", functools.partial(
+                goal_row, optimizer, options, workers=args.workers, network=network, data_dir=data_dir,
+                max_epochs=args.max_epochs), args.repeats)
+    rounds = interleave(plan, args.repeats)
+    for network in networks:
+        reference = rounds[(network, cases[0][0])]
+        rows = [_row(label, rounds[(network, label)], reference, args.max_epochs) for label, *_ in cases]
         print(f"\n{network.label()}:\n" + tabulate(
-            rows, headers=["optimizer", "s to 80%", "epochs", "steps", "KB sent/step/worker"],
-            tablefmt="github", disable_numparse=True), flush=True)
+            rows, headers=["optimizer", "reached", "s to 80%", f"vs {cases[0][0]}", "epochs", "steps",
+                           "KB sent/step/worker"], tablefmt="github", disable_numparse=True), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     python benchmarks/network.py --latency 0               # where the kernel has no netem
     python benchmarks/network.py --bandwidth 1gbit --only powersgd
     python benchmarks/network.py --only centralized-sgd model-averaging powersgd --plugin "diloco H=10"
+    python benchmarks/network.py --bandwidth 1gbit --only centralized-sgd --steps 2 --interval 1 --repeats 2
 
 For every bandwidth, the table of benchmarks/optimizers.py (ms/step, communication ms/step,
 bytes sent per step and worker) for the reference and the compressing optimizers, every row a
@@ -11,8 +12,12 @@ real `mlbench run task1a K --bandwidth B --latency L --optimizer ...` through th
 as the baseline the PyTorch DDP tutorial loop started in the same emulated network (each of its
 processes in its own namespace, gloo on the namespace's link). Then, per optimizer, its step time
 relative to the reference at each bandwidth, and the highest bandwidth at which it is faster: the
-crossover. ``--plugin "SPEC KEY=VALUE ..."`` adds a row for an optimizer plug-in (docs/plugins.md:
-a file, a module or an installed entry point such as examples/diloco's ``diloco``), run the same way.
+crossover. Every case (each bandwidth's baseline and optimizers) runs once per round, ``--repeats``
+rounds (benchmarks/measure.py); times are the median (fastest-slowest) and every ratio is taken
+round by round, so a change of the host's load hits both sides of it.
+
+``--plugin "SPEC KEY=VALUE ..."`` adds a row for an optimizer plug-in (docs/plugins.md: a file, a
+module or an installed entry point such as examples/diloco's ``diloco``), run the same way.
 
 The runs train on random images in the CIFAR-10 layout (10,000 train, 200 test): what is timed
 is the same as with --data synthetic, but the evaluation that ends every run costs nothing.
@@ -21,10 +26,11 @@ is the same as with --data synthetic, but the evaluation that ends every run cos
 from __future__ import annotations
 
 import argparse
-import datetime
+import functools
 import json
 import os
 import pickle
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +43,7 @@ from tabulate import tabulate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from measure import DEFAULT_REPEATS, interleave, machine_line, ratio_spread, spread
 from optimizers import _plain_ddp_worker, mlbench_row, plain_ddp_bytes
 
 from mlbench.errors import MlbenchError
@@ -103,8 +110,8 @@ def plain_ddp_row(network: NetworkSettings, *, workers: int, steps: int, warmup:
                 if proc.poll() is None:
                     proc.kill()
             net.stop()
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"a plain DDP worker exited with code {[p.returncode for p in procs]}")
+    if any(p.returncode for p in procs):   # a row that says so: the other rounds' figures are kept
+        return [PLAIN, f"failed: worker exit codes {[p.returncode for p in procs]}", "", "", "", ""]
     per_step = json.loads(out.strip().splitlines()[-1])["seconds_per_step"]
     sent, dense = plain_ddp_bytes(workers)
     return [PLAIN, per_step * 1e3, "-", sent / 1e3, dense / sent]
@@ -141,41 +148,71 @@ def _plugin_case(text: str) -> tuple[str, str, dict[str, str]]:
     return text, spec, dict(pair.split("=", 1) for pair in pairs)
 
 
-def crossover(results: dict[float, list[list]], cases: list[tuple[str, str, dict[str, str]]]) -> list[list[str]]:
-    """Per optimizer: its step time / the reference's at each bandwidth, and where it starts to win."""
+def _ms(rows: list[list]) -> list[float] | None:
+    """A case's ms/step per round, or None when a round of it did not finish."""
+    values = [r[1] for r in rows]
+    return None if any(isinstance(v, str) for v in values) else values
+
+
+def _versus(mine: list[list], base: list[list]) -> str:
+    """``mine / base`` as a median and range of the per-round ratios; "-" where a round failed."""
+    a, b = _ms(mine), _ms(base)
+    return "-" if a is None or b is None else ratio_spread(a, b)
+
+
+def _wins(mine: list[list], base: list[list]) -> bool:
+    """Faster than ``base``: the median of the per-round ratios is below 1."""
+    a, b = _ms(mine), _ms(base)
+    return a is not None and b is not None and statistics.median(x / y for x, y in zip(a, b, strict=True)) < 1
+
+
+def crossover(results: dict[float, dict[str, list[list]]], cases: list[tuple[str, str, dict[str, str]]]
+              ) -> list[list[str]]:
+    """Per optimizer: its step time / the reference's at each bandwidth (median of the rounds'
+    ratios, and their range), and where it starts to win (a median ratio below 1)."""
     rates = sorted(results, reverse=True)
     rows = []
     for label, *_ in cases[1:]:
-        cells, winning = [], [rate for rate in rates if _faster(results[rate], label)]
-        for rate in rates:
-            mine, ref = _ms(results[rate], label), _ms(results[rate], REFERENCE)
-            cells.append(f"{mine / ref:.2f}x" if mine and ref else "-")
+        winning = [rate for rate in rates if _wins(results[rate][label], results[rate][REFERENCE])]
         if not winning:
             start = "at none of these rates"
         elif all(r in winning for r in rates if r <= max(winning)):
             start = f"at {format_rate(max(winning))} and below"
         else:
             start = "at " + ", ".join(format_rate(r) for r in winning)
-        rows.append([label, *cells, start])
+        rows.append([label, *(_versus(results[rate][label], results[rate][REFERENCE]) for rate in rates), start])
     return rows
 
 
-def _ms(rows: list[list], label: str) -> float | None:
-    row = next((r for r in rows if r[0] == label), None)
-    return row[1] if row and not isinstance(row[1], str) else None
-
-
-def _faster(rows: list[list], label: str) -> bool:
-    mine, ref = _ms(rows, label), _ms(rows, REFERENCE)
-    return bool(mine and ref and mine < ref)
-
-
-def _table(rows: list[list]) -> str:
-    base = rows[0][1]
-    table = [[r[0], f"{r[1]:.1f}", f"{r[1] / base:.2f}x", r[2] if isinstance(r[2], str) else f"{r[2]:.1f}",
-              f"{r[3]:,.1f}", f"{r[4]:.1f}x"] if not isinstance(r[1], str) else r for r in rows]
+def _table(rounds: dict[str, list[list]]) -> str:
+    """One bandwidth's table: per case the median (range) of ms/step and communication ms/step,
+    its ratio to the plain loop of the same round, and the bytes (the same every round)."""
+    table = []
+    for label, rows in rounds.items():
+        failed = next((r for r in rows if isinstance(r[1], str)), None)
+        if failed:   # a run that did not finish: say how
+            table.append(failed)
+            continue
+        comm = [r[2] for r in rows if not isinstance(r[2], str)]
+        versus = "1.00x" if label == PLAIN else _versus(rows, rounds[PLAIN])
+        table.append([label, spread([r[1] for r in rows], "{:.1f}"), versus,
+                      spread(comm, "{:.1f}") if comm else "-", f"{statistics.median(r[3] for r in rows):,.1f}",
+                      f"{statistics.median(r[4] for r in rows):.1f}x"])
     return tabulate(table, headers=["optimizer", "ms/step", "vs plain DDP", "comm ms/step", "KB sent/step/worker",
                                     "fewer bytes than all-reduce"], tablefmt="github", disable_numparse=True)
+
+
+def _announced(name: str, measure, repeats: int):
+    """``measure`` that says on stderr when it is done, with its round (a round takes minutes)."""
+    done = 0
+
+    def run():
+        nonlocal done
+        row = measure()
+        done += 1
+        print(f"  done: round {done}/{repeats}: {name}", file=sys.stderr, flush=True)
+        return row
+    return run
 
 
 def main() -> None:
@@ -188,27 +225,34 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", help="optimizer names to run (default: all)")
     parser.add_argument("--plugin", action="append", default=[], metavar="'SPEC KEY=VALUE ...'",
                         help="also an optimizer plug-in with its options (repeatable)")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="interleaved rounds [5]")
     args = parser.parse_args()
     cases = [case for case in CASES if not args.only or case[1] in args.only] + [_plugin_case(p) for p in args.plugin]
     networks = shaped_networks(args.bandwidth, args.latency, "network.py")
     home = bench_home()
     data_dir = str(write_random_cifar(Path(tempfile.mkdtemp(prefix="mlbench-cifar-", dir=home))))
-    print(f"# {datetime.date.today()} | {cpu_model()}, {usable_cores()} cores | torch {torch.__version__} | task1a "
-          f"ResNet-20, batch 32 per worker, {args.workers} workers, cpu/gloo, {args.steps} timed steps, emulated "
-          f"network: {', '.join(n.label() for n in networks)}")
-    results: dict[float, list[list]] = {}
+    print(machine_line(f"{cpu_model()}, {usable_cores()} cores | torch {torch.__version__} | task1a ResNet-20, "
+                       f"batch 32 per worker, {args.workers} workers, cpu/gloo, {args.steps} timed steps, emulated "
+                       f"network: {', '.join(n.label() for n in networks)} | {args.repeats} interleaved rounds; "
+                       f"median (range)"), flush=True)
+    plan = {}   # one round: every network's baseline and optimizers, in this order
     for network in networks:
-        rows = [plain_ddp_row(network, workers=args.workers, steps=args.steps, warmup=args.interval,
-                              log=home / "plain-network.log")]
+        runs = {PLAIN: functools.partial(plain_ddp_row, network, workers=args.workers, steps=args.steps,
+                                         warmup=args.interval, log=home / "plain-network.log")}
         for label, optimizer, options in cases:
-            rows.append(mlbench_row(label, optimizer, options, workers=args.workers, steps=args.steps,
-                                    interval=args.interval, device="cpu", backend="gloo", network=network,
-                                    data_dir=data_dir))
-            print(f"  done: {network.label()}: {label}", file=sys.stderr, flush=True)
-        results[network.bandwidth_bps] = rows
-        print(f"\n{network.label()}:\n{_table(rows)}", flush=True)
+            runs[label] = functools.partial(mlbench_row, label, optimizer, options, workers=args.workers,
+                                            steps=args.steps, interval=args.interval, device="cpu", backend="gloo",
+                                            network=network, data_dir=data_dir)
+        for label, measure in runs.items():
+            plan[(network, label)] = _announced(f"{network.label()}: {label}", measure, args.repeats)
+    rounds = interleave(plan, args.repeats)
+    results: dict[float, dict[str, list[list]]] = {}
+    for network in networks:
+        results[network.bandwidth_bps] = {label: rounds[(network, label)] for label in [PLAIN, *(c[0] for c in cases)]}
+        print(f"\n{network.label()}:\n{_table(results[network.bandwidth_bps])}", flush=True)
     if len(results) > 1 and cases[0][0] == REFERENCE:
-        print("\nStep time relative to the reference (below 1.00x: faster), and where each starts to win:")
+        print("\nStep time relative to the reference, median of the rounds' ratios (below 1.00x: faster), "
+              "and where each starts to win:")
         rates = [format_rate(r) for r in sorted(results, reverse=True)]
         print(tabulate(crossover(results, cases), headers=["optimizer", *rates, "faster than the reference"],
                        tablefmt="github", disable_numparse=True))

@@ -1,7 +1,7 @@
 """Task 4b's training step: mlbench's runtime and reference optimizer vs a plain PyTorch DDP loop.
 
     python benchmarks/translation.py                          # GPU if visible (full size), else CPU
-    python benchmarks/translation.py --device cpu --size small --workers 2 --steps 4
+    python benchmarks/translation.py --device cpu --size small --workers 2 --steps 4 --repeats 5
     python benchmarks/translation.py --device cuda --size big --workers 1
 
 Both sides run K processes (gloo on the CPU, NCCL on GPUs) over the same synthetic task-4b
@@ -17,16 +17,18 @@ batches (random sentence pairs of 4..79 tokens, token-bucketed into micro-batche
   summed over tokens, divided by the global token count) under the same autocast.
 
 Figures: seconds per step of rank 0 (median over the timed steps, after ``--warmup`` steps) and
-target tokens per second over all workers. The first line names the date, machine and torch.
+target tokens per second over all workers. Both sides run once per round, ``--repeats`` rounds
+(benchmarks/measure.py); each figure is the median of the rounds (fastest-slowest), and "vs
+plain" is the plain loop's s/step over mlbench's, round by round (above 1.00x: mlbench faster).
+The first line names the date, machine and torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import os
-import platform
+import queue
 import socket
 import statistics
 import sys
@@ -40,15 +42,18 @@ import torch.nn.functional as F
 from tabulate import tabulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mlbench.optim.base import OptimizerContext  # noqa: E402
-from mlbench.optim.catalog import build_optimizer  # noqa: E402
-from mlbench.tasks.precision import autocast  # noqa: E402
-from mlbench.tasks.task4b import TASK4B  # noqa: E402
-from mlbench.tasks.task4b.bpe import PAD  # noqa: E402
-from mlbench.tasks.task4b.runtime import TranslationRuntime  # noqa: E402
-from mlbench.tasks.task4b.settings import TranslationSettings  # noqa: E402
-from mlbench.timing import PhaseTimer  # noqa: E402
+from measure import DEFAULT_REPEATS, interleave, machine_line, ratio_spread, spread
+
+from mlbench.optim.base import OptimizerContext
+from mlbench.optim.catalog import build_optimizer
+from mlbench.tasks.precision import autocast
+from mlbench.tasks.task4b import TASK4B
+from mlbench.tasks.task4b.bpe import PAD
+from mlbench.tasks.task4b.runtime import TranslationRuntime
+from mlbench.tasks.task4b.settings import TranslationSettings
+from mlbench.timing import PhaseTimer
 
 SIZES = {  # dim, ffn, heads, layers per stack
     "big": (1024, 4096, 16, 6),      # task 4b's model (about 210 M parameters with 32k words)
@@ -100,7 +105,7 @@ def worker(rank: int, world: int, mode: str, args: argparse.Namespace, port: int
     if mode == "mlbench":
         opt = build_optimizer("centralized-adam", OptimizerContext(
             model=runtime.model, spec=SPEC, world_size=world, rank=rank, timer=PhaseTimer(device, enabled=False)))
-        step = lambda batch, lr: runtime.train_step(batch, lr, opt)  # noqa: E731
+        step = lambda batch, lr: runtime.train_step(batch, lr, opt)
     else:
         step = plain_step(runtime, world, device)
     times, tokens = [], []
@@ -135,7 +140,16 @@ def measure(mode: str, args: argparse.Namespace) -> tuple[float, float, int, str
     procs = [ctx.Process(target=worker, args=(r, args.workers, mode, args, port, out)) for r in range(args.workers)]
     for p in procs:
         p.start()
-    result = out.get()
+    while True:   # a worker that dies before rank 0 reports would leave out.get() waiting for ever
+        try:
+            result = out.get(timeout=5)
+            break
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                    p.join()
+                raise SystemExit(f"a {mode} worker failed") from None
     for p in procs:
         p.join()
     if any(p.exitcode for p in procs):
@@ -153,6 +167,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=None, help="per micro-batch (2^13 on a GPU)")
     parser.add_argument("--global-tokens", type=int, default=None, help="per step (2^17 on a GPU)")
     parser.add_argument("--pairs", type=int, default=20_000, help="synthetic sentence pairs")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="interleaved rounds [5]")
     args = parser.parse_args()
     gpu = args.device == "cuda"
     args.size = args.size or ("big" if gpu else "small")
@@ -160,17 +175,19 @@ def main() -> None:
     args.steps = args.steps or (20 if gpu else 4)
     args.max_tokens = args.max_tokens or (2 ** 13 if gpu else 2 ** 10)
     args.global_tokens = args.global_tokens or (2 ** 17 if gpu else 2 ** 11 * args.workers)
-    machine = (torch.cuda.get_device_name() if gpu
-               else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
-    print(f"# {datetime.date.today()} | {machine} | torch {torch.__version__}")
-    plain = measure("plain", args)
-    ours = measure("mlbench", args)
-    label = (f"transformer {args.size} ({ours[2] / 1e6:.1f} M params), {args.workers} worker(s), "
-             f"{args.global_tokens} tokens/step in micro-batches of <= {args.max_tokens}, {ours[3]}")
-    print(tabulate([[label, f"{plain[0]:.3f}", f"{plain[1]:,.0f}", f"{ours[0]:.3f}", f"{ours[1]:,.0f}",
-                     f"{plain[0] / ours[0]:.2f}x"]],
+    machine = torch.cuda.get_device_name() if gpu else "CPU"
+    print(machine_line(f"{machine} | torch {torch.__version__} | {args.repeats} interleaved rounds; median (range)"),
+          flush=True)
+    rounds = interleave({"plain": lambda: measure("plain", args), "mlbench": lambda: measure("mlbench", args)},
+                        args.repeats)
+    plain, ours = rounds["plain"], rounds["mlbench"]
+    label = (f"transformer {args.size} ({ours[0][2] / 1e6:.1f} M params), {args.workers} worker(s), "
+             f"{args.global_tokens} tokens/step in micro-batches of <= {args.max_tokens}, {ours[0][3]}")
+    print(tabulate([[label, spread([r[0] for r in plain], "{:.3f}"), spread([r[1] for r in plain]),
+                     spread([r[0] for r in ours], "{:.3f}"), spread([r[1] for r in ours]),
+                     ratio_spread([r[0] for r in plain], [r[0] for r in ours])]],
                    headers=["task 4b step", "plain DDP s/step", "plain tokens/s", "mlbench s/step",
-                            "mlbench tokens/s", "vs plain"], tablefmt="github"))
+                            "mlbench tokens/s", "vs plain"], tablefmt="github", disable_numparse=True))
 
 
 if __name__ == "__main__":
