@@ -121,7 +121,9 @@ def main() -> None:
         common: dict[str, Any] = {"task": args.task, "workers": args.workers, "data": args.data,
                                   "data_dir": args.data_dir, "light": args.light, "home": home,
                                   "max_steps": args.steps or None, "stop_at_goal": to_goal,
-                                  "log_every": 50, "watchdog": "20s"}
+                                  "log_every": 50, "watchdog": "20s",
+                                  # a step count is the work: no epoch cap ends a run before it
+                                  "overrides": {} if to_goal else {"max_epochs": 1_000_000}}
         policies = [Case("no faults"),
                     *(Case(f"kill every {args.kill_every}, --on-failure {policy}", inject=[kill],
                            on_failure=policy, checkpoint_every=args.checkpoint_every) for policy in POLICIES),
