@@ -254,7 +254,7 @@ def test_pods_get_the_exact_source_through_the_configmap_and_a_large_one_is_refu
     import base64
 
     from mlbench.launch.k8s_objects import Placement, run_configmap, worker_pod
-    from mlbench.launch.plan import RunRequest, create_run
+    from mlbench.launch.plan import LauncherAbilities, RunRequest, create_run
     from mlbench.results.store import RunStore
 
     path = write(tmp_path, "halve.py", GOOD)
@@ -280,5 +280,6 @@ def test_pods_get_the_exact_source_through_the_configmap_and_a_large_one_is_refu
 
     request = RunRequest(task="task2a", workers=2, data="synthetic", optimizer=f"{path}:Halve")
     with pytest.raises(UsageError, match=f"its source is {len(plugin.source):,} bytes; a kubernetes run ships"):
-        create_run(RunStore(), request, "kubernetes", nodes=2, on_this_machine=False, plugin_limit=100)
+        create_run(RunStore(), request, "kubernetes", nodes=2, on_this_machine=False, plugin_limit=100,
+                   abilities=LauncherAbilities(), label="cluster")
     assert run_ids() == []
