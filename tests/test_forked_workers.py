@@ -73,7 +73,9 @@ def test_a_local_worker_holds_nothing_of_its_parent_and_runs_in_its_own_session(
         cli.send_signal(signal.SIGINT)
         cli.communicate(timeout=60)
         assert cli.returncode == 130
-        assert not [pid for pid in workers if pid_alive(pid)]
+        # gone within the bound the launcher matrix gives a cancel (tests/launcher_matrix.py); on a
+        # loaded box the forked ranks were seen alive for a moment after the CLI had exited
+        wait_for(lambda: not [pid for pid in workers if pid_alive(pid)], 30, "the cancelled run's workers to exit")
         assert RunStore().get(run.id).state == "cancelled"
     finally:
         if cli.poll() is None:
