@@ -123,9 +123,33 @@ def kube_local(tmp_path_factory):
                            text=True, timeout=180)
     if start.returncode != 0:
         raise RuntimeError(f"kube-local.sh start failed: {start.stderr[-2000:]}")
+    _wait_for_rbac(state / "kubeconfig")
     yield state / "kubeconfig"
     subprocess.run(["bash", str(KUBE_LOCAL), "stop", str(state)], capture_output=True,
                    timeout=120)
+
+
+def _wait_for_rbac(kubeconfig: Path, timeout: float = 180) -> None:
+    """Until the API server's RBAC authorizer lets the admin create pods: kube-local.sh returns
+    once the server answers, and on a loaded box its bootstrap policy came later (mlbench's own
+    permission check then said 403 Forbidden to the admin)."""
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    api = kube_config.new_client_from_config(str(kubeconfig))
+    review = {"spec": {"resourceAttributes": {"namespace": "default", "verb": "create", "resource": "pods"}}}
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            try:
+                if client.AuthorizationV1Api(api).create_self_subject_access_review(review).status.allowed:
+                    return
+            except Exception:  # noqa: BLE001 - the server is still coming up; ask again
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"the local API server did not allow its admin to create pods within {timeout:.0f}s")
+    finally:
+        api.close()
 
 
 @pytest.fixture(scope="module")

@@ -96,7 +96,7 @@ def test_a_context_that_may_not_create_pods_is_refused(kube_local, tmp_path):
                     "name": "mlbench-test-reader"},
         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": "default"}]})
     token = None
-    for _ in range(100):  # the token controller fills the service account's secret
+    for _ in range(600):  # the token controller fills the service account's secret (loaded box: minutes)
         secrets = core.read_namespaced_service_account("reader", "default").secrets or []
         if secrets:
             data = core.read_namespaced_secret(secrets[0].name, "default").data or {}
