@@ -71,25 +71,30 @@ def train_jax_in_process(config):
     return sink.events
 
 
-def test_the_first_50_losses_of_the_jax_port_equal_pytorchs(libsvm_dir):
+def train_both_in_process(config):
+    """The events of the PyTorch worker's loop and of the JAX worker's, each on one process."""
     from mlbench.worker.trainer import Trainer
 
-    spec, _ = resolve(TASK2A, {})
-    config = RunConfig(task=spec, workers=1, data_dir=str(libsvm_dir), max_steps=50, log_every=1,
-                       stop_at_goal=False)
     torch_sink = ListSink()
     trainer = Trainer(config, 0, EventWriter(torch_sink, 0))
     trainer.setup()
     trainer.train()
-    jax_events = train_jax_in_process(config)
-    torch_losses, jax_losses = values(torch_sink.events, "train/loss"), values(jax_events, "train/loss")
+    return torch_sink.events, train_jax_in_process(config)
+
+
+def test_the_first_50_losses_of_the_jax_port_equal_pytorchs(libsvm_dir):
+    spec, _ = resolve(TASK2A, {})
+    config = RunConfig(task=spec, workers=1, data_dir=str(libsvm_dir), max_steps=50, log_every=1,
+                       stop_at_goal=False)
+    torch_events, jax_events = train_both_in_process(config)
+    torch_losses, jax_losses = values(torch_events, "train/loss"), values(jax_events, "train/loss")
     assert len(torch_losses) == len(jax_losses) == 50
     np.testing.assert_allclose(jax_losses, torch_losses, rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(values(jax_events, "eval/loss"), values(torch_sink.events, "eval/loss"),
+    np.testing.assert_allclose(values(jax_events, "eval/loss"), values(torch_events, "eval/loss"),
                                rtol=RTOL, atol=ATOL)
     # 500 test samples: one sample's verdict would move the accuracy by 0.002
-    assert values(jax_events, "eval/accuracy").tolist() == values(torch_sink.events, "eval/accuracy").tolist()
-    check_port_system(jax_events, torch_sink.events, steps=50)
+    assert values(jax_events, "eval/accuracy").tolist() == values(torch_events, "eval/accuracy").tolist()
+    check_port_system(jax_events, torch_events, steps=50)
 
 
 @pytest.mark.slow

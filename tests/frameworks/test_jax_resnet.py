@@ -44,7 +44,6 @@ import numpy as np
 import pytest
 import torch
 
-from mlbench.results.events import EventWriter
 from mlbench.run_config import RunConfig
 from mlbench.tasks.classification import learning_rate
 from mlbench.tasks.overrides import resolve
@@ -55,7 +54,7 @@ from tests.frameworks.resnet_reference import (
     check_losses,
     pytorch_reference,
 )
-from tests.frameworks.test_jax_port import ListSink, train_jax_in_process, values
+from tests.frameworks.test_jax_port import train_both_in_process, values
 
 jax = pytest.importorskip("jax")
 pytest.importorskip("optax")
@@ -93,24 +92,19 @@ def test_in_float64_the_jax_resnet_is_pytorchs_to_rounding(cifar_dir):
 
 def test_the_first_50_losses_of_the_jax_port_equal_pytorchs(cifar_dir):
     from mlbench.tasks.flops import FLOP_COUNTER
-    from mlbench.worker.trainer import Trainer
 
     spec, _ = resolve(TASK1A, {"batch_per_worker": 16})
     config = RunConfig(task=spec, workers=1, data_dir=str(cifar_dir), max_steps=50, log_every=1,
                        stop_at_goal=False)
-    torch_sink = ListSink()
-    trainer = Trainer(config, 0, EventWriter(torch_sink, 0))
-    trainer.setup()
-    trainer.train()
-    jax_events = train_jax_in_process(config)
-    torch_losses, jax_losses = values(torch_sink.events, "train/loss"), values(jax_events, "train/loss")
+    torch_events, jax_events = train_both_in_process(config)
+    torch_losses, jax_losses = values(torch_events, "train/loss"), values(jax_events, "train/loss")
     assert len(torch_losses) == len(jax_losses) == 50
     check_losses(jax_losses, torch_losses)
-    assert values(jax_events, "train/lr").tolist() == values(torch_sink.events, "train/lr").tolist()
-    np.testing.assert_allclose(values(jax_events, "eval/loss"), values(torch_sink.events, "eval/loss"),
+    assert values(jax_events, "train/lr").tolist() == values(torch_events, "train/lr").tolist()
+    np.testing.assert_allclose(values(jax_events, "eval/loss"), values(torch_events, "eval/loss"),
                                rtol=CHAOS_RTOL)
     (port,), (reference,) = ([e["value"] for e in recorded if e["name"] == "system"]
-                             for recorded in (jax_events, torch_sink.events))
+                             for recorded in (jax_events, torch_events))
     assert port["flops_per_step"] == reference["flops_per_step"] > 0
     assert port["flops_method"] == reference["flops_method"] == FLOP_COUNTER
 
