@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -171,8 +172,6 @@ class JobSupervisor:
 
     def _attempt(self, recovering: dict[str, Any] | None) -> tuple[int, list[int]]:
         """One step: srun's exit code and the tasks srun named as failed first."""
-        import shutil
-
         shutil.rmtree(self.run_dir / HEARTBEATS_DIR, ignore_errors=True)  # pids of this step's tasks only
         env = dict(os.environ, MASTER_PORT=str(_free_port()), **{FAULT_CLOCK_ENV: repr(self.clock_start)})
         failed: list[int] = []
