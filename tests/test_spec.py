@@ -98,3 +98,20 @@ def test_durations(text, seconds):
 def test_bad_durations(text):
     with pytest.raises(UsageError):
         parse_duration(text)
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_more_local_workers_than_gpus_default_to_gloo_and_refuse_nccl(monkeypatch, gpus):
+    """NCCL refuses two ranks on one GPU: with more workers than this machine's GPUs the default
+    is gloo, and an explicit --backend nccl is a usage error naming the GPUs. The GPU count is
+    this machine's (patched here on a machine without GPUs; real on the device machine)."""
+    import mlbench.launch.plan as plan
+
+    monkeypatch.setattr(plan, "cuda_available", lambda: True)
+    monkeypatch.setattr(plan, "cuda_device_count", lambda: gpus)
+    fits, _ = build_config(RunRequest(task="task2a", workers=gpus, device="cuda", data="synthetic"))
+    assert (fits.device, fits.backend) == ("cuda", "nccl")
+    shared, _ = build_config(RunRequest(task="task2a", workers=gpus + 1, device="cuda", data="synthetic"))
+    assert (shared.device, shared.backend) == ("cuda", "gloo")
+    with pytest.raises(UsageError, match=rf"{gpus + 1} workers on this machine's {gpus} GPU.*NCCL needs a GPU per worker"):
+        build_config(RunRequest(task="task2a", workers=gpus + 1, device="cuda", backend="nccl", data="synthetic"))

@@ -18,7 +18,7 @@ from mlbench.errors import UsageError
 from mlbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, PYTORCH, check_framework, get_framework
 from mlbench.network.settings import NetworkSettings
 from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
-from mlbench.results.environment import cuda_available, describe_environment, usable_cores
+from mlbench.results.environment import cuda_available, cuda_device_count, describe_environment, usable_cores
 from mlbench.results.faults import LINK_DOWN, SLOW, policy_text
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import DEFAULT_WATCHDOG_S, Backend, DataSource, Device, Precision, RunConfig
@@ -174,6 +174,8 @@ def _device_and_backend(request: RunRequest,
                  else "on the cluster's nodes (nvidia.com/gpu)")
         raise UsageError(f"--device cuda: no CUDA GPU is visible {where}; use --device cpu")
     backend = request.backend or ("nccl" if device == "cuda" else "gloo")
+    if backend == "nccl" and resources is None:
+        backend = _gloo_when_gpus_are_shared(request, backend)
     if backend not in BACKENDS:
         raise UsageError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
     if backend == "nccl" and device != "cuda":
@@ -191,6 +193,21 @@ def _device_and_backend(request: RunRequest,
     if not available[backend]:
         raise UsageError(f"--backend {backend}: this PyTorch build has no {backend} support")
     return device, backend
+
+
+def _gloo_when_gpus_are_shared(request: RunRequest, backend: Backend) -> Backend:
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), and a run on this machine
+    puts worker r on GPU r mod the GPUs seen. With more workers than GPUs, the default backend is
+    gloo (its collectives stage CUDA tensors through host memory, as the original MLBench ran
+    several workers per GPU); asked for by name, NCCL is a usage error before anything starts."""
+    gpus = cuda_device_count()
+    if request.workers <= gpus:
+        return backend
+    if request.backend == "nccl":
+        raise UsageError(f"--backend nccl: {request.workers} workers on this machine's {gpus} GPU"
+                         f"{'s' if gpus != 1 else ''}; NCCL needs a GPU per worker: use --backend gloo "
+                         f"or at most {gpus} workers")
+    return "gloo"
 
 
 def build_config(request: RunRequest, resources: WorkerResources | None = None,

@@ -71,6 +71,15 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def cuda_device_count() -> int:
+    """The CUDA GPUs PyTorch sees here (0 without importing torch where no GPU device node exists)."""
+    if not cuda_available():
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def nccl_version() -> str | None:
     """The NCCL version PyTorch uses, when CUDA is available."""
     if not cuda_available():
