@@ -54,6 +54,21 @@ def test_schedules_repeat_exactly_and_bad_ones_are_refused_in_one_line(libsvm_di
     assert RunStore().list() == []
 
 
+def test_the_steps_a_killed_worker_made_after_its_last_heartbeat_count_as_lost(tmp_path):
+    """Heartbeats come once a second: a worker at 4 ms a step killed 0.4 s after its last one had
+    made about 100 more steps, lost with it. A failure without a known time (a hang) counts the
+    heartbeats' own steps; an evaluating worker made no training steps since."""
+    from mlbench.launch.injector import reached_step
+    from mlbench.results.heartbeat import Beat, write_beat
+
+    write_beat(tmp_path, Beat(rank=0, time=100.0, started=90.0, step=1926, stepped_at=100.0, median_step_s=0.004,
+                              phase="training"))
+    write_beat(tmp_path, Beat(rank=1, time=100.2, started=90.0, step=1900, stepped_at=99.0, median_step_s=0.004,
+                              phase="evaluation"))
+    assert reached_step(tmp_path, 2, failed_at=100.4) == 1926 + 100
+    assert reached_step(tmp_path, 2) == 1926
+
+
 def test_a_killed_worker_restarted_from_checkpoints_of_every_step_ends_with_the_uninterrupted_parameters(libsvm_dir):
     # enough steps that the kill at 1.5 s falls inside training on an idle machine too
     RUN = ("task2a", "2", "--data-dir", str(libsvm_dir), *OPTIONS, "--max-steps", "500", "--save-model")
@@ -69,6 +84,8 @@ def test_a_killed_worker_restarted_from_checkpoints_of_every_step_ends_with_the_
     assert 0 < faults["goodput"] <= 1
     restart = run_json(faulty)["faults"]["restarts"][0]
     assert "worker 1 was killed by SIGKILL" in restart["reason"] and "kill of rank 1" in restart["reason"]
+    assert restart["reached_step"] >= restart["from_step"] > 0
+    assert _status(faulty.id)["summary"]["steps"] == 500   # the steps before the kill counted once
     table = mlbench("status", faulty.id, check=True).stdout
     assert "kill of rank 1 at 1.5 s" in table and "1 restarts" in table and "goodput" in table
     from mlbench.dashboard.views import run_spec  # the dashboard's run page: the same rows

@@ -23,7 +23,7 @@ from mlbench.results.report import (
 from mlbench.results.goodput import describe_faults, run_faults, run_workers_label
 from mlbench.results.store import RunRecord
 from mlbench.network.settings import describe_network, network_label
-from mlbench.results.summary import RunSummary, phase_table
+from mlbench.results.summary import RunSummary, StepGaps, phase_table
 from mlbench.results.sysmetrics import describe_system, system_metrics
 from mlbench.run_config import RunDocument
 from mlbench.tasks.metrics import get_metric
@@ -63,6 +63,7 @@ class ProgressPrinter:
         self.request = request
         self._last_time: float | None = None
         self._samples = 0
+        self._gaps = StepGaps()   # a restarted group's first interval counts from its checkpoint
         self._train_time = 0.0
         self.metric = task_metric(run.task)
 
@@ -79,8 +80,10 @@ class ProgressPrinter:
 
     def __call__(self, event: dict[str, Any]) -> None:
         name, value = event["name"], event["value"]
-        if name == "train/samples":
-            self._samples += int(value) * self.run.workers
+        if name == "train/steps":
+            self._gaps.steps(0, int(event["step"]), int(value))
+        elif name == "train/samples":
+            self._samples += self._gaps.samples(0, int(event["step"]), int(value)) * self.run.workers
         elif name == "train/loss":
             self._loss = float(value)
         elif name == "train/time" and hasattr(self, "_loss"):

@@ -37,7 +37,7 @@ from mlbench.results.checkpoints import (
 )
 from mlbench.results.faults import KILL, LINK_DOWN, SLOW, STALL, start_times
 from mlbench.results.goodput import FAULTS_SECTION
-from mlbench.results.heartbeat import HEARTBEATS_DIR, read_beats
+from mlbench.results.heartbeat import HEARTBEATS_DIR, Beat, read_beats
 from mlbench.run_config import RunDocument
 
 
@@ -196,9 +196,20 @@ class Injector:
         self._links.clear()
 
 
-def reached_step(run_dir: Path, workers: int) -> int:
-    """The furthest step any worker's heartbeat reported: what a restart loses beyond its checkpoint."""
-    return max((b.step for b in read_beats(run_dir, workers).values() if b), default=0)
+def reached_step(run_dir: Path, workers: int, failed_at: float | None = None) -> int:
+    """The furthest step any worker reached: what a restart loses beyond its checkpoint.
+
+    A heartbeat is written once a second, so a worker killed at ``failed_at`` (an injected
+    fault's time) may have made many steps since its last one: those are counted from the step
+    time it reported (its steps since then, at its median pace), for a worker that was training.
+    Without ``failed_at`` (a failure nobody injected, a hang) the heartbeats' steps are taken as
+    they are."""
+    def reached(beat: Beat) -> int:
+        if failed_at is None or beat.phase != "training" or not beat.median_step_s or beat.stepped_at is None:
+            return beat.step
+        return beat.step + int(max(0.0, failed_at - beat.stepped_at) / beat.median_step_s)
+
+    return max((reached(b) for b in read_beats(run_dir, workers).values() if b), default=0)
 
 
 def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[str, Any] | None,
@@ -223,6 +234,7 @@ def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[s
         config.workers = len(survivors)
     config.resume_step = done.newest
     document.save(run_dir)
+    reached = max(reached, done.newest or 0)   # every worker wrote the checkpoint it goes back to
     entry = {"at": now, "reason": reason, "from_step": done.newest or 0, "reached_step": reached,
              "lost_steps": max(0, reached - (done.newest or 0)),
              "fault": record.events.index(fault) if fault is not None else None}

@@ -166,7 +166,8 @@ class JobSupervisor:
                 self.injector.forget_processes()
             self.restarts_done += 1
             recovering = record_restart(self.faults, self.workers, reason, fault, now,
-                                        reached_step(self.run_dir, self.workers))
+                                        reached_step(self.run_dir, self.workers,
+                                                     fault.get("time") if fault is not None else None))
             print(f"mlbench: {reason}; restart {self.restarts_done} of {self.max_restarts} from step "
                   f"{recovering['from_step']}", file=sys.stderr, flush=True)
 

@@ -332,7 +332,7 @@ class WorkerProcesses:
         has one worker per survivor, ranked in their order, and starts from their files of the
         checkpoint (renumbered here; docs/faults.md states the rules for the new size)."""
         assert self.faults is not None
-        reached = reached_step(self.run_dir, self.workers)
+        reached = reached_step(self.run_dir, self.workers, fault.get("time") if fault is not None else None)
         self.stop_all(grace=0)   # the checkpoint is what goes on; nothing to save
         if self.injector is not None:
             self.injector.forget_processes()

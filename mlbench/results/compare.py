@@ -33,7 +33,7 @@ from mlbench.results.goodput import fault_setting, had_faults, run_faults
 from mlbench.results.repeats import RepeatStats, repeat_stats
 from mlbench.results.outcome import AllreduceResult, Outcome, TrainingResult, read_result
 from mlbench.results.store import FINISHED, RunRecord, RunStore
-from mlbench.results.summary import RunSummary, summarize
+from mlbench.results.summary import RunSummary, StepGaps, summarize
 from mlbench.results.sysmetrics import system_metrics
 from mlbench.run_config import Occupancy, RunConfig, RunDocument, occupancy
 from mlbench.tasks.metrics import Metric
@@ -71,13 +71,16 @@ def training_curve(events: list[dict[str, Any]], workers: int = 1) -> list[Train
     points: list[TrainingPoint] = []
     pending: tuple[int, float] | None = None
     samples, sent, last_time = 0, 0, 0.0
+    gaps = StepGaps()
     for e in events:
         if e.get("rank", 0) != 0:
             continue
         if e["name"] == "train/loss":
             pending = (int(e["step"]), float(e["value"]))
+        elif e["name"] == "train/steps":
+            gaps.steps(0, int(e["step"]), int(e["value"]))
         elif e["name"] == "train/samples":
-            samples += int(e["value"])
+            samples += gaps.samples(0, int(e["step"]), int(e["value"]))
         elif e["name"] == "comm/bytes":  # written after the interval's train/time
             sent += int(e["value"])
             if points and points[-1]["step"] == int(e["step"]):

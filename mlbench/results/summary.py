@@ -74,12 +74,39 @@ class RunSummary:
         return self.samples / self.train_time if self.train_time > 0 else None
 
 
+class StepGaps:
+    """Counts a resumed run's steps and samples as if it had never stopped.
+
+    A worker records, per logging interval, the steps and samples since its previous record
+    (``train/steps``, ``train/samples``, both at the interval's last step). A worker killed and
+    resumed from a checkpoint made the steps between its last record and that checkpoint without
+    recording them: the resumed worker's first record counts from the checkpoint. Feed every
+    ``train/steps`` record to :meth:`steps` and every ``train/samples`` record to :meth:`samples`,
+    in the order written: the samples of an interval that follows such a gap are scaled by its
+    steps (the batch is the same within a group) so that the run's samples, and the rates made
+    from them, count every step done once."""
+
+    def __init__(self) -> None:
+        self.reached: dict[int, int] = {}              # rank -> the furthest step recorded
+        self._scale: dict[tuple[int, int], float] = {}  # (rank, step) -> (recorded + gap) / recorded
+
+    def steps(self, rank: int, step: int, counted: int) -> None:
+        counted = max(counted, 1)
+        gap = max(0, step - counted - self.reached.get(rank, 0))
+        if gap:
+            self._scale[rank, step] = (counted + gap) / counted
+        self.reached[rank] = max(self.reached.get(rank, 0), step)
+
+    def samples(self, rank: int, step: int, samples: int) -> int:
+        return round(samples * self._scale.get((rank, step), 1.0))
+
+
 def summarize(events: list[dict[str, Any]]) -> RunSummary:
     """The summary of events as the readers of :mod:`mlbench.results.events` return them (each
     field of its type); their count of skipped lines is carried over."""
     s = RunSummary(skipped_events=getattr(events, "skipped", 0))
     phases: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    steps_by_rank: dict[int, int] = defaultdict(int)
+    gaps = StepGaps()
     samples_by_rank: dict[int, int] = defaultdict(int)
     train_time: dict[int, float] = {}
     evals: dict[int, dict[str, float]] = {}
@@ -93,9 +120,9 @@ def summarize(events: list[dict[str, Any]]) -> RunSummary:
         elif name == "time/eval":
             s.eval_seconds[rank] = s.eval_seconds.get(rank, 0.0) + float(value)
         elif name == "train/steps":
-            steps_by_rank[rank] += int(value)
+            gaps.steps(rank, int(e["step"]), int(value))
         elif name == "train/samples":
-            samples_by_rank[rank] += int(value)
+            samples_by_rank[rank] += gaps.samples(rank, int(e["step"]), int(value))
         elif name == "train/time":
             train_time[rank] = max(train_time.get(rank, 0.0), float(value))
         elif name == "comm/bytes":
@@ -122,7 +149,7 @@ def summarize(events: list[dict[str, Any]]) -> RunSummary:
         s.epoch = max(s.epoch, float(e.get("epoch", 0.0)))
     s.ranks = sorted(ranks)
     s.phase_seconds = {r: dict(phases[r]) for r in s.ranks}
-    s.steps = max(steps_by_rank.values(), default=0)
+    s.steps = max(gaps.reached.values(), default=0)
     s.samples = sum(samples_by_rank.values())
     s.train_time = max(train_time.values(), default=0.0)
     s.evaluations = [evals[k] for k in sorted(evals)]

@@ -91,3 +91,19 @@ def test_download_never_follows_a_link_planted_at_its_partial_file(tmp_path):
         part.unlink()
     result = CliRunner().invoke(cli, ["download", run.id, "-o", str(target)])
     assert result.exit_code == 0 and zipfile.is_zipfile(target) and not part.exists()
+
+
+def test_a_resumed_run_counts_the_steps_and_samples_its_killed_worker_left_unrecorded():
+    """Rank 0 recorded steps 400 and 800, was killed after the checkpoint at step 1000 and resumed
+    from it: its first record after the restart counts 200 steps (1000 -> 1200). The run made 1200
+    steps of 100 samples, and its interval 800 -> 1200 ran 400 of them (status, compare, charts)."""
+    from mlbench.results.compare import training_curve
+
+    events = []
+    for step, counted, seconds in ((400, 400, 4.0), (800, 400, 8.0), (1200, 200, 12.0)):
+        for name, value in (("train/loss", 0.5), ("train/steps", counted), ("train/samples", counted * 100),
+                            ("train/time", seconds)):
+            events.append({"time": 0.0, "rank": 0, "epoch": step / 400, "step": step, "name": name, "value": value})
+    summary = summarize(events)
+    assert (summary.steps, summary.samples, summary.throughput) == (1200, 120_000, 10_000.0)
+    assert [point["throughput"] for point in training_curve(events)] == [10_000.0, 10_000.0, 10_000.0]
