@@ -206,7 +206,7 @@ def _gloo_when_gpus_are_shared(request: RunRequest, backend: Backend) -> Backend
     if request.backend == "nccl":
         raise UsageError(f"--backend nccl: {request.workers} workers on this machine's {gpus} GPU"
                          f"{'s' if gpus != 1 else ''}; NCCL needs a GPU per worker: use --backend gloo "
-                         f"or at most {gpus} workers")
+                         f"or at most {gpus} worker{'s' if gpus != 1 else ''}")
     return "gloo"
 
 

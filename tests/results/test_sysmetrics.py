@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
 import torch
 from torch import nn
 
@@ -171,7 +172,7 @@ def test_a_real_run_records_memory_flops_and_its_straggler(tmp_path):
     plugin = tmp_path / "straggler.py"
     plugin.write_text(STRAGGLER)
     run = mlbench("run", "task2a", "2", "--data", "synthetic", "--max-steps", "3", "--log-every", "1",
-                  "--optimizer", f"{plugin}:Straggler", check=True)
+                  "--optimizer", f"{plugin}:Straggler", "--device", "cpu", check=True)
     run_id = run.stdout.split()[1]
     details = json.loads(mlbench("status", run_id, "-o", "json", check=True).stdout)
     system = details["system"]
@@ -200,3 +201,18 @@ def test_the_dashboards_run_page_shows_the_rows_of_status_run():
     assert page["rows"] == [list(row) for row in describe_system(metrics.to_dict())]
     assert page["slowest_rank"] == 0 and page["achieved_flops"] == 2e6
     assert run_system(summarize([])) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
+def test_a_gpu_run_records_its_cuda_peak_memory_and_the_data_sheet_peak():
+    run = mlbench("run", "task2a", "1", "--data", "synthetic", "--max-steps", "3", "--log-every", "1",
+                  "--device", "cuda", check=True)
+    run_id = run.stdout.split()[1]
+    system = json.loads(mlbench("status", run_id, "-o", "json", check=True).stdout)["system"]
+    assert system["device"] == torch.cuda.get_device_name() and system["peak_source"] == "data sheet"
+    # the synthetic training set lives on the GPU: 40,000 x 2,000 float32
+    assert system["cuda_peak_bytes"] > 40_000 * EPSILON_FEATURES * 4
+    batch = get_task("task2a").settings.batch_per_worker
+    assert system["ranks"][0]["flops_per_step"] == logistic_regression_flops(batch, EPSILON_FEATURES)
+    table = mlbench("status", run_id, check=True).stdout
+    assert "peak GPU memory" in table and "data sheet" in table
