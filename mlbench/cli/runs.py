@@ -100,7 +100,9 @@ def tasks(output) -> None:
 @click.option("--optimizer", help="Distributed optimizer (`mlbench optimizers`) [the task's reference: "
                                   "centralized-sgd; centralized-adam for task4b].")
 @click.option("--opt", "opts", multiple=True, metavar="KEY=VALUE", help="Optimizer option, e.g. --opt by=layer.")
-@click.option("--backend", type=click.Choice(BACKENDS), help="torch.distributed backend [gloo on CPU, nccl on GPUs; gloo when the workers outnumber this machine's GPUs].")
+@click.option("--backend", type=click.Choice(BACKENDS),
+              help="torch.distributed backend [gloo on CPU, nccl on GPUs; gloo when the workers outnumber this "
+                   "machine's GPUs].")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), help="[cuda when a GPU is visible, else cpu]")
 @click.option("--framework", type=click.Choice(list(FRAMEWORKS)), default=DEFAULT_FRAMEWORK,
               help="Which framework trains: jax needs `pip install 'mlbench-suite[jax]'`, tensorflow "

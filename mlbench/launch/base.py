@@ -20,7 +20,6 @@ worker's output from the run folder unless a launcher knows better.
 
 from __future__ import annotations
 
-import shutil
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -29,11 +28,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mlbench.errors import MlbenchError, UsageError
-from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints, discard_incomplete_checkpoints
-from mlbench.results.heartbeat import HEARTBEATS_DIR
+from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints
 from mlbench.launch.follow import check_rank, follow_file
 from mlbench.launch.plan import LauncherAbilities, RunRequest, WorkerResources, create_run
-from mlbench.launch.run_folder import events_path, log_path
+from mlbench.launch.run_folder import back_to_newest_checkpoint, events_path, log_path
 from mlbench.network.settings import NetworkSettings
 from mlbench.results.events import EventTail
 from mlbench.results.live_export import LiveExport, Target
@@ -49,15 +47,6 @@ EventCallback = Callable[[dict[str, Any]], None]
 Progress = Callable[[str], None]
 
 
-def clear_for_resume(record: RunRecord) -> None:
-    """The workers' last heartbeats (the watchdog would take them for a stall of the new
-    workers) go, and so do the checkpoints newer than the one resumed from: a worker killed
-    while writing (SIGKILL, a lost machine) left its partial ``rank-R.pt.part`` there, which
-    would refuse that step's next write. The processes of the last start are long gone (the
-    run ended), so nothing writes there meanwhile."""
-    shutil.rmtree(record.run_dir / HEARTBEATS_DIR, ignore_errors=True)
-    document = RunDocument.load(record.run_dir)
-    discard_incomplete_checkpoints(checkpoint_root(record.run_dir, document.config.checkpoint_dir), record.workers)
 
 
 def quiet(_: str) -> None:
@@ -217,20 +206,22 @@ class Launcher(ABC):
         if cap is not None and cap <= done.newest:
             raise UsageError(f"run {record.id}'s newest checkpoint is at step {done.newest}, its step cap "
                              f"{cap}: give a larger --max-steps (or --max-steps off)")
-        config.resume_step, config.max_steps = done.newest, cap
+        self.before_resume(record)
+        document = RunDocument.load(record.run_dir)   # as before_resume left it
+        # the processes of the last start are long gone (the run ended): nothing writes there
+        back_to_newest_checkpoint(record.run_dir, document, config.workers)
+        document.config.max_steps = cap
         document.resumes.append({"from_step": done.newest, "at": time.time(), "max_steps": cap,
                                  "after": record.state, "reason": record.reason,
                                  EVENTS_FROM: _size(events_path(record.run_dir, 0))})
         document.save(record.run_dir)
-        self.before_resume(record)
         if not self.store.reopen(record.id):
             raise UsageError(f"run {record.id} started again meanwhile; not resumed")
         return self.store.get(record.id)
 
-    def before_resume(self, record: RunRecord) -> None:
-        """Clear what the run's last start left that would mislead the next one
-        (:func:`clear_for_resume`)."""
-        clear_for_resume(record)
+    def before_resume(self, record: RunRecord) -> None:  # noqa: B027 - optional hook, a no-op unless overridden
+        """Clear what the run's last start left outside its folder that would mislead the next
+        one (the run folder's own leftovers: :func:`~mlbench.launch.run_folder.back_to_newest_checkpoint`)."""
 
     def worker_commands(self, record: RunRecord) -> list[tuple[str, str]]:
         """For a launcher that only records runs: ways to start the run's workers, as (where,

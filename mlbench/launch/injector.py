@@ -20,7 +20,6 @@ and its consequences can be read back and compared across runs and policies
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -31,13 +30,12 @@ from typing import Any, Protocol
 from mlbench.errors import MlbenchError
 from mlbench.results.checkpoints import (
     checkpoint_root,
-    complete_checkpoints,
-    discard_incomplete_checkpoints,
     renumber_checkpoints,
 )
 from mlbench.results.faults import KILL, LINK_DOWN, SLOW, STALL, start_times
 from mlbench.results.goodput import FAULTS_SECTION
-from mlbench.results.heartbeat import HEARTBEATS_DIR, Beat, read_beats
+from mlbench.launch.run_folder import back_to_newest_checkpoint
+from mlbench.results.heartbeat import Beat, read_beats
 from mlbench.run_config import RunDocument
 
 
@@ -226,17 +224,14 @@ def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[s
     run_dir = record.run_dir
     document = RunDocument.load(run_dir)
     config = document.config
-    root = checkpoint_root(run_dir, config.checkpoint_dir)
-    discard_incomplete_checkpoints(root, workers)
-    done = complete_checkpoints(root, workers)
+    newest = back_to_newest_checkpoint(run_dir, document, workers) or 0
     if survivors is not None:
-        renumber_checkpoints(root, workers, survivors)
+        renumber_checkpoints(checkpoint_root(run_dir, config.checkpoint_dir), workers, survivors)
         config.workers = len(survivors)
-    config.resume_step = done.newest
     document.save(run_dir)
-    reached = max(reached, done.newest or 0)   # every worker wrote the checkpoint it goes back to
-    entry = {"at": now, "reason": reason, "from_step": done.newest or 0, "reached_step": reached,
-             "lost_steps": max(0, reached - (done.newest or 0)),
+    reached = max(reached, newest)   # every worker wrote the checkpoint it goes back to
+    entry = {"at": now, "reason": reason, "from_step": newest, "reached_step": reached,
+             "lost_steps": max(0, reached - newest),
              "fault": record.events.index(fault) if fault is not None else None}
     if survivors is not None:
         entry.update(workers=len(survivors), survivors=survivors)
@@ -244,7 +239,6 @@ def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[s
     if fault is not None:
         fault.update(action="restart" if survivors is None else "shrink", lost_steps=entry["lost_steps"])
     record.save()
-    shutil.rmtree(run_dir / HEARTBEATS_DIR, ignore_errors=True)   # the old group's
     return entry
 
 

@@ -9,10 +9,14 @@ says about the job.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints, discard_incomplete_checkpoints
 from mlbench.results.events import EVENTS_DIR, read_rank_events, read_run_events
+from mlbench.results.heartbeat import HEARTBEATS_DIR
+from mlbench.run_config import RunDocument
 
 LOGS_DIR = "logs"
 
@@ -31,6 +35,23 @@ def log_path(run_dir: Path, rank: int) -> Path:
 def events_path(run_dir: Path, rank: int) -> Path:
     """Worker ``rank``'s event file (JSON lines)."""
     return run_dir / EVENTS_DIR / f"rank-{rank}.jsonl"
+
+
+def back_to_newest_checkpoint(run_dir: Path, document: RunDocument, workers: int) -> int | None:
+    """Make the run's next start of ``workers`` go on from its newest complete checkpoint, and
+    return its step (None: there is none, the next start begins at step 0). The one path of a
+    resume (`mlbench resume`), a restart (``--on-failure``, local and in a Slurm job) and a
+    requeued Slurm job. The checkpoints newer than it go: a worker killed while writing left its
+    partial file there, in the way of that step's next write. ``document``'s ``resume_step``
+    names it (the caller saves the document with what else it records). The last group's
+    heartbeats go: the watchdog would take them for a stall of the new workers. Call it only
+    while no worker of the run is alive (they are the only writers)."""
+    root = checkpoint_root(run_dir, document.config.checkpoint_dir)
+    discard_incomplete_checkpoints(root, workers)
+    newest = complete_checkpoints(root, workers).newest
+    document.config.resume_step = newest
+    shutil.rmtree(run_dir / HEARTBEATS_DIR, ignore_errors=True)
+    return newest
 
 
 class Outcome(NamedTuple):

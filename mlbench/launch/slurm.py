@@ -215,8 +215,7 @@ class SlurmLauncher(Launcher):
         document.save(record.run_dir)
 
     def before_resume(self, record: RunRecord) -> None:
-        """As a local run's (:func:`~mlbench.launch.base.clear_for_resume`), and the ended job goes
-        from run.json's ``slurm`` to its ``earlier_jobs``, so that the run, pending again, is
+        """The ended job goes from run.json's ``slurm`` to its ``earlier_jobs``, so that the run, pending again, is
         not taken for that job's end before its new job is submitted."""
         super().before_resume(record)
         document = RunDocument.load(record.run_dir)

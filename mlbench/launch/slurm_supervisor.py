@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench.launch.injector import FaultRecord, Injector, check_recovered, reached_step, record_restart
-from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints, discard_incomplete_checkpoints
+from mlbench.launch.run_folder import back_to_newest_checkpoint
 from mlbench.results.faults import FAULT_CLOCK_ENV, describe_fault
 from mlbench.results.heartbeat import HEARTBEATS_DIR, read_beats
 from mlbench.run_config import RunDocument
@@ -99,12 +99,8 @@ def resume_if_requeued(run_dir: Path, workers: int, env: dict[str, str]) -> int 
     if not restarts.isdigit() or int(restarts) == 0:
         return None
     document = RunDocument.load(run_dir)
-    config = document.config
-    root = checkpoint_root(run_dir, config.checkpoint_dir)
-    discard_incomplete_checkpoints(root, workers)
-    newest = complete_checkpoints(root, workers).newest
-    config.resume_step = newest
-    document.resumes.append({"from_step": newest or 0, "at": time.time(), "max_steps": config.max_steps,
+    newest = back_to_newest_checkpoint(run_dir, document, workers)
+    document.resumes.append({"from_step": newest or 0, "at": time.time(), "max_steps": document.config.max_steps,
                              "after": "requeued",
                              "reason": f"Slurm started job {env.get('SLURM_JOB_ID')} again "
                                        f"(restart {restarts}: requeued or preempted)"})
