@@ -124,8 +124,12 @@ class JobSupervisor:
         self.on_failure, self.max_restarts = config.on_failure, config.max_restarts
         self.faults = FaultRecord(run_dir) if config.faults or config.on_failure != "fail" else None
         self.restarts_done = 0
-        self.clock_start = time.time()
-        self.injector = (Injector(config.faults, self.clock_start, self.faults, _send)
+        # The fault clock of a resumed or requeued job goes on from the seconds its last
+        # supervisor recorded (else its latest fault's moment), as a local run's does: a schedule
+        # strikes each of its moments once over the run, not again in every job.
+        passed = self.faults.clock_so_far() if self.faults is not None else 0.0
+        self.clock_start = time.time() - passed
+        self.injector = (Injector(config.faults, self.clock_start, self.faults, _send, passed=passed)
                          if config.faults and self.faults is not None else None)
         self.stopping = False
         self.step: subprocess.Popen | None = None
@@ -136,8 +140,18 @@ class JobSupervisor:
             self.step.send_signal(signal.SIGTERM)
 
     def run(self) -> int:
+        """The job's steps until one succeeds, the policy gives up or Slurm stops the job; the
+        seconds the fault clock ran are recorded in run.json whichever way it ends."""
         signal.signal(signal.SIGTERM, self._terminate)
         resume_if_requeued(self.run_dir, self.workers, dict(os.environ))
+        try:
+            return self._steps()
+        finally:
+            if self.faults is not None:
+                self.faults.clock_s = round(time.time() - self.clock_start, 3)
+                self.faults.save()
+
+    def _steps(self) -> int:
         recovering: dict[str, Any] | None = None
         while True:
             code, failed = self._attempt(recovering)

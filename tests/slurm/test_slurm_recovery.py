@@ -5,6 +5,7 @@ a JAX run as srun's tasks, `mlbench resume` and `scontrol requeue` from a checkp
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -67,9 +68,10 @@ def test_a_cancelled_slurm_run_resumes_to_the_parameters_of_the_uninterrupted_ru
         assert all(torch.equal(expected[name], actual[name]) for name in expected), rank
 
 
-def test_a_requeued_slurm_job_goes_on_from_its_newest_checkpoint(slurm):
+def test_a_requeued_slurm_job_goes_on_from_its_newest_checkpoint_and_fault_clock(slurm):
+    # a fault far beyond the test, so that the run keeps a fault clock
     mlbench("run", *LONG, "--max-steps", "100000", "--checkpoint-every", "20steps", "--slurm", "--detach",
-            check=True)
+            "--inject", "stall:rank=0,at=1h", "--on-failure", "restart:1", check=True)
     run = last_run()
     assert "#SBATCH --requeue" in (run.run_dir / "job.sbatch").read_text()
     wait_for(lambda: newest_checkpoint(run) >= 20, 240, "a checkpoint", 0.5)
@@ -80,7 +82,13 @@ def test_a_requeued_slurm_job_goes_on_from_its_newest_checkpoint(slurm):
     wait_for(lambda: any(e["name"] == "train/loss" and e["time"] > resume["at"] and e["step"] > resume["from_step"]
                          for e in events(run)), 240, "training after the requeue", 0.5)
     assert launcher_of(RunStore(), run).reconcile(RunStore().get(run.id)).state == "running"
+    first_clock = run_json(run)["faults"]["clock_s"]   # recorded by the first job's supervisor, on SIGTERM
+    assert first_clock > 0
+    cancelled_at = time.time()
     mlbench("cancel", run.id, check=True)
+    wait_for(lambda: run_json(run)["faults"]["clock_s"] != first_clock, 120, "the second job's fault clock", 0.5)
+    # the second job's clock went on from the first's: it ran at least from the resume to the cancel
+    assert run_json(run)["faults"]["clock_s"] >= first_clock + (cancelled_at - resume["at"])
 
 
 def test_a_killed_task_is_restarted_inside_the_job_and_the_run_finishes(slurm):
