@@ -102,6 +102,10 @@ def worker_main(module: str, join: Callable[[RunConfig, int, str], Any],
     heartbeat = Heartbeat(args.run_dir, launch.rank, config.workers, watchdog_s=config.watchdog_s,
                           watch_peers=watch_peers, on_stall=functools.partial(stalled_peer, events),
                           send=beat_sender(args.run_dir, document.id)).start()
+    import torch  # before the framework (TensorFlow after torch: see tf_worker)
+
+    # torch only loads and augments the data for the framework, which has the cores
+    torch.set_num_threads(1)
     try:
         group = join(config, launch.rank, f"{addr}:{port}")
         return train(config, launch.rank, events, heartbeat, group)
@@ -136,7 +140,6 @@ class PortTrainer:
         from mlbench.tasks.models import build_model
         from mlbench.tasks.pipeline import Pipeline
 
-        torch.set_num_threads(1)
         self.cfg, self.rank, self.world = config, rank, config.workers
         self.events, self.heartbeat = events, heartbeat
         self.spec = config.training_spec
@@ -173,16 +176,18 @@ class PortTrainer:
     @staticmethod
     def _probe_peak(threads: int) -> DevicePeak:
         """The CPU's peak FLOP/s by the PyTorch worker's GEMM probe (the ports compute in float32
-        on CPUs), with the run's threads; torch keeps one thread for the data loaders after."""
+        on CPUs), with the run's threads; torch's own count is restored after (a worker keeps
+        one for the data loaders: :func:`worker_main`)."""
         import torch
 
         from mlbench.worker.sysmetrics import DevicePeak
 
+        before = torch.get_num_threads()
         torch.set_num_threads(max(1, threads))
         try:
             return DevicePeak.of(torch.device("cpu"), "fp32")
         finally:
-            torch.set_num_threads(1)
+            torch.set_num_threads(before)
 
     def reference_state(self) -> dict[str, np.ndarray]:
         """The PyTorch model's initial state for the run's seed (parameters and buffers, by
