@@ -40,10 +40,15 @@ PROBE_TRIALS = 3
 PROBE_PRODUCTS = 4
 
 
-def gpu_peak_flops(name: str, precision: str) -> float | None:
+def gpu_peak_flops(name: str, precision: str, convolutional: bool = False) -> float | None:
     """The data-sheet peak of GPU ``name`` for ``precision`` (None: a model or precision the
-    table does not hold)."""
-    if precision == "fp32" and torch.get_float32_matmul_precision() != "highest":
+    table does not hold). An fp32 run computes in TF32 on the tensor cores where torch lets it:
+    its matrix products when the float32 matmul precision is not "highest", and a
+    ``convolutional`` model's convolutions, which cuDNN runs in TF32 by default
+    (``torch.backends.cudnn.allow_tf32``): its peak is then TF32's, so that its utilisation is
+    against the units that did the work."""
+    tf32 = torch.get_float32_matmul_precision() != "highest" or (convolutional and torch.backends.cudnn.allow_tf32)
+    if precision == "fp32" and tf32:
         precision = "tf32"
     for model, peaks in GPU_PEAKS:
         if model in name:
@@ -83,10 +88,13 @@ class DevicePeak:
     source: str          # "data sheet", "gemm probe" or "unknown"
 
     @classmethod
-    def of(cls, device: torch.device, precision: str) -> DevicePeak:
+    def of(cls, device: torch.device, precision: str, model: torch.nn.Module | None = None) -> DevicePeak:
+        """``model``: the model trained, whose convolutions decide a GPU's fp32 peak (:func:`gpu_peak_flops`)."""
         if device.type == "cuda":
             name = torch.cuda.get_device_name(device)
-            peak = gpu_peak_flops(name, precision)
+            convolutional = model is not None and any(isinstance(m, torch.nn.modules.conv._ConvNd)
+                                                      for m in model.modules())
+            peak = gpu_peak_flops(name, precision, convolutional)
             return cls(name, peak, "data sheet" if peak is not None else "unknown")
         return cls("cpu", cpu_peak_flops(precision), "gemm probe")
 

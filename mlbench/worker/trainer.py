@@ -168,7 +168,7 @@ class Trainer:
                                                                 self.run_dir)
         # the system metrics' constants: the device's peak (a CPU's is probed here, before the
         # training loads the cores) and the FLOPs of a step where the task's runtime counts them
-        self.device_peak = DevicePeak.of(self.device, self.cfg.precision)
+        self.device_peak = DevicePeak.of(self.device, self.cfg.precision, self.model)
         count_flops = getattr(self.runtime, "flops_per_step", None)
         self.step_flops: tuple[int, str] | None = count_flops() if count_flops is not None else None
         if self.cfg.resume_step is not None:

@@ -87,6 +87,14 @@ def test_gpu_peaks_come_from_the_data_sheet_of_the_model_and_precision():
     assert gpu_peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.4e12
     assert gpu_peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
     assert gpu_peak_flops("NVIDIA A100-SXM4-80GB", "fp32") == 19.5e12
+    # a convolutional model's fp32 run: cuDNN's convolutions run in TF32 unless told not to
+    assert gpu_peak_flops("NVIDIA H100 80GB HBM3", "fp32", convolutional=True) == 494.7e12
+    allowed = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = False
+        assert gpu_peak_flops("NVIDIA H100 80GB HBM3", "fp32", convolutional=True) == 67e12
+    finally:
+        torch.backends.cudnn.allow_tf32 = allowed
     assert gpu_peak_flops("NVIDIA V100-SXM2-16GB", "bf16") is None
     assert gpu_peak_flops("Some Future GPU", "fp32") is None
 
