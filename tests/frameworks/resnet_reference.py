@@ -4,6 +4,8 @@ ports are checked against (computed once per session: tests/frameworks/conftest.
 per-step bounds within which a float32 port's losses follow it (their reasons: test_jax_resnet.py's
 docstring)."""
 
+import functools
+
 import numpy as np
 import torch
 
@@ -94,6 +96,14 @@ def check_a_real_two_worker_run(framework: str, cifar_dir) -> None:
     assert (result["steps"], result["stop_reason"]) == (steps, "max-steps")
     assert result["final_accuracy"] is not None
     ranks = np.stack([values(recorded, "train/loss", rank) for rank in (0, 1)], axis=1)
+    check_losses(ranks, two_worker_losses(str(cifar_dir), steps, batch))
+
+
+@functools.cache
+def two_worker_losses(cifar_dir: str, steps: int, batch: int) -> np.ndarray:
+    """:func:`pytorch_reference`'s losses [steps, 2] for 2 workers of ``batch``: the same for the
+    JAX and the TensorFlow run, computed once."""
     spec, _ = resolve(TASK1A, {"batch_per_worker": batch})
-    reference, *_ = pytorch_reference(spec, cifar_dir, steps, workers=2)
-    check_losses(ranks, reference)
+    losses, *_ = pytorch_reference(spec, cifar_dir, steps, workers=2)
+    losses.setflags(write=False)
+    return losses
