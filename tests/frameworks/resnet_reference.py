@@ -1,10 +1,15 @@
 """What the ResNet ports' tests share (tests/frameworks/test_jax_resnet.py, test_tf_resnet.py):
-PyTorch's task 1a trained in one process as K workers would train it, and the per-step bounds
-within which a float32 port's losses follow it (their reasons: test_jax_resnet.py's docstring)."""
+PyTorch's task 1a trained in one process as K workers would train it, the two references both
+ports are checked against (computed once per session: tests/frameworks/conftest.py), and the
+per-step bounds within which a float32 port's losses follow it (their reasons: test_jax_resnet.py's
+docstring)."""
+
+import functools
 
 import numpy as np
 import torch
 
+from mlbench.run_config import RunConfig
 from mlbench.tasks.classification import learning_rate
 from mlbench.tasks.overrides import resolve
 from mlbench.tasks.task1a import TASK1A
@@ -16,6 +21,19 @@ from mlbench.tasks.pipeline import Pipeline
 FORWARD_RTOL = 1e-6     # the first loss: one float32 forward pass in each framework
 ONE_UPDATE_RTOL = 1e-4  # the second: after one update from float32 gradients
 CHAOS_RTOL = 0.2        # the rest: float32 trajectories of a ResNet at initialisation part (docstring)
+
+#: the float32 check: the first 50 steps of the workers' loops at a batch of 16 (the task's 32 costs
+#: twice the CPU); the float64 check: 3 steps at a batch of 8 show the arithmetic as 10 would
+#: (rounding is 1e-16 there, a wrong convention 1e-4 or more from the first update on)
+FLOAT32_BATCH, FLOAT32_STEPS = 16, 50
+FLOAT64_BATCH, FLOAT64_STEPS = 8, 3
+
+
+def float32_config(cifar_dir) -> RunConfig:
+    """The run both ports' worker loops and the PyTorch worker's train in the float32 check."""
+    spec, _ = resolve(TASK1A, {"batch_per_worker": FLOAT32_BATCH})
+    return RunConfig(task=spec, workers=1, data_dir=str(cifar_dir), max_steps=FLOAT32_STEPS, log_every=1,
+                     stop_at_goal=False)
 
 
 def pytorch_reference(spec, data_dir, steps, *, dtype=torch.float32, workers=1):
@@ -63,7 +81,7 @@ def check_a_real_two_worker_run(framework: str, cifar_dir) -> None:
     ``status RUN`` with the framework, and each rank's loss equals that of its own half of the
     global batch in one PyTorch process (:func:`pytorch_reference` with 2 workers), at the first
     step (the forward pass) and after the update from the two workers' averaged gradients."""
-    from tests.frameworks.test_jax_port import values
+    from tests.frameworks.in_process import values
     from tests.helpers import events, last_run, mlbench, run_json
 
     steps, batch = 2, 16
@@ -78,6 +96,14 @@ def check_a_real_two_worker_run(framework: str, cifar_dir) -> None:
     assert (result["steps"], result["stop_reason"]) == (steps, "max-steps")
     assert result["final_accuracy"] is not None
     ranks = np.stack([values(recorded, "train/loss", rank) for rank in (0, 1)], axis=1)
+    check_losses(ranks, two_worker_losses(str(cifar_dir), steps, batch))
+
+
+@functools.cache
+def two_worker_losses(cifar_dir: str, steps: int, batch: int) -> np.ndarray:
+    """:func:`pytorch_reference`'s losses [steps, 2] for 2 workers of ``batch``: the same for the
+    JAX and the TensorFlow run, computed once."""
     spec, _ = resolve(TASK1A, {"batch_per_worker": batch})
-    reference, *_ = pytorch_reference(spec, cifar_dir, steps, workers=2)
-    check_losses(ranks, reference)
+    losses, *_ = pytorch_reference(spec, cifar_dir, steps, workers=2)
+    losses.setflags(write=False)
+    return losses

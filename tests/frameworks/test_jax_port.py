@@ -16,70 +16,26 @@ the rate of 2 workers), to the same tolerance.
 import numpy as np
 import pytest
 
-from mlbench.results.events import EventWriter
 from mlbench.run_config import RunConfig
 from mlbench.tasks.overrides import resolve
 from mlbench.tasks.task2a import TASK2A
+from tests.frameworks.in_process import (
+    ATOL,
+    RTOL,
+    check_port_system,
+    train_jax_in_process,
+    train_pytorch_in_process,
+    values,
+)
 from tests.helpers import events, last_run, mlbench, run_json
 
 pytest.importorskip("jax")
 pytest.importorskip("optax")
 
-RTOL, ATOL = 1e-5, 1e-6
-
-
-class ListSink:
-    def __init__(self):
-        self.events = []
-
-    def write(self, event):
-        self.events.append(event)
-
-    def close(self):
-        pass
-
-
-def values(recorded, name, rank=0):
-    return np.array([e["value"] for e in recorded if e["name"] == name and e["rank"] == rank])
-
-
-def check_port_system(port_events, torch_events, steps):
-    """A port's ``system`` event is the PyTorch worker's: the same analytic FLOPs of the step, the
-    CPU's probed peak, peak memory; `status RUN`'s numbers follow from it (wall-clock steps)."""
-    from mlbench.results.summary import summarize
-    from mlbench.results.sysmetrics import WALL, system_metrics
-
-    (port,), (torch_record,) = ([e["value"] for e in recorded if e["name"] == "system"]
-                                for recorded in (port_events, torch_events))
-    assert port["flops_per_step"] == torch_record["flops_per_step"] == 4 * 100 * 40  # B = 100, the 40 features
-    assert (port["flops_method"], port["peak_source"], port["device"], port["steps"]) == \
-        ("analytic", "gemm probe", "cpu", steps)
-    assert port["peak_flops"] > 0 and port["peak_rss_bytes"] > 0 and port["cuda_peak_bytes"] is None
-    metrics = system_metrics(summarize(port_events))
-    assert metrics is not None and metrics.step_basis == WALL and metrics.slowest_rank == 0
-    assert metrics.step_median == port["train_time"] / steps
-    assert metrics.achieved_flops == port["flops_per_step"] * steps / port["train_time"]
-    assert metrics.utilisation == metrics.achieved_flops / port["peak_flops"]
-
-
-def train_jax_in_process(config):
-    from mlbench.worker.jax_worker import JaxTrainer, _join
-
-    _join(config, 0, "")
-    sink = ListSink()
-    JaxTrainer(config, 0, EventWriter(sink, 0)).train()
-    return sink.events
-
 
 def train_both_in_process(config):
     """The events of the PyTorch worker's loop and of the JAX worker's, each on one process."""
-    from mlbench.worker.trainer import Trainer
-
-    torch_sink = ListSink()
-    trainer = Trainer(config, 0, EventWriter(torch_sink, 0))
-    trainer.setup()
-    trainer.train()
-    return torch_sink.events, train_jax_in_process(config)
+    return train_pytorch_in_process(config), train_jax_in_process(config)
 
 
 def test_the_first_50_losses_of_the_jax_port_equal_pytorchs(libsvm_dir):

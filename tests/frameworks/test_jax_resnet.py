@@ -35,26 +35,27 @@ augmented batches in the same order (mlbench's Pipeline and ``epoch_batches``):
    one PyTorch process (BatchNorm per half), at the first step (the forward pass) and at the
    second (after the update from the two workers' averaged gradients), within the bounds of 2.
 
-Cost, measured on the suite's 2-core box under load: check 1 about 20 CPU-s, check 2 about 34
+Cost, measured on the suite's 2-core box under load: check 1 about 15 s, check 2 about 22 s
 (each pays XLA's compilation of the ResNet step, about 9 CPU-s; a JAX step of ResNet-20 costs
-about twice PyTorch's on this CPU); check 3 (slow) about 45 s of wall time.
+about twice PyTorch's on this CPU); their PyTorch references are computed once per session and
+shared with the TensorFlow port's checks (tests/frameworks/conftest.py: about 12 s for the 50
+float32 steps); check 3 (slow) about 35 s of wall time.
 """
 
 import numpy as np
 import pytest
 import torch
 
-from mlbench.run_config import RunConfig
 from mlbench.tasks.classification import learning_rate
-from mlbench.tasks.overrides import resolve
-from mlbench.tasks.task1a import TASK1A
+from tests.frameworks.in_process import values
 from tests.frameworks.resnet_reference import (
     CHAOS_RTOL,
+    FLOAT64_STEPS,
     check_a_real_two_worker_run,
     check_losses,
-    pytorch_reference,
+    float32_config,
 )
-from tests.frameworks.test_jax_port import train_both_in_process, values
+from tests.frameworks.test_jax_port import train_jax_in_process
 
 jax = pytest.importorskip("jax")
 pytest.importorskip("optax")
@@ -68,18 +69,18 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-def test_in_float64_the_jax_resnet_is_pytorchs_to_rounding(cifar_dir):
+def test_in_float64_the_jax_resnet_is_pytorchs_to_rounding(pytorch_float64_resnet):
     from mlbench.worker.jax_resnet import ResNetPort, to_jax_layout
 
-    spec, _ = resolve(TASK1A, {"batch_per_worker": 8})
-    settings, steps = spec.settings, 3
-    torch_losses, model, initial, batches, spe = pytorch_reference(spec, cifar_dir, steps, dtype=torch.float64)
+    spec, (torch_losses, model, initial, batches, spe) = pytorch_float64_resnet
+    settings = spec.settings
     with jax.enable_x64(True):
         port = ResNetPort(settings, 20, 1, initial, dtype=np.float64)
         jax_losses = [port.step(x.astype(np.float64), y, learning_rate(
             settings.lr, workers=1, batch_per_worker=settings.batch_per_worker, step=step, steps_per_epoch=spe))
             for step, (x, y) in enumerate(batches)]
         params, stats = port._local()
+    assert len(jax_losses) == FLOAT64_STEPS
     np.testing.assert_allclose(jax_losses, torch_losses[:, 0], rtol=1e-10)
     expected_params, expected_stats = to_jax_layout({k: v.detach().numpy() for k, v in model.state_dict().items()},
                                                     np.float64)
@@ -90,13 +91,10 @@ def test_in_float64_the_jax_resnet_is_pytorchs_to_rounding(cifar_dir):
     assert port.num_parameters == 272_474
 
 
-def test_the_first_50_losses_of_the_jax_port_equal_pytorchs(cifar_dir):
+def test_the_first_50_losses_of_the_jax_port_equal_pytorchs(cifar_dir, pytorch_resnet_events):
     from mlbench.tasks.flops import FLOP_COUNTER
 
-    spec, _ = resolve(TASK1A, {"batch_per_worker": 16})
-    config = RunConfig(task=spec, workers=1, data_dir=str(cifar_dir), max_steps=50, log_every=1,
-                       stop_at_goal=False)
-    torch_events, jax_events = train_both_in_process(config)
+    torch_events, jax_events = pytorch_resnet_events, train_jax_in_process(float32_config(cifar_dir))
     torch_losses, jax_losses = values(torch_events, "train/loss"), values(jax_events, "train/loss")
     assert len(torch_losses) == len(jax_losses) == 50
     check_losses(jax_losses, torch_losses)

@@ -17,48 +17,40 @@ tolerance.
 import numpy as np
 import pytest
 
-from mlbench.results.events import EventWriter
 from mlbench.run_config import RunConfig
 from mlbench.tasks.overrides import resolve
 from mlbench.tasks.task2a import TASK2A
-from tests.frameworks.test_jax_port import ATOL, RTOL, ListSink, check_port_system, values
+from tests.frameworks.in_process import (
+    ATOL,
+    RTOL,
+    check_port_system,
+    train_pytorch_in_process,
+    train_tf_in_process,
+    values,
+)
 from tests.helpers import events, last_run, mlbench, run_json
 
 # torchvision (and with it torch._dynamo and triton) before TensorFlow: in the other order, loading
 # triton's LLVM after TensorFlow's crashes the process (a later test module imports torchvision)
-import torchvision  # noqa: E402,F401
+import torchvision  # noqa: F401
 
 pytest.importorskip("tensorflow")
 
 
-def train_tf_in_process(config):
-    from mlbench.worker.tf_worker import TfTrainer, join
-
-    join(config, 0, "")
-    sink = ListSink()
-    TfTrainer(config, 0, EventWriter(sink, 0)).train()
-    return sink.events
-
-
 def test_the_first_50_losses_of_the_tensorflow_port_equal_pytorchs(libsvm_dir):
-    from mlbench.worker.trainer import Trainer
-
     spec, _ = resolve(TASK2A, {})
     config = RunConfig(task=spec, workers=1, data_dir=str(libsvm_dir), max_steps=50, log_every=1,
                        stop_at_goal=False)
-    torch_sink = ListSink()
-    trainer = Trainer(config, 0, EventWriter(torch_sink, 0))
-    trainer.setup()
-    trainer.train()
+    torch_events = train_pytorch_in_process(config)
     tf_events = train_tf_in_process(config)
-    torch_losses, tf_losses = values(torch_sink.events, "train/loss"), values(tf_events, "train/loss")
+    torch_losses, tf_losses = values(torch_events, "train/loss"), values(tf_events, "train/loss")
     assert len(torch_losses) == len(tf_losses) == 50
     np.testing.assert_allclose(tf_losses, torch_losses, rtol=RTOL, atol=ATOL)
-    np.testing.assert_allclose(values(tf_events, "eval/loss"), values(torch_sink.events, "eval/loss"),
+    np.testing.assert_allclose(values(tf_events, "eval/loss"), values(torch_events, "eval/loss"),
                                rtol=RTOL, atol=ATOL)
     # 500 test samples: one sample's verdict would move the accuracy by 0.002
-    assert values(tf_events, "eval/accuracy").tolist() == values(torch_sink.events, "eval/accuracy").tolist()
-    check_port_system(tf_events, torch_sink.events, steps=50)
+    assert values(tf_events, "eval/accuracy").tolist() == values(torch_events, "eval/accuracy").tolist()
+    check_port_system(tf_events, torch_events, steps=50)
 
 
 @pytest.mark.slow

@@ -1,0 +1,78 @@
+"""A worker's training loop run in the test's own process, its events kept in a list: how the
+ports' equivalence tests train PyTorch's worker and a port's from the same RunConfig (one import
+of each framework per test process, no worker process where the subject is not the processes)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlbench.results.events import EventWriter
+from mlbench.run_config import RunConfig
+
+#: task 2a's bound, the JAX and the TensorFlow port's (why: test_jax_port.py's docstring)
+RTOL, ATOL = 1e-5, 1e-6
+
+
+class ListSink:
+    def __init__(self):
+        self.events = []
+
+    def write(self, event):
+        self.events.append(event)
+
+    def close(self):
+        pass
+
+
+def values(recorded, name, rank=0):
+    return np.array([e["value"] for e in recorded if e["name"] == name and e["rank"] == rank])
+
+
+def train_pytorch_in_process(config: RunConfig) -> list[dict]:
+    """The events of the PyTorch worker's loop (``Trainer``) on one process."""
+    from mlbench.worker.trainer import Trainer
+
+    sink = ListSink()
+    trainer = Trainer(config, 0, EventWriter(sink, 0))
+    trainer.setup()
+    trainer.train()
+    return sink.events
+
+
+def train_jax_in_process(config: RunConfig) -> list[dict]:
+    """The events of the JAX worker's loop (``JaxTrainer``) on one process."""
+    from mlbench.worker.jax_worker import JaxTrainer, _join
+
+    _join(config, 0, "")
+    sink = ListSink()
+    JaxTrainer(config, 0, EventWriter(sink, 0)).train()
+    return sink.events
+
+
+def train_tf_in_process(config: RunConfig) -> list[dict]:
+    """The events of the TensorFlow worker's loop (``TfTrainer``) on one process."""
+    from mlbench.worker.tf_worker import TfTrainer, join
+
+    join(config, 0, "")
+    sink = ListSink()
+    TfTrainer(config, 0, EventWriter(sink, 0)).train()
+    return sink.events
+
+
+def check_port_system(port_events, torch_events, steps):
+    """A port's ``system`` event of task 2a is the PyTorch worker's: the same analytic FLOPs of the
+    step, the CPU's probed peak, peak memory; `status RUN`'s numbers follow from it (wall-clock steps)."""
+    from mlbench.results.summary import summarize
+    from mlbench.results.sysmetrics import WALL, system_metrics
+
+    (port,), (torch_record,) = ([e["value"] for e in recorded if e["name"] == "system"]
+                                for recorded in (port_events, torch_events))
+    assert port["flops_per_step"] == torch_record["flops_per_step"] == 4 * 100 * 40  # B = 100, the 40 features
+    assert (port["flops_method"], port["peak_source"], port["device"], port["steps"]) == \
+        ("analytic", "gemm probe", "cpu", steps)
+    assert port["peak_flops"] > 0 and port["peak_rss_bytes"] > 0 and port["cuda_peak_bytes"] is None
+    metrics = system_metrics(summarize(port_events))
+    assert metrics is not None and metrics.step_basis == WALL and metrics.slowest_rank == 0
+    assert metrics.step_median == port["train_time"] / steps
+    assert metrics.achieved_flops == port["flops_per_step"] * steps / port["train_time"]
+    assert metrics.utilisation == metrics.achieved_flops / port["peak_flops"]
