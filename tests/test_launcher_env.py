@@ -115,3 +115,17 @@ def test_an_interface_the_user_set_is_kept():
 def test_an_interface_that_does_not_exist_is_one_line():
     with pytest.raises(UsageError, match=r"--iface nosuch0: no such network interface on .* \(it has .*lo"):
         choose_interfaces("nosuch0", None, "gloo", {})
+
+
+def test_a_slurm_steps_tasks_know_every_tasks_address_by_srun_distribution():
+    from mlbench.worker.launcher_env import slurm_peers, tasks_per_node
+
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1] and tasks_per_node("4") == [4]
+    step = {"SLURM_PROCID": "1", "SLURM_JOB_ID": "41", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "5",
+            "SLURM_STEP_NODELIST": "n[01-02],gpu7", "SLURM_STEP_TASKS_PER_NODE": "2(x2),1",
+            "MASTER_ADDR": "n01", "MASTER_PORT": "29500"}
+    assert slurm_peers(step) == "n01:29500,n01:29501,n02:29500,n02:29501,gpu7:29500"
+    cyclic = dict(step, SLURM_DISTRIBUTION="cyclic")
+    assert slurm_peers(cyclic) == "n01:29500,n02:29500,gpu7:29500,n01:29501,n02:29501"
+    with pytest.raises(UsageError, match="do not fit its nodes"):
+        slurm_peers(dict(step, SLURM_STEP_TASKS_PER_NODE="2,1,1"))

@@ -102,10 +102,6 @@ def test_slurm_cpus_per_task_0_is_a_usage_error_of_the_cli_and_records_nothing()
 @pytest.mark.parametrize("launcher, asked, message", [
     ("slurm", {"on_failure": "shrink"},
      "--on-failure shrink: Slurm runs carry out fail or restart only; run on this machine"),
-    ("slurm", {"framework": "tensorflow"},
-     "--framework tensorflow on 2 workers: every TensorFlow worker listens on an address of its own, which "
-     "Slurm runs cannot yet give each worker before it starts; run one worker, another framework, or on this "
-     "machine"),
     ("external", {"framework": "jax"}, "--framework jax: --record-only runs start PyTorch workers only so far; "
                                        "run on this machine"),
     ("external", {"inject": "stall:rank=1,at=5s"},
@@ -128,3 +124,21 @@ def test_each_launcher_refuses_what_its_abilities_leave_out_before_anything_is_r
     assert store.list() == []
     # the local launcher does all of it (a record-only run is enough to see it accepted)
     assert choose(store, {}).record(request).state == "pending"
+
+
+def test_a_launcher_that_cannot_give_each_worker_an_address_refuses_tensorflow_on_several():
+    """Every built-in launcher that starts TensorFlow workers gives each its address (local: free
+    ports; Slurm: from the step's variables); a launcher that declares it cannot is refused."""
+    from mlbench.launch.plan import LauncherAbilities, build_config
+
+    pytest.importorskip("tensorflow")
+    abilities = LauncherAbilities(frameworks=("pytorch", "tensorflow"))
+    config, _ = build_config(RunRequest(task="task2a", workers=2, data="synthetic", framework="tensorflow"))
+    with pytest.raises(UsageError) as refused:
+        abilities.check(config, "Plug-in")
+    assert str(refused.value) == (
+        "--framework tensorflow on 2 workers: every TensorFlow worker listens on an address of its own, which "
+        "Plug-in runs cannot yet give each worker before it starts; run one worker, another framework, or on "
+        "this machine")
+    one, _ = build_config(RunRequest(task="task2a", workers=1, data="synthetic", framework="tensorflow"))
+    abilities.check(one, "Plug-in")

@@ -148,10 +148,11 @@ class SlurmLauncher(Launcher):
     options = _SLURM_OPTIONS
     follow_seconds = 2.0
     resumable = True  # the batch script is submitted again; the run folder is on shared storage
-    # the supervisor inside the job (launch/slurm_supervisor.py) injects and restarts; it picks
-    # no address per worker on other nodes (TensorFlow) and does not shrink a step
-    abilities = LauncherAbilities(frameworks=tuple(FRAMEWORKS), fault_kinds=(KILL, STALL, SLOW),
-                                  policies=(FAIL, RESTART))
+    # the supervisor inside the job (launch/slurm_supervisor.py) injects and restarts, and does
+    # not shrink a step; the tasks of a step derive each one's address from the step's variables
+    # (worker/launcher_env.slurm_peers: TensorFlow's workers)
+    abilities = LauncherAbilities(frameworks=tuple(FRAMEWORKS), peer_addresses=True,
+                                  fault_kinds=(KILL, STALL, SLOW), policies=(FAIL, RESTART))
     unreachable_seconds = 120.0  # how long a follow waits for an unreachable controller
 
     def __init__(self, *args: Any, **kwargs: Any):

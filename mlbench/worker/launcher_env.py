@@ -111,6 +111,46 @@ def _slurm(env: Mapping[str, str]) -> LaunchEnv:
                      addr, port, SLURM)
 
 
+def tasks_per_node(text: str) -> list[int]:
+    """Slurm's count of tasks per node, ``2(x3),1`` -> [2, 2, 2, 1] (``SLURM_STEP_TASKS_PER_NODE``)."""
+    counts: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not match:
+            raise UsageError(f"cannot read the Slurm tasks per node {text!r}")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
+
+
+def slurm_peers(env: Mapping[str, str]) -> str:
+    """Every task's ``host:port`` of this Slurm job step, in rank order (:data:`PEERS_ENV`'s
+    form), for a framework whose every worker listens (TensorFlow's gRPC servers): task r runs on
+    the node srun's distribution gives it (block, srun's default: the first node's tasks first;
+    cyclic: one per node in turn) and listens on the step's port (:func:`launcher_env`'s, rank 0's)
+    plus its local id, so that the tasks of one node differ and every task knows every other's
+    address without asking."""
+    launch = _slurm(env)
+    assert launch.world_size is not None and launch.master_port is not None
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    hosts = expand_nodelist(nodes) if nodes else ["127.0.0.1"]
+    per_node = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+                              or str(launch.world_size))
+    if len(per_node) != len(hosts) or sum(per_node) != launch.world_size:
+        raise UsageError(f"the Slurm step's {launch.world_size} tasks do not fit its nodes {nodes!r} with "
+                         f"{per_node} tasks each")
+    placed: list[tuple[str, int]] = []   # (host, local id) by rank
+    if env.get("SLURM_DISTRIBUTION", "block").startswith("cyclic"):
+        taken = [0] * len(hosts)
+        while len(placed) < launch.world_size:
+            for node, host in enumerate(hosts):
+                if taken[node] < per_node[node]:
+                    placed.append((host, taken[node]))
+                    taken[node] += 1
+    else:
+        placed = [(host, local) for host, count in zip(hosts, per_node) for local in range(count)]
+    return ",".join(f"{host}:{launch.master_port + local}" for host, local in placed)
+
+
 def launcher_env(rank: int | None, env: Mapping[str, str] | None = None) -> LaunchEnv:
     """This worker's place in the run: from ``--rank`` when given, else from its launcher."""
     env = os.environ if env is None else env

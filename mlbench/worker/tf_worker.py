@@ -5,7 +5,8 @@ size and rendezvous come from ``--rank`` and run.json (or another launcher's env
 the PyTorch worker); the processes meet through ``tf.distribute.MultiWorkerMirroredStrategy``.
 Its cluster is TensorFlow's ``TF_CONFIG``: every worker runs a gRPC server of its own, so each
 needs an address, which the local supervisor picks on 127.0.0.1 and passes to every worker as
-``MLBENCH_PEERS`` (``host:port`` per rank, comma-separated); a ``TF_CONFIG`` already in the
+``MLBENCH_PEERS`` (``host:port`` per rank, comma-separated); the tasks of a Slurm step derive
+them from the step's variables (:func:`mlbench.worker.launcher_env.slurm_peers`); a ``TF_CONFIG`` already in the
 environment (another launcher's) is used as it is. The data, their order, the training loop and
 the evaluation are those of every port (:mod:`mlbench.worker.port_trainer`); the model and its
 update are :mod:`mlbench.worker.tf_logreg`'s (task 2a) or :mod:`mlbench.worker.tf_resnet`'s
@@ -27,7 +28,7 @@ from mlbench.results.events import EventWriter
 from mlbench.run_config import RunConfig
 from mlbench.tasks.classification import ClassificationSettings
 from mlbench.worker.heartbeat import Heartbeat
-from mlbench.worker.launcher_env import PEERS_ENV
+from mlbench.worker.launcher_env import PEERS_ENV, slurm_peers
 from mlbench.worker.port_trainer import PortModel, PortTrainer, run_trainer, worker_main
 
 
@@ -52,7 +53,10 @@ def join(config: RunConfig, rank: int, coordinator: str) -> Any:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ["CUDA_VISIBLE_DEVICES"] = ""   # the port runs on CPUs (a GPU build would take a GPU)
     if config.workers > 1 and "TF_CONFIG" not in os.environ:
-        os.environ["TF_CONFIG"] = json.dumps(cluster_config(rank, config.workers, os.environ.get(PEERS_ENV)))
+        peers = os.environ.get(PEERS_ENV)
+        if peers is None and "SLURM_PROCID" in os.environ and "SLURM_JOB_ID" in os.environ:
+            peers = slurm_peers(os.environ)   # a task of a Slurm step: its addresses follow from the step
+        os.environ["TF_CONFIG"] = json.dumps(cluster_config(rank, config.workers, peers))
     # torch's flop counter (the step's FLOPs, mlbench.tasks.flops) loads triton's LLVM, which
     # crashes the process (SIGSEGV) when TensorFlow's LLVM was loaded first: load it before
     import torch.utils.flop_counter  # noqa: F401

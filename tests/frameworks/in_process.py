@@ -43,9 +43,15 @@ def train_jax_in_process(config: RunConfig) -> list[dict]:
     """The events of the JAX worker's loop (``JaxTrainer``) on one process."""
     from mlbench.worker.jax_worker import JaxTrainer, _join
 
+    import torch
+
     _join(config, 0, "")
     sink = ListSink()
+    threads = torch.get_num_threads()
     JaxTrainer(config, 0, EventWriter(sink, 0)).train()
+    # a port trained in the test's process leaves torch's threads as it found them (a worker
+    # process sets its one data-loading thread in its entry, worker_main)
+    assert torch.get_num_threads() == threads
     return sink.events
 
 

@@ -191,12 +191,3 @@ def test_status_without_slurm_commands_shows_the_run_as_last_recorded(monkeypatc
     assert launcher_of(store, run).reconcile(store.get(run.id)).state == "running"
     result = CliRunner().invoke(cli, ["status"])
     assert result.exit_code == 0 and "running" in result.output
-
-
-def test_tensorflow_on_slurm_is_refused_in_one_line_and_records_nothing():
-    pytest.importorskip("tensorflow")
-    proc = mlbench("run", "task2a", "2", "--framework", "tensorflow", "--data", "synthetic", "--slurm")
-    assert proc.returncode == 2 and proc.stderr.startswith("Error: --framework tensorflow on 2 workers:")
-    assert len(proc.stderr.strip().splitlines()) == 1 and "Slurm runs cannot yet give each worker" in proc.stderr
-    from mlbench.results.store import RunStore
-    assert RunStore().list() == []

@@ -37,6 +37,22 @@ def test_a_jax_run_on_slurm_starts_the_port_and_equals_the_local_run(slurm):
     assert losses(run) == losses(local) and len(losses(run)) == 3
 
 
+def test_a_two_worker_tensorflow_run_on_slurm_finds_its_peers_and_equals_the_local_run(slurm):
+    """Every TensorFlow worker listens on an address of its own: the tasks of the Slurm step derive
+    all of them from the step's variables (worker/launcher_env.slurm_peers)."""
+    pytest.importorskip("tensorflow")
+    tf_run = ("task2a", "2", "--framework", "tensorflow", *JAX_RUN[4:])
+    mlbench("run", *tf_run, check=True, timeout=300)
+    local = last_run()
+    proc = mlbench("run", *tf_run, "--slurm", "--time", "00:10:00", check=True, timeout=300)
+    run = last_run()
+    assert run.launcher == "slurm" and run.state == "finished", proc.stdout + proc.stderr
+    assert "-m mlbench.worker.tf_worker" in (run.run_dir / "job.sbatch").read_text()
+    assert run.result["steps"] == local.result["steps"] == 6
+    assert run.result["final_accuracy"] == local.result["final_accuracy"]
+    assert losses(run) == losses(local) and len(losses(run)) == 3
+
+
 LONG = ("task2a", "2", "--data", "synthetic", "--set", "batch_per_worker=50", "--log-every", "5", "--no-stop",
         "--set", "max_epochs=100000", "--save-model", "--seed", "3")
 
