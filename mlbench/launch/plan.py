@@ -174,7 +174,7 @@ def _device_and_backend(request: RunRequest,
                  else "on the cluster's nodes (nvidia.com/gpu)")
         raise UsageError(f"--device cuda: no CUDA GPU is visible {where}; use --device cpu")
     backend = request.backend or ("nccl" if device == "cuda" else "gloo")
-    if backend == "nccl" and resources is None:
+    if backend == "nccl" and device == "cuda" and resources is None:
         backend = _gloo_when_gpus_are_shared(request, backend)
     if backend not in BACKENDS:
         raise UsageError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
