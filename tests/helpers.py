@@ -83,3 +83,16 @@ def install_plugin_package(root: Path, module: str, source: str, distribution: s
     dist.mkdir()
     (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: {version}\n")
     (dist / "entry_points.txt").write_text(f"[{group}]\n{entry_point}\n")
+
+
+class ListSink:
+    """An event sink that keeps a worker's events in a list (a trainer run in the test's process)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict] = []
+
+    def write(self, event: dict) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        pass

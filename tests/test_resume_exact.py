@@ -26,22 +26,12 @@ from mlbench.tasks.task3a import TASK3A
 from mlbench.tasks.task4b import TASK4B
 from mlbench.worker.trainer import Trainer
 from tests.language.corpus import write_parallel, write_wikitext
+from tests.helpers import ListSink
 
 SMALL_3A = {"extra.hidden": 16, "extra.embedding": 8, "extra.layers": 2, "batch_per_worker": 4, "extra.bptt": 8,
             "extra.eval_batch": 4}
 SMALL_4B = {"extra.dim": 16, "extra.ffn": 32, "extra.heads": 2, "extra.encoder_layers": 1,
             "extra.decoder_layers": 1, "batch_per_worker": 256, "extra.global_tokens": 512, "extra.beam": 1}
-
-
-class _Sink:
-    def __init__(self):
-        self.events = []
-
-    def write(self, event):
-        self.events.append(event)
-
-    def close(self):
-        pass
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +44,7 @@ def one_thread():
 
 def _train(config: RunConfig, run_dir, max_steps: int, resume_step: int | None = None):
     config = dataclasses.replace(config, max_steps=max_steps, resume_step=resume_step)
-    sink = _Sink()
+    sink = ListSink()
     trainer = Trainer(config, 0, EventWriter(sink, 0), run_dir=run_dir)
     trainer.setup()
     result = trainer.train()

@@ -5,17 +5,7 @@ from mlbench.run_config import RunConfig
 from mlbench.tasks.overrides import resolve
 from mlbench.tasks.task2a import TASK2A
 from mlbench.worker.trainer import Trainer
-
-
-class ListSink:
-    def __init__(self):
-        self.events = []
-
-    def write(self, event):
-        self.events.append(event)
-
-    def close(self):
-        pass
+from tests.helpers import ListSink
 
 
 def test_a_step_cap_at_an_epoch_boundary_evaluates_the_model_once():

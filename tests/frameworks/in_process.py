@@ -8,20 +8,10 @@ import numpy as np
 
 from mlbench.results.events import EventWriter
 from mlbench.run_config import RunConfig
+from tests.helpers import ListSink
 
 #: task 2a's bound, the JAX and the TensorFlow port's (why: test_jax_port.py's docstring)
 RTOL, ATOL = 1e-5, 1e-6
-
-
-class ListSink:
-    def __init__(self):
-        self.events = []
-
-    def write(self, event):
-        self.events.append(event)
-
-    def close(self):
-        pass
 
 
 def values(recorded, name, rank=0):

@@ -18,6 +18,7 @@ from mlbench.tasks.overrides import resolve
 from mlbench.tasks.scoring import metrics_of, score_outputs
 from mlbench.tasks.task2a import TASK2A
 from mlbench.worker.trainer import Trainer
+from tests.helpers import ListSink
 
 
 def test_logistic_scores_by_hand():
@@ -39,17 +40,6 @@ def test_the_scorer_refuses_outputs_that_do_not_match_the_labels():
         score_outputs("logistic", np.zeros(3), np.ones(2))
     with pytest.raises(ValueError, match="no scorer for the loss 'hinge'"):
         score_outputs("hinge", np.zeros(2), np.ones(2))
-
-
-class ListSink:
-    def __init__(self):
-        self.events = []
-
-    def write(self, event):
-        self.events.append(event)
-
-    def close(self):
-        pass
 
 
 def test_the_pytorch_evaluation_is_the_scorers_verdict_on_its_logits():
