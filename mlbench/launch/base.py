@@ -47,8 +47,6 @@ EventCallback = Callable[[dict[str, Any]], None]
 Progress = Callable[[str], None]
 
 
-
-
 def quiet(_: str) -> None:
     """No progress lines."""
 

@@ -68,6 +68,12 @@ class FaultRecord:
         document.extra[FAULTS_SECTION] = section
         document.save(self.run_dir)
 
+    def record_clock(self, clock_start: float) -> None:
+        """Save the seconds the fault clock that started at ``clock_start`` has run: a supervisor
+        that stops (however the run or job ends) leaves them for the next start to go on from."""
+        self.clock_s = round(time.time() - clock_start, 3)
+        self.save()
+
     def clock_so_far(self) -> float:
         """Where the fault clock of a run started again goes on from: the seconds recorded when
         its supervisor stopped; without them (a supervisor that was killed), the latest fault's

@@ -148,8 +148,7 @@ class JobSupervisor:
             return self._steps()
         finally:
             if self.faults is not None:
-                self.faults.clock_s = round(time.time() - self.clock_start, 3)
-                self.faults.save()
+                self.faults.record_clock(self.clock_start)
 
     def _steps(self) -> int:
         recovering: dict[str, Any] | None = None

@@ -372,8 +372,7 @@ class WorkerProcesses:
         """End the run in the store, first recording in run.json the seconds its fault clock ran,
         which a resume goes on from (docs/faults.md)."""
         if self.faults is not None and self.clock_start is not None:
-            self.faults.clock_s = round(time.time() - self.clock_start, 3)
-            self.faults.save()
+            self.faults.record_clock(self.clock_start)
         self.store.mark_ended(self.run.id, state, **details)
 
     def _finish(self) -> None:

@@ -94,6 +94,11 @@ def _expand_group(group: str, nodelist: str) -> list[str]:
     return numbers
 
 
+def _step_nodelist(env: Mapping[str, str]) -> str:
+    """The Slurm step's compressed node list (the job's outside a step; "" for none)."""
+    return env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+
+
 def _slurm(env: Mapping[str, str]) -> LaunchEnv:
     if "SLURM_STEP_ID" not in env and _int(env, "SLURM_NTASKS") > 1:
         raise UsageError("this is the batch script of a Slurm job of several tasks, not one of its "
@@ -101,7 +106,7 @@ def _slurm(env: Mapping[str, str]) -> LaunchEnv:
     world = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1"
     addr, port = _master(env)
     if addr is None:
-        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        nodes = _step_nodelist(env)
         addr = expand_nodelist(nodes)[0] if nodes else "127.0.0.1"
     if port is None:
         job = _int(env, "SLURM_JOB_ID") if "SLURM_JOB_ID" in env else 0
@@ -131,7 +136,7 @@ def slurm_peers(env: Mapping[str, str]) -> str:
     address without asking."""
     launch = _slurm(env)
     assert launch.world_size is not None and launch.master_port is not None
-    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    nodes = _step_nodelist(env)
     hosts = expand_nodelist(nodes) if nodes else ["127.0.0.1"]
     per_node = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
                               or str(launch.world_size))
