@@ -49,7 +49,7 @@ import torch
 from mlbench.tasks.classification import learning_rate
 from tests.frameworks.in_process import values
 from tests.frameworks.resnet_reference import (
-    CHAOS_RTOL,
+    check_port_against_pytorch_events,
     FLOAT64_STEPS,
     check_a_real_two_worker_run,
     check_losses,
@@ -92,19 +92,12 @@ def test_in_float64_the_jax_resnet_is_pytorchs_to_rounding(pytorch_float64_resne
 
 
 def test_the_first_50_losses_of_the_jax_port_equal_pytorchs(cifar_dir, pytorch_resnet_events):
-    from mlbench.tasks.flops import FLOP_COUNTER
 
     torch_events, jax_events = pytorch_resnet_events, train_jax_in_process(float32_config(cifar_dir))
     torch_losses, jax_losses = values(torch_events, "train/loss"), values(jax_events, "train/loss")
     assert len(torch_losses) == len(jax_losses) == 50
     check_losses(jax_losses, torch_losses)
-    assert values(jax_events, "train/lr").tolist() == values(torch_events, "train/lr").tolist()
-    np.testing.assert_allclose(values(jax_events, "eval/loss"), values(torch_events, "eval/loss"),
-                               rtol=CHAOS_RTOL)
-    (port,), (reference,) = ([e["value"] for e in recorded if e["name"] == "system"]
-                             for recorded in (jax_events, torch_events))
-    assert port["flops_per_step"] == reference["flops_per_step"] > 0
-    assert port["flops_method"] == reference["flops_method"] == FLOP_COUNTER
+    check_port_against_pytorch_events(jax_events, torch_events)
 
 
 @pytest.mark.slow
