@@ -177,8 +177,7 @@ class Run(RunInfo):
 
 
 def _overview(store: RunStore, record: RunRecord) -> RunInfo:
-    summary = summarize(read_run_events(record.run_dir)) if record.active else None
-    return RunInfo(**run_overview(record, summary), run_dir=record.run_dir, _record=record, _store=store)
+    return RunInfo(**run_overview(record), run_dir=record.run_dir, _record=record, _store=store)
 
 
 def _details(store: RunStore, record: RunRecord) -> Run:

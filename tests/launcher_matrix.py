@@ -122,6 +122,10 @@ def _check_cancelled(case: LauncherCase, run_id: str) -> None:
              interval=0.5)
     status = cli_state(run_id)
     assert status["state"] == "cancelled" and case.cancel_reason in status["reason"], status
+    # how far it got reads the same in the table of runs as in `status RUN` (from its events)
+    listed = next(r for r in json.loads(mlbench("status", "-o", "json", check=True).stdout)["runs"]
+                  if r["id"] == run_id)
+    assert (listed["epoch"], listed["metric_value"]) == (status["epoch"], status["metric_value"]), listed
     follow = mlbench("status", run_id, "--follow")
     assert follow.returncode == 130, follow.stdout + follow.stderr  # as `mlbench run` exits for it
 

@@ -64,32 +64,53 @@ class RunProgress:
         return self.metric.cell(self.accuracy)
 
 
+def from_events(record: RunRecord, result: Outcome | None) -> bool:
+    """Whether a run's progress is read from its events rather than its result: while it is
+    active, and when it ended without a result (cancelled, failed, killed) -- how far such a run
+    got, and the last value of its goal metric, are in the events it recorded."""
+    return record.active or result is None
+
+
 def headline(record: RunRecord, summary: RunSummary | None) -> tuple[Metric, float | None, Outcome | None]:
-    """The metric a run is judged by, its value so far (the last evaluation of an active run;
-    the result's headline once it has ended) and the result."""
+    """The metric a run is judged by, its value so far (the last evaluation of an active run, or
+    of one that ended without a result; the result's headline otherwise) and the result."""
     result = read_result(record.result)
     metric = result.goal_metric if result else task_metric(record.task)
-    if record.active and summary is not None:
-        value = summary.evaluations[-1].get(metric.name) if summary.evaluations else None
+    if from_events(record, result):
+        value = summary.evaluations[-1].get(metric.name) if summary is not None and summary.evaluations else None
     else:
-        value = result.headline if result else None
+        value = result.headline
     return metric, value, result
 
 
+def run_summary(record: RunRecord, summary: RunSummary | None = None) -> RunSummary | None:
+    """``summary``, or the summary of the run's events when its progress is read from them
+    (:func:`from_events`) and none was given; None for a run whose result says it all."""
+    if summary is None and from_events(record, read_result(record.result)):
+        summary = summarize(read_run_events(record.run_dir))
+    return summary
+
+
+def epoch_so_far(record: RunRecord, summary: RunSummary | None) -> float | None:
+    """The epoch a run's events reached; None for an ended run that recorded no step."""
+    if summary is None or not (record.active or summary.steps):
+        return None
+    return summary.epoch
+
+
 def run_progress(record: RunRecord, summary: RunSummary | None = None) -> RunProgress:
-    """From the metric events while a run is active, from its result once it has ended.
+    """From the metric events while a run is active or when it ended without a result, from its
+    result otherwise.
 
     ``summary`` (of the run's events) saves reading them again; without it an ended run has no
     throughput, which the result does not hold.
     """
-    if record.active and summary is None:
-        summary = summarize(read_run_events(record.run_dir))
+    summary = run_summary(record, summary)
     metric, value, result = headline(record, summary)
     throughput = summary.throughput if summary is not None else None
-    if record.active and summary is not None:
-        return RunProgress(summary.epoch, value, None, throughput, metric)
-    if result is None:
-        return RunProgress(None, None, None, throughput, metric)
+    if from_events(record, result):
+        return RunProgress(epoch_so_far(record, summary), value, None, throughput, metric)
+    assert result is not None
     return RunProgress(result.epochs, value, result.time_to_accuracy, throughput, metric)
 
 
@@ -268,14 +289,17 @@ def finite(value: float | None) -> float | None:
 def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[str, Any]:
     """One run as a row of `mlbench status`: identity, state, and how far it got.
 
-    For an active run, ``summary`` (of its events so far) gives the epoch and the last value of
-    the goal metric; an ended run has them in its result.
+    For an active run, and one that ended without a result (cancelled, failed), the summary of
+    its events so far (``summary``, else read here) gives the epoch and the last value of the
+    goal metric; an ended run has them in its result.
     """
+    summary = run_summary(record, summary)
     metric, value, result = headline(record, summary)
-    if record.active and summary is not None:
-        epoch: float | None = summary.epoch
+    if from_events(record, result):
+        epoch = epoch_so_far(record, summary)
     else:
-        epoch = result.epochs if result else None
+        assert result is not None
+        epoch = result.epochs
     reached = result.reached if result and result.goal is not None else None
     model = _model_plugin_label(record)
     return {

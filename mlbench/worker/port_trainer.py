@@ -272,8 +272,9 @@ class PortTrainer:
 
     def _record_system(self) -> None:
         """This rank's ``system`` event, the PyTorch worker's: peak memory, the CPU's probed peak,
-        the FLOPs of a step. No phase times: a port's step is one compiled program whose
-        all-reduce cannot be timed apart, so its step time is the wall clock's."""
+        the FLOPs of a step, as of now (with every logging interval and at the end, as the PyTorch
+        worker writes it). No phase times: a port's step is one compiled program whose all-reduce
+        cannot be timed apart, so its step time is the wall clock's."""
         import torch
 
         from mlbench.worker.sysmetrics import system_record
@@ -299,6 +300,7 @@ class PortTrainer:
         emit("train/time", self.train_time(), epoch=epoch, step=step)
         emit("comm/bytes", len(losses) * self.bytes_per_step, epoch=epoch, step=step)
         emit("comm/dense_bytes", len(losses) * self.bytes_per_step, epoch=epoch, step=step)
+        self._record_system()
 
     def evaluate(self) -> bool:
         """Logits of this rank's share of the test set, scored by mlbench's NumPy scorer; the

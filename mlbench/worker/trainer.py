@@ -302,10 +302,17 @@ class Trainer:
                 break
         if evaluated_at != p.step:
             self.evaluate()
+        self._record_system()
+        return self._result(stop_reason)
+
+    def _record_system(self) -> None:
+        """This rank's ``system`` event as of now: written with every logging interval, so that
+        the peak memory and FLOP/s of a run so far are readable while it trains and after it
+        was cancelled or failed, and once more at the end (after the last evaluation)."""
+        p = self.progress
         self.events.emit("system", system_record(self.device, self.device_peak, self.step_flops, steps=p.step,
                                                  train_time=p.train_time()),
                          epoch=self._epoch_float(), step=p.step)
-        return self._result(stop_reason)
 
     def _agree(self) -> tuple[bool, bool, bool]:
         """All workers agree on whether the training-time budget is spent, whether a time-based
@@ -353,6 +360,7 @@ class Trainer:
         emit("comm/dense_bytes", steps * self.dense_bytes_per_step, epoch=epoch, step=step)
         if self.straggler is not None:
             emit("fault/slowed", self.straggler.take_slowed(), epoch=epoch, step=step)
+        self._record_system()
 
     def _check_finite(self, loss_sum: torch.Tensor, losses: torch.Tensor) -> float:
         """The interval's loss sum, read in the same device sync as whether each of its step

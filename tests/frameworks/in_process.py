@@ -55,14 +55,22 @@ def train_tf_in_process(config: RunConfig) -> list[dict]:
     return sink.events
 
 
+def newest_system(events) -> dict:
+    """A worker's newest ``system`` event (one per logging interval, one more at the end): the
+    one that counts. Checks that its steps are those of the worker's last event."""
+    records = [e for e in events if e["name"] == "system"]
+    assert len(records) >= 2 and records[-1]["step"] == max(e["step"] for e in events)
+    assert [r["value"]["steps"] for r in records] == [r["step"] for r in records]
+    return records[-1]["value"]
+
+
 def check_port_system(port_events, torch_events, steps):
     """A port's ``system`` event of task 2a is the PyTorch worker's: the same analytic FLOPs of the
     step, the CPU's probed peak, peak memory; `status RUN`'s numbers follow from it (wall-clock steps)."""
     from mlbench.results.summary import summarize
     from mlbench.results.sysmetrics import WALL, system_metrics
 
-    (port,), (torch_record,) = ([e["value"] for e in recorded if e["name"] == "system"]
-                                for recorded in (port_events, torch_events))
+    port, torch_record = newest_system(port_events), newest_system(torch_events)
     assert port["flops_per_step"] == torch_record["flops_per_step"] == 4 * 100 * 40  # B = 100, the 40 features
     assert (port["flops_method"], port["peak_source"], port["device"], port["steps"]) == \
         ("analytic", "gemm probe", "cpu", steps)

@@ -80,13 +80,12 @@ def check_port_against_pytorch_events(port_events, torch_events) -> None:
     """What a port's worker loop records beside its losses equals the PyTorch worker's: the
     learning rates exactly, the test loss within float32's trajectories, the FLOPs of a step."""
     from mlbench.tasks.flops import FLOP_COUNTER
-    from tests.frameworks.in_process import values
+    from tests.frameworks.in_process import newest_system, values
 
     assert values(port_events, "train/lr").tolist() == values(torch_events, "train/lr").tolist()
     np.testing.assert_allclose(values(port_events, "eval/loss"), values(torch_events, "eval/loss"),
                                rtol=CHAOS_RTOL)
-    (port,), (reference,) = ([e["value"] for e in recorded if e["name"] == "system"]
-                             for recorded in (port_events, torch_events))
+    port, reference = newest_system(port_events), newest_system(torch_events)
     assert port["flops_per_step"] == reference["flops_per_step"] > 0
     assert port["flops_method"] == reference["flops_method"] == FLOP_COUNTER
 

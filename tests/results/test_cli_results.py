@@ -172,3 +172,31 @@ def test_charts_draw_the_fault_timeline_of_runs_with_faults(store, tmp_path):
     assert (tmp_path / "task1a-faults.svg").stat().st_size > 0
     plain = invoke("charts", clean.id, "--out-dir", tmp_path / "plain", "--format", "svg")
     assert plain.exit_code == 0 and not (tmp_path / "plain" / "task1a-faults.svg").exists()
+
+
+@pytest.mark.parametrize("state", ["cancelled", "failed"])
+@pytest.mark.parametrize("task,final,cell", [("task1a", 0.6782, "67.82%"), ("task3a", 915.69, "ppl 915.69"),
+                                             ("task4b", 21.3, "BLEU 21.30")])
+def test_a_run_that_ended_without_a_result_shows_how_far_it_got_on_every_surface(store, state, task, final, cell):
+    """A cancelled or failed run has no result, but its events say how far it got: the epoch and
+    the goal metric's last value are in the status table, `status -o json`, `status RUN`, the
+    Python API and the dashboard alike (they once said '-' everywhere but `status RUN`)."""
+    from mlbench import api
+    from tests.launcher_matrix import dashboard
+
+    run = record_run(store, workers=2, task=task, tta=None, final=final, state=state)
+    assert run.result is None
+    listed = json.loads(invoke("status", "-o", "json").stdout)["runs"][0]
+    detail = json.loads(invoke("status", run.id, "-o", "json").stdout)
+    for row in (listed, detail, api.get(run.id).to_dict()):
+        assert (row["state"], row["epoch"], row["metric_value"], row["metric_text"]) == (state, 1.0, final, cell)
+        assert row["time_to_accuracy"] is None and row["goal_reached"] is None
+    table = invoke("status").stdout.splitlines()
+    row = next(line for line in table if line.startswith(run.id))
+    assert " 1.00 " in row and cell in row, table
+    with dashboard() as served:
+        runs = served.call("GET", "/api/runs")["runs"]
+        shown = next(r for r in runs if r["id"] == run.id)
+        assert (shown["epoch"], shown["metric_value"], shown["metric_text"]) == (1.0, final, cell)
+        page = served.call("GET", f"/api/runs/{run.id}")["run"]
+        assert (page["epoch"], page["metric_value"]) == (1.0, final)

@@ -224,3 +224,32 @@ def test_a_gpu_run_records_its_cuda_peak_memory_and_the_data_sheet_peak():
     assert system["ranks"][0]["flops_per_step"] == logistic_regression_flops(batch, EPSILON_FEATURES)
     table = mlbench("status", run_id, check=True).stdout
     assert "peak GPU memory" in table and "data sheet" in table
+
+
+def test_systems_metrics_show_while_a_run_trains_and_stay_after_it_is_cancelled(libsvm_dir):
+    """Each logging interval brings a ``system`` event: `status RUN` has memory and FLOP/s of an
+    active run; cancelled, the run keeps them and its table row says how far it got (the epoch,
+    the last test accuracy), which once was '-' in every view but `status RUN`."""
+    from mlbench.results.store import RunStore
+    from tests.helpers import wait_for
+
+    proc = mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), "--no-stop", "--set", "max_epochs=100000",
+                   "--log-every", "5", "--device", "cpu", "--detach", check=True)
+    run_id = proc.stdout.split("Started run ")[1].split()[0]
+
+    def status() -> dict:
+        return json.loads(mlbench("status", run_id, "-o", "json", check=True).stdout)
+
+    live = wait_for(lambda: (s := status())["summary"]["evaluations"] and s["system"] and s, 180,
+                    "an evaluation and the systems metrics of the running run")
+    assert live["state"] == "running" and live["system"]["peak_rss_bytes"] > 0
+    assert [r["flops_per_step"] for r in live["system"]["ranks"]] == [logistic_regression_flops(get_task("task2a").settings.batch_per_worker, 40)] * 2
+    assert mlbench("cancel", run_id, check=True).returncode == 0
+    ended = status()
+    assert ended["state"] == "cancelled" and ended["result"] is None
+    assert ended["system"]["peak_rss_bytes"] >= live["system"]["peak_rss_bytes"]
+    last = ended["summary"]["evaluations"][-1]
+    assert ended["metric_value"] == last["accuracy"] and ended["epoch"] == ended["summary"]["epoch"] >= 1
+    row = json.loads(mlbench("status", "-o", "json", check=True).stdout)["runs"][0]
+    assert (row["id"], row["epoch"], row["metric_value"]) == (run_id, ended["epoch"], last["accuracy"])
+    assert RunStore().get(run_id).state == "cancelled"
