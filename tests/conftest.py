@@ -21,6 +21,27 @@ SHARED_DATA = Path(os.environ.get("MLBENCH_SHARED_DATA", REPO.parent / "shared" 
 CIFAR_NPZ = SHARED_DATA / "cifar10-jpeg.npz"
 
 
+# -- parallel sessions: pytest-xdist's workers (tests/scheduling.py) ---------------------------
+def pytest_collection_modifyitems(config, items):
+    from tests.scheduling import order_items
+
+    order_items(items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    from tests.scheduling import worker_count
+
+    return worker_count()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from tests.scheduling import WholePackageScheduling
+
+    return WholePackageScheduling(config, log)
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory, monkeypatch):
     """Every test gets its own run store, config folder and data cache (never the user's).

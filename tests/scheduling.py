@@ -1,0 +1,64 @@
+"""How the suite is shared between pytest-xdist's worker processes (issue 20, part 6).
+
+Most of the suite's time is real runs, servers and waiting for them (a Kubernetes node's pods, a
+Slurm job's hold, a browser), so two worker processes finish it in much less time than one, on
+2 cores too. What must not be split:
+
+* a **package whose tests share one server** started by a package- or session-scoped fixture
+  (tests/kube: one real node; tests/slurm: one Slurm cluster; tests/cloud: one Docker engine and
+  moto's server): split over two workers, each would start its own, and two nodes would contend
+  for the node's folder and the host's iptables;
+* a **module**, whose module-scoped fixtures (a group of real runs, the dashboard's lab) would
+  otherwise be built once per worker.
+
+So a unit of work is a whole package for those packages and a module for the rest (xdist's
+``loadscope`` with wider scopes). The packages come first in the collection
+(:func:`order_items`): the real node's tests are the longest unit, and a unit started last
+would end the session alone. Worker count: ``-n auto`` asks :func:`worker_count`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from xdist.scheduler import LoadScopeScheduling
+
+#: the packages run as one unit each, in this order, before every other test
+WHOLE_PACKAGES = ("tests/kube", "tests/slurm", "tests/cloud")
+#: at most this many workers with ``-n auto``: every worker may start real runs of 2-4 processes
+#: and import torch, JAX and TensorFlow; more would trade memory for little time
+MAX_WORKERS = 4
+
+
+def package_of(nodeid: str) -> str | None:
+    """The entry of :data:`WHOLE_PACKAGES` that holds the test ``nodeid``, if any."""
+    path = nodeid.split("::", 1)[0]
+    return next((p for p in WHOLE_PACKAGES if path.startswith(p + "/")), None)
+
+
+def order_items(items: list) -> None:
+    """The tests of :data:`WHOLE_PACKAGES` first, in that order; the rest keep their order (a
+    stable sort, so each module's tests stay together for its module-scoped fixtures)."""
+    rank = {p: i for i, p in enumerate(WHOLE_PACKAGES)}
+    items.sort(key=lambda item: rank.get(package_of(item.nodeid) or "", len(rank)))
+
+
+def worker_count() -> int:
+    """``-n auto``: one worker per usable core, at least 2 (the suite mostly waits), at most
+    :data:`MAX_WORKERS`."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(2, min(cores, MAX_WORKERS))
+
+
+class WholePackageScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling with a whole package as the scope of :data:`WHOLE_PACKAGES` and a
+    module as the scope of every other test; units are handed out in collection order."""
+
+    def __init__(self, config, log=None) -> None:
+        super().__init__(config, log)
+        # xdist would sort the units by their number of tests; the order of the collection
+        # (order_items) puts the longest first, which a count of tests does not know
+        config.option.loadscopereorder = False
+
+    def _split_scope(self, nodeid: str) -> str:
+        return package_of(nodeid) or nodeid.split("::", 1)[0]
