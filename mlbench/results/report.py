@@ -76,10 +76,10 @@ def headline(record: RunRecord, summary: RunSummary | None) -> tuple[Metric, flo
     of one that ended without a result; the result's headline otherwise) and the result."""
     result = read_result(record.result)
     metric = result.goal_metric if result else task_metric(record.task)
-    if from_events(record, result):
-        value = summary.evaluations[-1].get(metric.name) if summary is not None and summary.evaluations else None
-    else:
+    if result is not None and not from_events(record, result):
         value = result.headline
+    else:
+        value = summary.evaluations[-1].get(metric.name) if summary is not None and summary.evaluations else None
     return metric, value, result
 
 
@@ -108,10 +108,9 @@ def run_progress(record: RunRecord, summary: RunSummary | None = None) -> RunPro
     summary = run_summary(record, summary)
     metric, value, result = headline(record, summary)
     throughput = summary.throughput if summary is not None else None
-    if from_events(record, result):
-        return RunProgress(epoch_so_far(record, summary), value, None, throughput, metric)
-    assert result is not None
-    return RunProgress(result.epochs, value, result.time_to_accuracy, throughput, metric)
+    if result is not None and not from_events(record, result):
+        return RunProgress(result.epochs, value, result.time_to_accuracy, throughput, metric)
+    return RunProgress(epoch_so_far(record, summary), value, None, throughput, metric)
 
 
 # -- several runs: the table of `mlbench compare` ------------------------------------------------
@@ -295,11 +294,7 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
     """
     summary = run_summary(record, summary)
     metric, value, result = headline(record, summary)
-    if from_events(record, result):
-        epoch = epoch_so_far(record, summary)
-    else:
-        assert result is not None
-        epoch = result.epochs
+    epoch = result.epochs if result is not None and not from_events(record, result) else epoch_so_far(record, summary)
     reached = result.reached if result and result.goal is not None else None
     model = _model_plugin_label(record)
     return {
