@@ -279,10 +279,14 @@ def test_workers_started_by_torchrun_fail_together_naming_the_stopped_rank():
         rank1 = read_beat(run.run_dir, 1)
         assert rank1 is not None and rank1.host == socket.gethostname()
         os.kill(rank1.pid, signal.SIGSTOP)
-        workers.wait(timeout=ENDS_WITHIN_S + 60)  # torchrun ends the stopped rank once rank 0 exits
-        assert workers.returncode != 0
-        record = json.loads(mlbench("status", run.id, "-o", "json").stdout)
+        record = wait_for(lambda: (r := json.loads(mlbench("status", run.id, "-o", "json").stdout))["state"] != "running"
+                          and r, ENDS_WITHIN_S, "rank 0's watchdog to fail the run")
         assert record["state"] == "failed"
+        # torchrun ends the stopped rank once rank 0 exits: its SIGTERM waits in the stopped
+        # process (torchrun would SIGKILL it after its own 30 s); let it be delivered
+        os.kill(rank1.pid, signal.SIGCONT)
+        workers.wait(timeout=60)
+        assert workers.returncode != 0
         assert record["reason"].startswith("worker 0: watchdog: rank 1 made no progress for ")
         assert ": its process stopped answering (last step " in record["reason"]
     finally:

@@ -8,6 +8,7 @@ deleted by mlbench: `delete-cluster` only forgets it.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,16 @@ def _reason(err: Exception) -> str:
     return f"{err.__class__.__name__}: {detail}"
 
 
+def _api_message(err: Exception) -> str:
+    """The ``message`` of the Status document a Kubernetes API error carries ('' without one)."""
+    try:
+        body = json.loads(getattr(err, "body", None) or "{}")
+    except (TypeError, ValueError):
+        return ""
+    message = body.get("message") if isinstance(body, dict) else None
+    return message.strip()[:300] if isinstance(message, str) else ""
+
+
 def kube_error(err: Exception, context: str, doing: str) -> ClusterError:
     """One sentence for a failed Kubernetes call: rejected, forbidden, or unreachable."""
     with needs("kubernetes"):
@@ -106,6 +117,11 @@ def kube_error(err: Exception, context: str, doing: str) -> ClusterError:
             return ClusterError(f"The cluster of context {context!r} rejected its credentials "
                                 f"(401) when mlbench tried to {doing}; log in again and retry.")
         if err.status == 403:
+            message = _api_message(err)
+            if "service account" in message.lower():   # admission, not RBAC: a namespace just made
+                return ClusterError(f"The cluster of context {context!r} refused to {doing}: {message}. A new "
+                                    "namespace gets its default service account from the controller manager "
+                                    "within seconds; retry (if it persists, the controller manager is not running).")
             return ClusterError(f"Context {context!r} may not {doing} (403 Forbidden); ask the "
                                 "cluster admin for that permission or use another context.")
         return ClusterError(f"The cluster of context {context!r} refused to {doing} "

@@ -190,7 +190,14 @@ class JobSupervisor:
         reader = threading.Thread(target=self._read_errors, args=(step, failed), daemon=True)
         reader.start()
         tasks = [SlurmTask(self.run_dir, rank, self.workers, step) for rank in range(self.workers)]
+        clock_saved = False
         while step.poll() is None:
+            if self.stopping and not clock_saved and self.faults is not None:
+                # Slurm SIGKILLs the job KillWait seconds after its SIGTERM (scancel, a requeue),
+                # perhaps before the step's tasks have written their checkpoints and ended: the
+                # clock is saved at the stop, not only when this process gets to its end
+                self.faults.record_clock(self.clock_start)
+                clock_saved = True
             if self.injector is not None and not self.stopping:
                 self.injector.apply(tasks)
             if recovering is not None and self.faults is not None \

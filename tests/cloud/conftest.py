@@ -130,9 +130,11 @@ def kube_local(tmp_path_factory):
 
 
 def _wait_for_rbac(kubeconfig: Path, timeout: float = 180) -> None:
-    """Until the API server's RBAC authorizer lets the admin create pods: kube-local.sh returns
-    once the server answers, and on a loaded box its bootstrap policy came later (mlbench's own
-    permission check then said 403 Forbidden to the admin)."""
+    """Until the admin can create pods in ``default``: kube-local.sh returns once the server
+    answers, and on a loaded box the rest comes later -- the RBAC authorizer's bootstrap policy,
+    and the namespace's ``default`` service account, which the controller manager creates and
+    the ServiceAccount admission plugin requires of every pod (both were seen as mlbench's own
+    permission check saying 403 Forbidden to the admin)."""
     from kubernetes import client
     from kubernetes import config as kube_config
 
@@ -143,11 +145,13 @@ def _wait_for_rbac(kubeconfig: Path, timeout: float = 180) -> None:
         while time.monotonic() < deadline:
             try:
                 if client.AuthorizationV1Api(api).create_self_subject_access_review(review).status.allowed:
+                    client.CoreV1Api(api).read_namespaced_service_account("default", "default")
                     return
             except Exception:  # noqa: BLE001 - the server is still coming up; ask again
                 pass
             time.sleep(0.5)
-        raise RuntimeError(f"the local API server did not allow its admin to create pods within {timeout:.0f}s")
+        raise RuntimeError(f"the local API server did not let its admin create pods within {timeout:.0f}s "
+                           "(RBAC's bootstrap policy or the default service account missing)")
     finally:
         api.close()
 

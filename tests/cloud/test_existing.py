@@ -122,6 +122,43 @@ def test_a_context_that_may_not_create_pods_is_refused(kube_local, tmp_path):
 
 @pytest.mark.kube
 @pytest.mark.timeout(1800)
+def test_a_namespace_without_its_service_account_yet_says_so_and_a_retry_works(kube_local):
+    """A namespace just made has no ``default`` service account until the controller manager
+    creates it, and the ServiceAccount admission plugin refuses pods with 403 until then: the
+    error says so (not "ask the cluster admin for that permission"), and a retry succeeds. The
+    control plane's controller manager is held (SIGSTOP) to keep the moment open."""
+    import os
+    import signal
+
+    manager = int((kube_local.parent / "controller-manager.pid").read_text())
+    core = client.CoreV1Api(admin(kube_local))
+    os.kill(manager, signal.SIGSTOP)
+    try:
+        core.create_namespace({"metadata": {"name": "fresh"}})
+        refused = run("add-cluster", "fresh", "--context", "kube-local", "--kubeconfig", str(kube_local),
+                      "--namespace", "fresh")
+    finally:
+        os.kill(manager, signal.SIGCONT)
+    assert refused.exit_code == 1
+    assert refused.output.strip() == (
+        "Error: The cluster of context 'kube-local' refused to create pods in namespace fresh: pods "
+        '"mlbench-access-check" is forbidden: error looking up service account fresh/default: serviceaccount '
+        '"default" not found. A new namespace gets its default service account from the controller manager '
+        "within seconds; retry (if it persists, the controller manager is not running)."), refused.output
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        added = run("add-cluster", "fresh", "--context", "kube-local", "--kubeconfig", str(kube_local),
+                    "--namespace", "fresh")
+        if added.exit_code == 0:
+            break
+        time.sleep(1)
+    assert "Added cluster fresh (0 nodes, namespace fresh)" in added.output, added.output
+    assert run("delete-cluster", "existing", "fresh").exit_code == 0
+    core.delete_namespace("fresh")
+
+
+@pytest.mark.kube
+@pytest.mark.timeout(1800)
 def test_the_nvidia_device_plugin_is_installed_once(kube_local):
     api = admin(kube_local)
     assert gpu.ensure_nvidia_device_plugin(api, "kube-local") is True

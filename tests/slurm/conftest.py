@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,14 +112,25 @@ def leftovers(root: Path) -> list[str]:
     return found
 
 
+def cancel_every_job(cluster: SlurmCluster, timeout: float = 30) -> list[str]:
+    """scancel every job still queued or running and wait for them to leave; returns their
+    squeue lines (empty when there were none)."""
+    if "slurmctld" not in cluster.procs or cluster.procs["slurmctld"].poll() is not None:
+        return []
+    queued = lambda: cluster.command("squeue", "--noheader", "--states=PENDING,RUNNING,COMPLETING",
+                                     check=False).stdout.strip()
+    jobs = queued()
+    if jobs:
+        cluster.command("scancel", "--user", "root", check=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and queued():
+            time.sleep(0.5)
+    return jobs.splitlines()
+
+
 def _stop(cluster: SlurmCluster) -> list[str]:
     """Cancel every job, stop the daemons; returns what was still alive after that (then killed)."""
-    if "slurmctld" in cluster.procs and cluster.procs["slurmctld"].poll() is None:
-        cluster.command("scancel", "--user", "root", check=False)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and cluster.command(
-                "squeue", "--noheader", "--states=PENDING,RUNNING,COMPLETING", check=False).stdout.strip():
-            time.sleep(0.5)
+    cancel_every_job(cluster)
     for name in reversed(DAEMONS):
         proc = cluster.procs.get(name)
         if proc is None or proc.poll() is not None:
@@ -206,10 +218,13 @@ def _zygote_before_the_cluster() -> None:
 
 
 @pytest.fixture
-def slurm(slurm_cluster, monkeypatch) -> SlurmCluster:
-    """The session's cluster, as the current Slurm of this test (SLURM_CONF)."""
+def slurm(slurm_cluster, monkeypatch) -> Iterator[SlurmCluster]:
+    """The session's cluster, as the current Slurm of this test (SLURM_CONF). A job the test
+    left running (one that failed half-way, before its own cancel) is cancelled after it, so
+    that it does not hold the node's CPUs while the next tests' jobs wait in the queue."""
     monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
-    return slurm_cluster
+    yield slurm_cluster
+    cancel_every_job(slurm_cluster)
 
 
 @dataclass
