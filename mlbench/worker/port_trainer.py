@@ -45,7 +45,11 @@ if TYPE_CHECKING:
 
 
 class PortModel(Protocol):
-    """A port's model with its optimizer state: what :class:`PortTrainer` asks of it."""
+    """A port's model with its optimizer state: what :class:`PortTrainer` asks of it.
+
+    A port of a task without augmentation (task 2a) may also have ``hold_training_set(x, y)``
+    and ``step_rows(idx, lr)``: the trainer then hands it the training set once and each step
+    only its rows' indices (the JAX port gathers them inside its compiled step)."""
 
     @property
     def num_parameters(self) -> int: ...
@@ -226,8 +230,13 @@ class PortTrainer:
 
         stop_reason, evaluated_at = "max-epochs", -1
         num_train = self.data.num_train
+        # a port that can hold the training set (task 2a's vectors: no augmentation) is handed
+        # only each step's row indices; images go through mlbench's augmentation every step
+        rows = not self.data.images and hasattr(self.port, "step_rows")
+        if rows:
+            self.port.hold_training_set(self.data.train.x.numpy(), self.data.train.y.numpy())  # type: ignore[attr-defined]
         self.train_start = time.perf_counter()
-        losses: list[float] = []
+        losses: list[Any] = []   # floats, or the framework's scalars, read when logged
         samples = 0
         for epoch in range(self.settings.max_epochs):
             self.data.begin_epoch(self.cfg.seed, epoch)
@@ -242,8 +251,11 @@ class PortTrainer:
                 lr = learning_rate(self.settings.lr, workers=self.world,
                                    batch_per_worker=self.settings.batch_per_worker, step=self.step,
                                    steps_per_epoch=self.steps_per_epoch)
-                x, y = self.data.train_batch(idx)
-                losses.append(self.port.step(x.numpy(), y.numpy(), lr))
+                if rows:
+                    losses.append(self.port.step_rows(idx.numpy(), lr))  # type: ignore[attr-defined]
+                else:
+                    x, y = self.data.train_batch(idx)
+                    losses.append(self.port.step(x.numpy(), y.numpy(), lr))
                 samples += len(idx)
                 self.step += 1
                 if self.heartbeat is not None:
@@ -286,7 +298,8 @@ class PortTrainer:
     def _epoch(self) -> float:
         return self.step / self.steps_per_epoch
 
-    def _log_interval(self, losses: list[float], samples: int, lr: float) -> None:
+    def _log_interval(self, losses: list[Any], samples: int, lr: float) -> None:
+        losses = [float(v) for v in losses]
         bad = [i for i, v in enumerate(losses) if not np.isfinite(v)]
         if bad or not np.isfinite(self.port.weights()).all():
             at = self.step - len(losses) + (bad[0] + 1 if bad else len(losses))
