@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from mlbench.errors import UsageError
 from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, sweep_bandwidth,
@@ -64,11 +64,11 @@ class RunProgress:
         return self.metric.cell(self.accuracy)
 
 
-def from_events(record: RunRecord, result: Outcome | None) -> bool:
-    """Whether a run's progress is read from its events rather than its result: while it is
-    active, and when it ended without a result (cancelled, failed, killed) -- how far such a run
-    got, and the last value of its goal metric, are in the events it recorded."""
-    return record.active or result is None
+def has_final_result(result: Outcome | None, record: RunRecord) -> TypeGuard[Outcome]:
+    """Whether a run's progress is its result's: it ended with one. Otherwise -- while it is
+    active, and when it ended without one (cancelled, failed, killed) -- how far it got and the
+    last value of its goal metric are read from the events it recorded."""
+    return result is not None and not record.active
 
 
 def headline(record: RunRecord, summary: RunSummary | None) -> tuple[Metric, float | None, Outcome | None]:
@@ -76,7 +76,7 @@ def headline(record: RunRecord, summary: RunSummary | None) -> tuple[Metric, flo
     of one that ended without a result; the result's headline otherwise) and the result."""
     result = read_result(record.result)
     metric = result.goal_metric if result else task_metric(record.task)
-    if result is not None and not from_events(record, result):
+    if has_final_result(result, record):
         value = result.headline
     else:
         value = summary.evaluations[-1].get(metric.name) if summary is not None and summary.evaluations else None
@@ -85,8 +85,8 @@ def headline(record: RunRecord, summary: RunSummary | None) -> tuple[Metric, flo
 
 def run_summary(record: RunRecord, summary: RunSummary | None = None) -> RunSummary | None:
     """``summary``, or the summary of the run's events when its progress is read from them
-    (:func:`from_events`) and none was given; None for a run whose result says it all."""
-    if summary is None and from_events(record, read_result(record.result)):
+    (not :func:`has_final_result`) and none was given; None for a run whose result says it all."""
+    if summary is None and not has_final_result(read_result(record.result), record):
         summary = summarize(read_run_events(record.run_dir))
     return summary
 
@@ -108,7 +108,7 @@ def run_progress(record: RunRecord, summary: RunSummary | None = None) -> RunPro
     summary = run_summary(record, summary)
     metric, value, result = headline(record, summary)
     throughput = summary.throughput if summary is not None else None
-    if result is not None and not from_events(record, result):
+    if has_final_result(result, record):
         return RunProgress(result.epochs, value, result.time_to_accuracy, throughput, metric)
     return RunProgress(epoch_so_far(record, summary), value, None, throughput, metric)
 
@@ -294,7 +294,7 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
     """
     summary = run_summary(record, summary)
     metric, value, result = headline(record, summary)
-    epoch = result.epochs if result is not None and not from_events(record, result) else epoch_so_far(record, summary)
+    epoch = result.epochs if has_final_result(result, record) else epoch_so_far(record, summary)
     reached = result.reached if result and result.goal is not None else None
     model = _model_plugin_label(record)
     return {
