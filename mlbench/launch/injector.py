@@ -139,25 +139,32 @@ class Injector:
                 self._links.remove((up_due, event))
                 self._set_link(event, True, now)
         for index, schedule in enumerate(self.schedules):
-            moments = start_times(schedule, self.clock(now))
-            for moment in moments[self._applied[index]:]:
-                new.append(self._strike(schedule, moment, procs, now))
-            self._applied[index] = len(moments)
+            for moment in start_times(schedule, self.clock(now))[self._applied[index]:]:
+                event = self._strike(schedule, moment, procs, now)
+                if event is None:   # its worker runs but cannot be reached yet: struck when it can
+                    break
+                new.append(event)
+                self._applied[index] += 1
         if new:
             self.record.events.extend(new)
             self.record.save()
         return new
 
     def _strike(self, schedule: dict[str, Any], moment: float, procs: Sequence[Process],
-                now: float) -> dict[str, Any]:
+                now: float) -> dict[str, Any] | None:
+        """The event of one due moment of ``schedule``, applied; None while its worker runs but
+        has no pid yet (a Slurm task before its first heartbeat, still importing: a forked local
+        rank is struck in that phase too), so that the moment is struck on a later call."""
         kind, rank = schedule["kind"], schedule["rank"]
+        proc = procs[rank] if rank < len(procs) else None
+        if kind != SLOW and proc is not None and proc.poll() is None and not proc.pid:
+            return None
         event: dict[str, Any] = {"kind": kind, "rank": rank, "at": round(moment, 3), "time": now,
                                  "schedule": schedule["text"]}
         if kind == SLOW:
             event["factor"] = schedule["factor"]
             event["for"] = schedule.get("for")
             return event
-        proc = procs[rank] if rank < len(procs) else None
         if proc is None or proc.poll() is not None:
             event["missed"] = "the worker was not running (starting again, or ended)"
             return event

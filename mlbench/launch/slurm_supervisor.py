@@ -49,7 +49,7 @@ _SRUN_TASK = re.compile(r"srun: error: (\S+): tasks? ([\d\-,]+): (.+)$")
 
 class SlurmTask:
     """One task (rank) of the running step, as the injector sees a worker process: its pid and
-    host from its heartbeat (none before its first beat: not running yet)."""
+    host from its heartbeat (pid 0 before its first beat: starting, not reachable yet)."""
 
     def __init__(self, run_dir: Path, rank: int, workers: int, step: subprocess.Popen):
         self.run_dir, self.rank, self.workers, self.step = run_dir, rank, workers, step
@@ -63,9 +63,13 @@ class SlurmTask:
         return beat.pid if beat is not None else 0
 
     def poll(self) -> int | None:
+        """None while it runs (before its first heartbeat too, as long as its step runs: it is
+        starting, and ``pid`` is 0 until it has beaten); its step's exit code once that ended."""
+        if self.step.poll() is not None:
+            return self.step.returncode
         beat = self._beat()
-        if self.step.poll() is not None or beat is None or not beat.pid:
-            return 0 if self.step.poll() is None else self.step.returncode
+        if beat is None or not beat.pid:
+            return None
         if beat.host == socket.gethostname():
             try:
                 os.kill(beat.pid, 0)

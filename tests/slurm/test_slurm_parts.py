@@ -191,3 +191,52 @@ def test_status_without_slurm_commands_shows_the_run_as_last_recorded(monkeypatc
     assert launcher_of(store, run).reconcile(store.get(run.id)).state == "running"
     result = CliRunner().invoke(cli, ["status"])
     assert result.exit_code == 0 and "running" in result.output
+
+
+def test_a_fault_due_before_a_slurm_task_beats_waits_for_it_and_then_strikes():
+    """A Slurm task is known to the injector by its heartbeat, which a task still importing
+    torch has not written: a kill due then waits for its first beat (as a forked local rank,
+    which exists from the start, is struck at once) instead of being recorded as missed. Real
+    processes: ``sleep`` stands in for srun's step and for the task."""
+    import socket
+    import time
+
+    from mlbench.launch.faults import parse_inject
+    from mlbench.launch.injector import FaultRecord, Injector
+    from mlbench.launch.slurm_supervisor import SlurmTask, _send
+    from mlbench.results.heartbeat import Beat, write_beat
+
+    mlbench("run", "task2a", "1", "--data", "synthetic", "--record-only", check=True)
+    run_dir = last_run().run_dir
+    step, task = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    try:
+        record = FaultRecord(run_dir)
+        injector = Injector([parse_inject("kill:rank=0,at=1s")], time.time() - 5, record, _send)
+        tasks = [SlurmTask(run_dir, 0, 1, step)]
+        assert injector.apply(tasks) == [] and task.poll() is None and FaultRecord(run_dir).events == []
+        now = time.time()
+        write_beat(run_dir, Beat(rank=0, time=now, started=now, pid=task.pid, host=socket.gethostname()))
+        (event,) = injector.apply(tasks)
+        assert (event["kind"], event["rank"], event["at"]) == ("kill", 0, 1.0) and "missed" not in event
+        assert task.wait(timeout=10) == -9
+        assert FaultRecord(run_dir).events == [event] and injector.apply(tasks) == []
+    finally:
+        for proc in (step, task):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_fault_due_while_a_slurm_step_has_ended_is_missed():
+    import time
+
+    from mlbench.launch.faults import parse_inject
+    from mlbench.launch.injector import FaultRecord, Injector
+    from mlbench.launch.slurm_supervisor import SlurmTask, _send
+
+    mlbench("run", "task2a", "1", "--data", "synthetic", "--record-only", check=True)
+    run_dir = last_run().run_dir
+    step = subprocess.Popen(["true"])
+    step.wait()
+    injector = Injector([parse_inject("kill:rank=0,at=1s")], time.time() - 5, FaultRecord(run_dir), _send)
+    (event,) = injector.apply([SlurmTask(run_dir, 0, 1, step)])
+    assert event["missed"] == "the worker was not running (starting again, or ended)"
