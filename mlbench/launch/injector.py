@@ -140,10 +140,10 @@ class Injector:
                 self._set_link(event, True, now)
         for index, schedule in enumerate(self.schedules):
             for moment in start_times(schedule, self.clock(now))[self._applied[index]:]:
-                event = self._strike(schedule, moment, procs, now)
-                if event is None:   # its worker runs but cannot be reached yet: struck when it can
+                struck = self._strike(schedule, moment, procs, now)
+                if struck is None:   # its worker runs but cannot be reached yet: struck when it can
                     break
-                new.append(event)
+                new.append(struck)
                 self._applied[index] += 1
         if new:
             self.record.events.extend(new)
