@@ -46,8 +46,7 @@ class LogisticRegressionPort:
         w = np.zeros(in_features, np.float32)   # the PyTorch model's start: zero weights
         self.params = self._replicate(w)
         self.opt_state = jax.tree.map(self._replicate, self.tx.init(jnp.asarray(w)))
-        self._step = jax.jit(self._make_step())
-        self._step_rows = jax.jit(self._make_step(gather=True))
+        self._step_rows = jax.jit(self._make_step())
         self._forward = jax.jit(lambda w, x: x @ w)
         self.train_x: jax.Array | None = None
         self.train_y: jax.Array | None = None
@@ -55,9 +54,9 @@ class LogisticRegressionPort:
     def _replicate(self, value: Any) -> jax.Array:
         return jax.make_array_from_process_local_data(self.replicated, np.asarray(value))
 
-    def _make_step(self, gather: bool = False) -> Any:
-        """The step on a minibatch handed over (x, y sharded over the workers), or, with
-        ``gather``, on the rows of the held training set whose indices each worker hands over."""
+    def _make_step(self) -> Any:
+        """The step on the rows of the held training set whose indices each worker hands over
+        (the indices sharded over the workers, the set replicated)."""
         l2, tx = self.settings.l2, self.tx
 
         def local_step(w: jax.Array, state: Any, x: jax.Array, y: jax.Array,
@@ -70,11 +69,6 @@ class LogisticRegressionPort:
             grad = jax.lax.pmean(grad, AXIS)   # the all-reduce of the gradients
             direction, state = tx.update(grad, state, w)
             return w - lr * direction, state, loss[None]
-
-        if not gather:
-            return jax.shard_map(local_step, mesh=self.mesh,
-                                 in_specs=(P(), P(), P(AXIS), P(AXIS), P()),
-                                 out_specs=(P(), P(), P(AXIS)))
 
         def rows_step(w: jax.Array, state: Any, xs: jax.Array, ys: jax.Array, idx: jax.Array,
                       lr: jax.Array) -> tuple[jax.Array, Any, jax.Array]:
@@ -102,14 +96,6 @@ class LogisticRegressionPort:
         self.params, self.opt_state, losses = self._step_rows(self.params, self.opt_state, self.train_x,
                                                               self.train_y, gidx, rate)
         return losses.addressable_data(0)[0]
-
-    def step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
-        """One synchronous step on this process's minibatch; returns this process's loss."""
-        gx = jax.make_array_from_process_local_data(self.sharded, x)
-        gy = jax.make_array_from_process_local_data(self.sharded, y)
-        rate = self._replicate(np.float32(lr))
-        self.params, self.opt_state, losses = self._step(self.params, self.opt_state, gx, gy, rate)
-        return float(np.asarray(losses.addressable_data(0))[0])
 
     def weights(self) -> np.ndarray:
         """This process's copy of ``w`` (every process holds the same)."""

@@ -24,7 +24,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -45,19 +45,11 @@ if TYPE_CHECKING:
 
 
 class PortModel(Protocol):
-    """A port's model with its optimizer state: what :class:`PortTrainer` asks of it.
-
-    A port of a task without augmentation (task 2a) may also have ``hold_training_set(x, y)``
-    and ``step_rows(idx, lr)``: the trainer then hands it the training set once and each step
-    only its rows' indices (the JAX port gathers them inside its compiled step)."""
+    """A port's model with its optimizer state: what :class:`PortTrainer` asks of it. Its
+    training step is one of two kinds: :class:`TakesMinibatches` or :class:`HoldsTrainingSet`."""
 
     @property
     def num_parameters(self) -> int: ...
-
-    def step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
-        """One synchronous step on this process's minibatch (images as float32 [N, 3, H, W],
-        PyTorch's layout, augmented and normalised); this process's loss."""
-        ...
 
     def sync_statistics(self) -> None:
         """Before an evaluation: make the model's running statistics (BatchNorm's) the same on
@@ -74,6 +66,30 @@ class PortModel(Protocol):
 
     def regulariser(self) -> float:
         """The objective's L2 term in float64 (the evaluation's)."""
+        ...
+
+
+@runtime_checkable
+class TakesMinibatches(Protocol):
+    """A port handed each step's minibatch, made by mlbench's data pipeline (images augmented
+    and normalised: task 1a's ports, and the TensorFlow port of task 2a)."""
+
+    def step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
+        """One synchronous step on this process's minibatch (images as float32 [N, 3, H, W],
+        PyTorch's layout, augmented and normalised); this process's loss."""
+        ...
+
+
+@runtime_checkable
+class HoldsTrainingSet(Protocol):
+    """A port of a task without augmentation (task 2a) that holds the training set and is
+    handed only each step's row indices, gathered inside its compiled step (the JAX port)."""
+
+    def hold_training_set(self, x: np.ndarray, y: np.ndarray) -> None: ...
+
+    def step_rows(self, idx: np.ndarray, lr: float) -> Any:
+        """One synchronous step on the rows ``idx``; this process's loss (a float, or the
+        framework's scalar, read when it is logged)."""
         ...
 
 
@@ -230,11 +246,14 @@ class PortTrainer:
 
         stop_reason, evaluated_at = "max-epochs", -1
         num_train = self.data.num_train
-        # a port that can hold the training set (task 2a's vectors: no augmentation) is handed
-        # only each step's row indices; images go through mlbench's augmentation every step
-        rows = not self.data.images and hasattr(self.port, "step_rows")
-        if rows:
-            self.port.hold_training_set(self.data.train.x.numpy(), self.data.train.y.numpy())  # type: ignore[attr-defined]
+        # a port that holds the training set (task 2a's vectors: no augmentation) is handed only
+        # each step's row indices; images go through mlbench's augmentation every step
+        rows = self.port if not self.data.images and isinstance(self.port, HoldsTrainingSet) else None
+        minibatches = self.port if isinstance(self.port, TakesMinibatches) else None
+        if rows is not None:
+            rows.hold_training_set(self.data.train.x.numpy(), self.data.train.y.numpy())
+        elif minibatches is None:
+            raise TypeError(f"{type(self.port).__name__} takes neither minibatches nor row indices")
         self.train_start = time.perf_counter()
         losses: list[Any] = []   # floats, or the framework's scalars, read when logged
         samples = 0
@@ -251,11 +270,12 @@ class PortTrainer:
                 lr = learning_rate(self.settings.lr, workers=self.world,
                                    batch_per_worker=self.settings.batch_per_worker, step=self.step,
                                    steps_per_epoch=self.steps_per_epoch)
-                if rows:
-                    losses.append(self.port.step_rows(idx.numpy(), lr))  # type: ignore[attr-defined]
+                if rows is not None:
+                    losses.append(rows.step_rows(idx.numpy(), lr))
                 else:
+                    assert minibatches is not None
                     x, y = self.data.train_batch(idx)
-                    losses.append(self.port.step(x.numpy(), y.numpy(), lr))
+                    losses.append(minibatches.step(x.numpy(), y.numpy(), lr))
                 samples += len(idx)
                 self.step += 1
                 if self.heartbeat is not None:
