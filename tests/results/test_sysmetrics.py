@@ -243,7 +243,8 @@ def test_systems_metrics_show_while_a_run_trains_and_stay_after_it_is_cancelled(
     live = wait_for(lambda: (s := status())["summary"]["evaluations"] and s["system"] and s, 180,
                     "an evaluation and the systems metrics of the running run")
     assert live["state"] == "running" and live["system"]["peak_rss_bytes"] > 0
-    assert [r["flops_per_step"] for r in live["system"]["ranks"]] == [logistic_regression_flops(get_task("task2a").settings.batch_per_worker, 40)] * 2
+    batch = get_task("task2a").settings.batch_per_worker
+    assert [r["flops_per_step"] for r in live["system"]["ranks"]] == [logistic_regression_flops(batch, 40)] * 2
     assert mlbench("cancel", run_id, check=True).returncode == 0
     ended = status()
     assert ended["state"] == "cancelled" and ended["result"] is None
