@@ -21,6 +21,12 @@ SHARED_DATA = Path(os.environ.get("MLBENCH_SHARED_DATA", REPO.parent / "shared" 
 CIFAR_NPZ = SHARED_DATA / "cifar10-jpeg.npz"
 
 
+def pytest_configure(config):
+    from tests.cpu_profile import register
+
+    register(config)
+
+
 # -- parallel sessions: pytest-xdist's workers (tests/scheduling.py) ---------------------------
 def pytest_collection_modifyitems(config, items):
     from tests.scheduling import order_items

@@ -1,0 +1,89 @@
+"""Where the suite's CPU time goes: ``MLBENCH_TEST_CPU_PROFILE=FILE`` (issue 20, part 6).
+
+On a loaded 2-core box the suite's wall time is set by the CPU work it does (its servers', its
+real runs' and its own), not by its waits, so what to shrink is found by CPU-seconds, not by
+pytest's ``--durations``. A test's work is spread over processes pytest never waits for (forked
+runs, srun's tasks, the kubelet, the Docker engine), so it is measured machine-wide: the busy
+time of every core in ``/proc/stat`` from the start of a test's setup to the end of its
+teardown. That is exact only in one process on an otherwise idle machine::
+
+    MLBENCH_TEST_CPU_PROFILE=/tmp/cpu.jsonl python3 -m pytest -n 0
+    python3 -m tests.cpu_profile /tmp/cpu.jsonl
+
+Each line of FILE is ``{"test", "wall_s", "cpu_s"}``; a module-scoped fixture's cost is counted
+in the test that built it. The module's ``__main__`` prints the totals per package and module
+and the most costly tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ENV = "MLBENCH_TEST_CPU_PROFILE"
+#: the fields of /proc/stat's "cpu" line that are work, not waiting: user nice system irq softirq steal
+BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+
+
+def busy_cpu_seconds() -> float:
+    """CPU-seconds every core of this machine has spent working since it booted."""
+    with open("/proc/stat") as stat:
+        fields = stat.readline().split()[1:]
+    return sum(int(fields[i]) for i in BUSY_FIELDS) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuProfile:
+    """A pytest plugin that appends one line per test to ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        wall, cpu = time.monotonic(), busy_cpu_seconds()
+        yield
+        line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 2),
+                "cpu_s": round(busy_cpu_seconds() - cpu, 2)}
+        with open(self.path, "a") as out:
+            out.write(json.dumps(line) + "\n")
+
+
+def register(config) -> None:
+    """Adds the plugin when ``MLBENCH_TEST_CPU_PROFILE`` names a file (called by conftest)."""
+    if os.environ.get(ENV):
+        config.pluginmanager.register(CpuProfile(Path(os.environ[ENV])), "mlbench-cpu-profile")
+
+
+def report(path: Path, top: int = 40) -> str:
+    """The totals of a profile by package and by module, and its ``top`` most costly tests."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    by_module: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    by_package: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for line in lines:
+        module = line["test"].split("::", 1)[0]
+        package = module.rsplit("/", 1)[0] if module.count("/") > 1 else module
+        for total in (by_module[module], by_package[package]):
+            total[0] += line["wall_s"]
+            total[1] += line["cpu_s"]
+    cpu_total = sum(line["cpu_s"] for line in lines)
+    wall_total = sum(line["wall_s"] for line in lines)
+    out = [f"{len(lines)} tests: {wall_total / 60:.1f} min wall, {cpu_total / 60:.1f} CPU-min", ""]
+    for title, table in (("package", by_package), ("module", by_module)):
+        out.append(f"{'CPU s':>8} {'wall s':>8}  {title}")
+        for name, (wall, cpu) in sorted(table.items(), key=lambda kv: -kv[1][1])[:top]:
+            out.append(f"{cpu:8.1f} {wall:8.1f}  {name}")
+        out.append("")
+    out.append(f"{'CPU s':>8} {'wall s':>8}  test")
+    for line in sorted(lines, key=lambda line: -line["cpu_s"])[:top]:
+        out.append(f"{line['cpu_s']:8.1f} {line['wall_s']:8.1f}  {line['test']}")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(report(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 40))
