@@ -41,23 +41,40 @@ class LogisticRegressionPort:
         self.w = tf.Variable(tf.zeros([in_features], tf.float32), name="w")
         self.buffer = tf.Variable(tf.zeros([in_features], tf.float32), name="momentum_buffer")
         self.device = strategy.extended.worker_devices[0] if strategy is not None else "/cpu:0"
-        self._step = tf.function(self._distributed_step, reduce_retracing=True)
+        self._step_rows = tf.function(self._distributed_step, reduce_retracing=True)
         self._forward = tf.function(lambda w, x: tf.linalg.matvec(x, w), reduce_retracing=True)
+        self.train_x: tf.Tensor | None = None
+        self.train_y: tf.Tensor | None = None
 
-    def _local_step(self, x: tf.Tensor, y: tf.Tensor, lr: tf.Tensor) -> tf.Tensor:
+    def _local_step(self, idx: tf.Tensor, lr: tf.Tensor) -> tf.Tensor:
+        """The step on this process's minibatch, the rows ``idx`` of the held training set,
+        gathered inside the compiled step."""
+        assert self.train_x is not None and self.train_y is not None
         s, w = self.settings, self.w
+        x, y = tf.gather(self.train_x, idx), tf.gather(self.train_y, idx)
         with tf.GradientTape() as tape:
             loss = objective(w, x, y, s.l2)
         (grad,) = mean_over_processes([tape.gradient(loss, w)], self.strategy, self.device)
         sgd_update([w], [grad], [self.buffer], s, lr)
         return loss
 
-    def _distributed_step(self, x: tf.Tensor, y: tf.Tensor, lr: tf.Tensor) -> tf.Tensor:
-        return on_every_replica(self.strategy, self._local_step, x, y, lr)
+    def _distributed_step(self, idx: tf.Tensor, lr: tf.Tensor) -> tf.Tensor:
+        return on_every_replica(self.strategy, self._local_step, idx, lr)
 
-    def step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
-        """One synchronous step on this process's minibatch; returns this process's loss."""
-        return float(self._step(tf.constant(x), tf.constant(y), tf.constant(lr, tf.float32)))
+    def hold_training_set(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Keep the training set in this process's TensorFlow memory, so that a step is handed
+        only its rows' indices and gathers them inside the compiled step (``tf.gather``), as a
+        TensorFlow training loop over data in memory does; handing over a gathered minibatch
+        (``tf.constant`` of a NumPy copy) cost more than the step. Every process holds the whole
+        set, as the PyTorch worker does."""
+        with tf.device(self.device):
+            self.train_x = tf.constant(x)
+            self.train_y = tf.constant(y)
+
+    def step_rows(self, idx: np.ndarray, lr: float) -> tf.Tensor:
+        """One synchronous step on the rows ``idx`` of the held training set (this process's
+        minibatch); this process's loss as a tensor, read when it is logged."""
+        return self._step_rows(tf.constant(idx.astype(np.int32)), tf.constant(lr, tf.float32))
 
     def weights(self) -> np.ndarray:
         """This process's copy of ``w`` (every process holds the same)."""
