@@ -108,16 +108,17 @@ def test_a_requeued_slurm_job_goes_on_from_its_newest_checkpoint_and_fault_clock
 
 
 def test_a_killed_task_is_restarted_inside_the_job_and_the_run_finishes(slurm):
-    mlbench("run", *LONG, "--max-steps", "4000", "--checkpoint-every", "100steps", "--inject", "kill:rank=1,at=10s",
+    # idle, the tasks train about 350 steps a second from about 3 s on: the kill comes mid-run
+    mlbench("run", *LONG, "--max-steps", "2000", "--checkpoint-every", "100steps", "--inject", "kill:rank=1,at=5s",
             "--on-failure", "restart:2", "--slurm", check=True, timeout=400)
     run = last_run()
-    assert run.state == "finished" and run.result["steps"] == 4000, run.reason
+    assert run.state == "finished" and run.result["steps"] == 2000, run.reason
     assert "mlbench.launch.slurm_supervisor" in (run.run_dir / "job.sbatch").read_text()
     faults = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)["faults"]
     assert faults["count"] == 1 and faults["restarts"] == 1 and faults["on_failure"] == "restart:2"
     event = faults["events"][0]
-    assert (event["kind"], event["rank"], event["at"], event["action"]) == ("kill", 1, 10.0, "restart")
+    assert (event["kind"], event["rank"], event["at"], event["action"]) == ("kill", 1, 5.0, "restart")
     restart = run_json(run)["faults"]["restarts"][0]
     assert "task 1" in restart["reason"] and "kill of rank 1" in restart["reason"]
     assert restart["from_step"] % 100 == 0 and restart["reached_step"] >= restart["from_step"]
-    assert "kill of rank 1 at 10.0 s" in mlbench("status", run.id, check=True).stdout
+    assert "kill of rank 1 at 5.0 s" in mlbench("status", run.id, check=True).stdout
