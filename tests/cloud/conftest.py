@@ -156,9 +156,21 @@ def _wait_for_rbac(kubeconfig: Path, timeout: float = 180) -> None:
         api.close()
 
 
+#: the bridge of the tests' own Docker engine, and its address (a range no other part uses)
+ENGINE_BRIDGE, ENGINE_BRIDGE_ADDRESS = "mlbtestdock0", "10.231.0.1/24"
+
+
+def _bridge(*args: str) -> None:
+    subprocess.run(["ip", "link", *args], capture_output=True, check=False)
+
+
 @pytest.fixture(scope="module")
 def docker_engine(tmp_path_factory):
-    """A Docker engine (Debian's docker.io) on a private socket, for the module that uses it."""
+    """A Docker engine (Debian's docker.io) on a private socket, for the module that uses it.
+
+    It gets a bridge of its own: an engine started with ``--bridge=none`` deletes the host's
+    ``docker0`` (moby's removeDefaultBridgeInterface), which is the real node's network when
+    tests/kube runs beside this module (pytest-xdist) and would cut every pod off."""
     dockerd = shutil.which("dockerd")
     if dockerd is None or os.geteuid() != 0:
         pytest.skip("no Docker engine: dockerd is not installed or not root "
@@ -166,10 +178,13 @@ def docker_engine(tmp_path_factory):
     base = Path(tmp_path_factory.mktemp("dockerd"))
     sock = f"unix://{base}/docker.sock"
     log = open(base / "dockerd.log", "w")
+    _bridge("del", ENGINE_BRIDGE)   # one a killed session left
+    _bridge("add", ENGINE_BRIDGE, "type", "bridge")
+    subprocess.run(["ip", "addr", "add", ENGINE_BRIDGE_ADDRESS, "dev", ENGINE_BRIDGE], capture_output=True, check=False)
     process = subprocess.Popen(
         [dockerd, "--host", sock, "--data-root", str(base / "root"),
          "--exec-root", str(base / "exec"), "--pidfile", str(base / "docker.pid"),
-         "--iptables=false", "--ip6tables=false", "--bridge=none", "--shutdown-timeout=1"],
+         "--iptables=false", "--ip6tables=false", f"--bridge={ENGINE_BRIDGE}", "--shutdown-timeout=1"],
         stdout=log, stderr=subprocess.STDOUT)
     import docker
 
@@ -187,6 +202,7 @@ def docker_engine(tmp_path_factory):
     if client is None:
         process.kill()
         process.wait()
+        _bridge("del", ENGINE_BRIDGE)
         tail = (base / "dockerd.log").read_text()[-300:].strip().splitlines()
         pytest.skip(f"dockerd could not start here: {tail[-1] if tail else 'no log'}")
     yield sock
@@ -198,6 +214,7 @@ def docker_engine(tmp_path_factory):
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+    _bridge("del", ENGINE_BRIDGE)
     log.close()
 
 
