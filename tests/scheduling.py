@@ -44,12 +44,12 @@ def order_items(items: list) -> None:
 
 
 def worker_count() -> int:
-    """``-n auto``: two workers per usable core, at most :data:`MAX_WORKERS`. The long units
-    (the real node's tests, the Slurm cluster's) spend much of their time waiting on the servers'
-    own timers, and the rest of the suite goes on beside them; on a box whose cores are kept
-    busy by other processes, more runnable work also gets the suite a larger share of them."""
+    """``-n auto``: one worker per usable core, at least 2 (the suite mostly waits), at most
+    :data:`MAX_WORKERS`. Two per core were measured on the loaded 2-core box (docs/testing.md):
+    hardly faster (25 minutes against 27), since the suite is then bound by its CPU work, and
+    every test shares a core with more others, so a port's run on Slurm took 300 s instead of 25."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(2, min(2 * cores, MAX_WORKERS))
+    return max(2, min(cores, MAX_WORKERS))
 
 
 class WholePackageScheduling(LoadScopeScheduling):

@@ -19,10 +19,16 @@ JAX_RUN = ("task2a", "2", "--framework", "jax", "--data", "synthetic", "--max-st
            "--set", "batch_per_worker=50", "--log-every", "2", "--no-stop", "--seed", "3")
 
 
+#: a port's two runs (local, then on Slurm) are fresh interpreters importing torch and the
+#: framework, about 25 s idle; on the loaded 2-core box beside other tests one took 215 s
+PORT_RUNS_TIMEOUT = pytest.mark.timeout(600)
+
+
 def losses(run) -> list[tuple[int, float]]:
     return [(e["step"], e["value"]) for e in events(run) if e["name"] == "train/loss" and e.get("rank", 0) == 0]
 
 
+@PORT_RUNS_TIMEOUT
 def test_a_jax_run_on_slurm_starts_the_port_and_equals_the_local_run(slurm):
     pytest.importorskip("jax")
     mlbench("run", *JAX_RUN, check=True, timeout=300)
@@ -37,6 +43,7 @@ def test_a_jax_run_on_slurm_starts_the_port_and_equals_the_local_run(slurm):
     assert losses(run) == losses(local) and len(losses(run)) == 3
 
 
+@PORT_RUNS_TIMEOUT
 def test_a_two_worker_tensorflow_run_on_slurm_finds_its_peers_and_equals_the_local_run(slurm):
     """Every TensorFlow worker listens on an address of its own: the tasks of the Slurm step derive
     all of them from the step's variables (worker/launcher_env.slurm_peers)."""
