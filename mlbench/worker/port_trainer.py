@@ -72,7 +72,7 @@ class PortModel(Protocol):
 @runtime_checkable
 class TakesMinibatches(Protocol):
     """A port handed each step's minibatch, made by mlbench's data pipeline (images augmented
-    and normalised: task 1a's ports, and the TensorFlow port of task 2a)."""
+    and normalised: task 1a's ports)."""
 
     def step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
         """One synchronous step on this process's minibatch (images as float32 [N, 3, H, W],
@@ -83,7 +83,8 @@ class TakesMinibatches(Protocol):
 @runtime_checkable
 class HoldsTrainingSet(Protocol):
     """A port of a task without augmentation (task 2a) that holds the training set and is
-    handed only each step's row indices, gathered inside its compiled step (the JAX port)."""
+    handed only each step's row indices, gathered inside its compiled step (the JAX and the
+    TensorFlow port)."""
 
     def hold_training_set(self, x: np.ndarray, y: np.ndarray) -> None: ...
 

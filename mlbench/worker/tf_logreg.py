@@ -64,9 +64,9 @@ class LogisticRegressionPort:
     def hold_training_set(self, x: np.ndarray, y: np.ndarray) -> None:
         """Keep the training set in this process's TensorFlow memory, so that a step is handed
         only its rows' indices and gathers them inside the compiled step (``tf.gather``), as a
-        TensorFlow training loop over data in memory does; handing over a gathered minibatch
-        (``tf.constant`` of a NumPy copy) cost more than the step. Every process holds the whole
-        set, as the PyTorch worker does."""
+        TensorFlow training loop over data in memory does (measured, it saves little: the step's
+        own graph is the cost, docs/performance.md). Every process holds the whole set, as the
+        PyTorch worker does."""
         with tf.device(self.device):
             self.train_x = tf.constant(x)
             self.train_y = tf.constant(y)

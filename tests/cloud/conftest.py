@@ -160,8 +160,9 @@ def _wait_for_rbac(kubeconfig: Path, timeout: float = 180) -> None:
 ENGINE_BRIDGE, ENGINE_BRIDGE_ADDRESS = "mlbtestdock0", "10.231.0.1/24"
 
 
-def _bridge(*args: str) -> None:
-    subprocess.run(["ip", "link", *args], capture_output=True, check=False)
+def _ip(*args: str) -> None:
+    """``ip ARGS``, whatever it answers (a bridge to delete may not exist)."""
+    subprocess.run(["ip", *args], capture_output=True, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -178,9 +179,9 @@ def docker_engine(tmp_path_factory):
     base = Path(tmp_path_factory.mktemp("dockerd"))
     sock = f"unix://{base}/docker.sock"
     log = open(base / "dockerd.log", "w")
-    _bridge("del", ENGINE_BRIDGE)   # one a killed session left
-    _bridge("add", ENGINE_BRIDGE, "type", "bridge")
-    subprocess.run(["ip", "addr", "add", ENGINE_BRIDGE_ADDRESS, "dev", ENGINE_BRIDGE], capture_output=True, check=False)
+    _ip("link", "del", ENGINE_BRIDGE)   # one a killed session left
+    _ip("link", "add", ENGINE_BRIDGE, "type", "bridge")
+    _ip("addr", "add", ENGINE_BRIDGE_ADDRESS, "dev", ENGINE_BRIDGE)
     process = subprocess.Popen(
         [dockerd, "--host", sock, "--data-root", str(base / "root"),
          "--exec-root", str(base / "exec"), "--pidfile", str(base / "docker.pid"),
@@ -202,7 +203,7 @@ def docker_engine(tmp_path_factory):
     if client is None:
         process.kill()
         process.wait()
-        _bridge("del", ENGINE_BRIDGE)
+        _ip("link", "del", ENGINE_BRIDGE)
         tail = (base / "dockerd.log").read_text()[-300:].strip().splitlines()
         pytest.skip(f"dockerd could not start here: {tail[-1] if tail else 'no log'}")
     yield sock
@@ -214,7 +215,7 @@ def docker_engine(tmp_path_factory):
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-    _bridge("del", ENGINE_BRIDGE)
+    _ip("link", "del", ENGINE_BRIDGE)
     log.close()
 
 

@@ -263,7 +263,7 @@ def test_a_stopped_worker_fails_the_run_naming_its_rank_within_the_watchdogs_bou
 def test_a_detached_run_ends_without_the_cli_and_survives_its_supervisor_pod(on_node):
     ns = on_node
     # 20 s of training: on a loaded machine the run may end before the new service answers, and
-    # its workers then deliver what they hold when it does (HttpEventSink.close waits 120 s)
+    # its workers then deliver what they hold when it does (HttpSink.close waits 120 s)
     run_id = start_detached("task2a", "2", "--data", "synthetic", "--time-budget", "20s", "--log-every", "20",
                             "--set", "max_epochs=100000")
     wait_running(ns, run_id)

@@ -5,22 +5,30 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 from click.testing import CliRunner
 
-from mlbench.cli import cli
-from mlbench.cli import commands  # noqa: F401  (registers the commands)
+from mlbench.cli import (
+    cli,
+    commands,  # noqa: F401  (registers the commands)
+)
 from mlbench.errors import UsageError
+from mlbench.launch.faults import parse_inject
+from mlbench.launch.injector import FaultRecord, Injector
 from mlbench.launch.mpi import mpirun_command
 from mlbench.launch.slurm import failure_reason
 from mlbench.launch.slurm_jobs import JobState, _json_state
 from mlbench.launch.slurm_script import SlurmOptions, render_script
+from mlbench.launch.slurm_supervisor import SlurmTask, _send
 from mlbench.results.events import EventWriter, FileSink
+from mlbench.results.heartbeat import Beat, write_beat
 from mlbench.results.store import RunStore
 from tests.helpers import last_run, mlbench
 
@@ -193,25 +201,21 @@ def test_status_without_slurm_commands_shows_the_run_as_last_recorded(monkeypatc
     assert result.exit_code == 0 and "running" in result.output
 
 
+def kill_due_on_a_recorded_run() -> tuple[Path, Injector]:
+    """A recorded 1-worker run's folder and an injector whose ``kill`` of rank 0 is due."""
+    mlbench("run", "task2a", "1", "--data", "synthetic", "--record-only", check=True)
+    run_dir = last_run().run_dir
+    return run_dir, Injector([parse_inject("kill:rank=0,at=1s")], time.time() - 5, FaultRecord(run_dir), _send)
+
+
 def test_a_fault_due_before_a_slurm_task_beats_waits_for_it_and_then_strikes():
     """A Slurm task is known to the injector by its heartbeat, which a task still importing
     torch has not written: a kill due then waits for its first beat (as a forked local rank,
     which exists from the start, is struck at once) instead of being recorded as missed. Real
     processes: ``sleep`` stands in for srun's step and for the task."""
-    import socket
-    import time
-
-    from mlbench.launch.faults import parse_inject
-    from mlbench.launch.injector import FaultRecord, Injector
-    from mlbench.launch.slurm_supervisor import SlurmTask, _send
-    from mlbench.results.heartbeat import Beat, write_beat
-
-    mlbench("run", "task2a", "1", "--data", "synthetic", "--record-only", check=True)
-    run_dir = last_run().run_dir
+    run_dir, injector = kill_due_on_a_recorded_run()
     step, task = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
     try:
-        record = FaultRecord(run_dir)
-        injector = Injector([parse_inject("kill:rank=0,at=1s")], time.time() - 5, record, _send)
         tasks = [SlurmTask(run_dir, 0, 1, step)]
         assert injector.apply(tasks) == [] and task.poll() is None and FaultRecord(run_dir).events == []
         now = time.time()
@@ -227,16 +231,8 @@ def test_a_fault_due_before_a_slurm_task_beats_waits_for_it_and_then_strikes():
 
 
 def test_a_fault_due_while_a_slurm_step_has_ended_is_missed():
-    import time
-
-    from mlbench.launch.faults import parse_inject
-    from mlbench.launch.injector import FaultRecord, Injector
-    from mlbench.launch.slurm_supervisor import SlurmTask, _send
-
-    mlbench("run", "task2a", "1", "--data", "synthetic", "--record-only", check=True)
-    run_dir = last_run().run_dir
+    run_dir, injector = kill_due_on_a_recorded_run()
     step = subprocess.Popen(["true"])
     step.wait()
-    injector = Injector([parse_inject("kill:rank=0,at=1s")], time.time() - 5, FaultRecord(run_dir), _send)
     (event,) = injector.apply([SlurmTask(run_dir, 0, 1, step)])
     assert event["missed"] == "the worker was not running (starting again, or ended)"
