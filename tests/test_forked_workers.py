@@ -83,6 +83,27 @@ def test_a_local_worker_holds_nothing_of_its_parent_and_runs_in_its_own_session(
             cli.communicate()
 
 
+@pytest.mark.parametrize("task, data", [("task1a", "cifar_dir"), ("task2a", "libsvm_dir")])
+def test_a_run_on_a_real_data_set_still_forks_its_ranks(task, data, request):
+    """The CLI reads (checks) a real data set before its supervisor starts the ranks: that must
+    leave torch's OpenMP pool unstarted and be seen as torch's first import, or every rank is a
+    fresh interpreter importing torch again (seen: a fresh CLI never forked a CIFAR-10 run)."""
+    env = {k: v for k, v in os.environ.items() if k != "MLBENCH_NO_FORK"}
+    cli = subprocess.Popen([sys.executable, "-m", "mlbench", "run", task, "2", "--data-dir",
+                            str(request.getfixturevalue(data)), "--max-steps", "100000", "--log-every", "2",
+                            "--no-stop"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        _, workers = running_workers()
+        assert [open(f"/proc/{pid}/comm").read().strip() for pid in workers] == ["mlbench-rank0", "mlbench-rank1"]
+        cli.send_signal(signal.SIGINT)
+        cli.communicate(timeout=60)
+        wait_for(lambda: not [pid for pid in workers if pid_alive(pid)], 30, "the cancelled run's workers to exit")
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate()
+
+
 FORKING_ALLOWED = "from mlbench.launch.forked import forking_allowed; print(forking_allowed('mlbench.tasks.classification_runtime'))"
 
 

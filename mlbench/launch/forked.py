@@ -78,26 +78,34 @@ class ForkedProcess:
         return self.returncode
 
 
+def import_torch() -> None:
+    """Import torch in this process, noting its thread count right after: call it before anything
+    else imports torch in a process that may fork ranks later (the CLI reading a real data set
+    does, before its supervisor starts the ranks), or :func:`forking_allowed` cannot know that
+    torch has computed nothing yet and starts fresh interpreters."""
+    global _THREADS_AFTER_IMPORT
+    if "torch" not in sys.modules:
+        importlib.import_module("torch")
+        _THREADS_AFTER_IMPORT = _os_threads()
+
+
 def forking_allowed(runtime_module: str | None) -> bool:
     """Import what every rank needs (torch, the worker, the task's runtime ``runtime_module``) and
     say whether ranks may be forked from this process.
 
     Only from a process that has one thread of Python, no CUDA context, and whose torch has run
     no parallel operation: GNU OpenMP's thread pool, once started, does not survive a fork (the
-    child's first parallel operation waits for ever). That is known for sure only when this
-    function imported torch itself (nothing computed with it before) and the process has no
+    child's first parallel operation waits for ever). That is known for sure only when torch was
+    imported through :func:`import_torch` (nothing computed with it before) and the process has no
     more threads than right after that import (the pool's threads stay once started)."""
-    global _THREADS_AFTER_IMPORT
     if not sys.platform.startswith("linux") or os.environ.get(NO_FORK_ENV) or threading.active_count() != 1:
         return False
-    torch_was_imported = "torch" in sys.modules
     try:
+        import_torch()
         for name in (*PRELOADED_MODULES, *([runtime_module] if runtime_module else [])):
             importlib.import_module(name)
     except Exception:  # a fresh worker will fail on it too, and report it as the run's error
         return False
-    if not torch_was_imported:
-        _THREADS_AFTER_IMPORT = _os_threads()
     cuda = sys.modules.get("torch.cuda")
     if cuda is not None and cuda.is_initialized():
         return False

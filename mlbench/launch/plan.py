@@ -370,6 +370,9 @@ def prepare_data(config: RunConfig) -> None:
     binary cache is done before the workers, which then load it in seconds.
     """
     if config.data == "real" and isinstance(config.task, TaskSpec):
+        from mlbench.launch.forked import import_torch
+
+        import_torch()   # first, so that the local supervisor may still fork its ranks after reading the data
         from mlbench.tasks.datasets import get_dataset  # torch: not for synthetic data
 
         get_dataset(config.task.settings.dataset).prepare(config.data_dir)

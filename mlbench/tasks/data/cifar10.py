@@ -82,7 +82,11 @@ def load_cifar10(data_dir: str | os.PathLike | None = None, download: bool = Tru
             _download(root)
     train = [_read_batch(folder / name) for name in TRAIN_FILES]
     test = _read_batch(folder / TEST_FILE)
-    return Split(torch.cat([s.x for s in train]), torch.cat([s.y for s in train])), test
+    # joined by NumPy, not torch.cat: a parallel torch operation starts torch's OpenMP pool, after
+    # which the process that checked the data (the run's supervisor) may no longer fork its ranks
+    # (mlbench.launch.forked.forking_allowed) and starts fresh interpreters instead
+    return Split(torch.from_numpy(np.concatenate([s.x.numpy() for s in train])),
+                 torch.from_numpy(np.concatenate([s.y.numpy() for s in train]))), test
 
 
 def _missing(folder: pathlib.Path) -> list[str]:
