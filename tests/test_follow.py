@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 from tests.helpers import mlbench
@@ -30,8 +31,10 @@ def test_status_follow_prints_a_detached_runs_progress_until_it_ends():
 
 def test_logs_print_a_workers_output_and_follow_returns_when_the_run_ends(libsvm_dir, tmp_path):
     data = shutil.copytree(libsvm_dir, tmp_path / "data")
-    run_id = _started(mlbench("run", "task2a", "1", "--data-dir", str(data), "--detach"))
-    shutil.rmtree(data)  # the workers, still importing torch, will not find their data
+    # fresh interpreters (MLBENCH_NO_FORK): the worker, still importing torch, will not find its data
+    run_id = _started(mlbench("run", "task2a", "1", "--data-dir", str(data), "--detach",
+                              env=dict(os.environ, MLBENCH_NO_FORK="1")))
+    shutil.rmtree(data)
     followed = mlbench("logs", run_id, "--follow")
     assert followed.returncode == 0 and followed.stderr == ""
     assert followed.stdout.startswith(f"Error: the data folder {data} does not exist; ")

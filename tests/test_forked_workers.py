@@ -104,6 +104,32 @@ def test_a_run_on_a_real_data_set_still_forks_its_ranks(task, data, request):
             cli.communicate()
 
 
+def test_a_detached_supervisor_is_forked_holding_nothing_of_the_cli_and_forks_its_ranks():
+    """`run --detach` forks the background supervisor from the CLI (no second import of torch):
+    it must let go of the caller's pipes (``$(mlbench run --detach)`` returns at once), live in a
+    session of its own, and still fork the ranks."""
+    env = {k: v for k, v in os.environ.items() if k != "MLBENCH_NO_FORK"}
+    # run() reads the CLI's output to its end: it returns only once no process holds those pipes
+    started = subprocess.run([sys.executable, "-m", "mlbench", *LONG_RUN, "--detach", "-o", "json"],
+                             capture_output=True, text=True, timeout=120, env=env)
+    run_id = json.loads(started.stdout)["id"]
+    try:
+        run, workers = running_workers()
+        assert run.id == run_id
+        supervisor = RunStore().get(run_id).supervisor_pid
+        assert open(f"/proc/{supervisor}/comm").read().strip() == "mlbench-superv"
+        assert os.getsid(supervisor) == supervisor
+        files = open_files(supervisor)
+        assert files[0] == "/dev/null" and files[1] == files[2] == str(run.run_dir / "logs" / "supervisor.log")
+        assert [open(f"/proc/{pid}/comm").read().strip() for pid in workers] == ["mlbench-rank0", "mlbench-rank1"]
+    finally:
+        cancelled = subprocess.run([sys.executable, "-m", "mlbench", "cancel", run_id], capture_output=True,
+                                   text=True, timeout=120, env=env)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert RunStore().get(run_id).state == "cancelled"
+    wait_for(lambda: not [pid for pid in (supervisor, *workers) if pid_alive(pid)], 30, "the run's processes to exit")
+
+
 FORKING_ALLOWED = "from mlbench.launch.forked import forking_allowed; print(forking_allowed('mlbench.tasks.classification_runtime'))"
 
 

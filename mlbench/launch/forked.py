@@ -129,29 +129,50 @@ def fork_worker(worker_args: Sequence[str], log: Path, env: dict[str, str], keep
     in the child (a listening socket); ``before_main`` runs first in the child (tying it to
     this process's life); ``enter`` runs once the child's streams are its log's (joining the
     emulated network's namespaces: its failure is the worker's, told in its log)."""
+    rank = worker_args[worker_args.index("--rank") + 1] if "--rank" in worker_args else "?"
+
+    def worker_main() -> int:
+        from mlbench.worker.__main__ import main
+
+        return main(list(worker_args))
+
+    return fork_process(worker_main, "mlbench.worker", worker_args, f"mlbench-rank{rank}", log, env,
+                        keep_fds, before_main, enter)
+
+
+def fork_process(main: Callable[[], int | None], module: str, args: Sequence[str], name: str, log: Path,
+                 env: dict[str, str], keep_fds: Sequence[int] = (),
+                 before_main: Callable[[], None] | None = None,
+                 enter: Callable[[], None] | None = None) -> ForkedProcess:
+    """Fork a child that is ``python -m MODULE ARGS`` (its ``sys.argv``), running ``main`` in this
+    interpreter in a session of its own, named ``name`` (``ps -o comm``, ``pgrep``, at most 15
+    characters); call it only where :func:`forking_allowed` said so. ``log``, ``keep_fds``,
+    ``before_main`` and ``enter`` as for :func:`fork_worker`."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # or the child would write this process's buffered output once more
     with open_append(log) as opened:   # mode 600, never through a link (as the spawned workers' logs)
         pid = os.fork()
         if pid == 0:
-            _child(worker_args, opened.fileno(), env, keep_fds, before_main, enter)   # never returns
-    return ForkedProcess(pid, ["mlbench.worker", *worker_args])
+            _child(main, [sys.executable, "-m", module, *args], name, opened.fileno(), env, keep_fds,
+                   before_main, enter)   # never returns
+    return ForkedProcess(pid, [module, *args])
 
 
-def _child(worker_args: Sequence[str], log_fd: int, env: dict[str, str], keep_fds: Sequence[int],
-           before_main: Callable[[], None] | None, enter: Callable[[], None] | None) -> NoReturn:
-    """The forked child: becomes a worker, runs it, and exits with its code, whatever happens."""
-    code = 1
+def _child(main: Callable[[], int | None], argv: list[str], name: str, log_fd: int, env: dict[str, str],
+           keep_fds: Sequence[int], before_main: Callable[[], None] | None,
+           enter: Callable[[], None] | None) -> NoReturn:
+    """The forked child: becomes the process ``argv`` names, runs ``main``, and exits with its
+    code, whatever happens."""
+    code: int | None = 1
     try:
         os.setsid()
         if before_main is not None:
             before_main()
-        _become_a_fresh_process(log_fd, env, keep_fds)
+        _become_a_fresh_process(log_fd, env, keep_fds, argv)
         if enter is not None:
             enter()
-        _name_this_process(worker_args)
-        from mlbench.worker.__main__ import main
-        code = main(list(worker_args))
+        _name_this_process(name)
+        code = main()
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     except BaseException:  # whatever happens, the child must end here
@@ -163,10 +184,10 @@ def _child(worker_args: Sequence[str], log_fd: int, env: dict[str, str], keep_fd
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os._exit(code)
+        os._exit(code or 0)
 
 
-def _become_a_fresh_process(log_fd: int, env: dict[str, str], keep_fds: Sequence[int]) -> None:
+def _become_a_fresh_process(log_fd: int, env: dict[str, str], keep_fds: Sequence[int], argv: list[str]) -> None:
     """In the child: the standard streams, descriptors, signals and environment that
     ``subprocess.Popen(..., close_fds=True)`` of a new interpreter would have given it."""
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -195,14 +216,13 @@ def _become_a_fresh_process(log_fd: int, env: dict[str, str], keep_fds: Sequence
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    sys.argv = [sys.executable, "-m", "mlbench.worker"]
+    sys.argv = argv
 
 
-def _name_this_process(worker_args: Sequence[str]) -> None:
+def _name_this_process(name: str) -> None:
     """The child keeps its parent's command line; its name (``ps -o comm``, ``pgrep``, ``top``)
     at least says what it is: ``mlbench-rank1``."""
-    rank = worker_args[worker_args.index("--rank") + 1] if "--rank" in worker_args else "?"
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, f"mlbench-rank{rank}".encode()[:15])  # PR_SET_NAME
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15])  # PR_SET_NAME
     except OSError:
         pass

@@ -1,15 +1,17 @@
 """Runs on this machine: the workers are processes here, supervised to the end.
 
 The supervisor (:mod:`mlbench.launch.supervisor`) runs in the process of `mlbench run` (attached)
-or in a background process of its own (``--detach``: ``python -m mlbench.launch.local HOME
-RUN_ID``); the store records its pid and the run folder its start time, so that a cancel from
-any other process can ask it to stop (SIGTERM) and a run whose supervisor died is seen as failed
-the next time anything looks. ``--backend mpi`` runs start one ``mpirun`` in place of one
+or in a background process of its own (``--detach``: forked from `mlbench run`, or a fresh
+``python -m mlbench.launch.local HOME RUN_ID`` where that process may not fork); the store
+records its pid and the run folder its start time, so that a cancel from any other process can
+ask it to stop (SIGTERM) and a run whose supervisor died is seen as failed the next time
+anything looks. ``--backend mpi`` runs start one ``mpirun`` in place of one
 process per worker (:mod:`mlbench.launch.mpi`) and are otherwise local runs.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -22,6 +24,7 @@ from mlbench.frameworks import FRAMEWORKS
 from mlbench.launch.base import EventCallback, Launcher
 from mlbench.launch.mpi import MpiProcesses, uses_mpirun
 from mlbench.launch.faults import POLICIES
+from mlbench.launch.forked import fork_process, forking_allowed
 from mlbench.launch.plan import LauncherAbilities, RunRequest, WorkerResources
 from mlbench.launch.run_folder import logs_dir
 from mlbench.launch.supervisor import (
@@ -131,16 +134,25 @@ class LocalLauncher(Launcher):
             signal.signal(signal.SIGTERM, previous)
 
     def start_detached(self, record: RunRecord) -> None:
-        """Supervise the run from a background process that outlives this one."""
-        log = open_append(logs_dir(record.run_dir) / "supervisor.log")  # mode 600; closed below, after the fork
-        try:
-            proc = subprocess.Popen([sys.executable, "-m", "mlbench.launch.local", str(self.store.home), record.id],
-                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-        finally:
-            log.close()
-        record_supervisor(record.run_dir, proc.pid)  # our child: surely the process meant
-        self.store.update(record.id, supervisor_pid=proc.pid)
+        """Supervise the run from a background process that outlives this one: forked from this
+        process where it may fork (:func:`mlbench.launch.forked.forking_allowed`; the supervisor
+        then starts without importing torch again, 3-4 CPU-s, and still forks its ranks), else a
+        fresh ``python -m mlbench.launch.local HOME RUN_ID``."""
+        log = logs_dir(record.run_dir) / "supervisor.log"
+        home, run_id = str(self.store.home), record.id
+        if forking_allowed(None):
+            pid = fork_process(functools.partial(_main, [home, run_id]), "mlbench.launch.local", [home, run_id],
+                               "mlbench-superv", log, dict(os.environ)).pid
+        else:
+            opened = open_append(log)  # mode 600; closed below, after the fork
+            try:
+                pid = subprocess.Popen([sys.executable, "-m", "mlbench.launch.local", home, run_id],
+                                       stdout=opened, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True).pid
+            finally:
+                opened.close()
+        record_supervisor(record.run_dir, pid)  # our child: surely the process meant
+        self.store.update(record.id, supervisor_pid=pid)
 
     def cancel(self, record: RunRecord) -> RunRecord:
         """Stop an active run: ask its supervisor, or end orphaned workers directly. Only
