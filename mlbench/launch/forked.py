@@ -91,14 +91,8 @@ def import_torch() -> None:
 
 def forking_allowed(runtime_module: str | None) -> bool:
     """Import what every rank needs (torch, the worker, the task's runtime ``runtime_module``) and
-    say whether ranks may be forked from this process.
-
-    Only from a process that has one thread of Python, no CUDA context, and whose torch has run
-    no parallel operation: GNU OpenMP's thread pool, once started, does not survive a fork (the
-    child's first parallel operation waits for ever). That is known for sure only when torch was
-    imported through :func:`import_torch` (nothing computed with it before) and the process has no
-    more threads than right after that import (the pool's threads stay once started)."""
-    if not sys.platform.startswith("linux") or os.environ.get(NO_FORK_ENV) or threading.active_count() != 1:
+    say whether ranks may be forked from this process (:func:`may_fork`)."""
+    if not _may_fork_at_all():
         return False
     try:
         import_torch()
@@ -106,10 +100,31 @@ def forking_allowed(runtime_module: str | None) -> bool:
             importlib.import_module(name)
     except Exception:  # a fresh worker will fail on it too, and report it as the run's error
         return False
+    return may_fork()
+
+
+def may_fork() -> bool:
+    """Whether a child forked from this process now may go on in Python and use torch.
+
+    Only from a process that has one thread of Python, no CUDA context, and whose torch has run
+    no parallel operation: GNU OpenMP's thread pool, once started, does not survive a fork (the
+    child's first parallel operation waits for ever). That is known for sure where torch is not
+    imported yet (the child imports it itself), or was imported through :func:`import_torch`
+    (nothing computed with it before) and the process has no more threads than right after that
+    import (the pool's threads stay once started)."""
+    if not _may_fork_at_all():
+        return False
+    if "torch" not in sys.modules:
+        return True
     cuda = sys.modules.get("torch.cuda")
     if cuda is not None and cuda.is_initialized():
         return False
     return _THREADS_AFTER_IMPORT is not None and _os_threads() <= _THREADS_AFTER_IMPORT
+
+
+def _may_fork_at_all() -> bool:
+    return (sys.platform.startswith("linux") and not os.environ.get(NO_FORK_ENV)
+            and threading.active_count() == 1)
 
 
 def _os_threads() -> int:

@@ -24,7 +24,7 @@ from mlbench.frameworks import FRAMEWORKS
 from mlbench.launch.base import EventCallback, Launcher
 from mlbench.launch.mpi import MpiProcesses, uses_mpirun
 from mlbench.launch.faults import POLICIES
-from mlbench.launch.forked import fork_process, forking_allowed
+from mlbench.launch.forked import fork_process, may_fork
 from mlbench.launch.plan import LauncherAbilities, RunRequest, WorkerResources
 from mlbench.launch.run_folder import logs_dir
 from mlbench.launch.supervisor import (
@@ -135,12 +135,13 @@ class LocalLauncher(Launcher):
 
     def start_detached(self, record: RunRecord) -> None:
         """Supervise the run from a background process that outlives this one: forked from this
-        process where it may fork (:func:`mlbench.launch.forked.forking_allowed`; the supervisor
-        then starts without importing torch again, 3-4 CPU-s, and still forks its ranks), else a
-        fresh ``python -m mlbench.launch.local HOME RUN_ID``."""
+        process where it may fork (:func:`mlbench.launch.forked.may_fork`: no interpreter to start,
+        nothing imported twice, and the supervisor still forks its ranks; this process does not
+        import torch for it, so that `run --detach` returns at once), else a fresh
+        ``python -m mlbench.launch.local HOME RUN_ID``."""
         log = logs_dir(record.run_dir) / "supervisor.log"
         home, run_id = str(self.store.home), record.id
-        if forking_allowed(None):
+        if may_fork():
             pid = fork_process(functools.partial(_main, [home, run_id]), "mlbench.launch.local", [home, run_id],
                                "mlbench-superv", log, dict(os.environ)).pid
         else:
