@@ -161,8 +161,9 @@ def fork_process(main: Callable[[], int | None], module: str, args: Sequence[str
                  enter: Callable[[], None] | None = None) -> ForkedProcess:
     """Fork a child that is ``python -m MODULE ARGS`` (its ``sys.argv``), running ``main`` in this
     interpreter in a session of its own, named ``name`` (``ps -o comm``, ``pgrep``, at most 15
-    characters); call it only where :func:`forking_allowed` said so. ``log``, ``keep_fds``,
-    ``before_main`` and ``enter`` as for :func:`fork_worker`."""
+    characters); call it only where :func:`may_fork` says so (:func:`forking_allowed` for a rank,
+    which also imports what the rank needs). ``log``, ``keep_fds``, ``before_main`` and ``enter``
+    as for :func:`fork_worker`."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # or the child would write this process's buffered output once more
     with open_append(log) as opened:   # mode 600, never through a link (as the spawned workers' logs)

@@ -77,6 +77,10 @@ def _raise_cancelled(signum: int, frame: Any) -> None:
     raise Cancelled()
 
 
+#: The entry point of a detached supervisor (:func:`_main`), also its forked copy's ``sys.argv``.
+_DETACHED_MODULE = "mlbench.launch.local"
+
+
 class LocalLauncher(Launcher):
     """Runs on this machine: one process per worker (or one mpirun), supervised by this process
     (attached) or by a background supervisor process (detached)."""
@@ -140,14 +144,14 @@ class LocalLauncher(Launcher):
         import torch for it, so that `run --detach` returns at once), else a fresh
         ``python -m mlbench.launch.local HOME RUN_ID``."""
         log = logs_dir(record.run_dir) / "supervisor.log"
-        home, run_id = str(self.store.home), record.id
+        args = [str(self.store.home), record.id]
         if may_fork():
-            pid = fork_process(functools.partial(_main, [home, run_id]), "mlbench.launch.local", [home, run_id],
-                               "mlbench-superv", log, dict(os.environ)).pid
+            pid = fork_process(functools.partial(_main, args), _DETACHED_MODULE, args, "mlbench-superv", log,
+                               dict(os.environ)).pid
         else:
             opened = open_append(log)  # mode 600; closed below, after the fork
             try:
-                pid = subprocess.Popen([sys.executable, "-m", "mlbench.launch.local", home, run_id],
+                pid = subprocess.Popen([sys.executable, "-m", _DETACHED_MODULE, *args],
                                        stdout=opened, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True).pid
             finally:
