@@ -13,8 +13,8 @@ teardown. That is exact only in one process on an otherwise idle machine::
 Each line of FILE is ``{"test", "wall_s", "cpu_s", "own_cpu_s"}``; ``own_cpu_s`` is the CPU time
 of the pytest process itself (the test's in-process work: references computed in the test, the
 Kubernetes client, imports), which is exact however many tests run beside it, in xdist workers
-and on a loaded machine. A module-scoped fixture's cost is counted in the test that built it. The module's ``__main__`` prints the totals per package and module
-and the most costly tests.
+and on a loaded machine. A module-scoped fixture's cost is counted in the test that built it.
+The module's ``__main__`` prints the totals per package and module and the most costly tests.
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ def report(path: Path, top: int = 40) -> str:
     """The totals of a profile by package and by module, and its ``top`` most costly tests (by
     machine-wide CPU; the pytest process's own CPU beside it)."""
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for line in lines:
+        line.setdefault("own_cpu_s", 0.0)   # a profile written before the field was recorded
     by_module: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     by_package: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for line in lines:
@@ -80,10 +82,10 @@ def report(path: Path, top: int = 40) -> str:
         for total in (by_module[module], by_package[package]):
             total[0] += line["wall_s"]
             total[1] += line["cpu_s"]
-            total[2] += line.get("own_cpu_s", 0.0)
+            total[2] += line["own_cpu_s"]
     cpu_total = sum(line["cpu_s"] for line in lines)
     wall_total = sum(line["wall_s"] for line in lines)
-    own_total = sum(line.get("own_cpu_s", 0.0) for line in lines)
+    own_total = sum(line["own_cpu_s"] for line in lines)
     out = [f"{len(lines)} tests: {wall_total / 60:.1f} min wall, {cpu_total / 60:.1f} CPU-min "
            f"({own_total / 60:.1f} in the pytest processes themselves)", ""]
     for title, table in (("package", by_package), ("module", by_module)):
@@ -93,7 +95,7 @@ def report(path: Path, top: int = 40) -> str:
         out.append("")
     out.append(f"{'CPU s':>8} {'own s':>8} {'wall s':>8}  test")
     for line in sorted(lines, key=lambda line: -line["cpu_s"])[:top]:
-        out.append(f"{line['cpu_s']:8.1f} {line.get('own_cpu_s', 0.0):8.1f} {line['wall_s']:8.1f}  {line['test']}")
+        out.append(f"{line['cpu_s']:8.1f} {line['own_cpu_s']:8.1f} {line['wall_s']:8.1f}  {line['test']}")
     return "\n".join(out)
 
 

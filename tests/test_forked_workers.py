@@ -7,12 +7,14 @@ to its own private file; the same holds for workers started as fresh interpreter
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,24 @@ from mlbench.results.store import RunStore
 from tests.helpers import wait_for
 
 LONG_RUN = ("run", "task2a", "2", "--data", "synthetic", "--max-steps", "100000", "--log-every", "2")
+
+
+def environment_that_forks() -> dict[str, str]:
+    """This process's environment without MLBENCH_NO_FORK (which a developer may have set)."""
+    return {k: v for k, v in os.environ.items() if k != "MLBENCH_NO_FORK"}
+
+
+@contextlib.contextmanager
+def cli_running(*args: str, env: dict[str, str]):
+    """`python -m mlbench ARGS` running (its output on pipes), killed if the test leaves it running."""
+    cli = subprocess.Popen([sys.executable, "-m", "mlbench", *args], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=env)
+    try:
+        yield cli
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.communicate()
 
 
 def running_workers(timeout: float = 120) -> tuple[object, list[int]]:
@@ -44,6 +64,11 @@ def open_files(pid: int) -> dict[int, str]:
     return fds
 
 
+def process_name(pid: int) -> str:
+    """What ``ps -o comm`` shows for ``pid``."""
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
 def environment(pid: int) -> dict[str, str]:
     pairs = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
     return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
@@ -51,11 +76,8 @@ def environment(pid: int) -> dict[str, str]:
 
 @pytest.mark.parametrize("fresh", [False, True], ids=["forked", "fresh-interpreter"])
 def test_a_local_worker_holds_nothing_of_its_parent_and_runs_in_its_own_session(fresh):
-    env = dict(os.environ, MLBENCH_NO_FORK="1") if fresh else {k: v for k, v in os.environ.items()
-                                                                if k != "MLBENCH_NO_FORK"}
-    cli = subprocess.Popen([sys.executable, "-m", "mlbench", *LONG_RUN], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, env=env)
-    try:
+    env = dict(os.environ, MLBENCH_NO_FORK="1") if fresh else environment_that_forks()
+    with cli_running(*LONG_RUN, env=env) as cli:
         run, workers = running_workers()
         output_pipes = {os.readlink(f"/proc/{cli.pid}/fd/{fd}") for fd in (1, 2)}
         for rank, pid in enumerate(workers):
@@ -68,7 +90,7 @@ def test_a_local_worker_holds_nothing_of_its_parent_and_runs_in_its_own_session(
             if fresh:   # a forked child's /proc/PID/environ is its parent's (os.environ changed after)
                 assert environment(pid)["OMP_NUM_THREADS"] == str(threads)
             assert stat.S_IMODE(os.stat(files[1]).st_mode) == 0o600
-            name = open(f"/proc/{pid}/comm").read().strip()
+            name = process_name(pid)
             assert fresh or name == f"mlbench-rank{rank}", name
         cli.send_signal(signal.SIGINT)
         cli.communicate(timeout=60)
@@ -77,10 +99,6 @@ def test_a_local_worker_holds_nothing_of_its_parent_and_runs_in_its_own_session(
         # loaded box the forked ranks were seen alive for a moment after the CLI had exited
         wait_for(lambda: not [pid for pid in workers if pid_alive(pid)], 30, "the cancelled run's workers to exit")
         assert RunStore().get(run.id).state == "cancelled"
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.communicate()
 
 
 @pytest.mark.parametrize("task, data", [("task1a", "cifar_dir"), ("task2a", "libsvm_dir")])
@@ -88,27 +106,20 @@ def test_a_run_on_a_real_data_set_still_forks_its_ranks(task, data, request):
     """The CLI reads (checks) a real data set before its supervisor starts the ranks: that must
     leave torch's OpenMP pool unstarted and be seen as torch's first import, or every rank is a
     fresh interpreter importing torch again (seen: a fresh CLI never forked a CIFAR-10 run)."""
-    env = {k: v for k, v in os.environ.items() if k != "MLBENCH_NO_FORK"}
-    cli = subprocess.Popen([sys.executable, "-m", "mlbench", "run", task, "2", "--data-dir",
-                            str(request.getfixturevalue(data)), "--max-steps", "100000", "--log-every", "2",
-                            "--no-stop"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    try:
+    with cli_running("run", task, "2", "--data-dir", str(request.getfixturevalue(data)), "--max-steps", "100000",
+                     "--log-every", "2", "--no-stop", env=environment_that_forks()) as cli:
         _, workers = running_workers()
-        assert [open(f"/proc/{pid}/comm").read().strip() for pid in workers] == ["mlbench-rank0", "mlbench-rank1"]
+        assert [process_name(pid) for pid in workers] == ["mlbench-rank0", "mlbench-rank1"]
         cli.send_signal(signal.SIGINT)
         cli.communicate(timeout=60)
         wait_for(lambda: not [pid for pid in workers if pid_alive(pid)], 30, "the cancelled run's workers to exit")
-    finally:
-        if cli.poll() is None:
-            cli.kill()
-            cli.communicate()
 
 
 def test_a_detached_supervisor_is_forked_holding_nothing_of_the_cli_and_forks_its_ranks():
     """`run --detach` forks the background supervisor from the CLI (no second import of torch):
     it must let go of the caller's pipes (``$(mlbench run --detach)`` returns at once), live in a
     session of its own, and still fork the ranks."""
-    env = {k: v for k, v in os.environ.items() if k != "MLBENCH_NO_FORK"}
+    env = environment_that_forks()
     # run() reads the CLI's output to its end: it returns only once no process holds those pipes
     started = subprocess.run([sys.executable, "-m", "mlbench", *LONG_RUN, "--detach", "-o", "json"],
                              capture_output=True, text=True, timeout=120, env=env)
@@ -117,11 +128,11 @@ def test_a_detached_supervisor_is_forked_holding_nothing_of_the_cli_and_forks_it
         run, workers = running_workers()
         assert run.id == run_id
         supervisor = RunStore().get(run_id).supervisor_pid
-        assert open(f"/proc/{supervisor}/comm").read().strip() == "mlbench-superv"
+        assert process_name(supervisor) == "mlbench-superv"
         assert os.getsid(supervisor) == supervisor
         files = open_files(supervisor)
         assert files[0] == "/dev/null" and files[1] == files[2] == str(run.run_dir / "logs" / "supervisor.log")
-        assert [open(f"/proc/{pid}/comm").read().strip() for pid in workers] == ["mlbench-rank0", "mlbench-rank1"]
+        assert [process_name(pid) for pid in workers] == ["mlbench-rank0", "mlbench-rank1"]
     finally:
         cancelled = subprocess.run([sys.executable, "-m", "mlbench", "cancel", run_id], capture_output=True,
                                    text=True, timeout=120, env=env)
@@ -143,7 +154,7 @@ FORKING_ALLOWED = "from mlbench.launch.forked import forking_allowed; print(fork
 def test_ranks_are_forked_only_from_a_process_that_computed_nothing_with_torch(before, allowed):
     code = f"{before}\n{FORKING_ALLOWED}"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={k: v for k, v in os.environ.items() if k != "MLBENCH_NO_FORK"})
+                          env=environment_that_forks())
     assert proc.stdout.strip() == str(allowed), proc.stderr
 
 
