@@ -137,6 +137,14 @@ def write_libsvm(path: Path, x: np.ndarray, y: np.ndarray) -> Path:
 
 
 @pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory):
+    """Runs made once per session for every test that reads them (tests/shared_runs.py)."""
+    from tests.shared_runs import SharedRuns, session_root
+
+    return SharedRuns(session_root(tmp_path_factory.getbasetemp()))
+
+
+@pytest.fixture(scope="session")
 def libsvm_dir(tmp_path_factory) -> Path:
     """A linearly separable-ish binary problem as a LIBSVM pair `small` / `small.t` (40 features)."""
     root = tmp_path_factory.mktemp("libsvm")

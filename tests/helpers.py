@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,10 +26,12 @@ def mlbench(*args: str, timeout: float = 240, check: bool = False,
     return proc
 
 
-def start_cli(*args: str) -> subprocess.Popen:
-    """`python -m mlbench ARGS` in the background, in its own session (a Ctrl-C for it alone)."""
-    return subprocess.Popen([sys.executable, "-m", "mlbench", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ), start_new_session=True)
+def start_cli(*args: str, fresh: bool = False) -> zygote.ZygoteProcess | subprocess.Popen:
+    """`python -m mlbench ARGS` (forked by tests/zygote.py) in the background, in its own session
+    (a Ctrl-C for it alone): ``send_signal``, ``poll``, ``wait`` and ``communicate`` as a Popen's.
+    ``fresh``: a new interpreter, for a test whose start-up hooks (``sitecustomize`` on its
+    PYTHONPATH) must run in the CLI and the ranks it forks."""
+    return zygote.start(list(args), dict(os.environ), fresh)
 
 
 def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:

@@ -201,7 +201,7 @@ def test_a_rank_that_stops_calling_collectives_is_blamed_not_the_peer_waiting_fo
     (hooks / "sitecustomize.py").write_text(STALL_ON_SIGUSR1)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("MLBENCH_TEST_STALL", "1")
-    cli = start_cli(*ENDLESS)
+    cli = start_cli(*ENDLESS, fresh=True)   # the hook is imported at the interpreter's start
     run, workers = training_run()
     os.kill(workers[1], signal.SIGUSR1)
     out, err = cli.communicate(timeout=ENDS_WITHIN_S)

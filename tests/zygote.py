@@ -259,6 +259,13 @@ class ZygoteProcess:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """As :meth:`subprocess.Popen.communicate` with both streams piped as text: wait for the
+        end (``subprocess.TimeoutExpired`` if it runs past ``timeout``, the command going on),
+        then what it wrote."""
+        self.wait(timeout)
+        return self.output()
+
     def output(self) -> tuple[str, str]:
         """What the command wrote to stdout and stderr (after it ended)."""
         texts = []
@@ -267,6 +274,15 @@ class ZygoteProcess:
             texts.append(file.read().decode(errors="replace"))
             file.close()
         return texts[0], texts[1]
+
+
+def start(args: list[str], env: dict[str, str], fresh: bool = False) -> ZygoteProcess | subprocess.Popen:
+    """``python -m mlbench ARGS`` in the background in a session of its own (a Ctrl-C for it
+    alone), with its streams read as text by ``communicate``; ``fresh``: a new interpreter."""
+    if fresh or os.environ.get(FRESH_ENV):
+        return subprocess.Popen([sys.executable, "-m", "mlbench", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    return ZygoteProcess(args, env, new_session=True)
 
 
 def run(args: list[str], env: dict[str, str], timeout: float, cwd: str | None = None) -> subprocess.CompletedProcess:

@@ -27,7 +27,8 @@ from tests.frameworks.in_process import (
     train_pytorch_in_process,
     values,
 )
-from tests.helpers import events, last_run, mlbench, run_json
+from tests.helpers import events, run_json
+from tests.shared_runs import PORT_RUN_STEPS, port_run
 
 pytest.importorskip("jax")
 pytest.importorskip("optax")
@@ -54,16 +55,13 @@ def test_the_first_50_losses_of_the_jax_port_equal_pytorchs(libsvm_dir):
 
 
 @pytest.mark.slow
-def test_two_jax_workers_equal_one_jax_process_with_the_doubled_batch(libsvm_dir):
-    steps = 12
-    proc = mlbench("run", "task2a", "2", "--framework", "jax", "--data-dir", str(libsvm_dir),
-                   "--max-steps", str(steps), "--log-every", "1", "--no-stop", "--set", "lr.alpha=400",
-                   check=True)
-    run = last_run()
+def test_two_jax_workers_equal_one_jax_process_with_the_doubled_batch(libsvm_dir, shared_runs):
+    shared = port_run(shared_runs, "jax", libsvm_dir)   # tests/slurm compares its Slurm run with it
+    steps, run = PORT_RUN_STEPS, shared.record
     assert run_json(run)["config"]["framework"] == "jax"
     recorded = events(run)
     two = (values(recorded, "train/loss", 0) + values(recorded, "train/loss", 1)) / 2
-    assert len(two) == steps, proc.stdout + proc.stderr
+    assert len(two) == steps, shared.stdout
 
     spec, _ = resolve(TASK2A, {"batch_per_worker": 200, "lr.alpha": 400})
     one = train_jax_in_process(RunConfig(task=spec, workers=1, data_dir=str(libsvm_dir), max_steps=steps,

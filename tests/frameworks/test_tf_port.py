@@ -28,7 +28,8 @@ from tests.frameworks.in_process import (
     train_tf_in_process,
     values,
 )
-from tests.helpers import events, last_run, mlbench, run_json
+from tests.helpers import events, run_json
+from tests.shared_runs import PORT_RUN_STEPS, port_run
 
 # torchvision (and with it torch._dynamo and triton) before TensorFlow: in the other order, loading
 # triton's LLVM after TensorFlow's crashes the process (a later test module imports torchvision)
@@ -54,16 +55,13 @@ def test_the_first_50_losses_of_the_tensorflow_port_equal_pytorchs(libsvm_dir):
 
 
 @pytest.mark.slow
-def test_two_tensorflow_workers_equal_one_tensorflow_process_with_the_doubled_batch(libsvm_dir):
-    steps = 12
-    proc = mlbench("run", "task2a", "2", "--framework", "tensorflow", "--data-dir", str(libsvm_dir),
-                   "--max-steps", str(steps), "--log-every", "1", "--no-stop", "--set", "lr.alpha=400",
-                   check=True, timeout=600)
-    run = last_run()
+def test_two_tensorflow_workers_equal_one_tensorflow_process_with_the_doubled_batch(libsvm_dir, shared_runs):
+    shared = port_run(shared_runs, "tensorflow", libsvm_dir)   # tests/slurm compares its Slurm run with it
+    steps, run = PORT_RUN_STEPS, shared.record
     assert run_json(run)["config"]["framework"] == "tensorflow"
     recorded = events(run)
     two = (values(recorded, "train/loss", 0) + values(recorded, "train/loss", 1)) / 2
-    assert len(two) == steps, proc.stdout + proc.stderr
+    assert len(two) == steps, shared.stdout
     environment = next(e["value"] for e in recorded if e["name"] == "environment")
     assert environment["framework"] == "tensorflow" and environment["tensorflow"]
 

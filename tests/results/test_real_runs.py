@@ -5,8 +5,6 @@ the light goal is reached within the first epoch, so every run has a real time t
 """
 
 import os
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -17,6 +15,7 @@ from PIL import Image
 import mlbench.cli.commands  # noqa: F401  (registers the commands)
 from mlbench.cli import cli
 from mlbench.results.store import RunStore
+from tests.helpers import mlbench as mlbench_cli
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +26,8 @@ def real_runs(libsvm_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("real-runs")
     env = dict(os.environ, MLBENCH_HOME=str(base / "home"), MLBENCH_DATA=str(base / "data"),
                MLBENCH_CONFIG_DIR=str(base / "config"))
-    proc = subprocess.run([sys.executable, "-m", "mlbench", "run", "task2a", "1", "2", "--repeat", "2",
-                           "--light", "--data-dir", str(libsvm_dir), "--log-every", "2"],
-                          capture_output=True, text=True, timeout=240, env=env)
+    proc = mlbench_cli("run", "task2a", "1", "2", "--repeat", "2", "--light", "--data-dir", str(libsvm_dir),
+                   "--log-every", "2", env=env, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return base / "home", proc.stdout
 

@@ -65,7 +65,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={root}/munge/munge.sock,cred_expire=30
+AuthInfo=socket={root}/munge/munge.sock,cred_expire=15
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool
 SlurmctldPidFile={root}/slurmctld.pid
@@ -81,6 +81,7 @@ MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
+SchedulerParameters=sched_interval=2,bf_interval=2
 ReturnToService=2
 MinJobAge=600
 KillWait=5
@@ -241,8 +242,9 @@ def local_reference(tmp_path_factory, libsvm_dir) -> Reference:
     base = tmp_path_factory.mktemp("local-reference")
     env = dict(os.environ, MLBENCH_HOME=str(base / "home"), MLBENCH_CONFIG_DIR=str(base / "config"),
                MLBENCH_DATA=str(base / "data"))
-    proc = subprocess.run([sys.executable, "-m", "mlbench", "run", *RUN_ARGS, "--data-dir", str(libsvm_dir)],
-                          capture_output=True, text=True, timeout=300, env=env)
+    from tests.helpers import mlbench
+
+    proc = mlbench("run", *RUN_ARGS, "--data-dir", str(libsvm_dir), env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = next((base / "home" / "runs").iterdir())
     from mlbench.results.events import read_run_events
