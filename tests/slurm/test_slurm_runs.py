@@ -89,22 +89,6 @@ def test_a_slurm_run_is_followed_to_its_end_and_equals_the_local_run(slurm, libs
         assert "#SBATCH --ntasks=2" in zf.read(SCRIPT_NAME).decode()
 
 
-def test_mlbench_cancel_scancels_the_job(slurm, libsvm_dir):
-    proc = mlbench("run", *LONG_RUN, "--data-dir", str(libsvm_dir), "--slurm", "--detach", check=True)
-    run = last_run()
-    job = run_json(run)["slurm"]["job_id"]
-    assert f"as Slurm job {job}" in proc.stdout
-    wait_for(lambda: worker_pid(run.run_dir, 1) and (run.run_dir / "events" / "rank-0.jsonl").exists(),
-             what="the job's workers")
-    assert launcher_of(RunStore(), run).reconcile(run).state == "running"
-    assert mlbench("cancel", run.id, check=True).stdout.strip() == f"Run {run.id} cancelled."
-    assert slurm_jobs.query(job).state == "CANCELLED"
-    run = last_run()
-    assert run.state == "cancelled" and f"scancel {job}" in run.reason
-    wait_for(lambda: worker_pid(run.run_dir, 0) is None and worker_pid(run.run_dir, 1) is None,
-             timeout=30, what="the workers to end")
-
-
 def test_a_task_that_dies_fails_the_run_with_the_reason(slurm, libsvm_dir):
     mlbench("run", *LONG_RUN, "--data-dir", str(libsvm_dir), "--slurm", "--detach", check=True)
     run = last_run()
