@@ -44,12 +44,14 @@ def order_items(items: list) -> None:
 
 
 def worker_count() -> int:
-    """``-n auto``: one worker per usable core, at least 2 (the suite mostly waits), at most
-    :data:`MAX_WORKERS`. Two per core were measured on the loaded 2-core box (docs/testing.md):
-    hardly faster (25 minutes against 27), since the suite is then bound by its CPU work, and
-    every test shares a core with more others, so a port's run on Slurm took 300 s instead of 25."""
+    """``-n auto``: one worker more than the usable cores (while one waits on a server, a Slurm
+    job's hold or a browser, the others compute), at least 2, at most :data:`MAX_WORKERS`. On
+    the loaded 2-core box (docs/testing.md, 2026-11-26) three workers took 18.9 minutes against
+    23.0 for two, with the slowest test at 209 s of its 600 s limit; four (two per core), measured
+    before the suite forked its runs, were hardly faster than two and let a port's run on Slurm
+    pass its limit."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(2, min(cores, MAX_WORKERS))
+    return max(2, min(cores + 1, MAX_WORKERS))
 
 
 class WholePackageScheduling(LoadScopeScheduling):

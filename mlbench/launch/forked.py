@@ -137,8 +137,10 @@ def _os_threads() -> int:
 
 def fork_worker(worker_args: Sequence[str], log: Path, env: dict[str, str], keep_fds: Sequence[int] = (),
                 before_main: Callable[[], None] | None = None,
-                enter: Callable[[], None] | None = None) -> ForkedProcess:
-    """Fork a child that runs ``python -m mlbench.worker WORKER_ARGS`` in this interpreter.
+                enter: Callable[[], None] | None = None, module: str = "mlbench.worker") -> ForkedProcess:
+    """Fork a child that runs ``python -m MODULE WORKER_ARGS`` in this interpreter: the PyTorch
+    worker, or a port's (``module``, :attr:`mlbench.frameworks.Framework.worker`, whose ``main``
+    imports its framework in the child: this process never does).
 
     ``log`` receives its stdout and stderr (appended, created private); ``keep_fds`` stay open
     in the child (a listening socket); ``before_main`` runs first in the child (tying it to
@@ -147,11 +149,12 @@ def fork_worker(worker_args: Sequence[str], log: Path, env: dict[str, str], keep
     rank = worker_args[worker_args.index("--rank") + 1] if "--rank" in worker_args else "?"
 
     def worker_main() -> int:
-        from mlbench.worker.__main__ import main
+        entry = importlib.import_module(module)
+        if not hasattr(entry, "main"):   # a package run with -m: its __main__ module
+            entry = importlib.import_module(f"{module}.__main__")
+        return int(entry.main(list(worker_args)))
 
-        return main(list(worker_args))
-
-    return fork_process(worker_main, "mlbench.worker", worker_args, f"mlbench-rank{rank}", log, env,
+    return fork_process(worker_main, module, worker_args, f"mlbench-rank{rank}", log, env,
                         keep_fds, before_main, enter)
 
 

@@ -179,14 +179,16 @@ class WorkerProcesses:
             document.save(self.run_dir)
             # the ranks are forked from here once their modules are imported (mlbench.launch.forked:
             # seconds of CPU saved per worker), and join their namespaces of an emulated network
-            # themselves; a port to another framework is a program of its own, started as a fresh interpreter:
-            # never forked from this torch-importing process; its coordinator binds the port itself
+            # themselves; a port to another framework is forked too (it uses torch for the data
+            # and the initial weights: the import saved) and imports its framework in the child,
+            # which this process never imports; its coordinator binds the port itself
             framework = get_framework(config.framework)
             if framework is not PYTORCH and listener is not None:
                 listener.close()
                 listener = None
-            fork = framework is PYTORCH and forking_allowed(TASKS.runtime_module(config.task.name))
-            prepare = getattr(runtime_module(config.task), "prepare_before_fork", None) if fork else None
+            fork = forking_allowed(TASKS.runtime_module(config.task.name))
+            prepare = (getattr(runtime_module(config.task), "prepare_before_fork", None)
+                       if fork and framework is PYTORCH else None)
             if prepare is not None:   # what every rank would make alike (synthetic data), made once
                 prepare(config)
             self._start_fault_clock(config, env)
@@ -206,7 +208,7 @@ class WorkerProcesses:
                     enter = functools.partial(network.enter, rank) if network else None
                     rank_env = {**env, **network.worker_env(rank)} if network else env
                     self.procs.append(fork_worker(worker_args, log, rank_env, pass_fds, tied_to_this_process(),
-                                                  enter))
+                                                  enter, framework.worker))
                     continue
                 cmd = [sys.executable, "-m", framework.worker, *worker_args]
                 if self.network:

@@ -14,6 +14,8 @@ the per-rank step-time spread.
   slowdown slept: ``fault/slowed``), the slowest rank, the spread (slowest / median) and how long
   the other ranks waited for it on average (their communication time beyond the slowest's, which
   waits for nobody). Needs the phase timing (not ``--no-timing``).
+* **link down**: how long every rank stood in its collectives while an injected link-down cut a
+  rank off (:func:`link_down_blocked`), which no rank's lead over the others shows.
 
 `status RUN` (table and ``-o json``), the dashboard's run page and `compare` read these from
 here, so they say the same.
@@ -28,7 +30,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from mlbench.results.events import read_run_events
-from mlbench.results.faults import SLOW, policy_text, worker_sizes, workers_label
+from mlbench.results.faults import LINK_DOWN, SLOW, policy_text, worker_sizes, workers_label
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary
 from mlbench.run_config import RunDocument
@@ -76,6 +78,49 @@ def stragglers(summary: RunSummary, events: Iterable[dict[str, Any]]) -> dict[st
             "waited_s": waited}
 
 
+def link_down_blocked(applied: Iterable[dict[str, Any]], events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """How long training stood still while a rank's emulated link was down (``--inject
+    link-down``): every collective waits for the rank that cannot be reached, so the wait shows
+    in *every* rank's communication time and not as one rank slower than the others (which the
+    straggler figures measure); and it may outlast the link's ``down_s``, as TCP retransmits only
+    after its backed-off timeout. Measured per rank from the logging intervals (``time/communication``
+    and ``train/steps``, recorded at each interval's end) that overlap an outage: their
+    communication time beyond their steps at the rank's median communication per step of the
+    other intervals; averaged over the ranks. None when no link went down or nothing overlaps."""
+    outages = [(float(e["time"]), float(e["time"]) + float(e["down_s"])) for e in applied
+               if e.get("kind") == LINK_DOWN and not e.get("missed") and isinstance(e.get("down_s"), (int, float))
+               and isinstance(e.get("time"), (int, float))]
+    if not outages:
+        return None
+    # (rank, step) -> [wall time of the record, communication seconds, steps]
+    intervals: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for event in events:
+        name = event.get("name")
+        if name not in ("time/communication", "train/steps") or not isinstance(event.get("value"), (int, float)):
+            continue
+        interval = intervals[int(event.get("rank", 0)), int(event.get("step", 0))]
+        interval[0] = max(interval[0], float(event.get("time") or 0.0))
+        interval[1 if name == "time/communication" else 2] = float(event["value"])
+    blocked: dict[int, float] = {}
+    for rank in sorted({r for r, _ in intervals}):
+        rows = sorted((step, *values) for (r, step), values in intervals.items() if r == rank and values[2] > 0)
+        spans = [(rows[i - 1][1] if i else 0.0, end, comm, steps) for i, (_, end, comm, steps) in enumerate(rows)]
+        hit = [any(start < out_end and end > out_start for out_start, out_end in outages)
+               for start, end, _, _ in spans]
+        usual = [comm / steps for (_, _, comm, steps), overlaps in zip(spans, hit, strict=True) if not overlaps]
+        if not usual or not any(hit):
+            continue
+        per_step = statistics.median(usual)
+        blocked[rank] = sum(max(0.0, comm - steps * per_step)
+                            for (_, _, comm, steps), overlaps in zip(spans, hit, strict=True) if overlaps)
+    if not blocked:
+        return None
+    return {"down_s": round(sum(end - start for start, end in outages), 3),
+            "blocked_s": round(statistics.mean(blocked.values()), 3),
+            "ranks": sorted({int(e.get("rank", 0)) for e in applied
+                             if e.get("kind") == LINK_DOWN and not e.get("missed") and "down_s" in e})}
+
+
 def run_faults(record: RunRecord, summary: RunSummary,
                events: Iterable[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The measurements of one run, as `status -o json` shows them under ``faults``:
@@ -86,8 +131,8 @@ def run_faults(record: RunRecord, summary: RunSummary,
     document = RunDocument.load_or_none(record.run_dir)
     config = document.config if document is not None else None
     if events is None:
-        slowed = config is not None and any(f.get("kind") == SLOW for f in config.faults)
-        events = read_run_events(record.run_dir) if slowed else []
+        timed = config is not None and any(f.get("kind") in (SLOW, LINK_DOWN) for f in config.faults)
+        events = read_run_events(record.run_dir) if timed else []
     section = (document.extra.get(FAULTS_SECTION) if document is not None else None) or {}
     applied = [dict(e) for e in section.get("events") or [] if isinstance(e, dict)]
     restarts = [dict(r) for r in section.get("restarts") or [] if isinstance(r, dict)]
@@ -106,6 +151,7 @@ def run_faults(record: RunRecord, summary: RunSummary,
         "recover_s": [r["recovered_s"] for r in restarts if r.get("recovered_s") is not None],
         "goodput": goodput(record, summary),
         "stragglers": stragglers(summary, events),
+        "link_down": link_down_blocked(applied, events),
     }
 
 
@@ -168,6 +214,11 @@ def describe_faults(faults: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("stragglers", f"rank {spread['slowest_rank']} slowest, {spread['spread']:.2f}x the median "
                                    f"busy step; others waited {spread['waited_s']:.2f} s for it "
                                    f"(ms per step by rank: {per_step})"))
+    down = faults.get("link_down")
+    if down is not None:
+        ranks = ", ".join(str(r) for r in down["ranks"])
+        rows.append(("link down", f"every rank waited {down['blocked_s']:.2f} s in its collectives for the link of "
+                                  f"rank {ranks} (down {down['down_s']:.2f} s)"))
     return rows
 
 

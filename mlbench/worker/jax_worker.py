@@ -10,9 +10,10 @@ NumPy scorer (:mod:`mlbench.tasks.scoring`), not by JAX.
 The data are mlbench's own: the data set loaders and the order of the samples
 (:func:`mlbench.tasks.data.sharding.epoch_batches`) are those the PyTorch worker uses, read on
 the CPU and handed to JAX as NumPy arrays, so that both frameworks see the same samples in the
-same order (:mod:`mlbench.worker.port_trainer`, the loop every port shares). The supervisor
-starts this module as a fresh interpreter (never forked from its torch-importing self). Exit
-codes are the PyTorch worker's: 0 done, 1 failed, 143 stopped.
+same order (:mod:`mlbench.worker.port_trainer`, the loop every port shares). The local
+supervisor forks it (its ``main``) from itself once torch is imported and JAX is not, as it forks
+the PyTorch worker; other launchers start it as a fresh interpreter. Exit codes are the PyTorch
+worker's: 0 done, 1 failed, 143 stopped.
 """
 
 from __future__ import annotations

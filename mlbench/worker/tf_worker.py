@@ -10,8 +10,9 @@ them from the step's variables (:func:`mlbench.worker.launcher_env.slurm_peers`)
 environment (another launcher's) is used as it is. The data, their order, the training loop and
 the evaluation are those of every port (:mod:`mlbench.worker.port_trainer`); the model and its
 update are :mod:`mlbench.worker.tf_logreg`'s (task 2a) or :mod:`mlbench.worker.tf_resnet`'s
-(task 1a). The supervisor starts this module as a fresh interpreter. Exit codes are the
-PyTorch worker's: 0 done, 1 failed, 143 stopped.
+(task 1a). The local supervisor forks it from itself (torch imported, TensorFlow not); other
+launchers start it as a fresh interpreter. Exit codes are the PyTorch worker's: 0 done, 1 failed,
+143 stopped.
 """
 
 from __future__ import annotations

@@ -58,6 +58,9 @@ def newest_checkpoint(run) -> int:
     return complete_checkpoints(run.run_dir / "checkpoints", run.workers).newest or 0
 
 
+#: a Slurm run held by a requeue, a resume and a local run: about 50 s idle, 209 s on the loaded
+#: 2-core box beside two other workers' tests
+@pytest.mark.timeout(600)
 def test_a_requeued_then_cancelled_slurm_run_resumes_to_the_parameters_of_the_uninterrupted_run(slurm):
     """One run through both ways a Slurm job stops before its end (one scenario: each Slurm run
     of it costs the loaded CI box a minute): ``scontrol requeue`` (the job goes on by itself from
@@ -106,6 +109,7 @@ def test_a_requeued_then_cancelled_slurm_run_resumes_to_the_parameters_of_the_un
         assert all(torch.equal(expected[name], actual[name]) for name in expected), rank
 
 
+@pytest.mark.timeout(600)   # about 20 s idle, 105 s loaded
 def test_a_killed_task_is_restarted_inside_the_job_and_the_run_finishes(slurm):
     # idle, the tasks train about 350 steps a second from about 3 s on: the kill comes mid-run
     mlbench("run", *LONG, "--max-steps", "2000", "--checkpoint-every", "100steps", "--inject", "kill:rank=1,at=5s",
