@@ -87,11 +87,11 @@ def link_down_blocked(applied: Iterable[dict[str, Any]], events: Iterable[dict[s
     and ``train/steps``, recorded at each interval's end) that overlap an outage: their
     communication time beyond their steps at the rank's median communication per step of the
     other intervals; averaged over the ranks. None when no link went down or nothing overlaps."""
-    outages = [(float(e["time"]), float(e["time"]) + float(e["down_s"])) for e in applied
-               if e.get("kind") == LINK_DOWN and not e.get("missed") and isinstance(e.get("down_s"), (int, float))
-               and isinstance(e.get("time"), (int, float))]
-    if not outages:
+    downs = [e for e in applied if e.get("kind") == LINK_DOWN and not e.get("missed")
+             and isinstance(e.get("down_s"), (int, float)) and isinstance(e.get("time"), (int, float))]
+    if not downs:
         return None
+    outages = [(float(e["time"]), float(e["time"]) + float(e["down_s"])) for e in downs]
     # (rank, step) -> [wall time of the record, communication seconds, steps]
     intervals: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for event in events:
@@ -117,8 +117,7 @@ def link_down_blocked(applied: Iterable[dict[str, Any]], events: Iterable[dict[s
         return None
     return {"down_s": round(sum(end - start for start, end in outages), 3),
             "blocked_s": round(statistics.mean(blocked.values()), 3),
-            "ranks": sorted({int(e.get("rank", 0)) for e in applied
-                             if e.get("kind") == LINK_DOWN and not e.get("missed") and "down_s" in e})}
+            "ranks": sorted({int(e.get("rank", 0)) for e in downs})}
 
 
 def run_faults(record: RunRecord, summary: RunSummary,
