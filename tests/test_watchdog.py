@@ -94,6 +94,23 @@ def test_the_bound_grows_with_the_median_step_up_to_the_startup_bound():
     assert collective_timeout_s(None, 300.0) == 300.0
 
 
+def test_a_heartbeat_silent_before_the_first_step_is_judged_by_the_startup_bound():
+    """Native code that holds Python's lock in a phase without steps (a framework's import,
+    TensorFlow's start of its cluster: 67 s on the loaded CI box) keeps the heartbeat thread from
+    beating: not a stopped process until the startup bound."""
+    now = T0 + 500
+    starting = {0: beat(0, at=now, step=0, phase="setup", median=None),
+                1: beat(1, at=now - 67, step=0, phase="setup", waiting=False, median=None)}
+    assert judge(starting, now, 60.0, T0) is None
+    stall = judge(starting, now - 67 + 601, 60.0, T0)   # its heartbeat silent for 601 s
+    assert stall is not None and stall.ranks == (1,)
+    assert stall.reason == ("rank 1 made no progress for 1034 s: its process stopped answering (last step 0, "
+                            "setup; startup bound 600 s, 10 x the watchdog's 60 s)")
+    evaluating = {0: beat(0, at=now, stepped=now - 70), 1: beat(1, at=now - 70, stepped=now - 70,
+                                                                 phase="evaluation")}
+    assert judge(evaluating, now, 60.0, T0) is None
+
+
 def test_a_long_first_step_or_evaluation_is_not_a_stall_within_the_startup_bound():
     now = T0 + 590
     first = {0: beat(0, at=now, step=0, phase="setup", waiting=True, median=None),

@@ -11,8 +11,11 @@ run as soon as a rank made no progress for the *bound*:
 * before a rank's first step, during an evaluation and while it saves its results (phases with
   no steps: data loading, compilation, a long evaluation), the *startup bound* ``10 x W``
   applies instead;
-* a rank whose heartbeat file is not rewritten for the bound has stopped answering (SIGSTOP, a
-  frozen machine) whatever its phase.
+* a rank whose heartbeat file is not rewritten for the bound of its phase has stopped answering
+  (SIGSTOP, a frozen machine). Its phase's bound: in a phase without steps the heartbeat thread
+  itself may be kept from running for long, by native code that holds Python's lock (a
+  framework's import, a compilation, TensorFlow's start of its cluster, which took 67 s on a
+  loaded machine), so there too the startup bound applies.
 
 Who is blamed: a rank that stopped answering; else the ranks that made no progress while *not*
 waiting in a collective (their peers wait for them: a deadlock, a hang outside torch); else,
@@ -102,19 +105,20 @@ def judge(beats: Mapping[int, Beat | None], now: float, watchdog_s: float, since
                      f"{_s(max(silent.values()))}: never started (startup bound {_s(startup)}, "
                      f"{STARTUP_FACTOR} x the watchdog's {_s(watchdog_s)})")
     known = {r: b for r, b in live.items() if b is not None}
-    frozen = {r: b for r, b in known.items() if now - b.time > bound}
+    lenient = {r for r, b in known.items() if b.phase in LENIENT_PHASES or b.step == 0}
+    startup_how = f"startup bound {_s(startup)}, {STARTUP_FACTOR} x the watchdog's {_s(watchdog_s)}"
+    frozen = {r: b for r, b in known.items() if now - b.time > (startup if r in lenient else bound)}
     if frozen:
         first = frozen[min(frozen)]
         return Stall(tuple(sorted(frozen)), f"{_ranks(frozen)} made no progress for "
                      f"{_s(now - (first.stepped_at or first.started))}: its process stopped "
-                     f"answering (last step {first.step}, {first.phase}; {how})")
+                     f"answering (last step {first.step}, {first.phase}; "
+                     f"{startup_how if min(frozen) in lenient else how})")
     idle: dict[int, float] = {}
-    lenient = {r for r, b in known.items() if b.phase in LENIENT_PHASES or b.step == 0}
     for rank, beat in known.items():
         last = beat.stepped_at if beat.stepped_at is not None else beat.started
         if now - last > (startup if rank in lenient else bound):
             idle[rank] = now - last
-    startup_how = f"startup bound {_s(startup)}, {STARTUP_FACTOR} x the watchdog's {_s(watchdog_s)}"
     if not idle:
         return None
     busy = {r for r in idle if not known[r].waiting}
