@@ -103,16 +103,18 @@ def link_down_blocked(applied: Iterable[dict[str, Any]], events: Iterable[dict[s
         interval[1 if name == "time/communication" else 2] = float(event["value"])
     blocked: dict[int, float] = {}
     for rank in sorted({r for r, _ in intervals}):
-        rows = sorted((step, *values) for (r, step), values in intervals.items() if r == rank and values[2] > 0)
-        spans = [(rows[i - 1][1] if i else 0.0, end, comm, steps) for i, (_, end, comm, steps) in enumerate(rows)]
-        hit = [any(start < out_end and end > out_start for out_start, out_end in outages)
-               for start, end, _, _ in spans]
-        usual = [comm / steps for (_, _, comm, steps), overlaps in zip(spans, hit, strict=True) if not overlaps]
-        if not usual or not any(hit):
-            continue
-        per_step = statistics.median(usual)
-        blocked[rank] = sum(max(0.0, comm - steps * per_step)
-                            for (_, _, comm, steps), overlaps in zip(spans, hit, strict=True) if overlaps)
+        usual: list[float] = []                  # communication seconds per step, outside the outages
+        during: list[tuple[float, float]] = []   # (communication seconds, steps) of intervals in one
+        start = 0.0                              # an interval runs from the previous record to its own
+        for _, (end, comm, steps) in sorted((step, v) for (r, step), v in intervals.items() if r == rank and v[2] > 0):
+            if any(start < out_end and end > out_start for out_start, out_end in outages):
+                during.append((comm, steps))
+            else:
+                usual.append(comm / steps)
+            start = end
+        if usual and during:
+            per_step = statistics.median(usual)
+            blocked[rank] = sum(max(0.0, comm - steps * per_step) for comm, steps in during)
     if not blocked:
         return None
     return {"down_s": round(sum(end - start for start, end in outages), 3),

@@ -19,8 +19,8 @@ from tests.shared_runs import PORT_RUN_STEPS, port_run, port_run_args
 
 #: a port's run on Slurm beside the local one (tests/shared_runs.py: the same run that
 #: tests/frameworks checks against one process, made once per session by whichever asks first);
-#: each is two fresh interpreters importing torch and the framework, about 25 s idle; on the
-#: loaded 2-core box beside other tests one took 215 s
+#: the Slurm run is two fresh interpreters importing torch and the framework, about 25 s idle
+#: with the local run; on the loaded 2-core box beside other tests one took 215 s
 PORT_RUNS_TIMEOUT = pytest.mark.timeout(600)
 
 
