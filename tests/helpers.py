@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -43,6 +44,38 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: floa
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def stop_while_training(pid: int, run_dir: str | os.PathLike, rank: int, timeout: float = 60) -> None:
+    """SIGSTOP rank ``rank`` (process ``pid``) at a moment its last heartbeat says it is training
+    past step 0, so that a watchdog judges it by the step bound named in its reason. Stopped in an
+    evaluation or a checkpoint (which a task of a few hundred steps reaches often), it would be
+    judged by the longer startup bound: the test would race the training loop. The beat is read
+    once the process is stopped and again a beat later (one sent over HTTP may land late); in
+    another phase the process is continued and stopped again a moment later."""
+    from mlbench.results.heartbeat import read_beat
+    deadline = time.monotonic() + timeout
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        wait_for(lambda: _process_state(pid) in ("T", "t", None), 10, f"process {pid} to stop")
+        first = read_beat(run_dir, rank)
+        time.sleep(1.5)   # a heartbeat's interval and a half
+        last = read_beat(run_dir, rank)
+        if all(b is not None and b.phase == "training" and b.step > 0 for b in (first, last)):
+            return
+        os.kill(pid, signal.SIGCONT)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"rank {rank} was not found training in {timeout}s (last beat {last})")
+        time.sleep(0.2)
+
+
+def _process_state(pid: int) -> str | None:
+    """The state letter of /proc/PID/stat (R, S, T, ...), None once the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
 
 
 def run_ids() -> list[str]:

@@ -28,7 +28,7 @@ from mlbench.launch.supervisor import pid_alive
 from mlbench.results.heartbeat import Beat, read_beat, write_beat
 from mlbench.results.store import RunStore
 from mlbench.results.watchdog import collective_timeout_s, judge
-from tests.helpers import mlbench, start_cli, wait_for
+from tests.helpers import mlbench, start_cli, stop_while_training, wait_for
 
 T0 = 1_000_000.0
 
@@ -185,7 +185,7 @@ def ended(run_id: str):
 def test_a_stopped_worker_fails_the_run_naming_it_long_before_the_collective_timeout():
     mlbench(*ENDLESS, "--detach", check=True)
     run, workers = training_run()
-    os.kill(workers[1], signal.SIGSTOP)
+    stop_while_training(workers[1], run.run_dir, 1)
     stopped = time.monotonic()
     record = wait_for(lambda: ended(run.id), ENDS_WITHIN_S, "the watchdog to fail the run", interval=0.5)
     assert time.monotonic() - stopped < ENDS_WITHIN_S
@@ -220,7 +220,11 @@ def test_a_rank_that_stops_calling_collectives_is_blamed_not_the_peer_waiting_fo
     monkeypatch.setenv("MLBENCH_TEST_STALL", "1")
     cli = start_cli(*ENDLESS, fresh=True)   # the hook is imported at the interpreter's start
     run, workers = training_run()
+    # sent while it trains (mostly: the beat may lag the loop by a second), so that the timeout
+    # below does not race the startup bound of an evaluation
+    stop_while_training(workers[1], run.run_dir, 1)
     os.kill(workers[1], signal.SIGUSR1)
+    os.kill(workers[1], signal.SIGCONT)
     out, err = cli.communicate(timeout=ENDS_WITHIN_S)
     assert cli.returncode == 1 and "Traceback" not in out + err
     record = RunStore().get(run.id)
@@ -247,7 +251,7 @@ def test_a_stopped_rank_of_an_mpi_run_fails_it_the_same_way():
         (b := read_beat(r[-1].run_dir, rank)) is not None and b.step >= 20 for rank in (0, 1)) and r[-1],
         150, "both ranks to train")
     ranks = [b.pid for b in (read_beat(run.run_dir, rank) for rank in (0, 1)) if b is not None]
-    os.kill(ranks[1], signal.SIGSTOP)
+    stop_while_training(ranks[1], run.run_dir, 1)
     record = wait_for(lambda: ended(run.id), ENDS_WITHIN_S, "the watchdog to fail the run", interval=0.5)
     assert record.state == "failed"
     assert record.reason.startswith("rank 1 made no progress for ")
@@ -295,7 +299,7 @@ def test_workers_started_by_torchrun_fail_together_naming_the_stopped_rank():
                  150, "torchrun's workers to train")
         rank1 = read_beat(run.run_dir, 1)
         assert rank1 is not None and rank1.host == socket.gethostname()
-        os.kill(rank1.pid, signal.SIGSTOP)
+        stop_while_training(rank1.pid, run.run_dir, 1)
         record = wait_for(lambda: (r := json.loads(mlbench("status", run.id, "-o", "json").stdout))["state"] != "running"
                           and r, ENDS_WITHIN_S, "rank 0's watchdog to fail the run")
         assert record["state"] == "failed"

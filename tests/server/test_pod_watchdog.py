@@ -36,7 +36,7 @@ from mlbench.results.http_sink import TOKEN_ENV, URL_ENV, HttpBeatSender, run_to
 from mlbench.results.store import RUNNING, RunRecord, RunStore
 from mlbench.server.httpd import make_server
 from mlbench.server.service import ResultsService
-from tests.helpers import mlbench, wait_for
+from tests.helpers import mlbench, stop_while_training, wait_for
 from tests.server.conftest import ADMIN_TOKEN, WORKER_TOKEN, free_port, new_run
 
 #: Short enough for a test, long enough for a loaded 2-core box (as in tests/test_watchdog.py).
@@ -212,7 +212,7 @@ def test_a_stopped_pod_fails_the_run_naming_its_rank_and_its_pods_are_deleted(tm
     wait_for(lambda: service.store.get(run_id).state == RUNNING, 60, "the supervisor to see the pods run")
     wait_for(lambda: training(service, run_id), 150, "both workers to train", interval=0.5)
     workers = [proc for rid, _, proc in pods.procs.values() if rid == run_id]
-    os.kill(workers[1].pid, signal.SIGSTOP)
+    stop_while_training(workers[1].pid, service.store.get(run_id).run_dir, 1)
     stopped = time.monotonic()
     record = wait_for(lambda: ended(service, run_id), ENDS_WITHIN_S, "the watchdog to fail the run", interval=0.5)
     assert time.monotonic() - stopped < ENDS_WITHIN_S

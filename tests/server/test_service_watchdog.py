@@ -23,7 +23,7 @@ from pathlib import Path
 from mlbench.results.heartbeat import read_beat
 from mlbench.results.http_sink import TOKEN_ENV, URL_ENV, run_token
 from mlbench.results.store import RunStore
-from tests.helpers import mlbench, wait_for
+from tests.helpers import mlbench, stop_while_training, wait_for
 from tests.server.conftest import WORKER_TOKEN, ServiceProcess, free_port
 
 #: Short enough for a test, long enough for a loaded 2-core box (as in tests/test_watchdog.py).
@@ -53,7 +53,7 @@ def test_the_service_fails_a_run_whose_worker_stopped_naming_its_rank_and_the_ot
                                                 env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank))))
         wait_for(lambda: all((b := read_beat(run.run_dir, r)) is not None and b.step >= 20 for r in (0, 1)),
                  150, "both workers to train (their heartbeats stored by the service)", interval=0.5)
-        os.kill(workers[1].pid, signal.SIGSTOP)
+        stop_while_training(workers[1].pid, run.run_dir, 1)
         stopped = time.monotonic()
         record = wait_for(lambda: r if not (r := RunStore().get(run.id)).active else None, ENDS_WITHIN_S,
                           "the service's watchdog to fail the run", interval=0.5)

@@ -4,15 +4,13 @@ run end failed, naming its rank, within the bound, far below gloo's timeout, and
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 from mlbench.launch.registry import launcher_of
 from mlbench.results.heartbeat import read_beat
 from mlbench.results.store import RunStore
 from mlbench.results.watchdog import collective_timeout_s
-from tests.helpers import last_run, mlbench
+from tests.helpers import last_run, mlbench, stop_while_training
 from tests.slurm.test_slurm_runs import LONG_RUN, wait_for, worker_pid
 
 #: Short enough for a test, long enough for a loaded 2-core box (as in tests/test_watchdog.py).
@@ -29,7 +27,7 @@ def test_a_stopped_worker_fails_the_slurm_run_naming_its_rank(slurm, libsvm_dir)
     run = last_run()
     wait_for(lambda: all((b := read_beat(run.run_dir, r)) is not None and b.step >= 20 for r in (0, 1))
              and worker_pid(run.run_dir, 1), what="both workers to train")
-    os.kill(worker_pid(run.run_dir, 1), signal.SIGSTOP)
+    stop_while_training(worker_pid(run.run_dir, 1), run.run_dir, 1)
     stopped = time.monotonic()
     wait_for(lambda: not launcher_of(RunStore(), run).reconcile(run).active, timeout=ENDS_WITHIN_S,
              what="the watchdog to fail the run")
