@@ -25,6 +25,18 @@ def pytest_configure(config):
     from tests.cpu_profile import register
 
     register(config)
+    one_torch_thread_in_the_test_process()
+
+
+def one_torch_thread_in_the_test_process() -> None:
+    """The references a test computes in its own process use one thread of PyTorch, as each
+    worker of a run here has. With two, every parallel region's idle thread spins in OpenMP's
+    wait for its peer: on the loaded 2-core CI box, where the peer waits for a core, the float64
+    ResNet reference of test_fast_steps cost 28 CPU-seconds against 3 idle. A test that needs a
+    worker's thread count sets it (test_exactness); runs' processes set their own."""
+    import torch
+
+    torch.set_num_threads(1)
 
 
 # -- parallel sessions: pytest-xdist's workers (tests/scheduling.py) ---------------------------

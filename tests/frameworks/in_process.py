@@ -45,6 +45,18 @@ def train_jax_in_process(config: RunConfig) -> list[dict]:
     return sink.events
 
 
+def one_tensorflow_thread(tf) -> None:
+    """TensorFlow in the test's process computes on one thread, as a worker of a run does (its
+    launcher's OMP_NUM_THREADS): with a pool per core, its idle threads spin for work that waits
+    for a core on the loaded CI box. Called where a module imports TensorFlow, before anything
+    starts it (its thread counts are fixed then; a later call in the same process is a no-op)."""
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    except RuntimeError:   # already started by an earlier module's test, which set them
+        pass
+
+
 def train_tf_in_process(config: RunConfig) -> list[dict]:
     """The events of the TensorFlow worker's loop (``TfTrainer``) on one process."""
     from mlbench.worker.tf_worker import TfTrainer, join

@@ -24,6 +24,7 @@ from tests.frameworks.in_process import (
     ATOL,
     RTOL,
     check_port_system,
+    one_tensorflow_thread,
     train_pytorch_in_process,
     train_tf_in_process,
     values,
@@ -35,7 +36,7 @@ from tests.shared_runs import PORT_RUN_STEPS, port_run
 # triton's LLVM after TensorFlow's crashes the process (a later test module imports torchvision)
 import torchvision  # noqa: F401
 
-pytest.importorskip("tensorflow")
+one_tensorflow_thread(pytest.importorskip("tensorflow"))
 
 
 def test_the_first_50_losses_of_the_tensorflow_port_equal_pytorchs(libsvm_dir):

@@ -55,8 +55,6 @@ import pytest
 # triton's LLVM after TensorFlow's crashes the process (see test_tf_port.py)
 import torchvision  # noqa: F401
 
-pytest.importorskip("tensorflow")
-
 import torch
 
 from mlbench.tasks.classification import learning_rate
@@ -65,7 +63,7 @@ from mlbench.tasks.models import build_model
 from mlbench.tasks.overrides import resolve
 from mlbench.tasks.pipeline import Pipeline
 from mlbench.tasks.task1a import TASK1A
-from tests.frameworks.in_process import train_tf_in_process, values
+from tests.frameworks.in_process import one_tensorflow_thread, train_tf_in_process, values
 from tests.frameworks.resnet_reference import (
     check_port_against_pytorch_events,
     FLOAT32_STEPS,
@@ -73,6 +71,8 @@ from tests.frameworks.resnet_reference import (
     check_a_real_two_worker_run,
     float32_config,
 )
+
+one_tensorflow_thread(pytest.importorskip("tensorflow"))
 
 SEED = 0          # RunConfig's default
 TEST_IMAGES = 200
