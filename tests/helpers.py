@@ -78,6 +78,32 @@ def _process_state(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[0]
 
 
+def assert_survivor_equals_a_one_worker_resume(faulty, reference, from_step: int, steps: int) -> None:
+    """A run shrunk to one worker at ``from_step`` (``faulty``: its rank 0's final checkpoint)
+    equals ``reference``'s checkpoint at that step (a run of the old size without faults)
+    resumed by one worker, in this process, to ``steps``: both train at the one-worker rate rule
+    from the same place in the epoch (docs/faults.md's rules for the new size)."""
+    import dataclasses
+
+    from mlbench.results.events import EventWriter
+    from mlbench.run_config import RunDocument
+    from mlbench.worker.trainer import Trainer
+
+    config = dataclasses.replace(RunDocument.load(faulty.run_dir).config, resume_step=from_step, max_steps=steps)
+    assert config.workers == 1
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads_per_worker)   # the worker's own, so sums round alike
+    try:
+        trainer = Trainer(config, 0, EventWriter(ListSink(), 0), run_dir=reference.run_dir)
+        trainer.setup()
+        assert trainer.train().steps == steps
+    finally:
+        torch.set_num_threads(threads)
+    expected, actual = trainer.model.state_dict(), checkpoint(faulty, 0)
+    assert expected.keys() == actual.keys()
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+
+
 def run_ids() -> list[str]:
     from mlbench.results.store import RunStore
     return [r.id for r in RunStore().list()]

@@ -18,7 +18,7 @@ from mlbench.errors import UsageError
 from mlbench.launch.faults import parse_inject, parse_on_failure
 from mlbench.results.faults import slow_factor, start_times
 from mlbench.results.store import RunStore
-from tests.helpers import checkpoint, mlbench, run_json
+from tests.helpers import assert_survivor_equals_a_one_worker_resume, checkpoint, mlbench, run_json
 
 OPTIONS = ("--set", "batch_per_worker=50", "--log-every", "5", "--no-stop", "--set", "max_epochs=100000")
 
@@ -142,11 +142,7 @@ def test_the_survivor_of_a_shrink_ends_with_the_parameters_of_the_two_worker_run
     # reference: a 2-worker run of N steps without faults, then its checkpoint resumed by one
     # worker (in this process) to the same step cap; both train at the 1-worker rate rule and
     # start at the same place in the epoch (docs/faults.md's rules for the new size).
-    import dataclasses
-
-    from mlbench.results.events import EventWriter
-    from mlbench.run_config import RunDocument
-    from mlbench.worker.trainer import Trainer, resumed_batch
+    from mlbench.worker.trainer import resumed_batch
 
     assert [resumed_batch(b, 2, 1) for b in (0, 3, 19)] == [0, 6, 38]
     assert [resumed_batch(b, 4, 3) for b in (0, 1, 3, 4)] == [0, 2, 4, 6] and resumed_batch(7, 3, 3) == 7
@@ -174,19 +170,7 @@ def test_the_survivor_of_a_shrink_ends_with_the_parameters_of_the_two_worker_run
     assert 0 < n < steps and n % 10 == 0, shrink
     mlbench("run", *RUN, "--max-steps", str(n), check=True)
     reference = RunStore().list()[-1]
-    config = dataclasses.replace(RunDocument.load(faulty.run_dir).config, resume_step=n, max_steps=steps)
-    assert config.workers == 1
-    threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads_per_worker)   # the worker's own, so sums round alike
-    try:
-        trainer = Trainer(config, 0, EventWriter(_Sink(), 0), run_dir=reference.run_dir)
-        trainer.setup()
-        assert trainer.train().steps == steps
-    finally:
-        torch.set_num_threads(threads)
-    expected, actual = trainer.model.state_dict(), checkpoint(faulty, 0)
-    assert expected.keys() == actual.keys()
-    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+    assert_survivor_equals_a_one_worker_resume(faulty, reference, n, steps)
 
 
 def test_a_resumed_run_goes_on_on_the_fault_clock_where_its_stop_left_it():
@@ -218,11 +202,3 @@ def test_a_resumed_run_goes_on_on_the_fault_clock_where_its_stop_left_it():
     # on the continued clock: its start (the event's unix time less its moment) lies before the resume
     assert all(e["time"] - e["at"] < resumed_at for e in later)
     assert document["faults"]["clock_s"] > 1000
-
-
-class _Sink:
-    def write(self, event):
-        pass
-
-    def close(self):
-        pass

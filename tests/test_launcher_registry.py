@@ -100,8 +100,6 @@ def test_slurm_cpus_per_task_0_is_a_usage_error_of_the_cli_and_records_nothing()
 
 
 @pytest.mark.parametrize("launcher, asked, message", [
-    ("slurm", {"on_failure": "shrink"},
-     "--on-failure shrink: Slurm runs carry out fail or restart only; run on this machine"),
     ("external", {"framework": "jax"}, "--framework jax: --record-only runs start PyTorch workers only so far; "
                                        "run on this machine"),
     ("external", {"inject": "stall:rank=1,at=5s"},

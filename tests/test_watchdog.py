@@ -27,7 +27,7 @@ import torch.distributed as dist
 from mlbench.launch.supervisor import pid_alive
 from mlbench.results.heartbeat import Beat, read_beat, write_beat
 from mlbench.results.store import RunStore
-from mlbench.results.watchdog import collective_timeout_s, judge
+from mlbench.results.watchdog import blamed_ranks, collective_timeout_s, judge
 from tests.helpers import mlbench, start_cli, stop_while_training, wait_for
 
 T0 = 1_000_000.0
@@ -74,6 +74,24 @@ def test_every_rank_waiting_is_a_dropped_link_and_the_ranks_behind_are_blamed():
     assert stall is not None and stall.ranks == (1,)
     assert stall.reason.startswith("rank 1 made no progress for 65 s: stuck at step 100 while its peers "
                                    "waited in a collective at step 101")
+
+
+def test_a_verdicts_reason_gives_back_the_ranks_it_blames():
+    """A Slurm job's supervisor reads whom a task's watchdog blamed from its error event, to
+    shrink away the stalled rank rather than the peer that exited (blamed_ranks)."""
+    now = T0 + 500
+    verdicts = [judge({0: beat(0, at=now, stepped=now - 61), 1: beat(1, at=now - 61, stepped=now - 62, waiting=False)},
+                      now, 60.0, T0),
+                judge({r: beat(r, at=now, stepped=now - 61, waiting=r != 2) for r in (0, 1, 2, 3)}, now, 60.0, T0),
+                judge({r: beat(r, at=now - 70, stepped=now - 70) for r in (0, 1, 2)} | {3: beat(3, at=now, stepped=now)},
+                      now, 60.0, T0)]
+    assert [v.ranks for v in verdicts if v is not None] == [(1,), (2,), (0, 1, 2)]
+    for verdict in verdicts:
+        assert verdict is not None
+        assert blamed_ranks(verdict.reason) == blamed_ranks(f"watchdog: {verdict.reason}") == verdict.ranks
+    everyone = judge({r: beat(r, at=now, stepped=now - 65) for r in (0, 1)}, now, 60.0, T0)
+    assert everyone is not None and blamed_ranks(everyone.reason) == ()   # a dropped link: nobody to leave out
+    assert blamed_ranks("worker 1 was killed") == ()
 
 
 def test_the_bound_grows_with_the_median_step_up_to_the_startup_bound():

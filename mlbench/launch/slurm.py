@@ -30,7 +30,7 @@ from mlbench.errors import MlbenchError, UsageError
 from mlbench.frameworks import FRAMEWORKS, PYTORCH, get_framework
 from mlbench.launch import slurm_jobs as jobs
 from mlbench.launch.base import EventCallback, Launcher, LauncherOption
-from mlbench.launch.faults import FAIL, RESTART
+from mlbench.launch.faults import FAIL, RESTART, SHRINK
 from mlbench.launch.plan import LauncherAbilities, RunRequest, WorkerResources
 from mlbench.launch.run_folder import log_path, log_tail, logs_dir, rank_error, read_outcome
 from mlbench.launch.slurm_script import SCRIPT_NAME, SlurmOptions, render_script
@@ -148,11 +148,12 @@ class SlurmLauncher(Launcher):
     options = _SLURM_OPTIONS
     follow_seconds = 2.0
     resumable = True  # the batch script is submitted again; the run folder is on shared storage
-    # the supervisor inside the job (launch/slurm_supervisor.py) injects and restarts, and does
-    # not shrink a step; the tasks of a step derive each one's address from the step's variables
+    # the supervisor inside the job (launch/slurm_supervisor.py) injects, restarts and shrinks
+    # (a new step with fewer tasks); link-down needs an emulated network, which Slurm runs do not
+    # have; the tasks of a step derive each one's address from the step's variables
     # (worker/launcher_env.slurm_peers: TensorFlow's workers)
     abilities = LauncherAbilities(frameworks=tuple(FRAMEWORKS), peer_addresses=True,
-                                  fault_kinds=(KILL, STALL, SLOW), policies=(FAIL, RESTART))
+                                  fault_kinds=(KILL, STALL, SLOW), policies=(FAIL, RESTART, SHRINK))
     unreachable_seconds = 120.0  # how long a follow waits for an unreachable controller
 
     def __init__(self, *args: Any, **kwargs: Any):

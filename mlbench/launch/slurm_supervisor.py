@@ -15,7 +15,13 @@ code for the record (:mod:`mlbench.launch.injector`):
   worker itself;
 - a failed step is restarted from the newest checkpoint as a new step while
   ``--on-failure restart[:N]`` allows, recorded in run.json's ``faults`` as a local restart is,
-  so that `status`, `compare` and goodput read a Slurm run as a local one.
+  so that `status`, `compare` and goodput read a Slurm run as a local one; with
+  ``--on-failure shrink[:N]`` the new step has one task fewer per rank to blame (``srun
+  --ntasks``), the survivors renumbered in their order, as a local shrink's.
+
+Who is blamed, for a shrink: the rank of the injected fault the failure is put down to; else
+the ranks a failed task's watchdog named in its error event (the task srun names is the peer
+whose watchdog exited, not the stalled one); else the tasks srun named as failed.
 
 A stalled task is found by its peers' own watchdog (the workers of a Slurm step watch each
 other), which ends the step. SIGTERM (scancel, a requeue) ends the step and this process
@@ -38,8 +44,10 @@ from typing import Any
 
 from mlbench.launch.injector import FaultRecord, Injector, check_recovered, reached_step, record_restart
 from mlbench.launch.run_folder import back_to_newest_checkpoint
+from mlbench.results.events import read_run_events
 from mlbench.results.faults import FAULT_CLOCK_ENV, describe_fault
 from mlbench.results.heartbeat import HEARTBEATS_DIR, read_beats
+from mlbench.results.watchdog import blamed_ranks
 from mlbench.run_config import RunDocument
 
 POLL_SECONDS = 0.2
@@ -112,6 +120,25 @@ def resume_if_requeued(run_dir: Path, workers: int, env: dict[str, str]) -> int 
     return newest
 
 
+def with_ntasks(command: list[str], tasks: int) -> list[str]:
+    """The srun command with ``--ntasks=TASKS`` (the group's size now: smaller than the job's
+    allocation after a shrink, in this job or in the one before a requeue)."""
+    kept = [part for part in command if not part.startswith("--ntasks=")]
+    at = kept.index("srun") + 1 if "srun" in kept else 0
+    return [*kept[:at], f"--ntasks={tasks}", *kept[at:]]
+
+
+def watchdog_blame(run_dir: Path, since: float) -> list[int]:
+    """The ranks a task's watchdog blamed in an error event written since ``since`` (unix
+    seconds: the step's start), as its verdict's reason names them; [] without such an event."""
+    for event in read_run_events(run_dir):
+        if event["name"] == "error" and event["time"] >= since and isinstance(event["value"], str):
+            blamed = blamed_ranks(event["value"])
+            if blamed:
+                return list(blamed)
+    return []
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -157,6 +184,7 @@ class JobSupervisor:
     def _steps(self) -> int:
         recovering: dict[str, Any] | None = None
         while True:
+            started = time.time()
             code, failed = self._attempt(recovering)
             recovering = None
             if code == 0 or self.stopping:
@@ -168,28 +196,63 @@ class JobSupervisor:
             if fault is not None:
                 fault["detected_s"] = round(now - fault["time"], 3)
                 reason = f"{reason} [injected: {describe_fault(fault)}, --inject {fault['schedule']}]"
-            if self.faults is None or self.on_failure != "restart" or self.restarts_done >= self.max_restarts:
+            survivors, given_up = self._go_on_with(failed, fault, started)
+            if self.faults is None or given_up is not None:
                 if self.faults is not None:
                     if fault is not None:
                         fault["action"] = "fail"
                     self.faults.save()
-                print(f"mlbench: {reason}; not restarted", file=sys.stderr, flush=True)
+                print(f"mlbench: {reason}; {given_up or 'not restarted'}", file=sys.stderr, flush=True)
                 return code
             if self.injector is not None:
                 self.injector.forget_processes()
             self.restarts_done += 1
             recovering = record_restart(self.faults, self.workers, reason, fault, now,
                                         reached_step(self.run_dir, self.workers,
-                                                     fault.get("time") if fault is not None else None))
-            print(f"mlbench: {reason}; restart {self.restarts_done} of {self.max_restarts} from step "
-                  f"{recovering['from_step']}", file=sys.stderr, flush=True)
+                                                     fault.get("time") if fault is not None else None),
+                                        survivors)
+            if survivors is None:
+                print(f"mlbench: {reason}; restart {self.restarts_done} of {self.max_restarts} from step "
+                      f"{recovering['from_step']}", file=sys.stderr, flush=True)
+            else:
+                old = f"old rank{'s' if len(survivors) > 1 else ''} {', '.join(map(str, survivors))}"
+                print(f"mlbench: {reason}; shrink {self.restarts_done}: {len(survivors)} of {self.workers} "
+                      f"worker(s) go on from step {recovering['from_step']} ({old})", file=sys.stderr, flush=True)
+                self.workers = len(survivors)
+
+    def _go_on_with(self, failed: list[int], fault: dict[str, Any] | None,
+                    started: float) -> tuple[list[int] | None, str | None]:
+        """What the policy does after a failed step: (None, None) restart at the same size;
+        (survivors, None) shrink to them (their old ranks, in order); (None, why) give up, and
+        why in words. The limits are the local supervisor's: ``restart:N`` at most N restarts,
+        ``shrink`` until one worker is left, ``shrink:N`` at most N shrinks."""
+        limited = self.max_restarts and self.restarts_done >= self.max_restarts
+        if self.on_failure == "restart":
+            if self.restarts_done >= self.max_restarts:
+                return None, (f"not restarted (after {self.restarts_done} restarts, the most --on-failure allowed)"
+                              if self.restarts_done else "not restarted")
+            return None, None
+        if self.on_failure != "shrink":
+            return None, "not restarted"
+        if fault is not None:
+            blamed = [int(fault["rank"])]
+        else:
+            blamed = watchdog_blame(self.run_dir, started) or failed
+        survivors = [rank for rank in range(self.workers) if rank not in blamed]
+        if not blamed:
+            return None, "not shrunk (srun named no failed task to leave out)"
+        if not survivors:
+            return None, "not shrunk (no worker left to shrink to)"
+        if limited:
+            return None, f"not shrunk (after {self.restarts_done} shrinks, the most --on-failure allowed)"
+        return survivors, None
 
     def _attempt(self, recovering: dict[str, Any] | None) -> tuple[int, list[int]]:
         """One step: srun's exit code and the tasks srun named as failed first."""
         shutil.rmtree(self.run_dir / HEARTBEATS_DIR, ignore_errors=True)  # pids of this step's tasks only
         env = dict(os.environ, MASTER_PORT=str(_free_port()), **{FAULT_CLOCK_ENV: repr(self.clock_start)})
         failed: list[int] = []
-        step = self.step = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
+        step = self.step = subprocess.Popen(with_ntasks(self.command, self.workers), env=env, stdin=subprocess.DEVNULL,
                                             stderr=subprocess.PIPE, text=True, errors="replace")
         reader = threading.Thread(target=self._read_errors, args=(step, failed), daemon=True)
         reader.start()

@@ -28,6 +28,7 @@ processes (:mod:`mlbench.launch.supervisor`) or, where none does, the workers th
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -84,6 +85,18 @@ def _s(seconds: float) -> str:
 def _ranks(ranks: Collection[int]) -> str:
     ordered = sorted(ranks)
     return f"rank {ordered[0]}" if len(ordered) == 1 else "ranks " + ", ".join(map(str, ordered))
+
+
+_BLAME = re.compile(r"^(?:watchdog: )?ranks? (\d+(?:, \d+)*) made no progress")
+
+
+def blamed_ranks(reason: str) -> tuple[int, ...]:
+    """The ranks a verdict's reason blames (a :class:`Stall`'s ``reason``, also after the
+    ``watchdog: `` a worker records it with): the inverse of its wording, for a supervisor that
+    reads the verdict from a worker's error event (a Slurm job's, to shrink away the stalled
+    rank, not the peer whose watchdog exited); () for any other reason."""
+    match = _BLAME.match(reason)
+    return tuple(int(r) for r in match.group(1).split(", ")) if match else ()
 
 
 def judge(beats: Mapping[int, Beat | None], now: float, watchdog_s: float, since: float,

@@ -26,7 +26,7 @@ from mlbench.launch.mpi import mpirun_command
 from mlbench.launch.slurm import failure_reason
 from mlbench.launch.slurm_jobs import JobState, _json_state
 from mlbench.launch.slurm_script import SlurmOptions, render_script
-from mlbench.launch.slurm_supervisor import SlurmTask, _send
+from mlbench.launch.slurm_supervisor import SlurmTask, _send, watchdog_blame, with_ntasks
 from mlbench.results.events import EventWriter, FileSink
 from mlbench.results.heartbeat import Beat, write_beat
 from mlbench.results.store import RunStore
@@ -236,3 +236,29 @@ def test_a_fault_due_while_a_slurm_step_has_ended_is_missed():
     step.wait()
     (event,) = injector.apply([SlurmTask(run_dir, 0, 1, step)])
     assert event["missed"] == "the worker was not running (starting again, or ended)"
+
+
+def test_each_step_asks_srun_for_the_groups_size_now():
+    """After a shrink (in this job, or in the job before a requeue) the step has fewer tasks than
+    the allocation: the supervisor's srun names its size, replacing one it named before."""
+    srun = ["srun", "--kill-on-bad-exit=1", "python", "-m", "mlbench.worker", "/runs/ab12"]
+    assert with_ntasks(srun, 2) == ["srun", "--ntasks=2", *srun[1:]]
+    assert with_ntasks(with_ntasks(srun, 2), 1) == ["srun", "--ntasks=1", *srun[1:]]
+
+
+def test_a_shrink_leaves_out_the_rank_a_tasks_watchdog_blamed_not_the_task_that_exited(tmp_path):
+    """srun names the task whose watchdog exited (the peer of the stalled one); the verdict in
+    its error event names the stalled rank, which is the one a shrink must leave out. Error
+    events of an earlier step do not count."""
+    before = time.time()
+    old = EventWriter(FileSink(tmp_path, 0), 0)
+    old.emit("error", "watchdog: rank 0 made no progress for 70 s: its process stopped answering", epoch=0, step=0)
+    time.sleep(0.01)
+    step_started = time.time()
+    assert watchdog_blame(tmp_path, step_started) == []
+    writer = EventWriter(FileSink(tmp_path, 0), 0)
+    writer.emit("error", "watchdog: rank 2 made no progress for 61 s while ranks 0, 1 waited for it in a collective",
+                epoch=0, step=0)
+    writer.close()
+    assert watchdog_blame(tmp_path, step_started) == [2]
+    assert watchdog_blame(tmp_path, before) == [0]   # the first verdict since then

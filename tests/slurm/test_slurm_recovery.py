@@ -1,6 +1,6 @@
 """Ports, resume and faults of `mlbench run --slurm` against the real one-node Slurm cluster:
 the JAX and TensorFlow ports as srun's tasks, `scontrol requeue` and `mlbench resume` from a checkpoint, and
-`--inject kill` with `--on-failure restart` applied inside the job."""
+`--inject kill` with `--on-failure restart`, and `--on-failure shrink` to the survivor of a killed task, applied inside the job."""
 
 from __future__ import annotations
 
@@ -125,3 +125,43 @@ def test_a_killed_task_is_restarted_inside_the_job_and_the_run_finishes(slurm):
     assert "task 1" in restart["reason"] and "kill of rank 1" in restart["reason"]
     assert restart["from_step"] % 100 == 0 and restart["reached_step"] >= restart["from_step"]
     assert "kill of rank 1 at 5.0 s" in mlbench("status", run.id, check=True).stdout
+
+
+@pytest.mark.timeout(600)   # one Slurm job of two steps and a local reference run
+def test_a_slurm_run_shrinks_to_the_survivor_of_a_killed_task_as_a_local_run_does(slurm, libsvm_dir):
+    """--on-failure shrink inside the job: task 1 is killed (by the test, not a schedule: srun's
+    blame alone says whom to leave out), the next step has one task, rank 0 going on from the
+    newest checkpoint (step N). The reference is test_faults' for a local shrink: a two-worker
+    run of N steps (local: a Slurm run equals it, test_a_requeued...), then its checkpoint resumed
+    by one worker (in this process) to the same step cap."""
+    import os
+    import signal
+
+    from tests.helpers import assert_survivor_equals_a_one_worker_resume
+    from tests.slurm.test_slurm_runs import worker_pid
+
+    steps = 3000
+    RUN = ("task2a", "2", "--data-dir", str(libsvm_dir), "--set", "batch_per_worker=50", "--log-every", "5",
+           "--no-stop", "--set", "max_epochs=100000", "--checkpoint-every", "10steps")
+    mlbench("run", *RUN, "--max-steps", str(steps), "--save-model", "--on-failure", "shrink", "--slurm", "--detach",
+            check=True)
+    run = last_run()
+    wait_for(lambda: newest_checkpoint(run) >= 20 and worker_pid(run.run_dir, 1), 180, "both tasks to checkpoint")
+    os.kill(worker_pid(run.run_dir, 1), signal.SIGKILL)
+    wait_for(lambda: not launcher_of(RunStore(), run).reconcile(run).active, 300, "the run to end", interval=1)
+    faulty = RunStore().get(run.id)
+    assert faulty.state == "finished" and faulty.result["steps"] == steps, faulty.reason
+    shrink = run_json(faulty)["faults"]["restarts"][0]
+    assert (shrink["workers"], shrink["survivors"]) == (1, [0]) and "task 1" in shrink["reason"], shrink
+    status = json.loads(mlbench("status", faulty.id, "-o", "json", check=True).stdout)
+    assert status["faults"]["workers"] == [2, 1] and status["workers"] == 2 and status["launcher"] == "slurm"
+    assert "2 -> 1" in mlbench("status", faulty.id, check=True).stdout
+    out = "".join(p.read_text() for p in (faulty.run_dir / "logs").glob("slurm-*.out"))
+    assert f"shrink 1: 1 of 2 worker(s) go on from step {shrink['from_step']} (old rank 0)" in out, out
+
+    n = shrink["from_step"]
+    assert 0 < n < steps and n % 10 == 0, shrink
+    mlbench("run", *RUN, "--max-steps", str(n), check=True)
+    reference = last_run()
+    assert reference.launcher == "local"
+    assert_survivor_equals_a_one_worker_resume(faulty, reference, n, steps)
