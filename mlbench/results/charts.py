@@ -31,7 +31,7 @@ from mlbench.network.settings import format_rate, format_time
 from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, RunResult,
                                      sweep_bandwidth)
 from mlbench.results.events import read_run_events
-from mlbench.results.goodput import FAULTS_SECTION
+from mlbench.results.goodput import FAULTS_SECTION, recoveries
 from mlbench.results.report import differs_in_network, group_label, had_faults, is_sweep, task_metric
 from mlbench.run_config import RunDocument
 from mlbench.safefile import replacing
@@ -423,7 +423,7 @@ def fault_chart(comparison: Comparison) -> Figure:
         faults = run.faults
         goodput = f"goodput {100 * faults['goodput']:.1f}%" if faults.get("goodput") is not None else "no goodput"
         ax.set_title(f"run {run.record.id}, {run.record.workers} workers: {goodput}, "
-                     f"{faults.get('restarts', 0)} restarts, {faults.get('lost_steps', 0)} steps lost",
+                     f"{recoveries(faults)}, {faults.get('lost_steps', 0)} steps lost",
                      fontsize=9)
         ax.set_ylabel("training loss")
         ax.grid(alpha=0.3)

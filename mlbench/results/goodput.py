@@ -192,6 +192,14 @@ def had_faults(faults: dict[str, Any]) -> bool:
     return bool(faults.get("injected") or faults.get("restarts"))
 
 
+def recoveries(faults: dict[str, Any]) -> str:
+    """'1 restart', '2 restarts', '1 shrink' (``--on-failure shrink``: each went on with fewer
+    workers): how often the group started again, named by the policy that did it."""
+    count = faults.get("restarts") or 0
+    what = "shrink" if str(faults.get("on_failure") or "").startswith("shrink") else "restart"
+    return f"{count:g} {what}{'' if count == 1 else 's'}"
+
+
 def describe_faults(faults: dict[str, Any]) -> list[tuple[str, str]]:
     """The `status RUN` rows (label, text) of :func:`run_faults`: the faults and what they cost
     when any were injected or the run restarted, the goodput of a run that trained, and the
@@ -204,7 +212,7 @@ def describe_faults(faults: dict[str, Any]) -> list[tuple[str, str]]:
                                f"{faults['on_failure']}"))
         detect = _seconds(faults["detect_s"])
         recover = _seconds(faults["recover_s"])
-        rows.append(("recovery", f"{faults['restarts']} restarts, {faults['lost_steps']} steps lost and redone; "
+        rows.append(("recovery", f"{recoveries(faults)}, {faults['lost_steps']} steps lost and redone; "
                                  f"detected in {detect}, recovered in {recover}"))
     if faults["goodput"] is not None:
         rows.append(("goodput", f"{100 * faults['goodput']:.1f}% (training time / wall time)"))

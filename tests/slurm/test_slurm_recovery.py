@@ -5,6 +5,7 @@ the JAX and TensorFlow ports as srun's tasks, `scontrol requeue` and `mlbench re
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -155,7 +156,8 @@ def test_a_slurm_run_shrinks_to_the_survivor_of_a_killed_task_as_a_local_run_doe
     assert (shrink["workers"], shrink["survivors"]) == (1, [0]) and "task 1" in shrink["reason"], shrink
     status = json.loads(mlbench("status", faulty.id, "-o", "json", check=True).stdout)
     assert status["faults"]["workers"] == [2, 1] and status["workers"] == 2 and status["launcher"] == "slurm"
-    assert "2 -> 1" in mlbench("status", faulty.id, check=True).stdout
+    shown = mlbench("status", faulty.id, check=True).stdout
+    assert "2 -> 1" in shown and re.search(r"recovery +1 shrink, \d+ steps lost and redone", shown), shown
     out = "".join(p.read_text() for p in (faulty.run_dir / "logs").glob("slurm-*.out"))
     assert f"shrink 1: 1 of 2 worker(s) go on from step {shrink['from_step']} (old rank 0)" in out, out
 
