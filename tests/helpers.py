@@ -53,11 +53,12 @@ def stop_while_training(pid: int, run_dir: str | os.PathLike, rank: int, timeout
     judged by the longer startup bound: the test would race the training loop. The beat is read
     once the process is stopped and again a beat later (one sent over HTTP may land late); in
     another phase the process is continued and stopped again a moment later."""
+    from mlbench.launch.processes import process_state
     from mlbench.results.heartbeat import read_beat
     deadline = time.monotonic() + timeout
     while True:
         os.kill(pid, signal.SIGSTOP)
-        wait_for(lambda: _process_state(pid) in ("T", "t", None), 10, f"process {pid} to stop")
+        wait_for(lambda: process_state(pid) in ("T", "t", None), 10, f"process {pid} to stop")
         first = read_beat(run_dir, rank)
         time.sleep(1.5)   # a heartbeat's interval and a half
         last = read_beat(run_dir, rank)
@@ -67,15 +68,6 @@ def stop_while_training(pid: int, run_dir: str | os.PathLike, rank: int, timeout
         if time.monotonic() > deadline:
             raise AssertionError(f"rank {rank} was not found training in {timeout}s (last beat {last})")
         time.sleep(0.2)
-
-
-def _process_state(pid: int) -> str | None:
-    """The state letter of /proc/PID/stat (R, S, T, ...), None once the process is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[0]
 
 
 def assert_survivor_equals_a_one_worker_resume(faulty, reference, from_step: int, steps: int) -> None:

@@ -27,7 +27,9 @@ def start_ticks(pid: int) -> int | None:
         return None
 
 
-def _state(pid: int) -> str | None:
+def process_state(pid: int) -> str | None:
+    """The state letter of live process ``pid`` (R, S, T stopped, Z zombie, ...); None where
+    unknown or gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
             return f.read().rsplit(")", 1)[1].split()[0]
@@ -73,7 +75,7 @@ class ProcessRef:
             return False
         except PermissionError:
             pass  # someone else's process: it exists
-        if _state(self.pid) == "Z":  # a zombie child of ours counts as gone
+        if process_state(self.pid) == "Z":  # a zombie child of ours counts as gone
             return False
         return self.started is None or start_ticks(self.pid) in (None, self.started)
 
