@@ -28,6 +28,20 @@ def _status(run_id: str) -> dict:
     return json.loads(mlbench("status", run_id, "-o", "json", check=True).stdout)
 
 
+def test_the_recovery_rule_of_both_supervisors():
+    """The local supervisor and the one inside a Slurm job decide alike (injector.next_group):
+    restart while restarts are left, shrink while shrinks and survivors are, else give up with
+    the words the failure's reason gets."""
+    from mlbench.launch.injector import next_group
+
+    assert next_group("restart", 2, 1, 2, (1,)) == (None, None)
+    assert next_group("restart", 2, 2, 2, (1,)) == (None, " (after 2 restarts, the most --on-failure allowed)")
+    assert next_group("fail", 0, 0, 2, (1,)) == (None, "")
+    assert next_group("shrink", 0, 3, 4, (2,)) == ([0, 1, 3], None)
+    assert next_group("shrink", 1, 1, 3, (0,)) == (None, " (after 1 shrinks, the most --on-failure allowed)")
+    assert next_group("shrink", 0, 0, 1, (0,)) == (None, " (no worker left to shrink to)")
+
+
 def test_schedules_repeat_exactly_and_bad_ones_are_refused_in_one_line(libsvm_dir):
     spec = parse_inject("kill:rank=1,every=rand(60s,120s),seed=3")
     times = start_times(spec, 600)

@@ -223,6 +223,28 @@ def reached_step(run_dir: Path, workers: int, failed_at: float | None = None) ->
     return max((reached(b) for b in read_beats(run_dir, workers).values() if b), default=0)
 
 
+def next_group(on_failure: str, max_restarts: int, restarts_done: int, workers: int,
+               blamed: Sequence[int]) -> tuple[list[int] | None, str | None]:
+    """What ``--on-failure`` does after the ranks ``blamed`` of a group of ``workers`` failed,
+    with ``restarts_done`` restarts or shrinks behind it; the one rule of the local supervisor
+    and the one inside a Slurm job. ``(None, None)``: restart at the same size (``restart:N``,
+    while fewer than N were done); ``(survivors, None)``: go on with them, their old ranks in
+    order (``shrink`` while one is left, ``shrink:N`` at most N times); ``(None, why)``: give up,
+    ``why`` being what the failure's reason adds (``""`` when nothing: ``fail``)."""
+    if on_failure == "restart" and restarts_done < max_restarts:
+        return None, None
+    survivors = [rank for rank in range(workers) if rank not in blamed]
+    shrinks_left = not max_restarts or restarts_done < max_restarts
+    if on_failure == "shrink" and survivors and shrinks_left:
+        return survivors, None
+    if on_failure == "shrink" and not survivors:
+        return None, " (no worker left to shrink to)"
+    if restarts_done:
+        what = "shrinks" if on_failure == "shrink" else "restarts"
+        return None, f" (after {restarts_done} {what}, the most --on-failure allowed)"
+    return None, ""
+
+
 def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[str, Any] | None,
                    now: float, reached: int, survivors: list[int] | None = None) -> dict[str, Any]:
     """A group that failed at step ``reached`` goes on from its newest complete checkpoint

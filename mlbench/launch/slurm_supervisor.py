@@ -42,7 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlbench.launch.injector import FaultRecord, Injector, check_recovered, reached_step, record_restart
+from mlbench.launch.injector import (FaultRecord, Injector, check_recovered, next_group, reached_step,
+                                     record_restart)
 from mlbench.launch.run_folder import back_to_newest_checkpoint
 from mlbench.results.events import read_run_events
 from mlbench.results.faults import FAULT_CLOCK_ENV, describe_fault
@@ -222,30 +223,22 @@ class JobSupervisor:
 
     def _go_on_with(self, failed: list[int], fault: dict[str, Any] | None,
                     started: float) -> tuple[list[int] | None, str | None]:
-        """What the policy does after a failed step: (None, None) restart at the same size;
-        (survivors, None) shrink to them (their old ranks, in order); (None, why) give up, and
-        why in words. The limits are the local supervisor's: ``restart:N`` at most N restarts,
-        ``shrink`` until one worker is left, ``shrink:N`` at most N shrinks."""
-        limited = self.max_restarts and self.restarts_done >= self.max_restarts
-        if self.on_failure == "restart":
-            if self.restarts_done >= self.max_restarts:
-                return None, (f"not restarted (after {self.restarts_done} restarts, the most --on-failure allowed)"
-                              if self.restarts_done else "not restarted")
-            return None, None
+        """What the policy does after a failed step (:func:`~mlbench.launch.injector.next_group`,
+        the local supervisor's rule): (None, None) restart at the same size; (survivors, None)
+        shrink to them (their old ranks, in order); (None, why) give up, and why in words. Who is
+        blamed: see the module's docstring."""
         if self.on_failure != "shrink":
-            return None, "not restarted"
-        if fault is not None:
+            blamed = failed
+        elif fault is not None:
             blamed = [int(fault["rank"])]
         else:
             blamed = watchdog_blame(self.run_dir, started) or failed
-        survivors = [rank for rank in range(self.workers) if rank not in blamed]
-        if not blamed:
-            return None, "not shrunk (srun named no failed task to leave out)"
-        if not survivors:
-            return None, "not shrunk (no worker left to shrink to)"
-        if limited:
-            return None, f"not shrunk (after {self.restarts_done} shrinks, the most --on-failure allowed)"
-        return survivors, None
+            if not blamed:
+                return None, "not shrunk (srun named no failed task to leave out)"
+        survivors, given_up = next_group(self.on_failure, self.max_restarts, self.restarts_done, self.workers, blamed)
+        if given_up is None:
+            return survivors, None
+        return None, f"not {'shrunk' if self.on_failure == 'shrink' else 'restarted'}{given_up}"
 
     def _attempt(self, recovering: dict[str, Any] | None) -> tuple[int, list[int]]:
         """One step: srun's exit code and the tasks srun named as failed first."""

@@ -34,7 +34,7 @@ from typing import Any
 from mlbench.errors import peer_consequence
 from mlbench.frameworks import PYTORCH, get_framework
 from mlbench.launch.forked import ForkedProcess, fork_worker, forking_allowed
-from mlbench.launch.injector import FaultRecord, Injector, check_recovered, reached_step, record_restart
+from mlbench.launch.injector import FaultRecord, Injector, check_recovered, next_group, reached_step, record_restart
 from mlbench.launch.processes import ProcessRef
 from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, rank_error
 from mlbench.network.emulation import NETWORK_LOST, LocalNetwork, local_network
@@ -306,23 +306,15 @@ class WorkerProcesses:
         if fault is not None:
             fault["detected_s"] = round(now - fault["time"], 3)
             reason = f"{reason} [injected: {describe_fault(fault)}, --inject {fault['schedule']}]"
-        if self.on_failure == "restart" and self.restarts_done < self.max_restarts:
-            self.restart(reason, fault, now)
-            return
-        survivors = [rank for rank in range(self.workers) if rank not in ranks]
-        shrinks_left = not self.max_restarts or self.restarts_done < self.max_restarts
-        if self.on_failure == "shrink" and survivors and shrinks_left:
+        survivors, given_up = next_group(self.on_failure, self.max_restarts, self.restarts_done, self.workers, ranks)
+        if given_up is None:
             self.restart(reason, fault, now, survivors)
             return
         if self.faults is not None:
             if fault is not None:
                 fault["action"] = "fail"
             self.faults.save()
-        if self.on_failure == "shrink" and not survivors:
-            reason = f"{reason} (no worker left to shrink to)"
-        elif self.restarts_done:
-            what = "shrinks" if self.on_failure == "shrink" else "restarts"
-            reason = f"{reason} (after {self.restarts_done} {what}, the most --on-failure allowed)"
+        reason += given_up
         self.stop_all(grace=0 if fault is not None else TERMINATE_GRACE_SECONDS)
         self._mark_ended(FAILED, reason=reason)
 
