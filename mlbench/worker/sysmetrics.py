@@ -21,7 +21,9 @@ import torch
 
 #: Dense peak FLOP/s per GPU model by precision (NVIDIA's data sheets, no sparsity): ``fp32`` is
 #: plain FP32 (torch's default matmul precision), ``tf32`` where torch's matmul precision allows
-#: it, ``bf16`` the tensor cores'. Matched in order by a substring of ``torch.cuda.get_device_name``.
+#: it, ``bf16`` the tensor cores' (``fp16`` runs at bf16's rate on every GPU that has both, so it
+#: is listed only for the V100, which has no bf16). Matched in order by a substring of
+#: ``torch.cuda.get_device_name``.
 GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
     ("H100 PCIe", {"fp32": 51.2e12, "tf32": 378e12, "bf16": 756e12}),
     ("H100 NVL", {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835e12}),
@@ -31,7 +33,7 @@ GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
     ("L40S", {"fp32": 91.6e12, "tf32": 183e12, "bf16": 362e12}),
     ("L4", {"fp32": 30.3e12, "tf32": 60e12, "bf16": 121e12}),
     ("A10", {"fp32": 31.2e12, "tf32": 62.5e12, "bf16": 125e12}),
-    ("V100", {"fp32": 15.7e12, "tf32": 15.7e12}),
+    ("V100", {"fp32": 15.7e12, "tf32": 15.7e12, "fp16": 125e12}),
 )
 #: The probe's square matrices: big enough for the BLAS to reach its speed, small enough for
 #: a few tens of milliseconds per worker.
@@ -52,7 +54,7 @@ def gpu_peak_flops(name: str, precision: str, convolutional: bool = False) -> fl
         precision = "tf32"
     for model, peaks in GPU_PEAKS:
         if model in name:
-            return peaks.get(precision)
+            return peaks.get(precision, peaks.get("bf16") if precision == "fp16" else None)
     return None
 
 

@@ -167,8 +167,12 @@ class Trainer:
         self.optimizer: DistributedOptimizer = build_optimizer(self.cfg.optimizer, ctx, self.cfg.optimizer_plugin,
                                                                 self.run_dir)
         # the system metrics' constants: the device's peak (a CPU's is probed here, before the
-        # training loads the cores) and the FLOPs of a step where the task's runtime counts them
-        self.device_peak = DevicePeak.of(self.device, self.cfg.precision, self.model)
+        # training loads the cores) and the FLOPs of a step where the task's runtime counts them.
+        # The peak is that of the precision the task computes in: task 4b's runtime chooses its
+        # own mixed precision (bf16 autocast on a GPU whatever the run's --precision), the others
+        # compute in the run's.
+        computed_in = getattr(self.runtime, "precision", self.cfg.precision)
+        self.device_peak = DevicePeak.of(self.device, computed_in, self.model)
         count_flops = getattr(self.runtime, "flops_per_step", None)
         self.step_flops: tuple[int, str] | None = count_flops() if count_flops is not None else None
         if self.cfg.resume_step is not None:

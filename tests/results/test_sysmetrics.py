@@ -96,6 +96,9 @@ def test_gpu_peaks_come_from_the_data_sheet_of_the_model_and_precision():
     finally:
         torch.backends.cudnn.allow_tf32 = allowed
     assert gpu_peak_flops("NVIDIA V100-SXM2-16GB", "bf16") is None
+    # fp16 (task 4b's mixed precision where bf16 is missing): the tensor cores' half-precision rate
+    assert gpu_peak_flops("NVIDIA V100-SXM2-16GB", "fp16") == 125e12
+    assert gpu_peak_flops("NVIDIA H200", "fp16") == gpu_peak_flops("NVIDIA H200", "bf16") == 989.4e12
     assert gpu_peak_flops("Some Future GPU", "fp32") is None
 
 
@@ -224,6 +227,20 @@ def test_a_gpu_run_records_its_cuda_peak_memory_and_the_data_sheet_peak():
     assert system["ranks"][0]["flops_per_step"] == logistic_regression_flops(batch, EPSILON_FEATURES)
     table = mlbench("status", run_id, check=True).stdout
     assert "peak GPU memory" in table and "data sheet" in table
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
+def test_a_gpu_run_of_task4b_is_measured_against_the_peak_of_its_mixed_precision():
+    """Task 4b computes in bf16 (or fp16) autocast on a GPU even in an "fp32" run: its
+    utilisation is against the tensor cores' peak, not plain FP32's (which it exceeded 3x)."""
+    run = mlbench("run", "task4b", "1", "--data", "synthetic", "--max-steps", "3", "--log-every", "1",
+                  "--device", "cuda", check=True)
+    run_id = run.stdout.split()[1]
+    system = json.loads(mlbench("status", run_id, "-o", "json", check=True).stdout)["system"]
+    precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    expected = gpu_peak_flops(torch.cuda.get_device_name(), precision)
+    assert system["ranks"][0]["peak_flops"] == expected
+    assert expected is None or 0 < system["utilisation"] < 1
 
 
 def test_systems_metrics_show_while_a_run_trains_and_stay_after_it_is_cancelled(libsvm_dir):

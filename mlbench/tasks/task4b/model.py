@@ -13,7 +13,8 @@ fairseq's ``transformer_wmt_en_de_big`` with ``--share-all-embeddings`` and
 * **sinusoidal positions** as fairseq computes them (sin and cos halves concatenated, positions
   counted from padding_idx + 1);
 * attention projections q, k, v, out with biases, xavier-uniform weights, zero biases; the
-  attention itself is ``F.scaled_dot_product_attention``.
+  attention itself is ``F.scaled_dot_product_attention``, with cuDNN's kernel left out (see
+  :data:`ATTENTION_KERNELS`).
 
 Parameter count for a vocabulary of V (d model size, f feed-forward size, L layers per stack):
 ``V*d + L*(4(d^2+d) + 2df + f + d + 4d) + L*(8(d^2+d) + 2df + f + d + 6d) + 4d``, i.e.
@@ -30,9 +31,19 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 #: Per-layer cache of incremental decoding: self-attention keys/values so far, cross keys/values.
 LayerCache = dict[str, torch.Tensor]
+
+#: The kernels ``scaled_dot_product_attention`` may choose from here: torch's own order without
+#: cuDNN's. On Hopper GPUs torch prefers cuDNN's kernel, which builds an execution graph on the
+#: host for every new shape; the micro-batches of token buckets all differ in shape, so on an
+#: H200 the host spent 5.8 of a 7.0 s step building graphs (10 ms per call), the GPU busy 12% of
+#: the time. The memory-efficient kernel (masks and dropout) and flash (causal, no mask) have no
+#: such cost and were as fast per call (docs/performance.md, task 4b on one GPU). On the CPU the
+#: choice is torch's default (flash, then math).
+ATTENTION_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def sinusoidal_table(positions: int, dim: int, padding_idx: int) -> torch.Tensor:
@@ -175,8 +186,9 @@ class Transformer(nn.Module):
         """(encoder output [B, S, d], key mask [B, 1, 1, S], True where a source token is real)."""
         mask = (src != self.pad_id)[:, None, None, :]
         x = self._embed(src)
-        for layer in self.encoder:
-            x = layer(x, mask)
+        with sdpa_kernel(ATTENTION_KERNELS):
+            for layer in self.encoder:
+                x = layer(x, mask)
         return self.encoder_norm(x), mask
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -185,8 +197,9 @@ class Transformer(nn.Module):
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor) -> torch.Tensor:
         """Teacher-forced decoder: logits [B, T, V] for the target prefix ``tgt_in`` [B, T]."""
         x = self._embed(tgt_in)
-        for layer in self.decoder:
-            x = layer(x, memory, memory_mask)
+        with sdpa_kernel(ATTENTION_KERNELS):
+            for layer in self.decoder:
+                x = layer(x, memory, memory_mask)
         return self.logits(x)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
@@ -201,8 +214,9 @@ class Transformer(nn.Module):
         """Logits [B, V] for position ``step`` given its input token [B, 1] and the cache of the
         positions before (updated in place)."""
         x = self._embed(token, start=step)
-        for layer, layer_cache in zip(self.decoder, cache):
-            x = layer(x, memory, memory_mask, cache=layer_cache)
+        with sdpa_kernel(ATTENTION_KERNELS):
+            for layer, layer_cache in zip(self.decoder, cache):
+                x = layer(x, memory, memory_mask, cache=layer_cache)
         return self.logits(x)[:, -1]
 
 
