@@ -19,6 +19,8 @@ from mlbench.results.report import (
     run_plugins,
     run_recovery,
     task_metric,
+    throughput_text,
+    throughput_unit,
 )
 from mlbench.results.goodput import describe_faults, run_faults, run_workers_label
 from mlbench.results.store import RunRecord
@@ -66,6 +68,7 @@ class ProgressPrinter:
         self._gaps = StepGaps()   # a restarted group's first interval counts from its checkpoint
         self._train_time = 0.0
         self.metric = task_metric(run.task)
+        self.unit = throughput_unit(run.task)
 
     def header(self) -> None:
         config = RunDocument.load(self.run.run_dir).config
@@ -90,7 +93,7 @@ class ProgressPrinter:
             now = float(value)
             rate = ""
             if self._last_time is not None and now > self._last_time:
-                rate = f"  {self._samples / (now - self._last_time):8.0f} samples/s"
+                rate = f"  {self._samples / (now - self._last_time):8.0f} {self.unit}"
             self._last_time = now
             self._samples = 0
             click.echo(f"  epoch {event['epoch']:7.2f}  step {event['step']:>7}  "
@@ -111,8 +114,8 @@ class ProgressPrinter:
         if summary.ranks and final.state != "cancelled":
             ratio = summary.communication_ratio
             extra = f", communication/compute {ratio:.2f}" if ratio is not None else ""
-            tput = f"{summary.throughput:.0f} samples/s" if summary.throughput else "-"
-            click.echo(f"Throughput {tput}{extra}. Details: mlbench status {final.id}")
+            click.echo(f"Throughput {throughput_text(summary.throughput, final.task)}{extra}. "
+                       f"Details: mlbench status {final.id}")
 
 
 def network_note(run: RunRecord) -> str:
@@ -141,7 +144,7 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
         rows.append([f"last {metric.title}", f"{metric.format(last.get(metric.name))} (epoch {last['epoch']:.2f})"])
         rows.append(["last test loss", f"{last.get('loss', float('nan')):.4f}"])
     if summary.throughput:
-        rows.append(["throughput", f"{summary.throughput:.0f} samples/s (all workers)"])
+        rows.append(["throughput", f"{throughput_text(summary.throughput, run.task)} (all workers)"])
     document = RunDocument.load_or_none(run.run_dir)
     rows.append(["network", describe_network(document.extra.get("network") if document else None)])
     recovery = run_recovery(run)

@@ -74,7 +74,7 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file, output
             click.echo("")
         click.echo(family_heading(family, emulated, faults))
         click.echo(tabulate([compare_row(g, emulated, faults) for g in groups], disable_numparse=True,
-                            headers=compare_headers(emulated, sweep, faults)))
+                            headers=compare_headers(emulated, sweep, faults, comparison.task)))
     if sweep:
         headers, rows = sweep_table(comparison)
         click.echo("\nBy message size (median of the repeats):")

@@ -23,7 +23,7 @@ from mlbench.results.report import (compare_headers, compare_notes, compare_row,
                                     describe_plugin, describe_result, describe_resumes, run_recovery,
                                     division_text, framework_of, model_plugin_label,
                                     differs_in_network, family_heading, group_label, had_faults, is_sweep,
-                                    run_progress, sweep_table, task_metric)
+                                    run_progress, sweep_table, task_metric, throughput_unit)
 from mlbench.results.repeats import RepeatStats
 from mlbench.results.goodput import describe_faults, run_faults, run_workers_label
 from mlbench.results.store import RunRecord
@@ -84,6 +84,7 @@ def run_row(source_key: str, record: RunRecord, summary: RunSummary | None,
         "epoch": progress.epoch, "accuracy": progress.accuracy,
         "metric": progress.metric.name, "metric_value": progress.accuracy, "metric_text": progress.metric_text,
         "time_to_accuracy": progress.time_to_accuracy, "throughput": progress.throughput,
+        "throughput_unit": throughput_unit(record.task),
         "created_at": record.created_at, "started_at": record.started_at,
         "finished_at": record.finished_at, "group_id": record.group_id,
     }
@@ -155,7 +156,7 @@ def run_metric(record: RunRecord) -> Metric:
     return result.goal_metric if result else task_metric(record.task)
 
 
-def run_summary(summary: RunSummary, compression: float | None, metric: Metric) -> dict[str, Any]:
+def run_summary(summary: RunSummary, compression: float | None, metric: Metric, task: str) -> dict[str, Any]:
     """Progress (the last value of the run's ``metric``), phase times per worker (mean, max,
     each rank) and bytes sent."""
     phases = [{"phase": p, "mean": m, "max": mx, "share": share,
@@ -170,7 +171,8 @@ def run_summary(summary: RunSummary, compression: float | None, metric: Metric) 
         "last_accuracy": last.get("accuracy"), "last_test_loss": last.get("loss"),
         "last_metric_title": f"last {metric.title}",
         "last_metric_text": metric.format(last.get(metric.name)) if summary.evaluations else None,
-        "throughput": summary.throughput, "communication_ratio": summary.communication_ratio,
+        "throughput": summary.throughput, "throughput_unit": throughput_unit(task),
+        "communication_ratio": summary.communication_ratio,
         "phases": phases,
         "evaluation": {"mean": sum(evals) / len(evals) if evals else 0.0,
                        "max": max(evals, default=0.0), "ranks": evals},
@@ -266,7 +268,8 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
     metric = task_metric(comparison.task)
     sweep_headers, sweep_rows = sweep_table(comparison) if sweep else ([], [])
     return {
-        "task": comparison.task, "headers": list(compare_headers(emulated, sweep, faults)),
+        "task": comparison.task, "headers": list(compare_headers(emulated, sweep, faults, comparison.task)),
+        "throughput_unit": throughput_unit(comparison.task),
         "usd_per_node_hour": comparison.usd_per_node_hour,
         "notes": compare_notes(comparison),
         "skipped": [{"id": r.id, "state": r.state} for r in comparison.skipped],

@@ -47,6 +47,18 @@ def task_metric(task: str) -> Metric:
     return get_metric(spec.metric if spec is not None else "accuracy")
 
 
+def throughput_unit(task: str) -> str:
+    """What a task's throughput counts per second: "images/s" (task 1a), "examples/s" (2a),
+    "tokens/s" (3a), "target tokens/s" (4b); "samples/s" for a task this version does not
+    know and for task 0a, which trains nothing."""
+    return f"{getattr(TASKS.get(task), 'sample_unit', 'samples')}/s"
+
+
+def throughput_text(value: float | None, task: str) -> str:
+    """``134834 target tokens/s``, or "-" when unknown."""
+    return f"{value:.0f} {throughput_unit(task)}" if value else "-"
+
+
 # -- one run: a row of `mlbench status` ----------------------------------------------------------
 @dataclass
 class RunProgress:
@@ -141,10 +153,13 @@ def had_faults(comparison: Comparison) -> bool:
     return any(g.had_faults for g in comparison.groups)
 
 
-def compare_headers(emulated: bool = False, sweep: bool = False, faults: bool = False) -> tuple[str, ...]:
+def compare_headers(emulated: bool = False, sweep: bool = False, faults: bool = False,
+                    task: str = "") -> tuple[str, ...]:
     """The columns of a family's table (task 0a's ``sweep``), with the network column when some
-    family ran on an emulated one and the goodput columns when some run had ``faults``."""
-    headers = SWEEP_HEADERS if sweep else COMPARE_HEADERS
+    family ran on an emulated one and the goodput columns when some run had ``faults``; the
+    throughput column names ``task``'s unit (IMAGES/S, TOKENS/S...)."""
+    headers = SWEEP_HEADERS if sweep else tuple(throughput_unit(task).upper() if h == "SAMPLES/S" else h
+                                                for h in COMPARE_HEADERS)
     if faults and not sweep:
         headers = (*headers, *FAULT_HEADERS)
     return (headers[0], "NETWORK", *headers[1:]) if emulated else headers
@@ -445,6 +460,7 @@ def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
         "summary": {
             "steps": summary.steps, "epoch": summary.epoch, "train_time": summary.train_time,
             "samples": summary.samples, "throughput": summary.throughput,
+            "throughput_unit": throughput_unit(record.task),
             "last_train_loss": summary.last_train_loss, "last_lr": summary.last_lr,
             "evaluations": [dict(e) for e in summary.evaluations],
             "phases": phases,
@@ -505,6 +521,7 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
     count with the statistics over its repeats."""
     return {
         "task": comparison.task,
+        "throughput_unit": throughput_unit(comparison.task),
         "usd_per_node_hour": comparison.usd_per_node_hour,
         "families": [{
             "task": family.task, "framework": family.framework, "division": family.division,

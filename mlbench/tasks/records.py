@@ -15,7 +15,8 @@ from mlbench.tasks.registry import TASKS
 from mlbench.tasks.spec import AllreduceSpec, AnySpec, TaskSpec
 
 #: Fields of a training spec in the flat format of earlier versions that are not settings.
-_FLAT_SPEC_FIELDS = ("name", "title", "goal_full", "goal_light", "metric", "optimizer", "notes", "reference")
+_FLAT_SPEC_FIELDS = ("name", "title", "goal_full", "goal_light", "metric", "optimizer", "notes", "reference",
+                     "sample_unit")
 
 
 def spec_to_dict(task: AnySpec) -> dict[str, Any]:
@@ -42,6 +43,7 @@ def spec_from_dict(data: dict[str, Any]) -> AnySpec:
     else:
         settings = settings_type.from_dict(_flat_settings(data))
     common = {k: v for k, v in data.items() if k in _FLAT_SPEC_FIELDS}
+    common.setdefault("sample_unit", task.sample_unit)  # recorded before the spec named it
     return TaskSpec(settings=settings, **common)
 
 

@@ -125,6 +125,9 @@ class TaskSpec:
     optimizer: str = "centralized-sgd"  # the closed division's distributed optimizer
     notes: str = ""
     reference: str = ""
+    #: What one training sample is, as the runtime's ``samples_in`` counts it and every surface
+    #: names the throughput by: "images", "examples", "tokens", "target tokens" (per second).
+    sample_unit: str = "samples"
     kind: ClassVar[str] = "training"
 
     def goal(self, light: bool) -> float:

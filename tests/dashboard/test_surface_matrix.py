@@ -5,7 +5,8 @@ for task 0a) must appear by its name, in its unit and with its value on every su
 sentence, `status`, `status RUN`, `status -o json`, `compare`, `charts` (the SVG's text), the
 dashboard's runs, run and compare pages in Debian's Chromium, and the MLPerf log through the
 official checker's own command line (`download --format mlperf --check`). A perplexity or a BLEU
-score is never shown as a percentage anywhere.
+score is never shown as a percentage anywhere. A training task's throughput is named in what it
+counts (images/s, examples/s, tokens/s, target tokens/s) wherever it is shown.
 
 The runs: task 0a is a real 2-worker sweep to 1000 elements, task 2a the dashboard lab's real
 light run (tests/dashboard/conftest.py); tasks 1a, 3a and 4b are recorded run documents with
@@ -36,6 +37,8 @@ from tests.helpers import mlbench
 from tests.results.recorded import ENVIRONMENT, record_run
 
 TASKS = ("task0a", "task1a", "task2a", "task3a", "task4b")
+#: What each training task's throughput counts, as every surface that shows it must name it
+UNITS = {"task1a": "images/s", "task2a": "examples/s", "task3a": "tokens/s", "task4b": "target tokens/s"}
 SURFACES = ("result line", "status table", "status RUN", "status -o json", "compare", "charts",
             "dashboard runs", "dashboard run", "dashboard compare", "mllog")
 
@@ -122,6 +125,9 @@ def surface(lab, page, tmp_path: Path, case: Case, name: str) -> str:
         else:
             last = re.search(rf"last {re.escape(metric.title)}\s+(\S+)", text)
             assert last and last.group(1) == metric.format(case.value), text
+            assert re.search(rf"throughput\s+\d+ {UNITS[record.task]} \(all workers\)", text), text
+            details = json.loads(invoke(lab, "status", record.id, "-o", "json"))
+            assert details["summary"]["throughput_unit"] == UNITS[record.task]
         return text
     if name == "status -o json":
         text = invoke(lab, "status", "-o", "json")
@@ -133,6 +139,8 @@ def surface(lab, page, tmp_path: Path, case: Case, name: str) -> str:
     if name == "compare":
         text = invoke(lab, "compare", record.id)
         assert case.cell in text, text
+        if not sweep:
+            assert UNITS[record.task].upper() in text.splitlines()[1] and "SAMPLES/S" not in text, text
         if sweep:
             assert "By message size" in text and f"({metric.title}, {metric.unit})" in text, text
         return text
@@ -153,6 +161,9 @@ def surface(lab, page, tmp_path: Path, case: Case, name: str) -> str:
         cell = page.locator(f'#runs tr[data-id="{record.id}"] [data-col="metric"]')
         cell.wait_for()
         assert cell.inner_text() == case.cell
+        if not sweep:
+            rate = page.inner_text(f'#runs tr[data-id="{record.id}"] [data-col="throughput"]')
+            assert re.fullmatch(rf"[\d,]+ {UNITS[record.task]}", rate), rate
         return page.inner_text("#runs")
     if name == "dashboard run":
         page.goto(f"{lab.base}/runs/{record.id}")
@@ -178,6 +189,10 @@ def surface(lab, page, tmp_path: Path, case: Case, name: str) -> str:
             page.wait_for_function("Number(document.querySelector('#chart-time').dataset.evaluations) > 0")
             assert page.get_attribute("#chart-time", "data-axis") == metric.axis_label  # drawn on the canvas
             assert metric.title in page.inner_text("#chart-time .u-legend")
+            rate = page.inner_text('#progress dd[data-fact="throughput"]')
+            assert re.fullmatch(rf"[\d,]+ {UNITS[record.task]} \(all workers\)", rate), rate
+            assert page.get_attribute("#chart-throughput", "data-axis") == UNITS[record.task]
+            assert UNITS[record.task] in page.inner_text("#chart-throughput .u-legend")
         page.screenshot(path=tmp_path / "run.png", full_page=True)
         return page.inner_text("main")
     if name == "dashboard compare":
@@ -186,6 +201,8 @@ def surface(lab, page, tmp_path: Path, case: Case, name: str) -> str:
         cell = page.locator(f'table.compare td[data-col="{column}"]')
         cell.wait_for()
         assert cell.inner_text() == case.cell
+        if not sweep:
+            assert page.locator(f'table.compare td[data-col="{UNITS[record.task].upper()}"]').count() == 1
         if sweep:
             page.wait_for_selector("#sweep-table tbody tr")
             assert page.locator("#sweep-card").is_visible() and page.locator("#training-charts").is_hidden()

@@ -42,7 +42,8 @@ const MB = (() => {
       const total = Math.round(seconds), h = Math.floor(total / 3600), m = Math.floor((total % 3600) / 60), s = total % 60;
       return `${h}:${String(m).padStart(2, "0")}:${String(s).padStart(2, "0")}`;
     },
-    rate: (v) => (v === null || v === undefined ? "-" : `${Math.round(v).toLocaleString("en-US")} samples/s`),
+    // a throughput in the unit of its task ("images/s", "target tokens/s": the API's throughput_unit)
+    rate: (v, unit = "samples/s") => (v === null || v === undefined ? "-" : `${Math.round(v).toLocaleString("en-US")} ${unit}`),
     bytes(v) {
       if (v === null || v === undefined) return "-";
       const units = ["B", "KB", "MB", "GB", "TB"];

@@ -19,6 +19,8 @@
   const lossValue = (u, v) => (v === null || v === undefined ? "-" : v.toFixed(4));
   // the goal metric as the server describes it (title, axis label, unit); values come plotted (percent for a fraction)
   const metricOf = () => (state.doc ? state.doc.spec.metric : { title: "goal metric", axis: "goal metric", unit: "" });
+  // what the task's throughput counts ("images/s", "target tokens/s")
+  const unitOf = () => (state.doc && state.doc.summary.throughput_unit) || "samples/s";
   const metricValue = (u, v) => (v === null || v === undefined ? "-" : `${Number(v.toFixed(4))}${metricOf().unit === "fraction" ? "%" : ""}`);
 
   function accuracyLossOptions(xLabel, xValue) {
@@ -46,9 +48,9 @@
     epoch: new MB.Chart(document.getElementById("chart-epoch"), accuracyLossOptions("epoch", (u, v) => fmt.num(v)), "no measurement yet"),
     throughput: new MB.Chart(document.getElementById("chart-throughput"), (width) => ({
       width, height: 220, scales: { x: fromZero },
-      axes: [axis("training time (s)"), axis("samples/s", null, 70)],
+      axes: [axis("training time (s)"), axis(unitOf(), null, 70)],
       series: [{ label: "training time", value: seconds },
-               { label: "samples/s", stroke: "#16a34a", width: 1.5, fill: "rgba(22,163,74,.08)", value: (u, v) => fmt.rate(v) }],
+               { label: unitOf(), stroke: "#16a34a", width: 1.5, fill: "rgba(22,163,74,.08)", value: (u, v) => fmt.rate(v, unitOf()) }],
     }), "no measurement yet"),
     sweep: new MB.Chart(document.getElementById("chart-sweep"), (width) => ({
       width, height: 260, scales: { x: { time: false, distr: 3 }, y: { distr: 3 } },
@@ -85,7 +87,11 @@
     charts.time.update(accuracyLossData("time"), rebuild);
     charts.epoch.update(accuracyLossData("epoch"), rebuild);
     const rated = state.training.filter((p) => p.throughput !== null);
-    charts.throughput.update(rated.length ? [rated.map((p) => p.time), rated.map((p) => p.throughput)] : null);
+    const unitRebuild = state.doc && state.unitShown !== unitOf();  // the axis names the task's unit
+    if (state.doc) state.unitShown = unitOf();
+    charts.throughput.update(rated.length ? [rated.map((p) => p.time), rated.map((p) => p.throughput)] : null,
+                             unitRebuild);
+    document.getElementById("chart-throughput").dataset.axis = unitOf();  // the canvas draws it
     const sent = state.training.filter((p) => p.bytes > 0);
     charts.bytes.update(sent.length ? [state.training.map((p) => p.time), state.training.map((p) => p.bytes)] : null);
     document.getElementById("chart-time").dataset.evaluations = state.evaluations.length;
@@ -147,7 +153,7 @@
       ["last training loss", s.last_train_loss === null ? "-" : s.last_train_loss.toFixed(4)],
       [s.last_metric_title, doc.sweep ? null : s.last_metric_text === null ? "-" : s.last_metric_text],
       ["last test loss", s.last_test_loss === null || s.last_test_loss === undefined ? "-" : s.last_test_loss.toFixed(4)],
-      ["throughput", s.throughput ? `${fmt.rate(s.throughput)} (all workers)` : "-"],
+      ["throughput", s.throughput ? `${fmt.rate(s.throughput, s.throughput_unit)} (all workers)` : "-"],
       ["bytes sent", s.ranks.length ? `${fmt.bytes(s.bytes_sent_mean)} per worker (${s.bytes_sent.map(fmt.bytes).join(", ")})` : "-"],
       ["communication / compute", s.communication_ratio === null ? "-" : s.communication_ratio.toFixed(3)],
       ["compression", s.compression ? `the reference all-reduce would have sent ${s.compression.toFixed(2)}x the bytes` : null],

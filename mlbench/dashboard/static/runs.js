@@ -40,7 +40,7 @@
       el("td", { class: "muted" }, row.network || "-"),
       el("td", { class: "num", "data-col": "epoch" }, fmt.num(row.epoch)),
       el("td", { class: "num", "data-col": "metric" }, row.metric_text),
-      el("td", { class: "num", "data-col": "throughput" }, row.throughput ? Math.round(row.throughput).toLocaleString("en-US") : "-"),
+      el("td", { class: "num", "data-col": "throughput" }, row.throughput ? fmt.rate(row.throughput, row.throughput_unit) : "-"),
       el("td", { class: "num", "data-col": "tta" }, fmt.dur(row.time_to_accuracy)),
       el("td", { class: "muted" }, fmt.time(row.created_at)),
       el("td", {},

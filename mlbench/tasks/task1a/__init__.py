@@ -26,6 +26,7 @@ TASK1A = TaskSpec(
     goal_full=0.80,
     goal_light=0.70,
     reference="He et al. 2015 (ResNet); Goyal et al. 2017 (warm-up); MLBench task 1a",
+    sample_unit="images",
 )
 
 #: What the registry reads: the spec, and the module whose ``build_runtime`` the workers call.

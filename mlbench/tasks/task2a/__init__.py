@@ -27,6 +27,7 @@ TASK2A = TaskSpec(
     goal_light=0.80,
     notes="max_epochs is not fixed by the specification; 10 epochs is mlbench's cap",
     reference="PASCAL 2008 large-scale challenge (epsilon); MLBench task 2a",
+    sample_unit="examples",
 )
 
 #: What the registry reads: the spec, and the module whose ``build_runtime`` the workers call.

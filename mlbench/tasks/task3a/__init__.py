@@ -15,6 +15,7 @@ TASK3A = TaskSpec(
     metric="perplexity",
     notes="validation perplexity, lower is better; averaged SGD after the non-monotone trigger",
     reference="Merity et al. 2018 (AWD-LSTM, arXiv:1708.02182); MLBench task 3a",
+    sample_unit="tokens",
 )
 
 #: What the registry reads: the spec, and the module whose ``build_runtime`` the workers call.

@@ -140,7 +140,9 @@ class LanguageModelRuntime:
         return loss.detach()
 
     def samples_in(self, batch: LMBatch) -> int:
-        return int(batch.data.size(1))
+        """The tokens of the batch (sequence length x sequences): a language model's throughput
+        is counted in tokens (the sequences' lengths are random)."""
+        return int(batch.data.numel())
 
     def flops_per_step(self) -> tuple[int, str]:
         """FLOPs of this worker's mean step and how they were counted (:mod:`mlbench.tasks.flops`):

@@ -17,6 +17,7 @@ TASK4B = TaskSpec(
     optimizer="centralized-adam",
     notes="batch_per_worker counts tokens; BLEU on newstest2014 (sacreBLEU), beam 4, length penalty 0.6",
     reference="Vaswani et al. 2017 (Transformer big, pre-norm); MLBench task 4b",
+    sample_unit="target tokens",
 )
 
 #: What the registry reads: the spec, and the module whose ``build_runtime`` the workers call.
