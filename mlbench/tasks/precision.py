@@ -45,6 +45,14 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
 
 
+def autocast_off(device: torch.device, precision: str):
+    """Inside :func:`autocast`: a region with autocast off (a backward pass, as torch recommends)
+    that does not end the outer context, whose cache of cast weights lives on."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
 class _UpdateGate:
     """What GradScaler reads of an optimizer: the parameters, and a ``step`` that GradScaler
     calls only when no gradient overflowed."""

@@ -213,3 +213,48 @@ def test_centralized_adam_takes_the_tasks_adam_values_unless_the_user_set_them()
     assert (group["betas"], group["eps"]) == ((0.9, 0.98), 1e-9)
     assert adam({}).opts["lr_scale"] == 1.0
     assert adam({"beta2": "0.99"}).local.param_groups[0]["betas"] == (0.9, 0.99)
+
+
+def _old_style_step(runtime: TranslationRuntime, batch, lr: float, optimizer) -> None:
+    """Task 4b's step as it was written before: one autocast context per micro-batch's forward."""
+    optimizer.zero_grad()
+    for mb in batch.micro:
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+            logits = optimizer.module(mb.src, mb.tgt_in)
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), mb.tgt_out.reshape(-1), ignore_index=0,
+                                   label_smoothing=runtime.s.label_smoothing, reduction="sum")
+        (loss * (runtime.world / batch.total_tokens)).backward()
+    optimizer.step(lr)
+
+
+def test_4b_casts_its_weights_once_per_step_with_the_numbers_of_one_cast_per_micro_batch():
+    """Mixed precision (bf16 autocast, on the CPU here as on a GPU): the runtime's one autocast
+    context per step casts each weight once instead of once per micro-batch, and a step's
+    gradients are those of one context per micro-batch: bit for bit, but for the embedding
+    shared with the output layer, whose two gradient paths are then added in another order
+    (to float32 rounding)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    settings = dataclasses.replace(TINY_MT, precision="bf16", dropout=0.0, attention_dropout=0.0,
+                                   activation_dropout=0.0)
+    grads, casts = [], []
+    for style in ("runtime", "old"):
+        runtime = TranslationRuntime(settings, synthetic=True)
+        assert runtime.precision == "bf16"
+        opt = build_optimizer("centralized-adam", OptimizerContext(
+            model=runtime.model, spec=TASK4B, world_size=1, rank=0, timer=PhaseTimer(CPU, enabled=False)))
+        batch = next(runtime.batches(0))
+        assert len(batch.micro) == 4
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            if style == "runtime":
+                runtime.train_step(batch, runtime.lr(100), opt)
+            else:
+                _old_style_step(runtime, batch, runtime.lr(100), opt)
+        casts.append(sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy"))
+        grads.append({name: p.grad.clone() for name, p in runtime.model.named_parameters()})
+    ours, old = grads
+    assert all(torch.equal(ours[name], old[name]) for name in ours if name != "embed.weight")
+    torch.testing.assert_close(ours["embed.weight"], old["embed.weight"], rtol=1e-6, atol=1e-8)
+    # the weights' casts: once per step, not once per micro-batch (4 here)
+    weights = sum(1 for p in runtime.model.parameters() if p.dim() == 2)
+    assert casts[1] - casts[0] >= 3 * weights, casts
