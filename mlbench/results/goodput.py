@@ -83,38 +83,48 @@ def link_down_blocked(applied: Iterable[dict[str, Any]], events: Iterable[dict[s
     link-down``): every collective waits for the rank that cannot be reached, so the wait shows
     in *every* rank's communication time and not as one rank slower than the others (which the
     straggler figures measure); and it may outlast the link's ``down_s``, as TCP retransmits only
-    after its backed-off timeout. Measured per rank from the logging intervals (``time/communication``
-    and ``train/steps``, recorded at each interval's end) that overlap an outage: their
-    communication time beyond their steps at the rank's median communication per step of the
-    other intervals; averaged over the ranks. None when no link went down or nothing overlaps."""
+    after its backed-off timeout. Measured per rank from the logging intervals (``time/communication``,
+    ``time/eval`` and ``train/steps``, recorded at each interval's end) that overlap an outage:
+    their communication time beyond their steps at the rank's median communication per step of
+    the other intervals, plus, when an evaluation was under way (its all-reduce of the metrics
+    waits too), its time beyond the median evaluation of the other intervals that evaluated;
+    averaged over the ranks. None when no link went down or nothing overlaps."""
     downs = [e for e in applied if e.get("kind") == LINK_DOWN and not e.get("missed")
              and isinstance(e.get("down_s"), (int, float)) and isinstance(e.get("time"), (int, float))]
     if not downs:
         return None
     outages = [(float(e["time"]), float(e["time"]) + float(e["down_s"])) for e in downs]
-    # (rank, step) -> [wall time of the record, communication seconds, steps]
-    intervals: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    # (rank, step) -> [wall time of the record, communication seconds, steps, evaluation seconds]
+    fields = {"time/communication": 1, "train/steps": 2, "time/eval": 3}
+    intervals: dict[tuple[int, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     for event in events:
         name = event.get("name")
-        if name not in ("time/communication", "train/steps") or not isinstance(event.get("value"), (int, float)):
+        if name not in fields or not isinstance(event.get("value"), (int, float)):
             continue
         interval = intervals[int(event.get("rank", 0)), int(event.get("step", 0))]
         interval[0] = max(interval[0], float(event.get("time") or 0.0))
-        interval[1 if name == "time/communication" else 2] = float(event["value"])
+        interval[fields[name]] = float(event["value"])
     blocked: dict[int, float] = {}
     for rank in sorted({r for r, _ in intervals}):
         usual: list[float] = []                  # communication seconds per step, outside the outages
-        during: list[tuple[float, float]] = []   # (communication seconds, steps) of intervals in one
+        usual_eval: list[float] = []             # seconds of an evaluation, outside the outages
+        during: list[tuple[float, float, float]] = []   # (communication s, steps, evaluation s) in one
         start = 0.0                              # an interval runs from the previous record to its own
-        for _, (end, comm, steps) in sorted((step, v) for (r, step), v in intervals.items() if r == rank and v[2] > 0):
+        for _, (end, comm, steps, evaluation) in sorted((step, v) for (r, step), v in intervals.items()
+                                                        if r == rank and v[2] > 0):
             if any(start < out_end and end > out_start for out_start, out_end in outages):
-                during.append((comm, steps))
+                during.append((comm, steps, evaluation))
             else:
                 usual.append(comm / steps)
+                if evaluation > 0:
+                    usual_eval.append(evaluation)
             start = end
         if usual and during:
             per_step = statistics.median(usual)
-            blocked[rank] = sum(max(0.0, comm - steps * per_step) for comm, steps in during)
+            per_eval = statistics.median(usual_eval) if usual_eval else 0.0
+            blocked[rank] = sum(max(0.0, comm - steps * per_step)
+                                + (max(0.0, evaluation - per_eval) if evaluation else 0.0)
+                                for comm, steps, evaluation in during)
     if not blocked:
         return None
     return {"down_s": round(sum(end - start for start, end in outages), 3),

@@ -26,6 +26,7 @@ which beam search uses; a test checks that it equals the full teacher-forced pas
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -44,6 +45,16 @@ LayerCache = dict[str, torch.Tensor]
 #: such cost and were as fast per call (docs/performance.md, task 4b on one GPU). On the CPU the
 #: choice is torch's default (flash, then math).
 ATTENTION_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_ENABLED = {SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled,
+            SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled,
+            SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled}
+
+
+def attention_kernels() -> contextlib.AbstractContextManager:
+    """The context the model's attention runs in: :data:`ATTENTION_KERNELS`, less those the
+    caller has switched off (a caller's own ``sdpa_kernel``, math only say, stands)."""
+    allowed = [kernel for kernel in ATTENTION_KERNELS if _ENABLED.get(kernel, lambda: True)()]
+    return sdpa_kernel(allowed) if allowed else contextlib.nullcontext()
 
 
 def sinusoidal_table(positions: int, dim: int, padding_idx: int) -> torch.Tensor:
@@ -186,7 +197,7 @@ class Transformer(nn.Module):
         """(encoder output [B, S, d], key mask [B, 1, 1, S], True where a source token is real)."""
         mask = (src != self.pad_id)[:, None, None, :]
         x = self._embed(src)
-        with sdpa_kernel(ATTENTION_KERNELS):
+        with attention_kernels():
             for layer in self.encoder:
                 x = layer(x, mask)
         return self.encoder_norm(x), mask
@@ -197,7 +208,7 @@ class Transformer(nn.Module):
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor) -> torch.Tensor:
         """Teacher-forced decoder: logits [B, T, V] for the target prefix ``tgt_in`` [B, T]."""
         x = self._embed(tgt_in)
-        with sdpa_kernel(ATTENTION_KERNELS):
+        with attention_kernels():
             for layer in self.decoder:
                 x = layer(x, memory, memory_mask)
         return self.logits(x)
@@ -214,7 +225,7 @@ class Transformer(nn.Module):
         """Logits [B, V] for position ``step`` given its input token [B, 1] and the cache of the
         positions before (updated in place)."""
         x = self._embed(token, start=step)
-        with sdpa_kernel(ATTENTION_KERNELS):
+        with attention_kernels():
             for layer, layer_cache in zip(self.decoder, cache):
                 x = layer(x, memory, memory_mask, cache=layer_cache)
         return self.logits(x)[:, -1]
