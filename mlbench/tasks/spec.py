@@ -187,5 +187,6 @@ def describe_task(spec: TaskSpec) -> list[list[Any]]:
                              ["weight decay", f"{s.weight_decay:g}"]]
     rows += s.describe_rows()
     rows += [["max epochs", s.max_epochs],
-             ["goal", f"{metric.describe_goal(spec.goal_full)} (light: {metric.format(spec.goal_light)})"]]
+             ["goal", f"{metric.describe_goal(spec.goal_full)} (light: {metric.format(spec.goal_light)})"],
+             ["throughput in", f"{spec.sample_unit}/s"]]
     return rows
