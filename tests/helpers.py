@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -14,6 +15,17 @@ from typing import Any
 import torch
 
 from tests import zygote
+
+
+def requires(*modules: str):
+    """A module's mark: skip its tests when one of ``modules`` is not installed, without importing
+    them. Every xdist worker collects every test module, so a module-level ``importorskip`` of
+    TensorFlow, JAX, W&B or MLflow cost each worker seconds of CPU that only the worker running
+    the module needs; the module imports them in its tests or a module-scoped fixture instead."""
+    import pytest
+
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)} (not installed)")
 
 
 def mlbench(*args: str, timeout: float = 240, check: bool = False,

@@ -27,11 +27,10 @@ from tests.frameworks.in_process import (
     train_pytorch_in_process,
     values,
 )
-from tests.helpers import events, run_json
+from tests.helpers import events, requires, run_json
 from tests.shared_runs import PORT_RUN_STEPS, port_run
 
-pytest.importorskip("jax")
-pytest.importorskip("optax")
+pytestmark = requires("jax", "optax")
 
 
 def train_both_in_process(config):

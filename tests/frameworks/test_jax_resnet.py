@@ -56,9 +56,9 @@ from tests.frameworks.resnet_reference import (
     float32_config,
 )
 from tests.frameworks.test_jax_port import train_jax_in_process
+from tests.helpers import requires
 
-jax = pytest.importorskip("jax")
-pytest.importorskip("optax")
+pytestmark = requires("jax", "optax")
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
@@ -70,6 +70,8 @@ def one_torch_thread():
 
 
 def test_in_float64_the_jax_resnet_is_pytorchs_to_rounding(pytorch_float64_resnet):
+    import jax
+
     from mlbench.worker.jax_resnet import ResNetPort, to_jax_layout
 
     spec, (torch_losses, model, initial, batches, spe) = pytorch_float64_resnet

@@ -29,14 +29,21 @@ from tests.frameworks.in_process import (
     train_tf_in_process,
     values,
 )
-from tests.helpers import events, run_json
+from tests.helpers import events, requires, run_json
 from tests.shared_runs import PORT_RUN_STEPS, port_run
 
 # torchvision (and with it torch._dynamo and triton) before TensorFlow: in the other order, loading
 # triton's LLVM after TensorFlow's crashes the process (a later test module imports torchvision)
 import torchvision  # noqa: F401
 
-one_tensorflow_thread(pytest.importorskip("tensorflow"))
+pytestmark = requires("tensorflow")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tensorflow_on_one_thread() -> None:
+    import tensorflow as tf
+
+    one_tensorflow_thread(tf)
 
 
 def test_the_first_50_losses_of_the_tensorflow_port_equal_pytorchs(libsvm_dir):

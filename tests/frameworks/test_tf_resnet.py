@@ -64,6 +64,7 @@ from mlbench.tasks.overrides import resolve
 from mlbench.tasks.pipeline import Pipeline
 from mlbench.tasks.task1a import TASK1A
 from tests.frameworks.in_process import one_tensorflow_thread, train_tf_in_process, values
+from tests.helpers import requires
 from tests.frameworks.resnet_reference import (
     check_port_against_pytorch_events,
     FLOAT32_STEPS,
@@ -72,7 +73,14 @@ from tests.frameworks.resnet_reference import (
     float32_config,
 )
 
-one_tensorflow_thread(pytest.importorskip("tensorflow"))
+pytestmark = requires("tensorflow")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tensorflow_on_one_thread() -> None:
+    import tensorflow as tf
+
+    one_tensorflow_thread(tf)
 
 SEED = 0          # RunConfig's default
 TEST_IMAGES = 200

@@ -28,12 +28,10 @@ from mlbench.results.events import FileSink, read_run_events
 from mlbench.results.exporters import export_runs
 from mlbench.results.store import FINISHED, RUNNING, RunRecord, RunStore
 from mlbench.results.summary import summarize
-from tests.helpers import mlbench
+from tests.helpers import mlbench, requires
 from tests.results.recorded import T0, record_run
 
-pytest.importorskip("tensorboard")
-pytest.importorskip("mlflow")
-pytest.importorskip("wandb")
+pytestmark = requires("tensorboard", "mlflow", "wandb")
 
 SWEEP_ROWS = [
     {"dtype": "fp32", "elements": 1, "bytes": 4, "iterations": 20, "time_s": 2.5e-05,
