@@ -49,7 +49,7 @@ from translation import SIZES, SPEC, settings
 from mlbench.optim.base import OptimizerContext
 from mlbench.optim.catalog import build_optimizer
 from mlbench.tasks.flops import transformer_flops
-from mlbench.tasks.precision import autocast
+from mlbench.tasks.precision import autocast, autocast_off
 from mlbench.tasks.task4b import model as model_module
 from mlbench.tasks.task4b.bpe import PAD
 from mlbench.tasks.task4b.runtime import MicroBatch, TranslationRuntime, TranslationStep
@@ -62,25 +62,26 @@ def sync(device: torch.device) -> None:
 
 
 def step_by_phase(runtime: TranslationRuntime, opt, batch: TranslationStep, lr: float) -> dict[str, float]:
-    """One training step as the runtime runs it, synchronised after every phase: seconds per phase."""
+    """One training step as ``runtime.train_step`` runs it (one autocast context for the step's
+    forwards, each backward with autocast off), synchronised after every phase: seconds per phase."""
     device, phases = runtime.device, {"forward": 0.0, "backward": 0.0, "update": 0.0}
     sync(device)
     begin = time.perf_counter()
     opt.zero_grad()
-    for mb in batch.micro:
-        t0 = time.perf_counter()
-        with autocast(device, runtime.precision):
+    with autocast(device, runtime.precision):
+        for mb in batch.micro:
+            t0 = time.perf_counter()
             logits = runtime.model(mb.src, mb.tgt_in)
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), mb.tgt_out.reshape(-1), ignore_index=PAD,
                                    label_smoothing=runtime.s.label_smoothing, reduction="sum")
-        scaled = loss * (runtime.world / batch.total_tokens)
-        sync(device)
-        t1 = time.perf_counter()
-        scaled.backward()
-        sync(device)
-        t2 = time.perf_counter()
-        phases["forward"] += t1 - t0
-        phases["backward"] += t2 - t1
+            sync(device)
+            t1 = time.perf_counter()
+            with autocast_off(device, runtime.precision):
+                (loss * (runtime.world / batch.total_tokens)).backward()
+            sync(device)
+            t2 = time.perf_counter()
+            phases["forward"] += t1 - t0
+            phases["backward"] += t2 - t1
     t3 = time.perf_counter()
     opt.step(lr)
     sync(device)
@@ -135,7 +136,7 @@ def dropouts(model: torch.nn.Module, *, attention: float | None = None, others: 
 
 
 @contextlib.contextmanager
-def attention_kernels(names: list[str]) -> Iterator[None]:
+def kernels_replaced(names: list[str]) -> Iterator[None]:
     """The Transformer's attention kernels replaced by ``names`` (SDPBackend members) for a while."""
     from torch.nn.attention import SDPBackend
     saved = model_module.ATTENTION_KERNELS
@@ -216,7 +217,7 @@ def main() -> None:
             t0 = time.perf_counter()
             batch = next(batches)
             draw.append(time.perf_counter() - t0)
-            with attention_kernels(kernels) if kernels else contextlib.nullcontext():
+            with kernels_replaced(kernels) if kernels else contextlib.nullcontext():
                 result = step_by_phase(runtime, opt, batch, runtime.lr(1000 + i))
             if i >= args.warmup:
                 phases[label].append(result)
@@ -248,7 +249,7 @@ def main() -> None:
     if device.type == "cuda":
         for backend in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION"):
             variants.append((f"attention kernel {backend}", runtime.precision,
-                             lambda backend=backend: attention_kernels([backend])))
+                             lambda backend=backend: kernels_replaced([backend])))
         variants.append(("fp32", "fp32", contextlib.nullcontext))
         variants.append(("fp32 with TF32 matrix products", "fp32", tf32))
     table = []

@@ -47,13 +47,14 @@ LayerCache = dict[str, torch.Tensor]
 ATTENTION_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 _ENABLED = {SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled,
             SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled,
-            SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled}
+            SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled,
+            SDPBackend.CUDNN_ATTENTION: torch.backends.cuda.cudnn_sdp_enabled}
 
 
 def attention_kernels() -> contextlib.AbstractContextManager:
     """The context the model's attention runs in: :data:`ATTENTION_KERNELS`, less those the
     caller has switched off (a caller's own ``sdpa_kernel``, math only say, stands)."""
-    allowed = [kernel for kernel in ATTENTION_KERNELS if _ENABLED.get(kernel, lambda: True)()]
+    allowed = [kernel for kernel in ATTENTION_KERNELS if _ENABLED[kernel]()]
     return sdpa_kernel(allowed) if allowed else contextlib.nullcontext()
 
 
