@@ -38,7 +38,7 @@ def test_the_recovery_rule_of_both_supervisors():
     assert next_group("restart", 2, 2, 2, (1,)) == (None, " (after 2 restarts, the most --on-failure allowed)")
     assert next_group("fail", 0, 0, 2, (1,)) == (None, "")
     assert next_group("shrink", 0, 3, 4, (2,)) == ([0, 1, 3], None)
-    assert next_group("shrink", 1, 1, 3, (0,)) == (None, " (after 1 shrinks, the most --on-failure allowed)")
+    assert next_group("shrink", 1, 1, 3, (0,)) == (None, " (after 1 shrink, the most --on-failure allowed)")
     assert next_group("shrink", 0, 0, 1, (0,)) == (None, " (no worker left to shrink to)")
 
 

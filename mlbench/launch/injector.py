@@ -33,7 +33,7 @@ from mlbench.results.checkpoints import (
     renumber_checkpoints,
 )
 from mlbench.results.faults import KILL, LINK_DOWN, SLOW, STALL, start_times
-from mlbench.results.goodput import FAULTS_SECTION
+from mlbench.results.goodput import FAULTS_SECTION, recoveries
 from mlbench.launch.run_folder import back_to_newest_checkpoint
 from mlbench.results.heartbeat import Beat, read_beats
 from mlbench.run_config import RunDocument
@@ -240,8 +240,8 @@ def next_group(on_failure: str, max_restarts: int, restarts_done: int, workers: 
     if on_failure == "shrink" and not survivors:
         return None, " (no worker left to shrink to)"
     if restarts_done:
-        what = "shrinks" if on_failure == "shrink" else "restarts"
-        return None, f" (after {restarts_done} {what}, the most --on-failure allowed)"
+        done = recoveries({"restarts": restarts_done, "on_failure": on_failure})
+        return None, f" (after {done}, the most --on-failure allowed)"
     return None, ""
 
 
