@@ -102,7 +102,7 @@ def run_document(source: Source, record: RunRecord, events: list[dict[str, Any]]
     run_json = views.read_run_json(record)
     return {"run": views.run_row(source.key, record, summary, run_json),
             "spec": views.run_spec(record, run_json, summary),
-            "summary": views.run_summary(summary, summary.compression_ratio, views.run_metric(record), record.task),
+            "summary": views.run_summary(record, summary),
             "result": views.result_sentence(record, summary),
             "system": views.run_system(summary),
             "series": views.run_series(record, events, summary),

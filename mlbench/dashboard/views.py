@@ -156,9 +156,11 @@ def run_metric(record: RunRecord) -> Metric:
     return result.goal_metric if result else task_metric(record.task)
 
 
-def run_summary(summary: RunSummary, compression: float | None, metric: Metric, task: str) -> dict[str, Any]:
-    """Progress (the last value of the run's ``metric``), phase times per worker (mean, max,
-    each rank) and bytes sent."""
+def run_summary(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
+    """Progress (the last value of the run's goal metric), phase times per worker (mean, max,
+    each rank), throughput in the task's unit and bytes sent (with the compression the summary
+    measured)."""
+    metric, task, compression = run_metric(record), record.task, summary.compression_ratio
     phases = [{"phase": p, "mean": m, "max": mx, "share": share,
                "ranks": [summary.phase_seconds.get(r, {}).get(p, 0.0) for r in summary.ranks]}
               for p, m, mx, share in phase_table(summary)]

@@ -265,11 +265,11 @@ def test_a_stopped_worker_fails_the_run_naming_its_rank_within_the_watchdogs_bou
 
 def test_a_detached_run_ends_without_the_cli_and_survives_its_supervisor_pod(on_node):
     ns = on_node
-    # 10 s of training (two cores' worth of CPU, the suite's budget): the service is deleted as
-    # soon as the run runs, so the workers train while it is away; on a loaded machine the run may
-    # end before the new service answers, and its workers then deliver what they hold when it does
-    # (HttpSink.close waits 120 s)
-    run_id = start_detached("task2a", "2", "--data", "synthetic", "--time-budget", "10s", "--log-every", "20",
+    # 5 s of training (each second costs the suite two cores' worth of CPU): the service is
+    # deleted as soon as the run runs, so the workers train while it is away (a new service pod
+    # takes longer than that to answer); the run may end before it does, and its workers then
+    # deliver what they hold when it does (HttpSink.close waits 120 s)
+    run_id = start_detached("task2a", "2", "--data", "synthetic", "--time-budget", "5s", "--log-every", "20",
                             "--set", "max_epochs=100000")
     wait_running(ns, run_id)
     service = ns.core.list_namespaced_pod(ns.name, label_selector="app.kubernetes.io/name=mlbench-results").items
