@@ -140,3 +140,29 @@ def test_a_launcher_that_cannot_give_each_worker_an_address_refuses_tensorflow_o
         "this machine")
     one, _ = build_config(RunRequest(task="task2a", workers=1, data="synthetic", framework="tensorflow"))
     abilities.check(one, "Plug-in")
+
+
+def test_a_cluster_run_takes_the_faults_its_supervisor_applies_and_refuses_the_rest_in_one_line():
+    """On Kubernetes the supervisor beside the store deletes a killed rank's pod and records a
+    straggler's windows (docs/faults.md, On a cluster); a stall and the recovering policies are
+    refused before anything is recorded."""
+    pytest.importorskip("kubernetes")
+    from mlbench.launch.faults import parse_inject
+    from mlbench.launch.kubernetes import KubernetesLauncher
+    from mlbench.launch.plan import build_config
+
+    def config(*faults: str, on_failure: str = "fail"):
+        request = RunRequest(task="task2a", workers=2, data="synthetic", on_failure=on_failure, max_restarts=0,
+                             faults=[parse_inject(text) for text in faults])
+        return build_config(request)[0]
+
+    abilities = KubernetesLauncher.abilities
+    abilities.check(config("kill:rank=1,at=30s", "slow:rank=0,factor=3"), "cluster")
+    for asked, message in [
+        (config("stall:rank=1,at=5s"), "--inject stall:rank=1,at=5s: cluster runs cannot inject a stall (they "
+                                        "apply kill, slow); run on this machine"),
+        (config(on_failure="restart"), "--on-failure restart: cluster runs carry out fail only; run on this machine"),
+    ]:
+        with pytest.raises(UsageError) as refused:
+            abilities.check(asked, "cluster")
+        assert str(refused.value) == message

@@ -130,10 +130,9 @@ def tasks(output) -> None:
 @click.option("--checkpoint-dir", type=click.Path(file_okay=False),
               help="Keep the checkpoints in DIR/RUN_ID (shared storage) [RUN_DIR/checkpoints].")
 @click.option("--inject", multiple=True, metavar="KIND:rank=R,at=T|every=T[,...]",
-              help="Inject a fault (repeatable): kill (SIGKILL), stall (SIGSTOP; for=T then SIGCONT) or "
-                   "slow (a straggler, factor=F) of worker R, or link-down (its emulated link, for=T), at T, every T "
-                   "or every=rand(A,B),seed=S "
-                   "(docs/faults.md).")
+              help="Inject a fault (repeatable): kill (SIGKILL; on a cluster its pod deleted), stall (SIGSTOP; "
+                   "for=T then SIGCONT) or slow (a straggler, factor=F) of worker R, or link-down (its emulated "
+                   "link, for=T), at T, every T or every=rand(A,B),seed=S (docs/faults.md).")
 @click.option("--on-failure", default="fail", metavar="fail|restart[:N]|shrink[:N]",
               help="When a worker dies or the watchdog finds one stalled: fail the run, restart the "
                    "workers from the newest complete checkpoint, at most N times [3], or shrink: go on "

@@ -32,7 +32,7 @@ from mlbench.results.checkpoints import (
     checkpoint_root,
     renumber_checkpoints,
 )
-from mlbench.results.faults import KILL, LINK_DOWN, SLOW, STALL, start_times
+from mlbench.results.faults import KILL, LINK_DOWN, SLOW, STALL, describe_fault, start_times
 from mlbench.results.goodput import FAULTS_SECTION, recoveries
 from mlbench.launch.run_folder import back_to_newest_checkpoint
 from mlbench.results.heartbeat import Beat, read_beats
@@ -91,6 +91,17 @@ class FaultRecord:
         mine = [e for e in open_faults if e["rank"] in ranks]
         chosen = mine or open_faults
         return chosen[-1] if chosen else None
+
+    def blame(self, ranks: Sequence[int], reason: str, now: float) -> tuple[str, dict[str, Any] | None]:
+        """The failure of ``ranks`` (``reason``, seen at ``now``) put down to the injected fault
+        that explains it (:meth:`culprit`), whose time to detect it is recorded: ``reason`` with
+        the fault named, and the fault (None, with ``reason`` as it is, when none explains it).
+        Every supervisor (local, inside a Slurm job, on a cluster) words it alike."""
+        fault = self.culprit(ranks)
+        if fault is None:
+            return reason, None
+        fault["detected_s"] = round(now - fault["time"], 3)
+        return f"{reason} [injected: {describe_fault(fault)}, --inject {fault['schedule']}]", fault
 
 
 class Network(Protocol):

@@ -12,6 +12,13 @@ folder; see :mod:`mlbench.results.heartbeat`). Whenever a run ends, for whatever
 each pod's log is saved into the run's folder, then its pods, headless Service and ConfigMap are
 deleted; the results and the logs stay in the store.
 
+It also applies a run's injected faults (``--inject``, :mod:`mlbench.launch.injector`) on the
+fault clock that starts when the run's pods all run: ``kill`` deletes the rank's pod at once (no
+grace period: a lost machine does not wait), ``slow`` is recorded as each window begins (the
+worker slows itself, :mod:`mlbench.worker.straggler`). A run that fails is put down to the fault
+that explains it, in its reason and its fault events, as a local run's supervisor does, so that
+`status`, `compare` and goodput read a cluster run's faults as a local run's.
+
 Its service account may only list pods, read their logs and delete pods, services and
 configmaps (see :func:`mlbench.launch.k8s_objects.role_rules`).
 """
@@ -22,11 +29,13 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mlbench.errors import MlbenchError, RunNotFound
 from mlbench.extras import needs
+from mlbench.launch.injector import FaultRecord, Injector, Process
 from mlbench.launch.k8s_objects import (
     RANK_LABEL,
     RUN_LABEL,
@@ -101,6 +110,24 @@ def pod_state(pod: Any) -> PodState:
                     problem="; ".join(problems) or None, log=log)
 
 
+class PodProcess:
+    """A worker pod as the injector sees a worker process: reachable (``pid`` non-zero) once its
+    container runs, so that a moment that falls due while it starts is struck when it runs; ended
+    (``poll`` not None) once it is deleted, ended, or gone."""
+
+    def __init__(self, pod: PodState | None):
+        self.pod = pod
+
+    @property
+    def pid(self) -> int:
+        return 1 if self.pod is not None and self.pod.phase == "Running" else 0
+
+    def poll(self) -> int | None:
+        if self.pod is None or self.pod.deleting or self.pod.phase not in ("Pending", "Running"):
+            return 0 if self.pod is not None and self.pod.phase == "Succeeded" else 1
+        return None
+
+
 @dataclass
 class Verdict:
     """How an active run stands now: FAILED (with the reason and the pod to blame), FINISHED or RUNNING."""
@@ -157,6 +184,7 @@ class PodSupervisor:
         # heartbeats stored before this supervisor started say nothing of now (the service was
         # down, or restarted: the pods' heartbeats did not get through meanwhile)
         self.started = time.time()
+        self._injectors: dict[str, Injector] = {}   # by run id: the runs with faults to inject
 
     @classmethod
     def in_cluster(cls, store: RunStore, namespace: str) -> PodSupervisor:
@@ -206,16 +234,63 @@ class PodSupervisor:
             if verdict is None:
                 stall = self.watch(run, pods, now, document)
                 if stall is not None:
-                    self.end_run(run.id, FAILED, stall.reason)
+                    self.end_run(run.id, FAILED, self._blame(run, stall.ranks, stall.reason, now))
+                else:
+                    self.inject(run, pods, document)
                 continue
             if verdict.state == RUNNING:
                 self.store.update(run.id, state=RUNNING, started_at=now)
+                self.inject(self.store.get(run.id), pods, document)
             elif verdict.state == FINISHED:
                 self._finish(run)
             else:
-                self.end_run(run.id, FAILED, self._reason(run, verdict))
+                blamed = [verdict.pod.rank] if verdict.pod is not None else []
+                self.end_run(run.id, FAILED, self._blame(run, blamed, self._reason(run, verdict), now))
         for run_id in set(by_run) - set(active):
             self.cleanup(run_id)
+        for run_id in set(self._injectors) - set(active):
+            del self._injectors[run_id]
+
+    def inject(self, run: RunRecord, pods: list[PodState], document: RunDocument | None) -> None:
+        """Apply what of a running run's ``--inject`` schedules fell due. Its fault clock started
+        when its pods all ran (``started_at``); a supervisor that starts again (the service's pod
+        was replaced) goes on with it, past the moments its run.json says were struck."""
+        if document is None or not document.config.faults or run.state != RUNNING or not run.started_at:
+            return
+        injector = self._injectors.get(run.id)
+        if injector is None:
+            record = FaultRecord(run.run_dir)
+            injector = Injector(document.config.faults, run.started_at, record, send=self._kill_pod,
+                                passed=record.clock_so_far())
+            self._injectors[run.id] = injector
+        by_rank = {p.rank: p for p in pods}
+        procs: list[Process] = [PodProcess(by_rank.get(rank)) for rank in range(run.workers)]
+        injector.apply(procs)
+
+    def _kill_pod(self, proc: Process, sig: int) -> None:
+        """``kill`` on a cluster: the rank's pod is deleted at once, as a machine is lost (the
+        planner refuses the faults a pod cannot be given: a stall)."""
+        assert isinstance(proc, PodProcess) and proc.pod is not None
+        with needs("kubernetes"):
+            from kubernetes.client.exceptions import ApiException
+        try:
+            self.core.delete_namespaced_pod(proc.pod.name, self.namespace, grace_period_seconds=0,
+                                            _preload_content=False)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+    def _blame(self, run: RunRecord, ranks: Sequence[int], reason: str, now: float) -> str:
+        """A failure's reason, naming the injected fault it is put down to (recorded with the
+        time it took to see and the action, fail: a cluster run is not restarted yet)."""
+        injector = self._injectors.get(run.id)
+        if injector is None:
+            return reason
+        reason, fault = injector.record.blame(ranks, reason, now)
+        if fault is not None:
+            fault["action"] = "fail"
+            injector.record.save()
+        return reason
 
     @staticmethod
     def _document(run: RunRecord) -> RunDocument | None:

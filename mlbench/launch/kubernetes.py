@@ -34,8 +34,9 @@ from mlbench.launch.k8s_client import ResultsClient, transport_for
 from mlbench.launch.k8s_data import ensure_data
 from mlbench.launch.k8s_mirror import ClusterStore
 from mlbench.launch.k8s_supervisor import pod_state
-from mlbench.launch.plan import RunRequest, WorkerResources, build_config
+from mlbench.launch.plan import LauncherAbilities, RunRequest, WorkerResources, build_config
 from mlbench.network.settings import NetworkSettings
+from mlbench.results.faults import KILL, SLOW
 from mlbench.results.http_sink import run_token
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.run_config import RunDocument
@@ -284,6 +285,9 @@ class KubernetesLauncher(Launcher):
     options = (LauncherOption("--image", "image", "Worker image on a cluster [the cluster's, else "
                                                   "mlbench/worker:VERSION]."),)
     follow_seconds = 2.0
+    # the cluster's supervisor deletes a killed rank's pod and records a straggler's windows
+    # (k8s_supervisor); a pod cannot be stopped from outside, and a failed run is not restarted
+    abilities = LauncherAbilities(fault_kinds=(KILL, SLOW))
     plugin_limit = objects.PLUGIN_LIMIT  # a plug-in's source travels in the run's ConfigMap
     unreachable_seconds = 120.0  # the API server or the service blipped; the run goes on in the cluster
 

@@ -46,7 +46,7 @@ from mlbench.launch.injector import (FaultRecord, Injector, check_recovered, nex
                                      record_restart)
 from mlbench.launch.run_folder import back_to_newest_checkpoint
 from mlbench.results.events import read_run_events
-from mlbench.results.faults import FAULT_CLOCK_ENV, describe_fault
+from mlbench.results.faults import FAULT_CLOCK_ENV
 from mlbench.results.heartbeat import HEARTBEATS_DIR, read_beats
 from mlbench.results.watchdog import blamed_ranks
 from mlbench.run_config import RunDocument
@@ -193,10 +193,7 @@ class JobSupervisor:
             now = time.time()
             reason = f"Slurm step of {', '.join(f'task {r}' for r in failed) or 'the workers'} failed " \
                      f"(srun exit code {code})"
-            fault = self.faults.culprit(failed) if self.faults is not None else None
-            if fault is not None:
-                fault["detected_s"] = round(now - fault["time"], 3)
-                reason = f"{reason} [injected: {describe_fault(fault)}, --inject {fault['schedule']}]"
+            reason, fault = self.faults.blame(failed, reason, now) if self.faults is not None else (reason, None)
             survivors, given_up = self._go_on_with(failed, fault, started)
             if self.faults is None or given_up is not None:
                 if self.faults is not None:

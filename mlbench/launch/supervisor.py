@@ -39,7 +39,7 @@ from mlbench.launch.processes import ProcessRef
 from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, rank_error
 from mlbench.network.emulation import NETWORK_LOST, LocalNetwork, local_network
 from mlbench.results.events import read_rank_events
-from mlbench.results.faults import FAULT_CLOCK_ENV, describe_fault
+from mlbench.results.faults import FAULT_CLOCK_ENV
 from mlbench.results.heartbeat import read_beats
 from mlbench.results.store import (
     CANCELLED,
@@ -302,10 +302,7 @@ class WorkerProcesses:
         restarts are left), go on with the survivors (``shrink``, while shrinks and survivors are
         left), or end the run failed, naming the injected fault it is blamed on."""
         now = time.time()
-        fault = self.faults.culprit(ranks) if self.faults is not None else None
-        if fault is not None:
-            fault["detected_s"] = round(now - fault["time"], 3)
-            reason = f"{reason} [injected: {describe_fault(fault)}, --inject {fault['schedule']}]"
+        reason, fault = self.faults.blame(ranks, reason, now) if self.faults is not None else (reason, None)
         survivors, given_up = next_group(self.on_failure, self.max_restarts, self.restarts_done, self.workers, ranks)
         if given_up is None:
             self.restart(reason, fault, now, survivors)

@@ -141,12 +141,15 @@ def test_two_runs_on_the_real_node_share_one_download_and_leave_nothing_behind(n
     wait_gone(ns, run_id)
 
     # the second run's optimizer is a plug-in written outside the repository (issue 22): its
-    # source travels to the pods in the run's ConfigMap, and its hash is what status shows
+    # source travels to the pods in the run's ConfigMap, and its hash is what status shows; its
+    # rank 1 is an injected straggler (issue 24): the worker slows itself, the cluster's
+    # supervisor records the fault, and status reads both as it does a local run's
     plugin = tmp_path / "elsewhere" / "my_sgd.py"
     plugin.parent.mkdir()
     plugin.write_bytes((REPO / "examples" / "plugins" / "my_sgd.py").read_bytes())
     sha = hashlib.sha256(plugin.read_bytes()).hexdigest()
-    second = mlbench_cli("run", "task2a", "2", "--light", "--optimizer", f"{plugin}:MySGD")
+    second = mlbench_cli("run", "task2a", "2", "--light", "--optimizer", f"{plugin}:MySGD",
+                         "--inject", "slow:rank=1,factor=4")
     assert second.exit_code == 0, explain(ns, second)
     assert "Preparing" not in second.output and "Starting the results service" not in second.output
     assert re.search(r"epoch\s+1\.00\s+test accuracy", second.output), second.output
@@ -154,6 +157,8 @@ def test_two_runs_on_the_real_node_share_one_download_and_leave_nothing_behind(n
     shown = mlbench_cli("status", second_id)
     assert re.search(r"state\s+finished", shown.output), shown.output
     assert re.search(rf"plug-in\s+my-sgd, sha256 {sha[:12]} ", shown.output), shown.output
+    assert re.search(r"faults\s+1 \(slow of rank 1 at 0\.0 s\); on failure: fail", shown.output), shown.output
+    assert re.search(r"stragglers\s+rank 1 slowest", shown.output), shown.output
     # (a worker refuses a copy whose SHA-256 is not run.json's: the run finished on the shipped bytes)
     assert jobs.stop() == ["mlbench-data-epsilon"]       # one download Job, in the first run only
     wait_gone(ns, run_id, second_id, containers=True)

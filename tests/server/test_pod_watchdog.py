@@ -29,8 +29,9 @@ pytest.importorskip("kubernetes")
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from mlbench.launch.faults import parse_inject
 from mlbench.launch.k8s_objects import RANK_LABEL, RUN_LABEL, pod_name
-from mlbench.launch.k8s_supervisor import PodSupervisor
+from mlbench.launch.k8s_supervisor import PodState, PodSupervisor
 from mlbench.results.heartbeat import Beat, read_beat, write_beat
 from mlbench.results.http_sink import TOKEN_ENV, URL_ENV, HttpBeatSender, run_token
 from mlbench.results.store import RUNNING, RunRecord, RunStore
@@ -168,20 +169,23 @@ def cluster(tmp_path):
     server.server_close()
 
 
-def create_run(service: ResultsService, *args: str) -> RunRecord:
+def create_run(service: ResultsService, *args: str, inject: tuple[str, ...] = ()) -> RunRecord:
     """A run of two workers recorded by `mlbench run --record-only`, created in the service as a
-    Kubernetes run."""
+    Kubernetes run; ``inject``: its --inject schedules, as `mlbench run` on a cluster records them
+    (--record-only itself refuses them: its launcher, torchrun, applies none)."""
     mlbench("run", "task2a", "2", "--data", "synthetic", "--max-steps", "100000000", *args, "--record-only",
             check=True)
     body = json.loads((RunStore().list()[-1].run_dir / "run.json").read_text())
+    body["config"]["faults"] = [parse_inject(text) for text in inject]
     return service.store.create(task=body["task"], workers=2, division=body["division"], launcher="kubernetes",
                                 run_json={k: v for k, v in body.items() if k not in ("id", "name")})
 
 
-def start_pods(tmp_path: Path, service: ResultsService, pods: ProcessPods, url: str, *args: str) -> str:
+def start_pods(tmp_path: Path, service: ResultsService, pods: ProcessPods, url: str, *args: str,
+               inject: tuple[str, ...] = ()) -> str:
     """A new run's two workers started as pods start them: run.json in a read-only folder (the
     ConfigMap), events and heartbeats to the service; the run's id."""
-    record = create_run(service, *args)
+    record = create_run(service, *args, inject=inject)
     mounted = tmp_path / f"configmap-{record.id}"
     mounted.mkdir()
     shutil.copy(record.run_dir / "run.json", mounted / "run.json")
@@ -243,3 +247,44 @@ def test_heartbeats_from_before_the_supervisor_started_blame_nobody(tmp_path, cl
     earlier.started = long_ago  # a supervisor that ran all along would have failed the run
     stall = earlier.watch(service.store.get(record.id), [], now, document)
     assert stall is not None and stall.ranks == (0, 1)
+
+
+# -- injected faults on a cluster (issue 24) -----------------------------------------------------
+def test_an_injected_kill_deletes_the_ranks_pod_and_the_run_fails_naming_it_with_the_straggler_recorded(
+        tmp_path, cluster):
+    """The supervisor beside the store applies a cluster run's --inject on the fault clock that
+    starts when its pods all run: the kill deletes rank 1's pod (its process killed), the run
+    fails with the fault named as a local run's does, and run.json's fault events (what `status`,
+    `compare` and goodput read) hold the kill, dealt with by failing, and the slowdown's window."""
+    service, pods, url = cluster
+    run_id = start_pods(tmp_path, service, pods, url, inject=("kill:rank=1,at=2s", "slow:rank=0,factor=2"))
+    victim = pods.procs[pod_name(run_id, 1)][2]
+    record = wait_for(lambda: ended(service, run_id), ENDS_WITHIN_S, "the injected kill to fail the run",
+                      interval=0.5)
+    assert record.state == "failed"
+    assert record.reason.endswith(" [injected: kill of rank 1 at 2.0 s, --inject kill:rank=1,at=2s]"), record.reason
+    assert victim.wait(timeout=30) == -signal.SIGKILL
+    faults = json.loads((record.run_dir / "run.json").read_text())["faults"]["events"]
+    assert [(e["kind"], e["rank"], e["at"]) for e in faults] == [("slow", 0, 0.0), ("kill", 1, 2.0)]
+    assert faults[1]["action"] == "fail" and faults[1]["detected_s"] >= 0 and faults[0]["factor"] == 2.0
+    wait_for(lambda: not pods.procs, 30, "its pods to be deleted")
+
+
+def test_a_supervisor_started_again_goes_on_with_the_fault_clock_and_strikes_nothing_twice(tmp_path, cluster):
+    """The service's pod replaced while a run trains: the new supervisor's clock is the run's
+    (from when its pods all ran), and the moments run.json says were struck are not struck again."""
+    service, pods, _ = cluster
+    service.supervisor.stop()
+    record = create_run(service, inject=("kill:rank=1,every=60s",))
+    started = time.time() - 130   # two moments due: 60 s and 120 s; the first was struck before
+    service.store.update(record.id, state=RUNNING, started_at=started)
+    document = json.loads((record.run_dir / "run.json").read_text())
+    document["faults"] = {"events": [{"kind": "kill", "rank": 1, "at": 60.0, "time": started + 60,
+                                      "schedule": "kill:rank=1,every=60s", "action": "fail"}], "restarts": []}
+    (record.run_dir / "run.json").write_text(json.dumps(document))
+    again = PodSupervisor(service.store, pods, "mlbench-test")
+    running = [PodState(name=pod_name(record.id, rank), rank=rank, phase="Running", created=started)
+               for rank in (0, 1)]
+    again.inject(service.store.get(record.id), running, again._document(service.store.get(record.id)))
+    events = json.loads((record.run_dir / "run.json").read_text())["faults"]["events"]
+    assert [e["at"] for e in events] == [60.0, 120.0]   # the pod was gone already: a 404, nothing raised
