@@ -282,14 +282,20 @@ class PodSupervisor:
 
     def _blame(self, run: RunRecord, ranks: Sequence[int], reason: str, now: float) -> str:
         """A failure's reason, naming the injected fault it is put down to (recorded with the
-        time it took to see and the action, fail: a cluster run is not restarted yet)."""
+        time it took to see and the action, fail: a cluster run is not restarted yet). A
+        supervisor started again after the fault reads the faults its run.json holds."""
         injector = self._injectors.get(run.id)
-        if injector is None:
+        document = self._document(run) if injector is None else None
+        if injector is not None:
+            record = injector.record
+        elif document is not None and document.config.faults:
+            record = FaultRecord(run.run_dir)
+        else:
             return reason
-        reason, fault = injector.record.blame(ranks, reason, now)
+        reason, fault = record.blame(ranks, reason, now)
         if fault is not None:
             fault["action"] = "fail"
-            injector.record.save()
+            record.save()
         return reason
 
     @staticmethod

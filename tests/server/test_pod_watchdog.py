@@ -288,3 +288,11 @@ def test_a_supervisor_started_again_goes_on_with_the_fault_clock_and_strikes_not
     again.inject(service.store.get(record.id), running, again._document(service.store.get(record.id)))
     events = json.loads((record.run_dir / "run.json").read_text())["faults"]["events"]
     assert [e["at"] for e in events] == [60.0, 120.0]   # the pod was gone already: a 404, nothing raised
+    # replaced once more before it saw the run fail: the failure is still put down to the kill
+    PodSupervisor(service.store, pods, "mlbench-test").check_once()
+    ended_run = service.store.get(record.id)
+    assert ended_run.state == "failed" and ended_run.reason == (
+        "the pod of worker 0 disappeared while the run trained "
+        "[injected: kill of rank 1 at 120.0 s, --inject kill:rank=1,every=60s]")
+    struck = json.loads((record.run_dir / "run.json").read_text())["faults"]["events"][1]
+    assert struck["action"] == "fail" and struck["detected_s"] >= 0
