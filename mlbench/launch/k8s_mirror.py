@@ -2,14 +2,17 @@
 
 `status`, `download` (and anything else that reads a run store) work on a cluster's runs exactly
 as on local ones because :class:`ClusterStore` *is* a run store, kept in step with the service:
-the catalog is copied on open, and a run's folder (run.json, events, logs) is copied
-incrementally, whole lines only, whenever the run is looked at. Creating and deleting go to the
+the catalog is copied on open, and a run's folder (run.json, events, logs) is copied whenever the
+run is looked at: the files that only grow (events, logs) incrementally, whole lines only; run.json,
+which the service rewrites (its supervisor records a run's injected faults there), whole, replacing
+the copy when it changed. Creating and deleting go to the
 service first. A run that ended and was copied completely is marked so and never fetched again,
 which is also why its results stay readable here after its pods, or even the cluster, are gone.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -18,11 +21,13 @@ from urllib.parse import quote
 from mlbench.errors import ClusterError, RunNotFound
 from mlbench.launch.k8s_client import ResultsClient
 from mlbench.results.store import ACTIVE_STATES, RunRecord, RunStore
-from mlbench.safefile import open_append
+from mlbench.safefile import open_append, write_bytes
 
 COMPLETE_MARK = ".mirrored"
 _RUN_ID = re.compile(r"^[0-9a-f]{4,32}$")
 _FILE = re.compile(r"^(run\.json|events/rank-\d+\.jsonl|logs/[A-Za-z0-9_.-]+)$")
+#: the files the service rewrites rather than appends to: copied whole
+_REWRITTEN = ("run.json",)
 
 
 class ClusterStore(RunStore):
@@ -100,11 +105,34 @@ class ClusterStore(RunStore):
         files = self.client.call("GET", f"/v1/runs/{run_id}/files")["files"]
         complete = record["state"] not in ACTIVE_STATES
         for relative, size in files.items():
-            if _FILE.match(relative):
+            if relative in _REWRITTEN:
+                complete &= self._replace(run_id, relative, int(size))
+            elif _FILE.match(relative):
                 complete &= self._copy(run_id, relative, int(size))
         if complete:
             (self.runs_dir / run_id / COMPLETE_MARK).touch()
         return self.get(run_id)
+
+    def _replace(self, run_id: str, relative: str, size: int) -> bool:
+        """Copy a JSON file the service rewrites whole, replacing the local copy (atomically)
+        when it differs; True when the copy is whole. Appending what the copy lacks would splice
+        two versions; a version read while the service replaced it (not one JSON document) is
+        left for the next look."""
+        data = b""
+        while len(data) < size:
+            chunk = self.service().raw(f"/v1/runs/{run_id}/file?path={quote(relative)}&offset={len(data)}")
+            if not chunk:
+                break
+            data += chunk
+        try:
+            json.loads(data)
+        except ValueError:
+            return False
+        local = self.runs_dir / run_id / relative
+        if not local.exists() or local.read_bytes() != data:
+            local.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_bytes(local, data, mode=0o600)
+        return len(data) == size
 
     def _copy(self, run_id: str, relative: str, size: int) -> bool:
         """Append what the local copy lacks, whole lines only; True when it is whole."""
