@@ -289,6 +289,23 @@ def test_a_detached_run_ends_without_the_cli_and_survives_its_supervisor_pod(on_
         assert seqs == list(range(len(seqs))), rank
 
 
+def test_an_injected_kill_deletes_the_ranks_pod_and_the_run_fails_naming_the_fault(on_node):
+    """--inject kill on a cluster (issue 24): the supervisor beside the store deletes rank 1's pod
+    on the run's fault clock; the run fails with the pod's reason and the fault named, and status
+    (through the mirror of the service's run.json) lists the fault as a local run's."""
+    ns = on_node
+    run_id = start_detached(*ENDLESS, "--inject", "kill:rank=1,at=3s")
+    final = follow_to_end(ns, run_id, 180)
+    assert final.state == "failed", (final.reason, kept_logs(final))
+    # the pod goes at once (no grace period): gone before the supervisor's next look, or its
+    # peer's failure seen first; either way the fault is named
+    assert final.reason.startswith(("the pod of worker 1 disappeared", "worker ")), final.reason
+    assert final.reason.endswith(" [injected: kill of rank 1 at 3.0 s, --inject kill:rank=1,at=3s]"), final.reason
+    shown = mlbench_cli("status", run_id).output
+    assert re.search(r"faults\s+1 \(kill of rank 1 at 3\.0 s\); on failure: fail", shown), shown
+    wait_gone(ns, run_id)
+
+
 def test_a_restart_of_the_nodes_engine_ends_the_run_marked_and_removes_its_objects(on_node):
     ns = on_node
     run_id = start_detached(*ENDLESS)
