@@ -26,6 +26,7 @@ def pytest_configure(config):
 
     register(config)
     one_torch_thread_in_the_test_process()
+    flop_counter_before_tensorflow()
 
 
 def one_torch_thread_in_the_test_process() -> None:
@@ -37,6 +38,17 @@ def one_torch_thread_in_the_test_process() -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+def flop_counter_before_tensorflow() -> None:
+    """Tests import TensorFlow into their own process (the ports' references, tensorboard's
+    readers) and count FLOPs with torch's flop counter in it (test_sysmetrics, the language
+    tasks): in that order the counter's triton crashes the process (mlbench.tasks.flops.
+    load_flop_counter), which, in one pytest process (``-n 0``), ended the session at a test of
+    tests/results. Loaded first, it never does."""
+    from mlbench.tasks.flops import load_flop_counter
+
+    load_flop_counter()
 
 
 # -- parallel sessions: pytest-xdist's workers (tests/scheduling.py) ---------------------------

@@ -93,6 +93,9 @@ class TensorBoardWriter(Writer):
 
     def __init__(self, out_dir: Path, head: RunHead):
         super().__init__(out_dir, head)
+        from mlbench.tasks.flops import load_flop_counter
+
+        load_flop_counter()   # tensorboard's hparams import TensorFlow: the flop counter must come first
         with _library("tensorboard"):
             from tensorboard.plugins.hparams import summary_v2
             from torch.utils.tensorboard import SummaryWriter

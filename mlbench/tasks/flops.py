@@ -64,6 +64,17 @@ def transformer_flops(sentences: int, source: int, target: int, *, dim: int, ffn
 
 
 @torch.no_grad()
+def load_flop_counter() -> None:
+    """Import torch's flop counter (:func:`counted_flops`) now, before anything imports TensorFlow.
+
+    The counter loads triton's LLVM, which crashes the process (SIGSEGV, no Python error) when
+    TensorFlow's LLVM was loaded first (TensorFlow 2.21, torch 2.14; the other order is fine). So
+    every path that may bring TensorFlow into a process that may count FLOPs calls this first: a
+    TensorFlow worker, and the TensorBoard exporter (tensorboard's hparams summaries import
+    TensorFlow when it is installed), which a PyTorch worker also runs (``run --log-to``)."""
+    import torch.utils.flop_counter  # noqa: F401
+
+
 def counted_flops(model: torch.nn.Module, sample: torch.Tensor, batch: int) -> int:
     """3 x the FLOPs of ``model``'s forward pass on ``sample`` (a batch of one), times ``batch``.
 

@@ -58,9 +58,9 @@ def join(config: RunConfig, rank: int, coordinator: str) -> Any:
         if peers is None and "SLURM_PROCID" in os.environ and "SLURM_JOB_ID" in os.environ:
             peers = slurm_peers(os.environ)   # a task of a Slurm step: its addresses follow from the step
         os.environ["TF_CONFIG"] = json.dumps(cluster_config(rank, config.workers, peers))
-    # torch's flop counter (the step's FLOPs, mlbench.tasks.flops) loads triton's LLVM, which
-    # crashes the process (SIGSEGV) when TensorFlow's LLVM was loaded first: load it before
-    import torch.utils.flop_counter  # noqa: F401
+    from mlbench.tasks.flops import load_flop_counter
+
+    load_flop_counter()   # before TensorFlow, or counting the step's FLOPs crashes the process
     import tensorflow as tf
 
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0)

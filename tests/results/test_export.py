@@ -245,3 +245,35 @@ def test_a_run_that_has_not_ended_is_refused(tmp_path):
     active = record_run(store, workers=1, task="task1a", state=RUNNING)
     result = CliRunner().invoke(cli, ["export", active.id, "--to", "mlflow", str(tmp_path / "ml")])
     assert result.exit_code == 2 and "still running" in result.output and not (tmp_path / "ml").exists()
+
+
+CRASH_ORDER = """
+import sys, time
+from pathlib import Path
+import torch
+from mlbench.results.export import RunHead
+from mlbench.results.exporters import TensorBoardWriter
+from mlbench.tasks.flops import counted_flops
+from mlbench.results.report import task_metric
+head = RunHead(id="abcd1234", name="n", task="task2a", state="finished", started_at=time.time(), group_id=None,
+               metric=task_metric("task2a"), goal_tag="light")
+TensorBoardWriter(Path(sys.argv[1]), head)
+assert "tensorflow" in sys.modules   # what the hparams summaries brought in
+print(counted_flops(torch.nn.Linear(4, 2), torch.zeros(1, 4), 3))
+"""
+
+
+@requires("tensorflow")
+def test_a_process_that_exports_to_tensorboard_can_count_flops_after(tmp_path):
+    """tensorboard's hparams summaries import TensorFlow, whose LLVM made a later load of torch's
+    flop counter (triton's LLVM) crash the process with SIGSEGV: a PyTorch worker logging live to
+    TensorBoard (`run --log-to`) counts its step's FLOPs in the same process. The exporter loads
+    the counter first (mlbench.tasks.flops.load_flop_counter); run apart, as the crash would take
+    pytest's process with it."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", CRASH_ORDER, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # a step: the forward and twice its FLOPs backward, 2 FLOPs per multiply-add of batch x in x out
+    assert int(proc.stdout.strip().splitlines()[-1]) == 3 * 2 * 3 * 4 * 2
