@@ -234,7 +234,7 @@ class PodSupervisor:
             if verdict is None:
                 stall = self.watch(run, pods, now, document)
                 if stall is not None:
-                    self.end_run(run.id, FAILED, self._blame(run, stall.ranks, stall.reason, now))
+                    self.end_run(run.id, FAILED, self._blame(run, document, stall.ranks, stall.reason, now))
                 else:
                     self.inject(run, pods, document)
                 continue
@@ -245,7 +245,7 @@ class PodSupervisor:
                 self._finish(run)
             else:
                 blamed = [verdict.pod.rank] if verdict.pod is not None else []
-                self.end_run(run.id, FAILED, self._blame(run, blamed, self._reason(run, verdict), now))
+                self.end_run(run.id, FAILED, self._blame(run, document, blamed, self._reason(run, verdict), now))
         for run_id in set(by_run) - set(active):
             self.cleanup(run_id)
         for run_id in set(self._injectors) - set(active):
@@ -271,21 +271,14 @@ class PodSupervisor:
         """``kill`` on a cluster: the rank's pod is deleted at once, as a machine is lost (the
         planner refuses the faults a pod cannot be given: a stall)."""
         assert isinstance(proc, PodProcess) and proc.pod is not None
-        with needs("kubernetes"):
-            from kubernetes.client.exceptions import ApiException
-        try:
-            self.core.delete_namespaced_pod(proc.pod.name, self.namespace, grace_period_seconds=0,
-                                            _preload_content=False)
-        except ApiException as err:
-            if err.status != 404:
-                raise
+        self._delete(self.core.delete_namespaced_pod, proc.pod.name, grace_period_seconds=0)
 
-    def _blame(self, run: RunRecord, ranks: Sequence[int], reason: str, now: float) -> str:
+    def _blame(self, run: RunRecord, document: RunDocument | None, ranks: Sequence[int], reason: str,
+               now: float) -> str:
         """A failure's reason, naming the injected fault it is put down to (recorded with the
         time it took to see and the action, fail: a cluster run is not restarted yet). A
         supervisor started again after the fault reads the faults its run.json holds."""
         injector = self._injectors.get(run.id)
-        document = self._document(run) if injector is None else None
         if injector is not None:
             record = injector.record
         elif document is not None and document.config.faults:
@@ -387,17 +380,21 @@ class PodSupervisor:
         has nothing left to save (its run has ended), and waiting for either only keeps the
         node's resources (on a loaded node, past the 90 s within which the run's objects go; a
         kubelet still starting a cancelled run's containers took longer than that)."""
-        with needs("kubernetes"):
-            from kubernetes.client.exceptions import ApiException
-
         pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{RUN_LABEL}={run_id}").items
         grace = {"grace_period_seconds": 0} if at_once else {}
         calls = [(self.core.delete_namespaced_pod, p.metadata.name, grace) for p in pods]
         calls += [(self.core.delete_namespaced_service, run_name(run_id), {}),
                   (self.core.delete_namespaced_config_map, run_name(run_id), {})]
         for delete, name, options in calls:
-            try:  # the raw answer: some client versions fail to parse the Status that deletes return
-                delete(name, self.namespace, _preload_content=False, **options)
-            except ApiException as err:
-                if err.status != 404:
-                    raise
+            self._delete(delete, name, **options)
+
+    def _delete(self, delete: Any, name: str, **options: Any) -> None:
+        """One object of the namespace deleted (``delete``: the client's call for its kind);
+        one that is gone already is fine."""
+        with needs("kubernetes"):
+            from kubernetes.client.exceptions import ApiException
+        try:  # the raw answer: some client versions fail to parse the Status that deletes return
+            delete(name, self.namespace, _preload_content=False, **options)
+        except ApiException as err:
+            if err.status != 404:
+                raise
