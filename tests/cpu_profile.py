@@ -10,7 +10,9 @@ teardown. That is exact only in one process on an otherwise idle machine::
     MLBENCH_TEST_CPU_PROFILE=/tmp/cpu.jsonl python3 -m pytest -n 0
     python3 -m tests.cpu_profile /tmp/cpu.jsonl
 
-Each line of FILE is ``{"test", "wall_s", "cpu_s", "own_cpu_s"}``; ``own_cpu_s`` is the CPU time
+Each line of FILE is ``{"test", "worker", "start", "wall_s", "cpu_s", "own_cpu_s"}`` (``worker``:
+pytest-xdist's worker id, ``start``: the Unix time the test's setup began, which together give
+a loaded session's timeline: :func:`timeline`); ``own_cpu_s`` is the CPU time
 of the pytest process itself (the test's in-process work: references computed in the test, the
 Kubernetes client, imports), which is exact however many tests run beside it, in xdist workers
 and on a loaded machine. A module-scoped fixture's cost is counted in the test that built it.
@@ -54,9 +56,10 @@ class CpuProfile:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        wall, cpu, own = time.monotonic(), busy_cpu_seconds(), own_cpu_seconds()
+        start, wall, cpu, own = time.time(), time.monotonic(), busy_cpu_seconds(), own_cpu_seconds()
         yield
-        line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall, 2),
+        line = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                "start": round(start, 2), "wall_s": round(time.monotonic() - wall, 2),
                 "cpu_s": round(busy_cpu_seconds() - cpu, 2), "own_cpu_s": round(own_cpu_seconds() - own, 2)}
         with open(self.path, "a") as out:
             out.write(json.dumps(line) + "\n")
@@ -99,5 +102,27 @@ def report(path: Path, top: int = 40) -> str:
     return "\n".join(out)
 
 
+def timeline(path: Path) -> str:
+    """Per xdist worker, the minutes at which each module's tests began and ended (from the
+    session's first test): which unit ended the session, and what each worker waited on."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip() and "start" in line]
+    if not lines:
+        return "no timeline: the profile was written without start times"
+    origin = min(line["start"] for line in lines)
+    spans: dict[tuple[str, str], list[float]] = {}
+    for line in lines:
+        key = (line["worker"], line["test"].split("::", 1)[0])
+        begin, end = line["start"] - origin, line["start"] - origin + line["wall_s"]
+        span = spans.setdefault(key, [begin, end])
+        span[0], span[1] = min(span[0], begin), max(span[1], end)
+    out = []
+    for (worker, module), (begin, end) in sorted(spans.items(), key=lambda kv: (kv[0][0], kv[1][0])):
+        out.append(f"{worker:>5} {begin / 60:6.1f} {end / 60:6.1f} {(end - begin) / 60:5.1f}  {module}")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
-    print(report(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 40))
+    if sys.argv[1] == "--timeline":
+        print(timeline(Path(sys.argv[2])))
+    else:
+        print(report(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 40))
