@@ -160,12 +160,12 @@ def test_ranks_are_forked_only_from_a_process_that_computed_nothing_with_torch(b
 
 def test_after_a_parallel_operation_the_fork_would_hang_so_the_check_is_needed():
     """Why forking_allowed refuses a process whose torch computed in parallel: its child's first
-    parallel operation never returns (GNU OpenMP). The child is given 15 s, then killed: its
-    product takes well under a second even on a loaded 2-core box, and one that ends in time is
-    one that did not hang."""
+    parallel operation never returns (GNU OpenMP). The child is given 6 s, then killed: its
+    product takes well under a second even on a loaded 2-core box (a tenth of a second idle),
+    and one that ends in time is one that did not hang."""
     code = ("import os, sys, torch\nx = torch.randn(1500, 1500); x @ x\ntorch.set_num_threads(2)\n"
             "pid = os.fork()\nif pid == 0:\n    x @ x; os._exit(0)\n"
-            "import time\nfor _ in range(150):\n    done, status = os.waitpid(pid, os.WNOHANG)\n"
+            "import time\nfor _ in range(60):\n    done, status = os.waitpid(pid, os.WNOHANG)\n"
             "    if done: print('ended'); sys.exit(0)\n    time.sleep(0.1)\n"
             "os.kill(pid, 9); print('hung')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
