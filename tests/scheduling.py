@@ -12,9 +12,10 @@ Slurm job's hold, a browser), so two worker processes finish it in much less tim
   otherwise be built once per worker.
 
 So a unit of work is a whole package for those packages and a module for the rest (xdist's
-``loadscope`` with wider scopes). The packages come first in the collection
-(:func:`order_items`): the real node's tests are the longest unit, and a unit started last
-would end the session alone. Worker count: ``-n auto`` asks :func:`worker_count`.
+``loadscope`` with wider scopes). The units are handed out longest first (:func:`order_items`,
+as a longest-processing-time schedule): the packages, then :data:`LONG_MODULES`, then the rest
+in collection order, so that the session ends on short modules that fill the workers evenly
+rather than on a long one started last. Worker count: ``-n auto`` asks :func:`worker_count`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ from xdist.scheduler import LoadScopeScheduling
 
 #: the packages run as one unit each, in this order, before every other test
 WHOLE_PACKAGES = ("tests/kube", "tests/slurm", "tests/cloud")
+#: the modules that take a worker a minute or more on the loaded 2-core box, longest first
+#: (``MLBENCH_TEST_CPU_PROFILE`` of a loaded run, 2026-11-27; docs/testing.md); a module not
+#: listed is merely handed out later
+LONG_MODULES = ("tests/test_forked_workers.py", "tests/frameworks/test_tf_resnet.py",
+                "tests/frameworks/test_jax_resnet.py", "tests/test_launcher_matrix.py", "tests/test_faults.py",
+                "tests/dashboard/test_surface_matrix.py", "tests/test_engine_e2e.py", "tests/test_watchdog.py",
+                "tests/results/test_export.py", "tests/test_engine_faults.py", "tests/frameworks/test_tf_port.py",
+                "tests/network/test_local_network.py", "tests/optim/test_plugins.py")
 #: at most this many workers with ``-n auto``: every worker may start real runs of 2-4 processes
 #: and import torch, JAX and TensorFlow; more would trade memory for little time
 MAX_WORKERS = 4
@@ -37,21 +46,21 @@ def package_of(nodeid: str) -> str | None:
 
 
 def order_items(items: list) -> None:
-    """The tests of :data:`WHOLE_PACKAGES` first, in that order; the rest keep their order (a
-    stable sort, so each module's tests stay together for its module-scoped fixtures)."""
-    rank = {p: i for i, p in enumerate(WHOLE_PACKAGES)}
-    items.sort(key=lambda item: rank.get(package_of(item.nodeid) or "", len(rank)))
+    """The tests of :data:`WHOLE_PACKAGES` first, in that order, then those of
+    :data:`LONG_MODULES`, in that order; the rest keep their order (a stable sort, so each
+    module's tests stay together for its module-scoped fixtures)."""
+    rank = {unit: i for i, unit in enumerate((*WHOLE_PACKAGES, *LONG_MODULES))}
+    items.sort(key=lambda item: rank.get(package_of(item.nodeid) or item.nodeid.split("::", 1)[0], len(rank)))
 
 
 def worker_count() -> int:
-    """``-n auto``: one worker more than the usable cores (while one waits on a server, a Slurm
+    """``-n auto``: two workers more than the usable cores (while one waits on a server, a Slurm
     job's hold or a browser, the others compute), at least 2, at most :data:`MAX_WORKERS`. On
-    the loaded 2-core box (docs/testing.md, 2026-11-26) three workers took 18.9 minutes against
-    23.0 for two, with the slowest test at 209 s of its 600 s limit; four (two per core), measured
-    before the suite forked its runs, were hardly faster than two and let a port's run on Slurm
-    pass its limit."""
+    the loaded 2-core box (docs/testing.md) three workers took 18.9 minutes against 23.0 for two
+    (2026-11-26); once the suite forked its runs, four took 16.1 minutes against 17.6 for three
+    on the same commit and box (2026-11-27; before that, four had been hardly faster than two)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(2, min(cores + 1, MAX_WORKERS))
+    return max(2, min(cores + 2, MAX_WORKERS))
 
 
 class WholePackageScheduling(LoadScopeScheduling):

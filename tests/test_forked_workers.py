@@ -22,7 +22,8 @@ from mlbench.launch.supervisor import pid_alive
 from mlbench.results.store import RunStore
 from tests.helpers import wait_for
 
-LONG_RUN = ("run", "task2a", "2", "--data", "synthetic", "--max-steps", "100000", "--log-every", "2")
+LONG_RUN = ("run", "task2a", "2", "--data", "synthetic", "--set", "max_epochs=100000", "--max-steps", "100000",
+            "--log-every", "2")
 
 
 def environment_that_forks() -> dict[str, str]:
@@ -41,6 +42,29 @@ def cli_running(*args: str, env: dict[str, str]):
         if cli.poll() is None:
             cli.kill()
             cli.communicate()
+
+
+def interrupted(cli: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGINT to the CLI (Ctrl-C), then wait for it to exit; if it does not, the assertion says
+    what the kernel knows of it (its signal masks: was SIGINT ignored, blocked or pending; what
+    each thread waits in) and what it printed (this failed rarely, only in some orders of the
+    whole suite, and never when the test ran alone)."""
+    cli.send_signal(signal.SIGINT)
+    try:
+        cli.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        state = {}
+        with contextlib.suppress(OSError):
+            state = {k: v.strip() for k, v in (line.split(":", 1) for line in
+                                               Path(f"/proc/{cli.pid}/status").read_text().splitlines())
+                     if k in ("State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")}
+            state["threads"] = {t: (Path(f"/proc/{cli.pid}/task/{t}/wchan").read_text(),
+                                    Path(f"/proc/{cli.pid}/task/{t}/stat").read_text().split(")")[1].split()[0])
+                                for t in os.listdir(f"/proc/{cli.pid}/task")}
+        cli.kill()
+        out, err = cli.communicate()
+        raise AssertionError(f"the CLI did not exit {timeout} s after SIGINT (SIGINT is bit 2 of the masks): "
+                             f"{state}\nstdout: {out[-2000:]!r}\nstderr: {err[-2000:]!r}") from None
 
 
 def running_workers(timeout: float = 120) -> tuple[object, list[int]]:
@@ -92,8 +116,7 @@ def test_a_local_worker_holds_nothing_of_its_parent_and_runs_in_its_own_session(
             assert stat.S_IMODE(os.stat(files[1]).st_mode) == 0o600
             name = process_name(pid)
             assert fresh or name == f"mlbench-rank{rank}", name
-        cli.send_signal(signal.SIGINT)
-        cli.communicate(timeout=60)
+        interrupted(cli)
         assert cli.returncode == 130
         # gone within the bound the launcher matrix gives a cancel (tests/launcher_matrix.py); on a
         # loaded box the forked ranks were seen alive for a moment after the CLI had exited
@@ -110,8 +133,8 @@ def test_a_run_on_a_real_data_set_still_forks_its_ranks(task, data, request):
                      "--log-every", "2", "--no-stop", env=environment_that_forks()) as cli:
         _, workers = running_workers()
         assert [process_name(pid) for pid in workers] == ["mlbench-rank0", "mlbench-rank1"]
-        cli.send_signal(signal.SIGINT)
-        cli.communicate(timeout=60)
+        interrupted(cli)
+        assert cli.returncode == 130
         wait_for(lambda: not [pid for pid in workers if pid_alive(pid)], 30, "the cancelled run's workers to exit")
 
 
