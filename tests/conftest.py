@@ -25,8 +25,23 @@ def pytest_configure(config):
     from tests.cpu_profile import register
 
     register(config)
+    ctrl_c_reaches_the_tests_commands()
     one_torch_thread_in_the_test_process()
     flop_counter_before_tensorflow()
+
+
+def ctrl_c_reaches_the_tests_commands() -> None:
+    """The tests press Ctrl-C (SIGINT) on the commands they start, as a user does on a command in
+    the foreground. A suite started in the background by a non-interactive shell (``cmd &``, as
+    ``nohup`` jobs and CI harnesses do) inherits SIGINT *ignored*; Python then keeps it ignored,
+    and so does every process it starts: the tests' CLIs ignored the Ctrl-C and ran on (seen in
+    tests/test_forked_workers.py, only when an earlier test in the same worker happened to set a
+    handler of its own; the kernel showed SIGINT in the CLI's ignored mask). The test processes
+    take Python's own handler back, which every command they start then gets as the default."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def one_torch_thread_in_the_test_process() -> None:
