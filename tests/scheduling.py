@@ -26,14 +26,19 @@ from xdist.scheduler import LoadScopeScheduling
 
 #: the packages run as one unit each, in this order, before every other test
 WHOLE_PACKAGES = ("tests/kube", "tests/slurm", "tests/cloud")
-#: the modules that take a worker a minute or more on the loaded 2-core box, longest first
-#: (``MLBENCH_TEST_CPU_PROFILE`` of a loaded run, 2026-11-27; docs/testing.md); a module not
-#: listed is merely handed out later
-LONG_MODULES = ("tests/test_forked_workers.py", "tests/frameworks/test_tf_resnet.py",
-                "tests/frameworks/test_jax_resnet.py", "tests/test_launcher_matrix.py", "tests/test_faults.py",
-                "tests/dashboard/test_surface_matrix.py", "tests/test_engine_e2e.py", "tests/test_watchdog.py",
-                "tests/results/test_export.py", "tests/test_engine_faults.py", "tests/frameworks/test_tf_port.py",
-                "tests/network/test_local_network.py", "tests/optim/test_plugins.py")
+#: the modules that take a worker a third of a minute or more on the loaded 2-core box, longest
+#: first (``MLBENCH_TEST_CPU_PROFILE`` of a loaded run with four workers, 2026-11-27;
+#: docs/testing.md); a module not listed is merely handed out later, among the short ones
+LONG_MODULES = (
+    "tests/test_launcher_matrix.py", "tests/test_faults.py", "tests/frameworks/test_tf_resnet.py",
+    "tests/test_engine_e2e.py", "tests/frameworks/test_jax_resnet.py", "tests/test_watchdog.py",
+    "tests/test_forked_workers.py", "tests/dashboard/test_surface_matrix.py", "tests/results/test_export.py",
+    "tests/test_engine_faults.py", "tests/optim/test_check.py", "tests/results/test_live_export.py",
+    "tests/dashboard/test_dashboard.py", "tests/network/test_local_network.py",
+    "tests/server/test_many_connections.py", "tests/test_cli_output.py", "tests/optim/test_plugins.py",
+    "tests/test_resume_exact.py", "tests/server/test_pod_watchdog.py", "tests/optim/test_training.py",
+    "tests/test_resume.py", "tests/results/test_store.py", "tests/test_packaging.py",
+    "tests/dashboard/test_memory.py", "tests/test_api.py")
 #: at most this many workers with ``-n auto``: every worker may start real runs of 2-4 processes
 #: and import torch, JAX and TensorFlow; more would trade memory for little time
 MAX_WORKERS = 4
