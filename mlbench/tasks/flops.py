@@ -63,7 +63,6 @@ def transformer_flops(sentences: int, source: int, target: int, *, dim: int, ffn
     return sentences * (encoder_layers * encoder + decoder_layers * decoder + 2 * t * d * vocab)
 
 
-@torch.no_grad()
 def load_flop_counter() -> None:
     """Import torch's flop counter (:func:`counted_flops`) now, before anything imports TensorFlow.
 
@@ -75,6 +74,7 @@ def load_flop_counter() -> None:
     import torch.utils.flop_counter  # noqa: F401
 
 
+@torch.no_grad()
 def counted_flops(model: torch.nn.Module, sample: torch.Tensor, batch: int) -> int:
     """3 x the FLOPs of ``model``'s forward pass on ``sample`` (a batch of one), times ``batch``.
 

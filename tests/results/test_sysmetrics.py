@@ -33,6 +33,14 @@ def test_a_counted_step_is_three_forward_passes_of_the_batch():
     assert model.training and torch.equal(model[3].running_mean, running)  # no statistics updated
 
 
+def test_counting_a_steps_flops_records_no_autograd_graph():
+    seen = []
+    model = nn.Linear(4, 2)
+    model.register_forward_hook(lambda module, args, out: seen.append(out.requires_grad))
+    counted_flops(model, torch.randn(1, 4), batch=1)
+    assert seen == [False]   # a forward pass only: no graph kept for a backward that never comes
+
+
 def _decomposed_flops(model, *inputs) -> int:
     """What torch's flop counter counts of ``model(*inputs)`` with the LSTM and attention kernels it
     cannot see (oneDNN's LSTM, the CPU's fused attention) switched to their decomposed forms."""
