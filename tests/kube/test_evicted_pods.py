@@ -14,7 +14,7 @@ import pytest
 
 from mlbench.launch import kubernetes
 from mlbench.launch.k8s_objects import pod_name, run_name
-from tests.kube.conftest import mlbench_cli, wait_for
+from tests.kube.conftest import ENDLESS, mlbench_cli, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(600),
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
@@ -37,9 +37,9 @@ def follow_to_end(cluster, run_id: str, timeout: float = 60):
 
 
 def start_long_run(cluster) -> str:
-    """A detached task2a run of 100,000 epochs (it trains until the test ends it: the cheapest
-    task's, since its pods run on this machine), once both pods run."""
-    result = mlbench_cli("run", "task2a", "2", "--data", "synthetic", "--set", "max_epochs=100000", "--detach")
+    """A detached run that trains until the test ends it (the cheapest task's, since its pods run
+    on this machine), once both pods run."""
+    result = mlbench_cli("run", *ENDLESS, "--detach")
     assert result.exit_code == 0, explain(cluster, result)
     run_id = started_run_id(result.output)
     store = kubernetes.open_store(cluster.record)

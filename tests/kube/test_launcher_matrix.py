@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mlbench.launch import kubernetes
+from tests.kube.conftest import ENDLESS
 from tests.kube.test_node_runs import start_detached, wait_running
 from tests.launcher_matrix import (
     LauncherCase,
@@ -15,7 +16,6 @@ from tests.launcher_matrix import (
     check_end_seen_by_status_and_the_dashboard,
 )
 
-ENDLESS = ("task2a", "2", "--data", "synthetic", "--set", "max_epochs=100000")
 SHORT = ("task2a", "2", "--data", "synthetic", "--max-steps", "4", "--log-every", "2")
 ACTIONS = {"cancel-cli": check_cancel_from_the_cli, "cancel-dashboard": check_cancel_from_the_dashboard,
            "end": check_end_seen_by_status_and_the_dashboard}

@@ -27,7 +27,7 @@ from mlbench.launch.registry import launcher_class
 from mlbench.results.events import read_run_events
 from tests.conftest import REPO
 from tests.helpers import mlbench
-from tests.kube.conftest import mlbench_cli, wait_for
+from tests.kube.conftest import ENDLESS, mlbench_cli, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(3600),
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
@@ -45,9 +45,6 @@ CONTAINER_GC_S = 90
 # for a loaded node; gloo alone would wait 20 minutes. The stop may land in an evaluation, judged
 # by the startup bound (80 s: the test cannot see the pod's phase before it stops it)
 WATCHDOG_WITHIN_S = 150
-# a light run that trains until the test ends it (logistic regression: the node's two cores stay
-# free enough for the kubelet and the API server to answer in time)
-ENDLESS = ("task2a", "2", "--data", "synthetic", "--set", "max_epochs=100000")
 
 
 def explain(ns, result=None) -> str:
