@@ -129,3 +129,23 @@ def test_a_slurm_steps_tasks_know_every_tasks_address_by_srun_distribution():
     assert slurm_peers(cyclic) == "n01:29500,n02:29500,gpu7:29500,n01:29501,n02:29501"
     with pytest.raises(UsageError, match="do not fit its nodes"):
         slurm_peers(dict(step, SLURM_STEP_TASKS_PER_NODE="2,1,1"))
+
+
+def test_ports_a_worker_binds_later_are_free_and_never_ephemeral():
+    """The ports a JAX coordinator or TensorFlow's servers bind seconds after the supervisor picked
+    them come from below the ephemeral range, where no outgoing connection is given one meanwhile."""
+    import socket
+    from pathlib import Path
+
+    from mlbench.launch.supervisor import free_ports
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    ports = free_ports("127.0.0.1", 8)
+    assert len(set(ports)) == 8 and all(p < low for p in ports), (low, ports)
+    assert taken.getsockname()[1] not in ports
+    for port in ports:   # free indeed
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    taken.close()

@@ -21,6 +21,7 @@ Kept apart from the launchers so that the local launcher and its MPI process sta
 from __future__ import annotations
 
 import ctypes
+import random
 import functools
 import os
 import signal
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlbench.errors import peer_consequence
+from mlbench.errors import MlbenchError, peer_consequence
 from mlbench.frameworks import PYTORCH, get_framework
 from mlbench.launch.forked import ForkedProcess, fork_worker, forking_allowed
 from mlbench.launch.injector import FaultRecord, Injector, check_recovered, next_group, reached_step, record_restart
@@ -91,16 +92,37 @@ def tied_to_this_process() -> functools.partial[None] | None:
     return functools.partial(_set_pdeathsig, os.getpid()) if sys.platform.startswith("linux") else None
 
 
+#: where :func:`free_ports` looks, below the kernel's ephemeral range
+_UNASSIGNED_PORTS_FROM = 10000
+
+
 def free_ports(host: str, count: int) -> list[int]:
-    """``count`` distinct ports free on ``host`` now, as the OS picks them (all held open until
-    all are picked, so none repeats); the workers bind them a moment later."""
-    sockets = []
+    """``count`` distinct ports free on ``host`` now (all held open until all are picked, so none
+    repeats), which the workers bind themselves seconds later, once they have imported their
+    framework (a JAX coordinator, TensorFlow's servers). They are drawn at random from *below*
+    the kernel's ephemeral range (``net.ipv4.ip_local_port_range``): a port the OS handed out
+    there (``bind`` to port 0) is the kind it gives any process's next outgoing connection, and
+    one was taken so in that window (a JAX coordinator's bind failed on a loaded machine). Where
+    the range cannot be read (not Linux), the OS picks, as before."""
     try:
-        for _ in range(count):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    candidates = random.sample(range(_UNASSIGNED_PORTS_FROM, low), low - _UNASSIGNED_PORTS_FROM) \
+        if low > _UNASSIGNED_PORTS_FROM + count else [0] * count
+    sockets: list[socket.socket] = []
+    try:
+        for port in candidates:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, port))
+            except OSError:   # in use: the next one
+                s.close()
+                continue
             sockets.append(s)
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in sockets]
+            if len(sockets) == count:
+                return [s.getsockname()[1] for s in sockets]
+        raise MlbenchError(f"no {count} free TCP port(s) on {host} below {low}")
     finally:
         for s in sockets:
             s.close()
@@ -162,17 +184,21 @@ class WorkerProcesses:
         if self.faults is None and (config.faults or config.on_failure != "fail"):
             self.faults = FaultRecord(self.run_dir)
         listener = None
+        framework = get_framework(config.framework)
         try:
             # an emulated network: every worker in its own namespace, rendezvous on rank 0's address
             self.network = local_network(document.to_dict(), logs_dir(self.run_dir) / "network.log",
                                          tied_to_this_process())
             if self.network:
                 config.master_addr, config.master_port = self.network.master_addr, self.network.master_port
-            else:
+            elif framework is PYTORCH:   # rank 0's store takes over this listening socket: no race
                 listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 listener.bind(("127.0.0.1", 0))
                 listener.listen(config.workers * 2)
                 config.master_addr, config.master_port = "127.0.0.1", listener.getsockname()[1]
+            else:   # the port's coordinator binds it itself, after its framework's import
+                config.master_addr, config.master_port = "127.0.0.1", free_ports("127.0.0.1", 1)[0]
+            if not self.network:
                 loopback = _loopback_interface()
                 if loopback:
                     env["GLOO_SOCKET_IFNAME"] = loopback  # gloo's own sockets stay on this machine too
@@ -182,10 +208,6 @@ class WorkerProcesses:
             # themselves; a port to another framework is forked too (it uses torch for the data
             # and the initial weights: the import saved) and imports its framework in the child,
             # which this process never imports; its coordinator binds the port itself
-            framework = get_framework(config.framework)
-            if framework is not PYTORCH and listener is not None:
-                listener.close()
-                listener = None
             fork = forking_allowed(TASKS.runtime_module(config.task.name))
             prepare = (getattr(runtime_module(config.task), "prepare_before_fork", None)
                        if fork and framework is PYTORCH else None)
