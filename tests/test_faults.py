@@ -21,6 +21,10 @@ from mlbench.results.faults import slow_factor, start_times
 from mlbench.results.store import RunStore
 from tests.helpers import assert_survivor_equals_a_one_worker_resume, checkpoint, mlbench, run_json
 
+#: their runs checkpoint every 1 to 50 steps, each fsync'ed: on the loaded box's disk that
+#: was most of their time (tests/conftest.py isolated_home)
+pytestmark = pytest.mark.ram_home
+
 OPTIONS = ("--set", "batch_per_worker=50", "--log-every", "5", "--no-stop", "--set", "max_epochs=100000")
 
 
