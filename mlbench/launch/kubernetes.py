@@ -286,8 +286,10 @@ class KubernetesLauncher(Launcher):
                                                   "mlbench/worker:VERSION]."),)
     follow_seconds = 2.0
     # the cluster's supervisor deletes a killed rank's pod and records a straggler's windows
-    # (k8s_supervisor); a pod cannot be stopped from outside, and a failed run is not restarted
-    abilities = LauncherAbilities(fault_kinds=(KILL, SLOW))
+    # (k8s_supervisor); a pod cannot be stopped from outside, and a failed run is not restarted;
+    # a pod's run folder is its ConfigMap, read-only: a checkpoint would fail the run at its first write
+    abilities = LauncherAbilities(fault_kinds=(KILL, SLOW),
+                                  no_checkpoints="a pod's run folder is read-only and no volume holds them")
     plugin_limit = objects.PLUGIN_LIMIT  # a plug-in's source travels in the run's ConfigMap
     unreachable_seconds = 120.0  # the API server or the service blipped; the run goes on in the cluster
 
@@ -344,7 +346,8 @@ class KubernetesLauncher(Launcher):
         options = self.settings.options
         resources = plan_resources(store, cluster, request, options.get("image"),
                                    float(options.get("schedule_timeout_s") or objects.SCHEDULE_TIMEOUT_S))
-        build_config(request, resources)  # usage errors before anything is deployed or downloaded
+        config, _ = build_config(request, resources)  # usage errors before anything is deployed or downloaded
+        self.abilities.check(config, self.label)
         ensure_service(store, resources.placement["image"], progress)
         resources.placement["data_claim"] = _data_claim(store, request, resources.placement["image"], progress)
         return self.record(request, resources, check_data=False)

@@ -386,12 +386,15 @@ class LauncherAbilities:
     ``frameworks``: whose workers it starts; ``peer_addresses``: whether it can give every
     worker an address of its own (a framework with ``peers``, TensorFlow, needs that for more
     than one worker); ``fault_kinds``: the ``--inject`` kinds it applies; ``policies``: the
-    ``--on-failure`` policies it carries out."""
+    ``--on-failure`` policies it carries out; ``checkpoints``: whether its workers can write
+    checkpoints where a restart or `mlbench resume` finds them (None: they can; else the reason
+    they cannot, for the refusal of ``--checkpoint-every``)."""
 
     frameworks: tuple[str, ...] = (PYTORCH.name,)
     peer_addresses: bool = False
     fault_kinds: tuple[str, ...] = ()
     policies: tuple[str, ...] = ("fail",)
+    no_checkpoints: str | None = None
 
     def check(self, config: RunConfig, label: str) -> None:
         """One UsageError line for what ``config`` asks that ``label`` runs cannot do."""
@@ -412,6 +415,11 @@ class LauncherAbilities:
         if config.on_failure not in self.policies:
             raise UsageError(f"--on-failure {config.on_failure}: {label} runs carry out "
                              f"{' or '.join(self.policies)} only; run on this machine")
+        if config.checkpoints and self.no_checkpoints:
+            every = (f"{config.checkpoint_every_steps}steps" if config.checkpoint_every_steps is not None
+                     else f"{config.checkpoint_every_s:g}s")
+            raise UsageError(f"--checkpoint-every {every}: {label} runs cannot keep checkpoints yet "
+                             f"({self.no_checkpoints}); run on this machine or under Slurm")
 
 
 def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: int, on_this_machine: bool,
