@@ -18,6 +18,8 @@ worker's: 0 done, 1 failed, 143 stopped.
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import sys
 
 import numpy as np
@@ -35,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _join(config: RunConfig, rank: int, coordinator: str) -> None:
     """One CPU device per process; the processes of a run of several meet at the coordinator
-    (rank 0 hosts it) and all-reduce over gloo."""
+    (rank 0 hosts it, listening where :func:`coordinator_bind_address` says) and all-reduce
+    over gloo."""
     import jax
 
     jax.config.update("jax_platforms", "cpu")
@@ -43,7 +46,25 @@ def _join(config: RunConfig, rank: int, coordinator: str) -> None:
     if config.workers > 1:
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=config.workers,
                                    process_id=rank, local_device_ids=[0],
-                                   initialization_timeout=300)
+                                   initialization_timeout=300,
+                                   coordinator_bind_address=coordinator_bind_address(coordinator))
+
+
+def coordinator_bind_address(coordinator: str) -> str | None:
+    """Where rank 0's coordinator listens, as PyTorch's store does (mlbench.worker.group): on
+    the address ``MLBENCH_BIND_ADDR`` names (a pod's IP, an emulated network's namespace), on the
+    loopback address a local run meets at; else (a host name under Slurm or torchrun) None,
+    JAX's default of every interface. Left to itself, JAX listens on every interface
+    (``[::]:PORT``), so a local run's coordinator was reachable from other machines."""
+    host, _, port = coordinator.rpartition(":")
+    bind = os.environ.get("MLBENCH_BIND_ADDR")
+    if bind:
+        return f"[{bind}]:{port}" if ":" in bind else f"{bind}:{port}"
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return None
+    return coordinator if loopback else None
 
 
 def run_worker(config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None,

@@ -13,6 +13,14 @@ two ranks' losses average to those of one JAX process with the doubled batch (th
 the rate of 2 workers), to the same tolerance.
 """
 
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -67,3 +75,57 @@ def test_two_jax_workers_equal_one_jax_process_with_the_doubled_batch(libsvm_dir
                                          log_every=1, stop_at_goal=False))
     np.testing.assert_allclose(two, values(one, "train/loss"), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(values(recorded, "eval/loss"), values(one, "eval/loss"), rtol=RTOL, atol=ATOL)
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses of the sockets listening on TCP ``port`` (/proc/net/tcp and tcp6)."""
+    found = set()
+    for table in (Path("/proc/net/tcp"), Path("/proc/net/tcp6")):
+        for line in table.read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:   # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                # the kernel prints each 32-bit word in host (little-endian) order
+                words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                ip = ipaddress.ip_address(words)
+                found.add(str(getattr(ip, "ipv4_mapped", None) or ip))   # ::ffff:127.0.0.1 is 127.0.0.1
+    return found
+
+
+def test_a_local_runs_coordinator_listens_on_the_loopback_address_only():
+    """Rank 0 of a local two-worker run hosts JAX's coordinator at 127.0.0.1 and listens there
+    only, as PyTorch's store (left to itself, JAX listens on every interface, ``[::]``); started
+    alone, it waits for rank 1 meanwhile. A pod's or a namespace's own address
+    (``MLBENCH_BIND_ADDR``) is where it listens there; a host name (Slurm) keeps JAX's default."""
+    from mlbench.worker.jax_worker import coordinator_bind_address
+    from tests.helpers import wait_for
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = ("from mlbench.launch.plan import RunRequest, build_config\n"
+            "from mlbench.worker.jax_worker import _join\n"
+            "config, _ = build_config(RunRequest(task='task2a', workers=2, data='synthetic'))\n"
+            f"_join(config, 0, '127.0.0.1:{port}')\n")
+    env = {k: v for k, v in os.environ.items() if k != "MLBENCH_BIND_ADDR"}
+    rank0 = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        wait_for(lambda: listening_addresses(port) or rank0.poll() is not None, 120, "the coordinator to listen",
+                 0.2)
+        assert rank0.poll() is None, rank0.stderr.read().decode()[-2000:]
+        assert listening_addresses(port) == {"127.0.0.1"}
+    finally:
+        os.killpg(rank0.pid, signal.SIGKILL)
+        rank0.wait()
+
+    assert coordinator_bind_address("127.0.0.1:4000") == "127.0.0.1:4000"
+    assert coordinator_bind_address("node-3:4000") is None
+    os.environ["MLBENCH_BIND_ADDR"] = "10.1.2.3"
+    try:
+        assert coordinator_bind_address("mlbench-r-0.mlbench-r:4000") == "10.1.2.3:4000"
+        os.environ["MLBENCH_BIND_ADDR"] = "fd00::5"
+        assert coordinator_bind_address("mlbench-r-0.mlbench-r:4000") == "[fd00::5]:4000"
+    finally:
+        del os.environ["MLBENCH_BIND_ADDR"]
