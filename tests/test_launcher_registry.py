@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -142,33 +143,31 @@ def test_a_launcher_that_cannot_give_each_worker_an_address_refuses_tensorflow_o
     abilities.check(one, "Plug-in")
 
 
-def test_a_cluster_run_takes_the_faults_its_supervisor_applies_and_refuses_the_rest_in_one_line():
+def test_a_cluster_run_takes_the_faults_its_supervisor_applies_and_refuses_the_rest_in_one_line(tmp_path):
     """On Kubernetes the supervisor beside the store deletes a killed rank's pod and records a
-    straggler's windows (docs/faults.md, On a cluster); a stall, the recovering policies and
-    checkpoints (a pod's run folder is its read-only ConfigMap) are refused before anything is
-    recorded."""
+    straggler's windows and restarts the group (docs/faults.md, On a cluster); a stall, a shrink
+    and a --checkpoint-dir of this machine (its pods keep them on the service's volume) are
+    refused before anything is recorded."""
     pytest.importorskip("kubernetes")
     from mlbench.launch.faults import parse_inject
     from mlbench.launch.kubernetes import KubernetesLauncher
     from mlbench.launch.plan import build_config
 
-    def config(*faults: str, on_failure: str = "fail", **checkpoints: float):
+    def config(*faults: str, on_failure: str = "fail", **checkpoints: Any):
         request = RunRequest(task="task2a", workers=2, data="synthetic", on_failure=on_failure, max_restarts=0,
                              faults=[parse_inject(text) for text in faults], **checkpoints)
         return build_config(request)[0]
 
     abilities = KubernetesLauncher.abilities
-    abilities.check(config("kill:rank=1,at=30s", "slow:rank=0,factor=3"), "cluster")
+    abilities.check(config("kill:rank=1,at=30s", "slow:rank=0,factor=3", on_failure="restart"), "cluster")
     for asked, message in [
         (config("stall:rank=1,at=5s"), "--inject stall:rank=1,at=5s: cluster runs cannot inject a stall (they "
                                         "apply kill, slow); run on this machine"),
-        (config(on_failure="restart"), "--on-failure restart: cluster runs carry out fail only; run on this machine"),
-        (config(checkpoint_every_steps=20), "--checkpoint-every 20steps: cluster runs cannot keep checkpoints yet (a "
-                                            "pod's run folder is read-only and no volume holds them); run on this "
-                                            "machine or under Slurm"),
-        (config(checkpoint_every_s=120.0), "--checkpoint-every 120s: cluster runs cannot keep checkpoints yet (a "
-                                           "pod's run folder is read-only and no volume holds them); run on this "
-                                           "machine or under Slurm"),
+        (config(on_failure="shrink"), "--on-failure shrink: cluster runs carry out fail or restart only; run on "
+                                      "this machine"),
+        (config(checkpoint_every_steps=20, checkpoint_dir=str(tmp_path)),
+         f"--checkpoint-dir {tmp_path}: cluster runs keep their checkpoints on the results service's volume; "
+         "leave it out"),
     ]:
         with pytest.raises(UsageError) as refused:
             abilities.check(asked, "cluster")

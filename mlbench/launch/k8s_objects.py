@@ -2,7 +2,9 @@
 
 Once per cluster (namespace): the results service (`mlbench serve`) as a Deployment with its run
 store on a PersistentVolumeClaim, a ClusterIP Service (never a NodePort or LoadBalancer), a
-ServiceAccount whose Role may only list and delete the objects of runs (it never creates pods),
+ServiceAccount whose Role may only list and delete the objects of runs, and create a run's pods
+again to restart its group (``--on-failure restart``: copies of the pods the CLI created, from the
+run's ConfigMap; the run's checkpoints are a folder of the service's volume that its pods mount),
 and a Secret with the two random tokens (workers' and the CLI's).
 
 Per run: a ConfigMap holding run.json (the worker's only input, as in a local run), a Secret with
@@ -27,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mlbench.network.kube import shape_pod
+from mlbench.results.checkpoints import CHECKPOINTS_FOLDER
 
 DEFAULT_NAMESPACE = "mlbench"
 SERVICE = "mlbench-results"          # Deployment, Service, ServiceAccount, Role, Secret, PVC
@@ -39,9 +42,13 @@ RUN_LABEL = "mlbench/run"
 RANK_LABEL = "mlbench/rank"
 MANAGED = {"app.kubernetes.io/managed-by": "mlbench"}
 SERVICE_LABELS = {"app.kubernetes.io/name": SERVICE, **MANAGED}
-RUN_DIR = "/etc/mlbench/run"
+RUNS_DIR = "/etc/mlbench/runs"     # a worker's run folder is RUNS_DIR/RUN_ID (its ConfigMap, read-only)
 DATA_DIR = "/var/cache/mlbench"
 STORE_DIR = "/var/lib/mlbench"
+#: Where the checkpoints of runs are, in the results service's pod and in workers' pods alike:
+#: a folder of the service's volume, each run's own sub-folder mounted into its pods
+#: (``checkpoint_root(RUNS_DIR/RUN_ID, CHECKPOINT_DIR)`` is CHECKPOINT_DIR/RUN_ID in both).
+CHECKPOINT_DIR = f"{STORE_DIR}/{CHECKPOINTS_FOLDER}"
 UID = 1000  # the image's unprivileged user (docker/Dockerfile)
 SCHEDULE_TIMEOUT_S = 600.0  # how long a run's pods may wait for a node before the run fails
 TMP_LIMIT = "1Gi"           # a worker's scratch space (/tmp)
@@ -112,10 +119,19 @@ def _secret_env(name: str, key: str) -> dict[str, Any]:
 
 def role_rules() -> list[dict[str, Any]]:
     """The results service's permissions: end runs, keep their pods' logs and remove their
-    objects, nothing more."""
-    return [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete"]},
+    objects; and restart a run's group (``--on-failure restart``): create its pods again, from
+    its ConfigMap (read for its owner reference, patched with the checkpoint to go on from)."""
+    return [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "delete", "create"]},
             {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-            {"apiGroups": [""], "resources": ["services", "configmaps"], "verbs": ["delete"]}]
+            {"apiGroups": [""], "resources": ["services"], "verbs": ["delete"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch", "delete"]}]
+
+
+def pod_run_dir(run_id: str) -> str:
+    """A worker's run folder in its pod: the run's ConfigMap, at a path ending in the run's id
+    (as a local run folder's name is), so that its checkpoints' folder is the same path in the
+    pod and in the results service's (:data:`CHECKPOINT_DIR`)."""
+    return f"{RUNS_DIR}/{run_id}"
 
 
 def service_objects(namespace: str, image: str, worker_token: str, admin_token: str,
@@ -184,6 +200,11 @@ def configmap_key(relative: str) -> str:
     return relative.replace("/", ".")
 
 
+def configmap_run_json(run_json: dict[str, Any]) -> str:
+    """run.json as the run's ConfigMap holds it (at the start, and again at a restart)."""
+    return json.dumps(run_json, indent=2, sort_keys=True, default=str)
+
+
 def run_configmap(run_id: str, run_json: dict[str, Any], namespace: str,
                   files: dict[str, bytes] | None = None) -> dict[str, Any]:
     """run.json, and ``files`` of the run folder (a plug-in's source) as binary data: the pods
@@ -191,7 +212,7 @@ def run_configmap(run_id: str, run_json: dict[str, Any], namespace: str,
     configmap: dict[str, Any] = {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": run_name(run_id), "namespace": namespace, "labels": {RUN_LABEL: run_id, **MANAGED}},
-        "data": {"run.json": json.dumps(run_json, indent=2, sort_keys=True, default=str)}}
+        "data": {"run.json": configmap_run_json(run_json)}}
     if files:
         configmap["binaryData"] = {configmap_key(path): base64.b64encode(data).decode("ascii")
                                    for path, data in files.items()}
@@ -226,13 +247,29 @@ def _affinity(run_id: str, workers: int, nodes: int) -> dict[str, Any]:
         {"weight": 100, "podAffinityTerm": term}]}}
 
 
+def worker_pods(run_id: str, run_json: dict[str, Any], owner: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every worker pod of a run, from its run.json (placement, threads, network, plug-in
+    files, checkpoints) and its ConfigMap ``owner``: what the CLI creates at the start and
+    the results service's supervisor again at a restart of the group."""
+    config = run_json["config"]
+    plugins = (config.get("optimizer_plugin"), config.get("model_plugin"))
+    files = tuple(dict.fromkeys(str(plugin["file"]) for plugin in plugins if plugin))  # each file once
+    checkpoints = config.get("checkpoint_every_s") is not None or config.get("checkpoint_every_steps") is not None
+    placement = Placement.from_dict(run_json.get("placement") or {})
+    return [worker_pod(run_id, rank, config["workers"], config["threads_per_worker"], placement, owner,
+                       run_json.get("network"), files, checkpoints=checkpoints)
+            for rank in range(config["workers"])]
+
+
 def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Placement,
                owner: dict[str, Any], network: dict[str, Any] | None = None,
-               files: tuple[str, ...] = ()) -> dict[str, Any]:
+               files: tuple[str, ...] = (), checkpoints: bool = False) -> dict[str, Any]:
     """The pod of one worker: the local worker command, its run.json mounted from the ConfigMap;
     with run.json's ``network``, shaped by an init container or CNI annotations (mlbench.network.kube).
     ``files``: the run folder's other files in the ConfigMap (a plug-in's source), mounted at
-    their paths in the folder."""
+    their paths in the folder. With ``checkpoints``, the run's own folder of the service's
+    volume (made by the service when the run was recorded) at CHECKPOINT_DIR/RUN_ID: the
+    supervisor beside the service finds a restart's checkpoint there."""
     amount = {"cpu": f"{placement.cpu_millis}m", "memory": f"{placement.memory_mib}Mi",
               "ephemeral-storage": WORKER_EPHEMERAL}
     if placement.gpus:
@@ -251,7 +288,7 @@ def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Pl
         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
     ]
-    mounts = [{"name": "run", "mountPath": RUN_DIR, "readOnly": True},
+    mounts = [{"name": "run", "mountPath": pod_run_dir(run_id), "readOnly": True},
               {"name": "tmp", "mountPath": "/tmp"}, {"name": "shm", "mountPath": "/dev/shm"}]
     run_volume: dict[str, Any] = {"name": run_name(run_id)}
     if files:
@@ -259,6 +296,10 @@ def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Pl
                                *({"key": configmap_key(path), "path": path} for path in files)]
     volumes = [{"name": "run", "configMap": run_volume}, scratch_volume(TMP_LIMIT),
                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_LIMIT}}]
+    if checkpoints:
+        mounts.append({"name": "checkpoints", "mountPath": f"{CHECKPOINT_DIR}/{run_id}",
+                       "subPath": f"{CHECKPOINTS_FOLDER}/{run_id}"})
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": SERVICE}})
     if placement.data_claim:
         mounts.append({"name": "data", "mountPath": DATA_DIR, "readOnly": True})
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": placement.data_claim,
@@ -270,7 +311,7 @@ def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Pl
         "affinity": _affinity(run_id, workers, placement.nodes),
         "containers": [{
             "name": "worker", "image": placement.image,
-            "command": ["python", "-m", "mlbench.worker", RUN_DIR, "--rank", str(rank)],
+            "command": ["python", "-m", "mlbench.worker", pod_run_dir(run_id), "--rank", str(rank)],
             "env": env, "resources": {"requests": amount, "limits": dict(amount)},
             "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}] if rank == 0 else [],
             "terminationMessagePolicy": "FallbackToLogsOnError",

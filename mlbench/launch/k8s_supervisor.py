@@ -19,8 +19,18 @@ worker slows itself, :mod:`mlbench.worker.straggler`). A run that fails is put d
 that explains it, in its reason and its fault events, as a local run's supervisor does, so that
 `status`, `compare` and goodput read a cluster run's faults as a local run's.
 
-Its service account may only list pods, read their logs and delete pods, services and
-configmaps (see :func:`mlbench.launch.k8s_objects.role_rules`).
+With ``--on-failure restart`` a run whose worker failed, stalled or lost its pod (a kill) is
+not ended but restarted, as a local run is: the group's pods are deleted (a second's grace);
+once they are gone, the run goes back to its newest complete checkpoint (kept on the service's
+volume, which its pods mount: :data:`mlbench.launch.k8s_objects.CHECKPOINT_DIR`) and records the
+restart in its run.json (:func:`mlbench.launch.injector.record_restart`, the local supervisor's
+own), the run's ConfigMap gets that run.json (the checkpoint to go on from), and the pods are
+created again from it (:func:`mlbench.launch.k8s_objects.worker_pods`, as the CLI created them).
+The restarts allowed are counted from run.json, so a supervisor started again goes on counting.
+
+Its service account may only list pods, read their logs, delete pods, services and configmaps,
+create pods and read and patch configmaps (the last two for restarts; see
+:func:`mlbench.launch.k8s_objects.role_rules`).
 """
 
 from __future__ import annotations
@@ -35,11 +45,22 @@ from typing import Any
 
 from mlbench.errors import MlbenchError, RunNotFound
 from mlbench.extras import needs
-from mlbench.launch.injector import FaultRecord, Injector, Process
+from mlbench.launch.faults import RESTART
+from mlbench.launch.injector import (
+    FaultRecord,
+    Injector,
+    Process,
+    check_recovered,
+    next_group,
+    reached_step,
+    record_restart,
+)
 from mlbench.launch.k8s_objects import (
     RANK_LABEL,
     RUN_LABEL,
     SCHEDULE_TIMEOUT_S,
+    configmap_run_json,
+    worker_pods,
     run_name,
 )
 from mlbench.results import watchdog
@@ -59,6 +80,8 @@ from mlbench.results.store import (
 )
 
 POLL_SECONDS = 2.0
+RESTART_GRACE_S = 1          # the ending group's pods: SIGTERM, then SIGKILL a second later
+RESTART_END_TIMEOUT_S = 120  # a group whose pods do not go within this is not restarted: the run fails
 LOG_LIMIT_BYTES = 64 << 20   # a pod's log kept in the run store: its first 64 MiB
 LOG_TIMEOUT_S = 30
 _WAITING_PROBLEMS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
@@ -129,12 +152,30 @@ class PodProcess:
 
 
 @dataclass
+class Ending:
+    """A group that failed and is being ended to be restarted: what its restart will record
+    (:func:`mlbench.launch.injector.record_restart`) once its pods are gone."""
+
+    reason: str
+    fault: dict[str, Any] | None
+    at: float
+    reached: int
+
+
+@dataclass
 class Verdict:
     """How an active run stands now: FAILED (with the reason and the pod to blame), FINISHED or RUNNING."""
 
     state: str
     reason: str | None = None
     pod: PodState | None = None
+    rank: int | None = None     # the rank to blame when there is no pod to: its pod disappeared
+
+    @property
+    def blamed(self) -> list[int]:
+        if self.pod is not None:
+            return [self.pod.rank]
+        return [self.rank] if self.rank is not None else []
 
 
 def judge(run: RunRecord, pods: list[PodState], now: float, schedule_timeout: float) -> Verdict | None:
@@ -153,7 +194,7 @@ def judge(run: RunRecord, pods: list[PodState], now: float, schedule_timeout: fl
     ranks = {p.rank for p in pods}
     if run.started_at and len(ranks) < run.workers:
         missing = min(set(range(run.workers)) - ranks)
-        return Verdict(FAILED, f"the pod of worker {missing} disappeared while the run trained")
+        return Verdict(FAILED, f"the pod of worker {missing} disappeared while the run trained", rank=missing)
     if len(pods) == run.workers and all(p.phase == "Succeeded" for p in pods):
         return Verdict(FINISHED)
     waiting = [p for p in pods if p.phase == "Pending"]
@@ -185,6 +226,13 @@ class PodSupervisor:
         # down, or restarted: the pods' heartbeats did not get through meanwhile)
         self.started = time.time()
         self._injectors: dict[str, Injector] = {}   # by run id: the runs with faults to inject
+        self._records: dict[str, FaultRecord] = {}   # by run id: run.json's faults, for runs without an injector
+        # --on-failure restart, by run id: the groups being ended (what their restart records,
+        # once their pods are gone), the restarts waiting for every rank's first step past the
+        # checkpoint, and when each run's newest group was started (the watchdog's clock)
+        self._ending: dict[str, Ending] = {}
+        self._recovering: dict[str, dict[str, Any]] = {}
+        self._restarted_at: dict[str, float] = {}
 
     @classmethod
     def in_cluster(cls, store: RunStore, namespace: str) -> PodSupervisor:
@@ -230,13 +278,17 @@ class PodSupervisor:
         for run in active.values():
             pods = by_run.get(run.id, [])
             document = self._document(run)
+            if run.id in self._ending:
+                self._restart_when_gone(run, pods, now)
+                continue
             verdict = judge(run, pods, now, self._schedule_timeout(document))
             if verdict is None:
                 stall = self.watch(run, pods, now, document)
                 if stall is not None:
-                    self.end_run(run.id, FAILED, self._blame(run, document, stall.ranks, stall.reason, now))
+                    self.failed(run, document, stall.ranks, stall.reason, now, pods)
                 else:
                     self.inject(run, pods, document)
+                    self._check_recovered(run)
                 continue
             if verdict.state == RUNNING:
                 self.store.update(run.id, state=RUNNING, started_at=now)
@@ -244,12 +296,88 @@ class PodSupervisor:
             elif verdict.state == FINISHED:
                 self._finish(run)
             else:
-                blamed = [verdict.pod.rank] if verdict.pod is not None else []
-                self.end_run(run.id, FAILED, self._blame(run, document, blamed, self._reason(run, verdict), now))
+                self.failed(run, document, verdict.blamed, self._reason(run, verdict), now, pods)
         for run_id in set(by_run) - set(active):
             self.cleanup(run_id)
-        for run_id in set(self._injectors) - set(active):
-            del self._injectors[run_id]
+        for kept in (self._injectors, self._records, self._ending, self._recovering, self._restarted_at):
+            for run_id in set(kept) - set(active):
+                del kept[run_id]
+
+    def failed(self, run: RunRecord, document: RunDocument | None, ranks: Sequence[int], reason: str,
+               now: float, pods: list[PodState]) -> None:
+        """Workers ``ranks`` of a running run failed, stalled or lost their pods: restart the group
+        (``--on-failure restart``, while restarts are left: :func:`next_group`, the rule of every
+        supervisor) or end the run failed, naming the injected fault it is blamed on."""
+        config = document.config if document is not None else None
+        if config is None or config.on_failure != RESTART:
+            self.end_run(run.id, FAILED, self._blame(run, document, ranks, reason, now))
+            return
+        record = self._record(run)
+        reason, fault = record.blame(ranks, reason, now)
+        _, given_up = next_group(config.on_failure, config.max_restarts, len(record.restarts), run.workers, ranks)
+        if given_up is not None:
+            if fault is not None:
+                fault["action"] = "fail"
+            record.save()
+            self.end_run(run.id, FAILED, reason + given_up)
+            return
+        # the group ends; once its pods are gone (no worker writes a checkpoint any more) the
+        # restart is recorded and the new group created: the next rounds (_restart_when_gone)
+        reached = reached_step(run.run_dir, run.workers, fault.get("time") if fault is not None else None)
+        self._ending[run.id] = Ending(reason, fault, now, reached)
+        self._recovering.pop(run.id, None)
+        self._keep_logs(run)
+        for pod in pods:
+            if not pod.deleting:
+                self._delete(self.core.delete_namespaced_pod, pod.name, grace_period_seconds=RESTART_GRACE_S)
+
+    def _restart_when_gone(self, run: RunRecord, pods: list[PodState], now: float) -> None:
+        """The pods of a group being restarted: once all are gone, go back to the newest complete
+        checkpoint (:func:`record_restart`, as the local supervisor does), give the run's
+        ConfigMap the run.json that names it, and create the group's pods again."""
+        ending = self._ending[run.id]
+        if pods:
+            if now - ending.at > RESTART_END_TIMEOUT_S:
+                del self._ending[run.id]
+                self.end_run(run.id, FAILED, f"{ending.reason}; not restarted: its pods "
+                                             f"({', '.join(p.name for p in pods)}) did not end within "
+                                             f"{RESTART_END_TIMEOUT_S:.0f}s")
+            return
+        del self._ending[run.id]
+        record = self._record(run)
+        injector = self._injectors.get(run.id)
+        if injector is not None:
+            injector.forget_processes()
+        entry = record_restart(record, run.workers, ending.reason, ending.fault, ending.at, ending.reached)
+        run_json = RunDocument.load(run.run_dir).to_dict()
+        name = run_name(run.id)
+        self.core.patch_namespaced_config_map(name, self.namespace,
+                                              {"data": {"run.json": configmap_run_json(run_json)}})
+        owner = self.core.api_client.sanitize_for_serialization(
+            self.core.read_namespaced_config_map(name, self.namespace))
+        for pod in worker_pods(run.id, run_json, owner):
+            self.core.create_namespaced_pod(self.namespace, pod)
+        self._recovering[run.id] = entry
+        self._restarted_at[run.id] = time.time()
+        print(f"supervisor: run {run.id}: {ending.reason}; restart {len(record.restarts)} from step "
+              f"{entry['from_step']}", file=sys.stderr, flush=True)
+
+    def _check_recovered(self, run: RunRecord) -> None:
+        """A restarted group is back once every rank made a step past the checkpoint (the time
+        to recover is then recorded: :func:`check_recovered`)."""
+        entry = self._recovering.get(run.id)
+        if entry is not None and check_recovered(self._record(run), entry, run.workers):
+            del self._recovering[run.id]
+
+    def _record(self, run: RunRecord) -> FaultRecord:
+        """run.json's faults and restarts of a run: its injector's, or one of its own (a run
+        restarted after a failure nobody injected); one object per run, so no save undoes another's."""
+        injector = self._injectors.get(run.id)
+        if injector is not None:
+            return injector.record
+        if run.id not in self._records:
+            self._records[run.id] = FaultRecord(run.run_dir)
+        return self._records[run.id]
 
     def inject(self, run: RunRecord, pods: list[PodState], document: RunDocument | None) -> None:
         """Apply what of a running run's ``--inject`` schedules fell due. Its fault clock started
@@ -259,7 +387,7 @@ class PodSupervisor:
             return
         injector = self._injectors.get(run.id)
         if injector is None:
-            record = FaultRecord(run.run_dir)
+            record = self._records.pop(run.id, None) or FaultRecord(run.run_dir)
             injector = Injector(document.config.faults, run.started_at, record, send=self._kill_pod,
                                 passed=record.clock_so_far())
             self._injectors[run.id] = injector
@@ -278,11 +406,9 @@ class PodSupervisor:
         """A failure's reason, naming the injected fault it is put down to (recorded with the
         time it took to see and the action, fail: a cluster run is not restarted yet). A
         supervisor started again after the fault reads the faults its run.json holds."""
-        injector = self._injectors.get(run.id)
-        if injector is not None:
-            record = injector.record
-        elif document is not None and document.config.faults:
-            record = FaultRecord(run.run_dir)
+        if run.id in self._injectors or run.id in self._records \
+                or (document is not None and document.config.faults):
+            record = self._record(run)
         else:
             return reason
         reason, fault = record.blame(ranks, reason, now)
@@ -314,7 +440,8 @@ class PodSupervisor:
         beats = {rank: beat if beat is not None and beat.time >= self.started else None
                  for rank, beat in read_beats(run.run_dir, run.workers).items()}
         exited = {p.rank for p in pods if p.phase == "Succeeded"}
-        return watchdog.judge(beats, now, watchdog_s, max(run.started_at, self.started), exited)
+        since = max(run.started_at, self.started, self._restarted_at.get(run.id, 0.0))
+        return watchdog.judge(beats, now, watchdog_s, since, exited)
 
     def _reason(self, run: RunRecord, verdict: Verdict) -> str:
         """Prefer the failed worker's own last error line (as a local run does) to its exit code."""
@@ -330,7 +457,9 @@ class PodSupervisor:
         """Each worker pod's log outlives the pod, as ``RUN_DIR/logs/rank-R.log`` (where a local
         worker writes its own; `mlbench logs` reads it). A log the API server cannot give (no
         kubelet behind it, a pod that never started) is replaced by the pod's termination
-        message (its last lines), when it has one."""
+        message (its last lines), when it has one. A group restarted (``--on-failure restart``)
+        adds its pods' logs after the earlier groups', as a local restart's workers append to
+        their rank's log."""
         listed = self.core.list_namespaced_pod(self.namespace, label_selector=f"{RUN_LABEL}={run.id}").items
         (run.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         for pod in map(pod_state, listed):
@@ -344,7 +473,11 @@ class PodSupervisor:
                         f.write(f"--- last lines of pod {pod.name} ({pod.problem}) ---\n{pod.log.rstrip()}\n"
                                 .encode())
                 continue
-            write_text(path, text, mode=0o600, unique=True)
+            if path.exists():   # an earlier group's
+                with open_append(path) as f:
+                    f.write(text.encode())
+            else:
+                write_text(path, text, mode=0o600, unique=True)
 
     def _finish(self, run: RunRecord) -> None:
         events = read_rank_events(run.run_dir / "events" / "rank-0.jsonl")

@@ -36,6 +36,7 @@ from mlbench.launch.k8s_mirror import ClusterStore
 from mlbench.launch.k8s_supervisor import pod_state
 from mlbench.launch.plan import LauncherAbilities, RunRequest, WorkerResources, build_config
 from mlbench.network.settings import NetworkSettings
+from mlbench.launch.faults import FAIL, RESTART
 from mlbench.results.faults import KILL, SLOW
 from mlbench.results.http_sink import run_token
 from mlbench.results.store import RunRecord, RunStore
@@ -136,11 +137,23 @@ def ensure_service(store: ClusterStore, image: str, progress: Progress) -> None:
             except ApiException as err:
                 if err.status != 409:  # exists already: deployed by an earlier run
                     raise
+                if manifest["kind"] == "Role":   # an earlier version's gets this version's rules
+                    _update_role(rbac, store, ns, manifest)
         _wait_available(apps, core, ns, image)
     except ApiException as err:
         raise _api_error(err, store, f"deploy the results service in namespace {ns}") from None
     store.client = ResultsClient(transport_for(store.api, ns), tokens[objects.ADMIN_TOKEN_KEY],
                                  store.where, ns)
+
+
+def _update_role(rbac: Any, store: ClusterStore, ns: str, manifest: dict[str, Any]) -> None:
+    """Give the service's Role the rules of this version (restarting a run's group needs more
+    than an earlier version's Role allowed), when it has others."""
+    current = rbac.read_namespaced_role(manifest["metadata"]["name"], ns)
+    rules = [{key: value for key, value in rule.items() if value is not None}
+             for rule in store.api.sanitize_for_serialization(current.rules or [])]
+    if rules != manifest["rules"]:
+        rbac.replace_namespaced_role(manifest["metadata"]["name"], ns, manifest)
 
 
 def _wait_available(apps: Any, core: Any, ns: str, image: str) -> None:
@@ -219,8 +232,6 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
         from kubernetes import client
 
     document = RunDocument.load(run.run_dir)
-    placement = objects.Placement.from_dict(document.placement or {})
-    threads = document.config.threads_per_worker
     core, networking = client.CoreV1Api(store.api), client.NetworkingV1Api(store.api)
     # the client's create_* calls take plain dict bodies too: their annotations (kubernetes >= 37)
     # name only its models, hence the ignores below (unused where kubernetes is older, untyped)
@@ -239,9 +250,7 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
         core.create_namespaced_service(store.namespace, service)  # type: ignore[arg-type, unused-ignore]
         policy = k8s_policy.run_policy(run.id, owner)
         networking.create_namespaced_network_policy(store.namespace, policy)  # type: ignore[arg-type, unused-ignore]
-        for rank in range(run.workers):
-            pod = objects.worker_pod(run.id, rank, run.workers, threads, placement, owner,
-                                     document.extra.get("network"), files)
+        for pod in objects.worker_pods(run.id, document.to_dict(), owner):
             core.create_namespaced_pod(store.namespace, pod)  # type: ignore[arg-type, unused-ignore]
     except Exception as err:
         error = _api_error(err, store, f"create the pods of run {run.id}")
@@ -285,11 +294,11 @@ class KubernetesLauncher(Launcher):
     options = (LauncherOption("--image", "image", "Worker image on a cluster [the cluster's, else "
                                                   "mlbench/worker:VERSION]."),)
     follow_seconds = 2.0
-    # the cluster's supervisor deletes a killed rank's pod and records a straggler's windows
-    # (k8s_supervisor); a pod cannot be stopped from outside, and a failed run is not restarted;
-    # a pod's run folder is its ConfigMap, read-only: a checkpoint would fail the run at its first write
-    abilities = LauncherAbilities(fault_kinds=(KILL, SLOW),
-                                  no_checkpoints="a pod's run folder is read-only and no volume holds them")
+    # the cluster's supervisor deletes a killed rank's pod, records a straggler's windows and
+    # restarts the group from the newest checkpoint, which the pods keep on the service's volume
+    # (k8s_supervisor); a pod cannot be stopped from outside; a shrink would need new ranks' pods
+    abilities = LauncherAbilities(fault_kinds=(KILL, SLOW), policies=(FAIL, RESTART),
+                                  checkpoint_dir=objects.CHECKPOINT_DIR)
     plugin_limit = objects.PLUGIN_LIMIT  # a plug-in's source travels in the run's ConfigMap
     unreachable_seconds = 120.0  # the API server or the service blipped; the run goes on in the cluster
 
@@ -348,6 +357,12 @@ class KubernetesLauncher(Launcher):
                                    float(options.get("schedule_timeout_s") or objects.SCHEDULE_TIMEOUT_S))
         config, _ = build_config(request, resources)  # usage errors before anything is deployed or downloaded
         self.abilities.check(config, self.label)
+        nodes = int(resources.placement["nodes"])
+        if config.checkpoints and nodes > 1:
+            # the service's volume is ReadWriteOnce: pods on another node than the service's cannot mount it
+            raise UsageError(f"--checkpoint-every on a cluster of {nodes} nodes: the checkpoints are kept on the "
+                             "results service's volume, which only pods on its node can mount; run on a "
+                             "one-node cluster, on this machine or under Slurm")
         ensure_service(store, resources.placement["image"], progress)
         resources.placement["data_claim"] = _data_claim(store, request, resources.placement["image"], progress)
         return self.record(request, resources, check_data=False)

@@ -386,15 +386,15 @@ class LauncherAbilities:
     ``frameworks``: whose workers it starts; ``peer_addresses``: whether it can give every
     worker an address of its own (a framework with ``peers``, TensorFlow, needs that for more
     than one worker); ``fault_kinds``: the ``--inject`` kinds it applies; ``policies``: the
-    ``--on-failure`` policies it carries out; ``checkpoints``: whether its workers can write
-    checkpoints where a restart or `mlbench resume` finds them (None: they can; else the reason
-    they cannot, for the refusal of ``--checkpoint-every``)."""
+    ``--on-failure`` policies it carries out; ``checkpoint_dir``: where its workers keep
+    checkpoints when not in the run folder, a path the same for them and for its supervisor (a
+    cluster's volume; ``--checkpoint-dir`` is then refused: :func:`create_run` sets it)."""
 
     frameworks: tuple[str, ...] = (PYTORCH.name,)
     peer_addresses: bool = False
     fault_kinds: tuple[str, ...] = ()
     policies: tuple[str, ...] = ("fail",)
-    no_checkpoints: str | None = None
+    checkpoint_dir: str | None = None
 
     def check(self, config: RunConfig, label: str) -> None:
         """One UsageError line for what ``config`` asks that ``label`` runs cannot do."""
@@ -415,11 +415,9 @@ class LauncherAbilities:
         if config.on_failure not in self.policies:
             raise UsageError(f"--on-failure {config.on_failure}: {label} runs carry out "
                              f"{' or '.join(self.policies)} only; run on this machine")
-        if config.checkpoints and self.no_checkpoints:
-            every = (f"{config.checkpoint_every_steps}steps" if config.checkpoint_every_steps is not None
-                     else f"{config.checkpoint_every_s:g}s")
-            raise UsageError(f"--checkpoint-every {every}: {label} runs cannot keep checkpoints yet "
-                             f"({self.no_checkpoints}); run on this machine or under Slurm")
+        if self.checkpoint_dir and config.checkpoint_dir not in (None, self.checkpoint_dir):
+            raise UsageError(f"--checkpoint-dir {config.checkpoint_dir}: {label} runs keep their checkpoints "
+                             "on the results service's volume; leave it out")
 
 
 def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: int, on_this_machine: bool,
@@ -454,6 +452,8 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
         request = dataclasses.replace(request, optimizer=plugin.label)
     config, changed = build_config(request, resources, model_plugin)
     abilities.check(config, label)
+    if config.checkpoints and abilities.checkpoint_dir:
+        config.checkpoint_dir = abilities.checkpoint_dir
     if plugin is None:
         optimizer = check_optimizer(config.optimizer, request.optimizer_options, request.workers)
     else:

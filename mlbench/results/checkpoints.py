@@ -22,6 +22,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+#: The folder of a run's checkpoints in its run folder; on a cluster, the folder of the results
+#: service's volume that holds every run's (mlbench.launch.k8s_objects.CHECKPOINT_DIR).
+CHECKPOINTS_FOLDER = "checkpoints"
 STATE_PREFIX = "state-step-"
 MANIFEST = "state.json"
 #: Complete checkpoints kept: the newest and the one before it (a resume reads the newest).
@@ -34,7 +37,7 @@ def checkpoint_root(run_dir: Path, checkpoint_dir: str | None) -> Path:
     ``DIR/RUN_ID`` (the run folder's name is its id), else ``RUN_DIR/checkpoints``."""
     if checkpoint_dir:
         return Path(checkpoint_dir) / run_dir.name
-    return run_dir / "checkpoints"
+    return run_dir / CHECKPOINTS_FOLDER
 
 
 def state_dir(root: Path, step: int) -> Path:

@@ -3,7 +3,8 @@
 Training never waits for the network: :meth:`HttpSink.write` only appends to an in-memory buffer,
 and a background thread sends the buffer in batches. A batch that fails (the service restarts,
 the network blips) stays in the buffer and is sent again with exponential back-off, so a
-restart of the service loses nothing. Every event carries a per-rank sequence number; the service
+restart of the service loses nothing. Every event carries a per-rank sequence number (from
+:func:`first_seq` on, so that a rank's worker started again numbers on); the service
 stores each (run, rank, seq) once, whatever order the batches arrive in, and acknowledges a
 batch only once all its events are stored; a batch that was stored but whose answer was lost is
 not stored twice when it is sent again.
@@ -57,6 +58,16 @@ def run_token(secret: str, run_id: str) -> str:
     return hmac.new(secret.encode(), f"mlbench-run:{run_id}".encode(), hashlib.sha256).hexdigest()
 
 
+def first_seq() -> int:
+    """The sequence number of a sink's first event: the microseconds of the Unix time it starts.
+    The service stores each (run, rank, seq) once, and a rank's worker may be a new process in
+    the middle of a run (a restart of the group: a cluster's supervisor creates its pods again);
+    numbered from 0 again, its events were taken for the earlier process's sent twice and
+    dropped until its numbers passed that process's. No earlier process of the rank reaches this
+    number (it would have had to send more than one event per microsecond since it started)."""
+    return time.time_ns() // 1000
+
+
 class _Permanent(Exception):
     """The service refused the batch for good."""
 
@@ -80,7 +91,7 @@ class HttpSink:
         self.max_pending = max_pending
         self.dropped = 0
         self._buffer: deque[dict[str, Any]] = deque()
-        self._seq = 0
+        self._seq = first_seq()
         self._closing = False
         self._dead = False
         self._cond = threading.Condition()

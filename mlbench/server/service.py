@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import hmac
 import re
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from mlbench.errors import MlbenchError, RunNotFound
+from mlbench.results.checkpoints import CHECKPOINTS_FOLDER
 from mlbench.results.events import event_problem
 from mlbench.results.heartbeat import Beat, on_clock_of_receiver, write_beat
 from mlbench.results.http_sink import run_token
@@ -71,6 +73,9 @@ class ResultsService:
             raise MlbenchError("the results service needs two different, non-empty tokens; set "
                                "MLBENCH_WORKER_TOKEN and MLBENCH_ADMIN_TOKEN")
         self.store = RunStore(home)
+        #: the runs' checkpoints on a cluster (mlbench.launch.k8s_objects.CHECKPOINT_DIR): one
+        #: folder per run, mounted into its pods
+        self.checkpoints = Path(home) / CHECKPOINTS_FOLDER
         self.events = EventLog(self.store.runs_dir)
         self.tokens = {"worker": worker_token.encode(), "admin": admin_token.encode()}
         self.supervisor = supervisor
@@ -102,6 +107,11 @@ class ResultsService:
         if missing:
             raise HttpError(400, f"missing fields: {', '.join(missing)}")
         record = self.store.create(**{k: body[k] for k in _CREATE_FIELDS if k in body})
+        config = body["run_json"].get("config") if isinstance(body["run_json"], dict) else None
+        if isinstance(config, dict) and config.get("checkpoint_dir") == str(self.checkpoints):
+            # the run's pods mount this folder of the volume as theirs: made here, by the pods'
+            # user, before they start (the kubelet would make a missing one as root)
+            (self.checkpoints / record.id).mkdir(parents=True, exist_ok=True, mode=0o700)
         return record_json(record)
 
     def files(self, record: RunRecord) -> dict[str, int]:
@@ -178,6 +188,7 @@ class ResultsService:
     def delete(self, record: RunRecord) -> None:
         self.end(record, CANCELLED, "deleted by the user")
         self.store.delete(record.id)
+        shutil.rmtree(self.checkpoints / record.id, ignore_errors=True)
         self.events.forget(record.id)
         self.watch.forget(record.id)
 

@@ -1,9 +1,10 @@
 """What a cluster run cannot do is refused in one line before anything is deployed.
 
-A checkpoint written into a pod's run folder (its read-only ConfigMap) would fail the run at its
-first write, after the service was deployed and the data downloaded; a stall cannot be given to
-a pod. Both are refused by the launcher's abilities (mlbench.launch.plan.LauncherAbilities)
-before the results service or the data claim exist: the namespace stays empty.
+On a cluster of several nodes (the harness's two) the checkpoints, which its pods keep on the
+results service's volume (ReadWriteOnce), could be written by the pods of one node only; a
+stall cannot be given to a pod. Both are refused (the launcher's abilities,
+mlbench.launch.plan.LauncherAbilities, and its placement) before the results service or the
+data claim exist: the namespace stays empty.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ pytestmark = [pytest.mark.kube, pytest.mark.timeout(300),
 
 @pytest.mark.parametrize("options, message", [
     (("--checkpoint-every", "20steps"),
-     "Error: --checkpoint-every 20steps: cluster runs cannot keep checkpoints yet (a pod's run folder is read-only "
-     "and no volume holds them); run on this machine or under Slurm"),
+     "Error: --checkpoint-every on a cluster of 2 nodes: the checkpoints are kept on the results service's volume, "
+     "which only pods on its node can mount; run on a one-node cluster, on this machine or under Slurm"),
+    (("--on-failure", "restart"),   # which checkpoints (every 2 minutes when not told)
+     "Error: --checkpoint-every on a cluster of 2 nodes: the checkpoints are kept on the results service's volume, "
+     "which only pods on its node can mount; run on a one-node cluster, on this machine or under Slurm"),
     (("--inject", "stall:rank=1,at=5s"),
      "Error: --inject stall:rank=1,at=5s: cluster runs cannot inject a stall (they apply kill, slow); run on this "
      "machine"),

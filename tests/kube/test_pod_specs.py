@@ -74,6 +74,39 @@ def test_workers_mount_the_data_claim_read_only_and_the_job_writes_it():
     assert job["volumes"][0] == {"name": "data", "persistentVolumeClaim": {"claimName": "mine"}}
 
 
+def test_the_pods_of_a_checkpointing_run_are_built_from_run_json_and_mount_its_checkpoint_folder():
+    """What the CLI creates and the supervisor again at a restart (worker_pods, from run.json):
+    one pod per rank; with checkpoints, the run's own folder of the service's volume where the
+    service sees it, CHECKPOINT_DIR/RUN_ID, which is also where the worker looks
+    (checkpoint_root of its run folder, whose name is the run's id)."""
+    from mlbench.launch.plan import RunRequest, build_config
+    from mlbench.results.checkpoints import checkpoint_root
+    from mlbench.run_config import RunDocument
+
+    config, _ = build_config(RunRequest(task="task2a", workers=2, data="synthetic", checkpoint_every_steps=20))
+    config.checkpoint_dir = k8s_objects.CHECKPOINT_DIR
+    run_json = RunDocument(task="task2a", config=config, placement=placement(gpus=0, data_claim=None).to_dict()).to_dict()
+    pods = k8s_objects.worker_pods("abc", run_json, OWNER)
+    assert [p["metadata"]["name"] for p in pods] == [k8s_objects.pod_name("abc", r) for r in (0, 1)]
+    for rank, pod in enumerate(pods):
+        container = pod["spec"]["containers"][0]
+        run_dir = "/etc/mlbench/runs/abc"
+        assert container["command"] == ["python", "-m", "mlbench.worker", run_dir, "--rank", str(rank)]
+        where = str(checkpoint_root(Path(run_dir), config.checkpoint_dir))
+        assert where == "/var/lib/mlbench/checkpoints/abc"
+        assert {"name": "checkpoints", "mountPath": where, "subPath": "checkpoints/abc"} in container["volumeMounts"]
+        assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": k8s_objects.SERVICE}} \
+            in pod["spec"]["volumes"]
+    config.checkpoint_every_steps = None
+    plain = k8s_objects.worker_pods("abc", RunDocument(task="task2a", config=config, placement=run_json["placement"]).to_dict(),
+                                    OWNER)
+    assert not [v for v in plain[0]["spec"]["volumes"] if v["name"] == "checkpoints"]
+    # the service may create those pods again and give the ConfigMap the checkpoint to go on from
+    rules = {(rule["resources"][0], verb) for rule in k8s_objects.role_rules() for verb in rule["verbs"]}
+    assert {("pods", "create"), ("configmaps", "get"), ("configmaps", "patch")} <= rules
+    assert not {r for r in rules if r[0] in ("secrets", "roles") or r[1] in ("update", "escalate")}
+
+
 @pytest.fixture
 def mirror(tmp_path):
     """A tiny epsilon-shaped pair under epsilon's names, served over HTTP on 127.0.0.1."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 from mlbench.results.events import read_rank_events
 from mlbench.results.http_sink import HttpSink, run_token
@@ -56,6 +57,11 @@ def test_a_request_without_the_right_token_is_refused(service):
     assert service.call("GET", "/v1/runs")[1]["runs"][0]["id"] == run_id
 
 
+def numbered_on(seqs: list[int], count: int) -> bool:
+    """Whether ``seqs`` are ``count`` consecutive numbers (a sink's, from its first_seq on)."""
+    return len(seqs) == count and seqs == list(range(seqs[0], seqs[0] + count))
+
+
 def test_a_restart_in_the_middle_of_a_run_loses_nothing(service):
     run_id = new_run(service)
     sink = HttpSink(service.url, run_token(WORKER_TOKEN, run_id), run_id, 0, batch_size=20, interval=0.05,
@@ -78,7 +84,7 @@ def test_a_restart_in_the_middle_of_a_run_loses_nothing(service):
     sink.close()
     assert sink.pending == 0
     events = stored(service, run_id, 0)
-    assert [e["seq"] for e in events] == list(range(total))
+    assert numbered_on([e["seq"] for e in events], total)
     assert [e["step"] for e in events] == list(range(total))
 
 
@@ -94,7 +100,7 @@ def test_writing_never_waits_for_a_service_that_is_down(service):
     assert sink.pending == 2000
     service.start()
     sink.close()
-    assert [e["seq"] for e in stored(service, run_id, 1)] == list(range(2000))
+    assert numbered_on([e["seq"] for e in stored(service, run_id, 1)], 2000)
 
 
 def test_a_torn_line_from_a_crash_is_cut_before_new_events_are_appended(tmp_path):
@@ -121,7 +127,8 @@ def test_a_long_outage_keeps_only_the_newest_events_up_to_a_bound(service, capfd
     assert len(warnings) == 1 and "1000" in warnings[0], warnings  # said once, not per event
     service.start()
     sink.close()
-    assert [e["seq"] for e in stored(service, run_id, 0)] == list(range(4000, 5000))
+    seqs = [e["seq"] for e in stored(service, run_id, 0)]
+    assert [e["step"] for e in stored(service, run_id, 0)] == list(range(4000, 5000)) and numbered_on(seqs, 1000)
     assert "4000 metric events were dropped" in capfd.readouterr().err
 
 
@@ -215,4 +222,40 @@ def test_a_404_that_is_not_the_services_own_answer_is_sent_again(service):
         between.shutdown()
         between.server_close()
     assert answered[:2] == [True, True]
-    assert [e["seq"] for e in stored(service, run_id, 0)] == list(range(30))
+    assert numbered_on([e["seq"] for e in stored(service, run_id, 0)], 30)
+
+
+def test_a_run_that_checkpoints_on_the_services_volume_gets_its_own_folder_there_and_loses_it_when_deleted(service):
+    """A cluster run's pods mount its folder of the service's checkpoint folder
+    (mlbench.launch.k8s_objects.CHECKPOINT_DIR): the service makes it, by its own user and private,
+    when the run is recorded (a kubelet would make a missing one as root), only for a run whose
+    checkpoint_dir is that folder, and removes it with the run."""
+    own = str(service.home / "checkpoints")
+    made = {}
+    for where in (own, "/etc", None):
+        status, record = service.call("POST", "/v1/runs", {
+            "task": "task2a", "workers": 2, "division": "closed", "launcher": "kubernetes",
+            "run_json": {"task": "task2a", "config": {"workers": 2, "checkpoint_every_steps": 5,
+                                                      "checkpoint_dir": where}}}, ADMIN_TOKEN)
+        assert status == 200, record
+        made[where] = record["id"]
+    folder = service.home / "checkpoints" / made[own]
+    assert folder.is_dir() and folder.stat().st_mode & 0o777 == 0o700
+    assert sorted(p.name for p in (service.home / "checkpoints").iterdir()) == [made[own]]   # none for the others
+    assert not (Path("/etc") / made["/etc"]).exists()
+    assert service.call("DELETE", f"/v1/runs/{made[own]}", None, ADMIN_TOKEN)[0] == 200
+    assert not folder.exists()
+
+
+def test_a_ranks_worker_started_again_has_every_event_stored(service):
+    """A restart of the group (on a cluster: its pods created again) starts a new worker process
+    for each rank; its events are new ones, not the earlier process's sent twice (seen on the
+    real node: the new group's first 200 steps were dropped), so its sequence goes on past them."""
+    run_id = new_run(service)
+    for process in range(2):
+        sink = HttpSink(service.url, run_token(WORKER_TOKEN, run_id), run_id, 0, batch_size=50, interval=0.05,
+                        close_timeout=30)
+        for step in range(100 * process, 100 * process + 100):
+            sink.write({"time": float(step), "rank": 0, "epoch": 0.0, "step": step, "name": "x", "value": step})
+        sink.close()
+    assert [e["step"] for e in stored(service, run_id, 0)] == list(range(200))
