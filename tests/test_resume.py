@@ -122,3 +122,24 @@ def test_following_a_resumed_run_prints_only_what_came_after_the_resume():
     followed = mlbench("status", run.id, "--follow", check=True).stdout
     assert _steps_printed(followed) == [4, 5], followed
     assert _status(run.id)["summary"]["steps"] == 5   # status RUN: the whole run
+
+
+def test_the_checkpoints_of_a_cluster_run_show_from_the_summary_its_supervisor_keeps(tmp_path):
+    """A cluster run's checkpoints are on the cluster's volume, which the machine reading its run
+    folder cannot list: its supervisor keeps their summary in the run folder (checkpoints.json),
+    which status reads where the folder of the checkpoints is not there; where it is, the folder."""
+    from mlbench.results.checkpoints import SUMMARY_FILE, summary
+
+    run_dir = tmp_path / "runs" / "abc"
+    run_dir.mkdir(parents=True)
+    elsewhere = tmp_path / "volume" / "abc"
+    kept = {"newest_step": 40, "count": 2, "folder": "/var/lib/mlbench/checkpoints/abc"}
+    (run_dir / SUMMARY_FILE).write_text(json.dumps(kept))
+    assert summary(run_dir, elsewhere, 2) == kept
+    (elsewhere / "state-step-10").mkdir(parents=True)
+    for rank in range(2):
+        (elsewhere / "state-step-10" / f"rank-{rank}.pt").write_bytes(b"x")
+    assert summary(run_dir, elsewhere, 2) == {"newest_step": 10, "count": 1, "folder": str(elsewhere)}
+    (run_dir / SUMMARY_FILE).write_text("{torn")
+    assert summary(run_dir, tmp_path / "absent", 2) == {"newest_step": None, "count": 0,
+                                                         "folder": str(tmp_path / "absent")}

@@ -4,8 +4,8 @@
 as on local ones because :class:`ClusterStore` *is* a run store, kept in step with the service:
 the catalog is copied on open, and a run's folder (run.json, events, logs) is copied whenever the
 run is looked at: the files that only grow (events, logs) incrementally, whole lines only; run.json,
-which the service rewrites (its supervisor records a run's injected faults there), whole, replacing
-the copy when it changed. Creating and deleting go to the
+which the service rewrites (its supervisor records a run's injected faults there), and the summary
+of a run's checkpoints (checkpoints.json), whole, replacing the copy when it changed. Creating and deleting go to the
 service first. A run that ended and was copied completely is marked so and never fetched again,
 which is also why its results stay readable here after its pods, or even the cluster, are gone.
 """
@@ -20,14 +20,14 @@ from urllib.parse import quote
 
 from mlbench.errors import ClusterError, RunNotFound
 from mlbench.launch.k8s_client import ResultsClient
-from mlbench.results.store import ACTIVE_STATES, RunRecord, RunStore
+from mlbench.results.store import ACTIVE_STATES, RUN_FOLDER_FILES, RunRecord, RunStore
 from mlbench.safefile import open_append, write_bytes
 
 COMPLETE_MARK = ".mirrored"
 _RUN_ID = re.compile(r"^[0-9a-f]{4,32}$")
-_FILE = re.compile(r"^(run\.json|events/rank-\d+\.jsonl|logs/[A-Za-z0-9_.-]+)$")
-#: the files the service rewrites rather than appends to: copied whole
-_REWRITTEN = ("run.json",)
+#: the files the service rewrites rather than appends to: copied whole (checkpoints.json: the
+#: summary of the run's checkpoints on the service's volume, mlbench.results.checkpoints.SUMMARY_FILE)
+_REWRITTEN = ("run.json", "checkpoints.json")
 
 
 class ClusterStore(RunStore):
@@ -107,7 +107,7 @@ class ClusterStore(RunStore):
         for relative, size in files.items():
             if relative in _REWRITTEN:
                 complete &= self._replace(run_id, relative, int(size))
-            elif _FILE.match(relative):
+            elif RUN_FOLDER_FILES.match(relative):
                 complete &= self._copy(run_id, relative, int(size))
         if complete:
             (self.runs_dir / run_id / COMPLETE_MARK).touch()

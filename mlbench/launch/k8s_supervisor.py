@@ -63,7 +63,9 @@ from mlbench.launch.k8s_objects import (
     worker_pods,
     run_name,
 )
+from mlbench.jsonfile import write_json_atomic
 from mlbench.results import watchdog
+from mlbench.results.checkpoints import SUMMARY_FILE, checkpoint_root, complete_checkpoints
 from mlbench.results.events import read_rank_events
 from mlbench.results.heartbeat import read_beats
 from mlbench.results.watchdog import Stall
@@ -233,6 +235,7 @@ class PodSupervisor:
         self._ending: dict[str, Ending] = {}
         self._recovering: dict[str, dict[str, Any]] = {}
         self._restarted_at: dict[str, float] = {}
+        self._summaries: dict[str, dict[str, Any]] = {}   # by run id: the checkpoints' summary last kept
 
     @classmethod
     def in_cluster(cls, store: RunStore, namespace: str) -> PodSupervisor:
@@ -281,6 +284,7 @@ class PodSupervisor:
             if run.id in self._ending:
                 self._restart_when_gone(run, pods, now)
                 continue
+            self._summarize_checkpoints(run, document)
             verdict = judge(run, pods, now, self._schedule_timeout(document))
             if verdict is None:
                 stall = self.watch(run, pods, now, document)
@@ -299,7 +303,8 @@ class PodSupervisor:
                 self.failed(run, document, verdict.blamed, self._reason(run, verdict), now, pods)
         for run_id in set(by_run) - set(active):
             self.cleanup(run_id)
-        for kept in (self._injectors, self._records, self._ending, self._recovering, self._restarted_at):
+        for kept in (self._injectors, self._records, self._ending, self._recovering, self._restarted_at,
+                     self._summaries):
             for run_id in set(kept) - set(active):
                 del kept[run_id]
 
@@ -368,6 +373,20 @@ class PodSupervisor:
         entry = self._recovering.get(run.id)
         if entry is not None and check_recovered(self._record(run), entry, run.workers):
             del self._recovering[run.id]
+
+    def _summarize_checkpoints(self, run: RunRecord, document: RunDocument | None) -> None:
+        """Keep the summary of a checkpointing run's complete checkpoints in its run folder
+        (:data:`~mlbench.results.checkpoints.SUMMARY_FILE`) when it changed: they are on this
+        service's volume, which the CLI's copy of the run folder and its `status` cannot list."""
+        if document is None or not document.config.checkpoints or not document.config.checkpoint_dir:
+            return
+        root = checkpoint_root(run.run_dir, document.config.checkpoint_dir)
+        if not root.is_dir():
+            return
+        done = complete_checkpoints(root, run.workers).to_dict()
+        if self._summaries.get(run.id) != done:
+            write_json_atomic(run.run_dir / SUMMARY_FILE, done)
+            self._summaries[run.id] = done
 
     def _record(self, run: RunRecord) -> FaultRecord:
         """run.json's faults and restarts of a run: its injector's, or one of its own (a run
@@ -498,6 +517,7 @@ class PodSupervisor:
                 run = None
             if run is not None and run.active:
                 try:
+                    self._summarize_checkpoints(run, self._document(run))   # the stop's checkpoint too
                     self._keep_logs(run)
                 except Exception as err:
                     print(f"supervisor: logs of run {run_id} not kept: {type(err).__name__}: "

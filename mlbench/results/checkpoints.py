@@ -16,6 +16,7 @@ dashboard and the launchers can tell what a run can resume from.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -25,6 +26,10 @@ from pathlib import Path
 #: The folder of a run's checkpoints in its run folder; on a cluster, the folder of the results
 #: service's volume that holds every run's (mlbench.launch.k8s_objects.CHECKPOINT_DIR).
 CHECKPOINTS_FOLDER = "checkpoints"
+#: In the run folder of a run whose checkpoints are on a cluster's volume: their summary
+#: (:meth:`Checkpoints.to_dict`), kept there by the cluster's supervisor, which sees the volume,
+#: for what reads the run folder elsewhere (the CLI's copy of it, the dashboard): :func:`summary`.
+SUMMARY_FILE = "checkpoints.json"
 STATE_PREFIX = "state-step-"
 MANIFEST = "state.json"
 #: Complete checkpoints kept: the newest and the one before it (a resume reads the newest).
@@ -83,6 +88,21 @@ def complete_checkpoints(root: Path, workers: int) -> Checkpoints:
         if match and all((entry / f"rank-{r}.pt").is_file() for r in range(workers)):
             steps.append(int(match.group(1)))
     return Checkpoints(root, tuple(sorted(steps)))
+
+
+def summary(run_dir: Path, root: Path, workers: int) -> dict[str, object]:
+    """The run's complete checkpoints as `status` shows them (:meth:`Checkpoints.to_dict`): read
+    from ``root`` where this machine has it, else from the run folder's :data:`SUMMARY_FILE`
+    (a cluster run's, whose checkpoints are on the cluster's volume)."""
+    kept = run_dir / SUMMARY_FILE
+    if not root.is_dir() and kept.is_file():
+        try:
+            data = json.loads(kept.read_text())
+        except (OSError, ValueError):
+            data = None
+        if isinstance(data, dict) and {"newest_step", "count", "folder"} <= set(data):
+            return data
+    return complete_checkpoints(root, workers).to_dict()
 
 
 def discard_incomplete_checkpoints(root: Path, workers: int) -> None:

@@ -20,7 +20,8 @@ from typing import Any, TypeGuard
 from mlbench.errors import UsageError
 from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, sweep_bandwidth,
                                      sweep_latency)
-from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints
+from mlbench.results.checkpoints import checkpoint_root
+from mlbench.results.checkpoints import summary as checkpoint_summary
 from mlbench.results.events import read_run_events
 from mlbench.results.goodput import run_faults, run_workers_label
 from mlbench.results.outcome import AllreduceResult, Outcome, fmt_duration, read_result
@@ -422,8 +423,8 @@ def run_recovery(record: RunRecord) -> dict[str, Any]:
     if config.checkpoints:
         every = (f"{config.checkpoint_every_steps} steps" if config.checkpoint_every_steps is not None
                  else fmt_duration(config.checkpoint_every_s))
-        done = complete_checkpoints(checkpoint_root(record.run_dir, config.checkpoint_dir), config.workers)
-        checkpoints = {"every": every, **done.to_dict()}
+        root = checkpoint_root(record.run_dir, config.checkpoint_dir)
+        checkpoints = {"every": every, **checkpoint_summary(record.run_dir, root, config.workers)}
     return {"checkpoints": checkpoints, "resumes": [dict(r) for r in document.resumes]}
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import time
@@ -30,6 +31,10 @@ from mlbench.results.catalog import (Catalog, StoreReadOnly, disk_full, free_byt
 
 PENDING, RUNNING, FINISHED, FAILED, CANCELLED = "pending", "running", "finished", "failed", "cancelled"
 ACTIVE_STATES = (PENDING, RUNNING)
+#: The files of a run folder that the results service serves and a cluster's mirror copies:
+#: run.json, the summary of checkpoints kept on a cluster's volume (checkpoints.json), the
+#: ranks' events and the logs.
+RUN_FOLDER_FILES = re.compile(r"^(run\.json|checkpoints\.json|events/rank-\d+\.jsonl|logs/[A-Za-z0-9_.-]+)$")
 
 _COLUMNS = ("id", "name", "task", "workers", "state", "division", "optimizer", "launcher",
             "created_at", "started_at", "finished_at", "reason", "result", "supervisor_pid",

@@ -31,7 +31,6 @@ The HTTP side (limits, timeouts, logs) and :func:`~mlbench.server.httpd.serve` a
 from __future__ import annotations
 
 import hmac
-import re
 import shutil
 import time
 from dataclasses import asdict
@@ -43,12 +42,11 @@ from mlbench.results.checkpoints import CHECKPOINTS_FOLDER
 from mlbench.results.events import event_problem
 from mlbench.results.heartbeat import Beat, on_clock_of_receiver, write_beat
 from mlbench.results.http_sink import run_token
-from mlbench.results.store import ACTIVE_STATES, CANCELLED, RunRecord, RunStore
+from mlbench.results.store import ACTIVE_STATES, CANCELLED, RUN_FOLDER_FILES, RunRecord, RunStore
 from mlbench.server.eventlog import EventLog
 from mlbench.server.watch import HeartbeatWatch
 
 MAX_CHUNK = 8 * 1024 * 1024
-_FILE = re.compile(r"^(run\.json|events/rank-\d+\.jsonl|logs/[A-Za-z0-9_.-]+)$")
 _CREATE_FIELDS = ("task", "workers", "division", "run_json", "name", "optimizer", "launcher",
                   "seed", "group_id")
 
@@ -118,12 +116,12 @@ class ResultsService:
         found: dict[str, int] = {}
         for path in sorted(record.run_dir.rglob("*")):
             relative = path.relative_to(record.run_dir).as_posix()
-            if path.is_file() and _FILE.match(relative):
+            if path.is_file() and RUN_FOLDER_FILES.match(relative):
                 found[relative] = path.stat().st_size
         return found
 
     def read(self, record: RunRecord, relative: str, offset: int) -> bytes:
-        if not _FILE.match(relative):
+        if not RUN_FOLDER_FILES.match(relative):
             raise HttpError(400, f"no such file {relative!r}")
         try:
             with open(record.run_dir / relative, "rb") as f:

@@ -319,6 +319,10 @@ def test_an_injected_kill_restarts_the_group_from_its_checkpoint_and_a_second_ki
     shown = mlbench_cli("status", run_id).output
     assert "kill of rank 1 at 15.0 s, kill of rank 1 at 40.0 s); on failure: restart:1" in shown, shown
     assert re.search(r"recovery\s+1 restart, \d+ steps lost and redone; detected in", shown), shown
+    # what the pods checkpointed on the cluster's volume, which status here cannot list: the
+    # supervisor keeps its summary in the run folder
+    newest = complete_checkpoints(folder, 2).newest
+    assert re.search(rf"checkpoints\s+every 5 steps; newest at step {newest} \(2 kept\)", shown), shown
     wait_gone(ns, run_id)
 
 
