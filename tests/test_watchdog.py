@@ -332,3 +332,27 @@ def test_workers_started_by_torchrun_fail_together_naming_the_stopped_rank():
         if workers.poll() is None:
             os.killpg(workers.pid, signal.SIGKILL)
             workers.wait()
+
+
+def test_a_rank_stopped_while_it_waited_in_a_collective_is_found_stopped_not_a_dropped_link():
+    """Both ranks' last heartbeats say they wait in a collective; rank 1's is not rewritten any
+    more (SIGSTOP), but it was written up to a beat after its last step, so for a moment it is
+    idle by its step and not yet frozen by its beat. The watchdog gives no verdict then (not "no
+    rank made progress ... a dropped link", which blamed both in a CI run), and names rank 1 as
+    stopped once its heartbeat is older than the bound; a dropped link (every beat fresh) is
+    still judged at once."""
+    from mlbench.results.heartbeat import Beat
+    from mlbench.results.watchdog import judge
+
+    now, started = 1000.0, 900.0
+    running = Beat(rank=0, time=now - 0.5, started=started, step=165, stepped_at=now - 9.0, phase="training",
+                   waiting=True)
+    stopped = Beat(rank=1, time=now - 7.5, started=started, step=165, stepped_at=now - 9.0, phase="training",
+                   waiting=True)
+    assert judge({0: running, 1: stopped}, now, 8.0, started) is None
+    later = judge({0: running, 1: stopped}, now + 1.0, 8.0, started)
+    assert later is not None and later.ranks == (1,) and "its process stopped answering" in later.reason
+    fresh = Beat(rank=1, time=now - 0.5, started=started, step=165, stepped_at=now - 9.0, phase="training",
+                 waiting=True)
+    link = judge({0: running, 1: fresh}, now, 8.0, started)
+    assert link is not None and link.ranks == (0, 1) and "a dropped link" in link.reason

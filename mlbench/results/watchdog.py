@@ -99,6 +99,11 @@ def blamed_ranks(reason: str) -> tuple[int, ...]:
     return tuple(int(r) for r in match.group(1).split(", ")) if match else ()
 
 
+#: A heartbeat older than this (three of the workers' once-a-second beats) is not fresh: its
+#: rank may have stopped, which only the heartbeat's age shows once it is past the bound.
+STALE_BEAT_S = 3.0
+
+
 def judge(beats: Mapping[int, Beat | None], now: float, watchdog_s: float, since: float,
           exited: Collection[int] = ()) -> Stall | None:
     """The verdict on a run's ranks now (unix seconds), or None while none stalled.
@@ -145,6 +150,13 @@ def judge(beats: Mapping[int, Beat | None], now: float, watchdog_s: float, since
                      f"{startup_how if min(busy) in lenient else how})")
     if set(idle) != set(live):
         return None  # some wait for peers that still make progress (or never beat): not yet a verdict
+    if any(now - beat.time > STALE_BEAT_S for beat in known.values()):
+        # a rank stopped while it waited in a collective (SIGSTOP) wrote its last heartbeat up to
+        # a beat after its last step: idle by its step, not yet frozen by its beat; the verdict
+        # that every rank waits (a dropped link) would blame its peers too, so wait until its
+        # heartbeat is found frozen (above) or is fresh again (seen in CI: "no rank made
+        # progress" for a torchrun rank that was stopped)
+        return None
     steps = {rank: beat.step for rank, beat in known.items()}
     behind = tuple(sorted(r for r, s in steps.items() if s == min(steps.values())))
     if len(behind) < len(live):
