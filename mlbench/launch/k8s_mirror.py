@@ -20,14 +20,15 @@ from urllib.parse import quote
 
 from mlbench.errors import ClusterError, RunNotFound
 from mlbench.launch.k8s_client import ResultsClient
+from mlbench.results.checkpoints import SUMMARY_FILE
 from mlbench.results.store import ACTIVE_STATES, RUN_FOLDER_FILES, RunRecord, RunStore
 from mlbench.safefile import open_append, write_bytes
 
 COMPLETE_MARK = ".mirrored"
 _RUN_ID = re.compile(r"^[0-9a-f]{4,32}$")
-#: the files the service rewrites rather than appends to: copied whole (checkpoints.json: the
-#: summary of the run's checkpoints on the service's volume, mlbench.results.checkpoints.SUMMARY_FILE)
-_REWRITTEN = ("run.json", "checkpoints.json")
+#: the files the service rewrites rather than appends to: copied whole (SUMMARY_FILE: the summary
+#: of the run's checkpoints on the service's volume)
+_REWRITTEN = ("run.json", SUMMARY_FILE)
 
 
 class ClusterStore(RunStore):

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mlbench.network.kube import shape_pod
+from mlbench.run_config import RunConfig, RunDocument
 from mlbench.results.checkpoints import CHECKPOINTS_FOLDER
 
 DEFAULT_NAMESPACE = "mlbench"
@@ -247,18 +248,21 @@ def _affinity(run_id: str, workers: int, nodes: int) -> dict[str, Any]:
         {"weight": 100, "podAffinityTerm": term}]}}
 
 
-def worker_pods(run_id: str, run_json: dict[str, Any], owner: dict[str, Any]) -> list[dict[str, Any]]:
+def plugin_files(config: RunConfig) -> tuple[str, ...]:
+    """The run folder's plug-in sources (optimizer, model) that its ConfigMap carries, each once."""
+    plugins = (config.optimizer_plugin, config.model_plugin)
+    return tuple(dict.fromkeys(str(plugin["file"]) for plugin in plugins if plugin))
+
+
+def worker_pods(run_id: str, document: RunDocument, owner: dict[str, Any]) -> list[dict[str, Any]]:
     """Every worker pod of a run, from its run.json (placement, threads, network, plug-in
     files, checkpoints) and its ConfigMap ``owner``: what the CLI creates at the start and
     the results service's supervisor again at a restart of the group."""
-    config = run_json["config"]
-    plugins = (config.get("optimizer_plugin"), config.get("model_plugin"))
-    files = tuple(dict.fromkeys(str(plugin["file"]) for plugin in plugins if plugin))  # each file once
-    checkpoints = config.get("checkpoint_every_s") is not None or config.get("checkpoint_every_steps") is not None
-    placement = Placement.from_dict(run_json.get("placement") or {})
-    return [worker_pod(run_id, rank, config["workers"], config["threads_per_worker"], placement, owner,
-                       run_json.get("network"), files, checkpoints=checkpoints)
-            for rank in range(config["workers"])]
+    config = document.config
+    placement = Placement.from_dict(document.placement or {})
+    return [worker_pod(run_id, rank, config.workers, config.threads_per_worker, placement, owner,
+                       document.extra.get("network"), plugin_files(config), checkpoints=config.checkpoints)
+            for rank in range(config.workers)]
 
 
 def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Placement,

@@ -45,6 +45,7 @@ from typing import Any
 
 from mlbench.errors import MlbenchError, RunNotFound
 from mlbench.extras import needs
+from mlbench.jsonfile import write_json_atomic
 from mlbench.launch.faults import RESTART
 from mlbench.launch.injector import (
     FaultRecord,
@@ -60,10 +61,9 @@ from mlbench.launch.k8s_objects import (
     RUN_LABEL,
     SCHEDULE_TIMEOUT_S,
     configmap_run_json,
-    worker_pods,
     run_name,
+    worker_pods,
 )
-from mlbench.jsonfile import write_json_atomic
 from mlbench.results import watchdog
 from mlbench.results.checkpoints import SUMMARY_FILE, checkpoint_root, complete_checkpoints
 from mlbench.results.events import read_rank_events
@@ -314,18 +314,20 @@ class PodSupervisor:
         (``--on-failure restart``, while restarts are left: :func:`next_group`, the rule of every
         supervisor) or end the run failed, naming the injected fault it is blamed on."""
         config = document.config if document is not None else None
-        if config is None or config.on_failure != RESTART:
-            self.end_run(run.id, FAILED, self._blame(run, document, ranks, reason, now))
-            return
-        record = self._record(run)
+        given_up: str | None = ""
+        if config is not None and config.on_failure == RESTART:
+            record = self._record(run)
+            _, given_up = next_group(config.on_failure, config.max_restarts, len(record.restarts), run.workers,
+                                     ranks)
+            if given_up is None:
+                self._end_group(run, record, ranks, reason, now, pods)
+                return
+        self.end_run(run.id, FAILED, self._blame(run, document, ranks, reason, now) + (given_up or ""))
+
+    def _end_group(self, run: RunRecord, record: FaultRecord, ranks: Sequence[int], reason: str, now: float,
+                   pods: list[PodState]) -> None:
+        """Delete the pods of a group to be restarted, keeping what its restart will record."""
         reason, fault = record.blame(ranks, reason, now)
-        _, given_up = next_group(config.on_failure, config.max_restarts, len(record.restarts), run.workers, ranks)
-        if given_up is not None:
-            if fault is not None:
-                fault["action"] = "fail"
-            record.save()
-            self.end_run(run.id, FAILED, reason + given_up)
-            return
         # the group ends; once its pods are gone (no worker writes a checkpoint any more) the
         # restart is recorded and the new group created: the next rounds (_restart_when_gone)
         reached = reached_step(run.run_dir, run.workers, fault.get("time") if fault is not None else None)
@@ -354,13 +356,13 @@ class PodSupervisor:
         if injector is not None:
             injector.forget_processes()
         entry = record_restart(record, run.workers, ending.reason, ending.fault, ending.at, ending.reached)
-        run_json = RunDocument.load(run.run_dir).to_dict()
+        document = RunDocument.load(run.run_dir)
         name = run_name(run.id)
         self.core.patch_namespaced_config_map(name, self.namespace,
-                                              {"data": {"run.json": configmap_run_json(run_json)}})
+                                              {"data": {"run.json": configmap_run_json(document.to_dict())}})
         owner = self.core.api_client.sanitize_for_serialization(
             self.core.read_namespaced_config_map(name, self.namespace))
-        for pod in worker_pods(run.id, run_json, owner):
+        for pod in worker_pods(run.id, document, owner):
             self.core.create_namespaced_pod(self.namespace, pod)
         self._recovering[run.id] = entry
         self._restarted_at[run.id] = time.time()
@@ -423,8 +425,8 @@ class PodSupervisor:
     def _blame(self, run: RunRecord, document: RunDocument | None, ranks: Sequence[int], reason: str,
                now: float) -> str:
         """A failure's reason, naming the injected fault it is put down to (recorded with the
-        time it took to see and the action, fail: a cluster run is not restarted yet). A
-        supervisor started again after the fault reads the faults its run.json holds."""
+        time it took to see and the action, fail: the run ends). A supervisor started again
+        after the fault reads the faults its run.json holds."""
         if run.id in self._injectors or run.id in self._records \
                 or (document is not None and document.config.faults):
             record = self._record(run)

@@ -29,6 +29,7 @@ from mlbench.extras import needs
 from mlbench.launch import k8s_objects as objects
 from mlbench.launch import k8s_policy
 from mlbench.launch.base import EventCallback, Launcher, LauncherOption, LaunchSettings, Progress
+from mlbench.launch.faults import FAIL, RESTART
 from mlbench.launch.follow import check_rank
 from mlbench.launch.k8s_client import ResultsClient, transport_for
 from mlbench.launch.k8s_data import ensure_data
@@ -36,7 +37,6 @@ from mlbench.launch.k8s_mirror import ClusterStore
 from mlbench.launch.k8s_supervisor import pod_state
 from mlbench.launch.plan import LauncherAbilities, RunRequest, WorkerResources, build_config
 from mlbench.network.settings import NetworkSettings
-from mlbench.launch.faults import FAIL, RESTART
 from mlbench.results.faults import KILL, SLOW
 from mlbench.results.http_sink import run_token
 from mlbench.results.store import RunRecord, RunStore
@@ -236,8 +236,7 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
     # the client's create_* calls take plain dict bodies too: their annotations (kubernetes >= 37)
     # name only its models, hence the ignores below (unused where kubernetes is older, untyped)
     try:
-        plugins = (document.config.optimizer_plugin, document.config.model_plugin)
-        files = tuple(dict.fromkeys(str(plugin["file"]) for plugin in plugins if plugin))  # each file once
+        files = objects.plugin_files(document.config)
         configmap = objects.run_configmap(run.id, document.to_dict(), store.namespace,
                                           {path: (run.run_dir / path).read_bytes() for path in files})
         made = core.create_namespaced_config_map(store.namespace, configmap)  # type: ignore[arg-type, unused-ignore]
@@ -250,7 +249,7 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
         core.create_namespaced_service(store.namespace, service)  # type: ignore[arg-type, unused-ignore]
         policy = k8s_policy.run_policy(run.id, owner)
         networking.create_namespaced_network_policy(store.namespace, policy)  # type: ignore[arg-type, unused-ignore]
-        for pod in objects.worker_pods(run.id, document.to_dict(), owner):
+        for pod in objects.worker_pods(run.id, document, owner):
             core.create_namespaced_pod(store.namespace, pod)  # type: ignore[arg-type, unused-ignore]
     except Exception as err:
         error = _api_error(err, store, f"create the pods of run {run.id}")

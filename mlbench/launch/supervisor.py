@@ -21,9 +21,9 @@ Kept apart from the launchers so that the local launcher and its MPI process sta
 from __future__ import annotations
 
 import ctypes
-import random
 import functools
 import os
+import random
 import signal
 import socket
 import subprocess

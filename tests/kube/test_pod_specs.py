@@ -85,8 +85,8 @@ def test_the_pods_of_a_checkpointing_run_are_built_from_run_json_and_mount_its_c
 
     config, _ = build_config(RunRequest(task="task2a", workers=2, data="synthetic", checkpoint_every_steps=20))
     config.checkpoint_dir = k8s_objects.CHECKPOINT_DIR
-    run_json = RunDocument(task="task2a", config=config, placement=placement(gpus=0, data_claim=None).to_dict()).to_dict()
-    pods = k8s_objects.worker_pods("abc", run_json, OWNER)
+    document = RunDocument(task="task2a", config=config, placement=placement(gpus=0, data_claim=None).to_dict())
+    pods = k8s_objects.worker_pods("abc", document, OWNER)
     assert [p["metadata"]["name"] for p in pods] == [k8s_objects.pod_name("abc", r) for r in (0, 1)]
     for rank, pod in enumerate(pods):
         container = pod["spec"]["containers"][0]
@@ -98,7 +98,7 @@ def test_the_pods_of_a_checkpointing_run_are_built_from_run_json_and_mount_its_c
         assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": k8s_objects.SERVICE}} \
             in pod["spec"]["volumes"]
     config.checkpoint_every_steps = None
-    plain = k8s_objects.worker_pods("abc", RunDocument(task="task2a", config=config, placement=run_json["placement"]).to_dict(),
+    plain = k8s_objects.worker_pods("abc", RunDocument(task="task2a", config=config, placement=document.placement),
                                     OWNER)
     assert not [v for v in plain[0]["spec"]["volumes"] if v["name"] == "checkpoints"]
     # the service may create those pods again and give the ConfigMap the checkpoint to go on from
