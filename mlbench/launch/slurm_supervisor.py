@@ -45,6 +45,7 @@ from typing import Any
 from mlbench.launch.injector import (FaultRecord, Injector, check_recovered, next_group, reached_step,
                                      record_restart)
 from mlbench.launch.run_folder import back_to_newest_checkpoint
+from mlbench.launch.supervisor import free_ports
 from mlbench.results.events import read_run_events
 from mlbench.results.faults import FAULT_CLOCK_ENV
 from mlbench.results.heartbeat import HEARTBEATS_DIR, read_beats
@@ -138,12 +139,6 @@ def watchdog_blame(run_dir: Path, since: float) -> list[int]:
             if blamed:
                 return list(blamed)
     return []
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 class JobSupervisor:
@@ -240,7 +235,7 @@ class JobSupervisor:
     def _attempt(self, recovering: dict[str, Any] | None) -> tuple[int, list[int]]:
         """One step: srun's exit code and the tasks srun named as failed first."""
         shutil.rmtree(self.run_dir / HEARTBEATS_DIR, ignore_errors=True)  # pids of this step's tasks only
-        env = dict(os.environ, MASTER_PORT=str(_free_port()), **{FAULT_CLOCK_ENV: repr(self.clock_start)})
+        env = dict(os.environ, MASTER_PORT=str(free_ports("", 1)[0]), **{FAULT_CLOCK_ENV: repr(self.clock_start)})
         failed: list[int] = []
         step = self.step = subprocess.Popen(with_ntasks(self.command, self.workers), env=env, stdin=subprocess.DEVNULL,
                                             stderr=subprocess.PIPE, text=True, errors="replace")
