@@ -199,6 +199,28 @@ def test_the_survivor_of_a_shrink_ends_with_the_parameters_of_the_two_worker_run
     assert_survivor_equals_a_one_worker_resume(faulty, reference, n, steps)
 
 
+def test_a_supervisor_started_again_without_its_clock_strikes_no_moment_twice_a_straggler_at_0_included():
+    """A supervisor that was killed records no clock (a cluster's, when the results service's pod
+    is replaced): the next goes on from the latest fault's moment, struck then, even when that is
+    a straggler's 0.0 (seen on the real node: status counted its slow twice); a run whose clock
+    never ran strikes from 0."""
+    import time
+
+    from mlbench.launch.injector import FaultRecord, Injector
+    from tests.helpers import last_run
+
+    mlbench("run", "task2a", "2", "--data", "synthetic", "--record-only", check=True)
+    run_dir = last_run().run_dir
+    assert FaultRecord(run_dir).clock_so_far() is None
+    schedules = [parse_inject("slow:rank=1,factor=4"), parse_inject("kill:rank=0,at=1000s")]
+    (slow,) = Injector(schedules, time.time(), FaultRecord(run_dir), passed=None).apply([])
+    assert (slow["kind"], slow["rank"], slow["at"]) == ("slow", 1, 0.0)
+    record = FaultRecord(run_dir)   # the first supervisor is gone without recording its clock
+    assert record.clock_s is None and record.clock_so_far() == 0.0
+    assert Injector(schedules, time.time(), record, passed=record.clock_so_far()).apply([]) == []
+    assert FaultRecord(run_dir).events == [slow]
+
+
 def test_a_resumed_run_goes_on_on_the_fault_clock_where_its_stop_left_it():
     """The stopped supervisor records the clock's seconds (``faults.clock_s``); the resumed one
     goes on from them: a moment already passed is not struck again, one beyond the stop is struck

@@ -74,13 +74,14 @@ class FaultRecord:
         self.clock_s = round(time.time() - clock_start, 3)
         self.save()
 
-    def clock_so_far(self) -> float:
+    def clock_so_far(self) -> float | None:
         """Where the fault clock of a run started again goes on from: the seconds recorded when
-        its supervisor stopped; without them (a supervisor that was killed), the latest fault's
-        moment; 0 for a run that never ran."""
+        its supervisor stopped; without them (a supervisor that was killed, as a cluster's when
+        the service's pod is replaced), the latest fault's moment, which was struck (a straggler's
+        at 0.0 too); None for a run whose clock never ran."""
         if self.clock_s is not None:
             return self.clock_s
-        return max((float(e["at"]) for e in self.events if isinstance(e.get("at"), (int, float))), default=0.0)
+        return max((float(e["at"]) for e in self.events if isinstance(e.get("at"), (int, float))), default=None)
 
     def culprit(self, ranks: Sequence[int]) -> dict[str, Any] | None:
         """The fault a failure of ``ranks`` is blamed on: the latest kill or stall of one of
@@ -120,14 +121,15 @@ class Injector:
     on this machine unless told otherwise: a Slurm task on another node)."""
 
     def __init__(self, schedules: list[dict[str, Any]], clock_start: float, record: FaultRecord,
-                 send: Callable[[Process, int], None] = signal_pid, passed: float = 0.0):
+                 send: Callable[[Process, int], None] = signal_pid, passed: float | None = None):
         self.schedules = schedules
         self.clock_start = clock_start
         self.record = record
         self.send = send
-        # the moments up to ``passed``, the seconds the clock ran under a stopped supervisor of the
-        # run (``mlbench resume`` goes on from them), were struck then: not again
-        self._applied = [len(start_times(s, passed)) if passed > 0 else 0 for s in schedules]
+        # the moments up to ``passed`` (FaultRecord.clock_so_far: the seconds the clock ran under
+        # a stopped supervisor of the run, which ``mlbench resume`` goes on from), moment 0.0
+        # included, were struck then: not again; None: the clock never ran
+        self._applied = [len(start_times(s, passed)) if passed is not None else 0 for s in schedules]
         self._continue: list[tuple[float, Process]] = []   # (unix time, process) to SIGCONT
         self._links: list[tuple[float, dict[str, Any]]] = []   # (unix time, event) to bring up
         self.network: Network | None = None   # the emulated network of the group now

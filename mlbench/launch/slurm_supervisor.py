@@ -154,8 +154,8 @@ class JobSupervisor:
         # The fault clock of a resumed or requeued job goes on from the seconds its last
         # supervisor recorded (else its latest fault's moment), as a local run's does: a schedule
         # strikes each of its moments once over the run, not again in every job.
-        passed = self.faults.clock_so_far() if self.faults is not None else 0.0
-        self.clock_start = time.time() - passed
+        passed = self.faults.clock_so_far() if self.faults is not None else None
+        self.clock_start = time.time() - (passed or 0.0)
         self.injector = (Injector(config.faults, self.clock_start, self.faults, _send, passed=passed)
                          if config.faults and self.faults is not None else None)
         self.stopping = False

@@ -252,8 +252,8 @@ class WorkerProcesses:
         workers learn it from their environment (a straggler's schedule)."""
         if self.clock_start is None:
             # a resumed run's clock goes on from where its last supervisor stopped it
-            passed = self.faults.clock_so_far() if self.faults is not None else 0.0
-            self.clock_start = time.time() - passed
+            passed = self.faults.clock_so_far() if self.faults is not None else None
+            self.clock_start = time.time() - (passed or 0.0)
             if config.faults and self.faults is not None:
                 self.injector = Injector(config.faults, self.clock_start, self.faults, passed=passed)
         env[FAULT_CLOCK_ENV] = repr(self.clock_start)
