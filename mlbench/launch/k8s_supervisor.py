@@ -103,6 +103,7 @@ class PodState:
     killed: bool = False       # by the system: evicted, OOM-killed, a signal
     problem: str | None = None  # why it failed, or why it is not running yet
     log: str | None = None      # the container's termination message (its last log lines)
+    exit_code: int | None = None  # the worker's, once its container ended with one that is not 0
 
 
 def _stamp(value: Any) -> float | None:
@@ -112,14 +113,14 @@ def _stamp(value: Any) -> float | None:
 def pod_state(pod: Any) -> PodState:
     """A :class:`PodState` from a kubernetes client ``V1Pod``."""
     status = pod.status
-    problems, ended, log, killed = [], None, None, bool(status.reason)
+    problems, ended, log, killed, code = [], None, None, bool(status.reason), None
     if status.reason:
         problems.append(f"{status.reason}: {status.message}" if status.message else status.reason)
     for container in status.container_statuses or []:
         state = container.state
         if state and state.terminated and state.terminated.exit_code:
             term = state.terminated
-            ended, log = _stamp(term.finished_at), term.message
+            ended, log, code = _stamp(term.finished_at), term.message, term.exit_code
             killed = killed or term.exit_code >= 128 or term.reason == "OOMKilled"
             last = [line for line in (term.message or "").splitlines() if line.strip()][-1:]
             problems.append(f"exit code {term.exit_code} ({term.reason or 'Error'})"
@@ -132,7 +133,7 @@ def pod_state(pod: Any) -> PodState:
     return PodState(name=pod.metadata.name, rank=int(pod.metadata.labels.get(RANK_LABEL, -1)),
                     phase=status.phase or "Pending", created=_stamp(pod.metadata.creation_timestamp) or 0.0,
                     deleting=pod.metadata.deletion_timestamp is not None, ended=ended, killed=killed,
-                    problem="; ".join(problems) or None, log=log)
+                    problem="; ".join(problems) or None, log=log, exit_code=code)
 
 
 class PodProcess:
@@ -180,21 +181,33 @@ class Verdict:
         return [self.rank] if self.rank is not None else []
 
 
+#: the exit code of a worker that stopped on request (SIGTERM), with its peers when it writes checkpoints
+STOPPED_EXIT_CODE = 143
+
+
 def judge(run: RunRecord, pods: list[PodState], now: float, schedule_timeout: float) -> Verdict | None:
-    """The new state of an active run from its pods, or None when nothing changed."""
+    """The new state of an active run from its pods, or None when nothing changed.
+
+    A worker whose pod is deleted gets SIGTERM; in a run that writes checkpoints it asks its
+    peers to stop with it (they agree at their next clock check and exit 143 after a checkpoint).
+    So workers that all stopped so, beside a pod deleted or gone, followed it: the deleted pod is
+    to blame, not them (seen on the real node: a deleted worker's peer was named the failure)."""
     failed = [p for p in pods if p.phase in ("Failed", "Unknown")]
+    ranks = {p.rank for p in pods}
+    gone = [p for p in pods if p.deleting and p.phase != "Succeeded"]
+    vanished = bool(run.started_at) and len(ranks) < run.workers
+    if failed and (gone or vanished) and all(p.exit_code == STOPPED_EXIT_CODE for p in failed):
+        failed = []
     if failed:
         # the first to end; on a tie (seconds), the one the system killed: its peers only lost it
         pod = min(failed, key=lambda p: (p.ended or now, not p.killed, p.rank))
         how = "failed" if pod.phase == "Failed" else "was lost with its node"
         reason = f"worker {pod.rank} (pod {pod.name}) {how}: {pod.problem or 'no reason given'}"
         return Verdict(FAILED, reason, pod)
-    gone = [p for p in pods if p.deleting and p.phase != "Succeeded"]
     if gone:
         return Verdict(FAILED, f"worker {gone[0].rank} (pod {gone[0].name}) was deleted before the run "
                                "ended (evicted, preempted, or deleted by hand)", gone[0])
-    ranks = {p.rank for p in pods}
-    if run.started_at and len(ranks) < run.workers:
+    if vanished:
         missing = min(set(range(run.workers)) - ranks)
         return Verdict(FAILED, f"the pod of worker {missing} disappeared while the run trained", rank=missing)
     if len(pods) == run.workers and all(p.phase == "Succeeded" for p in pods):

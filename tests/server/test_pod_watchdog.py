@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from mlbench.launch.faults import parse_inject
 from mlbench.launch.k8s_objects import RANK_LABEL, RUN_LABEL, pod_name
-from mlbench.launch.k8s_supervisor import PodState, PodSupervisor
+from mlbench.launch.k8s_supervisor import PodState, PodSupervisor, judge
 from mlbench.results.heartbeat import Beat, read_beat, write_beat
 from mlbench.results.http_sink import TOKEN_ENV, URL_ENV, HttpBeatSender, run_token
 from mlbench.results.store import RUNNING, RunRecord, RunStore
@@ -44,6 +44,28 @@ from tests.server.conftest import ADMIN_TOKEN, WORKER_TOKEN, free_port, new_run
 BOUND = "8s"
 #: The bound, a heartbeat, the supervisor's poll, with a wide margin; gloo alone: 20 minutes.
 ENDS_WITHIN_S = 90
+
+
+def test_a_worker_that_stopped_with_its_deleted_peer_is_not_blamed_for_the_deletion():
+    """A deleted pod's worker gets SIGTERM and, in a run that writes checkpoints, its peers stop
+    with it (exit 143): the deletion is the failure, whether the pod is still being deleted or
+    already gone (seen on the real node: the peer that followed was named). A worker that exited
+    143 with every pod still there is the failure, as any other."""
+    run = RunRecord(id="r1", name="r1", task="task2a", workers=2, state=RUNNING, division="open",
+                    launcher="kubernetes", created_at=100.0, started_at=110.0)
+    stopped = PodState(name="p-0", rank=0, phase="Failed", created=105.0, ended=150.0, killed=True,
+                       problem="exit code 143 (Error): stopped at step 9 on request", exit_code=143)
+    deleting = PodState(name="p-1", rank=1, phase="Running", created=105.0, deleting=True)
+    verdict = judge(run, [stopped, deleting], 151.0, 600.0)
+    assert (verdict.state, verdict.blamed) == ("failed", [1]) and "was deleted before the run ended" in verdict.reason
+    verdict = judge(run, [stopped], 151.0, 600.0)   # deleted without a grace period: gone already
+    assert (verdict.reason, verdict.blamed) == ("the pod of worker 1 disappeared while the run trained", [1])
+    alone = PodState(name="p-1", rank=1, phase="Running", created=105.0)
+    verdict = judge(run, [stopped, alone], 151.0, 600.0)
+    assert verdict.blamed == [0] and verdict.reason.startswith("worker 0 (pod p-0) failed: exit code 143")
+    crashed = PodState(name="p-0", rank=0, phase="Failed", created=105.0, ended=150.0, problem="exit code 1 (Error)",
+                       exit_code=1)
+    assert judge(run, [crashed, deleting], 151.0, 600.0).blamed == [0]   # a failure of its own comes first
 
 
 # -- the endpoint ----------------------------------------------------------------------------
