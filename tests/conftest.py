@@ -192,6 +192,15 @@ def cifar_dir(tmp_path_factory) -> Path:
     return write_cifar_python_layout(root, *decode_cifar_subset(2000, 500))
 
 
+@pytest.fixture(scope="session")
+def cifar_small_dir(tmp_path_factory) -> Path:
+    """A smaller real CIFAR-10 subset (512 train / 128 test images), for runs of task 1a whose
+    claim is about what a run records and shows, not its numbers: each image a ResNet-20 trains
+    on or evaluates costs the loaded CI box CPU time (docs/testing.md)."""
+    root = tmp_path_factory.mktemp("cifar-small")
+    return write_cifar_python_layout(root, *decode_cifar_subset(512, 128))
+
+
 def write_libsvm(path: Path, x: np.ndarray, y: np.ndarray) -> Path:
     """A LIBSVM text file (sparse: zero features omitted), labels -1/+1."""
     with open(path, "w") as f:

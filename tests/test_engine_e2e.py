@@ -7,15 +7,15 @@ from mlbench.worker.trainer import BUDGET_CHECK_SECONDS
 from tests.helpers import events, last_run, mlbench, run_json
 
 
-def test_task1a_two_workers_runs_to_its_end_and_status_and_download_show_it(cifar_dir, tmp_path):
-    proc = mlbench("run", "task1a", "2", "--data-dir", str(cifar_dir), "--set", "max_epochs=2",
+def test_task1a_two_workers_runs_to_its_end_and_status_and_download_show_it(cifar_small_dir, tmp_path):
+    proc = mlbench("run", "task1a", "2", "--data-dir", str(cifar_small_dir), "--set", "max_epochs=2",
                    "--light", "--log-every", "10", check=True)
     run = last_run()
     assert run.state == "finished" and run.workers == 2 and run.division == "open"
     assert "test accuracy" in proc.stdout and "Goal 70.00% not reached" in proc.stdout
     result = run.result
     assert result["stop_reason"] == "max-epochs" and result["epochs"] == 2.0
-    assert result["steps"] == 2 * (2000 // 64) and result["reached"] is False
+    assert result["steps"] == 2 * (512 // 64) and result["reached"] is False
     assert 0.0 <= result["final_accuracy"] <= 1.0 and result["train_time"] > 0
     evals = [e for e in events(run) if e["name"] == "eval/accuracy"]
     assert [e["epoch"] for e in evals] == [1.0, 2.0]

@@ -124,7 +124,7 @@ def test_a_local_worker_holds_nothing_of_its_parent_and_runs_in_its_own_session(
         assert RunStore().get(run.id).state == "cancelled"
 
 
-@pytest.mark.parametrize("task, data", [("task1a", "cifar_dir"), ("task2a", "libsvm_dir")])
+@pytest.mark.parametrize("task, data", [("task1a", "cifar_small_dir"), ("task2a", "libsvm_dir")])
 def test_a_run_on_a_real_data_set_still_forks_its_ranks(task, data, request):
     """The CLI reads (checks) a real data set before its supervisor starts the ranks: that must
     leave torch's OpenMP pool unstarted and be seen as torch's first import, or every rank is a

@@ -103,5 +103,5 @@ def test_the_first_50_losses_of_the_jax_port_equal_pytorchs(cifar_dir, pytorch_r
 
 
 @pytest.mark.slow
-def test_a_real_two_worker_jax_run_of_task1a(cifar_dir):
-    check_a_real_two_worker_run("jax", cifar_dir)
+def test_a_real_two_worker_jax_run_of_task1a(cifar_small_dir):
+    check_a_real_two_worker_run("jax", cifar_small_dir)

@@ -196,5 +196,5 @@ def test_in_float64_the_tensorflow_resnet_trains_exactly_as_pytorchs(cifar_dir, 
 
 
 @pytest.mark.slow
-def test_a_real_two_worker_tensorflow_run_of_task1a(cifar_dir):
-    check_a_real_two_worker_run("tensorflow", cifar_dir)
+def test_a_real_two_worker_tensorflow_run_of_task1a(cifar_small_dir):
+    check_a_real_two_worker_run("tensorflow", cifar_small_dir)
