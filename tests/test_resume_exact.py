@@ -81,9 +81,9 @@ def test_powersgd_resumes_exactly_with_its_error_feedback_and_q_matrices(tmp_pat
     assert_resume_is_exact(config, tmp_path, 3, 3)
 
 
-def test_task1a_resumes_exactly(tmp_path, cifar_dir):
+def test_task1a_resumes_exactly(tmp_path, cifar_small_dir):
     spec, _ = resolve(TASK1A, {"batch_per_worker": 16})
-    config = RunConfig(task=spec, workers=1, data_dir=str(cifar_dir), log_every=2, eval_batch_size=500)
+    config = RunConfig(task=spec, workers=1, data_dir=str(cifar_small_dir), log_every=2, eval_batch_size=500)
     assert_resume_is_exact(config, tmp_path, 2, 2)
 
 

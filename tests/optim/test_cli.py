@@ -46,11 +46,11 @@ def test_wrong_optimizer_options_are_one_line_usage_errors_before_any_run(args, 
     assert run_ids() == []
 
 
-def test_open_division_runs_report_bytes_communication_and_compression(cifar_dir):
+def test_open_division_runs_report_bytes_communication_and_compression(cifar_small_dir):
     """Real workers through the launcher: DDP (the trainer forwards through its wrapper), then
     gossip (evaluation on the average model, then each rank's own model back)."""
     for optimizer, options in (("ddp", ["--opt", "hook=fp16"]), ("decentralized-sgd", [])):
-        mlbench("run", "task1a", "2", "--data-dir", str(cifar_dir), "--max-steps", "4", "--log-every",
+        mlbench("run", "task1a", "2", "--data-dir", str(cifar_small_dir), "--max-steps", "4", "--log-every",
                 "2", "--optimizer", optimizer, *options, check=True)
         run = last_run()
         assert run.state == "finished" and run.division == "open" and run.optimizer == optimizer
