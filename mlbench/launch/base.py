@@ -178,44 +178,13 @@ class Launcher(ABC):
         """The run's true state now (a run whose workers vanished is marked failed)."""
 
     def prepare_resume(self, record: RunRecord, max_steps: int | None = None) -> RunRecord:
-        """Make an ended run ready to go on from its newest complete checkpoint: run.json names
-        the checkpoint (``resume_step``) and records the resume (from which step, when, its step
-        cap), and the run is pending again under the same id; then :meth:`run_attached` or
-        :meth:`start_detached` starts it as any pending run. ``max_steps``: the new step cap
-        (:data:`NO_STEP_CAP`: none); None keeps the run's own, which must lie past the
-        checkpoint. One UsageError line for a run that cannot resume."""
+        """Make an ended run ready to go on from its newest complete checkpoint
+        (:func:`reopen_from_checkpoint`); then :meth:`run_attached` or :meth:`start_detached`
+        starts it as any pending run. One UsageError line for a run that cannot resume."""
         if not self.resumable:
-            raise UsageError(f"run {record.id} is a {self.label} run: `mlbench resume` continues local and Slurm "
-                             "runs only for now")
-        if record.active:
-            raise UsageError(f"run {record.id} is {record.state}: resume continues a run that stopped, failed "
-                             "or was cancelled")
-        document = RunDocument.load_or_none(record.run_dir)
-        if document is None:
-            raise UsageError(f"run {record.id} has no readable run.json to resume from")
-        config = document.config
-        # config.workers: the group's size now (smaller than the store's after --on-failure shrink)
-        done = complete_checkpoints(checkpoint_root(record.run_dir, config.checkpoint_dir), config.workers)
-        if done.newest is None:
-            hint = ("" if config.checkpoints else
-                    " (it was started without --checkpoint-every)")
-            raise UsageError(f"run {record.id} has no complete checkpoint to resume from{hint}")
-        cap = config.max_steps if max_steps is None else (None if max_steps == NO_STEP_CAP else max_steps)
-        if cap is not None and cap <= done.newest:
-            raise UsageError(f"run {record.id}'s newest checkpoint is at step {done.newest}, its step cap "
-                             f"{cap}: give a larger --max-steps (or --max-steps off)")
-        self.before_resume(record)
-        document = RunDocument.load(record.run_dir)   # as before_resume left it
-        # the processes of the last start are long gone (the run ended): nothing writes there
-        back_to_newest_checkpoint(record.run_dir, document, config.workers)
-        document.config.max_steps = cap
-        document.resumes.append({"from_step": done.newest, "at": time.time(), "max_steps": cap,
-                                 "after": record.state, "reason": record.reason,
-                                 EVENTS_FROM: _size(events_path(record.run_dir, 0))})
-        document.save(record.run_dir)
-        if not self.store.reopen(record.id):
-            raise UsageError(f"run {record.id} started again meanwhile; not resumed")
-        return self.store.get(record.id)
+            raise UsageError(f"run {record.id} is a {self.label} run: `mlbench resume` continues the runs of "
+                             "this machine, Slurm and Kubernetes")
+        return reopen_from_checkpoint(self.store, record, max_steps, self.before_resume)
 
     def before_resume(self, record: RunRecord) -> None:  # noqa: B027 - optional hook, a no-op unless overridden
         """Clear what the run's last start left outside its folder that would mislead the next
@@ -292,6 +261,47 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError:
         return 0
+
+
+def reopen_from_checkpoint(store: RunStore, record: RunRecord, max_steps: int | None = None,
+                           before_resume: Callable[[RunRecord], None] | None = None) -> RunRecord:
+    """Make an ended run of ``store`` ready to go on from its newest complete checkpoint: run.json
+    names the checkpoint (``resume_step``) and records the resume (from which step, when, its step
+    cap), and the run is pending again under the same id. ``max_steps``: the new step cap
+    (:data:`NO_STEP_CAP`: none); None keeps the run's own, which must lie past the checkpoint.
+    ``before_resume`` clears what the last start left outside the folder. Where the run folder
+    and the checkpoints are: the CLI's machine for a local or Slurm run, the results service for
+    a cluster's (its ``/resume`` endpoint). One UsageError line for a run that cannot resume."""
+    if record.active:
+        raise UsageError(f"run {record.id} is {record.state}: resume continues a run that stopped, failed "
+                         "or was cancelled")
+    document = RunDocument.load_or_none(record.run_dir)
+    if document is None:
+        raise UsageError(f"run {record.id} has no readable run.json to resume from")
+    config = document.config
+    # config.workers: the group's size now (smaller than the store's after --on-failure shrink)
+    done = complete_checkpoints(checkpoint_root(record.run_dir, config.checkpoint_dir), config.workers)
+    if done.newest is None:
+        hint = ("" if config.checkpoints else
+                " (it was started without --checkpoint-every)")
+        raise UsageError(f"run {record.id} has no complete checkpoint to resume from{hint}")
+    cap = config.max_steps if max_steps is None else (None if max_steps == NO_STEP_CAP else max_steps)
+    if cap is not None and cap <= done.newest:
+        raise UsageError(f"run {record.id}'s newest checkpoint is at step {done.newest}, its step cap "
+                         f"{cap}: give a larger --max-steps (or --max-steps off)")
+    if before_resume is not None:
+        before_resume(record)
+    document = RunDocument.load(record.run_dir)   # as before_resume left it
+    # the processes of the last start are long gone (the run ended): nothing writes there
+    back_to_newest_checkpoint(record.run_dir, document, config.workers)
+    document.config.max_steps = cap
+    document.resumes.append({"from_step": done.newest, "at": time.time(), "max_steps": cap,
+                             "after": record.state, "reason": record.reason,
+                             EVENTS_FROM: _size(events_path(record.run_dir, 0))})
+    document.save(record.run_dir)
+    if not store.reopen(record.id):
+        raise UsageError(f"run {record.id} started again meanwhile; not resumed")
+    return store.get(record.id)
 
 
 def resumed_events_offset(record: RunRecord) -> int:

@@ -93,6 +93,14 @@ class ClusterStore(RunStore):
             if record.id not in known:
                 super().delete(record.id)
 
+    def resume(self, run_id: str, max_steps: int | None) -> RunRecord:
+        """`mlbench resume` of an ended run: the service makes it pending again from its newest
+        checkpoint (``/resume``), and this copy, marked whole when the run ended, is brought up
+        to date (run.json now names the checkpoint and the resume)."""
+        self.service().call("POST", f"/v1/runs/{run_id}/resume", {"max_steps": max_steps})
+        (self.runs_dir / run_id / COMPLETE_MARK).unlink(missing_ok=True)
+        return self.sync_run(run_id)
+
     def sync_run(self, run_id: str) -> RunRecord:
         """Bring one run's record and folder up to date; return the record."""
         if self.client is None or (self.runs_dir / run_id / COMPLETE_MARK).exists():

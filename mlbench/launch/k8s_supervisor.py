@@ -154,6 +154,12 @@ class PodProcess:
         return None
 
 
+def _pending_since(run: RunRecord, document: RunDocument | None) -> float:
+    """When the run last became pending: its creation, or its latest resume (run.json)."""
+    resumes = document.resumes if document is not None else []
+    return max([run.created_at, *(float(r["at"]) for r in resumes if isinstance(r.get("at"), (int, float)))])
+
+
 @dataclass
 class Ending:
     """A group that failed and is being ended to be restarted: what its restart will record
@@ -185,8 +191,11 @@ class Verdict:
 STOPPED_EXIT_CODE = 143
 
 
-def judge(run: RunRecord, pods: list[PodState], now: float, schedule_timeout: float) -> Verdict | None:
+def judge(run: RunRecord, pods: list[PodState], now: float, schedule_timeout: float,
+          pending_since: float | None = None) -> Verdict | None:
     """The new state of an active run from its pods, or None when nothing changed.
+    ``pending_since``: when the run last became pending (its creation, or its latest `mlbench
+    resume`), from which its pods have ``schedule_timeout`` to be created.
 
     A worker whose pod is deleted gets SIGTERM; in a run that writes checkpoints it asks its
     peers to stop with it (they agree at their next clock check and exit 143 after a checkpoint).
@@ -195,7 +204,7 @@ def judge(run: RunRecord, pods: list[PodState], now: float, schedule_timeout: fl
     failed = [p for p in pods if p.phase in ("Failed", "Unknown")]
     ranks = {p.rank for p in pods}
     gone = [p for p in pods if p.deleting and p.phase != "Succeeded"]
-    vanished = bool(run.started_at) and len(ranks) < run.workers
+    vanished = run.state == RUNNING and bool(run.started_at) and len(ranks) < run.workers
     if failed and (gone or vanished) and all(p.exit_code == STOPPED_EXIT_CODE for p in failed):
         failed = []
     if failed:
@@ -219,7 +228,7 @@ def judge(run: RunRecord, pods: list[PodState], now: float, schedule_timeout: fl
         if now - pod.created > schedule_timeout:
             return Verdict(FAILED, f"worker {pod.rank} (pod {pod.name}) did not start within {limit}: "
                                    f"{pod.problem or 'it was never scheduled'}", pod)
-    elif not pods and now - run.created_at > schedule_timeout:
+    elif not pods and now - (pending_since or run.created_at) > schedule_timeout:
         return Verdict(FAILED, f"no worker pods were created within {limit}")
     if run.state == PENDING and len(pods) == run.workers and not waiting:
         return Verdict(RUNNING)
@@ -298,7 +307,7 @@ class PodSupervisor:
                 self._restart_when_gone(run, pods, now)
                 continue
             self._summarize_checkpoints(run, document)
-            verdict = judge(run, pods, now, self._schedule_timeout(document))
+            verdict = judge(run, pods, now, self._schedule_timeout(document), _pending_since(run, document))
             if verdict is None:
                 stall = self.watch(run, pods, now, document)
                 if stall is not None:

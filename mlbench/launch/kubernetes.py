@@ -257,6 +257,51 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
         raise error from None
 
 
+#: how long `mlbench resume` of a cluster run waits for the objects of its last start to go
+RESUME_WAIT_S = 120.0
+
+
+def run_objects_left(store: ClusterStore, run_id: str) -> list[str]:
+    """The objects of a run's last start still in its namespace ('Kind/name'): its pods, and
+    the Service, ConfigMap, Secret and NetworkPolicy that a new start creates under the same names."""
+    with needs("kubernetes"):
+        from kubernetes import client
+
+    def names(listed: Any) -> list[str]:
+        return [o.metadata.name for o in listed.items if o.metadata is not None]
+
+    core, networking = client.CoreV1Api(store.api), client.NetworkingV1Api(store.api)
+    selector, ns = f"{objects.RUN_LABEL}={run_id}", store.namespace
+    left: list[str] = []
+    for kind, listing in (("Pod", core.list_namespaced_pod), ("Service", core.list_namespaced_service),
+                          ("ConfigMap", core.list_namespaced_config_map), ("Secret", core.list_namespaced_secret)):
+        left += [f"{kind}/{name}" for name in names(listing(ns, label_selector=selector))]
+    policy = objects.run_name(run_id)   # labelled by nothing of the run's: found by its name
+    left += [f"NetworkPolicy/{name}" for name in names(networking.list_namespaced_network_policy(ns))
+             if name == policy]
+    return left
+
+
+def wait_objects_gone(store: ClusterStore, run_id: str, progress: Progress, timeout: float = RESUME_WAIT_S) -> None:
+    """Wait (saying so) until the objects of the run's last start are gone: a resume right after
+    a cancel finds them still being deleted, and the new start's would take their names."""
+    deadline, said = time.monotonic() + timeout, False
+    while True:
+        try:
+            left = run_objects_left(store, run_id)
+        except Exception as err:
+            raise _api_error(err, store, f"list the objects of run {run_id}") from None
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"The objects of run {run_id}'s last start are still there after {timeout:.0f}s "
+                               f"({', '.join(left)}); resume it once they are gone.")
+        if not said:
+            progress(f"Waiting for the objects of run {run_id}'s last start to go ({', '.join(left)})...")
+            said = True
+        time.sleep(2)
+
+
 def pod_log(store: ClusterStore, run: RunRecord, rank: int, follow: bool) -> Iterator[str]:
     """A running worker's log, line by line, from its pod through the API server (the user's
     credentials need `get` on pods/log); with ``follow``, until the pod ends."""
@@ -299,6 +344,7 @@ class KubernetesLauncher(Launcher):
     abilities = LauncherAbilities(fault_kinds=(KILL, SLOW), policies=(FAIL, RESTART),
                                   checkpoint_dir=objects.CHECKPOINT_DIR)
     plugin_limit = objects.PLUGIN_LIMIT  # a plug-in's source travels in the run's ConfigMap
+    resumable = True  # the service makes the run ready from the checkpoints on its volume
     unreachable_seconds = 120.0  # the API server or the service blipped; the run goes on in the cluster
 
     def __init__(self, store: RunStore, settings: LaunchSettings | None = None,
@@ -365,6 +411,17 @@ class KubernetesLauncher(Launcher):
         ensure_service(store, resources.placement["image"], progress)
         resources.placement["data_claim"] = _data_claim(store, request, resources.placement["image"], progress)
         return self.record(request, resources, check_data=False)
+
+    def prepare_resume(self, record: RunRecord, max_steps: int | None = None) -> RunRecord:
+        """A cluster run's folder and checkpoints are on its results service's volume: the service
+        makes the run ready (:func:`~mlbench.launch.base.reopen_from_checkpoint`, its ``/resume``)
+        once the objects of its last start are gone; :meth:`run_attached` or
+        :meth:`start_detached` then creates its objects as for a new start, from the run.json that
+        names the checkpoint, and its pods mount the run's checkpoint folder as before."""
+        store = self.cluster_store
+        if not record.active:
+            wait_objects_gone(store, record.id, self.settings.progress)
+        return store.resume(record.id, max_steps)
 
     def run_attached(self, record: RunRecord, on_event: EventCallback | None = None) -> RunRecord:
         """Start the run's pods and follow it to its end (Ctrl-C cancels it)."""

@@ -88,6 +88,8 @@ def _routes(service: ResultsService) -> list[_Route]:
         ("POST", run + "/cancel", "admin", "none",
          lambda ref, body, query: service.end(service.run(ref), CANCELLED, "cancelled by the user")),
         ("POST", run + "/fail", "admin", "optional", fail),
+        ("POST", run + "/resume", "admin", "optional",
+         lambda ref, body, query: service.resume(service.run(ref), body or {})),
     ]
     return [_Route(method, re.compile(f"^{pattern}$"), scope, body, fn)
             for method, pattern, scope, body, fn in table]

@@ -25,6 +25,8 @@ The HTTP side (limits, timeouts, logs) and :func:`~mlbench.server.httpd.serve` a
                                            (and "stalled": {"ranks": [...], "reason": ...} once
                                            the service's watchdog failed the run)
     POST   /v1/runs/RUN/cancel | /fail     end an active run (and delete its pods)
+    POST   /v1/runs/RUN/resume             {"max_steps": N | 0 (none) | null (its own)}: an ended
+                                           run pending again from its newest checkpoint
     DELETE /v1/runs/RUN                    end it if active, delete its pods and its record
 """
 
@@ -37,7 +39,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from mlbench.errors import MlbenchError, RunNotFound
+from mlbench.errors import MlbenchError, RunNotFound, UsageError
+from mlbench.launch.base import reopen_from_checkpoint
 from mlbench.results.checkpoints import CHECKPOINTS_FOLDER
 from mlbench.results.events import event_problem
 from mlbench.results.heartbeat import Beat, on_clock_of_receiver, write_beat
@@ -182,6 +185,18 @@ class ResultsService:
         elif record.active:
             self.store.mark_ended(record.id, state, reason=reason)
         return record_json(self.store.get(record.id))
+
+    def resume(self, record: RunRecord, body: dict[str, Any]) -> dict[str, Any]:
+        """`mlbench resume` of a cluster run: its folder and checkpoints are on this service's
+        volume, so the run is made ready here (:func:`reopen_from_checkpoint`); the CLI then
+        creates its pods as for a new start. A run that cannot resume is a 400 with the reason."""
+        cap = body.get("max_steps")
+        if cap is not None and not (isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0):
+            raise HttpError(400, "max_steps must be a whole number of steps (0: no cap) or null")
+        try:
+            return record_json(reopen_from_checkpoint(self.store, record, cap))
+        except UsageError as err:
+            raise HttpError(400, str(err)) from None
 
     def delete(self, record: RunRecord) -> None:
         self.end(record, CANCELLED, "deleted by the user")

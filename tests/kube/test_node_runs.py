@@ -263,9 +263,13 @@ def trained(ns, run_id: str, steps: int = 20) -> bool:
                for rank in (0, 1))
 
 
-def test_a_stopped_worker_fails_the_run_naming_its_rank_within_the_watchdogs_bound(on_node):
+def test_a_stopped_worker_fails_the_run_naming_its_rank_within_the_watchdogs_bound_and_the_run_resumes(on_node):
+    """The watchdog's verdict on a cluster; then `mlbench resume` of the failed run (issue 24):
+    the results service makes it ready from the checkpoints its pods wrote on the service's volume,
+    the CLI creates its objects again, and the new pods go on from the newest checkpoint to the
+    new step cap, as the same run."""
     ns = on_node
-    run_id = start_detached(*ENDLESS, "--watchdog", "8s")
+    run_id = start_detached(*ENDLESS, "--watchdog", "8s", "--checkpoint-every", "5steps", "--log-every", "5")
     wait_running(ns, run_id)
     wait_for(lambda: trained(ns, run_id), 180, f"both workers to train: {explain(ns)}", interval=1)
     name = next(c for c in ns.containers_of(run_id) if c.startswith(f"k8s_worker_{pod_name(run_id, 1)}_"))
@@ -277,6 +281,23 @@ def test_a_stopped_worker_fails_the_run_naming_its_rank_within_the_watchdogs_bou
     # the step bound while it trains; the startup bound where the stop landed in an evaluation
     assert ("training; watchdog bound max(8 s, 10 x median step " in final.reason
             or "evaluation; startup bound 80 s, 10 x the watchdog's 8 s" in final.reason), final.reason
+    wait_gone(ns, run_id)
+
+    folder = ns.volumes / "mlbench-results" / "checkpoints" / run_id
+    newest = complete_checkpoints(folder, 2).newest
+    assert newest is not None and newest >= 5, sorted(p.name for p in folder.iterdir())
+    resumed = mlbench_cli("resume", run_id, "--max-steps", str(newest + 10))
+    assert resumed.exit_code == 0, explain(ns, resumed)
+    assert f"Resuming run {run_id} " in resumed.output and f"from step {newest}." in resumed.output, resumed.output
+    record = kubernetes.open_store(ns.record).sync_run(run_id)
+    assert record.state == "finished" and record.result["steps"] == newest + 10, (record.reason, kept_logs(record))
+    document = json.loads((record.run_dir / "run.json").read_text())
+    assert [(r["from_step"], r["after"]) for r in document["resumes"]] == [(newest, "failed")]
+    after = [e["step"] for e in read_run_events(record.run_dir)
+             if e["name"] == "train/loss" and e.get("rank", 0) == 0 and e["time"] > document["resumes"][0]["at"]]
+    assert after and newest < min(after) <= newest + 5, (newest, after)   # from the checkpoint, not step 1
+    shown = mlbench_cli("status", run_id).output
+    assert re.search(rf"resumes\s+1: from step {newest} \(after failed\)", shown), shown
     wait_gone(ns, run_id)
 
 
