@@ -253,8 +253,11 @@ def test_a_stopped_pod_fails_the_run_naming_its_rank_and_its_pods_are_deleted(tm
 
 def test_heartbeats_from_before_the_supervisor_started_blame_nobody(tmp_path, cluster):
     """After a restart of the service (down longer than the bound), the heartbeats it stored
-    before are old, the pods' new ones not in yet: no verdict on them."""
+    before are old, the pods' new ones not in yet: no verdict on them. The fixture's supervisor
+    is stopped first: its rounds would see this running run without pods and end it (a pod gone),
+    after which no watchdog judges it (seen once in CI)."""
     service, pods, _ = cluster
+    service.supervisor.stop()
     record = create_run(service, "--watchdog", BOUND)
     long_ago = time.time() - 300
     service.store.update(record.id, state=RUNNING, started_at=long_ago)
