@@ -480,8 +480,12 @@ class PodSupervisor:
         watchdog_s = document.config.watchdog_s if document is not None else None
         if run.state != RUNNING or not run.started_at or not watchdog_s:
             return None
-        beats = {rank: beat if beat is not None and beat.time >= self.started else None
-                 for rank, beat in read_beats(run.run_dir, run.workers).items()}
+        # a heartbeat of a worker of an earlier start says nothing of this one's: its pod is
+        # deleted at once, its container stopped later by the kubelet, and it goes on posting
+        # until then (seen in CI: a resumed run failed on its old rank 0's beat, 'stopped answering')
+        group_start = max(_pending_since(run, document), self._restarted_at.get(run.id, 0.0))
+        beats = {rank: beat if beat is not None and beat.time >= self.started and beat.started >= group_start
+                 else None for rank, beat in read_beats(run.run_dir, run.workers).items()}
         exited = {p.rank for p in pods if p.phase == "Succeeded"}
         since = max(run.started_at, self.started, self._restarted_at.get(run.id, 0.0))
         return watchdog.judge(beats, now, watchdog_s, since, exited)

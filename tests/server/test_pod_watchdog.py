@@ -274,6 +274,29 @@ def test_heartbeats_from_before_the_supervisor_started_blame_nobody(tmp_path, cl
     assert stall is not None and stall.ranks == (0, 1)
 
 
+def test_a_heartbeat_of_a_worker_of_the_runs_last_start_blames_nobody_after_a_resume(tmp_path, cluster):
+    """A resumed run's old workers may post a heartbeat after the resume (their pods are deleted
+    at once, their containers stopped later): a beat from a process started before the resume
+    is no one's of this start (seen in CI: the old rank 0's beat failed the resumed run)."""
+    service, pods, _ = cluster
+    service.supervisor.stop()
+    record = create_run(service, "--watchdog", BOUND)
+    now = time.time()
+    service.store.update(record.id, state=RUNNING, created_at=now - 400, started_at=now - 30)
+    for rank in (0, 1):   # beats of processes started before the resume, 20 s silent
+        write_beat(record.run_dir, Beat(rank=rank, time=now - 20, started=now - 300, step=185,
+                                        stepped_at=now - 21, phase="training"))
+    supervisor = PodSupervisor(service.store, pods, "mlbench-test")
+    supervisor.started = now - 600
+    document = supervisor._document(service.store.get(record.id))
+    stall = supervisor.watch(service.store.get(record.id), [], now, document)
+    assert stall is not None and stall.ranks == (0, 1)   # without a resume: this start's workers, frozen
+    document.resumes.append({"from_step": 185, "at": now - 60, "after": "failed"})
+    document.save(record.run_dir)
+    assert supervisor.watch(service.store.get(record.id), [], now, document) is None   # no verdict: 30 s of
+    # silence of this start's workers is within the startup bound
+
+
 # -- injected faults on a cluster (issue 24) -----------------------------------------------------
 def test_an_injected_kill_deletes_the_ranks_pod_and_the_run_fails_naming_it_with_the_straggler_recorded(
         tmp_path, cluster):
