@@ -129,7 +129,7 @@ class ClusterStore(RunStore):
         left for the next look."""
         data = b""
         while len(data) < size:
-            chunk = self.service().raw(f"/v1/runs/{run_id}/file?path={quote(relative)}&offset={len(data)}")
+            chunk = self._read(run_id, relative, len(data))
             if not chunk:
                 break
             data += chunk
@@ -143,13 +143,21 @@ class ClusterStore(RunStore):
             write_bytes(local, data, mode=0o600)
         return len(data) == size
 
+    def _read(self, run_id: str, relative: str, offset: int) -> bytes:
+        """The bytes of a listed file from ``offset``; none when it is gone since the listing (the
+        copy is then not whole, and the next look lists the folder again)."""
+        try:
+            return self.service().raw(f"/v1/runs/{run_id}/file?path={quote(relative)}&offset={offset}")
+        except RunNotFound:
+            return b""
+
     def _copy(self, run_id: str, relative: str, size: int) -> bool:
         """Append what the local copy lacks, whole lines only; True when it is whole."""
         local = self.runs_dir / run_id / relative
         local.parent.mkdir(parents=True, exist_ok=True)
         have = local.stat().st_size if local.exists() else 0
         while have < size:
-            chunk = self.service().raw(f"/v1/runs/{run_id}/file?path={quote(relative)}&offset={have}")
+            chunk = self._read(run_id, relative, have)
             whole = chunk[:chunk.rfind(b"\n") + 1]
             if not whole:
                 break

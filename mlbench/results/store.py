@@ -33,8 +33,9 @@ PENDING, RUNNING, FINISHED, FAILED, CANCELLED = "pending", "running", "finished"
 ACTIVE_STATES = (PENDING, RUNNING)
 #: The files of a run folder that the results service serves and a cluster's mirror copies:
 #: run.json, the summary of checkpoints kept on a cluster's volume (checkpoints.json), the
-#: ranks' events and the logs.
-RUN_FOLDER_FILES = re.compile(r"^(run\.json|checkpoints\.json|events/rank-\d+\.jsonl|logs/[A-Za-z0-9_.-]+)$")
+#: ranks' events and the logs; not the partial file of a log being written (``NAME.part``,
+#: mlbench.safefile), which is gone, renamed, by the time a mirror that listed it reads it.
+RUN_FOLDER_FILES = re.compile(r"^(run\.json|checkpoints\.json|events/rank-\d+\.jsonl|logs/[A-Za-z0-9_.-]+(?<!\.part))$")
 
 _COLUMNS = ("id", "name", "task", "workers", "state", "division", "optimizer", "launcher",
             "created_at", "started_at", "finished_at", "reason", "result", "supervisor_pid",
