@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +72,14 @@ def _has(host: str, tag: str) -> bool:
                           env={**os.environ, "DOCKER_HOST": host}).returncode == 0
 
 
-def base_image(host: str) -> str:
-    """Debian bookworm with python3, as an image on the engine at ``host``."""
+def base_image(host: str, building: Callable[[], None] = lambda: None) -> str:
+    """Debian bookworm with python3, as an image on the engine at ``host`` (``building`` is
+    called before anything is made)."""
     key = _digest(SUITE, MIRROR, *BASE_PACKAGES, "minbase-1")
     tag = f"{BASE_REPO}:{key}"
     if _has(host, tag):
         return tag
+    building()
     archive = CACHE / f"base-{key}.tar"
     if not archive.exists():
         if shutil.which("debootstrap") is None:
@@ -109,8 +111,9 @@ def _unmount_under(root: Path) -> None:
 
 
 @functools.lru_cache(maxsize=1)
-def wheelhouse() -> Path:
-    """torch and torchvision as installed here, and every dependency of mlbench, as wheels (once)."""
+def wheelhouse(building: Callable[[], None] = lambda: None) -> Path:
+    """torch and torchvision as installed here, and every dependency of mlbench, as wheels (once;
+    ``building`` is called before they are downloaded)."""
     from importlib.metadata import version
 
     import tomllib
@@ -124,6 +127,7 @@ def wheelhouse() -> Path:
     folder = CACHE / f"wheels-{key}"
     if folder.is_dir():
         return folder
+    building()
     staging = CACHE / f".wheels-{key}.part"
     shutil.rmtree(staging, ignore_errors=True)
     previous = max(CACHE.glob("wheels-*"), key=lambda p: p.stat().st_mtime, default=None)
@@ -165,15 +169,20 @@ def serve_folder(folder: Path, preferred_port: int) -> Iterator[str]:
         server.server_close()
 
 
-def worker_image(host: str, log: Path) -> str:
-    """docker/Dockerfile built on the engine at ``host`` from the local base and wheels; its tag."""
-    base = base_image(host)
-    wheels = wheelhouse()
+def worker_image(host: str, log: Path, building: Callable[[], None] = lambda: None) -> str:
+    """docker/Dockerfile built on the engine at ``host`` from the local base and wheels; its tag.
+
+    ``building`` is called before anything that is not cached yet is made: on a new machine the
+    base, the wheels and the image take 15-40 minutes (tests/kube/conftest.py lifts the test's
+    time limit then)."""
+    base = base_image(host, building)
+    wheels = wheelhouse(building)
     names = sorted(w.name for w in wheels.glob("*.whl"))
     key = _digest(base, json.dumps(names), build_context(REPO).getvalue())
     tag = f"{WORKER_REPO}:test-{key}"
     if _has(host, tag):
         return tag
+    building()
     port = 20000 + int(_digest(json.dumps(names)), 16) % 20000
     with serve_folder(wheels, port) as url, open(log, "a", encoding="utf-8") as out:
         build_image(tag=tag, root=REPO, client=docker.DockerClient(base_url=host, timeout=3600), base=base,

@@ -56,10 +56,14 @@ def test_rank_at_least_min_n_m_is_exact(on_ranks):
     mean = mean_gradient(0, 2)
     for got, want in zip(results[0]["after"][0], mean):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
-    # Each rank's memory is its gradient minus the exact mean: nothing is lost overall.
+    # Each rank's memory is its gradient minus the mean it sent: nothing is lost overall. The two
+    # memories add up to twice (mean - sent), so their bound is twice the one above (float32's
+    # rounding in the QR of a full-rank matrix, which varies with the CPU's vector unit: 1.3e-5
+    # was seen against a bound of 1e-5 that ignored the values' size).
     for i in (0, 1):
         total = sum(res["memory"][i] for res in results)
-        assert total.abs().max() < 1e-5
+        bound = 2 * (1e-5 + 1e-4 * mean[i].reshape(total.shape).abs())
+        assert (total.abs() <= bound).all(), (total.abs() - bound).max()
 
 
 def test_memory_plus_sent_equals_the_accumulated_gradient(on_ranks):
