@@ -21,7 +21,7 @@ from urllib.parse import quote
 from mlbench.errors import ClusterError, RunNotFound
 from mlbench.launch.k8s_client import ResultsClient
 from mlbench.results.checkpoints import SUMMARY_FILE
-from mlbench.results.store import ACTIVE_STATES, RUN_FOLDER_FILES, RunRecord, RunStore
+from mlbench.results.store import ACTIVE_STATES, RUN_FOLDER_FILES, SETTLED_FILE, RunRecord, RunStore
 from mlbench.safefile import open_append, write_bytes
 
 COMPLETE_MARK = ".mirrored"
@@ -112,7 +112,9 @@ class ClusterStore(RunStore):
             raise
         self._put(record)
         files = self.client.call("GET", f"/v1/runs/{run_id}/files")["files"]
-        complete = record["state"] not in ACTIVE_STATES
+        # whole once the run ended and its pods are gone (the supervisor's mark): until then its
+        # workers may still write their last checkpoint and log lines
+        complete = record["state"] not in ACTIVE_STATES and SETTLED_FILE in files
         for relative, size in files.items():
             if relative in _REWRITTEN:
                 complete &= self._replace(run_id, relative, int(size))

@@ -77,6 +77,7 @@ from mlbench.results.store import (
     FINISHED,
     PENDING,
     RUNNING,
+    SETTLED_FILE,
     RunRecord,
     RunStore,
 )
@@ -258,6 +259,7 @@ class PodSupervisor:
         self._recovering: dict[str, dict[str, Any]] = {}
         self._restarted_at: dict[str, float] = {}
         self._summaries: dict[str, dict[str, Any]] = {}   # by run id: the checkpoints' summary last kept
+        self._settled: set[str] = set()   # ended runs whose folder is marked final (SETTLED_FILE)
 
     @classmethod
     def in_cluster(cls, store: RunStore, namespace: str) -> PodSupervisor:
@@ -299,10 +301,14 @@ class PodSupervisor:
         for pod in listed:
             by_run.setdefault(pod.metadata.labels[RUN_LABEL], []).append(pod_state(pod))
         now = time.time()
-        active = {r.id: r for r in self.store.list() if r.active and r.launcher == "kubernetes"}
+        runs = [r for r in self.store.list() if r.launcher == "kubernetes"]
+        active = {r.id: r for r in runs if r.active}
         for run in active.values():
             pods = by_run.get(run.id, [])
             document = self._document(run)
+            if run.id in self._settled:   # resumed: it will settle again when it ends
+                self._settled.discard(run.id)
+                (run.run_dir / SETTLED_FILE).unlink(missing_ok=True)
             if run.id in self._ending:
                 self._restart_when_gone(run, pods, now)
                 continue
@@ -325,6 +331,7 @@ class PodSupervisor:
                 self.failed(run, document, verdict.blamed, self._reason(run, verdict), now, pods)
         for run_id in set(by_run) - set(active):
             self.cleanup(run_id)
+        self._settle(runs, by_run)
         for kept in (self._injectors, self._records, self._ending, self._recovering, self._restarted_at,
                      self._summaries):
             for run_id in set(kept) - set(active):
@@ -411,6 +418,22 @@ class PodSupervisor:
         if self._summaries.get(run.id) != done:
             write_json_atomic(run.run_dir / SUMMARY_FILE, done)
             self._summaries[run.id] = done
+
+    def _settle(self, runs: list[RunRecord], by_run: dict[str, list[PodState]]) -> None:
+        """Mark the folder of each ended run whose pods are all gone as final
+        (:data:`~mlbench.results.store.SETTLED_FILE`), after its checkpoints' last summary: a
+        worker asked to stop (its pod deleted, the run cancelled) writes a last checkpoint and
+        log lines after the run was marked ended, and the CLI's copy of the folder, whole only
+        once the mark is there, must have them (seen on the loaded CI box: `status` said 'newest
+        at step 80' of a run whose pods wrote 81)."""
+        for run in runs:
+            if run.active or run.id in by_run or run.id in self._settled:
+                continue
+            mark = run.run_dir / SETTLED_FILE
+            if not mark.exists() and run.run_dir.is_dir():
+                self._summarize_checkpoints(run, self._document(run))
+                write_text(mark, f"{time.time():.3f}\n", mode=0o600)
+            self._settled.add(run.id)
 
     def _record(self, run: RunRecord) -> FaultRecord:
         """run.json's faults and restarts of a run: its injector's, or one of its own (a run

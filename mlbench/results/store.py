@@ -32,10 +32,17 @@ from mlbench.results.catalog import (Catalog, StoreReadOnly, disk_full, free_byt
 PENDING, RUNNING, FINISHED, FAILED, CANCELLED = "pending", "running", "finished", "failed", "cancelled"
 ACTIVE_STATES = (PENDING, RUNNING)
 #: The files of a run folder that the results service serves and a cluster's mirror copies:
-#: run.json, the summary of checkpoints kept on a cluster's volume (checkpoints.json), the
-#: ranks' events and the logs; not the partial file of a log being written (``NAME.part``,
-#: mlbench.safefile), which is gone, renamed, by the time a mirror that listed it reads it.
-RUN_FOLDER_FILES = re.compile(r"^(run\.json|checkpoints\.json|events/rank-\d+\.jsonl|logs/[A-Za-z0-9_.-]+(?<!\.part))$")
+#: run.json, the summary of checkpoints kept on a cluster's volume (checkpoints.json), the mark
+#: of a cluster's run that ended for good (:data:`SETTLED_FILE`), the ranks' events and the
+#: logs; not the partial file of a log being written (``NAME.part``, mlbench.safefile), which is
+#: gone, renamed, by the time a mirror that listed it reads it.
+RUN_FOLDER_FILES = re.compile(r"^(run\.json|checkpoints\.json|settled|events/rank-\d+\.jsonl"
+                              r"|logs/[A-Za-z0-9_.-]+(?<!\.part))$")
+#: In the run folder of a cluster's run: written by the cluster's supervisor once the run has
+#: ended and none of its pods is left, so that nothing writes to the folder any more (a worker
+#: asked to stop writes its last checkpoint and log lines after its run was marked ended); a
+#: mirror's copy of the folder is whole only then (mlbench.launch.k8s_mirror)
+SETTLED_FILE = "settled"
 
 _COLUMNS = ("id", "name", "task", "workers", "state", "division", "optimizer", "launcher",
             "created_at", "started_at", "finished_at", "reason", "result", "supervisor_pid",

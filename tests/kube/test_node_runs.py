@@ -26,6 +26,7 @@ from mlbench.launch.plan import RunRequest
 from mlbench.launch.registry import launcher_class
 from mlbench.results.checkpoints import complete_checkpoints
 from mlbench.results.events import read_run_events
+from mlbench.results.store import SETTLED_FILE
 from tests.conftest import REPO
 from tests.helpers import mlbench
 from tests.kube.conftest import ENDLESS, mlbench_cli, wait_for
@@ -329,6 +330,9 @@ def test_an_injected_kill_restarts_the_group_from_its_checkpoint_and_a_second_fa
     ns.core.delete_namespaced_pod(pod_name(run_id, 1), ns.name)   # as `kubectl delete pod` does
     final = follow_to_end(ns, run_id, FAIL_WITHIN_S)
     assert final.state == "failed", (final.reason, kept_logs(final))
+    # the CLI's copy of the run is whole once its pods are gone (the workers, asked to stop,
+    # wrote a last checkpoint after the run was marked failed: status must name it, below)
+    wait_for(lambda: (store.sync_run(run_id).run_dir / SETTLED_FILE).exists(), 60, "the run's folder to settle")
     # the deleted pod's worker, asked to stop (SIGTERM), stops its peer with it (both exit 143
     # after a checkpoint): rank 1 is named, seen while its pod was being deleted or once it was gone
     tail = " (after 1 restart, the most --on-failure allowed)"

@@ -34,7 +34,7 @@ from mlbench.launch.k8s_objects import RANK_LABEL, RUN_LABEL, pod_name
 from mlbench.launch.k8s_supervisor import PodState, PodSupervisor, judge
 from mlbench.results.heartbeat import Beat, read_beat, write_beat
 from mlbench.results.http_sink import TOKEN_ENV, URL_ENV, HttpBeatSender, run_token
-from mlbench.results.store import RUNNING, RunRecord, RunStore
+from mlbench.results.store import RUNNING, SETTLED_FILE, RunRecord, RunStore
 from mlbench.server.httpd import make_server
 from mlbench.server.service import ResultsService
 from tests.helpers import mlbench, stop_while_training, wait_for
@@ -249,6 +249,8 @@ def test_a_stopped_pod_fails_the_run_naming_its_rank_and_its_pods_are_deleted(tm
     wait_for(lambda: not pods.procs and all(proc.poll() is not None for proc in workers), 30,
              "its pods to be deleted")
     assert (record.run_dir / "logs" / "rank-0.log").exists()
+    # its pods gone, nothing writes to its folder any more: the supervisor marks it final
+    wait_for(lambda: (record.run_dir / SETTLED_FILE).exists(), 30, "the run's folder to be marked settled")
 
 
 def test_heartbeats_from_before_the_supervisor_started_blame_nobody(tmp_path, cluster):

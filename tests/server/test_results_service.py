@@ -71,6 +71,35 @@ def test_a_mirror_copies_what_stays_and_skips_a_file_gone_since_its_listing(serv
     assert not (record.run_dir / "logs" / "rank-0.log").exists()
 
 
+def test_a_mirrors_copy_of_an_ended_run_is_whole_only_once_its_folder_is_settled(service, tmp_path):
+    """A cluster's run ends (here: cancelled) before its pods are gone, and a worker asked to stop
+    writes its last lines then: the CLI's copy goes on following the folder until the pod
+    supervisor marks it final (SETTLED_FILE), and is left alone after (seen on the loaded CI box:
+    `status` kept a checkpoint summary one checkpoint old)."""
+    from mlbench.launch.k8s_client import DirectUrl, ResultsClient
+    from mlbench.launch.k8s_mirror import COMPLETE_MARK, ClusterStore
+    from mlbench.results.store import SETTLED_FILE
+
+    run_id = new_run(service)
+    assert service.call("POST", f"/v1/runs/{run_id}/cancel")[0] == 200
+    folder = service.home / "runs" / run_id
+    (folder / "logs").mkdir(exist_ok=True)
+    (folder / "logs" / "rank-1.log").write_text("asked to stop\n")
+    mirror = ClusterStore(tmp_path / "mirror", "the test's service",
+                          ResultsClient(DirectUrl(service.url), ADMIN_TOKEN, "the test's service", "ns"))
+    copy = mirror.sync_run(run_id).run_dir
+    assert mirror.get(run_id).state == "cancelled" and not (copy / COMPLETE_MARK).exists()
+    with open(folder / "logs" / "rank-1.log", "a") as log:   # the worker's checkpoint, then its last line
+        log.write("checkpoint at step 81 written\n")
+    (folder / SETTLED_FILE).write_text("1.0\n")
+    mirror.sync_run(run_id)
+    assert (copy / "logs" / "rank-1.log").read_text() == "asked to stop\ncheckpoint at step 81 written\n"
+    assert (copy / COMPLETE_MARK).exists() and (copy / SETTLED_FILE).exists()
+    (folder / "logs" / "rank-1.log").write_text("rewritten\n")
+    mirror.sync_run(run_id)
+    assert (copy / "logs" / "rank-1.log").read_text().endswith("step 81 written\n")   # whole: not looked at again
+
+
 def test_a_request_without_the_right_token_is_refused(service):
     run_id = new_run(service)
     events = {"rank": 0, "events": batch(0, range(2))}
