@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import os
 import shutil
 import socket
@@ -108,9 +110,14 @@ def moto(moto_url, monkeypatch):
 
 @pytest.fixture(scope="package")
 def kube_local(tmp_path_factory):
-    """A real control plane on 127.0.0.1; the path of its admin kubeconfig. One per test package
-    that uses it (tests/cloud, tests/kube), stopped after that package's last test: the later
-    tests are timed, and an idle control plane still takes a share of the two cores."""
+    """A real control plane on 127.0.0.1; the path of its admin kubeconfig, for this package's
+    tests, stopped after its last one: the later tests are timed, and an idle control plane
+    still takes a share of the two cores (tests/kube has its own, for one module)."""
+    yield from control_plane(tmp_path_factory)
+
+
+def control_plane(tmp_path_factory) -> Iterator[Path]:
+    """kube-local.sh's control plane (no node) started, its admin kubeconfig given, then stopped."""
     if not KUBE_LOCAL.exists():
         pytest.skip(f"kube-local.sh not found at {KUBE_LOCAL} (set KUBE_LOCAL_SH)")
     build = subprocess.run(["bash", str(KUBE_LOCAL), "build"], capture_output=True, text=True,

@@ -13,7 +13,8 @@ On the real node (tests/kube/node.py, tests/kube/images.py):
 With the stand-in kubelet (tests/kube/kubelet.py), kept for what a real node cannot be made to
 do on demand (evict a pod with a message):
 
-- ``kube_local``: the cluster tests' control plane (tests/cloud/conftest.py), which has no node.
+- ``kube_local``: a control plane without a node (tests/cloud/conftest.py's), for the one module
+  that uses it (test_harness_cluster.py).
 - ``cluster``: a fresh namespace on it recorded as mlbench's current cluster, its pods run by the
   harness kubelet, and MLBENCH_RESULTS_URL pointing at a port-forward to the results service.
 """
@@ -42,7 +43,7 @@ from kubernetes import config as kube_config
 
 from mlbench.cloud import config
 from mlbench.cloud.config import ClusterRecord
-from tests.cloud.conftest import kube_local  # noqa: F401 - the shared control plane fixture
+from tests.cloud.conftest import control_plane
 from tests import helpers
 from tests.kube import images
 from tests.kube.kubelet import HarnessKubelet
@@ -226,12 +227,21 @@ class Cluster:
         return found
 
 
-@pytest.fixture(scope="package")
-def admin_api(kube_local):  # noqa: F811
+@pytest.fixture(scope="module")
+def kube_local(tmp_path_factory):
+    """The stand-in kubelet's control plane (no node), for the one module of its tests
+    (test_harness_cluster.py) and stopped after it: the real node that the later modules use has
+    a control plane of its own, and this one, idle, took about 60 CPU-seconds of the loaded box
+    when it lived as long as the package (17 minutes there)."""
+    yield from control_plane(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def admin_api(kube_local):
     return kube_config.new_client_from_config(config_file=str(kube_local))
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def nodes(admin_api):
     core = client.CoreV1Api(admin_api)
     amount = {"cpu": "2", "memory": "4Gi", "pods": "110"}
@@ -251,7 +261,7 @@ def nodes(admin_api):
 
 
 @pytest.fixture
-def cluster(kube_local, admin_api, nodes, tmp_path, monkeypatch):  # noqa: F811
+def cluster(kube_local, admin_api, nodes, tmp_path, monkeypatch):
     namespace = f"mlb-{secrets.token_hex(3)}"
     kube = yaml.safe_load(kube_local.read_text())
     context = config.context_name("existing", "harness")
