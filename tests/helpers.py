@@ -28,6 +28,15 @@ def requires(*modules: str):
     return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)} (not installed)")
 
 
+def skip_unless_installed(module: str) -> None:
+    """``pytest.importorskip(module)`` without importing it in the test process: where the test
+    itself only starts processes that import it (TensorFlow takes a pytest worker 5 CPU-seconds)."""
+    import pytest
+
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"needs {module} (not installed)")
+
+
 def mlbench(*args: str, timeout: float = 240, check: bool = False,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run `python -m mlbench ARGS` (forked by tests/zygote.py) with the test's environment (its isolated MLBENCH_HOME), or

@@ -14,6 +14,7 @@ from mlbench.launch.base import LaunchSettings
 from mlbench.launch.plan import RunRequest
 from mlbench.launch.registry import LAUNCHERS, choose, launcher_class, launcher_classes, launcher_of
 from mlbench.launch.supervisor import record_supervisor
+from tests.helpers import skip_unless_installed
 from mlbench.results.store import RunStore, read_json
 from mlbench.run_config import Occupancy, occupancy
 
@@ -130,7 +131,7 @@ def test_a_launcher_that_cannot_give_each_worker_an_address_refuses_tensorflow_o
     ports; Slurm: from the step's variables); a launcher that declares it cannot is refused."""
     from mlbench.launch.plan import LauncherAbilities, build_config
 
-    pytest.importorskip("tensorflow")
+    skip_unless_installed("tensorflow")
     abilities = LauncherAbilities(frameworks=("pytorch", "tensorflow"))
     config, _ = build_config(RunRequest(task="task2a", workers=2, data="synthetic", framework="tensorflow"))
     with pytest.raises(UsageError) as refused:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import mlbench, run_ids
+from tests.helpers import mlbench, run_ids, skip_unless_installed
 from tests.test_extras import run_without
 
 
@@ -55,7 +55,7 @@ def test_a_task_without_a_tensorflow_port_is_one_line_and_records_nothing():
     (["--time-budget", "1m"], "--framework jax: --time-budget is not in this port yet (it runs on CPUs, over gloo)"),
 ])
 def test_what_the_jax_port_does_not_offer_is_refused_before_anything_is_recorded(args, message):
-    pytest.importorskip("jax")
+    skip_unless_installed("jax")
     proc = mlbench("run", "task2a", "2", "--framework", "jax", "--data", "synthetic", *args)
     assert (proc.returncode, proc.stderr) == (2, f"Error: {message}\n")
     assert nothing_recorded()

@@ -16,7 +16,7 @@ from mlbench.frameworks import get_framework
 from mlbench.launch.registry import launcher_of
 from mlbench.results.checkpoints import complete_checkpoints
 from mlbench.results.store import RunStore
-from tests.helpers import checkpoint, events, last_run, mlbench, run_json, wait_for
+from tests.helpers import checkpoint, events, last_run, mlbench, run_json, skip_unless_installed, wait_for
 from tests.shared_runs import PORT_RUN_STEPS, port_run, port_run_args
 
 #: a port's run on Slurm beside the local one (tests/shared_runs.py: the same run that
@@ -39,7 +39,7 @@ def test_a_two_worker_port_run_on_slurm_finds_its_peers_and_equals_the_local_run
     workers each listen on an address of their own, which the tasks of the Slurm step derive from
     the step's variables (worker/launcher_env.slurm_peers); every loss of both ranks and the result
     equal the local run's exactly."""
-    pytest.importorskip(framework)
+    skip_unless_installed(framework)
     local = port_run(shared_runs, framework, libsvm_dir).record
     proc = mlbench("run", *port_run_args(framework, libsvm_dir), "--slurm", "--time", "00:10:00",
                    check=True, timeout=300)
