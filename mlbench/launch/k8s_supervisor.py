@@ -306,9 +306,10 @@ class PodSupervisor:
         for run in active.values():
             pods = by_run.get(run.id, [])
             document = self._document(run)
-            if run.id in self._settled:   # resumed: it will settle again when it ends
-                self._settled.discard(run.id)
-                (run.run_dir / SETTLED_FILE).unlink(missing_ok=True)
+            # resumed: its folder settles again when it ends (a mark left by an earlier end
+            # goes whether or not this supervisor saw it: it may have started since)
+            self._settled.discard(run.id)
+            (run.run_dir / SETTLED_FILE).unlink(missing_ok=True)
             if run.id in self._ending:
                 self._restart_when_gone(run, pods, now)
                 continue

@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import os
 import shutil
 import socket
@@ -20,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 

@@ -110,10 +110,9 @@ def _unmount_under(root: Path) -> None:
         subprocess.run(["umount", "-l", mount], capture_output=True)
 
 
-@functools.lru_cache(maxsize=1)
 def wheelhouse(building: Callable[[], None] = lambda: None) -> Path:
-    """torch and torchvision as installed here, and every dependency of mlbench, as wheels (once;
-    ``building`` is called before they are downloaded)."""
+    """torch and torchvision as installed here, and every dependency of mlbench, as wheels (made
+    once per machine, kept in :data:`CACHE`; ``building`` is called before they are downloaded)."""
     from importlib.metadata import version
 
     import tomllib
