@@ -32,8 +32,10 @@ WHOLE_PACKAGES = ("tests/kube", "tests/slurm", "tests/cloud")
 LONG_MODULES = (
     "tests/test_launcher_matrix.py", "tests/test_faults.py", "tests/frameworks/test_tf_resnet.py",
     "tests/test_engine_e2e.py", "tests/frameworks/test_jax_resnet.py", "tests/test_watchdog.py",
+    "tests/kube_nodeless/test_cluster.py",
     "tests/test_forked_workers.py", "tests/dashboard/test_surface_matrix.py", "tests/results/test_export.py",
     "tests/test_engine_faults.py", "tests/optim/test_check.py", "tests/results/test_live_export.py",
+    "tests/kube_nodeless/test_pod_specs.py",
     "tests/dashboard/test_dashboard.py", "tests/network/test_local_network.py",
     "tests/server/test_many_connections.py", "tests/test_cli_output.py", "tests/optim/test_plugins.py",
     "tests/test_resume_exact.py", "tests/server/test_pod_watchdog.py", "tests/optim/test_training.py",

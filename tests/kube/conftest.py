@@ -10,13 +10,8 @@ On the real node (tests/kube/node.py, tests/kube/images.py):
   results service's claim and the data claims, and a mirror of the data set (a tiny epsilon-shaped
   LIBSVM pair the test writes) served over HTTP on the node's address for the data Job.
 
-With the stand-in kubelet (tests/kube/kubelet.py), kept for what a real node cannot be made to
-do on demand (evict a pod with a message):
-
-- ``kube_local``: a control plane without a node (tests/cloud/conftest.py's), for the one module
-  that uses it (test_harness_cluster.py).
-- ``cluster``: a fresh namespace on it recorded as mlbench's current cluster, its pods run by the
-  harness kubelet, and MLBENCH_RESULTS_URL pointing at a port-forward to the results service.
+The stand-in kubelet's control plane, for what a real node cannot be made to do on demand, is
+tests/kube_nodeless/conftest.py's: it runs beside this package, on another pytest-xdist worker.
 """
 
 from __future__ import annotations
@@ -29,27 +24,22 @@ import secrets
 import shutil
 import subprocess
 import threading
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import pytest
-import yaml
 from click.testing import CliRunner
 from kubernetes import client
 from kubernetes import config as kube_config
 
 from mlbench.cloud import config
 from mlbench.cloud.config import ClusterRecord
-from tests.cloud.conftest import control_plane
 from tests import helpers
 from tests.kube import images
-from tests.kube.kubelet import HarnessKubelet
 from tests.kube.node import KUBE_LOCAL, LocalNode, NodeUnavailable
 
-NODES = ("harness-node-1", "harness-node-2")
 DATA_CLAIMS = ("mlbench-results", "mlbench-data-epsilon")
 
 
@@ -201,82 +191,3 @@ def node_namespace(kube_node, tmp_path_factory):
     # that a run's own objects and containers go is what the tests assert
     client.CoreV1Api(api).delete_namespace(name, _preload_content=False)
     kube_node.delete_volumes(name)
-
-
-# --- the stand-in kubelet --------------------------------------------------------------------
-
-@dataclass
-class Cluster:
-    record: ClusterRecord
-    namespace: str
-    harness: HarnessKubelet
-    api: Any
-
-    @property
-    def core(self) -> client.CoreV1Api:
-        return client.CoreV1Api(self.api)
-
-    def run_objects(self, run_id: str) -> list[str]:
-        selector = f"mlbench/run={run_id}"
-        found = [f"Pod/{p.metadata.name}" for p in
-                 self.core.list_namespaced_pod(self.namespace, label_selector=selector).items]
-        found += [f"Service/{s.metadata.name}" for s in
-                  self.core.list_namespaced_service(self.namespace, label_selector=selector).items]
-        found += [f"ConfigMap/{c.metadata.name}" for c in
-                  self.core.list_namespaced_config_map(self.namespace, label_selector=selector).items]
-        return found
-
-
-@pytest.fixture(scope="module")
-def kube_local(tmp_path_factory):
-    """The stand-in kubelet's control plane (no node), for the one module of its tests
-    (test_harness_cluster.py) and stopped after it: the real node that the later modules use has
-    a control plane of its own, and this one, idle, took about 60 CPU-seconds of the loaded box
-    when it lived as long as the package (17 minutes there)."""
-    yield from control_plane(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def admin_api(kube_local):
-    return kube_config.new_client_from_config(config_file=str(kube_local))
-
-
-@pytest.fixture(scope="module")
-def nodes(admin_api):
-    core = client.CoreV1Api(admin_api)
-    amount = {"cpu": "2", "memory": "4Gi", "pods": "110"}
-    for name in NODES:
-        try:
-            core.create_node({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
-        except client.ApiException as err:
-            if err.status != 409:
-                raise
-        core.patch_node_status(name, {"status": {"capacity": amount, "allocatable": amount, "conditions": [
-            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "harness"}]}})
-    yield NODES
-    with warnings.catch_warnings():  # after the last test: its insecure-TLS filter is gone
-        warnings.simplefilter("ignore")
-        for name in NODES:
-            core.delete_node(name)
-
-
-@pytest.fixture
-def cluster(kube_local, admin_api, nodes, tmp_path, monkeypatch):
-    namespace = f"mlb-{secrets.token_hex(3)}"
-    kube = yaml.safe_load(kube_local.read_text())
-    context = config.context_name("existing", "harness")
-    config.write_kube_context(context, kube["clusters"][0]["cluster"], kube["users"][0]["user"], namespace)
-    record = ClusterRecord(provider="existing", name="harness", context=context,
-                           kubeconfig=config.kubeconfig_path(), nodes=len(nodes), image="mlbench/worker:test",
-                           created_by_mlbench=False, extra={"namespace": namespace})
-    config.save_cluster(record)
-    config.set_current(record)
-    harness = HarnessKubelet(kube_local, namespace, tmp_path / "kubelet").start()
-    forwarded = harness.network.port_forward("mlbench-results", 8080)   # kubectl port-forward svc/...
-    monkeypatch.setenv("MLBENCH_RESULTS_URL", f"http://127.0.0.1:{forwarded}")
-    yield Cluster(record, namespace, harness, admin_api)
-    harness.stop()
-    try:
-        client.CoreV1Api(admin_api).delete_namespace(namespace)
-    except client.ApiException:
-        pass

@@ -1,8 +1,8 @@
 """Cluster runs on the control plane without a node, its pods run by the stand-in kubelet
-(tests/kube/kubelet.py): what a real node cannot be made to do on demand, or what needs two
-nodes. One module, so that this control plane runs for these tests alone (tests/kube/conftest.py
-``kube_local``); everything else about runs on a cluster is tested on the real node
-(test_node_runs.py).
+(tests/kube_nodeless/kubelet.py): what a real node cannot be made to do on demand, or what needs two
+nodes. One module, so that this control plane runs for these tests alone
+(tests/kube_nodeless/conftest.py ``kube_local``); everything else about runs on a cluster is
+tested on the real node (tests/kube/test_node_runs.py).
 
 **Refusals.** What a cluster run cannot do is refused in one line before anything is deployed.
 

@@ -11,7 +11,7 @@ the process when its pod is deleted. A pod that mounts a service account token g
 with a real token for that account (TokenRequest), so the API server enforces its Role.
 
 The pod network (loopback pod IPs, cluster DNS names, Services, port-forwards) is
-:class:`tests.kube.network.PodNetwork`; nothing listens anywhere but on loopback addresses.
+:class:`tests.kube_nodeless.network.PodNetwork`; nothing listens anywhere but on loopback addresses.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from tests.kube.network import PodNetwork, container_port
+from tests.kube_nodeless.network import PodNetwork, container_port
 
 REPO = Path(__file__).resolve().parents[2]
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
