@@ -103,6 +103,20 @@ def forking_allowed(runtime_module: str | None) -> bool:
     return may_fork()
 
 
+def preload_port(worker_module: str) -> bool:
+    """Import a port's framework here too (its worker module's ``preload``), so that each forked
+    rank shares it instead of importing it again (TensorFlow's import: about 7 CPU-seconds per
+    rank on a 2-core box), and say whether ranks may still be forked (:func:`may_fork`): neither
+    TensorFlow's nor JAX's import starts a thread, and if a version's did, the ranks would be
+    fresh interpreters. A framework that fails to import here is left to the fresh workers,
+    which report the error as the run's."""
+    try:
+        importlib.import_module(worker_module).preload()
+    except Exception:
+        return False
+    return may_fork()
+
+
 def may_fork() -> bool:
     """Whether a child forked from this process now may go on in Python and use torch.
 
@@ -139,8 +153,8 @@ def fork_worker(worker_args: Sequence[str], log: Path, env: dict[str, str], keep
                 before_main: Callable[[], None] | None = None,
                 enter: Callable[[], None] | None = None, module: str = "mlbench.worker") -> ForkedProcess:
     """Fork a child that runs ``python -m MODULE WORKER_ARGS`` in this interpreter: the PyTorch
-    worker, or a port's (``module``, :attr:`mlbench.frameworks.Framework.worker`, whose ``main``
-    imports its framework in the child: this process never does).
+    worker, or a port's (``module``, :attr:`mlbench.frameworks.Framework.worker`, whose framework
+    :func:`preload_port` imported here; the child makes every object of it).
 
     ``log`` receives its stdout and stderr (appended, created private); ``keep_fds`` stay open
     in the child (a listening socket); ``before_main`` runs first in the child (tying it to

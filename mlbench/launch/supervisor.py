@@ -34,7 +34,7 @@ from typing import Any
 
 from mlbench.errors import MlbenchError, peer_consequence
 from mlbench.frameworks import PYTORCH, get_framework
-from mlbench.launch.forked import ForkedProcess, fork_worker, forking_allowed
+from mlbench.launch.forked import ForkedProcess, fork_worker, forking_allowed, preload_port
 from mlbench.launch.injector import FaultRecord, Injector, check_recovered, next_group, reached_step, record_restart
 from mlbench.launch.processes import ProcessRef
 from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, rank_error
@@ -206,9 +206,11 @@ class WorkerProcesses:
             # the ranks are forked from here once their modules are imported (mlbench.launch.forked:
             # seconds of CPU saved per worker), and join their namespaces of an emulated network
             # themselves; a port to another framework is forked too (it uses torch for the data
-            # and the initial weights: the import saved) and imports its framework in the child,
-            # which this process never imports; its coordinator binds the port itself
+            # and the initial weights), its framework imported here first (the import saved in
+            # every rank; the ranks make every object of it); its coordinator binds the port itself
             fork = forking_allowed(TASKS.runtime_module(config.task.name))
+            if fork and framework is not PYTORCH:
+                fork = preload_port(framework.worker)
             prepare = (getattr(runtime_module(config.task), "prepare_before_fork", None)
                        if fork and framework is PYTORCH else None)
             if prepare is not None:   # what every rank would make alike (synthetic data), made once

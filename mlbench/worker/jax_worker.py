@@ -11,7 +11,7 @@ The data are mlbench's own: the data set loaders and the order of the samples
 (:func:`mlbench.tasks.data.sharding.epoch_batches`) are those the PyTorch worker uses, read on
 the CPU and handed to JAX as NumPy arrays, so that both frameworks see the same samples in the
 same order (:mod:`mlbench.worker.port_trainer`, the loop every port shares). The local
-supervisor forks it (its ``main``) from itself once torch is imported and JAX is not, as it forks
+supervisor forks it (its ``main``) from itself once torch and JAX are imported (:func:`preload`), as it forks
 the PyTorch worker; other launchers start it as a fresh interpreter. Exit codes are the PyTorch
 worker's: 0 done, 1 failed, 143 stopped.
 """
@@ -33,6 +33,14 @@ from mlbench.worker.port_trainer import PortModel, PortTrainer, run_trainer, wor
 
 def main(argv: list[str] | None = None) -> int:
     return worker_main("mlbench.worker.jax_worker", _join, run_worker, argv)
+
+
+def preload() -> None:
+    """Import JAX, Optax and the port's models (:func:`mlbench.launch.forked.preload_port`: the
+    local supervisor, before it forks the ranks). Importing starts no backend: each rank
+    configures and starts its own (:func:`_join`)."""
+    import mlbench.worker.jax_logreg
+    import mlbench.worker.jax_resnet  # noqa: F401
 
 
 def _join(config: RunConfig, rank: int, coordinator: str) -> None:

@@ -10,8 +10,8 @@ them from the step's variables (:func:`mlbench.worker.launcher_env.slurm_peers`)
 environment (another launcher's) is used as it is. The data, their order, the training loop and
 the evaluation are those of every port (:mod:`mlbench.worker.port_trainer`); the model and its
 update are :mod:`mlbench.worker.tf_logreg`'s (task 2a) or :mod:`mlbench.worker.tf_resnet`'s
-(task 1a). The local supervisor forks it from itself (torch imported, TensorFlow not); other
-launchers start it as a fresh interpreter. Exit codes are the PyTorch worker's: 0 done, 1 failed,
+(task 1a). The local supervisor forks it from itself (torch and TensorFlow imported: :func:`preload`);
+other launchers start it as a fresh interpreter. Exit codes are the PyTorch worker's: 0 done, 1 failed,
 143 stopped.
 """
 
@@ -45,6 +45,18 @@ def cluster_config(rank: int, workers: int, peers: str | None) -> dict[str, Any]
                            f"workers: start TensorFlow workers with `mlbench run ... --framework tensorflow`, "
                            "or set TF_CONFIG")
     return {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}}
+
+
+def preload() -> None:
+    """Import TensorFlow and the port's models (:func:`mlbench.launch.forked.preload_port`: the
+    local supervisor, before it forks the ranks). Importing makes no TensorFlow object: the
+    strategy, which must come first, is each rank's (:func:`join`)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from mlbench.tasks.flops import load_flop_counter
+
+    load_flop_counter()   # before TensorFlow (see join)
+    import mlbench.worker.tf_logreg
+    import mlbench.worker.tf_resnet  # noqa: F401
 
 
 def join(config: RunConfig, rank: int, coordinator: str) -> Any:
