@@ -43,7 +43,7 @@ LONG_MODULES = (
     "tests/dashboard/test_memory.py", "tests/test_api.py")
 #: at most this many workers with ``-n auto``: every worker may start real runs of 2-4 processes
 #: and import torch, JAX and TensorFlow; more would trade memory for little time
-MAX_WORKERS = 5
+MAX_WORKERS = 4
 
 
 def package_of(nodeid: str) -> str | None:
@@ -67,7 +67,7 @@ def worker_count() -> int:
     (2026-11-26); once the suite forked its runs, four took 16.1 minutes against 17.6 for three
     on the same commit and box (2026-11-27; before that, four had been hardly faster than two)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(2, min(cores + 3, MAX_WORKERS))
+    return max(2, min(cores + 2, MAX_WORKERS))
 
 
 class WholePackageScheduling(LoadScopeScheduling):
