@@ -65,7 +65,9 @@ def worker_count() -> int:
     job's hold or a browser, the others compute), at least 2, at most :data:`MAX_WORKERS`. On
     the loaded 2-core box (docs/testing.md) three workers took 18.9 minutes against 23.0 for two
     (2026-11-26); once the suite forked its runs, four took 16.1 minutes against 17.6 for three
-    on the same commit and box (2026-11-27; before that, four had been hardly faster than two)."""
+    on the same commit and box (2026-11-27; before that, four had been hardly faster than two);
+    five took 20.2 minutes against 18.5 for four (2026-11-28, the Xeon box of docs/testing.md):
+    the real node's unit stretched to 15.5 minutes, and no worker ended sooner."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(2, min(cores + 2, MAX_WORKERS))
 

@@ -107,14 +107,26 @@ def _load_epsilon(data_dir: str | None) -> tuple[Split, Split]:
 
 
 def _synthetic_epsilon(seed: int) -> tuple[Split, Split]:
-    gen = np.random.default_rng(seed)
+    """Normal features scaled to unit-norm rows on average, as epsilon's, and labels -1/+1.
+
+    Drawn by torch on one thread: 80 million normal floats take NumPy's generator 1.9 CPU-seconds
+    on a 2-core box and torch's 0.5, paid by every worker that starts as a fresh interpreter (a
+    Slurm task, a pod, torchrun's). One thread, so that a supervisor drawing them for its ranks
+    before it forks them starts no OpenMP pool (mlbench.launch.forked.may_fork); the count of
+    threads is given back after."""
+    generator = torch.Generator().manual_seed(seed)
 
     def split(n: int) -> Split:
-        x = gen.standard_normal((n, EPSILON_FEATURES), dtype=np.float32)
-        x *= np.float32(EPSILON_FEATURES ** -0.5)   # unit-norm rows on average, as epsilon's
-        return Split(torch.from_numpy(x), torch.from_numpy(gen.integers(0, 2, n).astype(np.float32) * 2 - 1))
+        x = torch.randn((n, EPSILON_FEATURES), generator=generator)
+        x *= EPSILON_FEATURES ** -0.5
+        return Split(x, torch.randint(0, 2, (n,), generator=generator).to(torch.float32) * 2 - 1)
 
-    return split(40_000), split(SYNTHETIC_TEST_SAMPLES)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return split(40_000), split(SYNTHETIC_TEST_SAMPLES)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _prepare_wikitext2(data_dir: str | None) -> object:
