@@ -2,10 +2,11 @@
 mlbench/launch/forked.py) against fresh interpreters (`MLBENCH_NO_FORK=1`, the plain baseline),
 measured in the same run (docs/performance.md, "Local worker start").
 
-    python benchmarks/worker_start.py [--workers 1 2 4] [--repeat 7] [--steps 2]
+    python benchmarks/worker_start.py [--workers 1 2 4] [--repeat 7] [--steps 2] [--framework jax]
 
 Each sample is a whole `mlbench run task2a K --data synthetic --max-steps STEPS` as a user types
-it (a fresh CLI process): its wall time, and the CPU seconds of the CLI and every process it
+it (a fresh CLI process; with ``--framework``, a port's run, whose forked ranks share the
+framework the supervisor imported for them): its wall time, and the CPU seconds of the CLI and every process it
 waited for (getrusage of the children). The two ways alternate, so that a change of load hits
 both; the table gives the median and the range of the repeats.
 """
@@ -27,13 +28,13 @@ from tabulate import tabulate
 WAYS = {"forked (default)": {}, "fresh interpreters (MLBENCH_NO_FORK=1)": {"MLBENCH_NO_FORK": "1"}}
 
 
-def one_run(workers: int, steps: int, env: dict[str, str]) -> tuple[float, float]:
+def one_run(workers: int, steps: int, env: dict[str, str], framework: str = "pytorch") -> tuple[float, float]:
     """(wall seconds, CPU seconds of the CLI and its workers) of one run."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "mlbench", "run", "task2a", str(workers), "--data", "synthetic",
-                    "--max-steps", str(steps)], env=env, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+                    "--max-steps", str(steps), "--framework", framework], env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--framework", default="pytorch", help="pytorch, jax or tensorflow")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -57,10 +59,10 @@ def main() -> None:
                    MLBENCH_DATA=str(Path(scratch) / "data"))
         for workers in args.workers:
             samples: dict[str, list[tuple[float, float]]] = {way: [] for way in WAYS}
-            one_run(workers, args.steps, env)  # warm the page cache once, outside the samples
+            one_run(workers, args.steps, env, args.framework)  # warm the page cache once, outside the samples
             for _ in range(args.repeat):
                 for way, extra in WAYS.items():
-                    samples[way].append(one_run(workers, args.steps, {**env, **extra}))
+                    samples[way].append(one_run(workers, args.steps, {**env, **extra}, args.framework))
             base_cpu = statistics.median(cpu for _, cpu in samples["fresh interpreters (MLBENCH_NO_FORK=1)"])
             for way, taken in samples.items():
                 walls, cpus = [w for w, _ in taken], [c for _, c in taken]
@@ -69,7 +71,8 @@ def main() -> None:
     print(tabulate(rows, headers=["workers", "workers start as", "wall s, median (range)",
                                   "CPU s, median (range)", "CPU vs fresh"],
                    colalign=("right", "left", "right", "right", "right")))
-    print(f"\n{args.repeat} runs each of `mlbench run task2a K --data synthetic --max-steps {args.steps}`, "
+    print(f"\n{args.repeat} runs each of `mlbench run task2a K --data synthetic --max-steps {args.steps} "
+          f"--framework {args.framework}`, "
           f"interleaved; Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}")
 
