@@ -1,4 +1,5 @@
-"""A real run made once per test session and read by every test that needs it (issue 20, part 6).
+"""A real run (or a reference value) made once per test session and read by every test that needs
+it (issue 20, part 6).
 
 Some tests compare a run against the same run made elsewhere: a port's two-worker run on Slurm
 against the local one, which tests/frameworks makes for its own checks. Each local run of a port
@@ -18,12 +19,15 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Sequence
+import pickle
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.helpers import mlbench
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -58,6 +62,23 @@ class SharedRuns:
                 done.write_text(json.dumps({"run_id": run_id, "args": list(args), "stdout": proc.stdout}))
             recorded = json.loads(done.read_text())
         return SharedRun(RunStore(folder / "home", read_only=True).get(recorded["run_id"]), recorded["stdout"])
+
+    def value(self, name: str, compute: Callable[[], T]) -> T:
+        """``compute()``, computed by whichever test of the session asks first (in any worker
+        process) and read by the others from its pickle: a reference that tests in modules on
+        different pytest-xdist workers compare against, such as the PyTorch ResNet that both
+        ports of task 1a are checked against (a session fixture is once per worker, not once
+        per session). Every caller of one ``name`` must compute the same thing."""
+        path = self.root / f"{name}.pickle"
+        with open(self.root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)   # released when the file is closed
+            if not path.exists():
+                value = compute()
+                partial = path.with_suffix(".partial")
+                partial.write_bytes(pickle.dumps(value))
+                partial.replace(path)
+                return value
+        return pickle.loads(path.read_bytes())
 
 
 #: the steps of a port's shared two-worker run of task 2a

@@ -24,10 +24,13 @@ def _one_torch_thread(compute):
 
 
 @pytest.fixture(scope="session")
-def pytorch_resnet_events(cifar_dir):
+def pytorch_resnet_events(cifar_dir, shared_runs):
     """The events of the PyTorch worker's loop (``Trainer``) on :func:`float32_config`: the first
-    50 training losses, the rates, the test loss and the ``system`` record of task 1a."""
-    return _one_torch_thread(lambda: train_pytorch_in_process(float32_config(cifar_dir)))
+    50 training losses, the rates, the test loss and the ``system`` record of task 1a. The JAX
+    and the TensorFlow modules run on different pytest-xdist workers: the first to ask computes
+    it (9.5 CPU-seconds), the other reads it (tests/shared_runs.py)."""
+    return shared_runs.value("pytorch-resnet20-float32-events", lambda: _one_torch_thread(
+        lambda: train_pytorch_in_process(float32_config(cifar_dir))))
 
 
 @pytest.fixture(scope="session")
