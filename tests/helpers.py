@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -169,3 +170,18 @@ class ListSink:
 
     def close(self) -> None:
         pass
+
+
+def pump(source: socket.socket, target: socket.socket) -> None:
+    """Copy what ``source`` sends to ``target`` until it ends, then end ``target``'s sending side:
+    one direction of a TCP proxy (the tests' port-forwards and the real node's service proxy)."""
+    try:
+        while data := source.recv(65536):
+            target.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            target.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass

@@ -42,6 +42,7 @@ import urllib3
 from kubernetes import client
 from kubernetes import config as kube_config
 
+from tests.helpers import pump
 from tests.kube.cluster_dns import ClusterDNS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -164,9 +165,9 @@ class LocalNode:
             def handle(self) -> None:
                 with socket.create_connection(upstream, timeout=30) as server:
                     server.settimeout(None)
-                    back = threading.Thread(target=_pump, args=(server, self.request), daemon=True)
+                    back = threading.Thread(target=pump, args=(server, self.request), daemon=True)
                     back.start()
-                    _pump(self.request, server)
+                    pump(self.request, server)
                     back.join(timeout=60)
 
         relay = socketserver.ThreadingTCPServer((self.ip, 0), Relay)
@@ -321,19 +322,6 @@ def stop_kube_local(state: Path) -> None:
     The folder stays: it holds the engine's data root, with the images, for the next session.
     """
     subprocess.run(["bash", str(KUBE_LOCAL), "stop", str(state)], capture_output=True, timeout=300)
-
-
-def _pump(source: socket.socket, target: socket.socket) -> None:
-    try:
-        while data := source.recv(65536):
-            target.sendall(data)
-    except OSError:
-        pass
-    finally:
-        try:
-            target.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
 
 
 def _last(stderr: str) -> str:

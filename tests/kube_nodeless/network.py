@@ -15,6 +15,8 @@ import socketserver
 import threading
 from typing import Any, Callable
 
+from tests.helpers import pump
+
 Backends = Callable[[], list[tuple[dict[str, Any], str]]]
 
 
@@ -79,10 +81,10 @@ class PodNetwork:
                 if target is None:
                     return
                 with socket.create_connection(target, timeout=10) as upstream:
-                    pump = threading.Thread(target=_pump, args=(upstream, self.request), daemon=True)
-                    pump.start()
-                    _pump(self.request, upstream)
-                    pump.join(timeout=60)
+                    back = threading.Thread(target=pump, args=(upstream, self.request), daemon=True)
+                    back.start()
+                    pump(self.request, upstream)
+                    back.join(timeout=60)
 
         server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Forward)
         server.daemon_threads = True
@@ -106,18 +108,3 @@ def container_port(pod: dict[str, Any], port: Any) -> int:
                 return int(entry["containerPort"])
     raise ValueError(f"no container port named {port!r}")
 
-
-def _pump(source: socket.socket, target: socket.socket) -> None:
-    try:
-        while True:
-            data = source.recv(65536)
-            if not data:
-                break
-            target.sendall(data)
-    except OSError:
-        pass
-    finally:
-        try:
-            target.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
