@@ -17,7 +17,6 @@ failed is not recorded: the next test to ask makes it again, and fails with its 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import pickle
 from collections.abc import Callable, Sequence
@@ -51,16 +50,15 @@ class SharedRuns:
         from mlbench.results.store import RunStore
 
         folder = self.root / name
-        done = folder / "done.json"
-        with open(self.root / f"{name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)   # released when the file is closed
-            if not done.exists():
-                env = dict(os.environ, MLBENCH_HOME=str(folder / "home"), MLBENCH_CONFIG_DIR=str(folder / "config"),
-                           MLBENCH_DATA=str(folder / "data-cache"))
-                proc = mlbench("run", *args, env=env, check=True, timeout=timeout)
-                run_id = RunStore(folder / "home", read_only=True).list()[-1].id
-                done.write_text(json.dumps({"run_id": run_id, "args": list(args), "stdout": proc.stdout}))
-            recorded = json.loads(done.read_text())
+
+        def make() -> dict[str, Any]:
+            env = dict(os.environ, MLBENCH_HOME=str(folder / "home"), MLBENCH_CONFIG_DIR=str(folder / "config"),
+                       MLBENCH_DATA=str(folder / "data-cache"))
+            proc = mlbench("run", *args, env=env, check=True, timeout=timeout)
+            run_id = RunStore(folder / "home", read_only=True).list()[-1].id
+            return {"run_id": run_id, "args": list(args), "stdout": proc.stdout}
+
+        recorded = self.value(name, make)
         return SharedRun(RunStore(folder / "home", read_only=True).get(recorded["run_id"]), recorded["stdout"])
 
     def value(self, name: str, compute: Callable[[], T]) -> T:
