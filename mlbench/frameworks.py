@@ -46,6 +46,8 @@ TENSORFLOW = Framework("tensorflow", "TensorFlow", "mlbench.worker.tf_worker", "
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (PYTORCH, JAX, TENSORFLOW)}
 DEFAULT_FRAMEWORK = PYTORCH.name
+#: the frameworks whose workers are ports (a pip extra and an image variant of their own)
+PORTS: dict[str, Framework] = {name: f for name, f in FRAMEWORKS.items() if f.extra}
 
 
 def get_framework(name: str) -> Framework:
@@ -66,15 +68,16 @@ def framework_release(name: str, environment: dict) -> str:
     return f"{framework.title} {version}" if version else framework.title
 
 
-def check_framework(name: str, task: str) -> Framework:
-    """The framework ``name`` if it is installed and has a port of ``task``; else UsageError
-    (exit 2) in one line that names the pip extra."""
+def check_framework(name: str, task: str, installed_here: bool = True) -> Framework:
+    """The framework ``name`` if it has a port of ``task`` and, with ``installed_here`` (the
+    workers run this Python: not a cluster's image), is installed; else UsageError (exit 2) in
+    one line that names the pip extra."""
     framework = get_framework(name)
     if framework.tasks is not None and task not in framework.tasks:
         raise UsageError(f"--framework {name}: {task} has no {framework.title} port "
                          f"({framework.title} runs {', '.join(framework.tasks)}); "
                          f"use --framework {DEFAULT_FRAMEWORK}")
-    if not framework.installed():
+    if installed_here and not framework.installed():
         assert framework.extra is not None
         raise UsageError(f"--framework {name}: {framework.title} is not installed: {install_hint(framework.extra)}")
     return framework

@@ -128,7 +128,8 @@ def test_each_launcher_refuses_what_its_abilities_leave_out_before_anything_is_r
 
 def test_a_launcher_that_cannot_give_each_worker_an_address_refuses_tensorflow_on_several():
     """Every built-in launcher that starts TensorFlow workers gives each its address (local: free
-    ports; Slurm: from the step's variables); a launcher that declares it cannot is refused."""
+    ports; Slurm: from the step's variables; Kubernetes: its pod's name under the run's Service); a launcher
+    that declares it cannot is refused."""
     from mlbench.launch.plan import LauncherAbilities, build_config
 
     skip_unless_installed("tensorflow")

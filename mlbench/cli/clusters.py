@@ -14,6 +14,7 @@ from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.cloud import address, manager
 from mlbench.cloud.providers import ADOPTED, PROVIDER_MODULES
 from mlbench.cloud.provisioner import ClusterSpec
+from mlbench.frameworks import PORTS
 from mlbench.progress import StatusLines
 
 F = Callable[..., Any]
@@ -208,14 +209,17 @@ def image() -> None:
 
 @image.command("build")
 @click.option("--cuda", is_flag=True, help="Build the CUDA variant (tag suffix -cuda).")
-@click.option("--tag", help="Image tag (default: mlbench/worker:<version>[-cuda]).")
+@click.option("--framework", "frameworks", multiple=True, type=click.Choice(list(PORTS)),
+              help="Add a port's framework (repeatable; tag suffix -jax, -tensorflow): the image that "
+                   "`mlbench run --framework` uses on a cluster.")
+@click.option("--tag", help="Image tag (default: mlbench/worker:<version>[-cuda][-FRAMEWORK...]).")
 @click.option("--source", type=click.Path(file_okay=False, exists=True),
               help="mlbench source checkout to build from (default: this installation's).")
-def image_build(cuda: bool, tag: str | None, source: str | None) -> None:
+def image_build(cuda: bool, frameworks: tuple[str, ...], tag: str | None, source: str | None) -> None:
     """Build the worker image with the local Docker engine."""
     from pathlib import Path
 
     from mlbench.cloud.image import build_image
 
-    built = build_image(cuda=cuda, tag=tag, root=Path(source) if source else None)
+    built = build_image(cuda=cuda, tag=tag, root=Path(source) if source else None, frameworks=frameworks)
     click.echo(f"Built {built}.")

@@ -10,10 +10,11 @@ and a Secret with the two random tokens (workers' and the CLI's).
 Per run: a ConfigMap holding run.json (the worker's only input, as in a local run), a Secret with
 the run's own results token (workers never hold the shared worker secret), a headless Service so
 that every worker finds rank 0's rendezvous store by DNS, and one Pod per worker running the
-same command as locally, ``python -m mlbench.worker RUN_DIR --rank R``. The ConfigMap owns the
-Secret, the Service and the Pods, so deleting it lets the garbage collector remove whatever a
-crash left behind; the supervisor deletes the ConfigMap, Service and Pods explicitly when a run
-ends (the Secret goes with the ConfigMap).
+same command as locally, ``python -m mlbench.worker RUN_DIR --rank R`` (a port's worker module
+for another framework, and every worker's address under the Service when that framework needs
+them). The ConfigMap owns the Secret, the Service and the Pods, so deleting it lets the garbage
+collector remove whatever a crash left behind; the supervisor deletes the ConfigMap, Service
+and Pods explicitly when a run ends (the Secret goes with the ConfigMap).
 
 Every container has a read-only root filesystem, bounded scratch space (``/tmp`` as an emptyDir
 with a size limit) and ephemeral-storage requests and limits, so a runaway log or temporary file
@@ -28,9 +29,11 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from mlbench.frameworks import PYTORCH, Framework, get_framework
 from mlbench.network.kube import shape_pod
 from mlbench.run_config import RunConfig, RunDocument
 from mlbench.results.checkpoints import CHECKPOINTS_FOLDER
+from mlbench.worker.launcher_env import PEERS_ENV
 
 DEFAULT_NAMESPACE = "mlbench"
 SERVICE = "mlbench-results"          # Deployment, Service, ServiceAccount, Role, Secret, PVC
@@ -261,14 +264,25 @@ def worker_pods(run_id: str, document: RunDocument, owner: dict[str, Any]) -> li
     config = document.config
     placement = Placement.from_dict(document.placement or {})
     return [worker_pod(run_id, rank, config.workers, config.threads_per_worker, placement, owner,
-                       document.extra.get("network"), plugin_files(config), checkpoints=config.checkpoints)
+                       document.extra.get("network"), plugin_files(config), checkpoints=config.checkpoints,
+                       framework=get_framework(config.framework))
             for rank in range(config.workers)]
+
+
+def peer_addresses(run_id: str, workers: int) -> str:
+    """Every worker's ``host:port`` in rank order (``MLBENCH_PEERS``, for a framework whose
+    every worker listens: TensorFlow's gRPC servers): its pod's name under the run's headless
+    Service, which resolves before the pod is ready, and the rendezvous port of its own IP."""
+    return ",".join(f"{pod_name(run_id, rank)}.{run_name(run_id)}:{RENDEZVOUS_PORT}" for rank in range(workers))
 
 
 def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Placement,
                owner: dict[str, Any], network: dict[str, Any] | None = None,
-               files: tuple[str, ...] = (), checkpoints: bool = False) -> dict[str, Any]:
-    """The pod of one worker: the local worker command, its run.json mounted from the ConfigMap;
+               files: tuple[str, ...] = (), checkpoints: bool = False,
+               framework: Framework = PYTORCH) -> dict[str, Any]:
+    """The pod of one worker: the local worker command (``framework``'s worker module, which
+    the placement's image has: :func:`mlbench.launch.kubernetes.worker_image`), its run.json
+    mounted from the ConfigMap;
     with run.json's ``network``, shaped by an init container or CNI annotations (mlbench.network.kube).
     ``files``: the run folder's other files in the ConfigMap (a plug-in's source), mounted at
     their paths in the folder. With ``checkpoints``, the run's own folder of the service's
@@ -292,6 +306,9 @@ def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Pl
         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         {"name": "HOME", "value": "/tmp"},  # the root filesystem is read-only
     ]
+    if framework.peers:
+        env.append({"name": PEERS_ENV, "value": peer_addresses(run_id, workers)})
+    listens = rank == 0 or framework.peers
     mounts = [{"name": "run", "mountPath": pod_run_dir(run_id), "readOnly": True},
               {"name": "tmp", "mountPath": "/tmp"}, {"name": "shm", "mountPath": "/dev/shm"}]
     run_volume: dict[str, Any] = {"name": run_name(run_id)}
@@ -315,9 +332,9 @@ def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Pl
         "affinity": _affinity(run_id, workers, placement.nodes),
         "containers": [{
             "name": "worker", "image": placement.image,
-            "command": ["python", "-m", "mlbench.worker", pod_run_dir(run_id), "--rank", str(rank)],
+            "command": ["python", "-m", framework.worker, pod_run_dir(run_id), "--rank", str(rank)],
             "env": env, "resources": {"requests": amount, "limits": dict(amount)},
-            "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}] if rank == 0 else [],
+            "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}] if listens else [],
             "terminationMessagePolicy": "FallbackToLogsOnError",
             "securityContext": container_security(), "volumeMounts": mounts}],
         "volumes": volumes,

@@ -26,6 +26,7 @@ from mlbench.cloud.config import ClusterRecord, kube_api_client
 from mlbench.cloud.existing import kube_error
 from mlbench.errors import ClusterError, MlbenchError, UsageError
 from mlbench.extras import needs
+from mlbench.frameworks import FRAMEWORKS, PYTORCH
 from mlbench.launch import k8s_objects as objects
 from mlbench.launch import k8s_policy
 from mlbench.launch.base import EventCallback, Launcher, LauncherOption, LaunchSettings, Progress
@@ -195,18 +196,22 @@ def plan_resources(store: ClusterStore, cluster: ClusterRecord, request: RunRequ
     count = len(nodes) or cluster.nodes or 1
     per_node = math.ceil(request.workers / count)
     cpu_millis = max(100, (cpu - min(500, cpu // 4)) // per_node // 100 * 100)
-    gpus = 1 if node_gpus and request.device != "cpu" else 0
+    port = request.framework != PYTORCH.name   # the ports train on CPUs
+    gpus = 1 if node_gpus and request.device != "cpu" and not port else 0
     placement = objects.Placement(
         namespace=store.namespace, nodes=count, cpu_millis=cpu_millis,
         memory_mib=max(512, int(memory * 0.8) // per_node), gpus=gpus,
-        image=image or cluster.image or _default_image(gpus), schedule_timeout_s=schedule_timeout_s)
+        image=image or worker_image(cluster.image, gpus, request.framework), schedule_timeout_s=schedule_timeout_s)
     return WorkerResources(threads=max(1, cpu_millis // 1000), gpus=gpus, placement=placement.to_dict())
 
 
-def _default_image(gpus: int) -> str:
-    from mlbench.cloud.image import worker_image_tag
+def worker_image(cluster_image: str | None, gpus: int, framework: str) -> str:
+    """The image of a run without ``--image``: the cluster's (``create-cluster --image``), else
+    this version's (``mlbench image build``), as the variant with ``framework``'s port (its tag
+    plus ``-jax``, ``-tensorflow``: ``mlbench image build --framework``)."""
+    from mlbench.cloud.image import framework_image, worker_image_tag
 
-    return worker_image_tag(cuda=gpus > 0)
+    return framework_image(cluster_image or worker_image_tag(cuda=gpus > 0), framework)
 
 
 def _data_claim(store: ClusterStore, request: RunRequest, image: str, progress: Progress) -> str | None:
@@ -336,12 +341,16 @@ class KubernetesLauncher(Launcher):
     label = "cluster"
     how_to_choose = "choose a cluster with `mlbench set-cluster` first"
     options = (LauncherOption("--image", "image", "Worker image on a cluster [the cluster's, else "
-                                                  "mlbench/worker:VERSION]."),)
+                                                  "mlbench/worker:VERSION; with --framework F, "
+                                                  "that image's -F variant]."),)
     follow_seconds = 2.0
     # the cluster's supervisor deletes a killed rank's pod, records a straggler's windows and
     # restarts the group from the newest checkpoint, which the pods keep on the service's volume
     # (k8s_supervisor); a pod cannot be stopped from outside; a shrink would need new ranks' pods
-    abilities = LauncherAbilities(fault_kinds=(KILL, SLOW), policies=(FAIL, RESTART),
+    # every framework whose port the image has (its variant: `worker_image`); every worker pod
+    # has an address of its own, which the headless Service names (TensorFlow's peers)
+    abilities = LauncherAbilities(frameworks=tuple(FRAMEWORKS), peer_addresses=True,
+                                  fault_kinds=(KILL, SLOW), policies=(FAIL, RESTART),
                                   checkpoint_dir=objects.CHECKPOINT_DIR)
     plugin_limit = objects.PLUGIN_LIMIT  # a plug-in's source travels in the run's ConfigMap
     resumable = True  # the service makes the run ready from the checkpoints on its volume

@@ -158,8 +158,9 @@ class WorkerResources:
     threads: int
     gpus: int = 0
     placement: dict[str, Any] = field(default_factory=dict)
-    # the workers run this machine's PyTorch (a Slurm cluster sharing its file system), so its
-    # backends are checked here; False: the worker image's PyTorch (pods)
+    # the workers run this machine's Python environment (a Slurm cluster sharing its file
+    # system), so its PyTorch backends and a port's framework are checked here; False: the
+    # worker image's (pods)
     local_torch: bool = False
 
 
@@ -221,7 +222,8 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
     if request.data not in ("real", "synthetic"):
         raise UsageError(f"--data {request.data}: choose real or synthetic")
     task = get_task(request.task)
-    framework = check_framework(request.framework, task.name)
+    framework = check_framework(request.framework, task.name,
+                                installed_here=resources is None or resources.local_torch)
     if framework is not PYTORCH and request.device is None:
         request = dataclasses.replace(request, device="cpu")  # the ports run on CPUs
     overrides = dict(request.overrides)

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from mlbench.errors import DivergedError, MlbenchError
+from mlbench.extras import install_hint
+from mlbench.frameworks import FRAMEWORKS
 from mlbench.results.events import EventWriter, FileSink
 from mlbench.results.http_sink import beat_sender, open_sink
 from mlbench.results.outcome import TrainingResult
@@ -128,6 +130,7 @@ def worker_main(module: str, join: Callable[[RunConfig, int, str], Any],
     # torch only loads and augments the data for the framework, which has the cores
     torch.set_num_threads(1)
     try:
+        check_installed(module)
         group = join(config, launch.rank, f"{addr}:{port}")
         return train(config, launch.rank, events, heartbeat, group)
     except MlbenchError as err:
@@ -146,6 +149,17 @@ def worker_main(module: str, join: Callable[[RunConfig, int, str], Any],
             events.close()
         except OSError:
             pass
+
+
+def check_installed(module: str) -> None:
+    """MlbenchError naming the pip extra and the image variant when the framework of the port
+    whose worker module is ``module`` is not installed here: a cluster's image without it (the
+    CLI checks its own Python before a local or Slurm run is recorded, not an image's)."""
+    framework = next((f for f in FRAMEWORKS.values() if f.worker == module), None)
+    if framework is not None and framework.extra and not framework.installed():
+        raise MlbenchError(f"this worker's Python has no {framework.title} ({install_hint(framework.extra)}); "
+                           f"on a cluster, run the image `mlbench image build --framework {framework.name}` "
+                           "builds, or pass --image with one that has it")
 
 
 class PortTrainer:

@@ -43,7 +43,7 @@ def tiny_source(tmp_path):
     (root / "pyproject.toml").write_text("[project]\nname = 'mlbench'\n")
     (root / "docker" / "Dockerfile").write_text(
         "FROM scratch\nARG TORCH_INDEX_URL\nARG MLBENCH_VERSION\nCOPY pyproject.toml /src/\n"
-        "COPY mlbench /src/mlbench\nLABEL torch-index=${TORCH_INDEX_URL}\n")
+        "COPY mlbench /src/mlbench\nARG EXTRAS=\nLABEL torch-index=${TORCH_INDEX_URL} extras=\"${EXTRAS}\"\n")
     return root
 
 
@@ -129,9 +129,19 @@ def test_image_build_tags_the_version_and_passes_docker_output_to_the_caller(eng
     assert f"Built mlbench/worker:{__version__}-cuda." in result.output
     lines: list[str] = []
     build_image(tag="mlbench/worker:lines", root=tiny_source, client=engine, progress=lines.append)
-    assert "Step 1/6 : FROM scratch" in lines
+    assert "Step 1/7 : FROM scratch" in lines
     labels = engine.images.get(f"mlbench/worker:{__version__}-cuda").labels
-    assert labels["torch-index"] == "https://download.pytorch.org/whl/cu124"
+    assert labels["torch-index"] == "https://download.pytorch.org/whl/cu124" and labels["extras"] == ""
+
+    # a port's variant: its pip extras as the EXTRAS argument, named in the tag in one order
+    ports = run("image", "build", "--source", str(tiny_source), "--framework", "tensorflow", "--framework", "jax")
+    assert ports.exit_code == 0, ports.output
+    assert f"Built mlbench/worker:{__version__}-jax-tensorflow." in ports.output
+    labels = engine.images.get(f"mlbench/worker:{__version__}-jax-tensorflow").labels
+    assert labels["torch-index"] == "https://download.pytorch.org/whl/cpu" and labels["extras"] == "jax tensorflow"
+    refused = run("image", "build", "--source", str(tiny_source), "--cuda", "--framework", "jax")
+    assert refused.exit_code == 2 and refused.output == (
+        "Error: --framework: the JAX and TensorFlow ports train on CPUs; build their image without --cuda\n")
 
 
 def test_a_failing_build_is_one_line(engine, tiny_source):

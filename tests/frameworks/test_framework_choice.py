@@ -75,3 +75,32 @@ def test_runs_of_different_frameworks_never_share_a_row_of_compare():
     assert [family_heading(f).split(" | ")[:2] for f in comparison.families()] == [["task2a", "jax"],
                                                                                  ["task2a", "closed division"]]
     assert (framework_of(old), run_overview(jax_run)["framework"]) == ("pytorch", "jax")
+
+
+def test_a_port_worker_in_a_python_without_its_framework_records_one_line_naming_the_image_to_build(tmp_path):
+    """What a cluster's pod says when its image lacks the port (the CLI checks its own Python
+    only where the workers run it): the worker of a JAX run's folder, started where JAX cannot
+    be imported, records the line as the run's error and exits 1, without a traceback."""
+    import subprocess
+    import sys
+
+    from mlbench.launch.plan import RunRequest, WorkerResources, build_config
+    from mlbench.results.events import read_run_events
+    from mlbench.run_config import RunDocument
+
+    # planned as for a pod: the image's framework is not this Python's to check
+    config, _ = build_config(RunRequest(task="task2a", workers=1, data="synthetic", framework="jax"),
+                             WorkerResources(threads=1))
+    RunDocument(task="task2a", config=config, id="abc").save(tmp_path)
+    hide = ("import runpy, sys\nfor name in ('jax', 'jaxlib', 'optax'):\n    sys.modules[name] = None\n"
+            # the CLI plans a cluster's run without JAX here (a local one is refused: above)
+            "from mlbench.launch.plan import RunRequest, WorkerResources, build_config\n"
+            "build_config(RunRequest(task='task2a', workers=2, data='synthetic', framework='jax'), "
+            "WorkerResources(threads=1))\n")
+    proc = subprocess.run([sys.executable, "-c", hide + "runpy.run_module('mlbench.worker.jax_worker', "
+                           "run_name='__main__')", str(tmp_path), "--rank", "0"],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    line = ("this worker's Python has no JAX (pip install 'mlbench-suite[jax]'); on a cluster, run the image "
+            "`mlbench image build --framework jax` builds, or pass --image with one that has it")
+    assert (proc.returncode, proc.stderr) == (1, f"Error: {line}\n")
+    assert [e["value"] for e in read_run_events(tmp_path) if e["name"] == "error"] == [line]

@@ -62,7 +62,7 @@ def mlbench_cli(*args: str):
 
 # --- the real node ---------------------------------------------------------------------------
 
-def _lift_the_tests_time_limit(request: pytest.FixtureRequest) -> None:
+def lift_the_tests_time_limit(request: pytest.FixtureRequest) -> None:
     """pytest-timeout's limit (pyproject.toml, 300 s) is for a test, not for the node's image,
     built once per machine (15-40 minutes on a loaded box) in the setup of the first test that
     needs it: that test runs without the limit, the build under its own steps' timeouts. Without
@@ -90,7 +90,7 @@ def kube_node(tmp_path_factory, request):
     try:
         try:
             node.image = images.worker_image(node.docker_host, tmp_path_factory.mktemp("image") / "build.log",
-                                             building=lambda: _lift_the_tests_time_limit(request))
+                                             building=lambda: lift_the_tests_time_limit(request))
         except NodeUnavailable as err:
             pytest.skip(f"no worker image: {err}")
         yield node

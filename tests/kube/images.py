@@ -182,12 +182,83 @@ def worker_image(host: str, log: Path, building: Callable[[], None] = lambda: No
     if _has(host, tag):
         return tag
     building()
-    port = 20000 + int(_digest(json.dumps(names)), 16) % 20000
-    with serve_folder(wheels, port) as url, open(log, "a", encoding="utf-8") as out:
+    with serve_folder(wheels, _wheel_port(names)) as url, open(log, "a", encoding="utf-8") as out:
         build_image(tag=tag, root=REPO, client=docker.DockerClient(base_url=host, timeout=3600), base=base,
                     pip_options=f"--no-index --find-links {url}", network="host",
                     progress=lambda line: print(line, file=out, flush=True))
+    _remove_other_tags(host, f"{WORKER_REPO}:test-", tag)
+    return tag
+
+
+def _wheel_port(names: list[str]) -> int:
+    """The wheel server's port for the wheels ``names``: the same wheels, the same build arguments."""
+    return 20000 + int(_digest(json.dumps(names)), 16) % 20000
+
+
+def _remove_other_tags(host: str, prefix: str, *keep: str) -> None:
     for line in _docker(host, "images", WORKER_REPO, "--format", "{{.Repository}}:{{.Tag}}").split():
-        if line.startswith(f"{WORKER_REPO}:test-") and line != tag:
+        if line.startswith(prefix) and line not in keep:
             _docker(host, "rmi", "--force", line)   # untagged even where an old container still refers to it
+
+
+#: the ports whose variant of the worker image the real node's port test runs (one image with both)
+PORTS = ("jax", "tensorflow")
+
+
+def port_wheelhouse(building: Callable[[], None] = lambda: None) -> Path:
+    """The wheels the ports' extras add to :func:`wheelhouse`'s (JAX, Optax, TensorFlow and
+    theirs), resolved together with those and kept apart from them (made once per machine)."""
+    import tomllib
+
+    base = wheelhouse(building)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    needed = [d for extra in PORTS for d in project["optional-dependencies"][extra]]
+    key = _digest(base.name, json.dumps(needed), "port-wheels-1")
+    folder = CACHE / f"port-wheels-{key}"
+    if folder.is_dir():
+        return folder
+    building()
+    staging = CACHE / f".port-wheels-{key}.part"
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(base, staging, copy_function=os.link)   # pip download skips what is there
+    from importlib.metadata import version
+
+    pins = [f"torch=={version('torch')}", f"torchvision=={version('torchvision')}"]
+    _run([sys.executable, "-m", "pip", "download", "-q", "-d", str(staging), *pins,
+          f"{REPO}[kubernetes,{','.join(PORTS)}]"], "pip download of the ports' dependencies", timeout=1800)
+    for wheel in staging.iterdir():
+        if (base / wheel.name).exists() or wheel.name.startswith("mlbench-"):
+            wheel.unlink()
+    for old in CACHE.glob("port-wheels-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(staging, folder)
+    return folder
+
+
+def port_image(host: str, log: Path, building: Callable[[], None] = lambda: None) -> str:
+    """The variant of :func:`worker_image`'s image with the ports (``mlbench image build
+    --framework jax --framework tensorflow``), also tagged as that image's ``-jax`` and
+    ``-tensorflow`` variants, which a run of each framework uses on a cluster whose image is
+    the base one (:func:`mlbench.launch.kubernetes.worker_image`); the base tag.
+
+    It shares the base image's PyTorch layer: its build is served the base wheels and the
+    ports' together from one folder, on the port the base build's server had, so its build
+    arguments up to that layer are the base build's."""
+    tag = worker_image(host, log, building)
+    base, wheels, extra = base_image(host), wheelhouse(), port_wheelhouse(building)
+    names = sorted(w.name for w in wheels.glob("*.whl"))
+    extra_names = sorted(w.name for w in extra.glob("*.whl"))
+    variant = f"{WORKER_REPO}:ports-{_digest(tag, json.dumps(extra_names))}"
+    if not _has(host, variant):
+        building()
+        with tempfile.TemporaryDirectory(prefix="mlbench-wheels-") as merged:
+            for wheel in [*wheels.glob("*.whl"), *extra.glob("*.whl")]:
+                (Path(merged) / wheel.name).symlink_to(wheel)
+            with serve_folder(Path(merged), _wheel_port(names)) as url, open(log, "a", encoding="utf-8") as out:
+                build_image(tag=variant, root=REPO, client=docker.DockerClient(base_url=host, timeout=3600),
+                            base=base, pip_options=f"--no-index --find-links {url}", network="host",
+                            progress=lambda line: print(line, file=out, flush=True), frameworks=PORTS)
+        _remove_other_tags(host, f"{WORKER_REPO}:ports-", variant)
+    for framework in PORTS:
+        _docker(host, "tag", variant, f"{tag}-{framework}")
     return tag

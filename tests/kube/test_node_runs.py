@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 import zipfile
 
+import numpy as np
 import pytest
 from kubernetes import client, watch
 
@@ -28,8 +29,10 @@ from mlbench.results.checkpoints import complete_checkpoints
 from mlbench.results.events import read_run_events
 from mlbench.results.store import SETTLED_FILE
 from tests.conftest import REPO
+from tests.frameworks.in_process import ATOL, RTOL, values
 from tests.helpers import mlbench
-from tests.kube.conftest import ENDLESS, mlbench_cli, wait_for
+from tests.kube import images
+from tests.kube.conftest import ENDLESS, lift_the_tests_time_limit, mlbench_cli, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(3600),
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
@@ -262,6 +265,39 @@ def trained(ns, run_id: str, steps: int = 20) -> bool:
     events = read_run_events(kubernetes.open_store(ns.record).sync_run(run_id).run_dir)
     return all(any(e["name"] == "train/loss" and e["rank"] == rank and e["step"] >= steps for e in events)
                for rank in (0, 1))
+
+
+def test_the_jax_and_tensorflow_ports_train_alike_in_pods_of_their_image_variant(on_node, tmp_path, request):
+    """Issue 23 on a cluster: `mlbench run --framework jax|tensorflow` without --image runs the
+    cluster image's -jax or -tensorflow variant (`mlbench image build --framework`, built here
+    from docker/Dockerfile with the ports' extras), each pod the port's worker module; JAX's
+    processes meet at rank 0's coordinator under the headless Service's name, TensorFlow's
+    workers each at their own pod's name. Both runs see the same synthetic data in the same
+    order, and since each port trains as PyTorch does (tests/frameworks), their losses agree,
+    rank by rank, to twice the ports' tolerance."""
+    ns = on_node
+    images.port_image(ns.node.docker_host, tmp_path / "build.log", building=lambda: lift_the_tests_time_limit(request))
+    losses = {}
+    for framework in ("jax", "tensorflow"):
+        result = mlbench_cli("run", "task2a", "2", "--framework", framework, "--data", "synthetic",
+                             "--max-steps", "12", "--log-every", "1")
+        assert result.exit_code == 0, explain(ns, result)
+        run_id = run_id_of(result.output)
+        record = kubernetes.open_store(ns.record).sync_run(run_id)
+        assert record.state == "finished" and record.result["steps"] == 12, (record.reason, kept_logs(record))
+        document = json.loads((record.run_dir / "run.json").read_text())
+        assert document["placement"]["image"] == f"{ns.node.image}-{framework}"
+        assert document["config"]["framework"] == framework
+        recorded = read_run_events(record.run_dir)
+        environment = next(e["value"] for e in recorded if e["name"] == "environment")
+        assert environment["framework"] == framework and environment[framework], environment
+        assert environment["host"] == pod_name(run_id, 0)                  # it ran in the pod
+        losses[framework] = [values(recorded, "train/loss", rank) for rank in (0, 1)]
+        assert [len(rank) for rank in losses[framework]] == [12, 12], recorded
+        shown = mlbench_cli("status", run_id).output
+        assert re.search(rf"^framework\s+{framework}$", shown, re.M), shown
+        wait_gone(ns, run_id)
+    np.testing.assert_allclose(losses["tensorflow"], losses["jax"], rtol=2 * RTOL, atol=2 * ATOL)
 
 
 def test_a_stopped_worker_fails_the_run_naming_its_rank_within_the_watchdogs_bound_and_the_run_resumes(on_node):

@@ -145,3 +145,42 @@ def test_a_job_that_cannot_download_says_why_in_one_line(tmp_path, mirror):
     proc = prepare(tmp_path, mirror[1] + "absent/")
     assert proc.returncode == 1
     assert proc.stdout.strip().splitlines()[-1].startswith("Error: could not download epsilon (")
+
+
+def test_a_ports_workers_run_its_module_and_tensorflows_get_every_peers_address_under_the_service():
+    from mlbench.frameworks import JAX, TENSORFLOW
+    from mlbench.worker.tf_worker import cluster_config
+
+    cpu = placement(gpus=0, image="mlbench/worker:0.1.0-jax-tensorflow", data_claim=None)
+    for framework, listening in ((JAX, [True, False]), (TENSORFLOW, [True, True])):
+        pods = [worker_pod("abc", rank, 2, 1, cpu, OWNER, framework=framework) for rank in (0, 1)]
+        containers = [pod["spec"]["containers"][0] for pod in pods]
+        assert [c["command"] for c in containers] == [
+            ["python", "-m", framework.worker, "/etc/mlbench/runs/abc", "--rank", str(rank)] for rank in (0, 1)]
+        assert [bool(c["ports"]) for c in containers] == listening
+        envs = [{e["name"]: e.get("value") for e in c["env"]} for c in containers]
+        assert {env["MLBENCH_MASTER_ADDR"] for env in envs} == {"mlbench-run-abc-0.mlbench-run-abc"}
+        assert all(("MLBENCH_PEERS" in env) is framework.peers for env in envs)
+    # each pod's hostname under the run's headless Service (subdomain) is its peers' name for it
+    assert [(pod["spec"]["hostname"], pod["spec"]["subdomain"]) for pod in pods] == [
+        ("mlbench-run-abc-0", "mlbench-run-abc"), ("mlbench-run-abc-1", "mlbench-run-abc")]
+    peers = envs[1]["MLBENCH_PEERS"]
+    assert peers == "mlbench-run-abc-0.mlbench-run-abc:29500,mlbench-run-abc-1.mlbench-run-abc:29500"
+    assert cluster_config(1, 2, peers) == {"cluster": {"worker": peers.split(",")},
+                                           "task": {"type": "worker", "index": 1}}
+
+
+def test_a_ports_image_is_the_variant_of_the_clusters_image_or_of_this_versions():
+    from mlbench.cloud.image import framework_image, worker_image_tag
+    from mlbench.errors import UsageError
+    from mlbench.launch.kubernetes import worker_image
+    from mlbench.version import __version__
+
+    assert worker_image(None, 0, "jax") == f"mlbench/worker:{__version__}-jax" == worker_image_tag(frameworks=("jax",))
+    assert worker_image(None, 1, "pytorch") == f"mlbench/worker:{__version__}-cuda"
+    assert worker_image("registry.example:5000/team/worker:7", 0, "tensorflow") == \
+        "registry.example:5000/team/worker:7-tensorflow"
+    assert worker_image("registry.example:5000/worker", 0, "jax") == "registry.example:5000/worker:latest-jax"
+    assert worker_image("team/worker:7", 0, "pytorch") == "team/worker:7"
+    with pytest.raises(UsageError, match="by its digest"):
+        framework_image("team/worker@sha256:" + "0" * 64, "jax")
