@@ -31,10 +31,12 @@ T = TypeVar("T")
 
 @dataclass
 class SharedRun:
-    """The record of the run (its ``run_dir`` is in the shared home) and what the CLI printed."""
+    """The record of the run (its ``run_dir`` is in the shared home) and what the CLI printed
+    on its standard output and error."""
 
     record: Any
     stdout: str
+    stderr: str = ""
 
 
 class SharedRuns:
@@ -56,10 +58,11 @@ class SharedRuns:
                        MLBENCH_DATA=str(folder / "data-cache"))
             proc = mlbench("run", *args, env=env, check=True, timeout=timeout)
             run_id = RunStore(folder / "home", read_only=True).list()[-1].id
-            return {"run_id": run_id, "args": list(args), "stdout": proc.stdout}
+            return {"run_id": run_id, "args": list(args), "stdout": proc.stdout, "stderr": proc.stderr}
 
         recorded = self.value(name, make)
-        return SharedRun(RunStore(folder / "home", read_only=True).get(recorded["run_id"]), recorded["stdout"])
+        return SharedRun(RunStore(folder / "home", read_only=True).get(recorded["run_id"]), recorded["stdout"],
+                         recorded["stderr"])
 
     def value(self, name: str, compute: Callable[[], T]) -> T:
         """``compute()``, computed by whichever test of the session asks first (in any worker

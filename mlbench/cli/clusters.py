@@ -120,15 +120,21 @@ def create_aws(num_nodes: int, name: str, region: str | None, profile: str | Non
 @click.option("--image", help="Local image to load into the nodes (default: "
                               "mlbench/worker:<version>, see `mlbench image build`).")
 @click.option("--no-image", is_flag=True, help="Load no image (pull from a registry instead).")
+@click.option("--framework", "frameworks", multiple=True, type=click.Choice(list(PORTS)),
+              help="Load the image's variant with this port too (repeatable; IMAGE-jax, IMAGE-tensorflow: "
+                   "`mlbench image build --framework`).")
 @click.option("--kubernetes-version", help="Node image version, e.g. 1.31.0.")
-def create_kind(num_nodes: int, name: str, image: str | None, no_image: bool,
+def create_kind(num_nodes: int, name: str, image: str | None, no_image: bool, frameworks: tuple[str, ...],
                 kubernetes_version: str | None) -> None:
     """Create a KIND cluster on this machine: 1 control plane and NUM_NODES-1 workers."""
     from mlbench.cloud.image import worker_image_tag
     from mlbench.cloud.kind import KindProvisioner
+    from mlbench.errors import UsageError
 
+    if no_image and frameworks:
+        raise UsageError("--framework loads variants of the image; leave out --no-image")
     spec = ClusterSpec(name=name, nodes=num_nodes, kubernetes_version=kubernetes_version,
-                       image=None if no_image else image or worker_image_tag())
+                       image=None if no_image else image or worker_image_tag(), frameworks=frameworks)
     _create(KindProvisioner(), spec)
 
 

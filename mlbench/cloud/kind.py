@@ -28,6 +28,7 @@ from mlbench.cloud.provisioner import (
 )
 from mlbench.errors import ClusterError, MlbenchError
 from mlbench.extras import needs
+from mlbench.frameworks import PORTS
 
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"
 CREATE_WAIT = "5m"
@@ -114,12 +115,24 @@ class KindProvisioner(Provisioner):
         try:
             self.docker.images.get(image)
         except docker.errors.ImageNotFound:
+            variant = image.rpartition("-")[2] if image.endswith(tuple(f"-{n}" for n in PORTS)) else ""
+            build = f"mlbench image build --framework {variant}" if variant else "mlbench image build"
             raise ClusterError(f"The Docker image {image} is not on this machine; build it with "
-                               "`mlbench image build` (or pass --image), then rerun.") from None
+                               f"`{build}` (or pass --image), then rerun.") from None
+
+    @staticmethod
+    def images(spec: ClusterSpec) -> list[str]:
+        """What the nodes get: the worker image and its variants for ``spec.frameworks``
+        (``mlbench image build --framework``), which runs of those ports use."""
+        from mlbench.cloud.image import framework_image
+
+        if not spec.image:
+            return []
+        return [spec.image, *(framework_image(spec.image, name) for name in spec.frameworks)]
 
     def preflight(self, spec: ClusterSpec) -> None:
-        if spec.image:
-            self._check_image(spec.image)  # before minutes of cluster creation, not after
+        for image in self.images(spec):
+            self._check_image(image)  # before minutes of cluster creation, not after
 
     def create(self, spec: ClusterSpec, progress: Progress) -> None:
         if spec.name in self._clusters():
@@ -133,10 +146,9 @@ class KindProvisioner(Provisioner):
                 self._kind("create", "cluster", "--name", spec.name, "--config", str(config),
                            "--kubeconfig", str(Path(tmp) / "kubeconfig"), "--wait", CREATE_WAIT,
                            progress=progress)
-        if spec.image:
-            progress(f"Loading {spec.image} into the nodes of {spec.name}.")
-            self._kind("load", "docker-image", spec.image, "--name", spec.name,
-                       progress=progress)
+        for image in self.images(spec):
+            progress(f"Loading {image} into the nodes of {spec.name}.")
+            self._kind("load", "docker-image", image, "--name", spec.name, progress=progress)
 
     def wait(self, spec: ClusterSpec, progress: Progress) -> None:
         def check() -> tuple[bool, str]:

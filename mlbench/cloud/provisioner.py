@@ -54,6 +54,8 @@ class ClusterSpec:
     spot: bool = False
     preemptible: bool = False
     image: str | None = None
+    #: the ports whose variants of ``image`` go with it (KIND loads them into its nodes too)
+    frameworks: tuple[str, ...] = ()
     api_cidrs: tuple[str, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
 

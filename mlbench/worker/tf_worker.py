@@ -17,9 +17,13 @@ other launchers start it as a fresh interpreter. Exit codes are the PyTorch work
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -47,6 +51,35 @@ def cluster_config(rank: int, workers: int, peers: str | None) -> dict[str, Any]
     return {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": rank}}
 
 
+#: What TensorFlow's native code prints while it is imported, before absl's logging is set up,
+#: which TF_CPP_MIN_LOG_LEVEL does not silence then (abseil/abseil-cpp#1718): absl's notice
+#: and oneDNN's (an INFO line). Not for a user's terminal; anything else still gets there.
+IMPORT_NOISE = re.compile(r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+                          r"|I\d{4} [^\]]*\] oneDNN custom operations are on\..*")
+
+
+@contextlib.contextmanager
+def native_stderr_filtered(noise: re.Pattern[str] = IMPORT_NOISE) -> Iterator[None]:
+    """The process's standard error (file descriptor 2, where native code writes) into a
+    temporary file while the block runs; then every line of it that is not ``noise`` back."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            kept = "".join(line for line in lines if not noise.fullmatch(line.rstrip("\n")))
+            if kept:
+                sys.stderr.write(kept)
+                sys.stderr.flush()
+
+
 def preload() -> None:
     """Import TensorFlow and the port's models (:func:`mlbench.launch.forked.preload_port`: the
     local supervisor, before it forks the ranks). Importing makes no TensorFlow object: the
@@ -55,8 +88,9 @@ def preload() -> None:
     from mlbench.tasks.flops import load_flop_counter
 
     load_flop_counter()   # before TensorFlow (see join)
-    import mlbench.worker.tf_logreg
-    import mlbench.worker.tf_resnet  # noqa: F401
+    with native_stderr_filtered():
+        import mlbench.worker.tf_logreg
+        import mlbench.worker.tf_resnet  # noqa: F401
 
 
 def join(config: RunConfig, rank: int, coordinator: str) -> Any:
@@ -73,7 +107,8 @@ def join(config: RunConfig, rank: int, coordinator: str) -> Any:
     from mlbench.tasks.flops import load_flop_counter
 
     load_flop_counter()   # before TensorFlow, or counting the step's FLOPs crashes the process
-    import tensorflow as tf
+    with native_stderr_filtered():
+        import tensorflow as tf
 
     threads = int(os.environ.get("OMP_NUM_THREADS") or 0)
     if threads:

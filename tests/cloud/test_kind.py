@@ -77,16 +77,25 @@ def test_without_the_kind_command_the_error_says_how_to_install_it(engine, monke
 
 def test_create_list_resume_and_delete_a_kind_cluster(engine, kind_standin, tiny_source):
     image = build_image(tag="mlbench/worker:test", root=tiny_source, client=engine)
-    created = run("create-cluster", "kind", "3", "dev", "--image", image)
+    # the JAX port's variant (`mlbench image build --framework jax` tags it IMAGE-jax): missing, it
+    # stops the create before any node starts, naming the command that builds it
+    missing = run("create-cluster", "kind", "3", "dev", "--image", image, "--framework", "jax")
+    assert missing.exit_code == 1 and missing.output.strip().splitlines()[-1] == (
+        "Error: The Docker image mlbench/worker:test-jax is not on this machine; build it with "
+        "`mlbench image build --framework jax` (or pass --image), then rerun.")
+    assert engine.containers.list(all=True, filters={"label": CLUSTER_LABEL}) == []
+    engine.images.get(image).tag("mlbench/worker", "test-jax")
+    created = run("create-cluster", "kind", "3", "dev", "--image", image, "--framework", "jax")
     assert created.exit_code == 0, created.output
     assert "Estimated cost: $0.00/hour" in created.output
     assert 'kind: Creating cluster "dev" ...' in created.output
     assert "not yet present on node \"dev-worker2\", loading..." in created.output
+    assert "Loading mlbench/worker:test-jax into the nodes of dev." in created.output
 
     nodes = engine.containers.list(filters={"label": f"{CLUSTER_LABEL}=dev"})
     assert sorted(n.name for n in nodes) == ["dev-control-plane", "dev-worker", "dev-worker2"]
-    for node in nodes:  # the image reached every node: no registry involved
-        assert node_files(node) == ["mlbench_worker:test.tar"]
+    for node in nodes:  # the images reached every node: no registry involved
+        assert node_files(node) == ["mlbench_worker:test-jax.tar", "mlbench_worker:test.tar"]
 
     record = config.current_cluster()
     assert (record.key, record.nodes, record.image) == (("kind", "dev"), 3, image)

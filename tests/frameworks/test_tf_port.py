@@ -72,6 +72,8 @@ def test_two_tensorflow_workers_equal_one_tensorflow_process_with_the_doubled_ba
     assert len(two) == steps, shared.stdout
     environment = next(e["value"] for e in recorded if e["name"] == "environment")
     assert environment["framework"] == "tensorflow" and environment["tensorflow"]
+    # TensorFlow's native import lines (absl before its set-up, oneDNN's notice) stay off the terminal
+    assert shared.stderr == "", shared.stderr
 
     spec, _ = resolve(TASK2A, {"batch_per_worker": 200, "lr.alpha": 400})
     one = train_tf_in_process(RunConfig(task=spec, workers=1, data_dir=str(libsvm_dir), max_steps=steps,
