@@ -110,39 +110,52 @@ def _unmount_under(root: Path) -> None:
         subprocess.run(["umount", "-l", mount], capture_output=True)
 
 
+def _made_once(name: str, key: str, building: Callable[[], None], fill: Callable[[Path], None]) -> Path:
+    """CACHE/NAME-KEY, unless it is there made by ``fill`` in a staging folder (after
+    ``building()``) and then moved in place, the older NAME-* folders removed."""
+    folder = CACHE / f"{name}-{key}"
+    if folder.is_dir():
+        return folder
+    building()
+    staging = CACHE / f".{name}-{key}.part"
+    shutil.rmtree(staging, ignore_errors=True)
+    fill(staging)
+    for old in CACHE.glob(f"{name}-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(staging, folder)
+    return folder
+
+
+def _torch_pins() -> list[str]:
+    from importlib.metadata import version
+
+    return [f"torch=={version('torch')}", f"torchvision=={version('torchvision')}"]
+
+
 def wheelhouse(building: Callable[[], None] = lambda: None) -> Path:
     """torch and torchvision as installed here, and every dependency of mlbench, as wheels (made
     once per machine, kept in :data:`CACHE`; ``building`` is called before they are downloaded)."""
-    from importlib.metadata import version
-
     import tomllib
 
-    pins = [f"torch=={version('torch')}", f"torchvision=={version('torchvision')}"]
+    pins = _torch_pins()
     # what the image installs: the core and the kubernetes extra (not pyproject.toml as a whole,
     # whose other edits need no new wheels)
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     needed = [*project["dependencies"], *project["optional-dependencies"]["kubernetes"]]
-    key = _digest(*pins, json.dumps(needed), "wheels-3")
-    folder = CACHE / f"wheels-{key}"
-    if folder.is_dir():
-        return folder
-    building()
-    staging = CACHE / f".wheels-{key}.part"
-    shutil.rmtree(staging, ignore_errors=True)
-    previous = max(CACHE.glob("wheels-*"), key=lambda p: p.stat().st_mtime, default=None)
-    if previous is not None:  # pip download skips the wheels already there: torch is not fetched again
-        shutil.copytree(previous, staging)
-    staging.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:", "-d", str(staging), *pins,
-          "setuptools>=68", "wheel"], "pip download of torch's wheels", timeout=3600)
-    _run([sys.executable, "-m", "pip", "download", "-q", "-d", str(staging), *pins, f"{REPO}[kubernetes]"],
-         "pip download of mlbench's dependencies", timeout=1800)
-    for leftover in staging.glob("mlbench-*"):  # the checkout itself is installed from source
-        leftover.unlink()
-    for old in CACHE.glob("wheels-*"):
-        shutil.rmtree(old, ignore_errors=True)
-    os.replace(staging, folder)
-    return folder
+
+    def fill(staging: Path) -> None:
+        previous = max(CACHE.glob("wheels-*"), key=lambda p: p.stat().st_mtime, default=None)
+        if previous is not None:  # pip download skips the wheels already there: torch is not fetched again
+            shutil.copytree(previous, staging)
+        staging.mkdir(parents=True, exist_ok=True)
+        _run([sys.executable, "-m", "pip", "download", "-q", "--only-binary", ":all:", "-d", str(staging), *pins,
+              "setuptools>=68", "wheel"], "pip download of torch's wheels", timeout=3600)
+        _run([sys.executable, "-m", "pip", "download", "-q", "-d", str(staging), *pins, f"{REPO}[kubernetes]"],
+             "pip download of mlbench's dependencies", timeout=1800)
+        for leftover in staging.glob("mlbench-*"):  # the checkout itself is installed from source
+            leftover.unlink()
+
+    return _made_once("wheels", _digest(*pins, json.dumps(needed), "wheels-3"), building, fill)
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -213,26 +226,16 @@ def port_wheelhouse(building: Callable[[], None] = lambda: None) -> Path:
     base = wheelhouse(building)
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     needed = [d for extra in PORTS for d in project["optional-dependencies"][extra]]
-    key = _digest(base.name, json.dumps(needed), "port-wheels-1")
-    folder = CACHE / f"port-wheels-{key}"
-    if folder.is_dir():
-        return folder
-    building()
-    staging = CACHE / f".port-wheels-{key}.part"
-    shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(base, staging, copy_function=os.link)   # pip download skips what is there
-    from importlib.metadata import version
 
-    pins = [f"torch=={version('torch')}", f"torchvision=={version('torchvision')}"]
-    _run([sys.executable, "-m", "pip", "download", "-q", "-d", str(staging), *pins,
-          f"{REPO}[kubernetes,{','.join(PORTS)}]"], "pip download of the ports' dependencies", timeout=1800)
-    for wheel in staging.iterdir():
-        if (base / wheel.name).exists() or wheel.name.startswith("mlbench-"):
-            wheel.unlink()
-    for old in CACHE.glob("port-wheels-*"):
-        shutil.rmtree(old, ignore_errors=True)
-    os.replace(staging, folder)
-    return folder
+    def fill(staging: Path) -> None:
+        shutil.copytree(base, staging, copy_function=os.link)   # pip download skips what is there
+        _run([sys.executable, "-m", "pip", "download", "-q", "-d", str(staging), *_torch_pins(),
+              f"{REPO}[kubernetes,{','.join(PORTS)}]"], "pip download of the ports' dependencies", timeout=1800)
+        for wheel in staging.iterdir():
+            if (base / wheel.name).exists() or wheel.name.startswith("mlbench-"):
+                wheel.unlink()
+
+    return _made_once("port-wheels", _digest(base.name, json.dumps(needed), "port-wheels-1"), building, fill)
 
 
 def port_image(host: str, log: Path, building: Callable[[], None] = lambda: None) -> str:
