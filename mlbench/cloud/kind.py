@@ -28,7 +28,6 @@ from mlbench.cloud.provisioner import (
 )
 from mlbench.errors import ClusterError, MlbenchError
 from mlbench.extras import needs
-from mlbench.frameworks import PORTS
 
 CLUSTER_LABEL = "io.x-k8s.kind.cluster"
 CREATE_WAIT = "5m"
@@ -108,31 +107,31 @@ class KindProvisioner(Provisioner):
     def _clusters(self) -> list[str]:
         return [c for c in self._kind("get", "clusters").split() if c]
 
-    def _check_image(self, image: str) -> None:
+    def _check_image(self, image: str, build: str) -> None:
         with needs("kind"):
             import docker
 
         try:
             self.docker.images.get(image)
         except docker.errors.ImageNotFound:
-            variant = image.rpartition("-")[2] if image.endswith(tuple(f"-{n}" for n in PORTS)) else ""
-            build = f"mlbench image build --framework {variant}" if variant else "mlbench image build"
             raise ClusterError(f"The Docker image {image} is not on this machine; build it with "
                                f"`{build}` (or pass --image), then rerun.") from None
 
     @staticmethod
-    def images(spec: ClusterSpec) -> list[str]:
-        """What the nodes get: the worker image and its variants for ``spec.frameworks``
-        (``mlbench image build --framework``), which runs of those ports use."""
+    def images(spec: ClusterSpec) -> dict[str, str]:
+        """What the nodes get, each with the command that builds it: the worker image and its
+        variants for ``spec.frameworks``, which runs of those ports use."""
         from mlbench.cloud.image import framework_image
 
         if not spec.image:
-            return []
-        return [spec.image, *(framework_image(spec.image, name) for name in spec.frameworks)]
+            return {}
+        return {spec.image: "mlbench image build",
+                **{framework_image(spec.image, name): f"mlbench image build --framework {name}"
+                   for name in spec.frameworks}}
 
     def preflight(self, spec: ClusterSpec) -> None:
-        for image in self.images(spec):
-            self._check_image(image)  # before minutes of cluster creation, not after
+        for image, build in self.images(spec).items():
+            self._check_image(image, build)  # before minutes of cluster creation, not after
 
     def create(self, spec: ClusterSpec, progress: Progress) -> None:
         if spec.name in self._clusters():

@@ -269,11 +269,17 @@ def worker_pods(run_id: str, document: RunDocument, owner: dict[str, Any]) -> li
             for rank in range(config.workers)]
 
 
+def pod_host(run_id: str, rank: int) -> str:
+    """A worker pod's name under the run's headless Service, which resolves to its IP before
+    the pod is ready: how the others reach it."""
+    return f"{pod_name(run_id, rank)}.{run_name(run_id)}"
+
+
 def peer_addresses(run_id: str, workers: int) -> str:
     """Every worker's ``host:port`` in rank order (``MLBENCH_PEERS``, for a framework whose
-    every worker listens: TensorFlow's gRPC servers): its pod's name under the run's headless
-    Service, which resolves before the pod is ready, and the rendezvous port of its own IP."""
-    return ",".join(f"{pod_name(run_id, rank)}.{run_name(run_id)}:{RENDEZVOUS_PORT}" for rank in range(workers))
+    every worker listens: TensorFlow's gRPC servers): :func:`pod_host` and the rendezvous port
+    of its own IP."""
+    return ",".join(f"{pod_host(run_id, rank)}:{RENDEZVOUS_PORT}" for rank in range(workers))
 
 
 def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Placement,
@@ -296,7 +302,7 @@ def worker_pod(run_id: str, rank: int, workers: int, threads: int, placement: Pl
         {"name": "MLBENCH_RESULTS_URL", "value": results_url(placement.namespace)},
         {"name": "MLBENCH_RESULTS_TOKEN",
          "valueFrom": {"secretKeyRef": {"name": run_name(run_id), "key": RUN_TOKEN_KEY}}},
-        {"name": "MLBENCH_MASTER_ADDR", "value": f"{pod_name(run_id, 0)}.{run_name(run_id)}"},
+        {"name": "MLBENCH_MASTER_ADDR", "value": pod_host(run_id, 0)},
         {"name": "MLBENCH_MASTER_PORT", "value": str(RENDEZVOUS_PORT)},
         _field_env("MLBENCH_BIND_ADDR", "status.podIP"),
         {"name": "MLBENCH_DATA", "value": DATA_DIR},

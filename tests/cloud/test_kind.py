@@ -122,6 +122,13 @@ def test_create_list_resume_and_delete_a_kind_cluster(engine, kind_standin, tiny
     assert config.load_clusters() == []
 
 
+def test_a_ports_variant_without_the_image_it_varies_is_a_usage_error():
+    result = run("create-cluster", "kind", "2", "dev", "--no-image", "--framework", "jax")
+    assert (result.exit_code, result.output) == (
+        2, "Error: --framework loads variants of the image; leave out --no-image\n")
+    assert config.load_clusters() == []
+
+
 def test_a_missing_image_stops_the_create_before_any_node_starts(engine, kind_standin):
     result = run("create-cluster", "kind", "2", "dev", "--image", "mlbench/worker:absent")
     assert result.exit_code == 1
