@@ -100,3 +100,21 @@ def test_task4b_resumes_exactly_with_adam_and_dropout(tmp_path, monkeypatch):
     config = RunConfig(task=spec, workers=1, data_dir=str(write_parallel(tmp_path / "wmt")), log_every=2,
                        optimizer="centralized-adam")
     assert_resume_is_exact(config, tmp_path, 2, 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
+def test_task1a_on_a_gpu_resumes_its_captured_step_exactly(tmp_path, cifar_small_dir, monkeypatch):
+    """On a GPU, task 1a's step is a CUDA graph captured at the run's first step, after three
+    warm-up steps at learning rate 0; a resumed run captures it after loading its checkpoint. The
+    warm-up must then change neither the momentum the checkpoint holds (it was zeroed: a resumed
+    or restarted GPU run went on without momentum) nor the random stream of the augmentation's
+    crops and flips (three steps ahead of the checkpoint's). cuDNN deterministic and TF32 off:
+    the resumed and the uninterrupted run then do the same arithmetic, to the bit."""
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    spec, _ = resolve(TASK1A, {"batch_per_worker": 16})
+    config = RunConfig(task=spec, workers=1, data_dir=str(cifar_small_dir), log_every=2, eval_batch_size=500,
+                       device="cuda", graph=True)
+    assert_resume_is_exact(config, tmp_path, 3, 3)

@@ -166,11 +166,18 @@ class CentralizedSGD(DistributedOptimizer):
 
     def _capture(self, gradients: Callable[[torch.Tensor], torch.Tensor], static_batch: torch.Tensor,
                  state: Callable[[], dict[str, torch.Tensor]] | None) -> torch.Tensor:
-        """Warm up on a side stream with lr = 0, restore every state, then capture one step."""
+        """Warm up on a side stream with lr = 0, capture one step, then put back every state the
+        warm-up and the capture changed: the model's, the momentum buffers' and the GPU's random
+        generator's. A run that resumes from a checkpoint captures its step after loading it, so
+        what it loaded must survive the capture (momentum zeroed here made a resumed GPU run lose
+        its momentum), and its random stream must go on from the checkpoint's, not from three
+        warm-up steps later (the random crops of task 1a's next batches)."""
         lr_tensor = self.lr_tensor
         assert lr_tensor is not None
-        tensors = list(state().values()) if state is not None else [p.data for p in self.params]
+        tensors = [*(state().values() if state is not None else (p.data for p in self.params)), *self.bufs]
         saved = [t.detach().clone() for t in tensors]
+        device = lr_tensor.device
+        random_state = torch.cuda.get_rng_state(device)
         lr_tensor.zero_()
         timer = self.ctx.timer
         timing, timer.enabled = timer.enabled, False
@@ -198,8 +205,7 @@ class CentralizedSGD(DistributedOptimizer):
         with torch.no_grad():
             for t, s in zip(tensors, saved):
                 t.copy_(s)
-            for buf in self.bufs:
-                buf.zero_()
+        torch.cuda.set_rng_state(random_state, device)
         return static_loss
 
 
