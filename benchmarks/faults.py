@@ -22,16 +22,29 @@ in a round, another draw in the next round).
   (Young 1974; Daly 2006 adds the restart time R, which it neglects). The measured optimum
   differs where R dominates: a restart here costs the group's start and rendezvous, seconds,
   against a checkpoint of milliseconds.
+
+**Over several sittings** (``--record FILE --for 90m``): the issue's setting takes hours per
+round on a CPU. With ``--record``, each run's figures are appended to FILE (JSON lines, with its
+case, round, settings, machine and date) the moment it ends, runs FILE already holds for the same
+settings are not run again, and no run starts after ``--for``: the script can be stopped and
+started again, on another day, and goes on with the next (round, case) in order, a round's cases
+all under that round's kill schedule. The tables are computed from FILE, with the machines and
+dates of the runs they hold; ``--report`` prints them without running anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import datetime
+import json
 import math
+import platform
 import re
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,26 +69,32 @@ def mean_interval(every: str) -> float:
 
 
 class Case:
-    """One row of a table: the options of its runs and what each run gave."""
+    """One row of a table: the options of its runs and each run's figures (:func:`figures`)."""
 
     def __init__(self, label: str, **options: Any):
         self.label, self.options, self.runs = label, options, []
 
-    def measure(self, common: dict[str, Any], round_seed: int) -> None:
+    def measure(self, common: dict[str, Any], round_seed: int) -> dict[str, Any]:
         options = {**common, **self.options}
         options["inject"] = [text.replace("{seed}", str(round_seed)) for text in options.get("inject", [])]
-        run = mlbench.run(**options)
-        self.runs.append(run)
+        row = figures(mlbench.run(**options))
+        self.runs.append(row)
+        return row
 
 
-def _wall(run: mlbench.api.Run) -> float | None:
-    if run.started_at is None or run.finished_at is None:
-        return None
-    return run.finished_at - run.started_at
+def figures(run: mlbench.api.Run) -> dict[str, Any]:
+    """What the tables need of a run, as JSON (a line of ``--record``)."""
+    faults = run.faults or {}
+    wall = None if run.started_at is None or run.finished_at is None else run.finished_at - run.started_at
+    return {"state": run.state, "goal_reached": run.goal_reached, "wall_s": wall,
+            "time_to_accuracy_s": run.time_to_accuracy, "goodput": faults.get("goodput"),
+            "faults": faults.get("count"), "restarts": faults.get("restarts"), "lost_steps": faults.get("lost_steps"),
+            "checkpoint_s": [e["value"]["seconds"] for e in run.events(frame=False)
+                             if e["name"] == "checkpoint" and isinstance(e["value"], dict)]}
 
 
-def _ok(run: mlbench.api.Run, to_goal: bool) -> bool:
-    return run.state == "finished" and (run.goal_reached is True or not to_goal)
+def _ok(run: dict[str, Any], to_goal: bool) -> bool:
+    return run["state"] == "finished" and (run["goal_reached"] is True or not to_goal)
 
 
 def _median(values: list[float], fmt: str) -> str:
@@ -85,19 +104,54 @@ def _median(values: list[float], fmt: str) -> str:
 def policy_row(case: Case, to_goal: bool) -> list[str]:
     runs = case.runs
     done = [r for r in runs if _ok(r, to_goal)]
-    goodputs = [r.faults["goodput"] for r in runs if r.faults and r.faults.get("goodput") is not None]
-    finish = [r.time_to_accuracy if to_goal else _wall(r) for r in done]
-    return [case.label, f"{len(done)}/{len(runs)}", _median([w for r in runs if (w := _wall(r))], "{:.1f}"),
-            _median([100 * g for g in goodputs], "{:.1f}"),
-            _median([float(r.faults["count"]) for r in runs if r.faults], "{:.0f}"),
-            _median([float(r.faults["restarts"]) for r in runs if r.faults], "{:.0f}"),
-            _median([float(r.faults["lost_steps"]) for r in runs if r.faults], "{:.0f}"),
+
+    def numbers(key: str, scale: float = 1.0) -> list[float]:
+        return [scale * r[key] for r in runs if r.get(key) is not None]
+
+    finish = [r["time_to_accuracy_s"] if to_goal else r["wall_s"] for r in done]
+    return [case.label, f"{len(done)}/{len(runs)}", _median(numbers("wall_s"), "{:.1f}"),
+            _median(numbers("goodput", 100), "{:.1f}"), _median(numbers("faults"), "{:.0f}"),
+            _median(numbers("restarts"), "{:.0f}"), _median(numbers("lost_steps"), "{:.0f}"),
             _median([f for f in finish if f is not None], "{:.1f}")]
 
 
-def checkpoint_seconds(runs: list[mlbench.api.Run]) -> list[float]:
-    return [e["value"]["seconds"] for r in runs for e in r.events(frame=False)
-            if e["name"] == "checkpoint" and isinstance(e["value"], dict)]
+class Record:
+    """``--record FILE``: the runs of earlier sittings with these settings, and each new one appended."""
+
+    def __init__(self, path: Path | None, settings: dict[str, Any]):
+        self.path, self.settings = path, settings
+        self.lines = []
+        if path is not None and path.exists():
+            self.lines = [line for line in map(json.loads, path.read_text().splitlines())
+                          if line["settings"] == settings]
+
+    def done(self, case: Case, round_seed: int) -> dict[str, Any] | None:
+        return next((line["run"] for line in self.lines
+                     if line["case"] == case.label and line["round"] == round_seed), None)
+
+    def add(self, case: Case, round_seed: int, run: dict[str, Any]) -> None:
+        line = {"case": case.label, "round": round_seed, "settings": self.settings, "run": run,
+                "date": str(datetime.date.today()), "machine": machine(), "load_before": os.getloadavg()[0]}
+        self.lines.append(line)
+        if self.path is not None:
+            with open(self.path, "a", encoding="utf-8") as out:
+                out.write(json.dumps(line) + "\n")
+
+    def machines(self) -> str:
+        seen = sorted({(line["date"], line["machine"]) for line in self.lines})
+        return "; ".join(f"{date} {where}" for date, where in seen) or "-"
+
+
+def machine() -> str:
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {_cpu_model()}"
+
+
+def _cpu_model() -> str:
+    try:
+        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "?"
 
 
 def main() -> None:
@@ -111,12 +165,20 @@ def main() -> None:
                         help="train this many steps (0: to the goal, with real data) [4000]")
     parser.add_argument("--kill-every", default="rand(10s,20s)", help="the kills' interval [rand(10s,20s)]")
     parser.add_argument("--checkpoint-every", default="2s", help="for the policy table [2s]")
-    parser.add_argument("--intervals", nargs="+", default=["0.5s", "1s", "2s", "5s", "10s"],
+    parser.add_argument("--intervals", nargs="*", default=["0.5s", "1s", "2s", "5s", "10s"],
                         help="checkpoint intervals of the second table")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--record", type=Path,
+                        help="JSON lines: each run's figures are appended; runs already there are not run again")
+    parser.add_argument("--for", dest="budget", help="start no run after this long (e.g. 90m); with --record")
+    parser.add_argument("--report", action="store_true", help="print the tables of --record's runs, run nothing")
     args = parser.parse_args()
     to_goal = args.steps == 0
     kill = f"kill:rank=1,every={args.kill_every},seed={{seed}}"
+    deadline = time.monotonic() + parse_duration(args.budget) if args.budget else math.inf
+    settings = {"task": args.task, "workers": args.workers, "data": args.data, "light": args.light,
+                "steps": args.steps, "kill_every": args.kill_every, "checkpoint_every": args.checkpoint_every}
+    record = Record(args.record, settings)
     with tempfile.TemporaryDirectory() as home:
         common: dict[str, Any] = {"task": args.task, "workers": args.workers, "data": args.data,
                                   "data_dir": args.data_dir, "light": args.light, "home": home,
@@ -130,26 +192,41 @@ def main() -> None:
                     Case("straggler: slow:rank=1,factor=3", inject=["slow:rank=1,factor=3"])]
         sweep = [Case(f"restart, checkpoint every {interval}", inject=[kill], on_failure="restart:1000",
                       checkpoint_every=interval) for interval in args.intervals]
+        stopped = False
         for round_seed in range(args.repeats):   # interleaved: every case once per round
             for case in policies + sweep:
-                case.measure(common, round_seed)
-        print(machine_line(f"{args.task} on {args.workers} workers, data {args.data}, "
-                           f"{args.repeats} interleaved rounds; median (range)"))
-        headers = ["case", "ended as asked", "wall s", "goodput %", "faults", "restarts", "steps lost",
-                   "to goal s" if to_goal else "to last step s"]
-        print(tabulate([policy_row(case, to_goal) for case in policies], headers=headers, tablefmt="github"))
-        cost = checkpoint_seconds([r for case in sweep for r in case.runs])
-        mtbf = mean_interval(args.kill_every)
-        print()
-        if cost:
-            c = statistics.median(cost)
-            print(f"checkpoint cost C = {1000 * c:.1f} ms (median of {len(cost)}), mean time between kills "
-                  f"M = {mtbf:.1f} s: Young/Daly sqrt(2 C M) = {math.sqrt(2 * c * mtbf):.2f} s")
-        rows = [policy_row(case, to_goal) for case in sweep]
-        best = max(sweep, key=lambda case: statistics.median(
-            [r.faults["goodput"] or 0.0 for r in case.runs if r.faults] or [0.0]))
-        print(tabulate(rows, headers=headers, tablefmt="github"))
-        print(f"\nhighest median goodput: {best.label}")
+                earlier = record.done(case, round_seed)
+                if earlier is not None:
+                    case.runs.append(earlier)
+                elif not args.report and not stopped and time.monotonic() < deadline:
+                    record.add(case, round_seed, case.measure(common, round_seed))
+                else:
+                    stopped = True
+        report(args, policies, sweep, to_goal, record)
+
+
+def report(args: argparse.Namespace, policies: list[Case], sweep: list[Case], to_goal: bool, record: Record) -> None:
+    print(machine_line(f"{args.task} on {args.workers} workers, data {args.data}, "
+                       f"{args.repeats} interleaved rounds; median (range)"))
+    if args.record is not None:
+        print(f"# runs of {args.record}: {len(record.lines)}, on {record.machines()}")
+    headers = ["case", "ended as asked", "wall s", "goodput %", "faults", "restarts", "steps lost",
+               "to goal s" if to_goal else "to last step s"]
+    print(tabulate([policy_row(case, to_goal) for case in policies], headers=headers, tablefmt="github"))
+    if not any(case.runs for case in sweep):
+        return
+    cost = [seconds for case in sweep for run in case.runs for seconds in run["checkpoint_s"]]
+    mtbf = mean_interval(args.kill_every)
+    print()
+    if cost:
+        c = statistics.median(cost)
+        print(f"checkpoint cost C = {1000 * c:.1f} ms (median of {len(cost)}), mean time between kills "
+              f"M = {mtbf:.1f} s: Young/Daly sqrt(2 C M) = {math.sqrt(2 * c * mtbf):.2f} s")
+    print(tabulate([policy_row(case, to_goal) for case in sweep], headers=headers, tablefmt="github"))
+    measured = [case for case in sweep if case.runs]
+    best = max(measured, key=lambda case: statistics.median(
+        [run["goodput"] or 0.0 for run in case.runs if run["faults"] is not None] or [0.0]))
+    print(f"\nhighest median goodput: {best.label}")
 
 
 if __name__ == "__main__":
