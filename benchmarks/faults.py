@@ -131,7 +131,7 @@ class Record:
 
     def add(self, case: Case, round_seed: int, run: dict[str, Any]) -> None:
         line = {"case": case.label, "round": round_seed, "settings": self.settings, "run": run,
-                "date": str(datetime.date.today()), "machine": machine(), "load_before": os.getloadavg()[0]}
+                "date": str(datetime.date.today()), "machine": machine(), "load_at_end": os.getloadavg()[0]}
         self.lines.append(line)
         if self.path is not None:
             with open(self.path, "a", encoding="utf-8") as out:
@@ -168,6 +168,9 @@ def main() -> None:
     parser.add_argument("--intervals", nargs="*", default=["0.5s", "1s", "2s", "5s", "10s"],
                         help="checkpoint intervals of the second table")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-restarts", type=int, default=1000,
+                        help="N of the policy table's --on-failure restart:N [1000: every kill is restarted; "
+                             "the default 3 of `mlbench run` fails a run of many kills]")
     parser.add_argument("--record", type=Path,
                         help="JSON lines: each run's figures are appended; runs already there are not run again")
     parser.add_argument("--for", dest="budget", help="start no run after this long (e.g. 90m); with --record")
@@ -188,7 +191,8 @@ def main() -> None:
                                   "overrides": {} if to_goal else {"max_epochs": 1_000_000}}
         policies = [Case("no faults"),
                     *(Case(f"kill every {args.kill_every}, --on-failure {policy}", inject=[kill],
-                           on_failure=policy, checkpoint_every=args.checkpoint_every) for policy in POLICIES),
+                           on_failure=policy, checkpoint_every=args.checkpoint_every)
+                      for policy in (f"{p}:{args.max_restarts}" if p == "restart" else p for p in POLICIES)),
                     Case("straggler: slow:rank=1,factor=3", inject=["slow:rank=1,factor=3"])]
         sweep = [Case(f"restart, checkpoint every {interval}", inject=[kill], on_failure="restart:1000",
                       checkpoint_every=interval) for interval in args.intervals]
@@ -199,7 +203,9 @@ def main() -> None:
                 if earlier is not None:
                     case.runs.append(earlier)
                 elif not args.report and not stopped and time.monotonic() < deadline:
-                    record.add(case, round_seed, case.measure(common, round_seed))
+                    run = case.measure(common, round_seed)
+                    if run["state"] != "cancelled":   # by a stop of this script (Ctrl-C): no measurement
+                        record.add(case, round_seed, run)
                 else:
                     stopped = True
         report(args, policies, sweep, to_goal, record)
