@@ -35,10 +35,10 @@ dates of the runs they hold; ``--report`` prints them without running anything.
 from __future__ import annotations
 
 import argparse
-import os
 import datetime
 import json
 import math
+import os
 import platform
 import re
 import statistics
@@ -58,6 +58,7 @@ from measure import machine_line, spread
 import mlbench
 from mlbench.launch.faults import POLICIES
 from mlbench.launch.plan import parse_duration
+from mlbench.results.environment import cpu_model
 
 
 def mean_interval(every: str) -> float:
@@ -143,15 +144,7 @@ class Record:
 
 
 def machine() -> str:
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {_cpu_model()}"
-
-
-def _cpu_model() -> str:
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "?"
+    return f"{platform.machine()}, {os.cpu_count()} cores, {cpu_model()}"
 
 
 def main() -> None:
@@ -196,18 +189,15 @@ def main() -> None:
                     Case("straggler: slow:rank=1,factor=3", inject=["slow:rank=1,factor=3"])]
         sweep = [Case(f"restart, checkpoint every {interval}", inject=[kill], on_failure="restart:1000",
                       checkpoint_every=interval) for interval in args.intervals]
-        stopped = False
         for round_seed in range(args.repeats):   # interleaved: every case once per round
             for case in policies + sweep:
                 earlier = record.done(case, round_seed)
                 if earlier is not None:
                     case.runs.append(earlier)
-                elif not args.report and not stopped and time.monotonic() < deadline:
+                elif not args.report and time.monotonic() < deadline:   # once past it, no later run starts
                     run = case.measure(common, round_seed)
                     if run["state"] != "cancelled":   # by a stop of this script (Ctrl-C): no measurement
                         record.add(case, round_seed, run)
-                else:
-                    stopped = True
         report(args, policies, sweep, to_goal, record)
 
 
