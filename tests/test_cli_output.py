@@ -182,7 +182,7 @@ def test_tasks_optimizers_prices_and_clusters_parse_as_json_and_yaml(runs):
         "provider": "kind", "name": "demo", "current": False, "state": "not checked",
         "detail": "", "nodes": 2, "where": "this machine", "namespace": None, "image": None,
         "created_by_mlbench": True, "context": "mlbench-kind-demo",
-        "kubeconfig": str(config.config_dir() / "kubeconfig")}]
+        "kubeconfig": str(config.config_dir() / "kubeconfig"), "shared_storage_class": None}]
     optimizers = _json("optimizers")["optimizers"]
     assert optimizers[0]["name"] == "centralized-sgd" and optimizers[0]["closed_division"] is True
 

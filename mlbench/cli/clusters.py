@@ -42,6 +42,11 @@ _COMMON = _options(
                       f"{address.PUBLIC_ADDRESS_URL} (${address.URL_ENV} names another); when it "
                       "cannot be found, nothing is created. 0.0.0.0/0: any address, authenticated "
                       "(the clouds' own default)."),
+    click.option("--shared-storage-class", metavar="CLASS",
+                 help="A ReadWriteMany storage class (GKE: standard-rwx, Filestore; EKS: an EFS "
+                      "class; NFS) for the results service's volume, so that runs on several "
+                      "nodes can checkpoint, restart and resume. Without one, only one-node "
+                      "clusters can."),
 )
 
 
@@ -91,7 +96,7 @@ def create_gcloud(num_nodes: int, name: str, project: str | None, zone: str, mac
                        gpus_per_node=num_gpus, spot=spot, preemptible=preemptible,
                        disk_gb=common["disk_size"], kubernetes_version=common[
                            "kubernetes_version"], image=common["image"],
-                       api_cidrs=tuple(common["api_cidrs"]))
+                       api_cidrs=tuple(common["api_cidrs"]), shared_storage_class=common["shared_storage_class"])
     _create(GkeProvisioner(project=project, zone=zone), spec)
 
 
@@ -110,7 +115,7 @@ def create_aws(num_nodes: int, name: str, region: str | None, profile: str | Non
     spec = ClusterSpec(name=name, nodes=num_nodes, machine_type=instance_type, spot=spot,
                        disk_gb=common["disk_size"], kubernetes_version=common[
                            "kubernetes_version"], image=common["image"],
-                       api_cidrs=tuple(common["api_cidrs"]))
+                       api_cidrs=tuple(common["api_cidrs"]), shared_storage_class=common["shared_storage_class"])
     _create(EksProvisioner(region=region, profile=profile), spec)
 
 
@@ -145,10 +150,15 @@ def create_kind(num_nodes: int, name: str, image: str | None, no_image: bool, fr
               help="Kubeconfig holding the context (default: $KUBECONFIG or ~/.kube/config).")
 @click.option("--namespace", help="Namespace for runs (default: the context's, else default).")
 @click.option("--image", help="Worker image the cluster can pull.")
+@click.option("--shared-storage-class", metavar="CLASS",
+              help="A ReadWriteMany storage class (GKE: standard-rwx, Filestore; EKS: an EFS "
+                   "class; NFS) for the results service's volume, so that runs on several "
+                   "nodes can checkpoint, restart and resume. Without one, only one-node "
+                   "clusters can.")
 def add_cluster(name: str, context: str, kubeconfig: str | None, namespace: str | None,
-                image: str | None) -> None:
+                image: str | None, shared_storage_class: str | None) -> None:
     """Adopt an existing cluster as NAME (mlbench never deletes it)."""
-    record = manager.add_cluster(name, context, kubeconfig, namespace, image)
+    record = manager.add_cluster(name, context, kubeconfig, namespace, image, shared_storage_class)
     click.echo(f"Added cluster {name} ({record.nodes} nodes, namespace "
                f"{record.extra['namespace']}); make it current with "
                f"`mlbench set-cluster existing {name}`.")

@@ -52,6 +52,10 @@ def context_name(provider: str, name: str) -> str:
     return f"mlbench-{provider}-{name}"
 
 
+#: Where a cluster record keeps its ``--shared-storage-class``.
+SHARED_STORAGE_KEY = "shared_storage_class"
+
+
 @dataclass
 class ClusterRecord:
     """How to reach one cluster mlbench knows of.
@@ -74,6 +78,14 @@ class ClusterRecord:
     @property
     def key(self) -> tuple[str, str]:
         return (self.provider, self.name)
+
+    @property
+    def shared_storage_class(self) -> str | None:
+        """The ReadWriteMany storage class of the results service's volume
+        (``--shared-storage-class``): with one, the pods of a run on several nodes can all mount
+        the run's checkpoints, so such runs can checkpoint, restart and resume."""
+        value = self.extra.get(SHARED_STORAGE_KEY)
+        return str(value) if value else None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -162,6 +162,23 @@ def check_access(api_client: Any, context: str, namespace: str) -> int:
     return len(nodes)
 
 
+def check_storage_class(api_client: Any, context: str, name: str) -> None:
+    """Prove the storage class ``name`` exists (when the context may read storage classes)."""
+    with needs("kubernetes"):
+        from kubernetes import client
+
+    try:
+        client.StorageV1Api(api_client).read_storage_class(name, _request_timeout=REQUEST_TIMEOUT)
+    except Exception as err:
+        status = getattr(err, "status", None)
+        if status == 404:
+            raise UsageError(f"The cluster of context {context!r} has no storage class {name!r} "
+                             "(`kubectl get storageclass` lists those it has); give a ReadWriteMany "
+                             "class, e.g. GKE's standard-rwx (Filestore) or an EFS or NFS class.") from None
+        if status != 403:   # not allowed to read storage classes: the claim will tell
+            raise kube_error(err, context, "read storage classes") from None
+
+
 def query(api_client: Any) -> ClusterStatus:
     """Reachable (with its node count and how many are Ready) or not."""
     with needs("kubernetes"):

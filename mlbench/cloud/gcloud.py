@@ -246,6 +246,8 @@ class GkeProvisioner(Provisioner):
         }
         if spec.kubernetes_version:
             cluster["initialClusterVersion"] = spec.kubernetes_version
+        if spec.shared_storage_class:   # GKE's ReadWriteMany classes (standard-rwx, ...) are Filestore's
+            cluster["addonsConfig"] = {"gcpFilestoreCsiDriverConfig": {"enabled": True}}
         if spec.api_cidrs:
             cluster["controlPlaneEndpointsConfig"] = {"ipEndpointsConfig": {
                 "authorizedNetworksConfig": {

@@ -45,7 +45,8 @@ def create_cluster(provisioner: Provisioner, spec: ClusterSpec,
         kubeconfig=config.kubeconfig_path(), nodes=spec.nodes, image=spec.image,
         created_by_mlbench=True,
         extra={**(known.extra if known else {}), **provisioner.locator(),
-               "spec": {k: v for k, v in asdict(spec).items() if k not in ("name", "options")}})
+               "spec": {k: v for k, v in asdict(spec).items() if k not in ("name", "options")},
+               config.SHARED_STORAGE_KEY: spec.shared_storage_class})
     config.save_cluster(record)
     provisioner.create(spec, progress)
     provisioner.wait(spec, progress)
@@ -61,8 +62,10 @@ def create_cluster(provisioner: Provisioner, spec: ClusterSpec,
 
 
 def add_cluster(name: str, context: str, kubeconfig: str | None = None,
-                namespace: str | None = None, image: str | None = None) -> config.ClusterRecord:
-    """Adopt a cluster reachable through ``context`` after proving mlbench can run pods there."""
+                namespace: str | None = None, image: str | None = None,
+                shared_storage_class: str | None = None) -> config.ClusterRecord:
+    """Adopt a cluster reachable through ``context`` after proving mlbench can run pods there
+    (and, with ``shared_storage_class``, that the class exists)."""
     check_name(name)
     if config.find_cluster("existing", name) is not None:
         raise UsageError(f"A cluster named {name!r} was already added; forget it first with "
@@ -73,10 +76,13 @@ def add_cluster(name: str, context: str, kubeconfig: str | None = None,
         provider="existing", name=name, context=config.context_name("existing", name),
         kubeconfig=config.kubeconfig_path(), nodes=0, image=image, created_by_mlbench=False,
         extra={"source_context": context, "namespace": namespace,
-               "source_kubeconfig": kubeconfig})
+               "source_kubeconfig": kubeconfig,
+               **({config.SHARED_STORAGE_KEY: shared_storage_class} if shared_storage_class else {})})
     config.write_kube_context(record.context, access.cluster, access.user, namespace)
     try:
         record.nodes = existing.check_access(config.kube_api_client(record), context, namespace)
+        if shared_storage_class:
+            existing.check_storage_class(config.kube_api_client(record), context, shared_storage_class)
     except MlbenchError:
         config.remove_kube_context(record.context)
         raise
@@ -106,7 +112,7 @@ class ClusterRow:
                 "nodes": self.status.nodes if self.status.nodes is not None else r.nodes,
                 "where": self.where, "namespace": r.extra.get("namespace"), "image": r.image,
                 "created_by_mlbench": r.created_by_mlbench, "context": r.context,
-                "kubeconfig": str(r.kubeconfig)}
+                "kubeconfig": str(r.kubeconfig), "shared_storage_class": r.shared_storage_class}
 
 
 def query_cluster(record: config.ClusterRecord) -> ClusterStatus:

@@ -57,6 +57,10 @@ class ClusterSpec:
     #: the ports whose variants of ``image`` go with it (KIND loads them into its nodes too)
     frameworks: tuple[str, ...] = ()
     api_cidrs: tuple[str, ...] = ()
+    #: a ReadWriteMany storage class for the results service's volume (runs on several nodes
+    #: checkpoint there); on GKE, asking for one turns on the Filestore CSI driver, whose classes
+    #: (standard-rwx, ...) it needs
+    shared_storage_class: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

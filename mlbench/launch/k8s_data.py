@@ -15,7 +15,9 @@ Layout on a claim, as in ``$MLBENCH_DATA`` on a laptop: ``cifar10/cifar-10-batch
 
 Claims are ReadWriteOnce, which every default storage class provides: pods on one node share it.
 Worker pods spread over several nodes need a claim that several nodes can mount (ReadOnlyMany or
-ReadWriteMany, e.g. NFS, Filestore, EFS): fill one and pass it with ``--data-pvc``.
+ReadWriteMany, e.g. NFS, Filestore, EFS): on a cluster with a ``--shared-storage-class`` the claims
+mlbench makes are ReadWriteMany of that class; else fill one and pass it with ``--data-pvc``. A run
+whose pods would spread over several nodes without either is refused before anything is made.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from typing import Any
 from collections.abc import Callable
 
 from mlbench.errors import ClusterError, UsageError
-from mlbench.launch.k8s_objects import (DATA_DIR, MANAGED, SCHEDULE_TIMEOUT_S, container_security, pod_security,
-                                        scratch_volume)
+from mlbench.launch.k8s_objects import (DATA_DIR, MANAGED, SCHEDULE_TIMEOUT_S, claim_spec, container_security,
+                                        pod_security, scratch_volume)
 from mlbench.launch.k8s_supervisor import pod_state
 
 READY = "mlbench/data-ready"         # the claim's annotation: the data sets it holds, complete
@@ -51,11 +53,12 @@ def job_name(dataset: str) -> str:
     return f"mlbench-data-{dataset}"
 
 
-def data_claim(namespace: str, dataset: str) -> dict[str, Any]:
+def data_claim(namespace: str, dataset: str, shared_storage_class: str | None = None) -> dict[str, Any]:
+    """The claim a data set is downloaded into: ReadWriteMany of the cluster's shared storage
+    class when it has one (pods on every node read it), else ReadWriteOnce."""
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": {"name": claim_name(dataset), "namespace": namespace, "labels": LABELS},
-            "spec": {"accessModes": ["ReadWriteOnce"],
-                     "resources": {"requests": {"storage": SIZES.get(dataset, "10Gi")}}}}
+            "spec": claim_spec(SIZES.get(dataset, "10Gi"), shared_storage_class)}
 
 
 def data_job(namespace: str, dataset: str, image: str, claim: str, mirror: str | None = None) -> dict[str, Any]:
@@ -86,8 +89,9 @@ def _ready(claim: Any) -> set[str]:
 
 
 def ensure_data(api: Any, namespace: str, dataset: str, image: str, claim: str | None = None,
-                progress: Progress = lambda _: None) -> str:
-    """The claim holding ``dataset``, filled by a Job first unless it is already (returns its name)."""
+                progress: Progress = lambda _: None, shared_storage_class: str | None = None) -> str:
+    """The claim holding ``dataset``, filled by a Job first unless it is already (returns its name);
+    a claim mlbench makes is of ``shared_storage_class`` when given (:func:`data_claim`)."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
@@ -101,7 +105,7 @@ def ensure_data(api: Any, namespace: str, dataset: str, image: str, claim: str |
         if claim:
             raise UsageError(f"--data-pvc {claim}: there is no PersistentVolumeClaim {claim} in namespace "
                              f"{namespace}; create and fill it first (see `mlbench run --help`)") from None
-        body = data_claim(namespace, dataset)
+        body = data_claim(namespace, dataset, shared_storage_class)
         # dict bodies: the client takes them, its annotations (kubernetes >= 37) name only its models
         found = core.create_namespaced_persistent_volume_claim(namespace, body)  # type: ignore[arg-type, unused-ignore]
     if dataset in _ready(found):

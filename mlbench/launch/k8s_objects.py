@@ -138,8 +138,14 @@ def pod_run_dir(run_id: str) -> str:
     return f"{RUNS_DIR}/{run_id}"
 
 
+#: The access mode of a volume that pods on every node can mount at once.
+SHARED_ACCESS = "ReadWriteMany"
+#: The access modes of a volume that pods on several nodes can read at once (a data set's).
+READABLE_EVERYWHERE = (SHARED_ACCESS, "ReadOnlyMany")
+
+
 def service_objects(namespace: str, image: str, worker_token: str, admin_token: str,
-                    storage: str = "5Gi") -> list[dict[str, Any]]:
+                    storage: str = "5Gi", shared_storage_class: str | None = None) -> list[dict[str, Any]]:
     """The results service's objects, in the order they must be created."""
     meta = {"name": SERVICE, "namespace": namespace, "labels": SERVICE_LABELS}
     container = {
@@ -174,7 +180,7 @@ def service_objects(namespace: str, image: str, worker_token: str, admin_token: 
         {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque",
          "stringData": {WORKER_TOKEN_KEY: worker_token, ADMIN_TOKEN_KEY: admin_token}},
         {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta,
-         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage}}}},
+         "spec": claim_spec(storage, shared_storage_class)},
         {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {
             "replicas": 1, "strategy": {"type": "Recreate"},  # one writer of the volume at a time
             "selector": {"matchLabels": {"app.kubernetes.io/name": SERVICE}},
@@ -187,6 +193,17 @@ def service_objects(namespace: str, image: str, worker_token: str, admin_token: 
             "type": "ClusterIP", "selector": {"app.kubernetes.io/name": SERVICE},
             "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http"}]}},
     ]
+
+
+def claim_spec(storage: str, shared_storage_class: str | None) -> dict[str, Any]:
+    """A claim of mlbench's (the results service's volume, a data set's): ReadWriteOnce of the
+    cluster's default class, which every cluster has (pods on one node share it), or ReadWriteMany
+    of the cluster's ``--shared-storage-class``, which the pods of a run on several nodes can all
+    mount (its checkpoints, its data set)."""
+    if shared_storage_class:
+        return {"accessModes": [SHARED_ACCESS], "storageClassName": shared_storage_class,
+                "resources": {"requests": {"storage": storage}}}
+    return {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage}}}
 
 
 def owned_by(owner: dict[str, Any]) -> list[dict[str, Any]]:

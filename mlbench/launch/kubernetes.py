@@ -33,6 +33,7 @@ from mlbench.launch.base import EventCallback, Launcher, LauncherOption, LaunchS
 from mlbench.launch.faults import FAIL, RESTART
 from mlbench.launch.follow import check_rank
 from mlbench.launch.k8s_client import ResultsClient, transport_for
+from mlbench.launch import k8s_data
 from mlbench.launch.k8s_data import ensure_data
 from mlbench.launch.k8s_mirror import ClusterStore
 from mlbench.launch.k8s_supervisor import pod_state
@@ -100,8 +101,10 @@ def open_store(cluster: ClusterRecord) -> ClusterStore:
     return store
 
 
-def ensure_service(store: ClusterStore, image: str, progress: Progress) -> None:
-    """Deploy the results service unless it exists, and wait until it answers."""
+def ensure_service(store: ClusterStore, image: str, progress: Progress,
+                   shared_storage_class: str | None = None) -> None:
+    """Deploy the results service unless it exists, and wait until it answers; its volume is
+    ReadWriteMany of ``shared_storage_class`` when given (a claim made before keeps its mode)."""
     with needs("kubernetes"):
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
@@ -129,7 +132,8 @@ def ensure_service(store: ClusterStore, image: str, progress: Progress) -> None:
             "NetworkPolicy": networking.create_namespaced_network_policy}
         manifests = k8s_policy.namespace_policies(ns, k8s_policy.api_server_ips(core))
         manifests += objects.service_objects(ns, image, tokens[objects.WORKER_TOKEN_KEY],
-                                             tokens[objects.ADMIN_TOKEN_KEY])
+                                             tokens[objects.ADMIN_TOKEN_KEY],
+                                             shared_storage_class=shared_storage_class)
         for manifest in manifests:
             try:
                 create[manifest["kind"]](ns, manifest)
@@ -185,24 +189,42 @@ def plan_resources(store: ClusterStore, cluster: ClusterRecord, request: RunRequ
                  if not (n.spec and n.spec.unschedulable)]
     except Exception:
         nodes = []
+    port = request.framework != PYTORCH.name   # the ports train on CPUs
+    # GPU nodes are tainted nvidia.com/gpu (GKE, EKS), which GPU pods tolerate
+    gpu_capable = [n for n in nodes if not _repelling_taints(n, GPU_TAINTS)]
+    if gpu_capable:
+        node_gpus = max(int(parse_quantity(((n.status and n.status.allocatable) or {}).get("nvidia.com/gpu", "0")))
+                        for n in gpu_capable)
+    else:
+        node_gpus = int((cluster.extra.get("spec") or {}).get("gpus_per_node") or 0)
+    gpus = 1 if node_gpus and request.device != "cpu" and not port else 0
+    # the nodes the worker pods can go to: not a tainted control plane (KIND's with workers), nor,
+    # for pods without GPUs, a GPU node
+    nodes = [n for n in nodes if not _repelling_taints(n, GPU_TAINTS if gpus else ())]
     if nodes:
         alloc = [(n.status and n.status.allocatable) or {} for n in nodes]
         cpu = int(min(parse_quantity(a.get("cpu", "1")) for a in alloc) * 1000)
         memory = int(min(parse_quantity(a.get("memory", "2Gi")) for a in alloc) / 2**20)
-        node_gpus = max(int(parse_quantity(a.get("nvidia.com/gpu", "0"))) for a in alloc)
     else:
         cpu, memory = 1500, 2560
-        node_gpus = int((cluster.extra.get("spec") or {}).get("gpus_per_node") or 0)
     count = len(nodes) or cluster.nodes or 1
     per_node = math.ceil(request.workers / count)
     cpu_millis = max(100, (cpu - min(500, cpu // 4)) // per_node // 100 * 100)
-    port = request.framework != PYTORCH.name   # the ports train on CPUs
-    gpus = 1 if node_gpus and request.device != "cpu" and not port else 0
     placement = objects.Placement(
         namespace=store.namespace, nodes=count, cpu_millis=cpu_millis,
         memory_mib=max(512, int(memory * 0.8) // per_node), gpus=gpus,
         image=image or worker_image(cluster.image, gpus, request.framework), schedule_timeout_s=schedule_timeout_s)
     return WorkerResources(threads=max(1, cpu_millis // 1000), gpus=gpus, placement=placement.to_dict())
+
+
+#: The taints worker pods with a GPU tolerate (k8s_objects.worker_pods).
+GPU_TAINTS = ("nvidia.com/gpu",)
+
+
+def _repelling_taints(node: Any, tolerated: tuple[str, ...]) -> list[str]:
+    """The keys of ``node``'s taints that keep pods tolerating only ``tolerated`` off it."""
+    return [t.key for t in (node.spec and node.spec.taints) or []
+            if t.effect in ("NoSchedule", "NoExecute") and t.key not in tolerated]
 
 
 def worker_image(cluster_image: str | None, gpus: int, framework: str) -> str:
@@ -214,8 +236,54 @@ def worker_image(cluster_image: str | None, gpus: int, framework: str) -> str:
     return framework_image(cluster_image or worker_image_tag(cuda=gpus > 0), framework)
 
 
-def _data_claim(store: ClusterStore, request: RunRequest, image: str, progress: Progress) -> str | None:
-    """The claim holding the run's data set, filled first if needed; None for synthetic data."""
+def _claim_modes(store: ClusterStore, name: str) -> list[str] | None:
+    """The access modes of the claim ``name`` in the run's namespace; None when there is none."""
+    with needs("kubernetes"):
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+    try:
+        claim = client.CoreV1Api(store.api).read_namespaced_persistent_volume_claim(name, store.namespace)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise _api_error(err, store, f"read the claim {name} in namespace {store.namespace}") from None
+    return list((claim.spec and claim.spec.access_modes) or [])
+
+
+def _check_data_reachable(store: ClusterStore, request: RunRequest, nodes: int, shared: str | None) -> None:
+    """Refuse, before anything is made or downloaded, a real data set on a claim that the run's
+    pods, spread over several nodes, could not all mount: a ReadWriteOnce volume is attached to
+    one node at a time (its pods elsewhere would wait for it until the run's scheduling timeout)."""
+    task = get_task(request.task)
+    if request.data != "real" or not isinstance(task, TaskSpec) or request.workers < 2 or nodes < 2:
+        return
+    dataset = task.settings.dataset
+    name = request.data_pvc or k8s_data.claim_name(dataset)
+    modes = _claim_modes(store, name)
+    if modes is None and (request.data_pvc or shared):
+        return   # --data-pvc: ensure_data names the missing claim; else mlbench makes it ReadWriteMany
+    if modes is not None and any(mode in objects.READABLE_EVERYWHERE for mode in modes):
+        return
+    spread = f"{request.workers} workers on a cluster of {nodes} nodes"
+    if request.data_pvc:
+        raise UsageError(f"--data-pvc {name} is {', '.join(modes or [])}, which only pods on one node can mount, "
+                         f"for {spread}; give a ReadOnlyMany or ReadWriteMany claim (NFS, Filestore, EFS)")
+    if shared:
+        raise ClusterError(f"{dataset} for {spread}: its claim {name} in namespace {store.namespace} was made "
+                           f"ReadWriteOnce before the cluster had --shared-storage-class {shared}; delete it "
+                           f"(`kubectl -n {store.namespace} delete pvc {name}`: the next run downloads {dataset} "
+                           "again, onto a ReadWriteMany claim)")
+    raise UsageError(f"{dataset} for {spread}: the data set's volume is ReadWriteOnce, which only pods on one "
+                     "node can mount; give the cluster a ReadWriteMany storage class (add-cluster or "
+                     "create-cluster --shared-storage-class), pass --data-pvc with a claim several nodes can "
+                     "mount, or run on a one-node cluster")
+
+
+def _data_claim(store: ClusterStore, request: RunRequest, image: str, progress: Progress,
+                shared: str | None = None) -> str | None:
+    """The claim holding the run's data set, filled first if needed (a claim mlbench makes is of the
+    cluster's shared storage class when it has one); None for synthetic data."""
     task = get_task(request.task)
     if request.data != "real" or not isinstance(task, TaskSpec):
         if request.data_pvc:
@@ -223,7 +291,8 @@ def _data_claim(store: ClusterStore, request: RunRequest, image: str, progress: 
                              "--data synthetic and for task0a")
         return None
     try:
-        return ensure_data(store.api, store.namespace, task.settings.dataset, image, request.data_pvc, progress)
+        return ensure_data(store.api, store.namespace, task.settings.dataset, image, request.data_pvc, progress,
+                           shared)
     except MlbenchError:
         raise
     except Exception as err:
@@ -412,13 +481,26 @@ class KubernetesLauncher(Launcher):
         config, _ = build_config(request, resources)  # usage errors before anything is deployed or downloaded
         self.abilities.check(config, self.label)
         nodes = int(resources.placement["nodes"])
-        if config.checkpoints and nodes > 1:
+        shared = cluster.shared_storage_class
+        spread = bool(config.checkpoints) and nodes > 1   # pods on several nodes mount the checkpoints
+        if spread and not shared:
             # the service's volume is ReadWriteOnce: pods on another node than the service's cannot mount it
             raise UsageError(f"--checkpoint-every on a cluster of {nodes} nodes: the checkpoints are kept on the "
-                             "results service's volume, which only pods on its node can mount; run on a "
-                             "one-node cluster, on this machine or under Slurm")
-        ensure_service(store, resources.placement["image"], progress)
-        resources.placement["data_claim"] = _data_claim(store, request, resources.placement["image"], progress)
+                             "results service's volume, which only pods on its node can mount; give the "
+                             "cluster a ReadWriteMany storage class (add-cluster or create-cluster "
+                             "--shared-storage-class), or run on a one-node cluster, on this machine or under "
+                             "Slurm")
+        _check_data_reachable(store, request, nodes, shared)
+        service_modes = _claim_modes(store, objects.SERVICE) if spread else None
+        if service_modes is not None and objects.SHARED_ACCESS not in service_modes:
+            raise ClusterError(f"--checkpoint-every on a cluster of {nodes} nodes: the results service's volume in "
+                               f"namespace {store.namespace} was made ReadWriteOnce before the cluster had "
+                               f"--shared-storage-class {shared}, and a claim cannot change its mode; download "
+                               f"the runs you keep, delete the service (`kubectl -n {store.namespace} delete "
+                               f"deployment,pvc {objects.SERVICE}`) and run again")
+        ensure_service(store, resources.placement["image"], progress, shared)
+        resources.placement["data_claim"] = _data_claim(store, request, resources.placement["image"], progress,
+                                                        shared)
         return self.record(request, resources, check_data=False)
 
     def prepare_resume(self, record: RunRecord, max_steps: int | None = None) -> RunRecord:

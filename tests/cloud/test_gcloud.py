@@ -123,7 +123,8 @@ def test_create_sends_a_valid_request_polls_the_operation_and_writes_a_context()
     seen = []
     spec = ClusterSpec(name="my-exp", nodes=4, machine_type="n1-standard-4",
                        gpu_type="nvidia-tesla-t4", gpus_per_node=1, spot=True,
-                       kubernetes_version="1.31", api_cidrs=("198.51.100.0/24",))
+                       kubernetes_version="1.31", api_cidrs=("198.51.100.0/24",),
+                       shared_storage_class="standard-rwx")
     record = manager.create_cluster(provisioner, spec, lambda m, transient=False: seen.append(m))
 
     (body,) = bodies(http, "POST")
@@ -136,6 +137,10 @@ def test_create_sends_a_valid_request_polls_the_operation_and_writes_a_context()
         "gpuDriverInstallationConfig": {"gpuDriverVersion": "DEFAULT"}}]
     assert body["cluster"]["resourceLabels"] == {"created-by": "mlbench"}
     assert body["cluster"]["initialClusterVersion"] == "1.31"
+    # a shared storage class for the results service's volume: GKE's ReadWriteMany classes are
+    # the Filestore CSI driver's, which the cluster gets, and the record keeps the class
+    assert body["cluster"]["addonsConfig"] == {"gcpFilestoreCsiDriverConfig": {"enabled": True}}
+    assert record.shared_storage_class == "standard-rwx"
     assert body["parent"] == PARENT
     uris = [uri for uri, *_ in http.request_sequence]
     assert sum(uri.endswith(f"{PARENT}/operations/operation-1?alt=json") for uri in uris) == 3
@@ -174,7 +179,7 @@ def test_the_default_request_is_valid_and_opens_nothing():
     provisioner, _ = gke([])
     body = provisioner.cluster_body(ClusterSpec(name="plain", nodes=2))
     assert schema_errors(body, {"$ref": "CreateClusterRequest"}) == []
-    assert "controlPlaneEndpointsConfig" not in body["cluster"]
+    assert "controlPlaneEndpointsConfig" not in body["cluster"] and "addonsConfig" not in body["cluster"]
     assert body["cluster"]["masterAuth"]["clientCertificateConfig"] == {
         "issueClientCertificate": False}
     assert "accelerators" not in body["cluster"]["nodePools"][0]["config"]

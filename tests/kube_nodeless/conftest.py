@@ -30,6 +30,9 @@ from tests.cloud.conftest import control_plane
 from tests.kube_nodeless.kubelet import HarnessKubelet
 
 NODES = ("harness-node-1", "harness-node-2")
+#: a control-plane node as KIND's with workers has, tainted NoSchedule: worker pods cannot go
+#: there, so the runs here see a cluster of two nodes (NODES), not three
+CONTROL_PLANE = "harness-control-plane"
 
 
 @dataclass
@@ -71,18 +74,24 @@ def admin_api(kube_local):
 def nodes(admin_api):
     core = client.CoreV1Api(admin_api)
     amount = {"cpu": "2", "memory": "4Gi", "pods": "110"}
-    for name in NODES:
+    taint = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+    for name in (*NODES, CONTROL_PLANE):
         try:
-            core.create_node({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
+            core.create_node({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+                              "spec": {"taints": [taint] if name == CONTROL_PLANE else []}})
         except client.ApiException as err:
             if err.status != 409:
                 raise
-        core.patch_node_status(name, {"status": {"capacity": amount, "allocatable": amount, "conditions": [
+        size = {"cpu": "1", "memory": "2Gi", "pods": "110"} if name == CONTROL_PLANE else amount   # not the pods'
+        core.patch_node_status(name, {"status": {"capacity": size, "allocatable": size, "conditions": [
             {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "harness"}]}})
+        # a new node is tainted not-ready until the node lifecycle controller, which does not run
+        # here, sees it Ready (kube-local.sh's real node is untainted the same way)
+        core.patch_node(name, {"spec": {"taints": [taint] if name == CONTROL_PLANE else None}})
     yield NODES
     with warnings.catch_warnings():  # after the last test: its insecure-TLS filter is gone
         warnings.simplefilter("ignore")
-        for name in NODES:
+        for name in (*NODES, CONTROL_PLANE):
             core.delete_node(name)
 
 

@@ -44,10 +44,12 @@ pytestmark = [pytest.mark.kube, pytest.mark.timeout(600),
 @pytest.mark.parametrize("options, message", [
     (("--checkpoint-every", "20steps"),
      "Error: --checkpoint-every on a cluster of 2 nodes: the checkpoints are kept on the results service's volume, "
-     "which only pods on its node can mount; run on a one-node cluster, on this machine or under Slurm"),
+     "which only pods on its node can mount; give the cluster a ReadWriteMany storage class (add-cluster or "
+     "create-cluster --shared-storage-class), or run on a one-node cluster, on this machine or under Slurm"),
     (("--on-failure", "restart"),   # which checkpoints (every 2 minutes when not told)
      "Error: --checkpoint-every on a cluster of 2 nodes: the checkpoints are kept on the results service's volume, "
-     "which only pods on its node can mount; run on a one-node cluster, on this machine or under Slurm"),
+     "which only pods on its node can mount; give the cluster a ReadWriteMany storage class (add-cluster or "
+     "create-cluster --shared-storage-class), or run on a one-node cluster, on this machine or under Slurm"),
     (("--inject", "stall:rank=1,at=5s"),
      "Error: --inject stall:rank=1,at=5s: cluster runs cannot inject a stall (they apply kill, slow); run on this "
      "machine"),
@@ -58,6 +60,117 @@ def test_what_a_cluster_run_cannot_do_is_refused_before_anything_is_deployed(clu
     assert refused.output.strip() == message
     assert client.AppsV1Api(cluster.api).list_namespaced_deployment(cluster.namespace).items == []
     assert client.CoreV1Api(cluster.api).list_namespaced_persistent_volume_claim(cluster.namespace).items == []
+
+
+# -- checkpoints on several nodes ---------------------------------------------------------------
+
+SHARED_CLASS = "harness-rwx"
+CHECKPOINTED = ("run", "task2a", "2", "--data", "synthetic", "--max-steps", "60", "--checkpoint-every", "20steps",
+                "--log-every", "20")
+
+
+def test_a_cluster_with_a_shared_storage_class_lets_runs_on_several_nodes_checkpoint(cluster, kube_local):
+    """With a ReadWriteMany class for the results service's volume (``add-cluster
+    --shared-storage-class``), the pods of a run on several nodes can all mount its checkpoints: a
+    run that checkpoints on the harness's two nodes is accepted, the service's claim is of that
+    class, and each pod mounts the run's folder of it. A
+    class the cluster lacks is refused when the cluster is added; a service whose volume an earlier
+    run made ReadWriteOnce is named, with how to replace it (a claim cannot change its mode). The
+    data set's claim too: without a ReadWriteMany class, a run of real data whose pods spread over
+    several nodes is refused before anything is made (its pods on the other nodes would wait for the
+    volume until the run's scheduling timeout), as is a ReadWriteOnce --data-pvc, or claim made before
+    the class."""
+    core = cluster.core
+    epsilon = ("run", "task2a", "2", "--max-steps", "10")   # the real epsilon, downloaded onto a claim
+    refused = mlbench_cli(*epsilon)
+    assert refused.exit_code == 2 and refused.output.strip() == (
+        "Error: epsilon for 2 workers on a cluster of 2 nodes: the data set's volume is ReadWriteOnce, which only "
+        "pods on one node can mount; give the cluster a ReadWriteMany storage class (add-cluster or create-cluster "
+        "--shared-storage-class), pass --data-pvc with a claim several nodes can mount, or run on a one-node "
+        "cluster"), refused.output
+    try:
+        client.StorageV1Api(cluster.api).create_storage_class(
+            {"metadata": {"name": SHARED_CLASS}, "provisioner": "example.com/harness-nfs"})
+    except client.ApiException as err:
+        if err.status != 409:
+            raise
+    try:
+        core.create_namespace({"metadata": {"name": cluster.namespace}})
+    except client.ApiException as err:
+        if err.status != 409:
+            raise
+    adopt = ("add-cluster", "shared", "--context", "kube-local", "--kubeconfig", str(kube_local),
+             "--namespace", cluster.namespace, "--image", "mlbench/worker:test")
+    missing = mlbench_cli(*adopt, "--shared-storage-class", "no-such-class")
+    assert missing.exit_code == 2 and missing.output.strip() == (
+        "Error: The cluster of context 'kube-local' has no storage class 'no-such-class' (`kubectl get "
+        "storageclass` lists those it has); give a ReadWriteMany class, e.g. GKE's standard-rwx (Filestore) "
+        "or an EFS or NFS class."), missing.output
+    assert mlbench_cli(*adopt, "--shared-storage-class", SHARED_CLASS).exit_code == 0
+    assert mlbench_cli("set-cluster", "existing", "shared").exit_code == 0
+
+    # claims made ReadWriteOnce, before the class: the data set's (mlbench's, and one passed with --data-pvc)
+    core.create_namespaced_persistent_volume_claim(cluster.namespace, {
+        "metadata": {"name": "mlbench-data-epsilon"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})
+    before = mlbench_cli(*epsilon)
+    assert before.exit_code == 1 and before.output.strip() == (
+        f"Error: epsilon for 2 workers on a cluster of 2 nodes: its claim mlbench-data-epsilon in namespace "
+        f"{cluster.namespace} was made ReadWriteOnce before the cluster had --shared-storage-class {SHARED_CLASS}; "
+        f"delete it (`kubectl -n {cluster.namespace} delete pvc mlbench-data-epsilon`: the next run downloads "
+        "epsilon again, onto a ReadWriteMany claim)"), before.output
+    mine = mlbench_cli(*epsilon, "--data-pvc", "mlbench-data-epsilon")
+    assert mine.exit_code == 2 and mine.output.strip() == (
+        "Error: --data-pvc mlbench-data-epsilon is ReadWriteOnce, which only pods on one node can mount, for 2 "
+        "workers on a cluster of 2 nodes; give a ReadOnlyMany or ReadWriteMany claim (NFS, Filestore, EFS)"
+    ), mine.output
+    assert [d.metadata.name for d in client.AppsV1Api(cluster.api).list_namespaced_deployment(cluster.namespace).items
+            ] == []   # refused before anything was made
+
+    # the service's volume as a run before the class made it: ReadWriteOnce
+    core.create_namespaced_persistent_volume_claim(cluster.namespace, {
+        "metadata": {"name": "mlbench-results"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}}}})
+    old = mlbench_cli(*CHECKPOINTED)
+    assert old.exit_code == 1 and old.output.strip().splitlines()[-1] == (
+        f"Error: --checkpoint-every on a cluster of 2 nodes: the results service's volume in namespace "
+        f"{cluster.namespace} was made ReadWriteOnce before the cluster had --shared-storage-class {SHARED_CLASS}, "
+        "and a claim cannot change its mode; download the runs you keep, delete the service (`kubectl -n "
+        f"{cluster.namespace} delete deployment,pvc mlbench-results`) and run again"), old.output
+    assert client.AppsV1Api(cluster.api).list_namespaced_deployment(cluster.namespace).items == []  # said first
+    core.delete_namespaced_persistent_volume_claim("mlbench-results", cluster.namespace)
+    # its pvc-protection finalizer goes once no pod uses it (none did): that controller does not
+    # run on this control plane, so the test removes it, as the controller would
+    core.patch_namespaced_persistent_volume_claim("mlbench-results", cluster.namespace,
+                                                  {"metadata": {"finalizers": None}})
+    wait_for(lambda: not [c for c in core.list_namespaced_persistent_volume_claim(cluster.namespace).items
+                          if c.metadata.name == "mlbench-results"], 60, "the old claim to go")
+
+    # the stand-in kubelet maps a volume's mount path to a folder, but not the checkpoint folder
+    # that run.json names inside the pod: the workers would write their checkpoints to this
+    # machine's /var/lib/mlbench. Their pods are held (unschedulable) instead, and checked as the
+    # API server stores them; writing and reading the checkpoints, restarts and resumes are the
+    # one-node cluster's code, run on the real node (tests/kube/test_node_runs.py)
+    cluster.harness.hold("app.kubernetes.io/name", "mlbench-worker")
+    started = mlbench_cli(*CHECKPOINTED, "--detach")
+    assert started.exit_code == 0, explain(cluster, started)
+    claim = core.read_namespaced_persistent_volume_claim("mlbench-results", cluster.namespace)
+    assert (claim.spec.access_modes, claim.spec.storage_class_name) == (["ReadWriteMany"], SHARED_CLASS)
+    run_id = started_run_id(started.output)
+    wait_for(lambda: len(core.list_namespaced_pod(cluster.namespace, label_selector=f"mlbench/run={run_id}").items)
+             == 2, 60, "the run's pods")
+    for rank in (0, 1):
+        spec = cluster.api.sanitize_for_serialization(
+            core.read_namespaced_pod(pod_name(run_id, rank), cluster.namespace))["spec"]
+        assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "mlbench-results"}} in spec["volumes"]
+        mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "checkpoints")
+        assert mount == {"name": "checkpoints", "mountPath": f"/var/lib/mlbench/checkpoints/{run_id}",
+                         "subPath": f"checkpoints/{run_id}"}
+        assert spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]  # 2 nodes
+    assert mlbench_cli("cancel", run_id).exit_code == 0
+    final = follow_to_end(cluster, run_id)
+    assert final.state == "cancelled", final.reason
+    wait_for(lambda: not cluster.run_objects(run_id), 30, "the run's objects to be deleted")
 
 
 # -- eviction ----------------------------------------------------------------------------------
