@@ -190,17 +190,8 @@ def plan_resources(store: ClusterStore, cluster: ClusterRecord, request: RunRequ
     except Exception:
         nodes = []
     port = request.framework != PYTORCH.name   # the ports train on CPUs
-    # GPU nodes are tainted nvidia.com/gpu (GKE, EKS), which GPU pods tolerate
-    gpu_capable = [n for n in nodes if not _repelling_taints(n, GPU_TAINTS)]
-    if gpu_capable:
-        node_gpus = max(int(parse_quantity(((n.status and n.status.allocatable) or {}).get("nvidia.com/gpu", "0")))
-                        for n in gpu_capable)
-    else:
-        node_gpus = int((cluster.extra.get("spec") or {}).get("gpus_per_node") or 0)
-    gpus = 1 if node_gpus and request.device != "cpu" and not port else 0
-    # the nodes the worker pods can go to: not a tainted control plane (KIND's with workers), nor,
-    # for pods without GPUs, a GPU node
-    nodes = [n for n in nodes if not _repelling_taints(n, GPU_TAINTS if gpus else ())]
+    nodes, gpus = placement_nodes(nodes, wants_gpu=request.device != "cpu" and not port,
+                                  gpus_per_node=int((cluster.extra.get("spec") or {}).get("gpus_per_node") or 0))
     if nodes:
         alloc = [(n.status and n.status.allocatable) or {} for n in nodes]
         cpu = int(min(parse_quantity(a.get("cpu", "1")) for a in alloc) * 1000)
@@ -219,6 +210,25 @@ def plan_resources(store: ClusterStore, cluster: ClusterRecord, request: RunRequ
 
 #: The taints worker pods with a GPU tolerate (k8s_objects.worker_pods).
 GPU_TAINTS = ("nvidia.com/gpu",)
+
+
+def placement_nodes(nodes: list[Any], wants_gpu: bool, gpus_per_node: int = 0) -> tuple[list[Any], int]:
+    """The nodes (schedulable ``V1Node``s) a run's worker pods can go to, and the GPUs each pod
+    gets (0 or 1): a pod gets a GPU when it wants one and a node it may go to has one (without
+    nodes to ask, when the cluster was created with ``gpus_per_node``); it then goes to the nodes
+    that have one. Nodes with a taint the pods do not tolerate are left out: a tainted control
+    plane (KIND's when it has workers), a node not ready, and, for pods without a GPU, the GPU
+    nodes (GKE and EKS taint them ``nvidia.com/gpu``)."""
+    from kubernetes.utils import parse_quantity
+
+    def gpus_of(node: Any) -> int:
+        return int(parse_quantity(((node.status and node.status.allocatable) or {}).get("nvidia.com/gpu", "0")))
+
+    gpu_capable = [n for n in nodes if not _repelling_taints(n, GPU_TAINTS)]
+    most = max((gpus_of(n) for n in gpu_capable), default=0) if nodes else gpus_per_node
+    if wants_gpu and most:
+        return [n for n in gpu_capable if gpus_of(n)], 1
+    return [n for n in nodes if not _repelling_taints(n, ())], 0
 
 
 def _repelling_taints(node: Any, tolerated: tuple[str, ...]) -> list[str]:

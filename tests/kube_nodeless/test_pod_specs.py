@@ -184,3 +184,36 @@ def test_a_ports_image_is_the_variant_of_the_clusters_image_or_of_this_versions(
     assert worker_image("team/worker:7", 0, "pytorch") == "team/worker:7"
     with pytest.raises(UsageError, match="by its digest"):
         framework_image("team/worker@sha256:" + "0" * 64, "jax")
+
+
+def node(name: str, *taints: str, gpus: int = 0, cpu: str = "4"):
+    """A node as the API server lists it (the client's model), with NoSchedule taints by key."""
+    from kubernetes import client
+
+    allocatable = {"cpu": cpu, "memory": "16Gi", **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
+    return client.V1Node(metadata=client.V1ObjectMeta(name=name),
+                         spec=client.V1NodeSpec(taints=[client.V1Taint(key=key, effect="NoSchedule")
+                                                        for key in taints] or None),
+                         status=client.V1NodeStatus(allocatable=allocatable))
+
+
+def test_a_run_is_planned_on_the_nodes_its_pods_can_go_to():
+    """KIND's control plane, tainted when the cluster has workers, and a node not ready are not
+    nodes of a run (counted, they made a two-worker run's pods require a node each of three, one
+    of them the control plane, where the second pod could never go); GPU nodes, which GKE and EKS
+    taint nvidia.com/gpu, are a GPU run's nodes and not a CPU run's."""
+    from mlbench.launch.kubernetes import placement_nodes
+
+    def names(found):
+        return [n.metadata.name for n in found[0]], found[1]
+
+    kind = [node("control-plane", "node-role.kubernetes.io/control-plane", cpu="2"), node("worker"),
+            node("worker2"), node("starting", "node.kubernetes.io/not-ready")]
+    assert names(placement_nodes(kind, wants_gpu=True)) == (["worker", "worker2"], 0)
+    mixed = [node("cpu-1"), node("cpu-2"), node("gpu-1", "nvidia.com/gpu", gpus=1),
+             node("gpu-2", "nvidia.com/gpu", gpus=2)]
+    assert names(placement_nodes(mixed, wants_gpu=True)) == (["gpu-1", "gpu-2"], 1)
+    assert names(placement_nodes(mixed, wants_gpu=False)) == (["cpu-1", "cpu-2"], 0)   # --device cpu, the ports
+    # without nodes to list (no permission), the GPUs the cluster was created with
+    assert placement_nodes([], wants_gpu=True, gpus_per_node=1) == ([], 1)
+    assert placement_nodes([], wants_gpu=False, gpus_per_node=1) == ([], 0)
