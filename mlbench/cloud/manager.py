@@ -46,7 +46,8 @@ def create_cluster(provisioner: Provisioner, spec: ClusterSpec,
         created_by_mlbench=True,
         extra={**(known.extra if known else {}), **provisioner.locator(),
                "spec": {k: v for k, v in asdict(spec).items() if k not in ("name", "options")},
-               config.SHARED_STORAGE_KEY: spec.shared_storage_class})
+               # a create finished by running it again keeps the class asked the first time
+               config.SHARED_STORAGE_KEY: spec.shared_storage_class or (known.shared_storage_class if known else None)})
     config.save_cluster(record)
     provisioner.create(spec, progress)
     provisioner.wait(spec, progress)

@@ -195,8 +195,12 @@ def test_an_interrupted_create_resumes_by_following_the_pending_operation():
         reply(operation("operation-7", "DONE")),
         reply(cluster("RUNNING")), reply(cluster("RUNNING")), reply(cluster("RUNNING")),
     ])
+    config.save_cluster(config.ClusterRecord(   # what the interrupted create had recorded
+        provider="gcloud", name="my-exp", context=config.context_name("gcloud", "my-exp"),
+        kubeconfig=config.kubeconfig_path(), nodes=4, extra={config.SHARED_STORAGE_KEY: "standard-rwx"}))
     record = manager.create_cluster(provisioner, ClusterSpec(name="my-exp", nodes=4))
     assert bodies(http, "POST") == []  # nothing created twice
+    assert record.shared_storage_class == "standard-rwx"   # kept from the first time, not asked again
     assert http.request_sequence[2][0].endswith(f"{PARENT}/operations/operation-7?alt=json")
     assert record.context in record.kubeconfig.read_text()
 
@@ -207,10 +211,10 @@ def test_a_failed_operation_is_one_sentence_and_the_cluster_is_listed_as_it_is()
                           reply(operation("operation-2", "DONE", error={"code": 8,
                                                                         "message": quota}))])
     with pytest.raises(ClusterError) as caught:
-        manager.create_cluster(provisioner, ClusterSpec(name="my-exp", nodes=40))
+        manager.create_cluster(provisioner, ClusterSpec(name="my-exp", nodes=40, shared_storage_class="standard-rwx"))
     assert str(caught.value) == ("GKE could not finish: creating GKE cluster my-exp (" + quota
                                  + "); fix the cause and rerun the same command.")
-    assert config.find_cluster("gcloud", "my-exp") is not None
+    assert config.find_cluster("gcloud", "my-exp").shared_storage_class == "standard-rwx"
     assert config.current_cluster() is None
     provisioner, _ = gke([reply({**cluster("ERROR"), "conditions": [{"message": quota}]})])
     status = provisioner.query("my-exp")
