@@ -29,6 +29,12 @@ def _options(*decorators: F) -> Callable[[F], F]:
     return apply
 
 
+_SHARED_STORAGE = click.option(
+    "--shared-storage-class", metavar="CLASS",
+    help="A ReadWriteMany storage class (GKE: standard-rwx, Filestore; EKS: an EFS class; NFS) for the "
+         "results service's volume, so that runs on several nodes can checkpoint, restart and resume. "
+         "Without one, only one-node clusters can.")
+
 _COMMON = _options(
     click.argument("num_nodes", type=click.IntRange(1, 1000)),
     click.argument("name"),
@@ -42,11 +48,7 @@ _COMMON = _options(
                       f"{address.PUBLIC_ADDRESS_URL} (${address.URL_ENV} names another); when it "
                       "cannot be found, nothing is created. 0.0.0.0/0: any address, authenticated "
                       "(the clouds' own default)."),
-    click.option("--shared-storage-class", metavar="CLASS",
-                 help="A ReadWriteMany storage class (GKE: standard-rwx, Filestore; EKS: an EFS "
-                      "class; NFS) for the results service's volume, so that runs on several "
-                      "nodes can checkpoint, restart and resume. Without one, only one-node "
-                      "clusters can."),
+    _SHARED_STORAGE,
 )
 
 
@@ -150,11 +152,7 @@ def create_kind(num_nodes: int, name: str, image: str | None, no_image: bool, fr
               help="Kubeconfig holding the context (default: $KUBECONFIG or ~/.kube/config).")
 @click.option("--namespace", help="Namespace for runs (default: the context's, else default).")
 @click.option("--image", help="Worker image the cluster can pull.")
-@click.option("--shared-storage-class", metavar="CLASS",
-              help="A ReadWriteMany storage class (GKE: standard-rwx, Filestore; EKS: an EFS "
-                   "class; NFS) for the results service's volume, so that runs on several "
-                   "nodes can checkpoint, restart and resume. Without one, only one-node "
-                   "clusters can.")
+@_SHARED_STORAGE
 def add_cluster(name: str, context: str, kubeconfig: str | None, namespace: str | None,
                 image: str | None, shared_storage_class: str | None) -> None:
     """Adopt an existing cluster as NAME (mlbench never deletes it)."""

@@ -81,9 +81,10 @@ def add_cluster(name: str, context: str, kubeconfig: str | None = None,
                **({config.SHARED_STORAGE_KEY: shared_storage_class} if shared_storage_class else {})})
     config.write_kube_context(record.context, access.cluster, access.user, namespace)
     try:
-        record.nodes = existing.check_access(config.kube_api_client(record), context, namespace)
+        api = config.kube_api_client(record)
+        record.nodes = existing.check_access(api, context, namespace)
         if shared_storage_class:
-            existing.check_storage_class(config.kube_api_client(record), context, shared_storage_class)
+            existing.check_storage_class(api, context, shared_storage_class)
     except MlbenchError:
         config.remove_kube_context(record.context)
         raise

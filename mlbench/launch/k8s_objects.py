@@ -200,10 +200,11 @@ def claim_spec(storage: str, shared_storage_class: str | None) -> dict[str, Any]
     cluster's default class, which every cluster has (pods on one node share it), or ReadWriteMany
     of the cluster's ``--shared-storage-class``, which the pods of a run on several nodes can all
     mount (its checkpoints, its data set)."""
+    spec: dict[str, Any] = {"accessModes": [SHARED_ACCESS if shared_storage_class else "ReadWriteOnce"],
+                            "resources": {"requests": {"storage": storage}}}
     if shared_storage_class:
-        return {"accessModes": [SHARED_ACCESS], "storageClassName": shared_storage_class,
-                "resources": {"requests": {"storage": storage}}}
-    return {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage}}}
+        spec["storageClassName"] = shared_storage_class
+    return spec
 
 
 def owned_by(owner: dict[str, Any]) -> list[dict[str, Any]]:
