@@ -78,9 +78,7 @@ class Case:
     def measure(self, common: dict[str, Any], round_seed: int) -> dict[str, Any]:
         options = {**common, **self.options}
         options["inject"] = [text.replace("{seed}", str(round_seed)) for text in options.get("inject", [])]
-        row = figures(mlbench.run(**options))
-        self.runs.append(row)
-        return row
+        return figures(mlbench.run(**options))
 
 
 def figures(run: mlbench.api.Run) -> dict[str, Any]:
@@ -196,7 +194,10 @@ def main() -> None:
                     case.runs.append(earlier)
                 elif not args.report and time.monotonic() < deadline:   # once past it, no later run starts
                     run = case.measure(common, round_seed)
-                    if run["state"] != "cancelled":   # by a stop of this script (Ctrl-C): no measurement
+                    if run["state"] == "cancelled":   # a stop of this script (Ctrl-C, SIGTERM): no
+                        deadline = -math.inf          # measurement, and no later run starts
+                    else:
+                        case.runs.append(run)
                         record.add(case, round_seed, run)
         report(args, policies, sweep, to_goal, record)
 
