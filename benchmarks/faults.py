@@ -160,8 +160,8 @@ def main() -> None:
                         help="checkpoint intervals of the second table")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-restarts", type=int, default=1000,
-                        help="N of the policy table's --on-failure restart:N [1000: every kill is restarted; "
-                             "the default 3 of `mlbench run` fails a run of many kills]")
+                        help="N of the policy table's --on-failure restart:N [1000: every failure is "
+                             "restarted; the tables so far were made with it]")
     parser.add_argument("--record", type=Path,
                         help="JSON lines: each run's figures are appended; runs already there are not run again")
     parser.add_argument("--for", dest="budget", help="start no run after this long (e.g. 90m); with --record")

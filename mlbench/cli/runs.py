@@ -135,7 +135,8 @@ def tasks(output) -> None:
                    "link, for=T), at T, every T or every=rand(A,B),seed=S (docs/faults.md).")
 @click.option("--on-failure", default="fail", metavar="fail|restart[:N]|shrink[:N]",
               help="When a worker dies or the watchdog finds one stalled: fail the run, restart the "
-                   "workers from the newest complete checkpoint, at most N times [3], or shrink: go on "
+                   "workers from the newest complete checkpoint, at most N times [3] (an injected fault "
+                   "after a new checkpoint does not count), or shrink: go on "
                    "with the survivors from it, at most N times [until one is left] (both imply "
                    "--checkpoint-every 1m unless given; docs/faults.md).")
 @click.option("--max-size", type=float, metavar="N", help="task0a: largest message, in elements [1e8].")

@@ -23,13 +23,14 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from mlbench.errors import MlbenchError
 from mlbench.results.checkpoints import (
     checkpoint_root,
+    complete_checkpoints,
     renumber_checkpoints,
 )
 from mlbench.results.faults import KILL, LINK_DOWN, SLOW, STALL, describe_fault, start_times
@@ -236,25 +237,53 @@ def reached_step(run_dir: Path, workers: int, failed_at: float | None = None) ->
     return max((reached(b) for b in read_beats(run_dir, workers).values() if b), default=0)
 
 
-def next_group(on_failure: str, max_restarts: int, restarts_done: int, workers: int,
-               blamed: Sequence[int]) -> tuple[list[int] | None, str | None]:
+def restart_counts(run_dir: Path, workers: int, fault: dict[str, Any] | None) -> bool:
+    """Whether restarting the failed group of ``workers`` counts against ``--on-failure
+    restart:N``. A failure no injected fault explains (``fault`` None) counts: N bounds what a
+    real fault may cost, as torchrun's ``--max-restarts`` does. An injected fault does not count
+    when the failed group had written a complete checkpoint past the step it started from: the
+    schedule is the experiment (a kill every 90 s of an hour's run is 40 kills), and that
+    progress shows the run is not going round in circles. One that came before any such
+    checkpoint counts, so a schedule faster than the checkpoints ends after N restarts instead
+    of restarting for ever. Kubernetes' podFailurePolicy (``Ignore`` for disruptions) and
+    JobSet's ``RestartJobSetAndIgnoreMaxRestarts`` leave failures that are not the job's out of
+    its limit alike. :func:`record_restart` records the same answer as the entry's ``counted``."""
+    if fault is None:
+        return True
+    config = RunDocument.load(run_dir).config
+    newest = complete_checkpoints(checkpoint_root(run_dir, config.checkpoint_dir), workers).newest
+    return _counts(fault, newest, config.resume_step)
+
+
+def _counts(fault: dict[str, Any] | None, newest: int | None, started_from: int | None) -> bool:
+    return fault is None or newest is None or newest <= (started_from or 0)
+
+
+def next_group(on_failure: str, max_restarts: int, restarts: Sequence[Mapping[str, Any]], workers: int,
+               blamed: Sequence[int], counts: bool = True) -> tuple[list[int] | None, str | None]:
     """What ``--on-failure`` does after the ranks ``blamed`` of a group of ``workers`` failed,
-    with ``restarts_done`` restarts or shrinks behind it; the one rule of the local supervisor
-    and the one inside a Slurm job. ``(None, None)``: restart at the same size (``restart:N``,
-    while fewer than N were done); ``(survivors, None)``: go on with them, their old ranks in
-    order (``shrink`` while one is left, ``shrink:N`` at most N times); ``(None, why)``: give up,
-    ``why`` being what the failure's reason adds (``""`` when nothing: ``fail``)."""
-    if on_failure == "restart" and restarts_done < max_restarts:
+    with ``restarts`` (``faults.restarts`` entries) behind it under this limit; the one rule of
+    the local supervisor, the one inside a Slurm job and the cluster's. ``(None, None)``:
+    restart at the same size (``restart:N``, while fewer than N restarts that count were done,
+    or always when this one does not count: ``counts``, :func:`restart_counts`);
+    ``(survivors, None)``: go on with them, their old ranks in order (``shrink`` while one is
+    left, ``shrink:N`` at most N times); ``(None, why)``: give up, ``why`` being what the
+    failure's reason adds (``""`` when nothing: ``fail``)."""
+    counted = sum(1 for entry in restarts if entry.get("counted", True))
+    if on_failure == "restart" and (not counts or counted < max_restarts):
         return None, None
     survivors = [rank for rank in range(workers) if rank not in blamed]
-    shrinks_left = not max_restarts or restarts_done < max_restarts
+    shrinks_left = not max_restarts or len(restarts) < max_restarts
     if on_failure == "shrink" and survivors and shrinks_left:
         return survivors, None
     if on_failure == "shrink" and not survivors:
         return None, " (no worker left to shrink to)"
-    if restarts_done:
-        done = recoveries({"restarts": restarts_done, "on_failure": on_failure})
-        return None, f" (after {done}, the most --on-failure allowed)"
+    done = counted if on_failure == "restart" else len(restarts)
+    if done:
+        free = len(restarts) - done
+        besides = f", besides {free} after injected faults, which do not count" if free else ""
+        return None, f" (after {recoveries({'restarts': done, 'on_failure': on_failure})}, " \
+                     f"the most --on-failure allowed{besides})"
     return None, ""
 
 
@@ -262,7 +291,8 @@ def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[s
                    now: float, reached: int, survivors: list[int] | None = None) -> dict[str, Any]:
     """A group that failed at step ``reached`` goes on from its newest complete checkpoint
     (from the beginning without one): run.json's ``resume_step`` names it, the restart and the
-    steps it loses are recorded (``faults.restarts``, the fault's ``action``), the checkpoints
+    steps it loses are recorded (``faults.restarts``, the fault's ``action``; a restart's
+    ``counted``: whether it counts against ``restart:N``, :func:`restart_counts`), the checkpoints
     a killed writer left incomplete and the old group's heartbeats go. Call it only while no
     worker of the run is alive; the local supervisor and the one inside a Slurm job both do.
     With ``survivors`` (``--on-failure shrink``: the old ranks that go on), the new group has
@@ -272,6 +302,7 @@ def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[s
     run_dir = record.run_dir
     document = RunDocument.load(run_dir)
     config = document.config
+    started_from = config.resume_step
     newest = back_to_newest_checkpoint(run_dir, document, workers) or 0
     if survivors is not None:
         renumber_checkpoints(checkpoint_root(run_dir, config.checkpoint_dir), workers, survivors)
@@ -283,6 +314,8 @@ def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[s
              "fault": record.events.index(fault) if fault is not None else None}
     if survivors is not None:
         entry.update(workers=len(survivors), survivors=survivors)
+    else:   # against --on-failure restart:N (restart_counts)
+        entry["counted"] = _counts(fault, newest, started_from)
     record.restarts.append(entry)
     if fault is not None:
         fault.update(action="restart" if survivors is None else "shrink", lost_steps=entry["lost_steps"])

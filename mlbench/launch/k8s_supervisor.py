@@ -55,6 +55,7 @@ from mlbench.launch.injector import (
     next_group,
     reached_step,
     record_restart,
+    restart_counts,
 )
 from mlbench.launch.k8s_objects import (
     RANK_LABEL,
@@ -347,8 +348,9 @@ class PodSupervisor:
         given_up: str | None = ""
         if config is not None and config.on_failure == RESTART:
             record = self._record(run)
-            _, given_up = next_group(config.on_failure, config.max_restarts, len(record.restarts), run.workers,
-                                     ranks)
+            counts = restart_counts(run.run_dir, run.workers, record.culprit(ranks))
+            _, given_up = next_group(config.on_failure, config.max_restarts, record.restarts, run.workers, ranks,
+                                     counts=counts)
             if given_up is None:
                 self._end_group(run, record, ranks, reason, now, pods)
                 return
@@ -396,8 +398,9 @@ class PodSupervisor:
             self.core.create_namespaced_pod(self.namespace, pod)
         self._recovering[run.id] = entry
         self._restarted_at[run.id] = time.time()
+        counted = "" if entry["counted"] else ", not counted (an injected fault after a checkpoint)"
         print(f"supervisor: run {run.id}: {ending.reason}; restart {len(record.restarts)} from step "
-              f"{entry['from_step']}", file=sys.stderr, flush=True)
+              f"{entry['from_step']}{counted}", file=sys.stderr, flush=True)
 
     def _check_recovered(self, run: RunRecord) -> None:
         """A restarted group is back once every rank made a step past the checkpoint (the time

@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlbench.launch.injector import (FaultRecord, Injector, check_recovered, next_group, reached_step,
-                                     record_restart)
+from mlbench.launch.injector import (FaultRecord, Injector, check_recovered, next_group, reached_step, record_restart,
+                                     restart_counts)
 from mlbench.launch.run_folder import back_to_newest_checkpoint
 from mlbench.launch.supervisor import free_ports
 from mlbench.results.events import read_run_events
@@ -150,7 +150,7 @@ class JobSupervisor:
         self.workers = config.workers
         self.on_failure, self.max_restarts = config.on_failure, config.max_restarts
         self.faults = FaultRecord(run_dir) if config.faults or config.on_failure != "fail" else None
-        self.restarts_done = 0
+        self.restarts_done = 0   # this job's restarts or shrinks: the last ones of faults.restarts
         # The fault clock of a resumed or requeued job goes on from the seconds its last
         # supervisor recorded (else its latest fault's moment), as a local run's does: a schedule
         # strikes each of its moments once over the run, not again in every job.
@@ -205,8 +205,9 @@ class JobSupervisor:
                                                      fault.get("time") if fault is not None else None),
                                         survivors)
             if survivors is None:
-                print(f"mlbench: {reason}; restart {self.restarts_done} of {self.max_restarts} from step "
-                      f"{recovering['from_step']}", file=sys.stderr, flush=True)
+                counted = "" if recovering["counted"] else ", not counted (an injected fault after a checkpoint)"
+                print(f"mlbench: {reason}; restart {self.restarts_done} from step {recovering['from_step']}"
+                      f"{counted}", file=sys.stderr, flush=True)
             else:
                 old = f"old rank{'s' if len(survivors) > 1 else ''} {', '.join(map(str, survivors))}"
                 print(f"mlbench: {reason}; shrink {self.restarts_done}: {len(survivors)} of {self.workers} "
@@ -227,7 +228,9 @@ class JobSupervisor:
             blamed = watchdog_blame(self.run_dir, started) or failed
             if not blamed:
                 return None, "not shrunk (srun named no failed task to leave out)"
-        survivors, given_up = next_group(self.on_failure, self.max_restarts, self.restarts_done, self.workers, blamed)
+        restarts = self.faults.restarts[len(self.faults.restarts) - self.restarts_done:] if self.faults else []
+        survivors, given_up = next_group(self.on_failure, self.max_restarts, restarts, self.workers, blamed,
+                                         counts=restart_counts(self.run_dir, self.workers, fault))
         if given_up is None:
             return survivors, None
         return None, f"not {'shrunk' if self.on_failure == 'shrink' else 'restarted'}{given_up}"

@@ -35,7 +35,8 @@ from typing import Any
 from mlbench.errors import MlbenchError, peer_consequence
 from mlbench.frameworks import PYTORCH, get_framework
 from mlbench.launch.forked import ForkedProcess, fork_worker, forking_allowed, preload_port
-from mlbench.launch.injector import FaultRecord, Injector, check_recovered, next_group, reached_step, record_restart
+from mlbench.launch.injector import (FaultRecord, Injector, check_recovered, next_group, reached_step, record_restart,
+                                     restart_counts)
 from mlbench.launch.processes import ProcessRef
 from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, rank_error
 from mlbench.network.emulation import NETWORK_LOST, LocalNetwork, local_network
@@ -162,7 +163,8 @@ class WorkerProcesses:
         self.clock_start: float | None = None
         self.faults: FaultRecord | None = None
         self.injector: Injector | None = None
-        self.on_failure, self.max_restarts, self.restarts_done = "fail", 0, 0
+        self.on_failure, self.max_restarts = "fail", 0
+        self.first_restart = 0   # faults.restarts from here on are this supervisor's (its limit's)
         self._recovering: dict[str, Any] | None = None   # the restart whose first step is awaited
 
     def worker_env(self, config: RunConfig) -> dict[str, str]:
@@ -183,6 +185,7 @@ class WorkerProcesses:
         self.on_failure, self.max_restarts = config.on_failure, config.max_restarts
         if self.faults is None and (config.faults or config.on_failure != "fail"):
             self.faults = FaultRecord(self.run_dir)
+            self.first_restart = len(self.faults.restarts)   # a resumed run's limit starts afresh
         listener = None
         framework = get_framework(config.framework)
         try:
@@ -327,7 +330,9 @@ class WorkerProcesses:
         left), or end the run failed, naming the injected fault it is blamed on."""
         now = time.time()
         reason, fault = self.faults.blame(ranks, reason, now) if self.faults is not None else (reason, None)
-        survivors, given_up = next_group(self.on_failure, self.max_restarts, self.restarts_done, self.workers, ranks)
+        restarts = self.faults.restarts[self.first_restart:] if self.faults is not None else []
+        survivors, given_up = next_group(self.on_failure, self.max_restarts, restarts, self.workers, ranks,
+                                         counts=restart_counts(self.run_dir, self.workers, fault))
         if given_up is None:
             self.restart(reason, fault, now, survivors)
             return
@@ -351,7 +356,6 @@ class WorkerProcesses:
         self.stop_all(grace=0)   # the checkpoint is what goes on; nothing to save
         if self.injector is not None:
             self.injector.forget_processes()
-        self.restarts_done += 1
         self._recovering = record_restart(self.faults, self.workers, reason, fault, now, reached, survivors)
         self.procs = []
         self.start(restarting=True)

@@ -86,6 +86,8 @@ def test_a_restarted_requeued_then_cancelled_slurm_run_resumes_to_the_parameters
     (restart,) = restarts()
     assert "task 1" in restart["reason"] and "kill of rank 1" in restart["reason"], restart
     assert restart["from_step"] % 20 == 0 and restart["reached_step"] >= restart["from_step"], restart
+    # against restart:1 only when the kill came before the group's first checkpoint (restart_counts)
+    assert restart["counted"] is (restart["from_step"] == 0), restart
     wait_for(lambda: newest_checkpoint(run) > max(restart["from_step"], 0), 240, "a checkpoint after the restart", 0.5)
 
     slurm.command("scontrol", "requeue", first_job)
