@@ -136,7 +136,8 @@ def run_faults(record: RunRecord, summary: RunSummary,
                events: Iterable[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The measurements of one run, as `status -o json` shows them under ``faults``:
     ``injected`` (the --inject schedules), ``on_failure``, ``events`` (each applied fault),
-    ``count``, ``restarts``, ``lost_steps``, ``detect_s``/``recover_s`` (per fault dealt with),
+    ``count``, ``restarts`` (``restarts_not_counted``: of them, those that did not count against
+    ``restart:N``), ``lost_steps``, ``detect_s``/``recover_s`` (per fault dealt with),
     ``goodput`` and ``stragglers``. ``events``: the run's metric events, read here when None
     and a slowdown was injected (only then do they add to the summary)."""
     document = RunDocument.load_or_none(record.run_dir)
@@ -156,6 +157,7 @@ def run_faults(record: RunRecord, summary: RunSummary,
         "events": applied,
         "count": sum(1 for e in applied if not e.get("missed")),
         "restarts": len(restarts),
+        "restarts_not_counted": sum(1 for r in restarts if r.get("counted") is False),
         "workers": worker_sizes(record.workers, restarts),
         "lost_steps": sum(int(r.get("lost_steps") or 0) for r in restarts),
         "detect_s": [e["detected_s"] for e in applied if e.get("detected_s") is not None],
@@ -222,7 +224,9 @@ def describe_faults(faults: dict[str, Any]) -> list[tuple[str, str]]:
                                f"{faults['on_failure']}"))
         detect = _seconds(faults["detect_s"])
         recover = _seconds(faults["recover_s"])
-        rows.append(("recovery", f"{recoveries(faults)}, {faults['lost_steps']} steps lost and redone; "
+        free = faults.get("restarts_not_counted") or 0
+        besides = f" ({free} after injected faults, not counted against {faults['on_failure']})" if free else ""
+        rows.append(("recovery", f"{recoveries(faults)}{besides}, {faults['lost_steps']} steps lost and redone; "
                                  f"detected in {detect}, recovered in {recover}"))
     if faults["goodput"] is not None:
         rows.append(("goodput", f"{100 * faults['goodput']:.1f}% (training time / wall time)"))

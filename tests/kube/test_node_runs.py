@@ -407,7 +407,8 @@ def test_an_injected_kill_restarts_the_group_from_its_checkpoint_and_two_failure
     assert after and restart["from_step"] < min(after) <= restart["from_step"] + 5, (restart, after[:5])
     shown = mlbench_cli("status", run_id).output
     assert "kill of rank 1 at 60.0 s); on failure: restart:1" in shown, shown
-    assert re.search(r"recovery\s+2 restarts, \d+ steps lost and redone; detected in .*, recovered in", shown), shown
+    assert re.search(r"recovery\s+2 restarts \(1 after injected faults, not counted against restart:1\), \d+ "
+                     r"steps lost and redone; detected in .*, recovered in", shown), shown
     # what the pods checkpointed on the cluster's volume, which status here cannot list: the
     # supervisor keeps its summary in the run folder
     newest = complete_checkpoints(folder, 2).newest
