@@ -74,6 +74,8 @@ class Case:
 
     def __init__(self, label: str, **options: Any):
         self.label, self.options, self.runs = label, options, []
+        #: a case of the policy table whose runs are this one's (the same options): not run twice
+        self.same_as: Case | None = None
 
     def measure(self, common: dict[str, Any], round_seed: int) -> dict[str, Any]:
         options = {**common, **self.options}
@@ -187,8 +189,14 @@ def main() -> None:
                     Case("straggler: slow:rank=1,factor=3", inject=["slow:rank=1,factor=3"])]
         sweep = [Case(f"restart, checkpoint every {interval}", inject=[kill], on_failure="restart:1000",
                       checkpoint_every=interval) for interval in args.intervals]
+        for case in sweep:   # the policy table's restart row at the interval of that table
+            case.same_as = next((policy for policy in policies if policy.options == case.options), None)
         for round_seed in range(args.repeats):   # interleaved: every case once per round
             for case in policies + sweep:
+                if case.same_as is not None:   # measured just before, in this round, as the policy row
+                    shared = record.done(case.same_as, round_seed)
+                    case.runs.extend([shared] if shared is not None else [])
+                    continue
                 earlier = record.done(case, round_seed)
                 if earlier is not None:
                     case.runs.append(earlier)
@@ -220,6 +228,9 @@ def report(args: argparse.Namespace, policies: list[Case], sweep: list[Case], to
         print(f"checkpoint cost C = {1000 * c:.1f} ms (median of {len(cost)}), mean time between kills "
               f"M = {mtbf:.1f} s: Young/Daly sqrt(2 C M) = {math.sqrt(2 * c * mtbf):.2f} s")
     print(tabulate([policy_row(case, to_goal) for case in sweep], headers=headers, tablefmt="github"))
+    for case in sweep:
+        if case.same_as is not None:
+            print(f"({case.label}: the runs of the row '{case.same_as.label}' above, the same options)")
     measured = [case for case in sweep if case.runs]
     best = max(measured, key=lambda case: statistics.median(
         [run["goodput"] or 0.0 for run in case.runs if run["faults"] is not None] or [0.0]))
