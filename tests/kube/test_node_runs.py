@@ -304,9 +304,11 @@ def test_a_stopped_worker_fails_the_run_naming_its_rank_within_the_watchdogs_bou
     """The watchdog's verdict on a cluster; then `mlbench resume` of the failed run (issue 24):
     the results service makes it ready from the checkpoints its pods wrote on the service's volume,
     the CLI creates its objects again, and the new pods go on from the newest checkpoint to the
-    new step cap, as the same run."""
+    new step cap, as the same run. Rank 0 is slowed 50x (it sleeps; a step of task 2a computes
+    for about a millisecond), so that the run waits for the stop without taking both cores."""
     ns = on_node
-    run_id = start_detached(*ENDLESS, "--watchdog", "8s", "--checkpoint-every", "5steps", "--log-every", "5")
+    run_id = start_detached(*ENDLESS, "--watchdog", "8s", "--checkpoint-every", "5steps", "--log-every", "5",
+                            "--inject", "slow:rank=0,factor=50")
     wait_running(ns, run_id)
     wait_for(lambda: trained(ns, run_id), 180, f"both workers to train: {explain(ns)}", interval=1)
     name = next(c for c in ns.containers_of(run_id) if c.startswith(f"k8s_worker_{pod_name(run_id, 1)}_"))
@@ -347,9 +349,11 @@ def test_an_injected_kill_restarts_the_group_from_its_checkpoint_and_two_failure
     restart does not count against restart:1 (an injected kill after a new checkpoint:
     injector.restart_counts), so a pod deleted by hand is restarted too, and counts; a second
     one, deleted as soon as the supervisor made it, finds no restart left: the run fails
-    saying so. Rank 1 is slowed 5x (it
-    sleeps), so that the run makes its steps without burning the loaded box's CPU while the fault
-    clock runs. The kill comes at 60 s, after the first checkpoint (every 5 steps): on the loaded
+    saying so. Rank 1 is slowed 100x (it
+    sleeps 99 times its compute, about a millisecond a step), so that the run makes its steps
+    without burning the loaded box's CPU while the fault clock runs: at 5x, the two pods made
+    about a hundred steps, twenty checkpoints and twenty log posts a second, and the scenario
+    cost 77 CPU-seconds idle. The kill comes at 60 s, after the first checkpoint (every 5 steps): on the loaded
     CI box the pods' first 5 steps came 33 s after their start (a kill at 25 s found none made);
     the second failure waits for the recovery (there, 89 s after the kill) rather than for a clock.
     The pods the supervisor created again are as locked down as the CLI's (checked on the real
@@ -357,7 +361,7 @@ def test_an_injected_kill_restarts_the_group_from_its_checkpoint_and_two_failure
     the README's 30 seconds, blamed on that pod, not on its peer that stopped with it."""
     ns = on_node
     run_id = start_detached(*ENDLESS, "--checkpoint-every", "5steps", "--log-every", "5", "--on-failure", "restart:1",
-                            "--inject", "slow:rank=1,factor=5", "--inject", "kill:rank=1,at=60s")
+                            "--inject", "slow:rank=1,factor=100", "--inject", "kill:rank=1,at=60s")
     store = kubernetes.open_store(ns.record)
 
     def restarts() -> list:
