@@ -247,16 +247,12 @@ def restart_counts(run_dir: Path, workers: int, fault: dict[str, Any] | None) ->
     checkpoint counts, so a schedule faster than the checkpoints ends after N restarts instead
     of restarting for ever. Kubernetes' podFailurePolicy (``Ignore`` for disruptions) and
     JobSet's ``RestartJobSetAndIgnoreMaxRestarts`` leave failures that are not the job's out of
-    its limit alike. :func:`record_restart` records the same answer as the entry's ``counted``."""
+    its limit alike. The supervisors pass the answer to :func:`record_restart` (``counted``)."""
     if fault is None:
         return True
     config = RunDocument.load(run_dir).config
     newest = complete_checkpoints(checkpoint_root(run_dir, config.checkpoint_dir), workers).newest
-    return _counts(fault, newest, config.resume_step)
-
-
-def _counts(fault: dict[str, Any] | None, newest: int | None, started_from: int | None) -> bool:
-    return fault is None or newest is None or newest <= (started_from or 0)
+    return newest is None or newest <= (config.resume_step or 0)
 
 
 def next_group(on_failure: str, max_restarts: int, restarts: Sequence[Mapping[str, Any]], workers: int,
@@ -288,11 +284,14 @@ def next_group(on_failure: str, max_restarts: int, restarts: Sequence[Mapping[st
 
 
 def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[str, Any] | None,
-                   now: float, reached: int, survivors: list[int] | None = None) -> dict[str, Any]:
+                   now: float, reached: int, survivors: list[int] | None = None,
+                   counted: bool = True) -> dict[str, Any]:
     """A group that failed at step ``reached`` goes on from its newest complete checkpoint
     (from the beginning without one): run.json's ``resume_step`` names it, the restart and the
     steps it loses are recorded (``faults.restarts``, the fault's ``action``; a restart's
-    ``counted``: whether it counts against ``restart:N``, :func:`restart_counts`), the checkpoints
+    ``counted``: whether it counted against ``restart:N`` when it was decided,
+    :func:`restart_counts`; on a cluster the workers' checkpoint at their stop may come after),
+    the checkpoints
     a killed writer left incomplete and the old group's heartbeats go. Call it only while no
     worker of the run is alive; the local supervisor and the one inside a Slurm job both do.
     With ``survivors`` (``--on-failure shrink``: the old ranks that go on), the new group has
@@ -302,7 +301,6 @@ def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[s
     run_dir = record.run_dir
     document = RunDocument.load(run_dir)
     config = document.config
-    started_from = config.resume_step
     newest = back_to_newest_checkpoint(run_dir, document, workers) or 0
     if survivors is not None:
         renumber_checkpoints(checkpoint_root(run_dir, config.checkpoint_dir), workers, survivors)
@@ -315,7 +313,7 @@ def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[s
     if survivors is not None:
         entry.update(workers=len(survivors), survivors=survivors)
     else:   # against --on-failure restart:N (restart_counts)
-        entry["counted"] = _counts(fault, newest, started_from)
+        entry["counted"] = counted
     record.restarts.append(entry)
     if fault is not None:
         fault.update(action="restart" if survivors is None else "shrink", lost_steps=entry["lost_steps"])

@@ -171,6 +171,7 @@ class Ending:
     fault: dict[str, Any] | None
     at: float
     reached: int
+    counted: bool   # against --on-failure restart:N (restart_counts, when the group was ended)
 
 
 @dataclass
@@ -352,18 +353,18 @@ class PodSupervisor:
             _, given_up = next_group(config.on_failure, config.max_restarts, record.restarts, run.workers, ranks,
                                      counts=counts)
             if given_up is None:
-                self._end_group(run, record, ranks, reason, now, pods)
+                self._end_group(run, record, ranks, reason, now, pods, counts)
                 return
         self.end_run(run.id, FAILED, self._blame(run, document, ranks, reason, now) + (given_up or ""))
 
     def _end_group(self, run: RunRecord, record: FaultRecord, ranks: Sequence[int], reason: str, now: float,
-                   pods: list[PodState]) -> None:
+                   pods: list[PodState], counted: bool) -> None:
         """Delete the pods of a group to be restarted, keeping what its restart will record."""
         reason, fault = record.blame(ranks, reason, now)
         # the group ends; once its pods are gone (no worker writes a checkpoint any more) the
         # restart is recorded and the new group created: the next rounds (_restart_when_gone)
         reached = reached_step(run.run_dir, run.workers, fault.get("time") if fault is not None else None)
-        self._ending[run.id] = Ending(reason, fault, now, reached)
+        self._ending[run.id] = Ending(reason, fault, now, reached, counted)
         self._recovering.pop(run.id, None)
         self._keep_logs(run)
         for pod in pods:
@@ -387,7 +388,8 @@ class PodSupervisor:
         injector = self._injectors.get(run.id)
         if injector is not None:
             injector.forget_processes()
-        entry = record_restart(record, run.workers, ending.reason, ending.fault, ending.at, ending.reached)
+        entry = record_restart(record, run.workers, ending.reason, ending.fault, ending.at, ending.reached,
+                               counted=ending.counted)
         document = RunDocument.load(run.run_dir)
         name = run_name(run.id)
         self.core.patch_namespaced_config_map(name, self.namespace,

@@ -189,7 +189,8 @@ class JobSupervisor:
             reason = f"Slurm step of {', '.join(f'task {r}' for r in failed) or 'the workers'} failed " \
                      f"(srun exit code {code})"
             reason, fault = self.faults.blame(failed, reason, now) if self.faults is not None else (reason, None)
-            survivors, given_up = self._go_on_with(failed, fault, started)
+            counts = restart_counts(self.run_dir, self.workers, fault)
+            survivors, given_up = self._go_on_with(failed, fault, started, counts)
             if self.faults is None or given_up is not None:
                 if self.faults is not None:
                     if fault is not None:
@@ -203,7 +204,7 @@ class JobSupervisor:
             recovering = record_restart(self.faults, self.workers, reason, fault, now,
                                         reached_step(self.run_dir, self.workers,
                                                      fault.get("time") if fault is not None else None),
-                                        survivors)
+                                        survivors, counts)
             if survivors is None:
                 counted = "" if recovering["counted"] else ", not counted (an injected fault after a checkpoint)"
                 print(f"mlbench: {reason}; restart {self.restarts_done} from step {recovering['from_step']}"
@@ -214,12 +215,13 @@ class JobSupervisor:
                       f"worker(s) go on from step {recovering['from_step']} ({old})", file=sys.stderr, flush=True)
                 self.workers = len(survivors)
 
-    def _go_on_with(self, failed: list[int], fault: dict[str, Any] | None,
-                    started: float) -> tuple[list[int] | None, str | None]:
+    def _go_on_with(self, failed: list[int], fault: dict[str, Any] | None, started: float,
+                    counts: bool) -> tuple[list[int] | None, str | None]:
         """What the policy does after a failed step (:func:`~mlbench.launch.injector.next_group`,
-        the local supervisor's rule): (None, None) restart at the same size; (survivors, None)
-        shrink to them (their old ranks, in order); (None, why) give up, and why in words. Who is
-        blamed: see the module's docstring."""
+        the local supervisor's rule; ``counts``: whether a restart would count against
+        ``restart:N``): (None, None) restart at the same size; (survivors, None) shrink to them
+        (their old ranks, in order); (None, why) give up, and why in words. Who is blamed: see
+        the module's docstring."""
         if self.on_failure != "shrink":
             blamed = failed
         elif fault is not None:
@@ -230,7 +232,7 @@ class JobSupervisor:
                 return None, "not shrunk (srun named no failed task to leave out)"
         restarts = self.faults.restarts[len(self.faults.restarts) - self.restarts_done:] if self.faults else []
         survivors, given_up = next_group(self.on_failure, self.max_restarts, restarts, self.workers, blamed,
-                                         counts=restart_counts(self.run_dir, self.workers, fault))
+                                         counts=counts)
         if given_up is None:
             return survivors, None
         return None, f"not {'shrunk' if self.on_failure == 'shrink' else 'restarted'}{given_up}"

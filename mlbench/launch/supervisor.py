@@ -331,10 +331,11 @@ class WorkerProcesses:
         now = time.time()
         reason, fault = self.faults.blame(ranks, reason, now) if self.faults is not None else (reason, None)
         restarts = self.faults.restarts[self.first_restart:] if self.faults is not None else []
+        counts = restart_counts(self.run_dir, self.workers, fault)
         survivors, given_up = next_group(self.on_failure, self.max_restarts, restarts, self.workers, ranks,
-                                         counts=restart_counts(self.run_dir, self.workers, fault))
+                                         counts=counts)
         if given_up is None:
-            self.restart(reason, fault, now, survivors)
+            self.restart(reason, fault, now, survivors, counts)
             return
         if self.faults is not None:
             if fault is not None:
@@ -345,7 +346,7 @@ class WorkerProcesses:
         self._mark_ended(FAILED, reason=reason)
 
     def restart(self, reason: str, fault: dict[str, Any] | None, now: float,
-                survivors: list[int] | None = None) -> None:
+                survivors: list[int] | None = None, counted: bool = True) -> None:
         """End the group at once and start it again from the newest complete checkpoint (from
         the beginning without one), recording the restart and the work it loses in run.json.
         With ``survivors`` (``--on-failure shrink``: the old ranks that go on), the new group
@@ -356,7 +357,8 @@ class WorkerProcesses:
         self.stop_all(grace=0)   # the checkpoint is what goes on; nothing to save
         if self.injector is not None:
             self.injector.forget_processes()
-        self._recovering = record_restart(self.faults, self.workers, reason, fault, now, reached, survivors)
+        self._recovering = record_restart(self.faults, self.workers, reason, fault, now, reached, survivors,
+                                          counted)
         self.procs = []
         self.start(restarting=True)
 
