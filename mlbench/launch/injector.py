@@ -283,6 +283,12 @@ def next_group(on_failure: str, max_restarts: int, restarts: Sequence[Mapping[st
     return None, ""
 
 
+def uncounted_note(entry: Mapping[str, Any]) -> str:
+    """What a supervisor's line about a restart adds when it did not count against
+    ``restart:N`` (:func:`restart_counts`): ``""`` when it did, or for a shrink."""
+    return ", not counted (an injected fault after a checkpoint)" if entry.get("counted") is False else ""
+
+
 def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[str, Any] | None,
                    now: float, reached: int, survivors: list[int] | None = None,
                    counted: bool = True) -> dict[str, Any]:
@@ -290,13 +296,12 @@ def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[s
     (from the beginning without one): run.json's ``resume_step`` names it, the restart and the
     steps it loses are recorded (``faults.restarts``, the fault's ``action``; a restart's
     ``counted``: whether it counted against ``restart:N`` when it was decided,
-    :func:`restart_counts`; on a cluster the workers' checkpoint at their stop may come after),
-    the checkpoints
-    a killed writer left incomplete and the old group's heartbeats go. Call it only while no
-    worker of the run is alive; the local supervisor and the one inside a Slurm job both do.
-    With ``survivors`` (``--on-failure shrink``: the old ranks that go on), the new group has
-    one worker per survivor, ranked in their order, and starts from their files of the
-    checkpoint, renumbered here (docs/faults.md states the rules for the new size).
+    :func:`restart_counts`; on a cluster the workers' checkpoint at their stop comes after),
+    the checkpoints a killed writer left incomplete and the old group's heartbeats go. Call it
+    only while no worker of the run is alive; every supervisor does. With ``survivors``
+    (``--on-failure shrink``: the old ranks that go on), the new group has one worker per
+    survivor, ranked in their order, and starts from their files of the checkpoint, renumbered
+    here (docs/faults.md states the rules for the new size).
     Returns the restart's entry (:func:`check_recovered` completes it)."""
     run_dir = record.run_dir
     document = RunDocument.load(run_dir)

@@ -56,6 +56,7 @@ from mlbench.launch.injector import (
     reached_step,
     record_restart,
     restart_counts,
+    uncounted_note,
 )
 from mlbench.launch.k8s_objects import (
     RANK_LABEL,
@@ -400,9 +401,8 @@ class PodSupervisor:
             self.core.create_namespaced_pod(self.namespace, pod)
         self._recovering[run.id] = entry
         self._restarted_at[run.id] = time.time()
-        counted = "" if entry["counted"] else ", not counted (an injected fault after a checkpoint)"
         print(f"supervisor: run {run.id}: {ending.reason}; restart {len(record.restarts)} from step "
-              f"{entry['from_step']}{counted}", file=sys.stderr, flush=True)
+              f"{entry['from_step']}{uncounted_note(entry)}", file=sys.stderr, flush=True)
 
     def _check_recovered(self, run: RunRecord) -> None:
         """A restarted group is back once every rank made a step past the checkpoint (the time

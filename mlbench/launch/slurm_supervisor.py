@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench.launch.injector import (FaultRecord, Injector, check_recovered, next_group, reached_step, record_restart,
-                                     restart_counts)
+                                     restart_counts, uncounted_note)
 from mlbench.launch.run_folder import back_to_newest_checkpoint
 from mlbench.launch.supervisor import free_ports
 from mlbench.results.events import read_run_events
@@ -206,9 +206,8 @@ class JobSupervisor:
                                                      fault.get("time") if fault is not None else None),
                                         survivors, counts)
             if survivors is None:
-                counted = "" if recovering["counted"] else ", not counted (an injected fault after a checkpoint)"
                 print(f"mlbench: {reason}; restart {self.restarts_done} from step {recovering['from_step']}"
-                      f"{counted}", file=sys.stderr, flush=True)
+                      f"{uncounted_note(recovering)}", file=sys.stderr, flush=True)
             else:
                 old = f"old rank{'s' if len(survivors) > 1 else ''} {', '.join(map(str, survivors))}"
                 print(f"mlbench: {reason}; shrink {self.restarts_done}: {len(survivors)} of {self.workers} "
