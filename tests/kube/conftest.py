@@ -51,6 +51,12 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: floa
 #: the arguments of a run that trains until its test ends it: task 2a (logistic regression), so
 #: that the node's two cores stay free enough for the kubelet and the API server to answer in time
 ENDLESS = ("task2a", "2", "--data", "synthetic", "--set", "max_epochs=100000")
+#: what keeps such a run from spinning while its test waits (a cancel, a stop, the engine's
+#: restart): rank 0 sleeps 49 times its compute after each step (`--inject slow`, applied by
+#: the worker itself: the run's path is the same), so both ranks make about twenty steps a
+#: second instead of hundreds. Under load the saving is larger than idle: a spinning run takes
+#: its share of the two cores for as long as the starved steps around it take
+PACED = ("--inject", "slow:rank=0,factor=50")
 
 
 def mlbench_cli(*args: str):

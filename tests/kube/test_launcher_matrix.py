@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mlbench.launch import kubernetes
-from tests.kube.conftest import ENDLESS
+from tests.kube.conftest import ENDLESS, PACED
 from tests.kube.test_node_runs import start_detached, wait_running
 from tests.launcher_matrix import (
     LauncherCase,
@@ -38,7 +38,7 @@ def test_cluster_runs_are_cancelled_with_their_pods_deleted_and_end_alike_in_the
     ns = on_node
 
     def endless() -> str:
-        run_id = start_detached(*ENDLESS)
+        run_id = start_detached(*ENDLESS, *PACED)
         wait_running(ns, run_id)
         return run_id
 

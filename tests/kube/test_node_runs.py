@@ -32,7 +32,7 @@ from tests.conftest import REPO
 from tests.frameworks.in_process import ATOL, RTOL, values
 from tests.helpers import mlbench
 from tests.kube import images
-from tests.kube.conftest import ENDLESS, lift_the_tests_time_limit, mlbench_cli, wait_for
+from tests.kube.conftest import ENDLESS, PACED, lift_the_tests_time_limit, mlbench_cli, wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(3600),
               pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")]
@@ -304,11 +304,10 @@ def test_a_stopped_worker_fails_the_run_naming_its_rank_within_the_watchdogs_bou
     """The watchdog's verdict on a cluster; then `mlbench resume` of the failed run (issue 24):
     the results service makes it ready from the checkpoints its pods wrote on the service's volume,
     the CLI creates its objects again, and the new pods go on from the newest checkpoint to the
-    new step cap, as the same run. Rank 0 is slowed 50x (it sleeps; a step of task 2a computes
-    for about a millisecond), so that the run waits for the stop without taking both cores."""
+    new step cap, as the same run. The run is PACED, so that it waits for the stop without
+    taking both cores."""
     ns = on_node
-    run_id = start_detached(*ENDLESS, "--watchdog", "8s", "--checkpoint-every", "5steps", "--log-every", "5",
-                            "--inject", "slow:rank=0,factor=50")
+    run_id = start_detached(*ENDLESS, *PACED, "--watchdog", "8s", "--checkpoint-every", "5steps", "--log-every", "5")
     wait_running(ns, run_id)
     wait_for(lambda: trained(ns, run_id), 180, f"both workers to train: {explain(ns)}", interval=1)
     name = next(c for c in ns.containers_of(run_id) if c.startswith(f"k8s_worker_{pod_name(run_id, 1)}_"))
@@ -422,7 +421,7 @@ def test_an_injected_kill_restarts_the_group_from_its_checkpoint_and_two_failure
 
 def test_a_restart_of_the_nodes_engine_ends_the_run_marked_and_removes_its_objects(on_node):
     ns = on_node
-    run_id = start_detached(*ENDLESS)
+    run_id = start_detached(*ENDLESS, *PACED)
     wait_running(ns, run_id)
     ns.node.restart_engine()                  # every container on the node dies with the engine
     final = follow_to_end(ns, run_id, ENGINE_RESTART_WITHIN_S)
