@@ -51,11 +51,13 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: floa
 #: the arguments of a run that trains until its test ends it: task 2a (logistic regression), so
 #: that the node's two cores stay free enough for the kubelet and the API server to answer in time
 ENDLESS = ("task2a", "2", "--data", "synthetic", "--set", "max_epochs=100000")
-#: what keeps such a run from spinning while its test waits (a cancel, a stop, the engine's
-#: restart): rank 0 sleeps 49 times its compute after each step (`--inject slow`, applied by
-#: the worker itself: the run's path is the same), so both ranks make about twenty steps a
-#: second instead of hundreds. Under load the saving is larger than idle: a spinning run takes
-#: its share of the two cores for as long as the starved steps around it take
+#: what keeps such a run from spinning while its test waits for something other than its steps
+#: (a cancel, the engine's restart): rank 0 sleeps 49 times its compute after each step
+#: (`--inject slow`, applied by the worker itself: the run's path is the same), so both ranks
+#: make about twenty steps a second instead of hundreds. Under load the saving is larger than
+#: idle: a spinning run takes its share of the two cores for as long as the starved steps
+#: around it take. Not for a test that waits for steps: "compute" under load includes waiting
+#: for a core, and a paced step is 50 times that
 PACED = ("--inject", "slow:rank=0,factor=50")
 
 
