@@ -58,8 +58,16 @@ class FaultRecord:
         section = document.extra.get(FAULTS_SECTION) or {}
         self.events: list[dict[str, Any]] = list(section.get("events") or [])
         self.restarts: list[dict[str, Any]] = list(section.get("restarts") or [])
+        self._earlier = len(self.restarts)   # recorded before this record was loaded
         clock = section.get("clock_s")
         self.clock_s: float | None = float(clock) if isinstance(clock, (int, float)) else None
+
+    @property
+    def own_restarts(self) -> list[dict[str, Any]]:
+        """The restarts (or shrinks) recorded since this record was loaded: those of the
+        supervisor that loaded it, whose ``--on-failure`` limit they count against (a resumed
+        run's, or a requeued Slurm job's, starts afresh)."""
+        return self.restarts[self._earlier:]
 
     def save(self) -> None:
         document = RunDocument.load(self.run_dir)

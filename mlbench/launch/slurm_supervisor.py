@@ -150,7 +150,6 @@ class JobSupervisor:
         self.workers = config.workers
         self.on_failure, self.max_restarts = config.on_failure, config.max_restarts
         self.faults = FaultRecord(run_dir) if config.faults or config.on_failure != "fail" else None
-        self.restarts_done = 0   # this job's restarts or shrinks: the last ones of faults.restarts
         # The fault clock of a resumed or requeued job goes on from the seconds its last
         # supervisor recorded (else its latest fault's moment), as a local run's does: a schedule
         # strikes each of its moments once over the run, not again in every job.
@@ -200,17 +199,17 @@ class JobSupervisor:
                 return code
             if self.injector is not None:
                 self.injector.forget_processes()
-            self.restarts_done += 1
             recovering = record_restart(self.faults, self.workers, reason, fault, now,
                                         reached_step(self.run_dir, self.workers,
                                                      fault.get("time") if fault is not None else None),
                                         survivors, counts)
+            done = len(self.faults.own_restarts)   # this job's restarts or shrinks
             if survivors is None:
-                print(f"mlbench: {reason}; restart {self.restarts_done} from step {recovering['from_step']}"
+                print(f"mlbench: {reason}; restart {done} from step {recovering['from_step']}"
                       f"{uncounted_note(recovering)}", file=sys.stderr, flush=True)
             else:
                 old = f"old rank{'s' if len(survivors) > 1 else ''} {', '.join(map(str, survivors))}"
-                print(f"mlbench: {reason}; shrink {self.restarts_done}: {len(survivors)} of {self.workers} "
+                print(f"mlbench: {reason}; shrink {done}: {len(survivors)} of {self.workers} "
                       f"worker(s) go on from step {recovering['from_step']} ({old})", file=sys.stderr, flush=True)
                 self.workers = len(survivors)
 
@@ -229,7 +228,7 @@ class JobSupervisor:
             blamed = watchdog_blame(self.run_dir, started) or failed
             if not blamed:
                 return None, "not shrunk (srun named no failed task to leave out)"
-        restarts = self.faults.restarts[len(self.faults.restarts) - self.restarts_done:] if self.faults else []
+        restarts = self.faults.own_restarts if self.faults is not None else []
         survivors, given_up = next_group(self.on_failure, self.max_restarts, restarts, self.workers, blamed,
                                          counts=counts)
         if given_up is None:

@@ -164,7 +164,6 @@ class WorkerProcesses:
         self.faults: FaultRecord | None = None
         self.injector: Injector | None = None
         self.on_failure, self.max_restarts = "fail", 0
-        self.first_restart = 0   # faults.restarts from here on are this supervisor's (its limit's)
         self._recovering: dict[str, Any] | None = None   # the restart whose first step is awaited
 
     def worker_env(self, config: RunConfig) -> dict[str, str]:
@@ -185,7 +184,6 @@ class WorkerProcesses:
         self.on_failure, self.max_restarts = config.on_failure, config.max_restarts
         if self.faults is None and (config.faults or config.on_failure != "fail"):
             self.faults = FaultRecord(self.run_dir)
-            self.first_restart = len(self.faults.restarts)   # a resumed run's limit starts afresh
         listener = None
         framework = get_framework(config.framework)
         try:
@@ -330,7 +328,7 @@ class WorkerProcesses:
         left), or end the run failed, naming the injected fault it is blamed on."""
         now = time.time()
         reason, fault = self.faults.blame(ranks, reason, now) if self.faults is not None else (reason, None)
-        restarts = self.faults.restarts[self.first_restart:] if self.faults is not None else []
+        restarts = self.faults.own_restarts if self.faults is not None else []
         counts = restart_counts(self.run_dir, self.workers, fault)
         survivors, given_up = next_group(self.on_failure, self.max_restarts, restarts, self.workers, ranks,
                                          counts=counts)
