@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 ENV = "MLBENCH_TEST_CPU_PROFILE"
+CGROUPS_ENV = "MLBENCH_TEST_CPU_CGROUPS"
 #: the fields of /proc/stat's "cpu" line that are work, not waiting: user nice system irq softirq steal
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
 
@@ -48,6 +49,18 @@ def busy_cpu_seconds() -> float:
     return sum(int(fields[i]) for i in BUSY_FIELDS) / os.sysconf("SC_CLK_TCK")
 
 
+def cgroup_cpu_seconds(folders: list[str]) -> float:
+    """CPU-seconds the processes of these cpuacct cgroups (and of their sub-groups) have spent."""
+    return sum(int(Path(folder, "cpuacct.usage").read_text()) for folder in folders) / 1e9
+
+
+def machine_or_cgroup_cpu_seconds() -> float:
+    """The CPU a test's ``cpu_s`` counts: the cgroups of ``MLBENCH_TEST_CPU_CGROUPS`` when it is
+    set, else every core of the machine."""
+    folders = [folder for folder in os.environ.get(CGROUPS_ENV, "").split(":") if folder]
+    return cgroup_cpu_seconds(folders) if folders else busy_cpu_seconds()
+
+
 class CpuProfile:
     """A pytest plugin that appends one line per test to ``path``."""
 
@@ -56,11 +69,12 @@ class CpuProfile:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        start, wall, cpu, own = time.time(), time.monotonic(), busy_cpu_seconds(), own_cpu_seconds()
+        start, wall, own = time.time(), time.monotonic(), own_cpu_seconds()
+        cpu = machine_or_cgroup_cpu_seconds()
         yield
         line = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
                 "start": round(start, 2), "wall_s": round(time.monotonic() - wall, 2),
-                "cpu_s": round(busy_cpu_seconds() - cpu, 2), "own_cpu_s": round(own_cpu_seconds() - own, 2)}
+                "cpu_s": round(machine_or_cgroup_cpu_seconds() - cpu, 2), "own_cpu_s": round(own_cpu_seconds() - own, 2)}
         with open(self.path, "a") as out:
             out.write(json.dumps(line) + "\n")
 
