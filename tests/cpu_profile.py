@@ -54,27 +54,24 @@ def cgroup_cpu_seconds(folders: list[str]) -> float:
     return sum(int(Path(folder, "cpuacct.usage").read_text()) for folder in folders) / 1e9
 
 
-def machine_or_cgroup_cpu_seconds() -> float:
-    """The CPU a test's ``cpu_s`` counts: the cgroups of ``MLBENCH_TEST_CPU_CGROUPS`` when it is
-    set, else every core of the machine."""
-    folders = [folder for folder in os.environ.get(CGROUPS_ENV, "").split(":") if folder]
-    return cgroup_cpu_seconds(folders) if folders else busy_cpu_seconds()
-
-
 class CpuProfile:
     """A pytest plugin that appends one line per test to ``path``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # what a test's ``cpu_s`` counts, chosen once: the cgroups of MLBENCH_TEST_CPU_CGROUPS
+        # when it is set, else every core of the machine
+        folders = [folder for folder in os.environ.get(CGROUPS_ENV, "").split(":") if folder]
+        self.cpu_seconds = (lambda: cgroup_cpu_seconds(folders)) if folders else busy_cpu_seconds
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
         start, wall, own = time.time(), time.monotonic(), own_cpu_seconds()
-        cpu = machine_or_cgroup_cpu_seconds()
+        cpu = self.cpu_seconds()
         yield
         line = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
                 "start": round(start, 2), "wall_s": round(time.monotonic() - wall, 2),
-                "cpu_s": round(machine_or_cgroup_cpu_seconds() - cpu, 2), "own_cpu_s": round(own_cpu_seconds() - own, 2)}
+                "cpu_s": round(self.cpu_seconds() - cpu, 2), "own_cpu_s": round(own_cpu_seconds() - own, 2)}
         with open(self.path, "a") as out:
             out.write(json.dumps(line) + "\n")
 
