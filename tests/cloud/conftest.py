@@ -24,9 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.kube_local import KUBE_LOCAL, ControlPlaneDown, start_control_plane
+from tests.kube_local import stop as stop_control_plane
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-KUBE_LOCAL = Path(os.environ.get("KUBE_LOCAL_SH", REPO.parent / "shared" / "k8s" / "kube-local.sh"))
 CLOSED = "127.0.0.1:9"  # nothing listens on the discard port: lookups fail at once, locally
 PUBLIC_ADDRESS = "203.0.113.7"  # TEST-NET-3 (RFC 5737): the address the stand-in reports
 
@@ -116,7 +118,10 @@ def kube_local(tmp_path_factory):
 
 
 def control_plane(tmp_path_factory) -> Iterator[Path]:
-    """kube-local.sh's control plane (no node) started, its admin kubeconfig given, then stopped."""
+    """kube-local.sh's control plane (no node) started, its admin kubeconfig given, then stopped.
+
+    A start whose etcd, API server or controller manager exits is tried once more, in a fresh
+    folder with new ports (tests/kube_local.py says why a part may exit on a busy box)."""
     if not KUBE_LOCAL.exists():
         pytest.skip(f"kube-local.sh not found at {KUBE_LOCAL} (set KUBE_LOCAL_SH)")
     build = subprocess.run(["bash", str(KUBE_LOCAL), "build"], capture_output=True, text=True,
@@ -124,42 +129,19 @@ def control_plane(tmp_path_factory) -> Iterator[Path]:
     if build.returncode != 0:
         pytest.skip("kube-apiserver could not be built by kube-local.sh: "
                     + (build.stderr.strip().splitlines() or ["no output"])[-1])
-    state = tmp_path_factory.mktemp("kube-local")
-    start = subprocess.run(["bash", str(KUBE_LOCAL), "start", str(state)], capture_output=True,
-                           text=True, timeout=180)
-    if start.returncode != 0:
-        raise RuntimeError(f"kube-local.sh start failed: {start.stderr[-2000:]}")
-    _wait_for_rbac(state / "kubeconfig")
-    yield state / "kubeconfig"
-    subprocess.run(["bash", str(KUBE_LOCAL), "stop", str(state)], capture_output=True,
-                   timeout=120)
-
-
-def _wait_for_rbac(kubeconfig: Path, timeout: float = 180) -> None:
-    """Until the admin can create pods in ``default``: kube-local.sh returns once the server
-    answers, and on a loaded box the rest comes later -- the RBAC authorizer's bootstrap policy,
-    and the namespace's ``default`` service account, which the controller manager creates and
-    the ServiceAccount admission plugin requires of every pod (both were seen as mlbench's own
-    permission check saying 403 Forbidden to the admin)."""
-    from kubernetes import client
-    from kubernetes import config as kube_config
-
-    api = kube_config.new_client_from_config(str(kubeconfig))
-    review = {"spec": {"resourceAttributes": {"namespace": "default", "verb": "create", "resource": "pods"}}}
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            try:
-                if client.AuthorizationV1Api(api).create_self_subject_access_review(review).status.allowed:
-                    client.CoreV1Api(api).read_namespaced_service_account("default", "default")
-                    return
-            except Exception:  # noqa: BLE001 - the server is still coming up; ask again
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"the local API server did not let its admin create pods within {timeout:.0f}s "
-                           "(RBAC's bootstrap policy or the default service account missing)")
-    finally:
-        api.close()
+    failures: list[str] = []
+    for _ in range(2):
+        state = tmp_path_factory.mktemp("kube-local")
+        try:
+            kubeconfig = start_control_plane(state)
+            break
+        except ControlPlaneDown as down:
+            failures.append(str(down))
+            stop_control_plane(state)
+    else:
+        raise RuntimeError("the local control plane did not start, twice: " + "; then ".join(failures))
+    yield kubeconfig
+    stop_control_plane(state)
 
 
 #: the bridge of the tests' own Docker engine, and its address (a range no other part uses)

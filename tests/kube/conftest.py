@@ -39,6 +39,7 @@ from mlbench.cloud.config import ClusterRecord
 from tests import helpers
 from tests.kube import images
 from tests.kube.node import KUBE_LOCAL, LocalNode, NodeUnavailable
+from tests.kube_local import ControlPlaneDown
 
 DATA_CLAIMS = ("mlbench-results", "mlbench-data-epsilon")
 
@@ -91,10 +92,20 @@ def kube_node(tmp_path_factory, request):
     state = images.CACHE / "node"
     _clear_state(state)
     try:
-        node = LocalNode.start(state)
+        try:
+            node = LocalNode.start(state)
+        except ControlPlaneDown as down:  # a port taken meanwhile (tests/kube_local.py): new ports
+            _clear_state(state)
+            try:
+                node = LocalNode.start(state)
+            except ControlPlaneDown as again:
+                raise RuntimeError(f"the local Kubernetes node did not start, twice: {down}; then {again}") from None
     except NodeUnavailable as err:
         lock.close()
         pytest.skip(f"no local Kubernetes node: {err}")
+    except BaseException:
+        lock.close()
+        raise
     try:
         try:
             node.image = images.worker_image(node.docker_host, tmp_path_factory.mktemp("image") / "build.log",

@@ -39,17 +39,17 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes import config as kube_config
-from kubernetes import watch
 
 from tests.helpers import pump
 from tests.kube.cluster_dns import ClusterDNS
+from tests.kube_local import CONTROL_PLANE_PARTS, KUBE_LOCAL, ControlPlaneDown, dead_part, start_control_plane
 
-REPO = Path(__file__).resolve().parents[2]
-KUBE_LOCAL = Path(os.environ.get("KUBE_LOCAL_SH", REPO.parent / "shared" / "k8s" / "kube-local.sh"))
 KUBE_BIN = Path(os.environ.get("KUBE_LOCAL_CACHE", Path.home() / ".cache" / "kube-local" / "v1.20.2-r2")) / "bin"
 NODE_NAME = "kube-local-node"
+#: the processes ``kube-local.sh node`` adds, as its pid files name them
+NODE_PARTS = ("dockerd", "kubelet", "scheduler")
 UID = 1000  # the image's user (docker/Dockerfile): hostPath volumes are not chowned by fsGroup
 ROUTE_LOCALNET = Path("/proc/sys/net/ipv4/conf/all/route_localnet")
 
@@ -115,15 +115,18 @@ class LocalNode:
         if build.returncode != 0:
             raise NodeUnavailable("kube-local.sh build failed: " + _last(build.stderr))
         state.mkdir(parents=True, exist_ok=True)
-        started = subprocess.run(["bash", str(KUBE_LOCAL), "start", str(state)], capture_output=True, text=True,
-                                 timeout=240)
-        if started.returncode != 0:
-            subprocess.run(["bash", str(KUBE_LOCAL), "stop", str(state)], capture_output=True, timeout=120)
-            raise NodeUnavailable("kube-local.sh start failed: " + _last(started.stderr))
+        try:
+            start_control_plane(state)
+        except ControlPlaneDown:
+            stop_kube_local(state)
+            raise
         added = subprocess.run(["bash", str(KUBE_LOCAL), "node", str(state)], capture_output=True, text=True,
                                timeout=300, env={**os.environ, "KUBE_LOCAL_CLUSTER_DNS": "node"})
-        if added.returncode != 0:
+        dead = dead_part(state, (*CONTROL_PLANE_PARTS, *NODE_PARTS))
+        if added.returncode != 0 or dead:
             stop_kube_local(state)
+            if dead:  # a port taken meanwhile (tests/kube_local.py): the fixture starts again
+                raise ControlPlaneDown(dead)
             raise NodeUnavailable("kube-local.sh node failed: " + _last(added.stderr))
         env = dict(line.split("=", 1) for line in (state / "env").read_text().split("\n") if "=" in line)
         kubeconfig = state / "kubeconfig"
