@@ -92,14 +92,7 @@ def kube_node(tmp_path_factory, request):
     state = images.CACHE / "node"
     _clear_state(state)
     try:
-        try:
-            node = LocalNode.start(state)
-        except ControlPlaneDown as down:  # a port taken meanwhile (tests/kube_local.py): new ports
-            _clear_state(state)
-            try:
-                node = LocalNode.start(state)
-            except ControlPlaneDown as again:
-                raise RuntimeError(f"the local Kubernetes node did not start, twice: {down}; then {again}") from None
+        node = _start_node(state)
     except NodeUnavailable as err:
         lock.close()
         pytest.skip(f"no local Kubernetes node: {err}")
@@ -116,6 +109,19 @@ def kube_node(tmp_path_factory, request):
     finally:
         node.stop()
         lock.close()
+
+
+def _start_node(state: Path) -> LocalNode:
+    """:meth:`LocalNode.start`, made once more in the cleared folder (new ports) when a part of
+    the control plane or node exited (tests/kube_local.py says why one may)."""
+    try:
+        return LocalNode.start(state)
+    except ControlPlaneDown as down:
+        _clear_state(state)
+        try:
+            return LocalNode.start(state)
+        except ControlPlaneDown as again:
+            raise RuntimeError(f"the local Kubernetes node did not start, twice: {down}; then {again}") from None
 
 
 def _clear_state(state: Path) -> None:
