@@ -130,15 +130,16 @@ def with_ntasks(command: list[str], tasks: int) -> list[str]:
     return [*kept[:at], f"--ntasks={tasks}", *kept[at:]]
 
 
-def watchdog_blame(run_dir: Path, since: float) -> list[int]:
-    """The ranks a task's watchdog blamed in an error event written since ``since`` (unix
-    seconds: the step's start), as its verdict's reason names them; [] without such an event."""
+def watchdog_verdict(run_dir: Path, since: float) -> tuple[list[int], str]:
+    """The first verdict of a task's watchdog in an error event written since ``since`` (unix
+    seconds: the step's start): the ranks it blamed, as its reason names them, and the reason;
+    ([], "") without such an event."""
     for event in read_run_events(run_dir):
         if event["name"] == "error" and event["time"] >= since and isinstance(event["value"], str):
             blamed = blamed_ranks(event["value"])
             if blamed:
-                return list(blamed)
-    return []
+                return list(blamed), event["value"]
+    return [], ""
 
 
 class JobSupervisor:
@@ -185,11 +186,12 @@ class JobSupervisor:
             if code == 0 or self.stopping:
                 return code
             now = time.time()
+            hung, verdict = watchdog_verdict(self.run_dir, started)
             reason = f"Slurm step of {', '.join(f'task {r}' for r in failed) or 'the workers'} failed " \
-                     f"(srun exit code {code})"
+                     f"(srun exit code {code}){f': {verdict}' if verdict else ''}"
             reason, fault = self.faults.blame(failed, reason, now) if self.faults is not None else (reason, None)
             counts = restart_counts(self.run_dir, self.workers, fault)
-            survivors, given_up = self._go_on_with(failed, fault, started, counts)
+            survivors, given_up = self._go_on_with(failed, fault, hung, counts)
             if self.faults is None or given_up is not None:
                 if self.faults is not None:
                     if fault is not None:
@@ -213,19 +215,19 @@ class JobSupervisor:
                       f"worker(s) go on from step {recovering['from_step']} ({old})", file=sys.stderr, flush=True)
                 self.workers = len(survivors)
 
-    def _go_on_with(self, failed: list[int], fault: dict[str, Any] | None, started: float,
+    def _go_on_with(self, failed: list[int], fault: dict[str, Any] | None, hung: list[int],
                     counts: bool) -> tuple[list[int] | None, str | None]:
         """What the policy does after a failed step (:func:`~mlbench.launch.injector.next_group`,
-        the local supervisor's rule; ``counts``: whether a restart would count against
-        ``restart:N``): (None, None) restart at the same size; (survivors, None) shrink to them
-        (their old ranks, in order); (None, why) give up, and why in words. Who is blamed: see
-        the module's docstring."""
+        the local supervisor's rule; ``hung``: the ranks a task's watchdog blamed in this step;
+        ``counts``: whether a restart would count against ``restart:N``): (None, None) restart
+        at the same size; (survivors, None) shrink to them (their old ranks, in order); (None,
+        why) give up, and why in words. Who is blamed: see the module's docstring."""
         if self.on_failure != "shrink":
             blamed = failed
         elif fault is not None:
             blamed = [int(fault["rank"])]
         else:
-            blamed = watchdog_blame(self.run_dir, started) or failed
+            blamed = hung or failed
             if not blamed:
                 return None, "not shrunk (srun named no failed task to leave out)"
         restarts = self.faults.own_restarts if self.faults is not None else []

@@ -26,7 +26,7 @@ from mlbench.launch.mpi import mpirun_command
 from mlbench.launch.slurm import failure_reason
 from mlbench.launch.slurm_jobs import JobState, _json_state
 from mlbench.launch.slurm_script import SlurmOptions, render_script
-from mlbench.launch.slurm_supervisor import SlurmTask, _send, watchdog_blame, with_ntasks
+from mlbench.launch.slurm_supervisor import SlurmTask, _send, watchdog_verdict, with_ntasks
 from mlbench.results.events import EventWriter, FileSink
 from mlbench.results.heartbeat import Beat, write_beat
 from mlbench.results.store import RunStore
@@ -255,10 +255,11 @@ def test_a_shrink_leaves_out_the_rank_a_tasks_watchdog_blamed_not_the_task_that_
     old.emit("error", "watchdog: rank 0 made no progress for 70 s: its process stopped answering", epoch=0, step=0)
     time.sleep(0.01)
     step_started = time.time()
-    assert watchdog_blame(tmp_path, step_started) == []
+    assert watchdog_verdict(tmp_path, step_started) == ([], "")
     writer = EventWriter(FileSink(tmp_path, 0), 0)
     writer.emit("error", "watchdog: rank 2 made no progress for 61 s while ranks 0, 1 waited for it in a collective",
                 epoch=0, step=0)
     writer.close()
-    assert watchdog_blame(tmp_path, step_started) == [2]
-    assert watchdog_blame(tmp_path, before) == [0]   # the first verdict since then
+    verdict = "watchdog: rank 2 made no progress for 61 s while ranks 0, 1 waited for it in a collective"
+    assert watchdog_verdict(tmp_path, step_started) == ([2], verdict)
+    assert watchdog_verdict(tmp_path, before)[0] == [0]   # the first verdict since then

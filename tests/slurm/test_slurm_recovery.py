@@ -1,7 +1,7 @@
 """Ports, resume and faults of `mlbench run --slurm` against the real one-node Slurm cluster:
 the JAX and TensorFlow ports as srun's tasks, `--inject kill` with `--on-failure restart` inside the job,
 `scontrol requeue` and `mlbench resume` from a checkpoint, and `--on-failure shrink` to the survivor of a
-killed task, applied inside the job."""
+hung task (the rank its peer's watchdog blamed), applied inside the job."""
 
 from __future__ import annotations
 
@@ -136,31 +136,31 @@ def test_a_restarted_requeued_then_cancelled_slurm_run_resumes_to_the_parameters
 
 
 @pytest.mark.timeout(600)   # one Slurm job of two steps and a local reference run
-def test_a_slurm_run_shrinks_to_the_survivor_of_a_killed_task_as_a_local_run_does(slurm, libsvm_dir):
-    """--on-failure shrink inside the job: task 1 is killed (by the test, not a schedule: srun's
-    blame alone says whom to leave out), the next step has one task, rank 0 going on from the
-    newest checkpoint (step N). The reference is test_faults' for a local shrink: a two-worker
-    run of N steps (local: a Slurm run equals it, test_a_requeued...), then its checkpoint resumed
-    by one worker (in this process) to the same step cap."""
-    import os
-    import signal
-
-    from tests.helpers import assert_survivor_equals_a_one_worker_resume
+def test_a_slurm_run_shrinks_to_the_survivor_of_a_hung_task_as_a_local_run_does(slurm, libsvm_dir):
+    """--on-failure shrink inside the job, after a hang (the harder case than a death): task 1
+    is stopped (SIGSTOP, by the test while it trains), task 0's watchdog names rank 1 within its
+    bound and exits, and srun then names task 0, whose exit ended the step. The supervisor must
+    leave out the rank the watchdog blamed, not the task srun named: the next step has one task,
+    old rank 0 going on from the newest checkpoint (step N). The reference is test_faults' for a
+    local shrink: a two-worker run of N steps (local: a Slurm run equals it, test_a_requeued...),
+    then its checkpoint resumed by one worker (in this process) to the same step cap."""
+    from tests.helpers import assert_survivor_equals_a_one_worker_resume, stop_while_training
     from tests.slurm.test_slurm_runs import worker_pid
 
     steps = 3000
     RUN = ("task2a", "2", "--data-dir", str(libsvm_dir), "--set", "batch_per_worker=50", "--log-every", "5",
            "--no-stop", "--set", "max_epochs=100000", "--checkpoint-every", "10steps")
-    mlbench("run", *RUN, "--max-steps", str(steps), "--save-model", "--on-failure", "shrink", "--slurm", "--detach",
-            check=True)
+    mlbench("run", *RUN, "--max-steps", str(steps), "--save-model", "--on-failure", "shrink", "--watchdog", "8s",
+            "--slurm", "--detach", check=True)
     run = last_run()
     wait_for(lambda: newest_checkpoint(run) >= 20 and worker_pid(run.run_dir, 1), 180, "both tasks to checkpoint")
-    os.kill(worker_pid(run.run_dir, 1), signal.SIGKILL)
+    stop_while_training(worker_pid(run.run_dir, 1), run.run_dir, 1)
     wait_for(lambda: not launcher_of(RunStore(), run).reconcile(run).active, 300, "the run to end", interval=1)
     faulty = RunStore().get(run.id)
     assert faulty.state == "finished" and faulty.result["steps"] == steps, faulty.reason
     shrink = run_json(faulty)["faults"]["restarts"][0]
-    assert (shrink["workers"], shrink["survivors"]) == (1, [0]) and "task 1" in shrink["reason"], shrink
+    assert (shrink["workers"], shrink["survivors"]) == (1, [0]), shrink
+    assert ": watchdog: rank 1 made no progress for " in shrink["reason"], shrink
     status = json.loads(mlbench("status", faulty.id, "-o", "json", check=True).stdout)
     assert status["faults"]["workers"] == [2, 1] and status["workers"] == 2 and status["launcher"] == "slurm"
     shown = mlbench("status", faulty.id, check=True).stdout
