@@ -303,3 +303,49 @@ def test_a_resumed_run_goes_on_on_the_fault_clock_where_its_stop_left_it():
     # on the continued clock: its start (the event's unix time less its moment) lies before the resume
     assert all(e["time"] - e["at"] < resumed_at for e in later)
     assert document["faults"]["clock_s"] > 1000
+
+
+def test_a_stall_that_is_over_is_blamed_only_on_a_watchdogs_verdict_naming_its_rank():
+    """A stall with ``for=`` whose process was continued, or one whose group was replaced, was
+    survived: a later death (seen here: a worker SIGKILLed by hand 8 s after a 1-s stall ended
+    was recorded as '[injected: stall of rank 1 ...]', the stall's action 'restart' and its time
+    to detect 9 s) is not put down to it. A watchdog's verdict naming its rank still is: made
+    while the stall lasted, it may be acted on a moment after the SIGCONT. Real processes (a
+    ``sleep``) are stopped and continued; the record is a real run's."""
+    import subprocess
+    import time
+
+    from mlbench.launch.injector import FaultRecord, Injector
+    from mlbench.launch.processes import process_state
+    from tests.helpers import last_run, wait_for
+
+    mlbench("run", "task2a", "2", "--data", "synthetic", "--record-only", check=True)
+    run_dir = last_run().run_dir
+    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    try:
+        schedules = [parse_inject("stall:rank=0,at=0s,for=0.2s"), parse_inject("stall:rank=1,at=0s")]
+        injector = Injector(schedules, time.time(), FaultRecord(run_dir), passed=None)
+        _, held = injector.apply(procs)
+        wait_for(lambda: all(process_state(p.pid) in ("T", "t") for p in procs), 10, "both to stop")
+        time.sleep(0.3)
+        assert injector.apply(procs) == []
+        wait_for(lambda: process_state(procs[0].pid) not in ("T", "t"), 10, "rank 0 to be continued")
+        assert process_state(procs[1].pid) in ("T", "t")   # no for=: stopped until a verdict
+        events = FaultRecord(run_dir).events
+        assert 0.2 <= events[0]["stopped_s"] < 5 and "stopped_s" not in events[1]
+
+        open_stall = FaultRecord(run_dir).culprit([0])   # rank 0's is over; rank 1's is not
+        assert open_stall is not None and (open_stall["rank"], open_stall["at"]) == (held["rank"], held["at"])
+        injector.forget_processes()   # the group is replaced: rank 1's stall is over too
+        record = FaultRecord(run_dir)
+        assert "stopped_s" in record.events[1]
+        reason, fault = record.blame([0], "worker 0 was killed by SIGKILL", time.time())
+        assert (reason, fault) == ("worker 0 was killed by SIGKILL", None)
+        verdict = "worker 1 exited with code 1: watchdog: rank 0 made no progress for 9 s"
+        reason, fault = record.blame([1], verdict, time.time())
+        assert fault is not None and (fault["kind"], fault["rank"]) == ("stall", 0)
+        assert reason.startswith(verdict + " [injected: stall of rank 0")
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

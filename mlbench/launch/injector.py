@@ -6,7 +6,8 @@ last look is done then: ``kill`` sends SIGKILL to the rank's process, ``stall`` 
 SIGCONT ``for`` seconds later, unless the process is gone by then), ``link-down`` takes the
 rank's port of the emulated network's bridge down and up again ``for`` seconds later
 (:meth:`mlbench.network.emulation.LocalNetwork.set_link`; the event's ``down_s`` is how long it
-really was down). A ``slow`` schedule is
+really was down, as a stall's ``stopped_s`` is how long its process was stopped: until SIGCONT,
+or until the group was replaced). A ``slow`` schedule is
 applied by the worker itself (:mod:`mlbench.worker.straggler`: the supervisor cannot slow a
 process's compute without stopping it) and only recorded here, when each window begins.
 
@@ -37,6 +38,7 @@ from mlbench.results.faults import KILL, LINK_DOWN, SLOW, STALL, describe_fault,
 from mlbench.results.goodput import FAULTS_SECTION, recoveries
 from mlbench.launch.run_folder import back_to_newest_checkpoint
 from mlbench.results.heartbeat import Beat, read_beats
+from mlbench.results.watchdog import blamed_ranks
 from mlbench.run_config import RunDocument
 
 
@@ -92,12 +94,15 @@ class FaultRecord:
             return self.clock_s
         return max((float(e["at"]) for e in self.events if isinstance(e.get("at"), (int, float))), default=None)
 
-    def culprit(self, ranks: Sequence[int]) -> dict[str, Any] | None:
+    def culprit(self, ranks: Sequence[int], hung: Sequence[int] = ()) -> dict[str, Any] | None:
         """The fault a failure of ``ranks`` is blamed on: the latest kill or stall of one of
         them not yet dealt with, else the latest of any rank (a killed worker's peer may be seen
-        to fail first); None for a failure no injected fault explains."""
+        to fail first); None for a failure no injected fault explains. A stall or link-down that
+        is over (its process continued or replaced, its link up again) was survived: it explains
+        a failure only through a watchdog's verdict that names its rank (``hung``: the verdict,
+        made while it lasted, may be acted on a moment after it ended), not a later death."""
         open_faults = [e for e in self.events if e["kind"] in (KILL, STALL, LINK_DOWN) and "action" not in e
-                       and not e.get("missed")]
+                       and not e.get("missed") and (not _over(e) or e["rank"] in hung)]
         mine = [e for e in open_faults if e["rank"] in ranks]
         chosen = mine or open_faults
         return chosen[-1] if chosen else None
@@ -107,7 +112,7 @@ class FaultRecord:
         that explains it (:meth:`culprit`), whose time to detect it is recorded: ``reason`` with
         the fault named, and the fault (None, with ``reason`` as it is, when none explains it).
         Every supervisor (local, inside a Slurm job, on a cluster) words it alike."""
-        fault = self.culprit(ranks)
+        fault = self.culprit(ranks, blamed_ranks(reason))
         if fault is None:
             return reason, None
         fault["detected_s"] = round(now - fault["time"], 3)
@@ -116,6 +121,11 @@ class FaultRecord:
 
 class Network(Protocol):
     def set_link(self, rank: int, up: bool) -> None: ...
+
+
+def _over(event: dict[str, Any]) -> bool:
+    """Whether a stall's or link-down's effect has ended (see :meth:`FaultRecord.culprit`)."""
+    return "stopped_s" in event or "down_s" in event
 
 
 def signal_pid(proc: Process, sig: int) -> None:
@@ -139,7 +149,8 @@ class Injector:
         # a stopped supervisor of the run, which ``mlbench resume`` goes on from), moment 0.0
         # included, were struck then: not again; None: the clock never ran
         self._applied = [len(start_times(s, passed)) if passed is not None else 0 for s in schedules]
-        self._continue: list[tuple[float, Process]] = []   # (unix time, process) to SIGCONT
+        self._continue: list[tuple[float, Process, dict[str, Any]]] = []   # (unix time, process, event) to SIGCONT
+        self._stopped: list[dict[str, Any]] = []   # the stalls whose process is stopped now
         self._links: list[tuple[float, dict[str, Any]]] = []   # (unix time, event) to bring up
         self.network: Network | None = None   # the emulated network of the group now
 
@@ -151,11 +162,13 @@ class Injector:
         """Do what fell due; returns the new fault events (also saved in run.json)."""
         now = time.time()
         new: list[dict[str, Any]] = []
-        for proc_due, proc in list(self._continue):
+        for due in list(self._continue):
+            proc_due, proc, stall = due
             if proc_due <= now:
-                self._continue.remove((proc_due, proc))
+                self._continue.remove(due)
                 if proc.poll() is None:
                     self.send(proc, signal.SIGCONT)
+                self._end_stall(stall, now)
         for up_due, event in list(self._links):
             if up_due <= now:
                 self._links.remove((up_due, event))
@@ -198,10 +211,18 @@ class Injector:
             self.send(proc, signal.SIGKILL)
         else:
             self.send(proc, signal.SIGSTOP)
+            self._stopped.append(event)
             if schedule.get("for") is not None:
                 event["for"] = schedule["for"]
-                self._continue.append((now + float(schedule["for"]), proc))
+                self._continue.append((now + float(schedule["for"]), proc, event))
         return event
+
+    def _end_stall(self, event: dict[str, Any], now: float) -> None:
+        """The stall ``event`` is over: its process continued, or replaced with its group."""
+        if event in self._stopped:
+            self._stopped.remove(event)
+            event["stopped_s"] = round(now - event["time"], 3)
+            self.record.save()
 
     def _set_link(self, event: dict[str, Any], up: bool, now: float) -> bool:
         """Take the event's rank's link down (or bring it up, recording ``down_s``); False,
@@ -224,6 +245,9 @@ class Injector:
         """The group is being replaced: no stalled process of it is to be continued, and its
         emulated network (whose links were down) goes with it."""
         self._continue.clear()
+        now = time.time()
+        for stall in list(self._stopped):
+            self._end_stall(stall, now)
         for _, event in self._links:
             event["down_s"] = round(time.time() - event["time"], 3)
         self._links.clear()

@@ -87,15 +87,17 @@ def _ranks(ranks: Collection[int]) -> str:
     return f"rank {ordered[0]}" if len(ordered) == 1 else "ranks " + ", ".join(map(str, ordered))
 
 
-_BLAME = re.compile(r"^(?:watchdog: )?ranks? (\d+(?:, \d+)*) made no progress")
+_BLAME = re.compile(r"(?:^|watchdog: )ranks? (\d+(?:, \d+)*) made no progress")
 
 
 def blamed_ranks(reason: str) -> tuple[int, ...]:
     """The ranks a verdict's reason blames (a :class:`Stall`'s ``reason``, also after the
-    ``watchdog: `` a worker records it with): the inverse of its wording, for a supervisor that
-    reads the verdict from a worker's error event (a Slurm job's, to shrink away the stalled
-    rank, not the peer whose watchdog exited); () for any other reason."""
-    match = _BLAME.match(reason)
+    ``watchdog: `` a worker records it with, as a supervisor's reason for a failure quotes it):
+    the inverse of its wording, for a supervisor that reads the verdict from a worker's error
+    event (a Slurm job's, to shrink away the stalled rank, not the peer whose watchdog exited)
+    and for the fault record, which blames a stall that is over only on such a verdict; () for
+    any other reason."""
+    match = _BLAME.search(reason)
     return tuple(int(r) for r in match.group(1).split(", ")) if match else ()
 
 
