@@ -332,7 +332,7 @@ def test_a_stall_that_is_over_is_blamed_only_on_a_watchdogs_verdict_naming_its_r
         wait_for(lambda: process_state(procs[0].pid) not in ("T", "t"), 10, "rank 0 to be continued")
         assert process_state(procs[1].pid) in ("T", "t")   # no for=: stopped until a verdict
         events = FaultRecord(run_dir).events
-        assert 0.2 <= events[0]["stopped_s"] < 5 and "stopped_s" not in events[1]
+        assert 0.2 <= events[0]["stopped_s"] < 60 and "stopped_s" not in events[1]   # 60: the sleep's life
 
         open_stall = FaultRecord(run_dir).culprit([0])   # rank 0's is over; rank 1's is not
         assert open_stall is not None and (open_stall["rank"], open_stall["at"]) == (held["rank"], held["at"])
