@@ -18,6 +18,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from mlbench.launch.processes import process_state
+
 REPO = Path(__file__).resolve().parents[1]
 KUBE_LOCAL = Path(os.environ.get("KUBE_LOCAL_SH", REPO.parent / "shared" / "k8s" / "kube-local.sh"))
 
@@ -53,12 +55,7 @@ def dead_part(state: Path, parts: tuple[str, ...] = CONTROL_PLANE_PARTS) -> str 
         pid_file = state / f"{part}.pid"
         if not pid_file.exists():
             continue
-        pid = int(pid_file.read_text())
-        try:
-            alive = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except (FileNotFoundError, IndexError):
-            alive = False
-        if not alive:
+        if process_state(int(pid_file.read_text())) in (None, "Z"):
             log = state / f"{part}.log"
             lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
             return f"kube-local's {part} exited ({lines[-1][-300:] if lines else 'no log'})"

@@ -249,7 +249,7 @@ class Injector:
         for stall in list(self._stopped):
             self._end_stall(stall, now)
         for _, event in self._links:
-            event["down_s"] = round(time.time() - event["time"], 3)
+            event["down_s"] = round(now - event["time"], 3)
         self._links.clear()
 
 

@@ -45,6 +45,7 @@ from kubernetes import config as kube_config
 from tests.helpers import pump
 from tests.kube.cluster_dns import ClusterDNS
 from tests.kube_local import CONTROL_PLANE_PARTS, KUBE_LOCAL, ControlPlaneDown, dead_part, start_control_plane
+from tests.kube_local import stop as stop_control_plane
 
 KUBE_BIN = Path(os.environ.get("KUBE_LOCAL_CACHE", Path.home() / ".cache" / "kube-local" / "v1.20.2-r2")) / "bin"
 NODE_NAME = "kube-local-node"
@@ -332,7 +333,7 @@ def stop_kube_local(state: Path) -> None:
 
     The folder stays: it holds the engine's data root, with the images, for the next session.
     """
-    subprocess.run(["bash", str(KUBE_LOCAL), "stop", str(state)], capture_output=True, timeout=300)
+    stop_control_plane(state)
 
 
 def _last(stderr: str) -> str:
