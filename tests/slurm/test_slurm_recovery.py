@@ -143,7 +143,14 @@ def test_a_slurm_run_shrinks_to_the_survivor_of_a_hung_task_as_a_local_run_does(
     leave out the rank the watchdog blamed, not the task srun named: the next step has one task,
     old rank 0 going on from the newest checkpoint (step N). The reference is test_faults' for a
     local shrink: a two-worker run of N steps (local: a Slurm run equals it, test_a_requeued...),
-    then its checkpoint resumed by one worker (in this process) to the same step cap."""
+    then its checkpoint resumed by one worker (in this process) to the same step cap.
+
+    The same job carries an injected stall the run survives (``stall:rank=0,at=1s,for=2s``): the
+    job's supervisor stops task 0 once its heartbeat gives its pid (at its start, or a moment
+    later in training, where 2 s is far below the 8-s bound) and continues it 2 s later. Its
+    event records how long the process was stopped and no action, and it must not be blamed for
+    the shrink: a stall that is over explains a failure only through a verdict naming its rank,
+    and here the verdict names rank 1 (blamed instead, old rank 1 would go on, stopped)."""
     from tests.helpers import assert_survivor_equals_a_one_worker_resume, stop_while_training
     from tests.slurm.test_slurm_runs import worker_pid
 
@@ -151,7 +158,7 @@ def test_a_slurm_run_shrinks_to_the_survivor_of_a_hung_task_as_a_local_run_does(
     RUN = ("task2a", "2", "--data-dir", str(libsvm_dir), "--set", "batch_per_worker=50", "--log-every", "5",
            "--no-stop", "--set", "max_epochs=100000", "--checkpoint-every", "10steps")
     mlbench("run", *RUN, "--max-steps", str(steps), "--save-model", "--on-failure", "shrink", "--watchdog", "8s",
-            "--slurm", "--detach", check=True)
+            "--inject", "stall:rank=0,at=1s,for=2s", "--slurm", "--detach", check=True)
     run = last_run()
     wait_for(lambda: newest_checkpoint(run) >= 20 and worker_pid(run.run_dir, 1), 180, "both tasks to checkpoint")
     stop_while_training(worker_pid(run.run_dir, 1), run.run_dir, 1)
@@ -161,10 +168,15 @@ def test_a_slurm_run_shrinks_to_the_survivor_of_a_hung_task_as_a_local_run_does(
     shrink = run_json(faulty)["faults"]["restarts"][0]
     assert (shrink["workers"], shrink["survivors"]) == (1, [0]), shrink
     assert ": watchdog: rank 1 made no progress for " in shrink["reason"], shrink
+    assert "[injected: " not in shrink["reason"], shrink   # the survived stall is not blamed
+    (stall,) = run_json(faulty)["faults"]["events"]
+    assert (stall["kind"], stall["rank"], stall["at"], stall["for"]) == ("stall", 0, 1.0, 2.0), stall
+    assert stall["stopped_s"] >= 2.0 and "missed" not in stall and "action" not in stall, stall
     status = json.loads(mlbench("status", faulty.id, "-o", "json", check=True).stdout)
     assert status["faults"]["workers"] == [2, 1] and status["workers"] == 2 and status["launcher"] == "slurm"
     shown = mlbench("status", faulty.id, check=True).stdout
     assert "2 -> 1" in shown and re.search(r"recovery +1 shrink, \d+ steps lost and redone", shown), shown
+    assert re.search(r"faults +1 \(stall of rank 0 at 1\.0 s\); on failure: shrink", shown), shown
     out = "".join(p.read_text() for p in (faulty.run_dir / "logs").glob("slurm-*.out"))
     assert f"shrink 1: 1 of 2 worker(s) go on from step {shrink['from_step']} (old rank 0)" in out, out
 
