@@ -1,45 +1,62 @@
-"""The watchdog on Slurm (issue 21, item 1): no mlbench process owns srun's workers, so they judge
-each other's heartbeats (on the run folder, which the nodes share); a stopped worker makes the
-run end failed, naming its rank, within the bound, far below gloo's timeout, and `status` says so."""
+"""The watchdog on Slurm (issue 21, item 1; issue 24's `--inject stall`): no mlbench process owns
+srun's workers, so they judge each other's heartbeats (on the run folder, which the nodes share);
+a worker stopped by an injected stall makes the run end failed, naming its rank, within the
+bound, far below gloo's timeout, and `status` says so with the stall's record."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from mlbench.launch.registry import launcher_of
-from mlbench.results.heartbeat import read_beat
 from mlbench.results.store import RunStore
-from mlbench.results.watchdog import blamed_ranks, collective_timeout_s
-from tests.helpers import last_run, mlbench, stop_while_training
+from mlbench.results.watchdog import blamed_ranks, collective_timeout_s, startup_bound_s
+from tests.helpers import last_run, mlbench, run_json
 from tests.slurm.test_slurm_runs import LONG_RUN, wait_for, worker_pid
 
 #: Short enough for a test, long enough for a loaded 2-core box (as in tests/test_watchdog.py).
 BOUND_S = 8
-#: The bound, a heartbeat, srun ending the other task (KillWait 5 s) and the job's end reaching
-#: squeue, with a wide margin; gloo alone would wait its collective timeout (300 s here).
-ENDS_WITHIN_S = 120
+#: After the bound of the stopped rank's phase: a heartbeat, srun ending the other task (KillWait
+#: 5 s) and the job's end reaching squeue, with a wide margin; gloo alone would wait its
+#: collective timeout (300 s here).
+ENDS_AFTER_THE_BOUND_WITHIN_S = 40
 
 
-def test_a_stopped_worker_fails_the_slurm_run_naming_its_rank(slurm, libsvm_dir):
+def test_an_injected_stall_fails_the_slurm_run_naming_its_rank(slurm, libsvm_dir):
+    """``stall:rank=1,at=6s`` (no ``for``: stopped until the job ends) is sent by the job's
+    supervisor to task 1's process. It falls in training on an idle machine (the tasks train from
+    about 3 s on), where the step bound of 8 s applies; on a loaded box it may fall while task 1
+    still starts, where the startup bound (10 x 8 s) does: either way rank 1 alone is blamed, the
+    run fails under ``--on-failure fail`` soon after its phase's bound, and the stall's event
+    records the action and the time to detect it."""
     assert collective_timeout_s(BOUND_S, 300.0) == 300.0
     mlbench("run", *LONG_RUN, "--data-dir", str(libsvm_dir), "--slurm", "--detach", "--watchdog", f"{BOUND_S}s",
-            check=True)
+            "--inject", "stall:rank=1,at=6s", "--on-failure", "fail", check=True)
     run = last_run()
-    wait_for(lambda: all((b := read_beat(run.run_dir, r)) is not None and b.step >= 20 for r in (0, 1))
-             and worker_pid(run.run_dir, 1), what="both workers to train")
-    stop_while_training(worker_pid(run.run_dir, 1), run.run_dir, 1)
-    stopped = time.monotonic()
-    wait_for(lambda: not launcher_of(RunStore(), run).reconcile(run).active, timeout=ENDS_WITHIN_S,
-             what="the watchdog to fail the run")
-    assert time.monotonic() - stopped < ENDS_WITHIN_S
+
+    def stall() -> dict | None:
+        return next(iter(run_json(run).get("faults", {}).get("events") or []), None)
+
+    wait_for(stall, timeout=180, what="the stall to strike task 1")
+    struck = stall()
+    assert (struck["kind"], struck["rank"], struck["at"]) == ("stall", 1, 6.0) and "missed" not in struck, struck
+    wait_for(lambda: not launcher_of(RunStore(), run).reconcile(run).active,
+             timeout=startup_bound_s(BOUND_S) + ENDS_AFTER_THE_BOUND_WITHIN_S, what="the watchdog to fail the run")
     run = last_run()
     assert run.state == "failed"
     assert run.reason.startswith("worker 0 exited with code 1: watchdog: rank 1 made no progress for "), run.reason
-    # rank 1 alone is blamed; the verdict's words depend on whether its last heartbeat was already
-    # older than the bound ('its process stopped answering') or written a moment after its last
-    # step, which a starved training thread leaves behind ('while ranks 0 waited for it')
+    # rank 1 alone is blamed, by the bound of the phase it was stopped in; the verdict's words
+    # depend on whether its last heartbeat was already older than the bound ('its process
+    # stopped answering') or written a moment after its last step ('while ranks 0 waited for it')
     assert blamed_ranks(run.reason) == (1,) and "(last step " in run.reason, run.reason
-    assert f"watchdog bound max({BOUND_S} s, 10 x median step " in run.reason
+    in_training = f"watchdog bound max({BOUND_S} s, 10 x median step " in run.reason
+    assert in_training or f"startup bound {10 * BOUND_S} s" in run.reason, run.reason
+    (event,) = run_json(run)["faults"]["events"]
+    assert event["action"] == "fail" and event["detected_s"] >= BOUND_S - 1, event   # a beat up to 1 s old
+    if in_training:
+        assert event["detected_s"] < BOUND_S + ENDS_AFTER_THE_BOUND_WITHIN_S, event
     assert f"failed ({run.reason})" in mlbench("status", run.id, check=True).stdout
+    shown = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)["faults"]
+    assert shown["on_failure"] == "fail" and [e["kind"] for e in shown["events"]] == ["stall"]
     wait_for(lambda: worker_pid(run.run_dir, 0) is None and worker_pid(run.run_dir, 1) is None,
              timeout=30, what="srun to end both workers")
