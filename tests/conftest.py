@@ -12,6 +12,7 @@ import os
 import pickle
 import shutil
 import signal
+import sys
 import tempfile
 from pathlib import Path
 
@@ -27,9 +28,23 @@ def pytest_configure(config):
     from tests.cpu_profile import register
 
     register(config)
+    bytecode_for_the_suites_interpreters()
     ctrl_c_reaches_the_tests_commands()
     one_torch_thread_in_the_test_process()
     flop_counter_before_tensorflow()
+
+
+def bytecode_for_the_suites_interpreters() -> None:
+    """Where the environment forbids bytecode files (``PYTHONDONTWRITEBYTECODE=1``, as on this
+    project's machines and CI's), every fresh interpreter the suite starts (Slurm's job
+    supervisors and tasks, torchrun's and mpirun's workers, the zygote of each test process,
+    subprocesses of tests) compiles mlbench's modules again, about 0.2 CPU-seconds each, and every
+    test process rewrites and compiles every test module. The test processes (xdist's workers
+    inherit this from the controller) and what they start write them instead, into the
+    checkout's ``__pycache__`` folders, which git ignores and the worker image's build context
+    leaves out (mlbench.cloud.image.build_context). Site-packages were compiled when installed."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 
 def ctrl_c_reaches_the_tests_commands() -> None:
