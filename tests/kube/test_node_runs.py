@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import re
 import ssl
 import threading
@@ -300,89 +301,62 @@ def test_the_jax_and_tensorflow_ports_train_alike_in_pods_of_their_image_variant
     np.testing.assert_allclose(losses["tensorflow"], losses["jax"], rtol=2 * RTOL, atol=2 * ATOL)
 
 
-def test_a_stopped_worker_fails_the_run_naming_its_rank_within_the_watchdogs_bound_and_the_run_resumes(on_node):
-    """The watchdog's verdict on a cluster; then `mlbench resume` of the failed run (issue 24):
-    the results service makes it ready from the checkpoints its pods wrote on the service's volume,
-    the CLI creates its objects again, and the new pods go on from the newest checkpoint to the
-    new step cap, as the same run. Not PACED: its steps are what it waits for (the workers'
-    first logged steps, the watchdog's bound of 10 median steps, the resumed run's 10 steps),
-    and a paced step on the loaded box is 50 times a starved one (168 s loaded against 110)."""
-    ns = on_node
-    run_id = start_detached(*ENDLESS, "--watchdog", "8s", "--checkpoint-every", "5steps", "--log-every", "5")
-    wait_running(ns, run_id)
-    wait_for(lambda: trained(ns, run_id), 180, f"both workers to train: {explain(ns)}", interval=1)
-    name = next(c for c in ns.containers_of(run_id) if c.startswith(f"k8s_worker_{pod_name(run_id, 1)}_"))
-    ns.node.docker("kill", "--signal", "STOP", name)   # the worker is the container's process 1
-    final = follow_to_end(ns, run_id, WATCHDOG_WITHIN_S)
-    assert final.state == "failed", (final.reason, kept_logs(final))
-    assert final.reason.startswith("rank 1 made no progress for "), final.reason
-    assert ": its process stopped answering (last step " in final.reason
-    # the step bound while it trains; the startup bound where the stop landed in an evaluation
-    assert ("training; watchdog bound max(8 s, 10 x median step " in final.reason
-            or "evaluation; startup bound 80 s, 10 x the watchdog's 8 s" in final.reason), final.reason
-    wait_gone(ns, run_id)
-
-    folder = ns.volumes / "mlbench-results" / "checkpoints" / run_id
-    newest = complete_checkpoints(folder, 2).newest
-    assert newest is not None and newest >= 5, sorted(p.name for p in folder.iterdir())
-    resumed = mlbench_cli("resume", run_id, "--max-steps", str(newest + 10))
-    assert resumed.exit_code == 0, explain(ns, resumed)
-    assert f"Resuming run {run_id} " in resumed.output and f"from step {newest}." in resumed.output, resumed.output
-    record = kubernetes.open_store(ns.record).sync_run(run_id)
-    assert record.state == "finished" and record.result["steps"] == newest + 10, (record.reason, kept_logs(record))
-    document = json.loads((record.run_dir / "run.json").read_text())
-    assert [(r["from_step"], r["after"]) for r in document["resumes"]] == [(newest, "failed")]
-    after = [e["step"] for e in read_run_events(record.run_dir)
-             if e["name"] == "train/loss" and e.get("rank", 0) == 0 and e["time"] > document["resumes"][0]["at"]]
-    assert after and newest < min(after) <= newest + 5, (newest, after)   # from the checkpoint, not step 1
-    shown = mlbench_cli("status", run_id).output
-    assert re.search(rf"resumes\s+1: from step {newest} \(after failed\)", shown), shown
-    wait_gone(ns, run_id)
+def running_worker(ns, run_id: str, rank: int) -> str:
+    """The running container of rank ``rank``'s worker (an earlier group's may still be listed, exited)."""
+    names = ns.node.docker("ps", "--format", "{{.Names}}").stdout.split()
+    return next(n for n in names if n.startswith(f"k8s_worker_{pod_name(run_id, rank)}_"))
 
 
-def test_an_injected_kill_restarts_the_group_from_its_checkpoint_and_two_failures_more_fail_the_run(on_node):
-    """--inject kill with --on-failure restart:1 on a cluster (issue 24): the supervisor beside the
-    store deletes rank 1's pod on the run's fault clock, ends the group, goes back to the newest
-    checkpoint the pods wrote on the service's volume, and creates the pods again from the run's
-    ConfigMap, which now names that checkpoint; the new group trains on from it (its first steps
-    follow the checkpoint's) and recovers, and status reads the restart as a local run's. That
-    restart does not count against restart:1 (an injected kill after a new checkpoint:
-    injector.restart_counts), so a pod deleted by hand is restarted too, and counts; a second
-    one, deleted as soon as the supervisor made it, finds no restart left: the run fails
-    saying so. Rank 1 is slowed 20x (it
-    sleeps 19 times its compute, about a millisecond a step idle), so that the run makes its
-    steps without burning the loaded box's CPU while the fault clock runs: at 5x, the two pods
-    made about a hundred steps, twenty checkpoints and twenty log posts a second. Not more: the
-    first checkpoint (5 steps) must come before the kill, and under load a step's "compute"
-    includes its wait for a core. The kill comes at 60 s, after the first checkpoint (every 5 steps): on the loaded
-    CI box the pods' first 5 steps came 33 s after their start (a kill at 25 s found none made);
-    the second failure waits for the recovery (there, 89 s after the kill) rather than for a clock.
-    The pods the supervisor created again are as locked down as the CLI's (checked on the real
-    container), and the last failure is the deletion of a worker pod, which ends the run within
-    the README's 30 seconds, blamed on that pod, not on its peer that stopped with it."""
+def test_a_kill_and_a_hang_restart_the_group_from_its_checkpoint_a_third_failure_fails_the_run_and_it_resumes(
+        on_node):
+    """Recovery on a cluster (issue 24), in one run (each run on the loaded node costs its pods'
+    starts: this was two scenarios, a restarted run and a stopped worker's run resumed).
+
+    * ``--inject kill`` with ``--on-failure restart:1``: the supervisor beside the store deletes
+      rank 1's pod on the run's fault clock, ends the group, goes back to the newest checkpoint the
+      pods wrote on the service's volume, and creates the pods again from the run's ConfigMap,
+      which now names that checkpoint; the new group trains on from it (its first steps follow the
+      checkpoint's) and recovers, and status reads the restart as a local run's. That restart does
+      not count against restart:1 (an injected kill after a new checkpoint:
+      injector.restart_counts). The pods the supervisor created again are as locked down as the
+      CLI's (checked on the real container).
+    * a hang: rank 1's container is stopped (SIGSTOP; the worker is its process 1); the
+      watchdog's verdict (``--watchdog 8s``) names rank 1 within its bound, and the group is
+      restarted again, this time counted.
+    * rank 1's pod deleted by hand then finds no restart left: the run fails saying so, within
+      the README's 30 seconds, blamed on that pod, not on its peer that stopped with it.
+    * `mlbench resume` of the failed run: the results service makes it ready from the
+      checkpoints on its volume, the CLI creates its objects again, and the new pods go on from
+      the newest checkpoint to the new step cap, as the same run.
+
+    Rank 1 is slowed 20x (it sleeps 19 times its compute, about a millisecond a step idle), so
+    that the run makes its steps without burning the loaded box's CPU while the fault clock runs:
+    at 5x, the two pods made about a hundred steps, twenty checkpoints and twenty log posts a
+    second. Not more: the first checkpoint (5 steps) must come before the kill, and under load a
+    step's "compute" includes its wait for a core. The kill comes at 60 s, after the first
+    checkpoint (every 5 steps): on the loaded CI box the pods' first 5 steps came 33 s after
+    their start (a kill at 25 s found none made); each later failure waits for the recovery
+    before it (there, 89 s after the kill) rather than for a clock."""
     ns = on_node
     run_id = start_detached(*ENDLESS, "--checkpoint-every", "5steps", "--log-every", "5", "--on-failure", "restart:1",
-                            "--inject", "slow:rank=1,factor=20", "--inject", "kill:rank=1,at=60s")
+                            "--watchdog", "8s", "--inject", "slow:rank=1,factor=20", "--inject", "kill:rank=1,at=60s")
     store = kubernetes.open_store(ns.record)
 
     def restarts() -> list:
         return json.loads((store.sync_run(run_id).run_dir / "run.json").read_text()).get("faults", {}).get("restarts")
 
-    wait_for(lambda: (restarts() or [{}])[0].get("recovered_s") is not None or not store.sync_run(run_id).active,
-             360, f"run {run_id} to restart and recover: {explain(ns)}", interval=1)
+    def recovered(count: int) -> bool:   # the count-th restart was recorded and its group trains
+        made = restarts() or []
+        return (len(made) >= count and made[count - 1].get("recovered_s") is not None) \
+            or not store.sync_run(run_id).active
+
+    wait_for(lambda: recovered(1), 360, f"run {run_id} to restart and recover: {explain(ns)}", interval=1)
     check_locked_down(ns, run_id)
+    ns.node.docker("kill", "--signal", "STOP", running_worker(ns, run_id, 1))
+    wait_for(lambda: recovered(2), WATCHDOG_WITHIN_S + 240, f"run {run_id} to restart after the hang: {explain(ns)}",
+             interval=1)
+    assert len(restarts() or []) == 2, (store.sync_run(run_id).reason, explain(ns))
     ns.core.delete_namespaced_pod(pod_name(run_id, 1), ns.name)   # as `kubectl delete pod` does
-
-    def made_again() -> bool:   # the supervisor recorded the second restart and created the pod
-        if len(restarts() or []) < 2:
-            return not store.sync_run(run_id).active
-        try:
-            return ns.core.read_namespaced_pod(pod_name(run_id, 1), ns.name).metadata.deletion_timestamp is None
-        except client.ApiException:
-            return False
-
-    wait_for(made_again, 120, f"run {run_id} to restart after the pod deleted by hand: {explain(ns)}", interval=1)
-    ns.core.delete_namespaced_pod(pod_name(run_id, 1), ns.name)
     final = follow_to_end(ns, run_id, FAIL_WITHIN_S)
     assert final.state == "failed", (final.reason, kept_logs(final))
     # the CLI's copy of the run is whole once its pods are gone (the workers, asked to stop,
@@ -397,19 +371,27 @@ def test_an_injected_kill_restarts_the_group_from_its_checkpoint_and_two_failure
                             f"the pod of worker 1 disappeared while the run trained{tail}"), (final.reason,
                                                                                              kept_logs(final))
     document = json.loads((final.run_dir / "run.json").read_text())
-    restart, by_hand = document["faults"]["restarts"]
-    assert (restart["counted"], by_hand["counted"], by_hand["fault"]) == (False, True, None), (restart, by_hand)
+    restart, hang = document["faults"]["restarts"]
+    assert (restart["counted"], hang["counted"], hang["fault"]) == (False, True, None), (restart, hang)
     kills = [e for e in document["faults"]["events"] if e["kind"] == "kill"]
     assert [(e["at"], e["action"]) for e in kills] == [(60.0, "restart")], kills
     assert "kill of rank 1 at 60.0 s" in restart["reason"] and restart["from_step"] > 0, restart
     assert restart["reached_step"] >= restart["from_step"] and restart["recovered_s"] > 0
+    # the hang: named by the watchdog, by the step bound while it trains (the startup bound where
+    # the stop landed in an evaluation)
+    assert hang["reason"].startswith("rank 1 made no progress for "), hang
+    assert ": its process stopped answering (last step " in hang["reason"], hang
+    assert ("training; watchdog bound max(8 s, 10 x median step " in hang["reason"]
+            or "evaluation; startup bound 80 s, 10 x the watchdog's 8 s" in hang["reason"]), hang
+    assert hang["from_step"] >= restart["from_step"], (restart, hang)
     # the checkpoints are on the service's volume (a folder of this machine here), in the run's folder
     folder = ns.volumes / "mlbench-results" / "checkpoints" / run_id
-    assert complete_checkpoints(folder, 2).newest >= restart["from_step"], sorted(p.name for p in folder.iterdir())
-    # the new group went on from the checkpoint: its first logged step follows it, not step 1
-    after = [e["step"] for e in read_run_events(final.run_dir)
-             if e["name"] == "train/loss" and e.get("rank", 0) == 0 and e["time"] > restart["at"]]
-    assert after and restart["from_step"] < min(after) <= restart["from_step"] + 5, (restart, after[:5])
+    assert complete_checkpoints(folder, 2).newest >= hang["from_step"], sorted(p.name for p in folder.iterdir())
+    # each new group went on from its checkpoint: its first logged step follows it, not step 1
+    for entry, until in ((restart, hang["at"]), (hang, math.inf)):
+        after = [e["step"] for e in read_run_events(final.run_dir)
+                 if e["name"] == "train/loss" and e.get("rank", 0) == 0 and entry["at"] < e["time"] < until]
+        assert after and entry["from_step"] < min(after) <= entry["from_step"] + 5, (entry, after[:5])
     shown = mlbench_cli("status", run_id).output
     assert "kill of rank 1 at 60.0 s); on failure: restart:1" in shown, shown
     assert re.search(r"recovery\s+2 restarts \(1 after injected faults, not counted against restart:1\), \d+ "
@@ -418,6 +400,20 @@ def test_an_injected_kill_restarts_the_group_from_its_checkpoint_and_two_failure
     # supervisor keeps its summary in the run folder
     newest = complete_checkpoints(folder, 2).newest
     assert re.search(rf"checkpoints\s+every 5 steps; newest at step {newest} \(2 kept\)", shown), shown
+    wait_gone(ns, run_id)
+
+    resumed = mlbench_cli("resume", run_id, "--max-steps", str(newest + 10))
+    assert resumed.exit_code == 0, explain(ns, resumed)
+    assert f"Resuming run {run_id} " in resumed.output and f"from step {newest}." in resumed.output, resumed.output
+    record = store.sync_run(run_id)
+    assert record.state == "finished" and record.result["steps"] == newest + 10, (record.reason, kept_logs(record))
+    document = json.loads((record.run_dir / "run.json").read_text())
+    assert [(r["from_step"], r["after"]) for r in document["resumes"]] == [(newest, "failed")]
+    after = [e["step"] for e in read_run_events(record.run_dir)
+             if e["name"] == "train/loss" and e.get("rank", 0) == 0 and e["time"] > document["resumes"][0]["at"]]
+    assert after and newest < min(after) <= newest + 5, (newest, after)   # from the checkpoint, not step 1
+    shown = mlbench_cli("status", run_id).output
+    assert re.search(rf"resumes\s+1: from step {newest} \(after failed\)", shown), shown
     wait_gone(ns, run_id)
 
 
