@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +170,17 @@ class ListSink:
 
     def close(self) -> None:
         pass
+
+
+def command_lines() -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, argv) of every process of this machine whose command line can be read now (one
+    that ended meanwhile is skipped): what the tests look for leftovers and strays in."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                yield int(entry.name), (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
 
 
 def pump(source: socket.socket, target: socket.socket) -> None:

@@ -42,7 +42,7 @@ import urllib3
 from kubernetes import client, watch
 from kubernetes import config as kube_config
 
-from tests.helpers import pump
+from tests.helpers import command_lines, pump
 from tests.kube.cluster_dns import ClusterDNS
 from tests.kube_local import CONTROL_PLANE_PARTS, KUBE_LOCAL, ControlPlaneDown, dead_part, start_control_plane
 from tests.kube_local import stop as stop_control_plane
@@ -303,16 +303,10 @@ def end_orphaned_shims(state: Path) -> None:
     whose engine was stopped under it (:meth:`LocalNode.restart_engine`) can stay, its container
     gone, its folder deleted: one was found idle 47 minutes after a loaded session had ended."""
     marker = str(state).encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
+    for pid, argv in command_lines():
         if argv[0].endswith(b"containerd-shim-runc-v2") and any(marker in arg for arg in argv[1:]):
             try:
-                os.kill(int(entry.name), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
 

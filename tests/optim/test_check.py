@@ -17,7 +17,7 @@ import pytest
 
 from mlbench.optim.descriptors import INFO
 from tests.conftest import REPO
-from tests.helpers import mlbench
+from tests.helpers import command_lines, mlbench
 
 WRONG = Path(__file__).with_name("wrong_plugins.py")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "my_sgd.py"
@@ -80,14 +80,7 @@ def test_wrong_plugins_fail_naming_the_check_they_break(tmp_path):
     assert "Timed out" in by_name["skipper"]["run"][1] and "skips a collective" in by_name["skipper"]["run"][1]
     # nothing left behind: no process of the check, no temporary folder
     assert not list(tmp_path.glob("mlbench-check-*"))
-    leftovers = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if str(WRONG).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                leftovers.append(pid)
-        except OSError:
-            pass
-    assert leftovers == []
+    assert [pid for pid, argv in command_lines() if str(WRONG).encode() in b"\0".join(argv)] == []
 
 
 @pytest.mark.parametrize("args, message", [

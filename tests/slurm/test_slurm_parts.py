@@ -256,10 +256,9 @@ def test_a_shrink_leaves_out_the_rank_a_tasks_watchdog_blamed_not_the_task_that_
     time.sleep(0.01)
     step_started = time.time()
     assert watchdog_verdict(tmp_path, step_started) == ([], "")
-    writer = EventWriter(FileSink(tmp_path, 0), 0)
-    writer.emit("error", "watchdog: rank 2 made no progress for 61 s while ranks 0, 1 waited for it in a collective",
-                epoch=0, step=0)
-    writer.close()
     verdict = "watchdog: rank 2 made no progress for 61 s while ranks 0, 1 waited for it in a collective"
+    writer = EventWriter(FileSink(tmp_path, 0), 0)
+    writer.emit("error", verdict, epoch=0, step=0)
+    writer.close()
     assert watchdog_verdict(tmp_path, step_started) == ([2], verdict)
     assert watchdog_verdict(tmp_path, before)[0] == [0]   # the first verdict since then
