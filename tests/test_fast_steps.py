@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-import torchvision.transforms.v2 as T
 
 from mlbench.optim.centralized import sgd_update_
 from mlbench.tasks.data.augment import crop_flip, draw_augmentation
@@ -61,7 +60,11 @@ def test_foreach_sgd_update_equals_torch_sgd_over_several_steps():
 
 
 def test_batched_augmentation_has_torchvision_pipelines_distribution():
-    """Mean and per-pixel variance over many draws of one image match RandomCrop(32, 4) + flip."""
+    """Mean and per-pixel variance over many draws of one image match RandomCrop(32, 4) + flip.
+    (torchvision is imported here, not by the module: with it comes torch._dynamo, 2.5
+    CPU-seconds that every test process collecting this module paid for this one test.)"""
+    import torchvision.transforms.v2 as T
+
     torch.manual_seed(0)
     image = torch.randint(0, 256, (1, 3, 32, 32), dtype=torch.uint8)
     draws = 8000

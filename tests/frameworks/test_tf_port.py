@@ -32,10 +32,6 @@ from tests.frameworks.in_process import (
 from tests.helpers import events, requires, run_json
 from tests.shared_runs import PORT_RUN_STEPS, port_run
 
-# torchvision (and with it torch._dynamo and triton) before TensorFlow: in the other order, loading
-# triton's LLVM after TensorFlow's crashes the process (a later test module imports torchvision)
-import torchvision  # noqa: F401
-
 pytestmark = requires("tensorflow")
 
 

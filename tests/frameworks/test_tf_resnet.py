@@ -50,11 +50,6 @@ import copy
 
 import numpy as np
 import pytest
-
-# torchvision (and with it torch._dynamo and triton) before TensorFlow: in the other order, loading
-# triton's LLVM after TensorFlow's crashes the process (see test_tf_port.py)
-import torchvision  # noqa: F401
-
 import torch
 
 from mlbench.tasks.classification import learning_rate
