@@ -62,6 +62,24 @@ def test_the_rank_its_peers_wait_for_is_blamed_with_where_it_is():
                             "10 x median step 0.05 s))")
 
 
+def test_a_rank_stopped_after_a_heartbeat_that_followed_its_step_is_found_stopped_not_busy():
+    """A rank stopped (SIGSTOP) outside a collective, in a straggler's sleep after its step, may
+    have beaten once more after that step: for a moment it is idle by its step and not yet frozen
+    by its beat. The watchdog waits (a CI run on the real node called it busy, "made no progress
+    while rank 0 waited for it") and names it stopped once its beat is older than the bound; a
+    rank that is busy and still beats is judged at once."""
+    now = T0 + 500
+    stopped = beat(1, at=now - 7.95, stepped=now - 8.05, waiting=False, where="straggler.py:53 in after_step")
+    beats = {0: beat(0, at=now - 0.5, stepped=now - 8.1), 1: stopped}
+    assert judge(beats, now, 8.0, T0) is None
+    later = judge(beats, now + 0.1, 8.0, T0)
+    assert later is not None and later.ranks == (1,)
+    assert ": its process stopped answering (last step 100" in later.reason, later.reason
+    hung = {0: beat(0, at=now - 0.5, stepped=now - 8.1), 1: beat(1, at=now - 0.5, stepped=now - 8.05, waiting=False)}
+    busy = judge(hung, now, 8.0, T0)
+    assert busy is not None and busy.ranks == (1,) and "while rank 0 waited for it in a collective" in busy.reason
+
+
 def test_every_rank_waiting_is_a_dropped_link_and_the_ranks_behind_are_blamed():
     now = T0 + 500
     same = {r: beat(r, at=now, stepped=now - 65) for r in (0, 1)}

@@ -142,6 +142,13 @@ def judge(beats: Mapping[int, Beat | None], now: float, watchdog_s: float, since
     if not idle:
         return None
     busy = {r for r in idle if not known[r].waiting}
+    if busy and any(now - known[r].time > STALE_BEAT_S for r in busy):
+        # a rank stopped (SIGSTOP) outside a collective, e.g. in a straggler's sleep after its
+        # step, may have written its last heartbeat after its last step: idle by its step, not
+        # yet frozen by its beat. Its verdict is "stopped answering" once its beat is older than
+        # the bound (above), at most a beat later; a rank hung in Python keeps beating (fresh)
+        # and is judged busy at once (seen on the real node: a stopped pod named busy)
+        return None
     if busy:
         culprit = known[min(busy)]
         waiting = sorted(r for r, b in known.items() if r not in busy and b.waiting)
