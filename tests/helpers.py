@@ -57,26 +57,14 @@ def start_cli(*args: str, fresh: bool = False) -> zygote.ZygoteProcess | subproc
     return zygote.start(list(args), dict(os.environ), fresh)
 
 
-#: :func:`wait_for` without an interval asks first every FIRST_POLL_S, then a quarter less often
-#: each time, down to every LAST_POLL_S
-FIRST_POLL_S, LAST_POLL_S = 0.1, 0.5
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float | None = None) -> Any:
-    """The first true value of ``check()``, asked for ``timeout`` seconds: every ``interval``
-    seconds, or, without one, every 0.1 s at first and every 0.5 s after a second or so. Many
-    checks start a process or open the run store (a CLI, a reconcile, an HTTP call), and on the
-    loaded CI box a wait stretches several-fold: ten such checks a second for the whole of it
-    cost the suite CPU-seconds that the runs it waits for needed (issue 20, part 6)."""
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """The first true value of ``check()``, asked every ``interval`` seconds for ``timeout``."""
     deadline = time.monotonic() + timeout
-    pause = FIRST_POLL_S if interval is None else interval
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
-        time.sleep(pause)
-        if interval is None:
-            pause = min(LAST_POLL_S, pause * 1.25)
+        time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
