@@ -141,13 +141,16 @@ def judge(beats: Mapping[int, Beat | None], now: float, watchdog_s: float, since
             idle[rank] = now - last
     if not idle:
         return None
+    # a rank stopped (SIGSTOP) may have written its last heartbeat up to a beat after its last
+    # step: idle by its step, not yet frozen by its beat. It is named stopped once that beat is
+    # older than the bound (above), at most a beat later; until then no verdict by progress is
+    # given that would call it busy (seen on the real node: a pod stopped in its straggler's
+    # sleep) or take it for a dropped link and blame its peers too (seen in CI: "no rank made
+    # progress" for a torchrun rank stopped in a collective). A rank hung in Python keeps
+    # beating (fresh) and is judged at once.
+    stale = {r for r in idle if now - known[r].time > STALE_BEAT_S}
     busy = {r for r in idle if not known[r].waiting}
-    if busy and any(now - known[r].time > STALE_BEAT_S for r in busy):
-        # a rank stopped (SIGSTOP) outside a collective, e.g. in a straggler's sleep after its
-        # step, may have written its last heartbeat after its last step: idle by its step, not
-        # yet frozen by its beat. Its verdict is "stopped answering" once its beat is older than
-        # the bound (above), at most a beat later; a rank hung in Python keeps beating (fresh)
-        # and is judged busy at once (seen on the real node: a stopped pod named busy)
+    if busy & stale:
         return None
     if busy:
         culprit = known[min(busy)]
@@ -159,12 +162,7 @@ def judge(beats: Mapping[int, Beat | None], now: float, watchdog_s: float, since
                      f"{startup_how if min(busy) in lenient else how})")
     if set(idle) != set(live):
         return None  # some wait for peers that still make progress (or never beat): not yet a verdict
-    if any(now - beat.time > STALE_BEAT_S for beat in known.values()):
-        # a rank stopped while it waited in a collective (SIGSTOP) wrote its last heartbeat up to
-        # a beat after its last step: idle by its step, not yet frozen by its beat; the verdict
-        # that every rank waits (a dropped link) would blame its peers too, so wait until its
-        # heartbeat is found frozen (above) or is fresh again (seen in CI: "no rank made
-        # progress" for a torchrun rank that was stopped)
+    if stale:   # every rank is idle here, so these are every stale beat
         return None
     steps = {rank: beat.step for rank, beat in known.items()}
     behind = tuple(sorted(r for r, s in steps.items() if s == min(steps.values())))
