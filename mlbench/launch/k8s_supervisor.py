@@ -21,7 +21,8 @@ that explains it, in its reason and its fault events, as a local run's superviso
 
 With ``--on-failure restart`` a run whose worker failed, stalled or lost its pod (a kill) is
 not ended but restarted, as a local run is: the group's pods are deleted (a second's grace);
-once they are gone, the run goes back to its newest complete checkpoint (kept on the service's
+once they are gone (or in a final phase, their containers ended: their objects are then removed
+at once), the run goes back to its newest complete checkpoint (kept on the service's
 volume, which its pods mount: :data:`mlbench.launch.k8s_objects.CHECKPOINT_DIR`) and records the
 restart in its run.json (:func:`mlbench.launch.injector.record_restart`, the local supervisor's
 own), the run's ConfigMap gets that run.json (the checkpoint to go on from), and the pods are
@@ -377,6 +378,17 @@ class PodSupervisor:
         checkpoint (:func:`record_restart`, as the local supervisor does), give the run's
         ConfigMap the run.json that names it, and create the group's pods again."""
         ending = self._ending[run.id]
+        # a deleted pod in a final phase (its kubelet reports every container ended, for good:
+        # restartPolicy Never) runs no worker any more, none that writes a checkpoint; but where
+        # the kubelet had to kill its containers (a stopped or hung worker's group), its object
+        # stayed for rounds of the kubelet's own after that, until it had reclaimed the pod
+        # (14 s idle, about a minute on the loaded node, before the new pods, which take the
+        # same names, could be created). It is removed now, as `kubectl delete --force` would,
+        # and the next round finds the group gone. A pod whose kubelet reports no final phase
+        # (a lost node) is still waited for.
+        for pod in pods:
+            if pod.deleting and pod.phase in ("Succeeded", "Failed"):
+                self._delete(self.core.delete_namespaced_pod, pod.name, grace_period_seconds=0)
         if pods:
             if now - ending.at > RESTART_END_TIMEOUT_S:
                 del self._ending[run.id]

@@ -30,7 +30,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mlbench.launch.faults import parse_inject
-from mlbench.launch.k8s_objects import RANK_LABEL, RUN_LABEL, pod_name
+from mlbench.launch.k8s_objects import RANK_LABEL, RUN_LABEL, Placement, pod_name
 from mlbench.launch.k8s_supervisor import PodState, PodSupervisor, judge
 from mlbench.results.heartbeat import Beat, read_beat, write_beat
 from mlbench.results.http_sink import TOKEN_ENV, URL_ENV, HttpBeatSender, run_token
@@ -346,3 +346,107 @@ def test_a_supervisor_started_again_goes_on_with_the_fault_clock_and_strikes_not
         "[injected: kill of rank 1 at 120.0 s, --inject kill:rank=1,every=60s]")
     struck = json.loads((record.run_dir / "run.json").read_text())["faults"]["events"][1]
     assert struck["action"] == "fail" and struck["detected_s"] >= 0
+
+
+# -- a restart of the group (issue 24) -----------------------------------------------------------
+class GracefulPods:
+    """Pods as an API server keeps them for a node: one deleted with a grace period stays listed,
+    marked as being deleted, until it is deleted with none (its kubelet's confirmation that the
+    pod is reclaimed, which here never comes by itself: on the real node it came 14 s, and on
+    the loaded node about a minute, after its containers ended). The node's side is the test's:
+    it sets each pod's phase. Pods created are listed Pending."""
+
+    api_client = client.ApiClient()
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict] = {}          # name -> {run, rank, phase, code, deleting}
+        self.config_maps: dict[str, client.V1ConfigMap] = {}
+
+    def add(self, run_id: str, rank: int, phase: str, code: int | None = None) -> None:
+        self.pods[pod_name(run_id, rank)] = {"run": run_id, "rank": rank, "phase": phase, "code": code,
+                                              "deleting": False}
+
+    def list_namespaced_pod(self, namespace: str, label_selector: str = "") -> client.V1PodList:
+        wanted = label_selector.split("=", 1)[1] if "=" in label_selector else None
+        now = datetime.datetime.now(datetime.timezone.utc)
+        return client.V1PodList(items=[client.V1Pod(
+            metadata=client.V1ObjectMeta(name=name, labels={RUN_LABEL: pod["run"], RANK_LABEL: str(pod["rank"])},
+                                         creation_timestamp=now, deletion_timestamp=now if pod["deleting"] else None),
+            status=client.V1PodStatus(phase=pod["phase"], container_statuses=[client.V1ContainerStatus(
+                name="worker", image="mlbench", image_id="", ready=pod["phase"] == "Running", restart_count=0,
+                state=client.V1ContainerState(terminated=client.V1ContainerStateTerminated(
+                    exit_code=pod["code"], reason="Error") if pod["code"] else None))]))
+            for name, pod in self.pods.items() if wanted is None or pod["run"] == wanted])
+
+    def delete_namespaced_pod(self, name: str, namespace: str, grace_period_seconds: int | None = None,
+                              **_: object) -> None:
+        if name not in self.pods:
+            raise ApiException(status=404)
+        if grace_period_seconds == 0:
+            del self.pods[name]
+        else:
+            self.pods[name]["deleting"] = True
+
+    def read_namespaced_pod_log(self, name: str, namespace: str, **_: object) -> str:
+        return ""
+
+    def create_namespaced_pod(self, namespace: str, body: dict) -> None:
+        name = body["metadata"]["name"]
+        if name in self.pods:
+            raise ApiException(status=409, reason=f"pods {name!r} already exists")
+        labels = body["metadata"]["labels"]
+        self.add(labels[RUN_LABEL], int(labels[RANK_LABEL]), "Pending")
+
+    def read_namespaced_config_map(self, name: str, namespace: str) -> client.V1ConfigMap:
+        return self.config_maps.setdefault(name, client.V1ConfigMap(metadata=client.V1ObjectMeta(
+            name=name, namespace=namespace, uid="configmap-uid"), data={}))
+
+    def patch_namespaced_config_map(self, name: str, namespace: str, body: dict) -> None:
+        self.read_namespaced_config_map(name, namespace).data.update(body["data"])
+
+    def delete_namespaced_service(self, name: str, namespace: str, **_: object) -> None:
+        pass
+
+    def delete_namespaced_config_map(self, name: str, namespace: str, **_: object) -> None:
+        pass
+
+
+def test_a_restarted_groups_pods_that_ended_are_removed_without_waiting_for_their_kubelet(tmp_path):
+    """``--on-failure restart`` on a cluster: the new group's pods take the old ones' names, so
+    they can only be created once those are gone. A deleted pod whose phase is final (its
+    containers ended, for good) runs no worker that could still write a checkpoint, so the
+    supervisor removes its object at once (as ``kubectl delete --force``) rather than wait for
+    its kubelet to confirm the deletion; the group is restarted two rounds after its pods
+    ended. A deleted pod still running is waited for."""
+    service = ResultsService(tmp_path / "store", WORKER_TOKEN, ADMIN_TOKEN)
+    pods = GracefulPods()
+    supervisor = PodSupervisor(service.store, pods, "mlbench-test")
+    record = create_run(service)
+    document = json.loads((record.run_dir / "run.json").read_text())
+    # as `mlbench run` on a cluster records them
+    document["config"].update(on_failure="restart", max_restarts=1)
+    document["placement"] = Placement("mlbench-test", "mlbench:test", 1, 1000, 1024).to_dict()
+    (record.run_dir / "run.json").write_text(json.dumps(document))
+    service.store.update(record.id, state=RUNNING, started_at=time.time())
+    pods.add(record.id, 0, "Running")
+    pods.add(record.id, 1, "Failed", code=1)
+
+    def restarts() -> list:
+        return json.loads((record.run_dir / "run.json").read_text()).get("faults", {}).get("restarts") or []
+
+    supervisor.check_once()   # rank 1 failed: the group ends, its pods deleted with a grace period
+    assert all(pod["deleting"] for pod in pods.pods.values()) and len(pods.pods) == 2
+    supervisor.check_once()   # rank 1's pod, ended, is removed; rank 0's still runs: it is waited for
+    assert list(pods.pods) == [pod_name(record.id, 0)] and not restarts()
+    supervisor.check_once()
+    assert list(pods.pods) == [pod_name(record.id, 0)] and not restarts()
+    pods.pods[pod_name(record.id, 0)].update(phase="Failed", code=143)   # its worker stopped on SIGTERM
+    supervisor.check_once()   # in a final phase too: removed
+    assert not pods.pods and not restarts()
+    supervisor.check_once()   # the group is gone: the restart is recorded and its pods created
+    assert service.store.get(record.id).active
+    (restart,) = restarts()
+    assert restart["from_step"] == 0 and "worker 1" in restart["reason"], restart
+    assert {name: (pod["phase"], pod["deleting"]) for name, pod in pods.pods.items()} == {
+        pod_name(record.id, 0): ("Pending", False), pod_name(record.id, 1): ("Pending", False)}
+    assert "run.json" in pods.config_maps[f"mlbench-run-{record.id}"].data

@@ -182,7 +182,8 @@ def test_a_slurm_run_shrinks_to_the_survivor_of_a_hung_task_as_a_local_run_does(
     assert status["faults"]["workers"] == [2, 1] and status["workers"] == 2 and status["launcher"] == "slurm"
     shown = mlbench("status", faulty.id, check=True).stdout
     assert "2 -> 1" in shown and re.search(r"recovery +1 shrink, \d+ steps lost and redone", shown), shown
-    assert re.search(r"faults +2 \(slow of rank 1 at 0\.0 s, stall of rank 0 at 1\.0 s\); on failure: shrink", shown), shown
+    assert re.search(r"faults +2 \(slow of rank 1 at 0\.0 s, stall of rank 0 at 1\.0 s\); on failure: shrink",
+                     shown), shown
     out = "".join(p.read_text() for p in (faulty.run_dir / "logs").glob("slurm-*.out"))
     assert f"shrink 1: 1 of 2 worker(s) go on from step {shrink['from_step']} (old rank 0)" in out, out
 

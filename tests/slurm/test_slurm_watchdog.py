@@ -6,7 +6,6 @@ bound, far below gloo's timeout, and `status` says so with the stall's record.""
 from __future__ import annotations
 
 import json
-import time
 
 from mlbench.launch.registry import launcher_of
 from mlbench.results.store import RunStore
