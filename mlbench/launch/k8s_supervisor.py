@@ -386,9 +386,9 @@ class PodSupervisor:
         # same names, could be created). It is removed now, as `kubectl delete --force` would,
         # and the next round finds the group gone. A pod whose kubelet reports no final phase
         # (a lost node) is still waited for.
-        for pod in pods:
-            if pod.deleting and pod.phase in ("Succeeded", "Failed"):
-                self._delete(self.core.delete_namespaced_pod, pod.name, grace_period_seconds=0)
+        for ended in pods:
+            if ended.deleting and ended.phase in ("Succeeded", "Failed"):
+                self._delete(self.core.delete_namespaced_pod, ended.name, grace_period_seconds=0)
         if pods:
             if now - ending.at > RESTART_END_TIMEOUT_S:
                 del self._ending[run.id]
