@@ -50,10 +50,12 @@ def run_ids(lab) -> set[str]:
 
 def test_a_run_started_from_the_form_appears_and_its_accuracy_curve_grows(lab, browser, page, libsvm_dir, tmp_path):
     """A run started from the form shows on the runs page opened before it, and its page's
-    accuracy curve grows while it trains. One sample per step (2,000 steps an epoch on the
+    accuracy curve grows while it trains. Four samples per step (500 steps an epoch on the
     suite's LIBSVM pair) for 4 s: at the task's batch of 100 the run made an epoch, and with it
     an evaluation, every 4 ms (1,806 in its 8 s then), which the dashboard streamed and Chromium
-    drew, and the test cost 22 CPU-seconds; a few a second show the curve grow as well."""
+    drew, and the test cost 22 CPU-seconds; a few a second show the curve grow as well. At one
+    sample per step (2,000 steps an epoch) a loaded run of the suite evaluated once while it
+    trained."""
     runs_page = browser.new_page()
     runs_page.goto(lab.base + "/")
     runs_page.wait_for_selector("header .live.on")  # subscribed before the run exists
@@ -64,7 +66,7 @@ def test_a_run_started_from_the_form_appears_and_its_accuracy_curve_grows(lab, b
     page.fill("#data_dir", str(libsvm_dir))
     page.check("#no_stop")
     page.fill("#time_budget", "4s")
-    page.fill("#overrides", "max_epochs=100000\nbatch_per_worker=1")
+    page.fill("#overrides", "max_epochs=100000\nbatch_per_worker=4")
     page.screenshot(path=tmp_path / "new-run-form.png", full_page=True)
     page.click("#start")
     page.wait_for_url(re.compile(r"/runs/[0-9a-f]{8}$"), timeout=180_000)
