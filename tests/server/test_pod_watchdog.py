@@ -117,6 +117,19 @@ def test_the_workers_sender_keeps_trying_through_an_outage_and_stops_on_a_refusa
 
 
 # -- pods of real worker processes -------------------------------------------------------------
+def pod_object(name: str, run_id: str, rank: int, phase: str, code: int | None, created: datetime.datetime,
+               deleting: bool = False) -> client.V1Pod:
+    """A worker pod as the API server lists it: its container terminated with ``code`` when that
+    is not None or 0, and a deletion timestamp while it is being deleted."""
+    terminated = client.V1ContainerStateTerminated(exit_code=code, reason="Error") if code else None
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name, labels={RUN_LABEL: run_id, RANK_LABEL: str(rank)},
+                                     creation_timestamp=created, deletion_timestamp=created if deleting else None),
+        status=client.V1PodStatus(phase=phase, container_statuses=[client.V1ContainerStatus(
+            name="worker", image="mlbench", image_id="", ready=phase == "Running", restart_count=0,
+            state=client.V1ContainerState(terminated=terminated))]))
+
+
 class ProcessPods:
     """The part of the Kubernetes API the pod supervisor calls, over real worker processes: each
     pod is one process, Running while it runs, Succeeded or Failed by its exit code; deleting a
@@ -140,16 +153,9 @@ class ProcessPods:
             if wanted is not None and run_id != wanted:
                 continue
             code = proc.poll()
-            terminated = None if code in (None, 0) else client.V1ContainerStateTerminated(
-                exit_code=code if code > 0 else 128 - code, reason="Error")
-            pods.append(client.V1Pod(
-                metadata=client.V1ObjectMeta(name=name, labels={RUN_LABEL: run_id, RANK_LABEL: str(rank)},
-                                             creation_timestamp=self.created),
-                status=client.V1PodStatus(
-                    phase="Running" if code is None else "Succeeded" if code == 0 else "Failed",
-                    container_statuses=[client.V1ContainerStatus(
-                        name="worker", image="mlbench", image_id="", ready=code is None, restart_count=0,
-                        state=client.V1ContainerState(terminated=terminated))])))
+            phase = "Running" if code is None else "Succeeded" if code == 0 else "Failed"
+            pods.append(pod_object(name, run_id, rank, phase, code if code is None or code >= 0 else 128 - code,
+                                   self.created))
         return client.V1PodList(items=pods)
 
     def read_namespaced_pod_log(self, name: str, namespace: str, **_: object) -> str:
@@ -369,13 +375,8 @@ class GracefulPods:
     def list_namespaced_pod(self, namespace: str, label_selector: str = "") -> client.V1PodList:
         wanted = label_selector.split("=", 1)[1] if "=" in label_selector else None
         now = datetime.datetime.now(datetime.timezone.utc)
-        return client.V1PodList(items=[client.V1Pod(
-            metadata=client.V1ObjectMeta(name=name, labels={RUN_LABEL: pod["run"], RANK_LABEL: str(pod["rank"])},
-                                         creation_timestamp=now, deletion_timestamp=now if pod["deleting"] else None),
-            status=client.V1PodStatus(phase=pod["phase"], container_statuses=[client.V1ContainerStatus(
-                name="worker", image="mlbench", image_id="", ready=pod["phase"] == "Running", restart_count=0,
-                state=client.V1ContainerState(terminated=client.V1ContainerStateTerminated(
-                    exit_code=pod["code"], reason="Error") if pod["code"] else None))]))
+        return client.V1PodList(items=[
+            pod_object(name, pod["run"], pod["rank"], pod["phase"], pod["code"], now, deleting=pod["deleting"])
             for name, pod in self.pods.items() if wanted is None or pod["run"] == wanted])
 
     def delete_namespaced_pod(self, name: str, namespace: str, grace_period_seconds: int | None = None,
