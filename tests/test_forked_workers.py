@@ -200,6 +200,43 @@ def test_a_ports_framework_is_imported_once_by_the_supervisor_and_its_ranks_stil
         proc.stdout + proc.stderr)
 
 
+FLOP_COUNTER_BEFORE_FORK = """
+import os, sys
+from mlbench.launch.forked import forking_allowed, may_fork
+print(forking_allowed('mlbench.tasks.classification_runtime'))
+from mlbench.launch.plan import RunRequest, build_config
+from mlbench.tasks.classification_runtime import prepare_before_fork
+for task in ('task2a', 'task1a'):
+    prepare_before_fork(build_config(RunRequest(task=task, workers=2))[0])
+    print(task, 'torch._dynamo' in sys.modules, may_fork())
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    import torch
+    from mlbench.tasks.flops import counted_flops
+    from mlbench.tasks.models import build_model
+    model = build_model('resnet20')
+    before = set(sys.modules)
+    counted_flops(model, torch.zeros(1, 3, 32, 32), 1)
+    new = sorted(set(sys.modules) - before)
+    os.write(write, (f'{len(new)}: ' + ' '.join(new[:8]) if new else 'none').encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print('imported by the rank:', os.read(read, 1 << 20).decode())
+"""
+
+
+def test_a_supervisor_imports_what_the_flop_counter_needs_once_for_the_ranks_it_forks():
+    """A rank of task 1a counts its model's FLOPs (torch's FlopCounterMode), whose first use
+    imports torch._dynamo: 1.3 CPU-seconds per rank. The supervisor imports it once before it
+    forks them (for a model whose FLOPs are counted, not for task 2a's logistic regression), and
+    may still fork; a forked rank's count then imports no module of its own."""
+    proc = subprocess.run([sys.executable, "-c", FLOP_COUNTER_BEFORE_FORK], capture_output=True, text=True,
+                          timeout=240, env=environment_that_forks())
+    assert proc.stdout.splitlines() == ["True", "task2a False True", "task1a True True",
+                                        "imported by the rank: none"], proc.stdout + proc.stderr
+
+
 def test_after_a_parallel_operation_the_fork_would_hang_so_the_check_is_needed():
     """Why forking_allowed refuses a process whose torch computed in parallel: its child's first
     parallel operation never returns (GNU OpenMP). The child is given 6 s, then killed: its

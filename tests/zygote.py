@@ -42,7 +42,8 @@ _MAX_REQUEST = 1 << 20
 
 def _preload() -> None:
     """What a command would import: the CLI with its commands, torch, the worker and every task's
-    runtime (through the product's own check, which records the thread count forking relies on)."""
+    runtime (through the product's own check, which records the thread count forking relies on),
+    and torch's flop counter with its own imports."""
     from mlbench.cli import commands  # noqa: F401  (registers the commands)
     from mlbench.cli.main import main  # noqa: F401
     from mlbench.launch.forked import forking_allowed
@@ -54,6 +55,11 @@ def _preload() -> None:
             importlib.import_module(TASKS.runtime_module(task))
         except Exception:  # an optional dependency missing: the command imports (and fails) itself
             pass
+    # what the supervisor of a run whose model's FLOPs are counted (task 1a) imports before it
+    # forks its ranks (the classification runtime's prepare_before_fork): once here for them all
+    from mlbench.tasks.flops import preload_flop_counter
+
+    preload_flop_counter()
 
 
 def serve(path: str) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 from mlbench.errors import MlbenchError, peer_consequence
 from mlbench.frameworks import PYTORCH, get_framework
-from mlbench.launch.forked import ForkedProcess, fork_worker, forking_allowed, preload_port
+from mlbench.launch.forked import ForkedProcess, fork_worker, forking_allowed, may_fork, preload_port
 from mlbench.launch.injector import (FaultRecord, Injector, check_recovered, next_group, reached_step, record_restart,
                                      restart_counts)
 from mlbench.launch.processes import ProcessRef
@@ -214,8 +214,9 @@ class WorkerProcesses:
                 fork = preload_port(framework.worker)
             prepare = (getattr(runtime_module(config.task), "prepare_before_fork", None)
                        if fork and framework is PYTORCH else None)
-            if prepare is not None:   # what every rank would make alike (synthetic data), made once
+            if prepare is not None:   # what every rank would make alike (synthetic data, imports), made once
                 prepare(config)
+                fork = may_fork()     # (it starts no thread; if a library's version did, fresh ranks)
             self._start_fault_clock(config, env)
             if framework.peers and config.workers > 1:  # each worker's own address (TensorFlow)
                 env[PEERS_ENV] = ",".join(f"{config.master_addr}:{port}"
