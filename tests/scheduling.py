@@ -11,8 +11,13 @@ Slurm job's hold, a browser), so two worker processes finish it in much less tim
 * a **module**, whose module-scoped fixtures (a group of real runs, the dashboard's lab) would
   otherwise be built once per worker.
 
-So a unit of work is a whole package for those packages and a module for the rest (xdist's
-``loadscope`` with wider scopes). The units are handed out longest first (:func:`order_items`,
+A third kind of unit is :data:`FORKSERVER_MODULES`: the modules whose tests fork their gloo
+ranks from tests/optim/support.py's forkserver, which each worker process that uses it starts
+once (importing torch and torch._dynamo: about 4 CPU-seconds on the loaded box); as one unit,
+one worker starts it instead of every worker.
+
+So a unit of work is a whole package for those packages, the forkserver's modules together,
+and a module for the rest (xdist's ``loadscope`` with wider scopes). The units are handed out longest first (:func:`order_items`,
 as a longest-processing-time schedule): the packages, then :data:`LONG_MODULES`, then the rest
 in collection order, so that the session ends on short modules that fill the workers evenly
 rather than on a long one started last. Worker count: ``-n auto`` asks :func:`worker_count`.
@@ -26,6 +31,13 @@ from xdist.scheduler import LoadScopeScheduling
 
 #: the packages run as one unit each, in this order, before every other test
 WHOLE_PACKAGES = ("tests/kube", "tests/slurm", "tests/cloud")
+#: the modules that use tests/optim/support.py's run_on_ranks (its forkserver), one unit named by
+#: :data:`FORKSERVER_UNIT` (tests/test_scheduling.py checks that the list is whole)
+FORKSERVER_MODULES = (
+    "tests/optim/test_training.py", "tests/optim/test_centralized.py", "tests/optim/test_compressed.py",
+    "tests/optim/test_ddp_resume.py", "tests/optim/test_decentralized.py", "tests/optim/test_powersgd.py",
+    "tests/language/test_exactness.py")
+FORKSERVER_UNIT = "tests/optim/support.py"
 #: the modules that take a worker a third of a minute or more on the loaded 2-core box, longest
 #: first (``MLBENCH_TEST_CPU_PROFILE`` of a loaded run with four workers, 2026-11-27;
 #: docs/testing.md); a module not listed is merely handed out later, among the short ones
@@ -38,7 +50,7 @@ LONG_MODULES = (
     "tests/kube_nodeless/test_pod_specs.py",
     "tests/dashboard/test_dashboard.py", "tests/network/test_local_network.py",
     "tests/server/test_many_connections.py", "tests/test_cli_output.py", "tests/optim/test_plugins.py",
-    "tests/test_resume_exact.py", "tests/server/test_pod_watchdog.py", "tests/optim/test_training.py",
+    "tests/test_resume_exact.py", "tests/server/test_pod_watchdog.py", FORKSERVER_UNIT,
     "tests/test_resume.py", "tests/results/test_store.py", "tests/test_packaging.py",
     "tests/dashboard/test_memory.py", "tests/test_api.py")
 #: at most this many workers with ``-n auto``: every worker may start real runs of 2-4 processes
@@ -52,12 +64,19 @@ def package_of(nodeid: str) -> str | None:
     return next((p for p in WHOLE_PACKAGES if path.startswith(p + "/")), None)
 
 
+def unit_of(nodeid: str) -> str:
+    """The unit of work that holds the test ``nodeid``: its package of :data:`WHOLE_PACKAGES`,
+    :data:`FORKSERVER_UNIT` for a module of :data:`FORKSERVER_MODULES`, else its module."""
+    path = nodeid.split("::", 1)[0]
+    return package_of(nodeid) or (FORKSERVER_UNIT if path in FORKSERVER_MODULES else path)
+
+
 def order_items(items: list) -> None:
     """The tests of :data:`WHOLE_PACKAGES` first, in that order, then those of
     :data:`LONG_MODULES`, in that order; the rest keep their order (a stable sort, so each
     module's tests stay together for its module-scoped fixtures)."""
     rank = {unit: i for i, unit in enumerate((*WHOLE_PACKAGES, *LONG_MODULES))}
-    items.sort(key=lambda item: rank.get(package_of(item.nodeid) or item.nodeid.split("::", 1)[0], len(rank)))
+    items.sort(key=lambda item: rank.get(unit_of(item.nodeid), len(rank)))
 
 
 def worker_count() -> int:
@@ -83,4 +102,4 @@ class WholePackageScheduling(LoadScopeScheduling):
         config.option.loadscopereorder = False
 
     def _split_scope(self, nodeid: str) -> str:
-        return package_of(nodeid) or nodeid.split("::", 1)[0]
+        return unit_of(nodeid)
