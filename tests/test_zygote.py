@@ -36,3 +36,20 @@ def test_the_command_gets_the_callers_directory_environment_and_path(tmp_path):
                                    "mlbench.optim.base.DistributedOptimizer"), proc.stderr
     shown = zygote.run(["status"], env, 120)
     assert shown.returncode == 0 and "No runs yet" in shown.stdout
+
+
+def test_a_module_started_as_a_pod_or_a_launcher_would_writes_and_exits_as_a_fresh_interpreter(tmp_path):
+    """:func:`zygote.popen_module` (a stand-in kubelet's pods, a test's own launcher of workers):
+    ``python -m mlbench.worker`` forked by the zygote writes both streams to the log and exits as
+    a fresh interpreter does (here a usage error: no run folder)."""
+    env = dict(os.environ, MLBENCH_HOME=str(tmp_path / "home"))
+    cmd = [sys.executable, "-m", "mlbench.worker"]
+    with open(tmp_path / "forked.log", "wb") as log:
+        forked = zygote.popen_module(cmd, env, log, cwd=str(tmp_path))
+    assert isinstance(forked, zygote.ZygoteProcess)
+    with open(tmp_path / "fresh.log", "wb") as log:
+        started = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT)
+    assert (forked.wait(120), started.wait(120)) == (2, 2)
+    assert (tmp_path / "forked.log").read_text() == (tmp_path / "fresh.log").read_text()
+    assert "error: the following arguments are required: run_dir" in (tmp_path / "forked.log").read_text()

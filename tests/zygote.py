@@ -1,4 +1,6 @@
-"""`python -m mlbench ARGS` for the tests, forked from one interpreter that imported torch once.
+"""`python -m mlbench ARGS` for the tests, forked from one interpreter that imported torch once
+(and ``python -m mlbench.worker ...`` or ``mlbench.server`` where a test stands in for a kubelet's
+pod or a user's launcher: :func:`popen_module`).
 
 Every real run the suite starts used to cost a fresh interpreter's import of torch and the CLI
 (3-5 CPU seconds on this project's 2-core machines) before its first step; with a few hundred
@@ -32,6 +34,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import BinaryIO
 
 FRESH_ENV = "MLBENCH_TEST_FRESH_CLI"
 _REPO = Path(__file__).resolve().parents[1]
@@ -119,7 +122,8 @@ def _start(conn: socket.socket, listener: socket.socket, waiting: dict[int, sock
 
 
 def _become_the_command(request: dict, fds: list[int]) -> int:
-    """In the child: be ``python -m mlbench ARGS`` and return its exit code."""
+    """In the child: be ``python -m MODULE ARGS`` (MODULE: ``mlbench`` unless the request names
+    another of mlbench's modules) and return its exit code."""
     # threads do not survive a fork: what forking_allowed compares with is this process's count now
     # (an OpenMP pool the command starts must show as more threads than this, as in a fresh interpreter)
     from mlbench.launch import forked
@@ -140,10 +144,14 @@ def _become_the_command(request: dict, fds: list[int]) -> int:
     started = [p for p in request["zygote_pythonpath"] if p]
     sys.path[:] = [request["cwd"], *own, *(p for p in sys.path[1:] if p not in started and p not in own)]
     importlib.invalidate_caches()
-    sys.argv = ["mlbench", *request["args"]]
+    module = request.get("module", "mlbench")
+    # as in a fresh interpreter, the module's __main__ runs as __main__ only (the preload may have
+    # imported it by name, mlbench.worker's: runpy would warn, on the log's first line)
+    sys.modules.pop(f"{module}.__main__", None)
+    sys.argv = [module, *request["args"]]
     code = 0
     try:
-        runpy.run_module("mlbench", run_name="__main__", alter_sys=True)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as ended:
         code = _exit_code(ended.code)
     except KeyboardInterrupt:
@@ -215,21 +223,23 @@ def _the_server() -> _Server:
 
 
 class ZygoteProcess:
-    """A command forked by the zygote, with the part of :class:`subprocess.Popen` tests use."""
+    """A command forked by the zygote, with the part of :class:`subprocess.Popen` tests use:
+    ``python -m MODULE ARGS``, its two output streams kept for :meth:`output`, or both written to
+    the open file ``log`` (as ``stdout=log, stderr=subprocess.STDOUT``)."""
 
     def __init__(self, args: list[str], env: dict[str, str], cwd: str | None = None,
-                 new_session: bool = False) -> None:
+                 new_session: bool = False, module: str = "mlbench", log: BinaryIO | None = None) -> None:
         server = _the_server()
-        self.args = [sys.executable, "-m", "mlbench", *args]
-        self._out = tempfile.TemporaryFile()  # noqa: SIM115 - read and closed in output()
-        self._err = tempfile.TemporaryFile()  # noqa: SIM115 - read and closed in output()
+        self.args = [sys.executable, "-m", module, *args]
+        self._out = tempfile.TemporaryFile() if log is None else None  # noqa: SIM115 - closed in output()
+        self._err = tempfile.TemporaryFile() if log is None else None  # noqa: SIM115 - closed in output()
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.connect(server.path)
         request = {"args": list(args), "env": env, "cwd": cwd or os.getcwd(), "new_session": new_session,
-                   "zygote_pythonpath": server.pythonpath}
+                   "zygote_pythonpath": server.pythonpath, "module": module}
+        outputs = [log.fileno()] * 2 if log is not None else [self._out.fileno(), self._err.fileno()]  # type: ignore[union-attr]
         with open(os.devnull, "rb") as stdin:
-            socket.send_fds(self._conn, [json.dumps(request).encode()],
-                            [stdin.fileno(), self._out.fileno(), self._err.fileno()])
+            socket.send_fds(self._conn, [json.dumps(request).encode()], [stdin.fileno(), *outputs])
         self._reader = self._conn.makefile("r")
         self.pid = int(json.loads(self._reader.readline())["pid"])
         self.returncode: int | None = None
@@ -276,6 +286,8 @@ class ZygoteProcess:
         """What the command wrote to stdout and stderr (after it ended)."""
         texts = []
         for file in (self._out, self._err):
+            if file is None:   # written to the caller's log
+                return "", ""
             file.seek(0)
             texts.append(file.read().decode(errors="replace"))
             file.close()
@@ -289,6 +301,19 @@ def start(args: list[str], env: dict[str, str], fresh: bool = False) -> ZygotePr
         return subprocess.Popen([sys.executable, "-m", "mlbench", *args], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     return ZygoteProcess(args, env, new_session=True)
+
+
+def popen_module(cmd: list[str], env: dict[str, str], log: BinaryIO,
+                 cwd: str | None = None) -> ZygoteProcess | subprocess.Popen:
+    """``subprocess.Popen(cmd, env=env, cwd=cwd, stdin=DEVNULL, stdout=log, stderr=STDOUT,
+    start_new_session=True)``, forked by the zygote where ``cmd`` is ``python -m mlbench...``
+    (a module of mlbench's: a worker or the results service, as a stand-in kubelet's pod or a
+    user's launcher starts them); any other command, or with ``MLBENCH_TEST_FRESH_CLI``, as such."""
+    if len(cmd) >= 3 and cmd[0] == sys.executable and cmd[1] == "-m" and cmd[2].split(".")[0] == "mlbench" \
+            and not os.environ.get(FRESH_ENV):
+        return ZygoteProcess(cmd[3:], env, cwd, new_session=True, module=cmd[2], log=log)
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def run(args: list[str], env: dict[str, str], timeout: float, cwd: str | None = None) -> subprocess.CompletedProcess:

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 from kubernetes import client
 
+from tests import zygote
 from tests.kube_nodeless.network import PodNetwork, container_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,10 +182,8 @@ class HarnessKubelet:
             command = [sys.executable] + command[1:]
         elif command[0] == "mlbench":
             command = [sys.executable, "-m", "mlbench"] + command[1:]
-        with open(running.log, "ab") as log:
-            running.proc = subprocess.Popen(command, env=running.pod["_env"], stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, cwd=running.log.parent,
-                                            start_new_session=True)
+        with open(running.log, "ab") as log:   # a worker or the results service: forked by the tests' zygote
+            running.proc = zygote.popen_module(command, running.pod["_env"], log, cwd=str(running.log.parent))
 
     def _volumes(self, pod: dict[str, Any], folder: Path) -> dict[str, str]:
         """mountPath -> local folder, for the first container's mounts."""

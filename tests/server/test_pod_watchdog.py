@@ -37,6 +37,7 @@ from mlbench.results.http_sink import TOKEN_ENV, URL_ENV, HttpBeatSender, run_to
 from mlbench.results.store import RUNNING, SETTLED_FILE, RunRecord, RunStore
 from mlbench.server.httpd import make_server
 from mlbench.server.service import ResultsService
+from tests import zygote
 from tests.helpers import mlbench, stop_while_training, wait_for
 from tests.server.conftest import ADMIN_TOKEN, WORKER_TOKEN, free_port, new_run
 
@@ -142,7 +143,7 @@ class ProcessPods:
 
     def start(self, run_id: str, rank: int, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
         with open(self.logs / f"{pod_name(run_id, rank)}.log", "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            proc = zygote.popen_module(cmd, env, log)
         self.procs[pod_name(run_id, rank)] = (run_id, rank, proc)
         return proc
 

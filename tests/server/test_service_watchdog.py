@@ -23,6 +23,7 @@ from pathlib import Path
 from mlbench.results.heartbeat import read_beat
 from mlbench.results.http_sink import TOKEN_ENV, URL_ENV, run_token
 from mlbench.results.store import RunStore
+from tests import zygote
 from tests.helpers import mlbench, stop_while_training, wait_for
 from tests.server.conftest import WORKER_TOKEN, ServiceProcess, free_port
 
@@ -48,9 +49,8 @@ def test_the_service_fails_a_run_whose_worker_stopped_naming_its_rank_and_the_ot
             machine.mkdir()
             shutil.copy(run.run_dir / "run.json", machine / "run.json")
             with open(tmp_path / f"rank-{rank}.log", "wb") as log:
-                workers.append(subprocess.Popen([sys.executable, "-m", "mlbench.worker", str(machine)],
-                                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                                env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank))))
+                workers.append(zygote.popen_module([sys.executable, "-m", "mlbench.worker", str(machine)],
+                                                   dict(env, RANK=str(rank), LOCAL_RANK=str(rank)), log))
         wait_for(lambda: all((b := read_beat(run.run_dir, r)) is not None and b.step >= 20 for r in (0, 1)),
                  150, "both workers to train (their heartbeats stored by the service)", interval=0.5)
         stop_while_training(workers[1].pid, run.run_dir, 1)
