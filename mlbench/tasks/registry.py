@@ -6,7 +6,8 @@ to run it: ``build_runtime(config, rank, device, timer)`` for a training task (a
 :class:`~mlbench.tasks.runtime.TaskRuntime`), ``run_benchmark(config, rank, events)`` for a
 measurement (task 0a); optionally ``prepare_before_fork(config)``, which the local supervisor calls
 once before it forks the ranks from itself (what every rank would otherwise make alike, such as
-synthetic data; it must not compute with torch, whose thread pool a forked child cannot use).
+synthetic data or the modules a model's FLOP count imports; it must not compute with torch, whose
+thread pool a forked child cannot use, nor start a thread).
 The packages are imported on first use, the runtime modules (torch, the models and the data
 code) only by the workers. A new task is one package plus its name in
 :data:`TASK_PACKAGES`.
