@@ -17,10 +17,11 @@ once (importing torch and torch._dynamo: about 4 CPU-seconds on the loaded box);
 one worker starts it instead of every worker.
 
 So a unit of work is a whole package for those packages, the forkserver's modules together,
-and a module for the rest (xdist's ``loadscope`` with wider scopes). The units are handed out longest first (:func:`order_items`,
-as a longest-processing-time schedule): the packages, then :data:`LONG_MODULES`, then the rest
-in collection order, so that the session ends on short modules that fill the workers evenly
-rather than on a long one started last. Worker count: ``-n auto`` asks :func:`worker_count`.
+and a module for the rest (xdist's ``loadscope`` with wider scopes). The units are handed out
+longest first (:func:`order_items`, as a longest-processing-time schedule): the packages, then
+:data:`LONG_MODULES`, then the rest in collection order, so that the session ends on short
+modules that fill the workers evenly rather than on a long one started last. Worker count:
+``-n auto`` asks :func:`worker_count`.
 """
 
 from __future__ import annotations

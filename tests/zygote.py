@@ -237,7 +237,8 @@ class ZygoteProcess:
         self._conn.connect(server.path)
         request = {"args": list(args), "env": env, "cwd": cwd or os.getcwd(), "new_session": new_session,
                    "zygote_pythonpath": server.pythonpath, "module": module}
-        outputs = [log.fileno()] * 2 if log is not None else [self._out.fileno(), self._err.fileno()]  # type: ignore[union-attr]
+        outputs = ([log.fileno()] * 2 if log is not None
+                   else [self._out.fileno(), self._err.fileno()])  # type: ignore[union-attr]
         with open(os.devnull, "rb") as stdin:
             socket.send_fds(self._conn, [json.dumps(request).encode()], [stdin.fileno(), *outputs])
         self._reader = self._conn.makefile("r")
