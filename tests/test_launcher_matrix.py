@@ -17,6 +17,7 @@ import pytest
 
 from mlbench.launch.supervisor import pid_alive, recorded_processes
 from mlbench.results.store import RunStore, read_json
+from tests import zygote
 from tests.helpers import mlbench, wait_for
 from tests.launcher_matrix import (
     LauncherCase,
@@ -175,6 +176,23 @@ def test_a_worker_started_without_a_rank_fails_its_run_naming_the_variables_it_l
     assert started.stderr == f"Error: {line}\n"
     details = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
     assert (details["state"], details["reason"]) == ("failed", f"worker 0: {line}"), details
+
+
+def test_a_worker_given_a_folder_that_is_no_run_says_so_in_one_line(tmp_path):
+    """RUN_DIR is typed by the user into a torchrun, srun or mpirun command: a wrong one is a usage
+    error of one line (exit 2) naming the folder, not a traceback."""
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "run.json").write_text("{}")
+    for folder, what in ((tmp_path / "typo", "holds no run.json"),
+                         (tmp_path / "other", f"has no readable run.json ({tmp_path / 'other' / 'run.json'} is not "
+                                              "a run document ('task'))")):
+        with open(tmp_path / f"{folder.name}.log", "wb") as log:
+            started = zygote.popen_module([sys.executable, "-m", "mlbench.worker", str(folder), "--rank", "0"],
+                                          dict(os.environ), log)
+        assert started.wait(120) == 2
+        assert (tmp_path / f"{folder.name}.log").read_text() == (
+            f"Error: {folder} {what}: give the run folder that `mlbench run --record-only` printed in its "
+            "commands\n")
 
 
 def test_every_log_and_event_file_of_a_run_is_private_to_its_user():

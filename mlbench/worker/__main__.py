@@ -73,7 +73,13 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = StopRequest(polite=False)
     signal.signal(signal.SIGTERM, stop.handle)
-    document = RunDocument.load(args.run_dir)
+    try:   # RUN_DIR is typed by a user into a torchrun, srun or mpirun command (--record-only)
+        document = RunDocument.load(args.run_dir)
+    except (OSError, ValueError) as err:
+        what = "holds no run.json" if isinstance(err, FileNotFoundError) else f"has no readable run.json ({err})"
+        print(f"Error: {args.run_dir} {what}: give the run folder that `mlbench run --record-only` "
+              "printed in its commands", file=sys.stderr)
+        return 2
     config = document.config
     stop.polite = config.checkpoints
     try:
