@@ -231,14 +231,18 @@ class ZygoteProcess:
                  new_session: bool = False, module: str = "mlbench", log: BinaryIO | None = None) -> None:
         server = _the_server()
         self.args = [sys.executable, "-m", module, *args]
-        self._out = tempfile.TemporaryFile() if log is None else None  # noqa: SIM115 - closed in output()
-        self._err = tempfile.TemporaryFile() if log is None else None  # noqa: SIM115 - closed in output()
+        self._out: BinaryIO | None = None
+        self._err: BinaryIO | None = None
+        if log is None:
+            self._out = tempfile.TemporaryFile()  # noqa: SIM115 - read and closed in output()
+            self._err = tempfile.TemporaryFile()  # noqa: SIM115 - read and closed in output()
+            outputs = [self._out.fileno(), self._err.fileno()]
+        else:
+            outputs = [log.fileno()] * 2
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._conn.connect(server.path)
         request = {"args": list(args), "env": env, "cwd": cwd or os.getcwd(), "new_session": new_session,
                    "zygote_pythonpath": server.pythonpath, "module": module}
-        outputs = ([log.fileno()] * 2 if log is not None
-                   else [self._out.fileno(), self._err.fileno()])  # type: ignore[union-attr]
         with open(os.devnull, "rb") as stdin:
             socket.send_fds(self._conn, [json.dumps(request).encode()], [stdin.fileno(), *outputs])
         self._reader = self._conn.makefile("r")
