@@ -34,6 +34,34 @@ class Transport(Protocol):
                 headers: dict[str, str]) -> tuple[int, bytes]: ...
 
 
+def _auth_headers(api_client: Any) -> dict[str, str]:
+    """The auth headers the kubernetes client would send with a request (refreshing exec tokens)."""
+    config = api_client.configuration
+    return {s["key"]: s["value"] for s in config.auth_settings().values() if s["in"] == "header"}
+
+
+def read_object(api_client: Any, path: str) -> dict[str, Any] | None:
+    """One object of the API server as its JSON (``path``: ``/api/v1/namespaces/NS/secrets/NAME``),
+    or None when it does not exist; any other refusal is the client's own ``ApiException``.
+
+    A plain GET on the client's connection pool with its credentials, not a typed API class:
+    importing ``kubernetes.client.CoreV1Api`` builds some 250 models (about a CPU-second, more
+    than the rest of `mlbench status`), which every command on a cluster paid to read one Secret."""
+    with needs("kubernetes"):
+        import urllib3
+        from kubernetes.client.exceptions import ApiException
+
+    response = api_client.rest_client.pool_manager.request(
+        "GET", api_client.configuration.host + path,
+        headers={"Accept": "application/json", **_auth_headers(api_client)},
+        timeout=urllib3.Timeout(connect=10, read=TIMEOUT_SECONDS))
+    if response.status == 404:
+        return None
+    if response.status >= 400:
+        raise ApiException(http_resp=response)
+    return json.loads(response.data)
+
+
 class ApiServerProxy:
     """Requests to the service through the API server, authenticated as the user."""
 
@@ -46,12 +74,10 @@ class ApiServerProxy:
         with needs("kubernetes"):
             import urllib3
 
-        config = self.api.configuration
-        # the same auth headers the kubernetes client would send (refreshing exec tokens)
-        auth = {s["key"]: s["value"] for s in config.auth_settings().values() if s["in"] == "header"}
         try:
             response = self.api.rest_client.pool_manager.request(
-                method, config.host + self.prefix + path, body=body, headers={**headers, **auth},
+                method, self.api.configuration.host + self.prefix + path, body=body,
+                headers={**headers, **_auth_headers(self.api)},
                 timeout=urllib3.Timeout(connect=10, read=TIMEOUT_SECONDS), retries=False)
         except urllib3.exceptions.HTTPError as err:
             raise OSError(f"{type(err).__name__}: {str(err)[:200]}") from None

@@ -32,7 +32,7 @@ from mlbench.launch import k8s_policy
 from mlbench.launch.base import EventCallback, Launcher, LauncherOption, LaunchSettings, Progress
 from mlbench.launch.faults import FAIL, RESTART
 from mlbench.launch.follow import check_rank
-from mlbench.launch.k8s_client import ResultsClient, transport_for
+from mlbench.launch.k8s_client import ResultsClient, read_object, transport_for
 from mlbench.launch import k8s_data
 from mlbench.launch.k8s_data import ensure_data
 from mlbench.launch.k8s_mirror import ClusterStore
@@ -61,18 +61,12 @@ def _api_error(err: Exception, store: ClusterStore, doing: str) -> ClusterError:
     return kube_error(err, store.context, doing)
 
 
-def _tokens(core: Any, namespace: str) -> dict[str, str] | None:
+def _tokens(api: Any, namespace: str) -> dict[str, str] | None:
     """The service's tokens from its Secret, or None when it was never deployed."""
-    with needs("kubernetes"):
-        from kubernetes.client.exceptions import ApiException
-
-    try:
-        secret = core.read_namespaced_secret(objects.SERVICE, namespace)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-    return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+    secret = read_object(api, f"/api/v1/namespaces/{namespace}/secrets/{objects.SERVICE}")
+    if secret is None:
+        return None
+    return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
 
 
 def mirror_home(cluster: ClusterRecord) -> Path:
@@ -82,16 +76,13 @@ def mirror_home(cluster: ClusterRecord) -> Path:
 
 def open_store(cluster: ClusterRecord) -> ClusterStore:
     """The cluster's runs (catalog copied from its results service, when one is deployed)."""
-    with needs("kubernetes"):
-        from kubernetes import client
-
     api = kube_api_client(cluster)
     namespace = namespace_of(cluster)
     where = f"cluster {cluster.name} (namespace {namespace})"
     store = ClusterStore(mirror_home(cluster), where, api=api, namespace=namespace,
                          context=cluster.context)
     try:
-        tokens = _tokens(client.CoreV1Api(api), namespace)
+        tokens = _tokens(api, namespace)
     except Exception as err:
         raise _api_error(err, store, f"read the Secret {objects.SERVICE} in namespace {namespace}") from None
     if tokens:
@@ -121,7 +112,7 @@ def ensure_service(store: ClusterStore, image: str, progress: Progress,
             namespace = {"metadata": {"name": ns, "labels": objects.MANAGED}}
             # dict bodies: the client takes them, its annotations (kubernetes >= 37) name only its models
             core.create_namespace(namespace)  # type: ignore[arg-type, unused-ignore]
-        tokens = _tokens(core, ns) or {objects.WORKER_TOKEN_KEY: secrets.token_urlsafe(32),
+        tokens = _tokens(store.api, ns) or {objects.WORKER_TOKEN_KEY: secrets.token_urlsafe(32),
                                         objects.ADMIN_TOKEN_KEY: secrets.token_urlsafe(32)}
         create: dict[str, Callable[..., Any]] = {
             "ServiceAccount": core.create_namespaced_service_account,
@@ -325,7 +316,7 @@ def launch(store: ClusterStore, run: RunRecord) -> None:
                                           {path: (run.run_dir / path).read_bytes() for path in files})
         made = core.create_namespaced_config_map(store.namespace, configmap)  # type: ignore[arg-type, unused-ignore]
         owner = store.api.sanitize_for_serialization(made)
-        tokens = _tokens(core, store.namespace)
+        tokens = _tokens(store.api, store.namespace)
         assert tokens is not None, "the service runs: its secret exists"
         secret = objects.run_secret(run.id, run_token(tokens[objects.WORKER_TOKEN_KEY], run.id), owner)
         core.create_namespaced_secret(store.namespace, secret)  # type: ignore[arg-type, unused-ignore]

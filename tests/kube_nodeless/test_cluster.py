@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 from kubernetes import client
@@ -202,9 +204,23 @@ def start_long_run(cluster) -> str:
     return run_id
 
 
+def status_in_a_fresh_interpreter(run_id: str) -> str:
+    """`mlbench status RUN` as a user's shell runs it, asserting what it imported: the service's
+    Secret is read without the client's typed API classes and models (kubernetes.client.CoreV1Api
+    imports some 250 models, about a CPU-second, which every command on a cluster used to pay for
+    that one read)."""
+    shown = subprocess.run([sys.executable, "-X", "importtime", "-m", "mlbench", "status", run_id],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in shown.stderr.splitlines() if line.startswith("import time:")}
+    models = sorted(name for name in imported if name.startswith("kubernetes.client.models."))
+    assert "kubernetes.config.kube_config" in imported and not models, models[:5]
+    return shown.stdout
+
+
 def test_an_evicted_pod_ends_the_run_as_failed_with_the_pods_reason(cluster):
     run_id = start_long_run(cluster)
-    assert re.search(r"state\s+running", mlbench_cli("status", run_id).output)   # live, from the service
+    assert re.search(r"state\s+running", status_in_a_fresh_interpreter(run_id))   # live, from the service
     cluster.harness.fail(pod_name(run_id, 1), reason="Error", exit_code=137,
                          evicted_message="The node was low on resource: memory.")
     final = follow_to_end(cluster, run_id)
