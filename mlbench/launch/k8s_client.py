@@ -34,10 +34,18 @@ class Transport(Protocol):
                 headers: dict[str, str]) -> tuple[int, bytes]: ...
 
 
-def _auth_headers(api_client: Any) -> dict[str, str]:
-    """The auth headers the kubernetes client would send with a request (refreshing exec tokens)."""
+def _api_request(api_client: Any, method: str, path: str, body: bytes | None = None,
+                 headers: dict[str, str] | None = None, **options: Any) -> Any:
+    """A request to the API server on the kubernetes client's own connection pool, with the auth
+    headers the client would send (refreshing exec tokens); urllib3's response."""
+    with needs("kubernetes"):
+        import urllib3
+
     config = api_client.configuration
-    return {s["key"]: s["value"] for s in config.auth_settings().values() if s["in"] == "header"}
+    auth = {s["key"]: s["value"] for s in config.auth_settings().values() if s["in"] == "header"}
+    return api_client.rest_client.pool_manager.request(
+        method, config.host + path, body=body, headers={**(headers or {}), **auth},
+        timeout=urllib3.Timeout(connect=10, read=TIMEOUT_SECONDS), **options)
 
 
 def read_object(api_client: Any, path: str) -> dict[str, Any] | None:
@@ -48,13 +56,9 @@ def read_object(api_client: Any, path: str) -> dict[str, Any] | None:
     importing ``kubernetes.client.CoreV1Api`` builds some 250 models (about a CPU-second, more
     than the rest of `mlbench status`), which every command on a cluster paid to read one Secret."""
     with needs("kubernetes"):
-        import urllib3
         from kubernetes.client.exceptions import ApiException
 
-    response = api_client.rest_client.pool_manager.request(
-        "GET", api_client.configuration.host + path,
-        headers={"Accept": "application/json", **_auth_headers(api_client)},
-        timeout=urllib3.Timeout(connect=10, read=TIMEOUT_SECONDS))
+    response = _api_request(api_client, "GET", path, headers={"Accept": "application/json"})
     if response.status == 404:
         return None
     if response.status >= 400:
@@ -75,10 +79,7 @@ class ApiServerProxy:
             import urllib3
 
         try:
-            response = self.api.rest_client.pool_manager.request(
-                method, self.api.configuration.host + self.prefix + path, body=body,
-                headers={**headers, **_auth_headers(self.api)},
-                timeout=urllib3.Timeout(connect=10, read=TIMEOUT_SECONDS), retries=False)
+            response = _api_request(self.api, method, self.prefix + path, body, headers, retries=False)
         except urllib3.exceptions.HTTPError as err:
             raise OSError(f"{type(err).__name__}: {str(err)[:200]}") from None
         return response.status, response.data
