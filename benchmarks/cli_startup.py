@@ -1,6 +1,6 @@
-"""How fast the CLI answers: `mlbench --help`, `mlbench status`, a shell completion and the
+"""How fast the CLI answers: `mlbench --help`, `mlbench status`, a shell completion, the
 checking and recording of a run (`mlbench run --record-only`, what `mlbench run` does before any
-worker starts), against `python -c pass` measured in the same run (docs/performance.md, "CLI
+worker starts) and an export of a run to TensorBoard's files, against `python -c pass` measured in the same run (docs/performance.md, "CLI
 start-up").
 
     python benchmarks/cli_startup.py [--home DIR] [--repeat 15]
@@ -17,6 +17,8 @@ time mlbench itself costs.
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import os
 import statistics
 import subprocess
@@ -36,7 +38,16 @@ COMMANDS = {
                                           "COMP_WORDS": "mlbench status ", "COMP_CWORD": "2"}),
     "mlbench run task2a 2 --data synthetic --record-only": (
         [sys.executable, "-m", "mlbench", "run", "task2a", "2", "--data", "synthetic", "--record-only"], {}),
+    # {run}: the store's newest run; {out}: a new folder each time
+    "mlbench export RUN --to tensorboard DIR": (
+        [sys.executable, "-m", "mlbench", "export", "{run}", "--to", "tensorboard", "{out}"], {}),
 }
+
+
+def newest_run(env: dict[str, str]) -> str:
+    listing = subprocess.run([sys.executable, "-m", "mlbench", "status", "-o", "json"], env=env, check=True,
+                             capture_output=True, text=True).stdout
+    return max(json.loads(listing)["runs"], key=lambda run: run["created_at"])["id"]
 
 
 def seconds(command: list[str], env: dict[str, str]) -> float:
@@ -61,10 +72,12 @@ def main() -> None:
         env["MLBENCH_HOME"] = args.home or str(Path(scratch) / "home")
         if not args.home:
             fill_store(env)
+        run_id, folders = newest_run(env), itertools.count()
         times: dict[str, list[float]] = {name: [] for name in COMMANDS}
         for _ in range(args.repeat):  # interleaved, so that a change of load hits every command
             for name, (command, extra) in COMMANDS.items():
-                times[name].append(seconds(command, {**env, **extra}))
+                filled = [word.format(run=run_id, out=Path(scratch) / f"export-{next(folders)}") for word in command]
+                times[name].append(seconds(filled, {**env, **extra}))
     base = statistics.median(times["python -c pass"])
     rows = [[name, f"{1000 * statistics.median(t):.0f}", f"{1000 * min(t):.0f}",
              "" if name == "python -c pass" else f"{1000 * (statistics.median(t) - base):+.0f}"]

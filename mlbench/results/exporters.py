@@ -85,6 +85,25 @@ def metrics_text(head: RunHead) -> str:
             f"{direction}). Rank 0's series are under the events' names, worker r's under `rank<r>/`.")
 
 
+def _tensorboard_without_tensorflow() -> None:
+    """Have tensorboard reach the file system through its own TensorFlow-free stub.
+
+    tensorboard's file access (``tensorboard.compat.tf``, which torch's SummaryWriter and the
+    event writer use for ``gfile``) imports all of TensorFlow when it is installed, unless the
+    module ``tensorboard.compat.notf`` exists: tensorboard's own switch to its stub (its
+    ``//tensorboard/compat:no_tensorflow`` build). With TensorFlow 2.21 installed (the
+    ``tensorflow`` extra) that import cost an export, and rank 0 of a run logged live to
+    TensorBoard, 4.6 CPU-seconds, and its LLVM made a later load of torch's flop counter in the
+    process crash it (SIGSEGV). The event files mlbench writes go to a local folder, which the
+    stub's ``gfile`` writes as TensorFlow's would; a process in which tensorboard already
+    resolved TensorFlow keeps it.
+    """
+    import sys
+    import types
+
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+
+
 class TensorBoardWriter(Writer):
     """``DIR/<run id>/events.out.tfevents.*``: scalars (double precision), the configuration as
     hparams, a note naming the goal metric."""
@@ -93,9 +112,7 @@ class TensorBoardWriter(Writer):
 
     def __init__(self, out_dir: Path, head: RunHead):
         super().__init__(out_dir, head)
-        from mlbench.tasks.flops import load_flop_counter
-
-        load_flop_counter()   # tensorboard's hparams import TensorFlow: the flop counter must come first
+        _tensorboard_without_tensorflow()
         with _library("tensorboard"):
             from tensorboard.plugins.hparams import summary_v2
             from torch.utils.tensorboard import SummaryWriter

@@ -69,8 +69,8 @@ def load_flop_counter() -> None:
     The counter loads triton's LLVM, which crashes the process (SIGSEGV, no Python error) when
     TensorFlow's LLVM was loaded first (TensorFlow 2.21, torch 2.14; the other order is fine). So
     every path that may bring TensorFlow into a process that may count FLOPs calls this first: a
-    TensorFlow worker, and the TensorBoard exporter (tensorboard's hparams summaries import
-    TensorFlow when it is installed), which a PyTorch worker also runs (``run --log-to``)."""
+    TensorFlow worker. (The TensorBoard exporter, which a PyTorch worker also runs with ``run
+    --log-to``, keeps TensorFlow out of its process instead: :mod:`mlbench.results.exporters`.)"""
     import torch.utils.flop_counter  # noqa: F401
 
 
