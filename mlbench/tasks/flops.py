@@ -23,7 +23,9 @@ optimizer's update), as the MFU convention does.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 
 import torch
 
@@ -99,8 +101,39 @@ def counted_flops(model: torch.nn.Module, sample: torch.Tensor, batch: int) -> i
     model.eval()
     try:
         counter = FlopCounterMode(display=False)
-        with counter:
+        with _dynamo_not_loaded_for_the_count(), counter:
             model(sample)
     finally:
         model.train(was_training)
     return 3 * int(counter.get_total_flops()) * batch
+
+
+#: what torch's ``_disable_dynamo`` caches on the function it wraps (torch/_compile.py)
+_DYNAMO_DISABLED = "__dynamo_disable"
+
+
+@contextlib.contextmanager
+def _dynamo_not_loaded_for_the_count() -> Iterator[None]:
+    """Count without importing ``torch._dynamo``, where nothing has imported it yet.
+
+    The flop counter's dispatch (``_FlopCounterMode.__torch_dispatch__``) is wrapped in torch's
+    ``_disable_dynamo``, which on its first call imports ``torch._dynamo`` (and sympy with it:
+    1.37 CPU-seconds of a worker's start, more than the rest of the count) only to keep dynamo
+    from tracing into it. While dynamo is not loaded nothing can be tracing, so for the count the
+    wrapper is told the function is its own disabled form, and forgets that afterwards, so that
+    a later use in a process that compiles is wrapped as torch means it to be. Where torch's
+    layout differs (another version) or dynamo is loaded already, nothing is changed."""
+    import sys
+
+    from torch.utils import flop_counter
+
+    dispatch = getattr(getattr(flop_counter, "_FlopCounterMode", None), "__torch_dispatch__", None)
+    original = getattr(dispatch, "__wrapped__", None)
+    if original is None or "torch._dynamo" in sys.modules or hasattr(original, _DYNAMO_DISABLED):
+        yield
+        return
+    setattr(original, _DYNAMO_DISABLED, original)
+    try:
+        yield
+    finally:
+        delattr(original, _DYNAMO_DISABLED)

@@ -41,6 +41,37 @@ def test_counting_a_steps_flops_records_no_autograd_graph():
     assert seen == [False]   # a forward pass only: no graph kept for a backward that never comes
 
 
+COUNT_IN_A_FRESH_PROCESS = """
+import sys, torch
+from torch.utils import flop_counter
+from mlbench.tasks.flops import counted_flops
+from mlbench.tasks.models import build_model
+model, sample = build_model('resnet20'), torch.zeros(1, 3, 32, 32)
+first = counted_flops(model, sample, 8)
+print('dynamo loaded by the count:', 'torch._dynamo' in sys.modules)
+print('wrapper left as torch made it:', not hasattr(flop_counter._FlopCounterMode.__torch_dispatch__.__wrapped__,
+                                                    '__dynamo_disable'))
+import torch._dynamo
+print('same count with dynamo loaded:', counted_flops(model, sample, 8) == first, first)
+"""
+
+
+def test_a_fresh_worker_counts_its_flops_without_loading_dynamo_and_counts_the_same():
+    """The flop counter's dispatch is wrapped in torch's ``_disable_dynamo``, whose first call
+    imported torch._dynamo and sympy: 1.37 CPU-seconds of every worker that starts as a fresh
+    process (Slurm's tasks, torchrun's, a pod's). The count now leaves dynamo unloaded, and
+    counts what it counts with dynamo loaded; torch's wrapper is left as torch made it."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", COUNT_IN_A_FRESH_PROCESS], capture_output=True, text=True,
+                          timeout=240)
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["dynamo loaded by the count: False", "wrapper left as torch made it: True"], (
+        proc.stdout + proc.stderr[-2000:])
+    assert lines[2].startswith("same count with dynamo loaded: True"), proc.stdout + proc.stderr[-2000:]
+
+
 def _decomposed_flops(model, *inputs) -> int:
     """What torch's flop counter counts of ``model(*inputs)`` with the LSTM and attention kernels it
     cannot see (oneDNN's LSTM, the CPU's fused attention) switched to their decomposed forms."""
