@@ -95,13 +95,16 @@ def _tensorboard_without_tensorflow() -> None:
     ``tensorflow`` extra) that import cost an export, and rank 0 of a run logged live to
     TensorBoard, 4.6 CPU-seconds, and its LLVM made a later load of torch's flop counter in the
     process crash it (SIGSEGV). The event files mlbench writes go to a local folder, which the
-    stub's ``gfile`` writes as TensorFlow's would; a process in which tensorboard already
-    resolved TensorFlow keeps it.
+    stub's ``gfile`` writes as TensorFlow's would. A process that imported TensorFlow already (a
+    TensorFlow worker logging live) is left alone: there TensorFlow costs nothing more, and
+    tensorboard's TensorFlow 2 summaries (``tensorboard.compat.tf2``), which the stub does not
+    have, keep working in it.
     """
     import sys
     import types
 
-    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    if "tensorflow" not in sys.modules:
+        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
 
 class TensorBoardWriter(Writer):

@@ -283,6 +283,37 @@ def test_an_export_to_tensorboard_does_not_import_tensorflow_and_can_count_flops
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "tensorflow imported: False" in proc.stdout.splitlines()
+    # a step: the forward and twice its FLOPs backward, 2 FLOPs per multiply-add of batch x in x out
+    assert int(proc.stdout.strip().splitlines()[-1]) == 3 * 2 * 3 * 4 * 2
     series, _, hparams = read_tensorboard(tmp_path / "abcd1234")
     assert series["train/loss"] == [(1, 0.5)] and hparams["lr"] == 0.1
-    assert int(proc.stdout.strip().splitlines()[-1]) == 3 * 2 * 3 * 4 * 2
+
+
+EXPORT_IN_A_TENSORFLOW_PROCESS = """
+import sys, time
+from pathlib import Path
+from mlbench.tasks.flops import load_flop_counter
+load_flop_counter()   # as a TensorFlow worker does, before TensorFlow
+import tensorflow
+from mlbench.results.export import RunHead
+from mlbench.results.exporters import TensorBoardWriter
+from mlbench.results.report import task_metric
+head = RunHead(id="abcd1234", name="n", task="task2a", state="finished", started_at=time.time(), group_id=None,
+               metric=task_metric("task2a"), goal_tag="light")
+TensorBoardWriter(Path(sys.argv[1]), head).finish({}, 0, "finished", time.time())
+from tensorboard.compat import tf2
+print("tensorboard's TensorFlow 2 API:", tf2.summary.write is tensorflow.summary.write)
+"""
+
+
+@requires("tensorflow")
+def test_an_export_in_a_process_with_tensorflow_leaves_tensorboard_its_tensorflow(tmp_path):
+    """A TensorFlow worker logging live to TensorBoard has TensorFlow loaded already: the exporter
+    does not switch tensorboard to its stub there, so that tensorboard's TensorFlow 2 summaries
+    (which the stub lacks) still work in that process."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", EXPORT_IN_A_TENSORFLOW_PROCESS, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == "tensorboard's TensorFlow 2 API: True", proc.stdout
