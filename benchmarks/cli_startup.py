@@ -1,7 +1,7 @@
 """How fast the CLI answers: `mlbench --help`, `mlbench status`, a shell completion, the
 checking and recording of a run (`mlbench run --record-only`, what `mlbench run` does before any
-worker starts) and an export of a run to TensorBoard's files, against `python -c pass` measured in the same run (docs/performance.md, "CLI
-start-up").
+worker starts) and an export of a run to TensorBoard's files, against `python -c pass` measured
+in the same run (docs/performance.md, "CLI start-up").
 
     python benchmarks/cli_startup.py [--home DIR] [--repeat 15]
     cd /tmp && PYTHONPATH=OTHER_CHECKOUT python /path/to/cli_startup.py   # another version's mlbench

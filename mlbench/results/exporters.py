@@ -85,7 +85,7 @@ def metrics_text(head: RunHead) -> str:
             f"{direction}). Rank 0's series are under the events' names, worker r's under `rank<r>/`.")
 
 
-def _tensorboard_without_tensorflow() -> None:
+def tensorboard_without_tensorflow() -> None:
     """Have tensorboard reach the file system through its own TensorFlow-free stub.
 
     tensorboard's file access (``tensorboard.compat.tf``, which torch's SummaryWriter and the
@@ -115,7 +115,7 @@ class TensorBoardWriter(Writer):
 
     def __init__(self, out_dir: Path, head: RunHead):
         super().__init__(out_dir, head)
-        _tensorboard_without_tensorflow()
+        tensorboard_without_tensorflow()
         with _library("tensorboard"):
             from tensorboard.plugins.hparams import summary_v2
             from torch.utils.tensorboard import SummaryWriter

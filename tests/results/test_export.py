@@ -16,7 +16,6 @@ import json
 import os
 import struct
 import sys
-import types
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from click.testing import CliRunner
 import mlbench.cli.commands  # (registers the commands)
 from mlbench.cli import cli
 from mlbench.results.events import FileSink, read_run_events
-from mlbench.results.exporters import export_runs
+from mlbench.results.exporters import export_runs, tensorboard_without_tensorflow
 from mlbench.results.store import FINISHED, RUNNING, RunRecord, RunStore
 from mlbench.results.summary import summarize
 from tests.helpers import mlbench, requires
@@ -117,7 +116,7 @@ def read_tensorboard(folder: Path) -> tuple[dict, dict, dict]:
     """(series, last value by tag, hparams) from the run's event files, read as tensorboard
     without TensorFlow reads them (its stub, as the exporter writes them: importing TensorFlow
     for the files cost the test's process 5 CPU-seconds)."""
-    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    tensorboard_without_tensorflow()
     from tensorboard.backend.event_processing.event_accumulator import TENSORS, EventAccumulator
     from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
     from tensorboard.util.tensor_util import make_ndarray
