@@ -15,6 +15,8 @@ never a printed line). Nothing here imports torch: the workers do, in their own 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -22,12 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlbench.errors import MlbenchError, UsageError
-from mlbench.frameworks import DEFAULT_FRAMEWORK
+from mlbench.errors import MlbenchError, UsageError, about_option
 from mlbench.launch import session
-from mlbench.launch.faults import parse_inject, parse_on_failure
 from mlbench.launch.base import EventCallback, Progress, quiet
-from mlbench.launch.plan import RunRequest, parse_checkpoint_every, parse_duration, parse_watchdog
+from mlbench.launch.options import api_signature, checked_value, request_fields, values_with_defaults
+from mlbench.launch.plan import RunRequest
 from mlbench.launch.registry import choose, launcher_of
 from mlbench.network.settings import network_options
 from mlbench.results.events import read_run_events
@@ -35,8 +36,6 @@ from mlbench.results.live_export import parse_targets
 from mlbench.results.report import parse_sort, run_details, run_overview, sort_runs
 from mlbench.results.store import RunRecord, RunStore
 from mlbench.results.summary import summarize
-from mlbench.run_config import Backend, DataSource, Device, Precision
-from mlbench.tasks.overrides import parse_overrides
 
 if TYPE_CHECKING:
     import pandas
@@ -208,135 +207,65 @@ def get(run: str, *, home: str | os.PathLike[str] | None = None) -> Run:
     return _details(store, store.get(run))
 
 
-def _set_pairs(overrides: Mapping[str, Any] | Sequence[str]) -> list[str]:
-    """``{"momentum": 0, "lr.milestones": [50, 75]}`` (or `--set`'s own ``["momentum=0"]``) as
-    `--set` pairs, which parse_overrides types and checks: the API and `--set` accept the same
-    values, with the same messages."""
-    def text(value: Any) -> str:
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, (list, tuple)):
-            return ",".join(text(v) for v in value)
-        return str(value)
-    if isinstance(overrides, str):
-        return [overrides]
-    if isinstance(overrides, Mapping):
-        return [f"{key}={text(value)}" for key, value in overrides.items()]
-    return [str(pair) for pair in overrides]
+def _worker_counts(workers: Any) -> list[int]:
+    """The worker counts as whole numbers (``2.5``, ``"2"`` and ``True`` are refused here, before
+    anything is recorded)."""
+    counts = [workers] if isinstance(workers, int) else list(workers) if isinstance(workers, (list, tuple)) else None
+    if counts is None or any(isinstance(k, bool) or not isinstance(k, int) for k in counts):
+        raise about_option(UsageError(f"workers {workers!r}: give a whole number of workers (or a list of them "
+                                      "for plan)"), "workers")
+    return counts
 
 
-def _seconds(value: str | float | None, option: str) -> float | None:
-    """A duration given as text ("10m", "90s") or as seconds."""
-    if value is None or isinstance(value, str):
-        return parse_duration(value) if value is not None else None
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"{option} {value}: give a duration above 0 seconds (a number, or text like 10m)")
-    return float(value)
-
-
-def plan(task: str, workers: Sequence[int], *, repeat: int = 1,
-         light: bool = False,
-         time_budget: str | float | None = None,
-         stop_at_goal: bool = True,
-         data: DataSource = "real",
-         data_dir: str | os.PathLike[str] | None = None,
-         data_pvc: str | None = None,
-         model: str | None = None,
-         overrides: Mapping[str, Any] | Sequence[str] | None = None,
-         optimizer: str | None = None,
-         optimizer_options: Mapping[str, Any] | None = None,
-         backend: Backend | None = None,
-         device: Device | None = None,
-         framework: str = DEFAULT_FRAMEWORK,
-         seed: int = 0,
-         max_steps: int | None = None,
-         log_every: int = 50,
-         timing: bool = True,
-         save_model: bool = False,
-         precision: Precision = "fp32",
-         channels_last: bool = False,
-         graph: bool = True,
-         watchdog: str | float | None = "60s",
-         checkpoint_every: str | None = None,
-         checkpoint_dir: str | os.PathLike[str] | None = None,
-         inject: Sequence[str] | None = None,
-         on_failure: str = "fail",
-         max_size: float | None = None,
-         name: str | None = None,
-         detach: bool = False,
-         bandwidth: str | None = None,
-         latency: str | None = None,
-         jitter: str | None = None,
-         loss: str | None = None,
-         shaping: str = "tc") -> session.RunPlan:
+def plan(task: str, workers: Sequence[int], **options: Any) -> session.RunPlan:
     """The runs `mlbench run TASK WORKERS... [options]` makes, checked, before anything is
     recorded: one request per worker count, network and repeat. The one translation of
-    `mlbench run`'s options (as :func:`run` takes them) into run requests, for the CLI and
-    :func:`run` alike. ``watchdog``: a duration, or None (or "off") for none."""
-    every_s, every_steps = parse_checkpoint_every(checkpoint_every) if checkpoint_every else (None, None)
-    policy, max_restarts = parse_on_failure(on_failure)
-    base = RunRequest(
-        task=task, workers=workers[0] if workers else 1, overrides=parse_overrides(_set_pairs(overrides or {})),
-        model=model, data=data, data_dir=None if data_dir is None else str(data_dir), data_pvc=data_pvc,
-        light=light, stop_at_goal=stop_at_goal, time_budget_s=_seconds(time_budget, "time_budget"),
-        max_steps=max_steps, seed=seed, backend=backend, device=device, optimizer=optimizer,
-        optimizer_options={str(k): str(v) for k, v in (optimizer_options or {}).items()},
-        log_every=log_every, timing=timing, save_model=save_model, precision=precision,
-        channels_last=channels_last, graph=graph, name=name, max_size=max_size,
-        watchdog_s=(parse_watchdog(watchdog) if isinstance(watchdog, str)
-                    else _seconds(watchdog, "watchdog") if watchdog is not None else None),
-        checkpoint_every_s=every_s, checkpoint_every_steps=every_steps,
-        checkpoint_dir=None if checkpoint_dir is None else str(checkpoint_dir), framework=framework,
-        faults=[parse_inject(text) for text in inject or ()], on_failure=policy, max_restarts=max_restarts)
-    return session.plan_runs(base, list(workers), repeat, detach=detach,
-                             networks=network_options(bandwidth, latency, jitter, loss, shaping))
+    `mlbench run`'s options (:data:`mlbench.launch.options.RUN_OPTIONS`, by their API names)
+    into run requests, for the CLI, :func:`run` and the dashboard's form alike. An unknown
+    option is a UsageError naming the nearest one. ``watchdog``: a duration, or None (or "off")
+    for none."""
+    counts = _worker_counts(workers)
+    values = values_with_defaults(options, "mlbench.plan")
+    base = RunRequest(task=task, workers=counts[0] if counts else 1, **request_fields(values))
+    plan_values = {name: checked_value(name, values) for name in ("repeat", "detach")}
+    try:
+        networks = network_options(*(checked_value(name, values)
+                                     for name in ("bandwidth", "latency", "jitter", "loss", "shaping")))
+    except UsageError as err:
+        raise about_option(err, "bandwidth") from None
+    return session.plan_runs(base, counts, plan_values["repeat"], detach=plan_values["detach"], networks=networks)
 
 
-def run(task: str, workers: int, *,
-        light: bool = False,
-        time_budget: str | float | None = None,
-        stop_at_goal: bool = True,
-        data: DataSource = "real",
-        data_dir: str | os.PathLike[str] | None = None,
-        data_pvc: str | None = None,
-        model: str | None = None,
-        overrides: Mapping[str, Any] | Sequence[str] | None = None,
-        optimizer: str | None = None,
-        optimizer_options: Mapping[str, Any] | None = None,
-        backend: Backend | None = None,
-        device: Device | None = None,
-        framework: str = DEFAULT_FRAMEWORK,
-        seed: int = 0,
-        max_steps: int | None = None,
-        log_every: int = 50,
-        timing: bool = True,
-        save_model: bool = False,
-        precision: Precision = "fp32",
-        channels_last: bool = False,
-        graph: bool = True,
-        watchdog: str | float | None = "60s",
-        checkpoint_every: str | None = None,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        inject: Sequence[str] | None = None,
-        on_failure: str = "fail",
-        max_size: float | None = None,
-        name: str | None = None,
-        detach: bool = False,
-        bandwidth: str | None = None,
-        latency: str | None = None,
-        jitter: str | None = None,
-        loss: str | None = None,
-        shaping: str = "tc",
-        log_to: Sequence[str] | None = None,
-        launch: Mapping[str, Any] | None = None,
-        home: str | os.PathLike[str] | None = None,
-        on_event: EventCallback | None = None,
-        progress: Progress = quiet) -> Run:
+plan.__signature__ = api_signature(  # type: ignore[attr-defined]
+    inspect.Parameter("task", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="str"),
+    inspect.Parameter("workers", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Sequence[int]"),
+    skip=("log_to",))
+
+
+def _check_launch(launch: Mapping[str, Any]) -> None:
+    """Refuse a launcher option that no launcher declares (``{"slrum": True}``), naming the
+    nearest, instead of running elsewhere than asked."""
+    from mlbench.launch.registry import launcher_classes
+
+    declared = {o.name for cls in launcher_classes()
+                for o in [*([cls.choose_option] if cls.choose_option else []), *cls.options]}
+    for key in launch:
+        if key not in declared:
+            near = difflib.get_close_matches(str(key), declared, n=1)
+            hint = (f"; did you mean {near[0]}?" if near
+                    else f"; the launchers' options are {', '.join(sorted(declared))}")
+            raise UsageError(f"launch: no launcher option {key!r}{hint}")
+
+
+def run(task: str, workers: int, *, launch: Mapping[str, Any] | None = None,
+        home: str | os.PathLike[str] | None = None, on_event: EventCallback | None = None,
+        progress: Progress = quiet, **options: Any) -> Run:
     """Run TASK on WORKERS workers and return the run once it has ended (``detach``: once it has
     started in the background; :meth:`Run.wait` waits for it). The options are `mlbench run`'s,
-    by the same names (``--set`` is ``overrides``, ``--opt`` ``optimizer_options``, ``--no-stop``
-    ``stop_at_goal=False``, ``--no-timing`` ``timing=False``, ``--no-graph`` ``graph=False``;
-    ``launch`` holds a launcher's options by name, e.g. ``{"slurm": True, "partition": "gpu"}``).
+    by the names of :data:`mlbench.launch.options.RUN_OPTIONS` (``--set`` is ``overrides``,
+    ``--opt`` ``optimizer_options``, ``--no-stop`` ``stop_at_goal=False``, ``--no-timing``
+    ``timing=False``, ``--no-graph`` ``graph=False``; ``launch`` holds a launcher's options by
+    name, e.g. ``{"slurm": True, "partition": "gpu"}``).
 
     The run is kept in the store at ``home`` (else the current one: a cluster's, else this
     machine's MLBENCH_HOME) and listed by `mlbench status` like any other. ``on_event`` hears
@@ -345,19 +274,21 @@ def run(task: str, workers: int, *,
     that fails is returned (``state`` "failed", ``reason`` why); a mistake in the options raises
     :class:`~mlbench.errors.UsageError` before anything is recorded.
     """
-    request_plan = plan(
-        task, [workers], light=light, time_budget=time_budget, stop_at_goal=stop_at_goal, data=data,
-        data_dir=data_dir, data_pvc=data_pvc, model=model, overrides=overrides, optimizer=optimizer,
-        optimizer_options=optimizer_options, backend=backend, device=device, framework=framework, seed=seed,
-        max_steps=max_steps, log_every=log_every, timing=timing, save_model=save_model, precision=precision,
-        channels_last=channels_last, graph=graph, watchdog=watchdog, checkpoint_every=checkpoint_every,
-        checkpoint_dir=checkpoint_dir, inject=inject, on_failure=on_failure, max_size=max_size, name=name,
-        detach=detach, bandwidth=bandwidth, latency=latency, jitter=jitter, loss=loss, shaping=shaping)
+    if "repeat" in options:
+        raise about_option(UsageError("mlbench.run makes one run: use plan (or mlbench run --repeat) for repeats"),
+                           "repeat")
+    log_to = options.pop("log_to", None)
+    detach = bool(options.get("detach", False))
+    if isinstance(workers, bool) or not isinstance(workers, int):
+        raise about_option(UsageError(f"workers {workers!r}: mlbench.run takes one whole number of workers "
+                                      "(plan takes several)"), "workers")
+    request_plan = plan(task, [workers], **options)
     if len(request_plan.requests) != 1:
         raise UsageError("mlbench.run makes one run: give one bandwidth (a comma list makes one run each)")
     if log_to and detach:
         raise UsageError("log_to writes a run as it is followed; a detached run is followed by nobody")
     targets = parse_targets(log_to or ())
+    _check_launch(launch or {})
     store = _store(home)
     launcher = choose(store, dict(launch or {}), progress=progress)
     launcher.settings.log_to = targets
@@ -370,6 +301,17 @@ def run(task: str, workers: int, *,
         return _details(store, session.start_detached(launcher, request_plan))
     outcome = session.execute(launcher, request_plan, _Listener(on_event))
     return _details(store, outcome.records[0])
+
+
+run.__signature__ = api_signature(  # type: ignore[attr-defined]
+    inspect.Parameter("task", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="str"),
+    inspect.Parameter("workers", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="int"),
+    skip=("repeat",),
+    trailing=[inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+              for name, default, annotation in (("launch", None, "Mapping[str, Any] | None"),
+                                                ("home", None, "str | os.PathLike[str] | None"),
+                                                ("on_event", None, "EventCallback | None"),
+                                                ("progress", quiet, "Progress"))])
 
 
 class _Listener:

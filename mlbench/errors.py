@@ -5,17 +5,35 @@ sentence that says what is wrong and what to do. The CLI prints it as one line (
 exit code 2 for :class:`UsageError`, and never shows a traceback for these.
 """
 
+from __future__ import annotations
+
 
 class MlbenchError(Exception):
-    """A failure the user can understand and fix; the message is shown as is."""
+    """A failure the user can understand and fix; the message is shown as is. ``option``: the
+    `mlbench run` option it concerns (its API name), where one does, so that a form can show it
+    beside that field (:func:`about_option`)."""
 
     exit_code = 1
+    option: str | None = None
+
+    def __init__(self, *args: object, option: str | None = None) -> None:
+        super().__init__(*args)
+        if option is not None:
+            self.option = option
 
 
 class UsageError(MlbenchError):
     """Wrong arguments or options (exit code 2, like click's own usage errors)."""
 
     exit_code = 2
+
+
+def about_option(err: MlbenchError, option: str) -> MlbenchError:
+    """``err``, said to concern ``option`` unless it already names a more precise one (an
+    optimizer's own option within ``optimizer_options``)."""
+    if err.option is None:
+        err.option = option
+    return err
 
 
 class DataError(MlbenchError):

@@ -9,6 +9,7 @@ left (its ``run``: a 2-worker task2a run on synthetic data, 20 steps).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -183,7 +184,7 @@ def test_events_without_pandas_are_a_list_and_a_frame_asked_for_is_an_error(tmp_
 def test_mistakes_raise_one_sentence_and_record_nothing(isolated_home):
     cases = [(dict(workers=0), "the number of workers must be at least 1, not 0"),
              (dict(time_budget="soon"), "invalid duration 'soon'"),
-             (dict(time_budget=-5), "time_budget -5: give a duration above 0 seconds"),
+             (dict(time_budget=-5), "--time-budget -5: give a duration above 0 seconds"),
              (dict(overrides={"no_such_key": 1}), "--set 'no_such_key=1': expected KEY=VALUE"),
              (dict(watchdog="1s"), "--watchdog 1s: at least 5s"),
              (dict(bandwidth="1gbit,10gbit"), "mlbench.run makes one run"),
@@ -213,38 +214,55 @@ def test_overrides_as_a_mapping_are_what_set_makes():
     assert api.plan("task2a", [2], watchdog="off").requests[0].watchdog_s is None
 
 
-#: `mlbench run`'s options whose API name reads differently (a negative flag, a repeated pair)
-CLI_TO_API = {"no_stop": "stop_at_goal", "no_timing": "timing", "no_graph": "graph", "sets": "overrides",
-              "opts": "optimizer_options"}
+def test_every_option_of_mlbench_run_is_one_declaration_that_the_cli_and_the_api_are_made_from():
+    from mlbench.launch.options import RUN_OPTIONS
+    from mlbench.launch.plan import RunRequest
 
-
-def test_the_api_takes_every_option_of_mlbench_run_with_its_default():
     command = cli.commands["run"]
     launcher_names = {o.name for cls in launcher_classes() for o in
                       [*([cls.choose_option] if cls.choose_option else []), *cls.options]}
-    run_params = inspect.signature(api.run).parameters
-    plan_params = inspect.signature(api.plan).parameters
-    options = [p for p in command.params if isinstance(p, click.Option)
-               and p.name not in launcher_names and p.name != "output"]
-    assert {CLI_TO_API.get(p.name, p.name) for p in options} - {"repeat"} == \
-        set(run_params) - {"task", "workers", "launch", "home", "on_event", "progress"}
-    # what the command receives, under the group's context as the console script parses it (a
-    # context without the parent would make click cache the command's help option as --help only,
-    # without the group's -h, and docs/cli.md would then read wrong in tests/test_cli_reference.py)
+    declared = {o.name: o for o in RUN_OPTIONS}
+    clicked = {p.name: p for p in command.params if isinstance(p, click.Option)
+               and p.name not in launcher_names and p.name != "output"}
+    assert list(clicked) == list(declared)  # the same options, in the declared order
     group = click.Context(cli, info_name="mlbench", **cli.context_settings)
     given = command.make_context("run", ["task2a", "2"], parent=group).params
-    for option in options:
-        name = CLI_TO_API.get(option.name, option.name)
-        default, cli_default = (plan_params.get(name) or run_params[name]).default, given[option.name]
-        if option.is_flag and name in CLI_TO_API.values():
-            assert default is (not cli_default), name  # --no-stop: stop_at_goal=True
-        else:
-            assert default == (None if option.multiple else cli_default), name
-    # run and plan take the same options, with the same types and defaults
-    same = [(p.name, p.default, p.annotation) for p in run_params.values()  # log_to: how the run is followed
-            if p.name not in ("workers", "launch", "home", "on_event", "progress", "log_to")]
-    assert same == [(p.name, p.default, p.annotation) for p in plan_params.values()
-                    if p.name not in ("workers", "repeat")]
+    for name, option in declared.items():
+        assert option.flag in clicked[name].opts, name
+        assert clicked[name].help == option.help, name
+        # what the command passes on when the option is not given is the API's default
+        assert given[name] == (() if option.multiple else option.default), name
+    for function, leading in ((api.run, {"task", "workers"}), (api.plan, {"task", "workers"})):
+        params = inspect.signature(function).parameters
+        options = [n for n in params if n not in leading | {"launch", "home", "on_event", "progress"}]
+        # run makes one run (no repeat); plan makes requests, which nobody follows yet (no log_to)
+        assert set(options) == set(declared) - ({"log_to"} if function is api.plan else {"repeat"})
+        assert all(params[n].default == declared[n].default for n in options)
+    # every field of a run request is set by a declared option, or by the planning itself
+    set_by_options = set()
+    for option in RUN_OPTIONS:
+        if option.target == "request":
+            set_by_options |= set(option.request_fields(option.default))
+    planned = {"task", "workers", "group_id", "network"}
+    assert {f.name for f in dataclasses.fields(RunRequest)} == set_by_options | planned
+    assert all(option.role in ("computes", "watches", "seed", "plans") for option in RUN_OPTIONS)
+
+
+def test_an_option_the_api_does_not_know_is_refused_with_the_nearest_name(isolated_home):
+    with pytest.raises(UsageError, match="no option 'time_budgt'; did you mean time_budget"):
+        api.plan("task2a", [2], time_budgt="10m")
+    with pytest.raises(UsageError, match="no launcher option 'partiton'; did you mean partition"):
+        mlbench.run("task2a", 1, data="synthetic", launch={"slurm": True, "partiton": "gpu"})
+    with pytest.raises(UsageError, match="no launcher option 'slrum'; did you mean slurm"):
+        mlbench.run("task2a", 1, data="synthetic", launch={"slrum": True})
+    for workers in (2.5, "2", True):
+        with pytest.raises(UsageError, match="whole number of workers") as caught:
+            mlbench.run("task2a", workers, data="synthetic")
+        assert caught.value.option == "workers"
+    with pytest.raises(UsageError) as caught:
+        api.plan("task2a", [2], time_budget="soon")
+    assert caught.value.option == "time_budget"
+    assert not (isolated_home / "runs").exists() or not any((isolated_home / "runs").iterdir())
 
 
 def test_import_mlbench_imports_nothing_heavy_and_the_api_no_torch():

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from mlbench.cli import cli
-from mlbench.cli.runs import parse_opts
+from mlbench.launch.options import parse_optimizer_options
 from mlbench.errors import UsageError
 
 #: Imported once before the processes fork (torch.optim's first use imports torch._dynamo: seconds).
@@ -40,7 +40,7 @@ def check_optimizer(ctx: click.Context, specs: tuple[str, ...], opts: tuple[str,
 
     if opts and len(specs) > 1:
         raise UsageError("--opt applies to one optimizer: give one SPEC with --opt")
-    options = parse_opts(opts)
+    options = parse_optimizer_options(opts)
     settings = Settings(workers=workers, steps=steps, seed=seed, timeout_s=timeout)
     forking_allowed(CATALOG)   # imports torch and the optimizers before a plug-in may compute (see below)
     importlib.import_module("torch._dynamo")   # what torch.optim's first step imports: once, not per process

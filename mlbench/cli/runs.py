@@ -17,13 +17,12 @@ from mlbench.cli.format import ProgressPrinter, print_run_details, status_table
 from mlbench.cli.launchers import launcher_options, print_worker_commands
 from mlbench.cli.optimizers import print_compression
 from mlbench.cli.output import emit, output_option, tabulate
+from mlbench.cli.run_options import run_options
 from mlbench.errors import UsageError
-from mlbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS
 from mlbench.launch import session
 from mlbench.launch.base import NO_STEP_CAP
-from mlbench.launch.plan import BACKENDS, RunRequest
+from mlbench.launch.plan import RunRequest
 from mlbench.launch.registry import choose, launcher_of
-from mlbench.network.settings import SHAPING
 from mlbench.results.events import read_run_events
 from mlbench.results.live_export import parse_targets
 from mlbench.results.report import run_overview
@@ -34,17 +33,6 @@ from mlbench.tasks.models import MODEL_NAMES
 from mlbench.tasks.records import spec_to_dict
 from mlbench.tasks.registry import TASKS, get_task
 from mlbench.tasks.spec import AllreduceSpec, describe_task
-
-
-def parse_opts(pairs: tuple[str, ...]) -> dict[str, str]:
-    """``--opt KEY=VALUE`` pairs as a dict (the optimizer checks names and values itself)."""
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--opt {pair!r}: expected KEY=VALUE, e.g. --opt rank=2")
-        options[key.strip()] = value.strip()
-    return options
 
 
 @cli.command()
@@ -82,85 +70,11 @@ def tasks(output) -> None:
 @cli.command(context_settings={"show_default": True})
 @click.argument("task", shell_complete=complete_tasks)
 @click.argument("workers", nargs=-1, required=True, type=int)
-@click.option("--light", is_flag=True, help="Use the light goal (task1a 70%, task2a 80%).")
-@click.option("--time-budget", metavar="DURATION",
-              help="Accuracy after time: stop training after this much training time (e.g. 10m).")
-@click.option("--no-stop", is_flag=True, help="Keep training after the goal is reached.")
-@click.option("--data", type=click.Choice(["real", "synthetic"]), default="real",
-              help="synthetic: random data of the task's shape, for throughput only (no goal).")
-@click.option("--data-dir", type=click.Path(file_okay=False),
-              help="Where the data set is (else the cache, downloading it).")
-@click.option("--data-pvc", metavar="NAME",
-              help="Clusters: a PersistentVolumeClaim you filled with the data set [mlbench-data-DATASET, "
-                   "filled once by a download Job].")
-@click.option("--model", help="Model override, e.g. resnet56-v2, or a plug-in FILE.py:NAME, module:NAME or "
-              "entry point of mlbench.models (open division; docs/plugins.md).")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a hyper-parameter, e.g. --set momentum=0 (open division).")
-@click.option("--optimizer", help="Distributed optimizer (`mlbench optimizers`) [the task's reference: "
-                                  "centralized-sgd; centralized-adam for task4b].")
-@click.option("--opt", "opts", multiple=True, metavar="KEY=VALUE", help="Optimizer option, e.g. --opt by=layer.")
-@click.option("--backend", type=click.Choice(BACKENDS),
-              help="torch.distributed backend [gloo on CPU, nccl on GPUs; gloo when the workers outnumber this "
-                   "machine's GPUs].")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), help="[cuda when a GPU is visible, else cpu]")
-@click.option("--framework", type=click.Choice(list(FRAMEWORKS)), default=DEFAULT_FRAMEWORK,
-              help="Which framework trains: jax needs `pip install 'mlbench-suite[jax]'`, tensorflow "
-                   "`pip install 'mlbench-suite[tensorflow]'`; both run task1a and task2a "
-                   "(docs/worker-contract.md).")
-@click.option("--seed", type=int, default=0, help="Seed of model init, data order and augmentation.")
-@click.option("--repeat", type=int, default=1, metavar="N",
-              help="Run every worker count N times, with seeds SEED..SEED+N-1, in N rounds over the "
-                   "worker counts (so that load changes hit every count alike).")
-@click.option("--max-steps", type=int, help="Stop after this many steps (for quick checks).")
-@click.option("--log-every", type=int, default=50, help="Record training metrics every N steps.")
-@click.option("--no-timing", is_flag=True, help="Do not time the phases of each step.")
-@click.option("--save-model", is_flag=True, help="Save each worker's final parameters in the run folder.")
-@click.option("--precision", type=click.Choice(["fp32", "bf16"]), default="fp32",
-              help="bf16: autocast forward on the GPU (open division).")
-@click.option("--channels-last", is_flag=True, help="Channels-last memory format for images and model.")
-@click.option("--no-graph", is_flag=True, help="Do not capture the GPU step in a CUDA graph.")
-@click.option("--watchdog", default="60s", metavar="DURATION|off",
-              help="Fail the run when a worker makes no progress for max(DURATION, 10 x the median "
-                   "step time), naming it (10 x DURATION before its first step and while it "
-                   "evaluates); off: wait for the collectives' timeout.")
-@click.option("--checkpoint-every", metavar="DURATION|Nsteps",
-              help="Write every worker's resumable state this often (2m, 500steps) and at a clean stop "
-                   "(Ctrl-C, cancel, --max-steps, --time-budget); `mlbench resume RUN` continues from it.")
-@click.option("--checkpoint-dir", type=click.Path(file_okay=False),
-              help="Keep the checkpoints in DIR/RUN_ID (shared storage) [RUN_DIR/checkpoints].")
-@click.option("--inject", multiple=True, metavar="KIND:rank=R,at=T|every=T[,...]",
-              help="Inject a fault (repeatable): kill (SIGKILL; on a cluster its pod deleted), stall (SIGSTOP; "
-                   "for=T then SIGCONT) or slow (a straggler, factor=F) of worker R, or link-down (its emulated "
-                   "link, for=T), at T, every T or every=rand(A,B),seed=S (docs/faults.md).")
-@click.option("--on-failure", default="fail", metavar="fail|restart[:N]|shrink[:N]",
-              help="When a worker dies or the watchdog finds one stalled: fail the run, restart the "
-                   "workers from the newest complete checkpoint, at most N times [3] (an injected fault "
-                   "after a new checkpoint does not count), or shrink: go on "
-                   "with the survivors from it, at most N times [until one is left] (both imply "
-                   "--checkpoint-every 1m unless given; docs/faults.md).")
-@click.option("--max-size", type=float, metavar="N", help="task0a: largest message, in elements [1e8].")
-@click.option("--name", help="A name for the run (default: TASK-Kw-ID).")
-@click.option("--detach", "-d", is_flag=True, help="Start the run in the background and return at once.")
-@click.option("--log-to", "log_to", multiple=True, metavar="TOOL:DIR",
-              help="Write each run into tensorboard:DIR, mlflow:DIR or wandb:DIR while it trains, as "
-                   "`mlbench export` would after it (repeatable; not with --detach).")
-@click.option("--bandwidth", metavar="RATE[,RATE...]",
-              help="Emulate every worker's link at RATE in each direction (tc units: 100mbit, 1gbit, "
-                   "10gbit); a comma list makes one run per rate.")
-@click.option("--latency", metavar="TIME", help="Emulated one-way latency between workers (5ms, 0.5ms, 500us).")
-@click.option("--jitter", metavar="TIME", help="Vary the latency uniformly by up to +/- TIME.")
-@click.option("--loss", metavar="PERCENT", help="Drop this share of the packets on every path (0.1%).")
-@click.option("--shaping", type=click.Choice(SHAPING), default="tc",
-              help="On a cluster: tc from an init container with NET_ADMIN, or the CNI bandwidth "
-                   "plugin's pod annotations (rate only).")
+@run_options
 @output_option(help="With --detach: json or yaml prints the started run's record (as a `status -o json` "
                     "entry, id first) instead of a sentence.")
 @launcher_options
-def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, model, sets, optimizer, opts,
-        backend, device, framework, seed, repeat, max_steps, log_every, no_timing, save_model, precision,
-        channels_last, no_graph, watchdog, checkpoint_every, checkpoint_dir, inject, on_failure, max_size, name,
-        detach, log_to, bandwidth, latency, jitter, loss, shaping, output, launch) -> None:
+def run(task, workers, output, launch, **options) -> None:
     """Run TASK on WORKERS processes on this machine, or as pods on the current cluster
     (`mlbench set-cluster`); one run per worker count given.
 
@@ -179,6 +93,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
       RUN=$(mlbench run task2a 2 --detach -o json | jq -r .id); mlbench wait $RUN
       mlbench run task2a 2 --data synthetic --log-to tensorboard:tb/
     """
+    log_to, detach = options.pop("log_to"), options["detach"]
     if log_to and detach:
         raise UsageError("--log-to writes a run as this command follows it; a detached run is followed by "
                          "nobody: leave out --detach, or `mlbench export RUN --to TOOL DIR` when it has ended")
@@ -186,15 +101,7 @@ def run(task, workers, light, time_budget, no_stop, data, data_dir, data_pvc, mo
     if output != "table" and not detach:
         raise UsageError(f"-o {output} prints the record of a run started with --detach: add --detach "
                          "(then `mlbench wait RUN -o json` gives its result)")
-    plan = api.plan(
-        task, workers, repeat=repeat, light=light, time_budget=time_budget, stop_at_goal=not no_stop, data=data,
-        data_dir=data_dir, data_pvc=data_pvc, model=model, overrides=sets, optimizer=optimizer,
-        optimizer_options=parse_opts(opts), backend=backend, device=device, framework=framework, seed=seed,
-        max_steps=max_steps, log_every=log_every, timing=not no_timing, save_model=save_model,
-        precision=precision, channels_last=channels_last, graph=not no_graph, watchdog=watchdog,
-        checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, inject=inject, on_failure=on_failure,
-        max_size=max_size, name=name, detach=detach, bandwidth=bandwidth, latency=latency, jitter=jitter,
-        loss=loss, shaping=shaping)
+    plan = api.plan(task, workers, **options)
     # with -o json the launcher's progress (an image built, a cluster reached) goes to stderr,
     # so that stdout is the document alone
     launcher = choose(session.open_store(), launch,

@@ -1,11 +1,11 @@
 """The new-run form: the choices of `mlbench run`, checked by the code `mlbench run` uses.
 
-The form's fields become a :class:`~mlbench.launch.plan.RunRequest` through the library's own
-parsers (``parse_duration``, ``parse_overrides``); its runs are planned by `mlbench run`'s
-planning (:func:`~mlbench.launch.session.plan_runs`) and validated and recorded by the launcher
-the registry chooses for the store (``build_config``, ``check_optimizer``, the data check), so a
-wrong value is refused with the sentence the CLI prints. The sentence is shown beside the field
-it is about; one the form cannot place is shown above the form.
+The form's fields are `mlbench run`'s options by their API names (:data:`FORM_OPTIONS`, declared
+in :mod:`mlbench.launch.options`); its runs are planned by :func:`mlbench.api.plan`, as the CLI's,
+and validated and recorded by the launcher the registry chooses for the store (``build_config``,
+``check_optimizer``, the data check), so a wrong value is refused with the sentence the CLI
+prints. Each refusal names the option it concerns (``MlbenchError.option``), and the sentence is
+shown beside that field; one that concerns no field of the form is shown above it.
 
 Several worker counts make several runs (one group id, as `mlbench run task1a 1 2 4`); they are
 started one after another by :class:`RunQueue`, as the CLI runs them, so that they do not
@@ -18,28 +18,19 @@ import re
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from mlbench.dashboard.sources import CLUSTER, LOCAL, Source, Sources
-from mlbench.errors import DataError, MlbenchError, UsageError
+from mlbench.errors import DataError, MlbenchError
 from mlbench.results.store import CANCELLED, PENDING, RunRecord
 from mlbench.tasks.metrics import get_metric
-from mlbench.tasks.overrides import parse_overrides
 from mlbench.tasks.registry import TASKS, get_task
 from mlbench.tasks.spec import AnySpec, TaskSpec
 
-if TYPE_CHECKING:
-    from mlbench.launch.plan import DataSource
-
-#: Where a refusal belongs, by how its sentence begins (the CLI's sentences name their option).
-_FIELD_OF = (
-    ("unknown task", "task"), ("the number of workers", "workers"), ("invalid duration", "time_budget"),
-    ("--set", "overrides"), ("unknown model", "overrides"), ("model ", "overrides"),
-    ("--max-steps", "max_steps"), ("--seed", "seed"), ("--data-dir", "data_dir"), ("--data ", "data"),
-    ("unknown optimizer", "optimizer"), ("optimizer ", "optimizer"), ("topology", "opt.topology"),
-    ("ddp hook", "opt.hook"), ("--save-model", "form"),
-)
-_OPTION = re.compile(r"^option (\w+)[= ]")
+#: The form's fields, by the name of the `mlbench run` option each sets
+#: (:data:`mlbench.launch.options.RUN_OPTIONS`); ``task``, ``workers`` and ``where`` besides.
+FORM_OPTIONS = ("light", "stop_at_goal", "time_budget", "max_steps", "data", "data_dir", "optimizer",
+                "optimizer_options", "overrides", "seed")
 
 
 class FormError(MlbenchError):
@@ -52,19 +43,12 @@ class FormError(MlbenchError):
         self.errors = errors
 
 
-#: "100000 workers: this machine can start at most 32 (...)" (LocalLauncher.check_workers)
-_WORKER_COUNT = re.compile(r"^\d+ workers: ")
-
-
-def field_of(message: str) -> str:
-    if _WORKER_COUNT.match(message):
-        return "workers"
-    match = _OPTION.match(message)
-    if match:
-        return f"opt.{match.group(1)}"
-    for prefix, name in _FIELD_OF:
-        if message.startswith(prefix):
-            return name
+def field_of(err: MlbenchError) -> str:
+    """The form's field an error concerns: the option it names (an optimizer's own option as
+    ``optimizer_options.NAME``, its box), else the form as a whole."""
+    if err.option is not None and (err.option in FORM_OPTIONS or err.option in ("task", "workers")
+                                   or err.option.startswith("optimizer_options.")):
+        return err.option
     return "form"
 
 
@@ -105,54 +89,41 @@ def _integer(text: Any, name: str, errors: dict[str, str]) -> int | None:
         return None
 
 
-def parse_form(form: dict[str, Any]) -> tuple[Any, list[int]]:
-    """The request the form describes (its first worker count) and every worker count, or a
-    FormError naming every field that is wrong."""
-    from mlbench.launch.plan import RunRequest, parse_duration
-
+def form_options(form: dict[str, Any]) -> tuple[str, list[int], dict[str, Any]]:
+    """The task, the worker counts and the `mlbench run` options (by their API names) that the
+    form's fields hold, or a FormError naming every field that cannot be read as its option's
+    value; what the values mean is checked by :func:`mlbench.api.plan`, as for the CLI."""
     errors: dict[str, str] = {}
-
-    def check(name: str, parse, *args):
-        try:
-            return parse(*args)
-        except UsageError as err:
-            errors.setdefault(name, str(err))
-            return None
-
     task = str(form.get("task") or "")
-    check("task", get_task, task)
     tokens = re.split(r"[\s,]+", str(form.get("workers") or "").strip())
     counts = [_integer(tok, "workers", errors) for tok in tokens if tok]
     if not counts and "workers" not in errors:
         errors["workers"] = "give one or more worker counts, e.g. 1 2 4"
-    budget = str(form.get("time_budget") or "").strip()
-    budget_s = check("time_budget", parse_duration, budget) if budget else None
-    lines = [line.strip() for line in re.split(r"[\n;]+", str(form.get("overrides") or "")) if line.strip()]
-    overrides = check("overrides", parse_overrides, lines) or {}
-    max_steps = _integer(form.get("max_steps"), "max_steps", errors)
-    seed = _integer(form.get("seed"), "seed", errors)
-    given = form.get("options") or {}
+    given = form.get("optimizer_options") or {}
     if not isinstance(given, dict):
-        errors.setdefault("form", f"options {given!r}: send the optimizer's options as a JSON object "
-                                  'of NAME: VALUE, e.g. {"rank": "2"}')
+        errors.setdefault("optimizer_options", f"optimizer_options {given!r}: send the optimizer's options as a "
+                                               'JSON object of NAME: VALUE, e.g. {"rank": "2"}')
         given = {}
-    options = {str(k): str(v).strip() for k, v in given.items() if str(v).strip()}
+    options: dict[str, Any] = {
+        "light": bool(form.get("light")),
+        "stop_at_goal": bool(form.get("stop_at_goal", True)),
+        "time_budget": str(form.get("time_budget") or "").strip() or None,
+        "max_steps": _integer(form.get("max_steps"), "max_steps", errors),
+        "seed": _integer(form.get("seed"), "seed", errors) or 0,
+        "data": str(form.get("data") or "real"),
+        "data_dir": str(form.get("data_dir") or "").strip() or None,
+        "optimizer": str(form.get("optimizer") or "") or None,
+        "optimizer_options": {str(k): str(v).strip() for k, v in given.items() if str(v).strip()},
+        "overrides": [line.strip() for line in re.split(r"[\n;]+", str(form.get("overrides") or ""))
+                      if line.strip()],
+    }
     if errors:
         raise FormError(errors)
-    workers = [k for k in counts if k is not None]  # all of them: a count that is not is an error
-    data_dir = str(form.get("data_dir") or "").strip() or None
-    data = cast("DataSource", str(form.get("data") or "real"))  # checked by build_config, as the CLI's
-    base = RunRequest(task=task, workers=workers[0], overrides=overrides, data=data,
-                      data_dir=data_dir, light=bool(form.get("light")),
-                      stop_at_goal=not form.get("no_stop"), time_budget_s=budget_s,
-                      max_steps=max_steps, seed=seed or 0,
-                      optimizer=str(form.get("optimizer") or "") or None,
-                      optimizer_options=options)
-    return base, workers
+    return task, [k for k in counts if k is not None], options
 
 
 def _refused(err: MlbenchError) -> FormError:
-    name = "data_dir" if isinstance(err, DataError) else field_of(str(err))
+    name = "data_dir" if isinstance(err, DataError) else field_of(err)
     return FormError({name: str(err)})
 
 
@@ -170,19 +141,20 @@ def _where(sources: Sources, where: Any) -> Source:
 
 
 def create_runs(sources: Sources, form: dict[str, Any]) -> tuple[Source, list[RunRecord]]:
-    """Validate the form and record its runs (pending), planned and created as `mlbench run`
-    plans and creates them (the same planning, the launcher the registry chooses for the
-    store); nothing is recorded when one is wrong."""
+    """Validate the form and record its runs (pending), planned by :func:`mlbench.api.plan` as
+    `mlbench run` plans them and created by the launcher the registry chooses for the store;
+    nothing is recorded when one is wrong."""
+    from mlbench.api import plan as plan_runs
     from mlbench.launch.plan import build_config
     from mlbench.launch.registry import choose
-    from mlbench.launch.session import plan_runs
     from mlbench.optim.descriptors import check_optimizer
 
-    base, counts = parse_form(form)
+    task, counts, options = form_options(form)
     source = _where(sources, form.get("where") or LOCAL)
     try:
+        get_task(task)
         launcher = choose(source.open_store(), {})
-        plan = plan_runs(base, counts)
+        plan = plan_runs(task, counts, **options)
         for workers in sorted({r.workers for r in plan.requests}, reverse=True):
             launcher.check_workers(workers)
         for request in plan.requests:  # every run checked before the first is recorded

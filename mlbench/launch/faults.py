@@ -132,7 +132,7 @@ def parse_on_failure(text: str) -> tuple[str, int]:
     ``shrink`` -> (shrink, 0): no limit but the workers left; ``shrink:N`` -> (shrink, N)."""
     policy, sep, count = text.strip().lower().partition(":")
     if policy not in POLICIES or (sep and policy == FAIL):
-        raise UsageError(f"--on-failure {text}: choose fail, restart[:N] or shrink[:N]")
+        raise UsageError(f"--on-failure {text}: choose fail, restart[:N] or shrink[:N]", option="on_failure")
     if policy == FAIL:
         return FAIL, 0
     if not sep:
@@ -143,6 +143,7 @@ def parse_on_failure(text: str) -> tuple[str, int]:
         limit = -1
     if limit < 1:
         what = "restarts" if policy == RESTART else "shrinks (each leaves one worker fewer)"
-        raise UsageError(f"--on-failure {text}: N, the most {what}, is a whole number of at least 1")
+        raise UsageError(f"--on-failure {text}: N, the most {what}, is a whole number of at least 1",
+                         option="on_failure")
     return policy, limit
 

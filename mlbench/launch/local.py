@@ -96,7 +96,7 @@ class LocalLauncher(Launcher):
         limit, why = local_worker_limit()
         if workers > limit:
             raise UsageError(f"{workers} workers: this machine can start at most {limit} ({why}); "
-                             "run more on a cluster (`mlbench set-cluster NAME`)")
+                             "run more on a cluster (`mlbench set-cluster NAME`)", option="workers")
 
     def occupied_nodes(self, request: RunRequest, resources: WorkerResources | None) -> int:
         """This machine, which every worker shares."""

@@ -70,6 +70,7 @@ class RunRequest:
     faults: list[dict[str, Any]] = field(default_factory=list)  # --inject, parsed (mlbench.launch.faults)
     on_failure: str = "fail"                   # --on-failure fail|restart|shrink (mlbench.launch.faults)
     max_restarts: int = 0                      # --on-failure restart:N|shrink:N
+    threads_per_worker: int | None = None      # None: one per worker on CPUs, a pod's or task's CPUs
 
 
 _DURATION = re.compile(r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*$")
@@ -95,7 +96,7 @@ def parse_watchdog(text: str) -> float | None:
     seconds = parse_duration(text)
     if seconds < MIN_WATCHDOG_S:
         raise UsageError(f"--watchdog {text}: at least {MIN_WATCHDOG_S:.0f}s (the workers' heartbeats "
-                         "come once a second), or off")
+                         "come once a second), or off", option="watchdog")
     return seconds
 
 
@@ -109,13 +110,13 @@ def parse_checkpoint_every(text: str) -> tuple[float | None, int | None]:
     if match:
         steps = int(match.group(1))
         if steps < 1:
-            raise UsageError(f"--checkpoint-every {text}: at least 1 step")
+            raise UsageError(f"--checkpoint-every {text}: at least 1 step", option="checkpoint_every")
         return None, steps
     try:
         return parse_duration(text), None
     except UsageError:
         raise UsageError(f"--checkpoint-every {text!r}: give a duration (2m, 90s) or a step count "
-                         "(500steps)") from None
+                         "(500steps)", option="checkpoint_every") from None
 
 
 def parse_duration(text: str) -> float:
@@ -141,10 +142,10 @@ def check_seed(seed: int, repeat: int = 1) -> None:
     """Refuse a seed outside 0..MAX_SEED, or one whose ``repeat`` runs (seeds SEED..SEED+REPEAT-1)
     would go past it, before anything is recorded."""
     if not 0 <= seed <= MAX_SEED:
-        raise UsageError(f"--seed {seed}: give a whole number from 0 to {MAX_SEED}")
+        raise UsageError(f"--seed {seed}: give a whole number from 0 to {MAX_SEED}", option="seed")
     if seed + repeat - 1 > MAX_SEED:
         raise UsageError(f"--seed {seed} with --repeat {repeat} uses seeds up to {seed + repeat - 1}; "
-                         f"the largest seed is {MAX_SEED}")
+                         f"the largest seed is {MAX_SEED}", option="seed")
 
 
 @dataclass
@@ -169,22 +170,22 @@ def _device_and_backend(request: RunRequest,
     has_gpu = cuda_available() if resources is None else resources.gpus > 0
     device = request.device or ("cuda" if has_gpu else "cpu")
     if device not in ("cpu", "cuda"):
-        raise UsageError(f"--device {device}: choose cpu or cuda")
+        raise UsageError(f"--device {device}: choose cpu or cuda", option="device")
     if device == "cuda" and not has_gpu:
         where = ("to PyTorch on this machine" if resources is None
                  else "on the cluster's nodes (nvidia.com/gpu)")
-        raise UsageError(f"--device cuda: no CUDA GPU is visible {where}; use --device cpu")
+        raise UsageError(f"--device cuda: no CUDA GPU is visible {where}; use --device cpu", option="device")
     backend = request.backend or ("nccl" if device == "cuda" else "gloo")
     if backend == "nccl" and device == "cuda" and resources is None:
         backend = _gloo_when_gpus_are_shared(request, backend)
     if backend not in BACKENDS:
-        raise UsageError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}")
+        raise UsageError(f"--backend {backend}: choose one of {', '.join(BACKENDS)}", option="backend")
     if backend == "nccl" and device != "cuda":
-        raise UsageError("--backend nccl needs GPUs (--device cuda); use --backend gloo on CPUs")
+        raise UsageError("--backend nccl needs GPUs (--device cuda); use --backend gloo on CPUs", option="backend")
     if resources is not None and not resources.local_torch:  # the image's PyTorch runs the workers
         if backend == "mpi":
             raise UsageError("--backend mpi: the worker image's PyTorch has no MPI support; "
-                             "use gloo or nccl")
+                             "use gloo or nccl", option="backend")
         return device, backend
     if backend == "gloo" and device == "cpu":
         return device, backend   # every PyTorch build for Linux, macOS and Windows has gloo
@@ -192,7 +193,7 @@ def _device_and_backend(request: RunRequest,
     available = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(),
                  "mpi": dist.is_mpi_available()}
     if not available[backend]:
-        raise UsageError(f"--backend {backend}: this PyTorch build has no {backend} support")
+        raise UsageError(f"--backend {backend}: this PyTorch build has no {backend} support", option="backend")
     return device, backend
 
 
@@ -207,7 +208,7 @@ def _gloo_when_gpus_are_shared(request: RunRequest, backend: Backend) -> Backend
     if request.backend == "nccl":
         raise UsageError(f"--backend nccl: {request.workers} workers on this machine's {gpus} GPU"
                          f"{'s' if gpus != 1 else ''}; NCCL needs a GPU per worker: use --backend gloo "
-                         f"or at most {gpus} worker{'s' if gpus != 1 else ''}")
+                         f"or at most {gpus} worker{'s' if gpus != 1 else ''}", option="backend")
     return "gloo"
 
 
@@ -217,10 +218,10 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
     (``model_plugin``: ``request.model`` as :func:`create_run` has already loaded it; else a
     model that is no built-in's name is loaded here)."""
     if request.workers < 1:
-        raise UsageError(f"the number of workers must be at least 1, not {request.workers}")
+        raise UsageError(f"the number of workers must be at least 1, not {request.workers}", option="workers")
     check_seed(request.seed)
     if request.data not in ("real", "synthetic"):
-        raise UsageError(f"--data {request.data}: choose real or synthetic")
+        raise UsageError(f"--data {request.data}: choose real or synthetic", option="data")
     task = get_task(request.task)
     framework = check_framework(request.framework, task.name,
                                 installed_here=resources is None or resources.local_torch)
@@ -230,7 +231,7 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
     if request.model:
         if not isinstance(task, TaskSpec) or "model" not in task.settings.override_keys():
             raise UsageError(f"--model chooses or replaces the model of task1a and task2a; change {task.name}'s "
-                             "model with --set NAME=VALUE (see `mlbench tasks`)")
+                             "model with --set NAME=VALUE (see `mlbench tasks`)", option="model")
         if model_plugin is None and not is_builtin_model(request.model):
             model_plugin = resolve_model(request.model)
         if model_plugin is not None:
@@ -240,7 +241,8 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
     if "model" in overrides and isinstance(task, TaskSpec) and "model" in task.settings.override_keys() \
             and model_plugin is None \
             and (overrides["model"] == "logreg") != (task.settings.value_of("model") == "logreg"):
-        raise UsageError(f"model {overrides['model']} does not fit {task.name}'s data set ({task.settings.dataset})")
+        raise UsageError(f"model {overrides['model']} does not fit {task.name}'s data set ({task.settings.dataset})",
+                         option="model")
     spec, changed = resolve(task, overrides)
     if request.max_size is not None:
         spec, capped = with_max_size(spec, request.max_size)
@@ -254,20 +256,20 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
     if request.data == "synthetic":
         changed.append("data=synthetic")
     if request.precision not in ("fp32", "bf16"):
-        raise UsageError(f"--precision {request.precision}: choose fp32 or bf16")
+        raise UsageError(f"--precision {request.precision}: choose fp32 or bf16", option="precision")
     if request.precision != "fp32":
         changed.append(f"precision={request.precision}")
     if request.data_dir is not None and request.data == "real":
         path = Path(request.data_dir).expanduser()
         if not path.is_dir():
-            raise UsageError(f"--data-dir {request.data_dir}: no such folder")
+            raise UsageError(f"--data-dir {request.data_dir}: no such folder", option="data_dir")
         data_dir: str | None = str(path.resolve())
     else:
         data_dir = None
     if request.max_steps is not None and request.max_steps < 1:
-        raise UsageError("--max-steps must be at least 1")
+        raise UsageError("--max-steps must be at least 1", option="max_steps")
     if request.log_every < 1:
-        raise UsageError("--log-every must be at least 1")
+        raise UsageError("--log-every must be at least 1", option="log_every")
     _check_faults(request, spec)
     if request.on_failure in ("restart", "shrink") and request.checkpoint_every_s is None \
             and request.checkpoint_every_steps is None:
@@ -276,18 +278,16 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
     if checkpoints and isinstance(spec, AllreduceSpec):
         raise UsageError(f"{spec.name} trains nothing and has no state to checkpoint: leave out --checkpoint-every")
     if request.checkpoint_dir is not None and not checkpoints:
-        raise UsageError("--checkpoint-dir says where checkpoints go: add --checkpoint-every DURATION|Nsteps")
+        raise UsageError("--checkpoint-dir says where checkpoints go: add --checkpoint-every DURATION|Nsteps",
+                         option="checkpoint_dir")
     checkpoint_dir = None
     if request.checkpoint_dir is not None:
         folder = Path(request.checkpoint_dir).expanduser()
         if not folder.is_dir():
-            raise UsageError(f"--checkpoint-dir {request.checkpoint_dir}: no such folder")
+            raise UsageError(f"--checkpoint-dir {request.checkpoint_dir}: no such folder", option="checkpoint_dir")
         checkpoint_dir = str(folder.resolve())
     device, backend = _device_and_backend(request, resources)
-    if resources is not None:
-        threads = resources.threads
-    else:
-        threads = max(1, usable_cores() // request.workers) if device == "cpu" else 1
+    threads = _threads_per_worker(request, resources)
     config = RunConfig(
         task=spec, workers=request.workers, backend=backend, device=device, data=request.data,
         data_dir=data_dir, light=request.light, stop_at_goal=request.stop_at_goal,
@@ -305,6 +305,25 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
     return config, changed
 
 
+def _threads_per_worker(request: RunRequest, resources: WorkerResources | None) -> int:
+    """The threads each worker trains with: ``--threads-per-worker``, else a pod's or Slurm
+    task's CPUs, else one. One by default whatever the worker count, so that every worker of a
+    scaling study has the same resources (the original's one worker per node): a 1-worker run
+    given all the cores beside 2-worker runs of one thread each measured the threads, not the
+    workers (a 32x "speedup")."""
+    threads = request.threads_per_worker
+    if threads is None:
+        return resources.threads if resources is not None else 1
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise UsageError(f"--threads-per-worker {threads!r}: give a whole number of at least 1",
+                         option="threads_per_worker")
+    cores = usable_cores()
+    if resources is None and threads > cores:
+        raise UsageError(f"--threads-per-worker {threads}: this machine has {cores} usable cores",
+                         option="threads_per_worker")
+    return threads
+
+
 def _check_faults(request: RunRequest, spec: Any) -> None:
     """--inject and --on-failure against the run (before anything is recorded): each fault's
     rank is one of its workers; a restart resumes training from checkpoints and a straggler
@@ -312,20 +331,21 @@ def _check_faults(request: RunRequest, spec: Any) -> None:
     for fault in request.faults:
         if not 0 <= fault["rank"] < request.workers:
             raise UsageError(f"--inject {fault['text']}: rank {fault['rank']} is not a worker of a "
-                             f"{request.workers}-worker run (ranks 0 to {request.workers - 1})")
+                             f"{request.workers}-worker run (ranks 0 to {request.workers - 1})", option="inject")
     down = next((f for f in request.faults if f["kind"] == LINK_DOWN), None)
     if down is not None and request.network is None:
         raise UsageError(f"--inject {down['text']}: a link-down takes down the worker's emulated link: "
-                         "add --bandwidth/--latency (docs/network.md)")
+                         "add --bandwidth/--latency (docs/network.md)", option="inject")
     if (request.faults or request.on_failure != "fail") and request.backend == "mpi":
         raise UsageError("--inject and --on-failure act on one process per worker; --backend mpi starts "
-                         "one mpirun: use gloo")
+                         "one mpirun: use gloo", option="inject")
     if isinstance(spec, AllreduceSpec):
         if request.on_failure in ("restart", "shrink"):
             raise UsageError(f"--on-failure {request.on_failure}: {spec.name} trains nothing to go on with "
-                             "from a checkpoint")
+                             "from a checkpoint", option="on_failure")
         if any(f["kind"] == SLOW for f in request.faults):
-            raise UsageError(f"--inject slow: {spec.name} has no training steps to slow; use kill or stall")
+            raise UsageError(f"--inject slow: {spec.name} has no training steps to slow; use kill or stall",
+                             option="inject")
     if request.on_failure == "shrink":
         _check_shrink(request, spec)
 
@@ -336,13 +356,15 @@ def _check_shrink(request: RunRequest, spec: Any) -> None:
     size (the classification tasks: docs/faults.md)."""
     text = policy_text(request.on_failure, request.max_restarts)
     if request.workers < 2:
-        raise UsageError(f"--on-failure {text}: a 1-worker run has no survivors to shrink to; use restart")
+        raise UsageError(f"--on-failure {text}: a 1-worker run has no survivors to shrink to; use restart",
+                         option="on_failure")
     if request.max_restarts > request.workers - 1:
         raise UsageError(f"--on-failure {text}: a {request.workers}-worker run shrinks at most "
-                         f"{request.workers - 1} times (to one worker)")
+                         f"{request.workers - 1} times (to one worker)", option="on_failure")
     if isinstance(spec, TaskSpec) and not isinstance(spec.settings, ClassificationSettings):
         raise UsageError(f"--on-failure {text}: {spec.name} keeps per-rank data state (its shards' "
-                         "positions); shrink is offered for the classification tasks (1a, 2a); use restart")
+                         "positions); shrink is offered for the classification tasks (1a, 2a); use restart",
+                         option="on_failure")
 
 
 def _check_port_options(config: RunConfig, request: RunRequest) -> None:
@@ -350,9 +372,10 @@ def _check_port_options(config: RunConfig, request: RunRequest) -> None:
     algorithm on CPUs): one line each, before anything is recorded."""
     name = config.framework
     if config.optimizer != config.training_spec.optimizer or request.optimizer_options:
-        raise UsageError(f"--framework {name} trains with the task's reference optimizer only; drop --optimizer/--opt")
+        raise UsageError(f"--framework {name} trains with the task's reference optimizer only; drop --optimizer/--opt",
+                         option="framework")
     if config.model_plugin is not None:
-        raise UsageError(f"--framework {name} trains the task's own model; drop the model plug-in")
+        raise UsageError(f"--framework {name} trains the task's own model; drop the model plug-in", option="framework")
     unsupported = [(config.device != "cpu", "--device cuda"), (config.time_budget_s is not None, "--time-budget"),
                    (config.precision != "fp32", "--precision"), (config.save_model, "--save-model"),
                    (config.channels_last, "--channels-last"), (config.backend != "gloo", f"--backend {config.backend}"),
@@ -361,7 +384,8 @@ def _check_port_options(config: RunConfig, request: RunRequest) -> None:
                    (config.on_failure != "fail", f"--on-failure {config.on_failure}")]
     for given, what in unsupported:
         if given:
-            raise UsageError(f"--framework {name}: {what} is not in this port yet (it runs on CPUs, over gloo)")
+            raise UsageError(f"--framework {name}: {what} is not in this port yet (it runs on CPUs, over gloo)",
+                             option="framework")
 
 
 def prepare_data(config: RunConfig) -> None:
@@ -404,22 +428,23 @@ class LauncherAbilities:
         if framework.name not in self.frameworks:
             titles = ", ".join(FRAMEWORKS[name].title for name in self.frameworks)
             raise UsageError(f"--framework {framework.name}: {label} runs start {titles} workers only so far; "
-                             "run on this machine")
+                             "run on this machine", option="framework")
         if framework.peers and config.workers > 1 and not self.peer_addresses:
             raise UsageError(f"--framework {framework.name} on {config.workers} workers: every {framework.title} "
                              f"worker listens on an address of its own, which {label} runs cannot yet give each "
-                             "worker before it starts; run one worker, another framework, or on this machine")
+                             "worker before it starts; run one worker, another framework, or on this machine",
+                             option="framework")
         for fault in config.faults:
             if fault["kind"] not in self.fault_kinds:
                 offered = f"they apply {', '.join(self.fault_kinds)}" if self.fault_kinds else "they apply none"
                 raise UsageError(f"--inject {fault['text']}: {label} runs cannot inject a {fault['kind']} "
-                                 f"({offered}); run on this machine")
+                                 f"({offered}); run on this machine", option="inject")
         if config.on_failure not in self.policies:
             raise UsageError(f"--on-failure {config.on_failure}: {label} runs carry out "
-                             f"{' or '.join(self.policies)} only; run on this machine")
+                             f"{' or '.join(self.policies)} only; run on this machine", option="on_failure")
         if self.checkpoint_dir and config.checkpoint_dir not in (None, self.checkpoint_dir):
             raise UsageError(f"--checkpoint-dir {config.checkpoint_dir}: {label} runs keep their checkpoints "
-                             "on the results service's volume; leave it out")
+                             "on the results service's volume; leave it out", option="checkpoint_dir")
 
 
 def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: int, on_this_machine: bool,
@@ -448,7 +473,7 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
                              f"a {launcher} run ships it to the workers in at most {plugin_limit:,} bytes")
         if files.get(loaded.copy_path, loaded.source) != loaded.source:
             raise UsageError(f"model plug-in {given}: its file and the optimizer plug-in's are both called "
-                             f"{loaded.copy_path.rpartition('/')[2]}; rename one")
+                             f"{loaded.copy_path.rpartition('/')[2]}; rename one", option="model")
         files[loaded.copy_path] = loaded.source
     if plugin is not None:
         request = dataclasses.replace(request, optimizer=plugin.label)
@@ -466,13 +491,13 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
             and not optimizer.claims_exact(optimizer.parse_options(request.optimizer_options, None)):
         raise UsageError(f"--on-failure shrink: optimizer {config.optimizer} keeps state that differs by rank "
                          "(error feedback, local models): survivors cannot go on without the lost rank's; "
-                         "use restart, or an all-reduce optimizer such as centralized-sgd")
+                         "use restart, or an all-reduce optimizer such as centralized-sgd", option="on_failure")
     spec = config.task
     if isinstance(spec, TaskSpec) and spec.settings.needs_averaged_gradient and not optimizer.supports_grad_hook:
         # task 3a clips the averaged gradient between the all-reduce and the update
         usable = ", ".join(with_grad_hook())
         raise UsageError(f"optimizer {config.optimizer} cannot clip the averaged gradient that {spec.name} "
-                         f"clips (it never holds it); use one of {usable}")
+                         f"clips (it never holds it); use one of {usable}", option="optimizer")
     if check_data:
         prepare_data(config)
     division = "open" if changed else "closed"

@@ -71,18 +71,18 @@ def plan_runs(base: RunRequest, worker_counts: Sequence[int], repeat: int = 1,
     if not worker_counts:
         raise UsageError("give at least one worker count")
     if any(k < 1 for k in worker_counts):
-        raise UsageError(f"the number of workers must be at least 1, not {min(worker_counts)}")
+        raise UsageError(f"the number of workers must be at least 1, not {min(worker_counts)}", option="workers")
     if repeat < 1:
-        raise UsageError(f"--repeat must be at least 1, not {repeat}")
+        raise UsageError(f"--repeat must be at least 1, not {repeat}", option="repeat")
     check_seed(base.seed, repeat)
     networks = list(networks) or [None]
     count = len(worker_counts) * repeat * len(networks)
     several = "one worker count, one bandwidth and no --repeat" if len(networks) > 1 else \
         "one worker count and no --repeat"
     if base.name and count > 1:
-        raise UsageError(f"--name names one run; give {several} with it")
+        raise UsageError(f"--name names one run; give {several} with it", option="name")
     if detach and count > 1:
-        raise UsageError(f"--detach starts one run; give {several}, or run without --detach")
+        raise UsageError(f"--detach starts one run; give {several}, or run without --detach", option="detach")
     group = secrets.token_hex(4) if count > 1 else None
     requests = [dataclasses.replace(base, workers=k, seed=base.seed + r, group_id=group, network=network)
                 for r in range(repeat) for k in worker_counts for network in networks]

@@ -128,10 +128,10 @@ def parse_loss(text: str) -> float:
     """``0.1%`` or ``0.1`` -> 0.1 (percent of packets)."""
     match = re.fullmatch(_NUMBER + r"\s*(%?)", (text or "").strip())
     if not match or not math.isfinite(float(match.group(1))):
-        raise UsageError(f"--loss {text!r}: expected a percentage, e.g. 0.1%")
+        raise UsageError(f"--loss {text!r}: expected a percentage, e.g. 0.1%", option="loss")
     percent = float(match.group(1))
     if not 0 <= percent < 100:
-        raise UsageError(f"--loss {text!r}: a loss is a percentage from 0% to below 100%")
+        raise UsageError(f"--loss {text!r}: a loss is a percentage from 0% to below 100%", option="loss")
     return percent
 
 
@@ -143,29 +143,31 @@ def network_options(bandwidth: str | None, latency: str | None, jitter: str | No
     loss. No option at all gives ``[None]``: the workers talk over loopback, unshaped.
     """
     if shaping not in SHAPING:
-        raise UsageError(f"--shaping {shaping}: choose tc or cni")
+        raise UsageError(f"--shaping {shaping}: choose tc or cni", option="shaping")
     if bandwidth is None and latency is None and jitter is None and loss is None:
         return [None]
     delay = parse_time(latency, "--latency") if latency is not None else 0.0
     spread = parse_time(jitter, "--jitter") if jitter is not None else 0.0
     if spread and not delay:
-        raise UsageError(f"--jitter {jitter} varies the latency: give --latency too (e.g. --latency 1ms)")
+        raise UsageError(f"--jitter {jitter} varies the latency: give --latency too (e.g. --latency 1ms)",
+                         option="jitter")
     if spread > delay:
         raise UsageError(f"--jitter {jitter} is more than the latency ({format_time(delay)}): a "
-                         "packet cannot arrive before it was sent; give a larger --latency")
+                         "packet cannot arrive before it was sent; give a larger --latency", option="jitter")
     dropped = parse_loss(loss) if loss is not None else 0.0
     items = [b for b in (bandwidth.split(",") if bandwidth is not None else [None])]
     if bandwidth is not None and not all(b and b.strip() for b in items):
-        raise UsageError(f"--bandwidth {bandwidth!r}: expected rates separated by commas, e.g. 100mbit,1gbit")
+        raise UsageError(f"--bandwidth {bandwidth!r}: expected rates separated by commas, e.g. 100mbit,1gbit",
+                         option="bandwidth")
     rates = [parse_rate(b) if b is not None else None for b in items]
     if len(set(rates)) < len(rates):
-        raise UsageError(f"--bandwidth {bandwidth}: a rate is given twice")
+        raise UsageError(f"--bandwidth {bandwidth}: a rate is given twice", option="bandwidth")
     networks = [NetworkSettings(rate, delay, spread, dropped, shaping) for rate in rates]
     if shaping == "cni" and networks[0].needs_netem:
         raise UsageError("--shaping cni: the CNI bandwidth plugin limits the rate only; drop "
-                         "--latency, --jitter and --loss, or use --shaping tc")
+                         "--latency, --jitter and --loss, or use --shaping tc", option="shaping")
     if shaping == "cni" and bandwidth is None:
-        raise UsageError("--shaping cni limits the rate: give --bandwidth")
+        raise UsageError("--shaping cni limits the rate: give --bandwidth", option="shaping")
     return networks
 
 

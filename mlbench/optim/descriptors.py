@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlbench.errors import UsageError
+from mlbench.errors import UsageError, about_option
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -107,9 +107,13 @@ class OptimizerInfo:
         if unknown:
             valid = ", ".join(self.options) or "none"
             raise UsageError(f"optimizer {self.name} has no option {', '.join(unknown)}; "
-                             f"valid options: {valid}")
+                             f"valid options: {valid}", option="optimizer_options")
         values = {key: opt.default for key, opt in self.options.items()}
-        values.update({key: self.options[key].parse(key, text) for key, text in raw.items()})
+        for key, text in raw.items():
+            try:
+                values[key] = self.options[key].parse(key, text)
+            except UsageError as err:
+                raise about_option(err, f"optimizer_options.{key}") from None
         if self.check is not None and world_size is not None:
             self.check(values, world_size)
         return values
@@ -118,7 +122,10 @@ class OptimizerInfo:
 def _check_topology(values: dict[str, Any], world_size: int) -> None:
     from mlbench.optim.topology import parse_topology  # torch-free: the mixing matrix is not built
 
-    parse_topology(values["topology"], world_size)
+    try:
+        parse_topology(values["topology"], world_size)
+    except UsageError as err:
+        raise about_option(err, "optimizer_options.topology") from None
 
 
 BY = Option("model (one all-reduce of all tensors) or layer (one all-reduce per tensor)", "model",
@@ -231,7 +238,7 @@ def optimizer_info(name: str) -> OptimizerInfo:
         return INFO[name]
     except KeyError:
         raise UsageError(f"unknown optimizer {name!r}; choose one of: {', '.join(sorted(INFO))} "
-                         "(see `mlbench optimizers`)") from None
+                         "(see `mlbench optimizers`)", option="optimizer") from None
 
 
 def check_optimizer(name: str, options: dict[str, str], world_size: int | None = None) -> OptimizerInfo:

@@ -212,22 +212,22 @@ def _plugin_class(obj: Any, name: str, spec: str, where: str) -> type[Distribute
     """``obj`` (the module's ``name``), checked to be a usable optimizer class, or a UsageError
     saying why not."""
     if obj is None:
-        raise UsageError(f"optimizer plug-in {spec}: {where} defines no {name}")
+        raise UsageError(f"optimizer plug-in {spec}: {where} defines no {name}", option="optimizer")
     base = sys.modules.get("mlbench.optim.base")  # not imported: nothing can subclass it
     if not isinstance(obj, type) or base is None or not issubclass(obj, base.DistributedOptimizer):
         raise UsageError(f"optimizer plug-in {spec}: {name} is not a subclass of "
-                         "mlbench.optim.base.DistributedOptimizer")
+                         "mlbench.optim.base.DistributedOptimizer", option="optimizer")
     cls = cast("type[DistributedOptimizer]", obj)
     info = getattr(cls, "info", None)
     if not isinstance(info, OptimizerInfo):
         raise UsageError(f"optimizer plug-in {spec}: {name} has no `info = OptimizerInfo(...)` "
-                         "(mlbench.optim.descriptors) saying its name and options")
+                         "(mlbench.optim.descriptors) saying its name and options", option="optimizer")
     if is_builtin(info.name):
         raise UsageError(f"optimizer plug-in {spec}: {name} calls itself {info.name}, a built-in "
-                         "optimizer's name; give its info a name of its own")
+                         "optimizer's name; give its info a name of its own", option="optimizer")
     if not NAME.match(info.name):
         raise UsageError(f"optimizer plug-in {spec}: its name {info.name!r} must be 1-64 letters, digits, "
-                         "'-', '_' or '.'")
+                         "'-', '_' or '.'", option="optimizer")
     if cls.step is base.DistributedOptimizer.step:
-        raise UsageError(f"optimizer plug-in {spec}: {name} does not implement step(lr)")
+        raise UsageError(f"optimizer plug-in {spec}: {name} does not implement step(lr)", option="optimizer")
     return cls

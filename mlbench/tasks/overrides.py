@@ -66,7 +66,7 @@ def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
             continue
         if not sep or key not in keys:
             raise UsageError(f"--set {pair!r}: expected KEY=VALUE with KEY one of "
-                             f"{', '.join(keys)}, or extra.NAME for a task's own setting")
+                             f"{', '.join(keys)}, or extra.NAME for a task's own setting", option="overrides")
         result[key] = _typed(key, raw.strip(), keys[key])
         _check_range(key, key, result[key])
     return result
@@ -87,7 +87,7 @@ def _typed(key: str, raw: str, kind: type) -> Any:
             raise ValueError(raw)
         return value
     except ValueError:
-        raise UsageError(f"--set {key}={raw}: expected a {kind.__name__}") from None
+        raise UsageError(f"--set {key}={raw}: expected a {kind.__name__}", option="overrides") from None
 
 
 def _check_range(key: str, name: str, value: Any) -> None:
@@ -95,7 +95,8 @@ def _check_range(key: str, name: str, value: Any) -> None:
     if name == "lr.milestones":
         if any(m < 1 for m in value) or list(value) != sorted(set(value)):
             listed = ",".join(map(str, value))
-            raise UsageError(f"--set lr.milestones={listed}: give increasing epochs, each at least 1")
+            raise UsageError(f"--set lr.milestones={listed}: give increasing epochs, each at least 1",
+                             option="overrides")
         return
     if name not in RANGES:
         if name not in _COMMON_KEYS and name not in SPEC_KEYS:
@@ -107,7 +108,7 @@ def _check_range(key: str, name: str, value: Any) -> None:
     if not (above_low and below_high):
         lower = f"at least {_num(low)}" if low_allowed else f"above {_num(low)}"
         upper = f"at most {_num(high)}" if high_allowed else f"below {_num(high)}"
-        raise UsageError(f"--set {key}={_num(value)}: must be {lower} and {upper}")
+        raise UsageError(f"--set {key}={_num(value)}: must be {lower} and {upper}", option="overrides")
 
 
 def _num(value: float) -> str:
@@ -119,12 +120,12 @@ def _check_own_range(key: str, name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     if value < 0:
-        raise UsageError(f"--set {key}={value:g}: must be at least 0")
+        raise UsageError(f"--set {key}={value:g}: must be at least 0", option="overrides")
     if "dropout" in name or name in ("weight_drop", "label_smoothing"):
         if value >= 1:
-            raise UsageError(f"--set {key}={value:g}: a rate, at least 0 and below 1")
+            raise UsageError(f"--set {key}={value:g}: a rate, at least 0 and below 1", option="overrides")
     elif isinstance(value, int) and value == 0 and name not in ("nonmono",):
-        raise UsageError(f"--set {key}=0: must be at least 1")
+        raise UsageError(f"--set {key}=0: must be at least 1", option="overrides")
 
 
 def _own_setting(task: TaskSpec, key: str, value: Any) -> tuple[str, Any]:
@@ -134,7 +135,7 @@ def _own_setting(task: TaskSpec, key: str, value: Any) -> tuple[str, Any]:
     if name not in keys:
         own = ", ".join(k for k in task.settings.override_keys() if k not in _COMMON_KEYS)
         raise UsageError(f"--set {key}: {task.name} has no setting {name!r}; its settings: "
-                         f"{', '.join(_COMMON_KEYS)}, {own}")
+                         f"{', '.join(_COMMON_KEYS)}, {own}", option="overrides")
     kind = keys[name]
     if isinstance(value, str) and kind is not str:
         return name, _typed(key, value, kind)
@@ -172,5 +173,5 @@ def resolve(task: AnySpec, overrides: dict[str, Any]) -> tuple[AnySpec, list[str
     for key, goal in goals.items():
         problem = metric.check_goal(goal)
         if problem:
-            raise UsageError(f"--set {key}={goal:g}: {problem}")
+            raise UsageError(f"--set {key}={goal:g}: {problem}", option="overrides")
     return dataclasses.replace(task, settings=task.settings.with_values(values), **goals), changed

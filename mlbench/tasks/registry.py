@@ -66,7 +66,7 @@ def get_task(name: str) -> AnySpec:
         return TASKS[name]
     except KeyError:
         raise UsageError(f"unknown task {name!r}; choose one of: {', '.join(TASKS)} "
-                         "(see `mlbench tasks`)") from None
+                         "(see `mlbench tasks`)", option="task") from None
 
 
 def runtime_module(spec: AnySpec) -> ModuleType:

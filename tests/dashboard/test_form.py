@@ -27,14 +27,15 @@ def refused(form: dict) -> dict[str, str]:
     ({"max_steps": "0"}, "max_steps", "--max-steps must be at least 1"),
     ({"workers": "2 100000"}, "workers", "100000 workers: this machine can start at most"),
     ({"overrides": "batch_per_worker=0"}, "overrides", "--set batch_per_worker=0: must be at least 1"),
-    ({"optimizer": "powersgd", "options": {"rank": "x"}}, "opt.rank", "option rank=x: expected an integer"),
+    ({"optimizer": "powersgd", "optimizer_options": {"rank": "x"}}, "optimizer_options.rank", "option rank=x: expected an integer"),
     ({"optimizer": "adamw"}, "optimizer", "unknown optimizer 'adamw'; choose one of: "),
     ({"data_dir": "/no/such/folder"}, "data_dir", "--data-dir /no/such/folder: no such folder"),
     ({"seed": "99999999999999999999"}, "seed", "--seed 99999999999999999999: give a whole number from 0 to "),
     ({"seed": "-3"}, "seed", "--seed -3: give a whole number from 0 to 9223372036854775807"),
     ({"where": "mars"}, "where", "where 'mars': runs can be started on 'local'"),
     ({"where": "cluster"}, "where", "where 'cluster': runs can be started on 'local'"),
-    ({"optimizer": "powersgd", "options": "rank=2"}, "form", "options 'rank=2': send the optimizer's options "),
+    ({"optimizer": "powersgd", "optimizer_options": "rank=2"}, "optimizer_options",
+     "optimizer_options 'rank=2': send the optimizer's options "),
 ])
 def test_a_wrong_field_is_refused_with_the_cli_sentence_beside_it(form, field, sentence, libsvm_dir):
     form.setdefault("data_dir", str(libsvm_dir))
@@ -44,8 +45,8 @@ def test_a_wrong_field_is_refused_with_the_cli_sentence_beside_it(form, field, s
 
 def test_a_topology_that_does_not_fit_one_of_the_worker_counts_records_no_run(libsvm_dir):
     errors = refused({"workers": "4 2", "optimizer": "decentralized-sgd",
-                      "options": {"topology": "torus:2x2"}, "data_dir": str(libsvm_dir)})
-    assert errors == {"opt.topology": "topology torus:2x2 has 4 nodes, but the run has 2 workers"}
+                      "optimizer_options": {"topology": "torus:2x2"}, "data_dir": str(libsvm_dir)})
+    assert errors == {"optimizer_options.topology": "topology torus:2x2 has 4 nodes, but the run has 2 workers"}
 
 
 def test_the_form_offers_every_task_with_its_goal_metric():

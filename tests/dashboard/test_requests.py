@@ -75,7 +75,8 @@ def test_a_wrong_price_is_a_400_with_one_line(bare, price):
 
 
 @pytest.mark.parametrize("form, field, text", [
-    ({"options": "rank=2", "optimizer": "powersgd"}, "form", "send the optimizer's options as a JSON object"),
+    ({"optimizer_options": "rank=2", "optimizer": "powersgd"}, "optimizer_options",
+     "send the optimizer's options as a JSON object"),
     ({"where": "mars"}, "where", "where 'mars': runs can be started on 'local'"),
     ({"where": ["local"]}, "where", "where ['local']: runs can be started on 'local'"),
     ({"seed": HUGE}, "seed", f"--seed {HUGE}: give a whole number from 0 to 9223372036854775807"),

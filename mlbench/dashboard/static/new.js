@@ -1,4 +1,5 @@
-/* The new-run form: sent to the API, which checks it with the CLI's code and starts the run. */
+/* The new-run form: sent to the API, which checks it with the CLI's code and starts the run.
+   Its fields are mlbench run's options by their API names (mlbench/launch/options.py). */
 "use strict";
 
 (() => {
@@ -14,7 +15,7 @@
       el("label", { for: `opt-${option.name}`, title: option.help }, option.name),
       el("div", { class: "field", "data-option": option.name },
         el("input", { type: "text", id: `opt-${option.name}`, "data-option": option.name, placeholder: `${option.default}`, title: option.help }),
-        el("div", { class: "error", "data-for": `opt.${option.name}` })),
+        el("div", { class: "error", "data-for": `optimizer_options.${option.name}` })),
     ]));
   }
 
@@ -45,11 +46,11 @@
     clearErrors();
     const body = {
       task: form.task.value, workers: form.workers.value, where: form.where.value,
-      light: form.light.checked, no_stop: form.no_stop.checked, time_budget: form.time_budget.value,
+      light: form.light.checked, stop_at_goal: !form.no_stop.checked, time_budget: form.time_budget.value,
       max_steps: form.max_steps.value, data: form.querySelector("input[name=data]:checked").value,
       data_dir: form.data_dir.value, optimizer: form.optimizer.value, overrides: form.overrides.value,
       seed: form.seed.value,
-      options: Object.fromEntries([...form.querySelectorAll("input[data-option]")].map((i) => [i.dataset.option, i.value]).filter(([, v]) => v.trim())),
+      optimizer_options: Object.fromEntries([...form.querySelectorAll("input[data-option]")].map((i) => [i.dataset.option, i.value]).filter(([, v]) => v.trim())),
     };
     const button = document.getElementById("start");
     button.disabled = true; button.textContent = "Checking and starting...";
