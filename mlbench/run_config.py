@@ -25,6 +25,19 @@ DataSource = Literal["real", "synthetic"]
 Precision = Literal["fp32", "bf16"]
 Division = Literal["closed", "open"]
 
+#: What a setting does to a run (:data:`CONFIG_ROLES`, and each `mlbench run` option's role in
+#: :mod:`mlbench.launch.options`): it changes what the run computes (part of its fingerprint:
+#: runs that differ in it are never repeats of each other), only how it is watched, is the seed
+#: (the one thing repeats differ in), is the worker count (what a family's rows vary), says how
+#: many runs are made, or is filled in while the run goes (the rendezvous, a resume's step).
+Role = Literal["computes", "watches", "seed", "workers", "plans", "runtime"]
+COMPUTES: Role = "computes"
+WATCHES: Role = "watches"
+SEED: Role = "seed"
+WORKERS: Role = "workers"
+PLANS: Role = "plans"
+RUNTIME: Role = "runtime"
+
 RUN_JSON = "run.json"
 #: The watchdog's least bound by default (``mlbench run --watchdog``), seconds.
 DEFAULT_WATCHDOG_S = 60.0
@@ -115,6 +128,22 @@ class RunConfig:
         if self.data == "synthetic":
             return None
         return self.task.goal(self.light)
+
+
+#: The role of every field of :class:`RunConfig` (a test holds it to the fields): what
+#: :mod:`mlbench.results.fingerprint` makes a run's fingerprint from. ``data_dir`` is where the
+#: data lie, not what they are (the data's identity is run.json's ``data``).
+CONFIG_ROLES: dict[str, Role] = {
+    "task": COMPUTES, "workers": WORKERS, "backend": COMPUTES, "device": COMPUTES, "data": COMPUTES,
+    "data_dir": WATCHES, "light": COMPUTES, "stop_at_goal": COMPUTES, "time_budget_s": COMPUTES,
+    "max_steps": COMPUTES, "seed": SEED, "log_every": WATCHES, "timing": WATCHES,
+    "threads_per_worker": COMPUTES, "optimizer": COMPUTES, "optimizer_options": COMPUTES,
+    "optimizer_plugin": COMPUTES, "model_plugin": COMPUTES, "save_model": WATCHES, "master_addr": RUNTIME,
+    "master_port": RUNTIME, "eval_batch_size": COMPUTES, "precision": COMPUTES, "channels_last": COMPUTES,
+    "graph": COMPUTES, "watchdog_s": WATCHES, "framework": COMPUTES, "checkpoint_every_s": COMPUTES,
+    "checkpoint_every_steps": COMPUTES, "checkpoint_dir": WATCHES, "resume_step": RUNTIME, "faults": COMPUTES,
+    "on_failure": COMPUTES, "max_restarts": COMPUTES,
+}
 
 
 @dataclass

@@ -16,8 +16,8 @@ from mlbench.results.compare import Comparison, comparison_of
 from mlbench.results.cost import PriceTable
 from mlbench.results.exporters import TOOLS, check_library, export_runs
 from mlbench.results.report import (compare_headers, compare_notes, compare_row, comparison_document,
-                                    differs_in_network, family_heading, had_faults, is_sweep,
-                                    sweep_table)
+                                    difference_lines, differs_in_network, family_heading, had_faults,
+                                    is_sweep, sweep_table)
 
 
 def _selection(command: Callable) -> Callable:
@@ -26,6 +26,15 @@ def _selection(command: Callable) -> Callable:
     command = click.option("--group", shell_complete=complete_groups,
                            help="The runs of one `mlbench run` invocation (its group id).")(command)
     return click.option("--task", shell_complete=complete_tasks, help="Every run of this task.")(command)
+
+
+def _pooling(command: Callable) -> Callable:
+    """Which settings runs may differ in and still share a family (pooled on purpose)."""
+    return click.option("--pool", "pool", multiple=True, metavar="KEY",
+                        help="Let runs that differ in this setting share a row (repeatable): a key of the "
+                             "runs' fingerprint (data, hardware, opt.period, set.momentum, set. for every task "
+                             "setting); said above the tables. Without it runs share a row only when "
+                             "everything that changes what they compute is equal.")(command)
 
 
 def _pricing(command: Callable) -> Callable:
@@ -41,18 +50,19 @@ def _pricing(command: Callable) -> Callable:
                              "(`mlbench prices`).")(command)
 
 
-def _comparison(run_refs, task, group, instance, price_per_hour, prices_file) -> Comparison:
+def _comparison(run_refs, task, group, instance, price_per_hour, prices_file, pool=()) -> Comparison:
     # the store `status` reads (the current cluster's, else this machine's); only finished runs
     # count, so a run still marked running is left out whether or not it is alive
     return comparison_of(open_store(read_only=True), tuple(run_refs), task, group, instance, price_per_hour,
-                         prices_file)
+                         prices_file, pool=tuple(pool))
 
 
 @cli.command()
 @_selection
 @_pricing
+@_pooling
 @output_option
-def compare(run_refs, task, group, instance, price_per_hour, prices_file, output) -> None:
+def compare(run_refs, task, group, instance, price_per_hour, prices_file, pool, output) -> None:
     """Compare runs of one task: time to accuracy over repeats, speedup, efficiency, compute vs
     communication and cost, per worker count.
 
@@ -62,17 +72,20 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file, output
       mlbench compare 3f2a9c1d 7b0e44aa --instance n1-standard-4
       mlbench compare --group 5d1e20c4 --price-per-hour 0.19
     """
-    comparison = _comparison(run_refs, task, group, instance, price_per_hour, prices_file)
+    comparison = _comparison(run_refs, task, group, instance, price_per_hour, prices_file, pool)
     if output != "table":
         emit(comparison_document(comparison), output)
         return
     emulated = differs_in_network(comparison)
     sweep = is_sweep(comparison)
     faults = had_faults(comparison)
+    differing = tuple(key for key, _ in comparison.differences())
+    for line in difference_lines(comparison):
+        click.echo(line)
     for i, (family, groups) in enumerate(comparison.families().items()):
-        if i:
+        if i or differing or comparison.pooled:
             click.echo("")
-        click.echo(family_heading(family, emulated, faults))
+        click.echo(family_heading(family, emulated, faults, differing))
         click.echo(tabulate([compare_row(g, emulated, faults) for g in groups], disable_numparse=True,
                             headers=compare_headers(emulated, sweep, faults, comparison.task)))
     if sweep:
@@ -87,13 +100,14 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file, output
 @cli.command()
 @_selection
 @_pricing
+@_pooling
 @click.option("--out-dir", "-d", "out_dir", type=click.Path(file_okay=False),
               help="Folder for the charts [charts].")
 @click.option("-o", "--output", "old_out_dir", type=click.Path(file_okay=False), hidden=True,
               help="Deprecated spelling of --out-dir (-o is an output format in the other commands).")
 @click.option("--format", "formats", default=",".join(FORMATS), show_default=True,
               help="Image formats, comma-separated (png, svg, pdf).")
-def charts(run_refs, task, group, instance, price_per_hour, prices_file, out_dir, old_out_dir,
+def charts(run_refs, task, group, instance, price_per_hour, prices_file, pool, out_dir, old_out_dir,
            formats) -> None:
     """Draw the four figures of the original mlbench from runs of one task: speedup vs workers,
     cost vs workers, loss and accuracy vs time per worker count, communication vs computation.
@@ -114,7 +128,7 @@ def charts(run_refs, task, group, instance, price_per_hour, prices_file, out_dir
     unknown = sorted(set(chosen) - {"png", "svg", "pdf"})
     if not chosen or unknown:
         raise UsageError(f"--format {formats}: choose from png, svg, pdf (comma-separated)")
-    comparison = _comparison(run_refs, task, group, instance, price_per_hour, prices_file)
+    comparison = _comparison(run_refs, task, group, instance, price_per_hour, prices_file, pool)
     paths = write_charts(comparison, out_dir, chosen)
     click.echo(f"Wrote {len(paths)} files to {out_dir}:")
     for path in paths:

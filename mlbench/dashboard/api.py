@@ -215,8 +215,9 @@ class Api:
         if len(stores) > 1:
             raise UsageError("compare runs of one place at a time: this machine's or the cluster's")
         source = self.sources.by_key(stores.pop())
+        pool = tuple(k for k in q.get("pool", "").replace(" ", ",").split(",") if k)
         comparison = comparison_of(source.open_store(), refs, q.get("task") or None, q.get("group") or None,
-                                   q.get("instance") or None, usd)
+                                   q.get("instance") or None, usd, pool=pool)
         return Json(views.comparison_document(comparison))
 
     @_errors_as_json

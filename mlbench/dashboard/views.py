@@ -22,7 +22,8 @@ from mlbench.results.outcome import AllreduceResult, read_result
 from mlbench.results.report import (compare_headers, compare_notes, compare_row, describe_checkpoints,
                                     describe_plugin, describe_result, describe_resumes, run_recovery,
                                     division_text, framework_of, model_plugin_label,
-                                    differs_in_network, family_heading, group_label, had_faults, is_sweep,
+                                    difference_lines, differs_in_network, family_heading, group_label,
+                                    had_faults, is_sweep,
                                     run_progress, sweep_table, task_metric, throughput_unit)
 from mlbench.results.repeats import RepeatStats
 from mlbench.results.goodput import describe_faults, run_faults, run_workers_label
@@ -268,17 +269,21 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
     sweep = is_sweep(comparison)
     faults = had_faults(comparison)
     metric = task_metric(comparison.task)
+    differing = tuple(key for key, _ in comparison.differences())
     sweep_headers, sweep_rows = sweep_table(comparison) if sweep else ([], [])
     return {
         "task": comparison.task, "headers": list(compare_headers(emulated, sweep, faults, comparison.task)),
         "throughput_unit": throughput_unit(comparison.task),
         "usd_per_node_hour": comparison.usd_per_node_hour,
         "notes": compare_notes(comparison),
+        "differences": difference_lines(comparison),
+        "pooled": list(comparison.pooled),
         "skipped": [{"id": r.id, "state": r.state} for r in comparison.skipped],
         "metric": metric_view(metric), "sweep": sweep,
         "sweep_table": {"headers": sweep_headers, "rows": sweep_rows} if sweep else None,
         "network": network_axis(comparison),
-        "families": [{"label": labels[f], "heading": family_heading(f, emulated, faults), "metric": f.metric,
+        "families": [{"label": labels[f], "heading": family_heading(f, emulated, faults, differing),
+                      "metric": f.metric, "fingerprint": dict(f.fingerprint),
                       "goal": f.goal, "goal_text": metric.format(f.goal) if f.goal is not None else None,
                       "goal_display": metric.display(f.goal) if f.goal is not None else None,
                       "network": f.network or None, "bandwidth_bps": f.bandwidth_bps,

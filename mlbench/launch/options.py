@@ -32,13 +32,9 @@ from mlbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS
 from mlbench.launch.faults import parse_inject, parse_on_failure
 from mlbench.launch.plan import BACKENDS, parse_checkpoint_every, parse_duration, parse_watchdog
 from mlbench.network.settings import SHAPING
+from mlbench.run_config import COMPUTES, PLANS, SEED, WATCHES, Role
 from mlbench.tasks.overrides import parse_overrides
 
-Role = Literal["computes", "watches", "seed", "plans"]
-COMPUTES: Role = "computes"
-WATCHES: Role = "watches"
-SEED: Role = "seed"
-PLANS: Role = "plans"
 
 #: Where an option's value goes: the run's request, the plan (how many runs), the emulated
 #: network of each run (one per rate), or how the runs are followed.

@@ -29,6 +29,7 @@ from mlbench.plugins import plugin_label
 from mlbench.results.cost import PriceTable, cost_usd
 from mlbench.network.settings import network_label
 from mlbench.results.events import read_run_events
+from mlbench.results.fingerprint import differing_keys, pool_matches, run_fingerprint
 from mlbench.results.goodput import fault_setting, had_faults, run_faults
 from mlbench.results.repeats import RepeatStats, repeat_stats
 from mlbench.results.outcome import AllreduceResult, Outcome, TrainingResult, read_result
@@ -199,6 +200,13 @@ class Family:
     framework: str = "pytorch"         # mlbench.frameworks: which framework trained
     #: the --inject schedules and --on-failure policy (goodput.fault_setting); "": neither
     faults: str = ""
+    #: the runs' fingerprint (mlbench.results.fingerprint) less what ``--pool`` pooled, as
+    #: sorted (key, text) pairs: every setting that changes what they compute is equal
+    fingerprint: tuple[tuple[str, str], ...] = ()
+
+    def setting(self, key: str) -> str:
+        """The text of fingerprint ``key`` in this family ("-" when it has none)."""
+        return dict(self.fingerprint).get(key, "-")
 
     @property
     def metric(self) -> str:
@@ -260,12 +268,22 @@ class Comparison:
     groups: list[Group]
     skipped: list[RunRecord]
     usd_per_node_hour: float | None
+    #: the fingerprint keys pooled on purpose (``compare --pool KEY``): runs that differ in them
+    #: share a family, and every heading says so
+    pooled: tuple[str, ...] = ()
 
     def families(self) -> dict[Family, list[Group]]:
         out: dict[Family, list[Group]] = defaultdict(list)
         for g in self.groups:
             out[g.family].append(g)
         return dict(out)
+
+    def differences(self) -> list[tuple[str, list[str]]]:
+        """What differs between the families shown: each fingerprint key whose text is not the
+        same in all of them, with its text per family (in the order of :meth:`families`)."""
+        families = list(self.families())
+        keys = differing_keys([dict(f.fingerprint) for f in families])
+        return [(key, [f.setting(key) for f in families]) for key in keys]
 
 
 def select_runs(store: RunStore, refs: tuple[str, ...] = (), task: str | None = None,
@@ -289,9 +307,11 @@ def select_runs(store: RunStore, refs: tuple[str, ...] = (), task: str | None = 
 
 def comparison_of(store: RunStore, refs: tuple[str, ...] = (), task: str | None = None,
                   group: str | None = None, instance: str | None = None,
-                  price_per_hour: float | None = None, prices_file: str | None = None) -> Comparison:
+                  price_per_hour: float | None = None, prices_file: str | None = None,
+                  pool: tuple[str, ...] = ()) -> Comparison:
     """The comparison `compare` and `charts` show: runs chosen as :func:`select_runs` chooses
-    them, priced by an instance type of the price table or a price per node-hour."""
+    them, priced by an instance type of the price table or a price per node-hour, pooled across
+    the fingerprint keys ``pool`` names."""
     if instance and price_per_hour is not None:
         raise UsageError("give --instance or --price-per-hour, not both")
     if price_per_hour is not None and not (math.isfinite(price_per_hour) and price_per_hour >= 0):
@@ -299,14 +319,49 @@ def comparison_of(store: RunStore, refs: tuple[str, ...] = (), task: str | None 
     if prices_file and not instance:
         raise UsageError("--prices FILE: say which of its prices applies with --instance NAME")
     usd = PriceTable.load(prices_file).hourly(instance) if instance else price_per_hour
-    return compare_runs(select_runs(store, tuple(refs), task, group), usd)
+    return compare_runs(select_runs(store, tuple(refs), task, group), usd, pool)
 
 
-def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = None) -> Comparison:
+#: Family fields that a fingerprint key stands for: pooling the key pools the field too.
+_POOLED_FIELDS = {"optimizer": ("optimizer",), "hardware": ("hardware",), "framework": ("framework",),
+                  "faults": ("faults",), "network": ("network", "bandwidth_bps", "latency_s"),
+                  "model.sha256": ("model",)}
+
+
+def _family(record: RunRecord, run: RunResult, pool: tuple[str, ...]) -> Family:
+    faults = fault_setting(run.faults)
+    fields: dict[str, Any] = dict(
+        task=record.task, division=record.division, optimizer=record.optimizer, hardware=run.hardware,
+        goal=run.goal, network=network_label(run.network), bandwidth_bps=(run.network or {}).get("bandwidth_bps"),
+        latency_s=float((run.network or {}).get("latency_s") or 0.0), model=run.model_plugin,
+        framework=run.config.framework if run.config is not None else "pytorch", faults=faults)
+    document = RunDocument.load_or_none(record.run_dir)
+    fingerprint = run_fingerprint(document, run.hardware, faults) if document is not None else {}
+    for key, names in _POOLED_FIELDS.items():
+        if pool_matches(key, pool):
+            fields.update({name: Family.__dataclass_fields__[name].default for name in names if name != "hardware"})
+            if "hardware" in names:
+                fields["hardware"] = "pooled hardware"
+    kept = tuple((key, text) for key, text in fingerprint.items() if not pool_matches(key, pool))
+    return Family(**fields, fingerprint=kept)
+
+
+def check_pool(pool: tuple[str, ...], known: set[str]) -> None:
+    """Refuse a ``--pool`` key that no run has (a typo would pool nothing and look like it had)."""
+    for key in pool:
+        if not any(pool_matches(k, (key,)) for k in known):
+            near = sorted(known)[:12]
+            raise UsageError(f"--pool {key}: no run compared has that setting; the keys are the fingerprint's "
+                             f"(`mlbench compare -o json` lists them), e.g. {', '.join(near)}")
+
+
+def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = None,
+                 pool: tuple[str, ...] = ()) -> Comparison:
     """Group finished runs and compute repeats statistics, speedup, efficiency and cost.
 
     ``usd_per_node_hour`` prices every run; without it a local run costs nothing (the machine is
-    already paid for) and a cluster run has no known cost.
+    already paid for) and a cluster run has no known cost. Runs share a family only when their
+    fingerprints are equal, less the keys ``pool`` names (pooled on purpose, and said).
     """
     tasks = sorted({r.task for r in records})
     if len(tasks) > 1:
@@ -318,14 +373,11 @@ def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = Non
         raise UsageError(f"no finished run among the {len(records)} run(s) given ({states}); "
                          "wait for them to finish or pick others (`mlbench status`)")
     buckets: dict[tuple[Family, int], list[RunResult]] = defaultdict(list)
-    for record in finished:
-        run = RunResult.load(record)
-        family = Family(record.task, record.division, record.optimizer, run.hardware, run.goal,
-                        network_label(run.network), (run.network or {}).get("bandwidth_bps"),
-                        float((run.network or {}).get("latency_s") or 0.0), run.model_plugin,
-                        run.config.framework if run.config is not None else "pytorch",
-                        fault_setting(run.faults))
-        buckets[(family, record.workers)].append(run)
+    loaded = [(record, RunResult.load(record)) for record in finished]
+    if pool:
+        check_pool(pool, {key for record, run in loaded for key, _ in _family(record, run, ()).fingerprint})
+    for record, run in loaded:
+        buckets[(_family(record, run, pool), record.workers)].append(run)
     groups = [_group(f, k, runs, usd_per_node_hour)
               for (f, k), runs in sorted(buckets.items(), key=lambda item: _sort_key(*item[0]))]
     by_family: dict[Family, list[Group]] = defaultdict(list)
@@ -333,12 +385,12 @@ def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = Non
         by_family[g.family].append(g)
     for family_groups in by_family.values():
         _add_speedup(family_groups)
-    return Comparison(tasks[0], groups, [r for r in records if r.state != FINISHED], usd_per_node_hour)
+    return Comparison(tasks[0], groups, [r for r in records if r.state != FINISHED], usd_per_node_hour, tuple(pool))
 
 
 def _sort_key(family: Family, workers: int) -> tuple:
     return (family.framework, family.division, family.optimizer, family.model, family.hardware, family.goal or 0.0,
-            family.bandwidth_bps or math.inf, family.network, family.faults, workers)
+            family.bandwidth_bps or math.inf, family.network, family.faults, family.fingerprint, workers)
 
 
 def _group(family: Family, workers: int, runs: list[RunResult], usd: float | None) -> Group:

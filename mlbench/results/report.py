@@ -166,10 +166,35 @@ def compare_headers(emulated: bool = False, sweep: bool = False, faults: bool = 
     return (headers[0], "NETWORK", *headers[1:]) if emulated else headers
 
 
-def family_heading(family: Family, emulated: bool = False, faults: bool = False) -> str:
+#: Fingerprint keys a heading already names by its own words.
+_HEADED = ("optimizer", "hardware", "network", "faults", "framework", "model.sha256")
+
+
+def family_heading(family: Family, emulated: bool = False, faults: bool = False,
+                   differing: tuple[str, ...] = ()) -> str:
     """What the runs of one table have in common, and the measure of their speedup
     (``emulated``: some family ran on an emulated network, so each says its network;
-    ``faults``: some run had faults, so each says its --inject and --on-failure)."""
+    ``faults``: some run had faults, so each says its --inject and --on-failure;
+    ``differing``: the fingerprint keys that tell the families shown apart, each said with this
+    family's value unless the heading names it anyway)."""
+    own = "".join(f" | {key} {family.setting(key)}" for key in differing if key not in _HEADED)
+    return _heading(family, emulated, faults) + own
+
+
+def difference_lines(comparison: Comparison) -> list[str]:
+    """The lines above compare's tables: which settings tell the families apart (a
+    configuration diff), and what was pooled on purpose. Nothing is said when all is alike."""
+    lines = []
+    differences = comparison.differences()
+    if differences:
+        lines.append(f"The {len(comparison.families())} families differ in: "
+                     + "; ".join(f"{key} ({' | '.join(values)})" for key, values in differences) + ".")
+    if comparison.pooled:
+        lines.append(f"Pooled on purpose (--pool): runs that differ in {', '.join(comparison.pooled)} share a row.")
+    return lines
+
+
+def _heading(family: Family, emulated: bool, faults: bool) -> str:
     network = f"network {family.network or 'not emulated'} | " if emulated else ""
     if faults:
         network += f"{family.faults or 'no faults'} | "
@@ -524,10 +549,13 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
         "task": comparison.task,
         "throughput_unit": throughput_unit(comparison.task),
         "usd_per_node_hour": comparison.usd_per_node_hour,
+        "differences": [{"key": key, "values": values} for key, values in comparison.differences()],
+        "pooled": list(comparison.pooled),
         "families": [{
             "task": family.task, "framework": family.framework, "division": family.division,
             "optimizer": family.optimizer, "hardware": family.hardware, "network": family.network, "goal": family.goal,
             "faults": family.faults or None, "measure": family.metric,
+            "fingerprint": dict(family.fingerprint),
             "groups": [_group(g) for g in groups],
         } for family, groups in comparison.families().items()],
         "skipped": [{"id": r.id, "state": r.state} for r in comparison.skipped],

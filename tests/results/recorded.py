@@ -31,12 +31,14 @@ def record_run(store: RunStore, *, workers: int, task: str = "task1a", tta: floa
                final: float | None = None, nodes: int | None = None,
                on_this_machine: bool | None = None, framework: str | None = None,
                inject: tuple[str, ...] = (), on_failure: str = "fail",
-               restarts: tuple[dict[str, Any], ...] = ()) -> RunRecord:
+               restarts: tuple[dict[str, Any], ...] = (), config: dict[str, Any] | None = None,
+               document: dict[str, Any] | None = None) -> RunRecord:
     """A run whose events and result say exactly what the arguments say; ``final`` is the goal
     metric's last value (the task's: accuracy, perplexity, BLEU; default 0.9 or 0.5 accuracy);
     ``nodes`` and ``on_this_machine`` as its launcher records them (None: a run.json from before
     it did); ``inject`` and ``on_failure`` as `run --inject/--on-failure` take them, ``restarts``
-    the entries of run.json's ``faults.restarts`` (each a kill of rank 1 it answered)."""
+    the entries of run.json's ``faults.restarts`` (each a kill of rank 1 it answered); ``config``
+    and ``document`` add to run.json's config and to run.json itself."""
     spec = TASKS[task]
     metric = spec.metric
     run_json = {"task": task, "division": division, "changed": [],
@@ -53,6 +55,8 @@ def record_run(store: RunStore, *, workers: int, task: str = "task1a", tta: floa
                  for i, r in enumerate(restarts)]
         run_json["faults"] = {"events": kills, "restarts": [{"fault": i, "at": kill["time"] + 0.5, **r}
                                                             for i, (r, kill) in enumerate(zip(restarts, kills))]}
+    run_json["config"].update(config or {})
+    run_json.update(document or {})
     if framework is not None:  # None: a run.json from before there was a choice (PyTorch's)
         run_json["config"]["framework"] = framework
     if network is not None:  # the emulated network, as NetworkSettings.to_dict() records it

@@ -39,6 +39,9 @@
         el("tbody", {}, t.rows.map((row) => el("tr", {}, row.map((cell, i) => el("td", { class: i ? "num" : null }, cell))))))));
     }
     document.getElementById("tables").replaceChildren(...out);
+    const differences = document.getElementById("differences");
+    differences.replaceChildren(...doc.differences.map((line) => el("p", { style: "margin: 0 0 8px" }, line)));
+    differences.classList.toggle("hidden", !doc.differences.length);
     document.getElementById("notes").replaceChildren(...doc.notes.map((n) => el("p", { style: "margin: 8px 0 0" }, n)));
   }
 
