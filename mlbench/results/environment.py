@@ -5,6 +5,10 @@ present: ``gpus`` (device names), ``cuda`` (the CUDA version PyTorch was built w
 and ``nccl`` (the versions PyTorch uses on the GPU) and ``cuda_driver`` (the NVIDIA driver, from the kernel
 module's ``/proc/driver/nvidia/version``, else ``nvidia-smi``). On a machine without them these
 keys are null (``gpus`` is empty), so every run.json has the same keys.
+
+The machine's load is recorded too (``load_average``: the 1, 5 and 15 minute load averages),
+because a run made while other work kept the cores busy is slower for reasons that are not the
+method's; :func:`machine_was_busy` says when a recorded load makes a run's figures suspect.
 """
 
 from __future__ import annotations
@@ -153,7 +157,51 @@ def describe_environment() -> dict[str, Any]:
         "nccl": nccl_version(),
         "cuda_driver": nvidia_driver_version(),
         "mlbench": __version__,
+        "load_average": load_average(),
     }
+
+
+def load_average() -> list[float] | None:
+    """The machine's load averages over the last 1, 5 and 15 minutes (``os.getloadavg``),
+    rounded to 2 decimals; None where the platform has none (Windows) or cannot tell."""
+    try:
+        return [round(value, 2) for value in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+#: the share of the usable cores that others' work may keep busy before a run counts as made
+#: on a busy machine (:func:`machine_was_busy`)
+BUSY_SHARE = 0.5
+
+
+def machine_was_busy(load: list[float] | None, cores: int | None, own_processes: int) -> bool:
+    """Whether a run was made on a busy machine: its 1-minute load average ``load[0]``, less
+    the run's ``own_processes``, exceeds half of the ``cores`` the run could use.
+
+    On Linux the load average is the number of jobs in the run queue or waiting for disk I/O,
+    averaged over the last 1, 5 and 15 minutes (proc(5), ``/proc/loadavg``), a job being what
+    the kernel schedules: a thread as well as a process. Why these choices:
+
+    - The 1-minute figure, the most recent: a run is slowed by what runs beside it now, not by
+      what ran a quarter of an hour ago.
+    - The run's own processes are taken off whole. At the run's start they have been runnable
+      for seconds only, so the one-minute average counts them in part at most, and at its end
+      (after a minute of training or more) nearly whole: taking them off whole leaves the load
+      of other work, or less, at both ends, so the run is never called busy because of itself.
+      ``own_processes`` is what the run keeps runnable: its workers, times their threads where
+      each computes on several.
+    - Half of the cores: where other work keeps more than half of them busy, a run has less
+      than the other half to itself, and one that uses more shares cores with that work (its
+      threads wait their turn); a smaller load (a daemon, a build step, the launching CLI) is
+      not flagged. A rule of thumb for calling a result suspect, not a measured bound.
+
+    False where the load or the cores are not known (an older run, a platform without a load
+    average): nothing then says the machine was busy.
+    """
+    if not load or not cores or cores < 1:
+        return False
+    return load[0] - max(0, own_processes) > BUSY_SHARE * cores
 
 
 def _memory_gb() -> float | None:

@@ -55,6 +55,9 @@ class TrainingResult:
     bytes_sent: int = 0
     train_samples: int | None = None
     test_samples: int | None = None
+    #: the machine's 1, 5 and 15 minute load averages as the run ended (rank 0's, recorded by
+    #: the worker: mlbench.results.environment.load_average); None for an older run
+    load_average_end: list[float] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> TrainingResult | None:
@@ -118,6 +121,7 @@ class AllreduceResult:
     epochs: None = None
     test_samples: None = None
     train_samples: None = None
+    load_average_end: list[float] | None = None   # as TrainingResult's
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> AllreduceResult | None:

@@ -123,14 +123,17 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
     """
     import torch
 
-    from mlbench.results.environment import describe_environment
+    from mlbench.results.environment import describe_environment, load_average
     from mlbench.worker.trainer import Stopped, Trainer
 
     torch.set_num_threads(max(1, config.threads_per_worker))
     try:
         init_group(config, rank, store_fd, launch, iface)
         if rank == 0:
-            events.emit("environment", describe_environment(), epoch=0, step=0)
+            # the threads this worker really computes with (the run's, as torch took them)
+            threads = {"threads_per_worker": torch.get_num_threads(),
+                       "interop_threads": torch.get_num_interop_threads()}
+            events.emit("environment", {**describe_environment(), **threads}, epoch=0, step=0)
         if config.task.kind == "allreduce":  # task 0a: a communication benchmark, no training
             from mlbench.tasks.registry import runtime_module
             result = runtime_module(config.task).run_benchmark(config, rank, events)
@@ -148,6 +151,7 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
         if heartbeat is not None:
             heartbeat.phase("finishing")
         if rank == 0:
+            result["load_average_end"] = load_average()   # the machine's load as the run ends
             events.emit("result", result, epoch=result["epochs"], step=result["steps"])
         leave_group()
         return 0

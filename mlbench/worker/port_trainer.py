@@ -397,17 +397,20 @@ class PortTrainer:
             train_samples=self.data.num_train, test_samples=self.data.num_test)
 
 
-def run_trainer(trainer: PortTrainer, environment: dict[str, str]) -> int:
+def run_trainer(trainer: PortTrainer, environment: dict[str, Any]) -> int:
     """Train (after the port's ``join``); record the environment (with ``environment``: the
-    framework and its version) first and the result last (rank 0); part; return 0."""
-    from mlbench.results.environment import describe_environment
+    framework and its version, and the threads it computes with where it can tell them, else
+    None) first and the result, with the machine's load at its end, last (rank 0); part; return 0."""
+    from mlbench.results.environment import describe_environment, load_average
 
     if trainer.rank == 0:
-        trainer.events.emit("environment", {**describe_environment(), **environment}, epoch=0, step=0)
+        threads = {"threads_per_worker": None, "interop_threads": None}   # a framework's own, unless it says
+        trainer.events.emit("environment", {**describe_environment(), **threads, **environment}, epoch=0, step=0)
     result = trainer.train()
     if trainer.heartbeat is not None:
         trainer.heartbeat.phase("finishing")
     if trainer.rank == 0:
+        result.load_average_end = load_average()
         trainer.events.emit("result", result.to_dict(), epoch=result.epochs, step=result.steps)
     trainer.leave()
     return 0

@@ -127,8 +127,12 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, heartbeat: Hea
     (rank 0); return 0. Also what the tests call in-process for one worker."""
     import tensorflow as tf
 
+    # the threads TensorFlow computes with: OMP_NUM_THREADS's (join), None where it was not set
+    # and TensorFlow chose for itself (its 0)
+    threads = {"threads_per_worker": tf.config.threading.get_intra_op_parallelism_threads() or None,
+               "interop_threads": tf.config.threading.get_inter_op_parallelism_threads() or None}
     return run_trainer(TfTrainer(config, rank, events, heartbeat, strategy),
-                       {"framework": "tensorflow", "tensorflow": tf.__version__})
+                       {"framework": "tensorflow", "tensorflow": tf.__version__, **threads})
 
 
 class TfTrainer(PortTrainer):
