@@ -78,7 +78,8 @@ class RunInfo:
     optimizer: str
     model: str | None              # a model plug-in's NAME@SHA12; None: the task's own model
     framework: str
-    division_text: str
+    division_text: str             # "closed", or "open: " and why (mlbench.results.division)
+    open_reasons: list[str]        # what made the run open division; empty for a closed run
     launcher: str
     seed: int | None
     group_id: str | None

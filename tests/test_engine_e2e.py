@@ -38,7 +38,9 @@ def test_task1a_two_workers_runs_to_its_end_and_status_and_download_show_it(cifa
                 "logs/rank-0.log", "logs/rank-1.log"} <= names
         doc = json.loads(zf.read("run.json"))
         assert doc["result"]["steps"] == result["steps"] and doc["division"] == "open"
-        assert doc["changed"] == ["max_epochs"]
+        # what made it open: the --set value, and the tests' CIFAR-10 subset (not the official data)
+        assert doc["changed"][0] == "max_epochs=2" and doc["changed"][1].startswith("data 512 training images")
+        assert doc["data"]["official"] is False and doc["data"]["rows"]["train"] == 512
         assert {"host", "cpu", "torch", "cores"} <= set(doc["environment"])
         assert doc["config"]["backend"] == "gloo" and doc["config"]["workers"] == 2
         csv_lines = zf.read("metrics.csv").decode().splitlines()
@@ -53,7 +55,9 @@ def test_task2a_two_workers_on_a_libsvm_file(libsvm_dir):
     proc = mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), "--light", "--log-every", "5",
                    check=True)
     run = last_run()
-    assert run.state == "finished" and run.division == "closed"
+    # a LIBSVM file of the user's: custom data, open division, said why
+    assert run.state == "finished" and run.division == "open"
+    assert run_json(run)["changed"] == ["data small, not epsilon"]
     result = run.result
     # the light goal (80%) is reached on this separable problem, and the run stops there
     assert result["reached"] is True and result["stop_reason"] == "goal"

@@ -175,11 +175,12 @@ def test_the_documented_example_runs_on_two_workers_and_status_and_compare_name_
     doc = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
     assert doc["model_plugin"]["sha256"] == sha and doc["optimizer_plugin"] is None and doc["summary"]["steps"] == 3
     assert f"| model {label} |" in mlbench("compare", "--task", "task2a", check=True).stdout
-    assert f"open ({label})" in mlbench("status", check=True).stdout       # the list names it too
+    assert f"open: model={label} (+1 more)" in mlbench("status", check=True).stdout   # the list names it too
     listed = json.loads(mlbench("status", "-o", "json", check=True).stdout)["runs"]
-    assert [(r["model"], r["division_text"]) for r in listed] == [(label, f"open ({label})")]
+    why = f"open: model={label}; data=synthetic"
+    assert [(r["model"], r["division_text"]) for r in listed] == [(label, why)]
     row = run_row("local", run, None, run_json(run))        # the dashboard's runs table, the same cell
-    assert row["division_text"] == f"open ({label})"
+    assert row["division_text"] == why
 
 
 def test_the_documented_example_is_the_file_the_tests_run():

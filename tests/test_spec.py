@@ -79,7 +79,7 @@ def test_unknown_task_is_a_usage_error():
 
 def test_model_override_and_division():
     config, changed = build_config(RunRequest(task="task1a", workers=2, model="resnet56-v2"))
-    assert config.task.model == "resnet56-v2" and changed == ["model"]
+    assert config.task.model == "resnet56-v2" and changed == ["model=resnet56-v2"]
     config, changed = build_config(RunRequest(task="task1a", workers=2, device="cpu"))
     assert changed == [] and config.backend == "gloo" and config.device == "cpu"
     with pytest.raises(UsageError, match="does not fit"):

@@ -27,6 +27,7 @@ from mlbench.results.store import RunRecord
 from mlbench.network.settings import describe_network, network_label
 from mlbench.results.summary import RunSummary, StepGaps, phase_table
 from mlbench.results.sysmetrics import describe_system, system_metrics
+from mlbench.results.division import run_division
 from mlbench.run_config import RunDocument
 from mlbench.tasks.metrics import get_metric
 
@@ -45,10 +46,21 @@ def fmt_bytes(count: float) -> str:
     return f"{count:.1f} TB"
 
 
+def division_cell(row: dict[str, Any]) -> str:
+    """A run's division in a table cell: ``closed``, or ``open:`` and its first reason, with how
+    many more there are (`status RUN` and ``-o json`` list them all)."""
+    reasons = row.get("open_reasons") or []
+    if row["division"] != "open" or not reasons:
+        return str(row["division"])
+    first = str(reasons[0]).split("; ")[0]
+    more = len(reasons) - 1 + str(reasons[0]).count("; ")
+    return f"open: {first}" + (f" (+{more} more)" if more else "")
+
+
 def status_table(runs: list[dict[str, Any]]) -> str:
-    """The table of `mlbench status`, from :func:`mlbench.results.report.run_overview` rows (a
-    plug-in run's division cell names its plug-ins and their sources: ``open (my-sgd@1a2b3c4d5e6f)``)."""
-    rows = [[r["id"], r["name"], r["task"], r["framework"], r["workers_text"], r["state"], r["division_text"],
+    """The table of `mlbench status`, from :func:`mlbench.results.report.run_overview` rows (an
+    open run's division cell says its first reason: ``open: optimizer=my-sgd@1a2b3c4d5e6f``)."""
+    rows = [[r["id"], r["name"], r["task"], r["framework"], r["workers_text"], r["state"], division_cell(r),
              f"{r['epoch']:.2f}" if r["epoch"] is not None else "-",
              r["metric_text"], fmt_duration(r["time_to_accuracy"]), fmt_time(r["created_at"])]
             for r in runs]
@@ -79,7 +91,7 @@ class ProgressPrinter:
         budget = f", time budget {fmt_duration(config.time_budget_s)}" if config.time_budget_s else ""
         click.echo(f"Run {self.run.id} ({self.run.name}): {self.run.task}, {self.run.workers} worker(s) "
                    f"x {config.threads_per_worker} thread(s), {config.device}/{config.backend}, "
-                   f"{self.run.division} division, {goal_text}{budget}{network_note(self.run)}")
+                   f"{run_division(self.run).text} division, {goal_text}{budget}{network_note(self.run)}")
 
     def __call__(self, event: dict[str, Any]) -> None:
         name, value = event["name"], event["value"]
@@ -129,7 +141,8 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
     rows = [["id", run.id], ["name", run.name], ["task", run.task], ["framework", framework_of(run)],
             ["workers", run_workers_label(run)],
             ["state", run.state + (f" ({run.reason})" if run.reason else "")],
-            ["division", run.division], ["optimizer", run.optimizer], ["created", fmt_time(run.created_at)],
+            ["division", run_division(run).text], ["optimizer", run.optimizer],
+            ["created", fmt_time(run.created_at)],
             ["epoch", f"{summary.epoch:.2f}"], ["steps", summary.steps],
             ["training time", fmt_duration(summary.train_time)]]
     plugins = run_plugins(run)

@@ -12,7 +12,7 @@ from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.launch.session import open_store
 from mlbench.errors import UsageError
 from mlbench.results.charts import FORMATS, write_charts
-from mlbench.results.compare import Comparison, comparison_of
+from mlbench.results.compare import MEDIAN, SCORES, Comparison, comparison_of
 from mlbench.results.cost import PriceTable
 from mlbench.results.exporters import TOOLS, check_library, export_runs
 from mlbench.results.report import (compare_headers, compare_notes, compare_row, comparison_document,
@@ -29,7 +29,12 @@ def _selection(command: Callable) -> Callable:
 
 
 def _pooling(command: Callable) -> Callable:
-    """Which settings runs may differ in and still share a family (pooled on purpose)."""
+    """Which settings runs may differ in and still share a family (pooled on purpose), and how
+    a row's repeats are scored."""
+    command = click.option("--score", type=click.Choice(SCORES), default=MEDIAN, show_default=True,
+                           help="A row's time to accuracy and the speedup made of it: the median of its "
+                                "repeats, or MLPerf's score (from at least 5 runs, the mean without the "
+                                "fastest and the slowest).")(command)
     return click.option("--pool", "pool", multiple=True, metavar="KEY",
                         help="Let runs that differ in this setting share a row (repeatable): a key of the "
                              "runs' fingerprint (data, hardware, opt.period, set.momentum, set. for every task "
@@ -50,11 +55,11 @@ def _pricing(command: Callable) -> Callable:
                              "(`mlbench prices`).")(command)
 
 
-def _comparison(run_refs, task, group, instance, price_per_hour, prices_file, pool=()) -> Comparison:
+def _comparison(run_refs, task, group, instance, price_per_hour, prices_file, pool=(), score=MEDIAN) -> Comparison:
     # the store `status` reads (the current cluster's, else this machine's); only finished runs
     # count, so a run still marked running is left out whether or not it is alive
     return comparison_of(open_store(read_only=True), tuple(run_refs), task, group, instance, price_per_hour,
-                         prices_file, pool=tuple(pool))
+                         prices_file, pool=tuple(pool), score=score)
 
 
 @cli.command()
@@ -62,7 +67,7 @@ def _comparison(run_refs, task, group, instance, price_per_hour, prices_file, po
 @_pricing
 @_pooling
 @output_option
-def compare(run_refs, task, group, instance, price_per_hour, prices_file, pool, output) -> None:
+def compare(run_refs, task, group, instance, price_per_hour, prices_file, pool, score, output) -> None:
     """Compare runs of one task: time to accuracy over repeats, speedup, efficiency, compute vs
     communication and cost, per worker count.
 
@@ -72,7 +77,7 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file, pool, 
       mlbench compare 3f2a9c1d 7b0e44aa --instance n1-standard-4
       mlbench compare --group 5d1e20c4 --price-per-hour 0.19
     """
-    comparison = _comparison(run_refs, task, group, instance, price_per_hour, prices_file, pool)
+    comparison = _comparison(run_refs, task, group, instance, price_per_hour, prices_file, pool, score)
     if output != "table":
         emit(comparison_document(comparison), output)
         return
@@ -86,8 +91,8 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file, pool, 
         if i or differing or comparison.pooled:
             click.echo("")
         click.echo(family_heading(family, emulated, faults, differing))
-        click.echo(tabulate([compare_row(g, emulated, faults) for g in groups], disable_numparse=True,
-                            headers=compare_headers(emulated, sweep, faults, comparison.task)))
+        click.echo(tabulate([compare_row(g, emulated, faults, score) for g in groups], disable_numparse=True,
+                            headers=compare_headers(emulated, sweep, faults, comparison.task, score)))
     if sweep:
         headers, rows = sweep_table(comparison)
         click.echo("\nBy message size (median of the repeats):")
@@ -107,7 +112,7 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file, pool, 
               help="Deprecated spelling of --out-dir (-o is an output format in the other commands).")
 @click.option("--format", "formats", default=",".join(FORMATS), show_default=True,
               help="Image formats, comma-separated (png, svg, pdf).")
-def charts(run_refs, task, group, instance, price_per_hour, prices_file, pool, out_dir, old_out_dir,
+def charts(run_refs, task, group, instance, price_per_hour, prices_file, pool, score, out_dir, old_out_dir,
            formats) -> None:
     """Draw the four figures of the original mlbench from runs of one task: speedup vs workers,
     cost vs workers, loss and accuracy vs time per worker count, communication vs computation.
@@ -128,7 +133,7 @@ def charts(run_refs, task, group, instance, price_per_hour, prices_file, pool, o
     unknown = sorted(set(chosen) - {"png", "svg", "pdf"})
     if not chosen or unknown:
         raise UsageError(f"--format {formats}: choose from png, svg, pdf (comma-separated)")
-    comparison = _comparison(run_refs, task, group, instance, price_per_hour, prices_file, pool)
+    comparison = _comparison(run_refs, task, group, instance, price_per_hour, prices_file, pool, score)
     paths = write_charts(comparison, out_dir, chosen)
     click.echo(f"Wrote {len(paths)} files to {out_dir}:")
     for path in paths:

@@ -217,7 +217,7 @@ class Api:
         source = self.sources.by_key(stores.pop())
         pool = tuple(k for k in q.get("pool", "").replace(" ", ",").split(",") if k)
         comparison = comparison_of(source.open_store(), refs, q.get("task") or None, q.get("group") or None,
-                                   q.get("instance") or None, usd, pool=pool)
+                                   q.get("instance") or None, usd, pool=pool, score=q.get("score") or "median")
         return Json(views.comparison_document(comparison))
 
     @_errors_as_json

@@ -21,10 +21,11 @@ from mlbench.results.compare import Comparison, Group, sweep_bandwidth, training
 from mlbench.results.outcome import AllreduceResult, read_result
 from mlbench.results.report import (compare_headers, compare_notes, compare_row, describe_checkpoints,
                                     describe_plugin, describe_result, describe_resumes, run_recovery,
-                                    division_text, framework_of, model_plugin_label,
-                                    difference_lines, differs_in_network, family_heading, group_label,
+                                    framework_of, difference_lines, differs_in_network, family_heading, group_label,
                                     had_faults, is_sweep,
                                     run_progress, sweep_table, task_metric, throughput_unit)
+from mlbench.results.division import run_division
+from mlbench.results.fairness import group_flags
 from mlbench.results.repeats import RepeatStats
 from mlbench.results.goodput import describe_faults, run_faults, run_workers_label
 from mlbench.results.store import RunRecord
@@ -73,12 +74,11 @@ def run_row(source_key: str, record: RunRecord, summary: RunSummary | None,
     """One row of the runs table: the columns of `mlbench status` plus throughput and network."""
     progress = run_progress(record, summary)
     config = run_json.get("config") or {}
+    division = run_division(record)
     return {
         "id": record.id, "name": record.name, "task": record.task, "workers": record.workers,
         "workers_text": run_workers_label(record, run_json), "state": record.state, "reason": record.reason,
-        "division": record.division,
-        "division_text": division_text(record.division, record.optimizer,
-                                       model_plugin_label(config.get("model_plugin"))),
+        "division": division.name, "division_text": division.text,
         "optimizer": record.optimizer, "framework": framework_of(record), "launcher": record.launcher,
         "source": source_key,
         "device": config.get("device"), "network": run_network(run_json),
@@ -117,7 +117,7 @@ def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -
         "plugin_sha256": (config.get("optimizer_plugin") or {}).get("sha256"),
         "model_plugin": describe_plugin(config.get("model_plugin")),
         "model_plugin_sha256": (config.get("model_plugin") or {}).get("sha256"),
-        "division": record.division, "changed": run_json.get("changed") or [],
+        "division": run_division(record).name, "changed": list(run_division(record).reasons),
         "device": config.get("device"), "backend": config.get("backend"),
         "data": config.get("data"), "data_dir": config.get("data_dir"),
         "light": config.get("light"), "goal": goal,
@@ -232,7 +232,7 @@ def _stats(stats: RepeatStats | None) -> dict[str, Any] | None:
             "max": _finite(stats.maximum), "runs": stats.runs, "converged": stats.converged}
 
 
-def _group(g: Group, emulated: bool, metric: Metric, faults: bool) -> dict[str, Any]:
+def _group(g: Group, emulated: bool, metric: Metric, faults: bool, score: str) -> dict[str, Any]:
     lead = representative(g)
     sizes = {(row["dtype"], int(row["elements"])): int(row["bytes"])
              for run in g.runs if run.sweep for row in run.sweep.rows}
@@ -245,7 +245,8 @@ def _group(g: Group, emulated: bool, metric: Metric, faults: bool) -> dict[str, 
         "compute_seconds": g.compute_seconds, "communication_seconds": g.communication_seconds,
         "communication_share": g.communication_share, "final_accuracy": g.final_accuracy,
         "goodput": g.goodput, "restarts": g.restarts, "lost_steps": g.lost_steps,
-        "row": compare_row(g, emulated, faults),
+        "row": compare_row(g, emulated, faults, score),
+        "flags": group_flags(g),
         "sweep": [{"dtype": dtype, "bytes": sizes[(dtype, elements)], "value": value}
                   for (dtype, elements), value in sweep_bandwidth(g).items()],
         "runs": [{"id": run.record.id, "name": run.record.name, "lead": run is lead,
@@ -272,7 +273,9 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
     differing = tuple(key for key, _ in comparison.differences())
     sweep_headers, sweep_rows = sweep_table(comparison) if sweep else ([], [])
     return {
-        "task": comparison.task, "headers": list(compare_headers(emulated, sweep, faults, comparison.task)),
+        "task": comparison.task,
+        "headers": list(compare_headers(emulated, sweep, faults, comparison.task, comparison.score)),
+        "score": comparison.score,
         "throughput_unit": throughput_unit(comparison.task),
         "usd_per_node_hour": comparison.usd_per_node_hour,
         "notes": compare_notes(comparison),
@@ -289,6 +292,6 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
                       "network": f.network or None, "bandwidth_bps": f.bandwidth_bps,
                       "latency_s": f.latency_s, "faults": f.faults or None,
                       "line": line_labels[plain[f]],
-                      "groups": [_group(g, emulated, metric, faults) for g in groups]}
+                      "groups": [_group(g, emulated, metric, faults, comparison.score) for g in groups]}
                      for f, groups in families.items()],
     }

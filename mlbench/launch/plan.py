@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlbench.errors import UsageError
 from mlbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, PYTORCH, check_framework, get_framework
@@ -28,6 +28,9 @@ from mlbench.tasks.overrides import resolve
 from mlbench.tasks.registry import get_task
 from mlbench.tasks.spec import AllreduceSpec, TaskSpec
 from mlbench.tasks.task0a.sweep import with_max_size
+
+if TYPE_CHECKING:
+    from mlbench.tasks.data.identity import DataIdentity
 
 BACKENDS = ("gloo", "nccl", "mpi")
 
@@ -212,6 +215,15 @@ def _gloo_when_gpus_are_shared(request: RunRequest, backend: Backend) -> Backend
     return "gloo"
 
 
+def _override_text(value: Any) -> str:
+    """A ``--set`` value as a user typed it (``0.9``, ``50,75``, ``true``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_override_text(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def build_config(request: RunRequest, resources: WorkerResources | None = None,
                  model_plugin: ModelPlugin | None = None) -> tuple[RunConfig, list[str]]:
     """The worker configuration and the list of closed-division values the request changed
@@ -243,7 +255,8 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
             and (overrides["model"] == "logreg") != (task.settings.value_of("model") == "logreg"):
         raise UsageError(f"model {overrides['model']} does not fit {task.name}'s data set ({task.settings.dataset})",
                          option="model")
-    spec, changed = resolve(task, overrides)
+    spec, changed_keys = resolve(task, overrides)
+    changed = [f"{key}={_override_text(overrides[key])}" for key in changed_keys]  # what made it open, in words
     if request.max_size is not None:
         spec, capped = with_max_size(spec, request.max_size)
         changed += capped
@@ -255,6 +268,11 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
         changed.append(f"optimizer={optimizer}")
     if request.data == "synthetic":
         changed.append("data=synthetic")
+    elif isinstance(spec, TaskSpec):  # the task's stop rule: at its goal (full or light), or its time budget
+        if not request.stop_at_goal:
+            changed.append("stop: --no-stop (trains on after the goal)")
+        if request.max_steps is not None:
+            changed.append(f"stop: --max-steps {request.max_steps}")
     if request.precision not in ("fp32", "bf16"):
         raise UsageError(f"--precision {request.precision}: choose fp32 or bf16", option="precision")
     if request.precision != "fp32":
@@ -388,20 +406,26 @@ def _check_port_options(config: RunConfig, request: RunRequest) -> None:
                              option="framework")
 
 
-def prepare_data(config: RunConfig) -> None:
-    """Download / convert / validate the data set once, here, before any worker starts.
+def prepare_data(config: RunConfig) -> DataIdentity | None:
+    """Download / convert / validate the data set once, here, before any worker starts, and say
+    what it is (:mod:`mlbench.tasks.data.identity`: recorded in run.json as ``data``; data other
+    than the official data set make the run open division); None for synthetic data.
 
     A missing or corrupt data set is then one error line before a run is even recorded, the
     download happens once rather than in every worker, and epsilon's one-time conversion to the
     binary cache is done before the workers, which then load it in seconds.
     """
-    if config.data == "real" and isinstance(config.task, TaskSpec):
-        from mlbench.launch.forked import import_torch
+    if config.data != "real" or not isinstance(config.task, TaskSpec):
+        return None
+    from mlbench.launch.forked import import_torch
 
-        import_torch()   # first, so that the local supervisor may still fork its ranks after reading the data
-        from mlbench.tasks.datasets import get_dataset  # torch: not for synthetic data
+    import_torch()   # first, so that the local supervisor may still fork its ranks after reading the data
+    from mlbench.tasks.datasets import get_dataset  # torch: not for synthetic data
 
-        get_dataset(config.task.settings.dataset).prepare(config.data_dir)
+    from mlbench.tasks.data.identity import data_identity
+
+    get_dataset(config.task.settings.dataset).prepare(config.data_dir)
+    return data_identity(config.task.settings.dataset, config.data_dir)
 
 
 @dataclass(frozen=True)
@@ -498,8 +522,9 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
         usable = ", ".join(with_grad_hook())
         raise UsageError(f"optimizer {config.optimizer} cannot clip the averaged gradient that {spec.name} "
                          f"clips (it never holds it); use one of {usable}", option="optimizer")
-    if check_data:
-        prepare_data(config)
+    identity = prepare_data(config) if check_data else None
+    if identity is not None and not identity.official:
+        changed.append(f"data {identity.reason}")
     division = "open" if changed else "closed"
     run_json = {
         "task": request.task,
@@ -511,6 +536,8 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
         "nodes": nodes,
         "on_this_machine": on_this_machine,
     }
+    if identity is not None:
+        run_json["data"] = identity.to_dict()
     if resources is not None:
         run_json["placement"] = resources.placement
     if network:

@@ -28,6 +28,7 @@ from mlbench.errors import UsageError
 from mlbench.plugins import plugin_label
 from mlbench.results.cost import PriceTable, cost_usd
 from mlbench.network.settings import network_label
+from mlbench.results.division import run_division
 from mlbench.results.events import read_run_events
 from mlbench.results.fingerprint import differing_keys, pool_matches, run_fingerprint
 from mlbench.results.goodput import fault_setting, had_faults, run_faults
@@ -41,6 +42,10 @@ from mlbench.tasks.metrics import Metric
 from mlbench.tasks.registry import get_task
 
 TIME_TO_ACCURACY, THROUGHPUT = "time to accuracy", "throughput"
+#: ``compare --score``: a row's time to accuracy is the median of its repeats, or MLPerf's score
+#: of them (:attr:`mlbench.results.repeats.RepeatStats.mlperf_score`)
+MEDIAN, MLPERF = "median", "mlperf"
+SCORES = (MEDIAN, MLPERF)
 
 
 def hardware_label(device: str | None, environment: dict[str, Any]) -> str:
@@ -271,6 +276,8 @@ class Comparison:
     #: the fingerprint keys pooled on purpose (``compare --pool KEY``): runs that differ in them
     #: share a family, and every heading says so
     pooled: tuple[str, ...] = ()
+    #: what a row's time to accuracy is (``compare --score``): the repeats' median, or MLPerf's score
+    score: str = MEDIAN
 
     def families(self) -> dict[Family, list[Group]]:
         out: dict[Family, list[Group]] = defaultdict(list)
@@ -308,10 +315,10 @@ def select_runs(store: RunStore, refs: tuple[str, ...] = (), task: str | None = 
 def comparison_of(store: RunStore, refs: tuple[str, ...] = (), task: str | None = None,
                   group: str | None = None, instance: str | None = None,
                   price_per_hour: float | None = None, prices_file: str | None = None,
-                  pool: tuple[str, ...] = ()) -> Comparison:
+                  pool: tuple[str, ...] = (), score: str = MEDIAN) -> Comparison:
     """The comparison `compare` and `charts` show: runs chosen as :func:`select_runs` chooses
     them, priced by an instance type of the price table or a price per node-hour, pooled across
-    the fingerprint keys ``pool`` names."""
+    the fingerprint keys ``pool`` names, each row's time scored by ``score``."""
     if instance and price_per_hour is not None:
         raise UsageError("give --instance or --price-per-hour, not both")
     if price_per_hour is not None and not (math.isfinite(price_per_hour) and price_per_hour >= 0):
@@ -319,7 +326,7 @@ def comparison_of(store: RunStore, refs: tuple[str, ...] = (), task: str | None 
     if prices_file and not instance:
         raise UsageError("--prices FILE: say which of its prices applies with --instance NAME")
     usd = PriceTable.load(prices_file).hourly(instance) if instance else price_per_hour
-    return compare_runs(select_runs(store, tuple(refs), task, group), usd, pool)
+    return compare_runs(select_runs(store, tuple(refs), task, group), usd, pool, score)
 
 
 #: Family fields that a fingerprint key stands for: pooling the key pools the field too.
@@ -330,12 +337,13 @@ _POOLED_FIELDS = {"optimizer": ("optimizer",), "hardware": ("hardware",), "frame
 
 def _family(record: RunRecord, run: RunResult, pool: tuple[str, ...]) -> Family:
     faults = fault_setting(run.faults)
+    document = RunDocument.load_or_none(record.run_dir)
     fields: dict[str, Any] = dict(
-        task=record.task, division=record.division, optimizer=record.optimizer, hardware=run.hardware,
-        goal=run.goal, network=network_label(run.network), bandwidth_bps=(run.network or {}).get("bandwidth_bps"),
+        task=record.task, division=run_division(record, document).name, optimizer=record.optimizer,
+        hardware=run.hardware, goal=run.goal, network=network_label(run.network),
+        bandwidth_bps=(run.network or {}).get("bandwidth_bps"),
         latency_s=float((run.network or {}).get("latency_s") or 0.0), model=run.model_plugin,
         framework=run.config.framework if run.config is not None else "pytorch", faults=faults)
-    document = RunDocument.load_or_none(record.run_dir)
     fingerprint = run_fingerprint(document, run.hardware, faults) if document is not None else {}
     for key, names in _POOLED_FIELDS.items():
         if pool_matches(key, pool):
@@ -356,13 +364,17 @@ def check_pool(pool: tuple[str, ...], known: set[str]) -> None:
 
 
 def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = None,
-                 pool: tuple[str, ...] = ()) -> Comparison:
+                 pool: tuple[str, ...] = (), score: str = MEDIAN) -> Comparison:
     """Group finished runs and compute repeats statistics, speedup, efficiency and cost.
 
     ``usd_per_node_hour`` prices every run; without it a local run costs nothing (the machine is
     already paid for) and a cluster run has no known cost. Runs share a family only when their
     fingerprints are equal, less the keys ``pool`` names (pooled on purpose, and said).
+    ``score``: a row's time to accuracy, and the speedup made of it, is the repeats' median or
+    MLPerf's score of them (None with fewer than 5 runs).
     """
+    if score not in SCORES:
+        raise UsageError(f"--score {score}: choose {' or '.join(SCORES)}")
     tasks = sorted({r.task for r in records})
     if len(tasks) > 1:
         by_task = "; ".join(f"{t}: {', '.join(r.id for r in records if r.task == t)}" for t in tasks)
@@ -384,8 +396,9 @@ def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = Non
     for g in groups:
         by_family[g.family].append(g)
     for family_groups in by_family.values():
-        _add_speedup(family_groups)
-    return Comparison(tasks[0], groups, [r for r in records if r.state != FINISHED], usd_per_node_hour, tuple(pool))
+        _add_speedup(family_groups, score)
+    return Comparison(tasks[0], groups, [r for r in records if r.state != FINISHED], usd_per_node_hour,
+                      tuple(pool), score)
 
 
 def _sort_key(family: Family, workers: int) -> tuple:
@@ -431,19 +444,26 @@ def _costs(runs: list[RunResult], usd: float | None) -> RepeatStats | None:
     return repeat_stats(values)
 
 
-def _add_speedup(groups: list[Group]) -> None:
+def _add_speedup(groups: list[Group], score: str = MEDIAN) -> None:
     """Speedup and efficiency relative to the family's smallest worker count.
 
-    Time to accuracy: base median / median, with a range from the group's slowest to fastest run.
-    Throughput: median / base median, with the range from the group's lowest to highest rate.
+    Time to accuracy: base median / median (``score`` mlperf: base MLPerf score / MLPerf score),
+    with a range from the group's slowest to fastest run. Throughput: median / base median, with
+    the range from the group's lowest to highest rate.
     """
+    def scored(stats: RepeatStats) -> float:
+        if score == MLPERF:
+            value = stats.mlperf_score
+            return value if value is not None else math.inf
+        return stats.median
+
     base = min(groups, key=lambda g: g.workers)
     for g in groups:
         if g.family.metric == TIME_TO_ACCURACY:
-            ref, stats = base.time_to_accuracy.median, g.time_to_accuracy
-            if not (math.isfinite(ref) and math.isfinite(stats.median)) or stats.minimum <= 0:
+            ref, stats = scored(base.time_to_accuracy), g.time_to_accuracy
+            if not (math.isfinite(ref) and math.isfinite(scored(stats))) or stats.minimum <= 0:
                 continue
-            g.speedup = ref / stats.median
+            g.speedup = ref / scored(stats)
             g.speedup_range = (ref / stats.maximum, ref / stats.minimum)
         else:
             ref, stats = base.throughput.median, g.throughput

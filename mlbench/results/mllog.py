@@ -46,6 +46,7 @@ from mlbench.errors import UsageError
 from mlbench.frameworks import DEFAULT_FRAMEWORK, framework_release
 from mlbench.network.settings import network_label
 from mlbench.results.compare import hardware_label
+from mlbench.results.division import run_division
 from mlbench.results.events import read_run_events
 from mlbench.results.outcome import AllreduceResult, TrainingResult, read_result
 from mlbench.results.mlperf_rules import checker_command
@@ -74,7 +75,7 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
 
     init_start = record.started_at or record.created_at
     log.add(init_start, "submission_benchmark", record.task)
-    log.add(init_start, "submission_division", record.division)
+    log.add(init_start, "submission_division", run_division(record, document).name)
     log.add(init_start, "submission_org", org)
     log.add(init_start, "submission_platform", _platform(record, config, environment))
     here = occupancy(record.run_dir, record.launcher, record.workers).on_this_machine

@@ -18,15 +18,17 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from mlbench.errors import UsageError
-from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, sweep_bandwidth,
-                                     sweep_latency)
+from mlbench.results.compare import (MEDIAN, MLPERF, TIME_TO_ACCURACY, Comparison, Family, Group,
+                                     sweep_bandwidth, sweep_latency)
 from mlbench.results.checkpoints import checkpoint_root
 from mlbench.results.checkpoints import summary as checkpoint_summary
+from mlbench.results.division import run_division
+from mlbench.results.fairness import fairness_notes, group_flags
 from mlbench.results.events import read_run_events
 from mlbench.results.goodput import run_faults, run_workers_label
 from mlbench.results.outcome import AllreduceResult, Outcome, fmt_duration, read_result
 from mlbench.results.repeats import RepeatStats
-from mlbench.plugins import SHORT_HASH, is_plugin_label, plugin_label
+from mlbench.plugins import SHORT_HASH, plugin_label
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table, summarize
 from mlbench.results.sysmetrics import format_bytes, format_fraction, system_metrics
@@ -127,7 +129,7 @@ def run_progress(record: RunRecord, summary: RunSummary | None = None) -> RunPro
 
 
 # -- several runs: the table of `mlbench compare` ------------------------------------------------
-COMPARE_HEADERS = ("WORKERS", "CONVERGED", "TIME TO GOAL", "MIN..MAX", "OLYMPIC MEAN", "SPEEDUP",
+COMPARE_HEADERS = ("WORKERS", "CONVERGED", "TIME TO GOAL", "MIN..MAX", "95% CI", "SPEEDUP",
                    "EFFICIENCY", "COMPUTE/COMM.", "SAMPLES/S", "PEAK MEM", "MFU", "METRIC",
                    "COST TO GOAL")
 #: Added when some compared run had faults: goodput (training time / wall time), restarts and
@@ -155,12 +157,14 @@ def had_faults(comparison: Comparison) -> bool:
 
 
 def compare_headers(emulated: bool = False, sweep: bool = False, faults: bool = False,
-                    task: str = "") -> tuple[str, ...]:
+                    task: str = "", score: str = MEDIAN) -> tuple[str, ...]:
     """The columns of a family's table (task 0a's ``sweep``), with the network column when some
     family ran on an emulated one and the goodput columns when some run had ``faults``; the
-    throughput column names ``task``'s unit (IMAGES/S, TOKENS/S...)."""
-    headers = SWEEP_HEADERS if sweep else tuple(throughput_unit(task).upper() if h == "SAMPLES/S" else h
-                                                for h in COMPARE_HEADERS)
+    throughput column names ``task``'s unit (IMAGES/S, TOKENS/S...); with ``score`` mlperf the
+    time column is MLPerf's score of the repeats."""
+    renamed = {"SAMPLES/S": throughput_unit(task).upper(),
+               "TIME TO GOAL": "MLPERF TIME" if score == MLPERF else "TIME TO GOAL"}
+    headers = SWEEP_HEADERS if sweep else tuple(renamed.get(h, h) for h in COMPARE_HEADERS)
     if faults and not sweep:
         headers = (*headers, *FAULT_HEADERS)
     return (headers[0], "NETWORK", *headers[1:]) if emulated else headers
@@ -211,8 +215,16 @@ def _heading(family: Family, emulated: bool, faults: bool) -> str:
             f"{family.hardware} | {network}{goal} | {metric}")
 
 
-def compare_row(g: Group, emulated: bool = False, faults: bool = False) -> list[str]:
-    """One worker count of a family, in the columns of :func:`compare_headers`."""
+def _score_cell(stats: RepeatStats, score: str) -> str:
+    if score != MLPERF:
+        return _seconds(stats.median)
+    value = stats.mlperf_score
+    return _seconds(value) if value is not None else f"- ({stats.runs} of 5 runs)"
+
+
+def compare_row(g: Group, emulated: bool = False, faults: bool = False, score: str = MEDIAN) -> list[str]:
+    """One worker count of a family, in the columns of :func:`compare_headers` (``score``: the
+    repeats' median, or MLPerf's score of them)."""
     network = [g.family.network or "-"] if emulated else []
     metric = g.metric or task_metric(g.family.task)
     if any(run.sweep is not None for run in g.runs):
@@ -226,9 +238,9 @@ def compare_row(g: Group, emulated: bool = False, faults: bool = False) -> list[
         g.workers_text,
         *network,
         f"{tta.converged}/{tta.runs}" if goal else f"-/{tta.runs}",
-        _seconds(tta.median) if goal else "-",
+        _score_cell(tta, score) if goal else "-",
         f"{_seconds(tta.minimum)}..{_seconds(tta.maximum)}" if goal and tta.converged else "-",
-        _seconds(tta.olympic_mean) if goal else "-",
+        f"{_seconds(interval[0])}..{_seconds(interval[1])}" if goal and (interval := tta.interval95) else "-",
         f"{g.speedup:.2f}x" if g.speedup is not None else "-",
         f"{100 * g.efficiency:.0f}%" if g.efficiency is not None else "-",
         f"{100 * (1 - share):.0f}% / {100 * share:.0f}%" if share is not None else "-",
@@ -280,9 +292,14 @@ def compare_notes(comparison: Comparison) -> list[str]:
                   "message sizes and types; latency: time of one all-reduce of the smallest message; "
                   "medians over the repeats.")]
         return notes + _skipped(comparison)
-    notes = [("Time to accuracy: training time to the goal, evaluation excluded; median over the "
-              "repeats, olympic mean without the fastest and slowest run; a run that missed the "
-              "goal counts as the slowest.")]
+    if comparison.score == MLPERF:
+        measure = ("MLPerf's score of the repeats: from at least 5 runs, the mean without the fastest and the "
+                   "slowest (one that missed the goal may be dropped as the slowest; two make no score)")
+    else:
+        measure = "median over the repeats"
+    notes = [(f"Time to accuracy: training time to the goal, evaluation excluded; {measure}; min..max over "
+              "the repeats (a run that missed the goal counts as the slowest); 95% CI: Student's t interval "
+              "of the mean, from 5 converged repeats.")]
     if had_faults(comparison):
         notes.append("Goodput: training time / wall time, as `status RUN` says it (docs/faults.md); restarts "
                      "and steps lost (done after the checkpoint a restart went back to, and done again) per "
@@ -292,7 +309,7 @@ def compare_notes(comparison: Comparison) -> list[str]:
     else:
         notes.append(f"Cost: node-seconds to the goal (evaluation included) at "
                      f"${comparison.usd_per_node_hour:.4g} per node-hour.")
-    return notes + _skipped(comparison)
+    return notes + fairness_notes(comparison) + _skipped(comparison)
 
 
 def _skipped(comparison: Comparison) -> list[str]:
@@ -338,12 +355,13 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
     epoch = result.epochs if has_final_result(result, record) else epoch_so_far(record, summary)
     reached = result.reached if result and result.goal is not None else None
     model = _model_plugin_label(record)
+    division = run_division(record)
     return {
         "id": record.id, "name": record.name, "task": record.task, "workers": record.workers,
         "workers_text": run_workers_label(record),
-        "state": record.state, "reason": record.reason, "division": record.division,
+        "state": record.state, "reason": record.reason, "division": division.name,
         "optimizer": record.optimizer, "model": model, "framework": framework_of(record),
-        "division_text": division_text(record.division, record.optimizer, model),
+        "division_text": division.text, "open_reasons": list(division.reasons),
         "launcher": record.launcher, "seed": record.seed, "group_id": record.group_id, "created_at": record.created_at,
         "started_at": record.started_at, "finished_at": record.finished_at,
         "epoch": epoch, "metric": metric.name, "metric_value": value,
@@ -352,13 +370,6 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
         "goal": result.goal if result else None, "goal_reached": reached,
         "time_to_accuracy": result.time_to_accuracy if result and reached else None,
     }
-
-
-def division_text(division: str, optimizer: str | None, model: str | None) -> str:
-    """The division as the tables show it, with the plug-ins that made a run open:
-    ``open (my-sgd@1a2b3c4d5e6f, my_model.build@0a1b2c3d4e5f)``."""
-    plugins = [str(label) for label in (optimizer, model) if is_plugin_label(label)]
-    return f"{division} ({', '.join(plugins)})" if plugins else division
 
 
 def framework_of(record: RunRecord) -> str:
@@ -410,8 +421,8 @@ def describe_plugin(plugin: dict[str, Any] | None) -> str | None:
 
 #: The keys of :func:`run_overview`, in its order: what `status --sort` orders by.
 OVERVIEW_FIELDS = ("id", "name", "task", "workers", "workers_text", "state", "reason", "division", "optimizer", "model",
-                   "framework", "division_text", "launcher", "seed", "group_id", "created_at", "started_at",
-                   "finished_at", "epoch", "metric",
+                   "framework", "division_text", "open_reasons", "launcher", "seed", "group_id", "created_at",
+                   "started_at", "finished_at", "epoch", "metric",
                    "metric_value", "metric_title", "metric_unit", "metric_text", "goal", "goal_reached",
                    "time_to_accuracy")
 
@@ -508,9 +519,12 @@ def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
     }
 
 
-def _stats(stats: RepeatStats) -> dict[str, float | None]:
-    return {"median": finite(stats.median), "min": finite(stats.minimum),
-            "max": finite(stats.maximum), "olympic_mean": finite(stats.olympic_mean)}
+def _stats(stats: RepeatStats) -> dict[str, Any]:
+    interval = stats.interval95
+    return {"n": stats.runs, "median": finite(stats.median), "min": finite(stats.minimum),
+            "max": finite(stats.maximum), "olympic_mean": finite(stats.olympic_mean),
+            "interval95": list(interval) if interval else None, "mlperf_score": stats.mlperf_score,
+            "mlperf_note": stats.mlperf_note}
 
 
 def _group(group: Group) -> dict[str, Any]:
@@ -519,6 +533,7 @@ def _group(group: Group) -> dict[str, Any]:
     return {
         "workers": group.workers, "workers_text": group.workers_text, "runs": tta.runs,
         "run_ids": [r.record.id for r in group.runs],
+        "flags": group_flags(group),
         "converged": tta.converged if goal else None,
         "time_to_accuracy": _stats(tta) if goal else None,
         "speedup": group.speedup,
@@ -549,6 +564,7 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
         "task": comparison.task,
         "throughput_unit": throughput_unit(comparison.task),
         "usd_per_node_hour": comparison.usd_per_node_hour,
+        "score": comparison.score,
         "differences": [{"key": key, "values": values} for key, values in comparison.differences()],
         "pooled": list(comparison.pooled),
         "families": [{

@@ -54,7 +54,7 @@ def test_open_division_runs_report_bytes_communication_and_compression(cifar_sma
                 "2", "--optimizer", optimizer, *options, check=True)
         run = last_run()
         assert run.state == "finished" and run.division == "open" and run.optimizer == optimizer
-        assert run_json(run)["changed"] == [f"optimizer={optimizer}"]
+        assert run_json(run)["changed"][:2] == [f"optimizer={optimizer}", "stop: --max-steps 4"]
         evs = events(run)
         for rank in (0, 1):
             sent = sum(e["value"] for e in evs if e["rank"] == rank and e["name"] == "comm/bytes")

@@ -188,7 +188,7 @@ def test_the_documented_example_runs_on_two_workers_and_status_and_compare_name_
     assert (Path(run.run_dir) / "plugin" / "my_sgd.py").read_bytes() == Path(plugin).read_bytes()
     details = mlbench("status", run.id, check=True).stdout
     assert f"my-sgd, sha256 {sha[:12]} ({plugin}:MySGD, kept as plugin/my_sgd.py)" in details
-    assert f"open ({label})" in mlbench("status", check=True).stdout
+    assert f"open: optimizer={label} (+1 more)" in mlbench("status", check=True).stdout
     doc = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
     assert doc["optimizer_plugin"]["sha256"] == sha and doc["summary"]["steps"] == 3
     assert f"| {label} |" in mlbench("compare", "--task", "task2a", check=True).stdout

@@ -48,10 +48,10 @@ def test_compare_prints_one_row_per_worker_count_with_the_known_answers(scaling)
     assert "task1a | closed division | centralized-sgd | Test CPU (8 cores) | goal 80.00%" in out
     row1 = next(line.split() for line in out.splitlines() if line.startswith("1 "))
     row2 = next(line.split() for line in out.splitlines() if line.startswith("2 "))
-    # workers, converged, median, range, olympic mean, speedup, efficiency
-    assert row1[:7] == ["1", "3/3", "0:01:50", "0:01:40..0:02:00", "0:01:50", "1.00x", "100%"]
-    # the missed run: "not reached" at the slow end; the olympic mean drops it as the slowest
-    assert row2[:8] == ["2", "2/3", "0:01:00", "50.0s..not", "reached", "0:01:00", "1.83x", "92%"]
+    # workers, converged, median, range, 95% interval (from 5 converged repeats), speedup, efficiency
+    assert row1[:7] == ["1", "3/3", "0:01:50", "0:01:40..0:02:00", "-", "1.00x", "100%"]
+    # the missed run: "not reached" at the slow end
+    assert row2[:8] == ["2", "2/3", "0:01:00", "50.0s..not", "reached", "-", "1.83x", "92%"]
     # cost to accuracy: median wall time (120 s, 70 s) x 1 node x $0.19/h
     assert row1[-1] == "$0.0063" and row2[-1] == "$0.0037"
     assert "at $0.19 per node-hour" in out

@@ -50,7 +50,8 @@ def test_a_plugin_from_outside_the_repository_runs_on_two_slurm_workers_with_its
     assert (Path(run.run_dir) / record["file"]).read_bytes() == plugin.read_bytes()
     details = mlbench("status", run.id, check=True).stdout
     assert f"averaged-sgd, sha256 {sha[:12]} ({plugin}:AveragedSGD, kept as plugin/averaged_sgd.py)" in details
-    assert f"open (averaged-sgd@{sha[:12]})" in mlbench("status", check=True).stdout
+    listed = json.loads(mlbench("status", "-o", "json", check=True).stdout)["runs"]
+    assert f"optimizer=averaged-sgd@{sha[:12]}" in listed[0]["open_reasons"]
     doc = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
     assert doc["optimizer_plugin"]["sha256"] == sha and doc["summary"]["steps"] == 4
     # every rank that srun started made the plug-in from the run folder's copy, not from the user's file

@@ -1,0 +1,51 @@
+"""A run's division and why: closed only when it is the task's specification.
+
+Closed division means the specification: the specified data set (run.json's ``data`` identity is
+the official one), a worker count that never changed, the task's stop rule and every closed
+value (run.json's ``changed`` lists what the run changed when it was created: ``--set`` values,
+another optimizer or model, custom or synthetic data, a step cap, ``--no-stop``). A run that
+shrank to fewer workers while it trained (``--on-failure shrink``) is open from then on. Every
+surface says the division through :func:`run_division`, with its reasons:
+``open: data 3,000 training rows, not epsilon's 400,000; momentum=0.9``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlbench.results.faults import worker_sizes, workers_label
+from mlbench.results.store import RunRecord
+from mlbench.run_config import RunDocument
+
+
+@dataclass(frozen=True)
+class Division:
+    """``closed`` or ``open``, and what made it open (empty for a closed run)."""
+
+    name: str
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        """``closed``, or ``open: REASON; REASON`` (``open`` for a run that recorded none)."""
+        return f"open: {'; '.join(self.reasons)}" if self.reasons else self.name
+
+
+def shrink_reason(workers: int, document: RunDocument) -> str | None:
+    """``workers 2 -> 1 (shrank)`` for a run whose group shrank, else None."""
+    faults = document.extra.get("faults")
+    restarts = faults.get("restarts") if isinstance(faults, dict) else None
+    sizes = worker_sizes(workers, restarts if isinstance(restarts, list) else [])
+    return f"workers {workers_label(sizes)} (shrank)" if len(sizes) > 1 else None
+
+
+def run_division(record: RunRecord, document: RunDocument | None = None) -> Division:
+    """The run's division as it stands now (a shrink makes a closed run open)."""
+    document = document if document is not None else RunDocument.load_or_none(record.run_dir)
+    if document is None:
+        return Division(record.division)
+    reasons = [str(reason) for reason in document.changed]
+    shrunk = shrink_reason(record.workers, document)
+    if shrunk:
+        reasons.append(shrunk)
+    return Division("open" if reasons or record.division == "open" else "closed", tuple(reasons))
