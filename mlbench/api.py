@@ -19,14 +19,14 @@ import difflib
 import inspect
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlbench.errors import MlbenchError, UsageError, about_option
 from mlbench.launch import session
-from mlbench.launch.base import EventCallback, Progress, quiet
+from mlbench.launch.base import NO_STEP_CAP, EventCallback, Progress, quiet
 from mlbench.launch.options import api_signature, checked_value, request_fields, values_with_defaults
 from mlbench.launch.plan import RunRequest
 from mlbench.launch.registry import choose, launcher_of
@@ -55,8 +55,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _store(home: str | os.PathLike[str] | None, read_only: bool = False) -> RunStore:
+#: Where runs are kept: a folder (an MLBENCH_HOME), an open store (the dashboard's sources), or
+#: None for the current one (a cluster's, else this machine's).
+Home = str | os.PathLike[str] | RunStore | None
+
+
+def _store(home: Home, read_only: bool = False) -> RunStore:
     """The run store at ``home``, else the current one (a cluster's, else this machine's)."""
+    if isinstance(home, RunStore):
+        return home
     if home is None:
         return session.open_store(read_only=read_only)
     return RunStore(home, read_only=read_only)
@@ -108,6 +115,29 @@ class RunInfo:
         """The run as `mlbench status -o json` prints it (plain JSON values, without
         ``schema_version``)."""
         return _plain({name: getattr(self, name) for name in self._fields()})
+
+    def entry(self) -> dict[str, Any]:
+        """The run as an entry of `mlbench status -o json` (for a :class:`Run` too, whose
+        :meth:`to_dict` is the longer document of `status RUN -o json`)."""
+        return _plain({name: getattr(self, name) for name in RunInfo._fields()})
+
+    @property
+    def record(self) -> RunRecord:
+        """The run's row of the catalog, as last read (what the library's functions take)."""
+        return self._record
+
+    def start(self) -> Run:
+        """Start this pending run (:func:`create`) in the background, through its launcher; a run
+        that is no longer pending (cancelled or deleted while it waited) is returned as it is."""
+        record = self._store.get(self.id)
+        if record.state == "pending":
+            launcher_of(self._store, record).start_detached(record)
+        return _details(self._store, self._store.get(self.id))
+
+    def where(self) -> str:
+        """Where a started run goes on, in words its launcher chooses ("in the background", "as
+        Slurm job 12")."""
+        return launcher_of(self._store, self._record).where(self._record)
 
     @property
     def active(self) -> bool:
@@ -187,7 +217,7 @@ def _details(store: RunStore, record: RunRecord) -> Run:
 
 
 def runs(*, sort: str = "-created_at", limit: int | None = None,
-         home: str | os.PathLike[str] | None = None) -> list[RunInfo]:
+         home: Home = None) -> list[RunInfo]:
     """The runs of the store (``home``, else the current cluster's, else this machine's), each as
     its launcher sees it now, ordered by ``sort`` (a field of :class:`RunInfo`; ``-FIELD``
     descending; runs without a value last), the first ``limit`` of them. As `mlbench status`."""
@@ -201,7 +231,7 @@ def runs(*, sort: str = "-created_at", limit: int | None = None,
     return [by_id[row["id"]] for row in ordered[:limit]]
 
 
-def get(run: str, *, home: str | os.PathLike[str] | None = None) -> Run:
+def get(run: str, *, home: Home = None) -> Run:
     """One run by id, id prefix or name, as its launcher sees it now (:class:`Run`); raises
     :class:`~mlbench.errors.RunNotFound` when none matches. As `mlbench status RUN`."""
     store = _store(home, read_only=True)
@@ -258,8 +288,56 @@ def _check_launch(launch: Mapping[str, Any]) -> None:
             raise UsageError(f"launch: no launcher option {key!r}{hint}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class Started:
+    """What :func:`start` did with a plan's runs: each run as it is now (ended, started in the
+    background, or recorded for the user's own launcher), the exit code `mlbench run` would
+    give, where a background run goes on, and a record-only run's worker commands."""
+
+    runs: list[Run]
+    exit_code: int
+    cancelled: bool
+    where: str
+    worker_commands: dict[str, list[tuple[str, str]]]
+
+
+def start(request_plan: session.RunPlan, *, launch: Mapping[str, Any] | None = None, home: Home = None,
+          progress: Progress = quiet, log_to: Sequence[str] | None = None,
+          observer: session.RunObserver | None = None) -> Started:
+    """Record and start the runs of ``request_plan`` (:func:`plan`) with the launcher the
+    options in ``launch`` choose: one after the other in the foreground (``observer`` hears
+    each start and end), one in the background for a plan made with ``detach``, or only
+    recorded for a ``--record-only`` launcher. The one way the CLI and :func:`run` start runs."""
+    if log_to and request_plan.detach:
+        raise about_option(UsageError("log_to writes a run as it is followed; a detached run is followed by "
+                                      "nobody: leave out detach, or `mlbench export RUN --to TOOL DIR` when it "
+                                      "has ended"), "log_to")
+    targets = parse_targets(log_to or ())
+    _check_launch(launch or {})
+    store = _store(home)
+    launcher = choose(store, dict(launch or {}), progress=progress)
+    launcher.settings.log_to = targets
+    if launcher.records_only:
+        if log_to:
+            raise about_option(UsageError("log_to writes a run as it is followed; a record-only run starts none"),
+                               "log_to")
+        for workers in sorted({r.workers for r in request_plan.requests}, reverse=True):
+            launcher.check_workers(workers)
+        records = [launcher.create(request) for request in request_plan.requests]
+        return Started(runs=[_details(store, r) for r in records], exit_code=0, cancelled=False,
+                       where=launcher.where(records[0]),
+                       worker_commands={r.id: launcher.worker_commands(r) for r in records})
+    if request_plan.detach:
+        record = session.start_detached(launcher, request_plan)
+        return Started(runs=[_details(store, record)], exit_code=0, cancelled=False, where=launcher.where(record),
+                       worker_commands={})
+    outcome = session.execute(launcher, request_plan, observer or _Listener(None))
+    return Started(runs=[_details(store, r) for r in outcome.records], exit_code=outcome.exit_code,
+                   cancelled=outcome.cancelled, where="", worker_commands={})
+
+
 def run(task: str, workers: int, *, launch: Mapping[str, Any] | None = None,
-        home: str | os.PathLike[str] | None = None, on_event: EventCallback | None = None,
+        home: Home = None, on_event: EventCallback | None = None,
         progress: Progress = quiet, **options: Any) -> Run:
     """Run TASK on WORKERS workers and return the run once it has ended (``detach``: once it has
     started in the background; :meth:`Run.wait` waits for it). The options are `mlbench run`'s,
@@ -279,29 +357,112 @@ def run(task: str, workers: int, *, launch: Mapping[str, Any] | None = None,
         raise about_option(UsageError("mlbench.run makes one run: use plan (or mlbench run --repeat) for repeats"),
                            "repeat")
     log_to = options.pop("log_to", None)
-    detach = bool(options.get("detach", False))
     if isinstance(workers, bool) or not isinstance(workers, int):
         raise about_option(UsageError(f"workers {workers!r}: mlbench.run takes one whole number of workers "
                                       "(plan takes several)"), "workers")
     request_plan = plan(task, [workers], **options)
     if len(request_plan.requests) != 1:
         raise UsageError("mlbench.run makes one run: give one bandwidth (a comma list makes one run each)")
-    if log_to and detach:
-        raise UsageError("log_to writes a run as it is followed; a detached run is followed by nobody")
-    targets = parse_targets(log_to or ())
-    _check_launch(launch or {})
+    started = start(request_plan, launch=launch, home=home, progress=progress, log_to=log_to,
+                    observer=_Listener(on_event))
+    return started.runs[0]
+
+
+def create(request_plan: session.RunPlan, *, home: Home = None) -> list[RunInfo]:
+    """Record the runs of ``request_plan`` on this machine's or the current cluster's launcher,
+    pending, without starting them: every run is checked before the first is recorded. Each is
+    started later with :meth:`RunInfo.start` (the dashboard's queue starts them one after
+    another, as `mlbench run` runs them)."""
     store = _store(home)
-    launcher = choose(store, dict(launch or {}), progress=progress)
-    launcher.settings.log_to = targets
-    if launcher.records_only:
-        if log_to:
-            raise UsageError("log_to writes a run as it is followed; a record-only run starts none")
-        launcher.check_workers(workers)
-        return _details(store, launcher.create(request_plan.requests[0]))
+    launcher = choose(store, {})
+    return [_overview(store, record) for record in session.create_all(launcher, request_plan)]
+
+
+def cancel(run: str, *, home: Home = None) -> Run:
+    """Stop a pending or running run through its own launcher (SIGTERM to its supervisor,
+    ``scancel``, its pods deleted), as `mlbench cancel` and the dashboard do; what it recorded
+    is kept. A run that has ended is returned as it is."""
+    store = _store(home)
+    record = store.get(run)
+    if record.active:
+        record = launcher_of(store, record).cancel(record)
+    return _details(store, record)
+
+
+def delete(run: str, *, home: Home = None) -> RunInfo:
+    """Delete a run and everything it recorded (cancelled first when active), as `mlbench
+    delete`; returns it as it was last seen."""
+    store = _store(home)
+    record = store.get(run)
+    if record.active:
+        record = launcher_of(store, record).cancel(record)
+    info = _overview(store, record)
+    store.delete(record.id)
+    return info
+
+
+def resume(run: str, *, max_steps: int | str | None = None, detach: bool = False,
+           on_event: EventCallback | None = None, on_start: Callable[[Run], None] | None = None,
+           home: Home = None) -> Run:
+    """Continue a stopped, failed or cancelled run from its newest complete checkpoint, as the
+    same run (`mlbench resume`): ``max_steps`` replaces its step cap (``"off"``: none);
+    ``detach`` starts it in the background. ``on_start`` hears the run once it is ready to go on
+    (its ``resume_step`` named), before it trains; ``on_event`` its rank 0's events. A
+    KeyboardInterrupt cancels it. Returns the run as it is then."""
+    cap = _step_cap(max_steps)
+    store = _store(home)
+    record = store.get(run)
+    launcher = launcher_of(store, record)
+    record = launcher.prepare_resume(launcher.reconcile(record), cap)
+    if on_start is not None:
+        on_start(_details(store, record))
     if detach:
-        return _details(store, session.start_detached(launcher, request_plan))
-    outcome = session.execute(launcher, request_plan, _Listener(on_event))
-    return _details(store, outcome.records[0])
+        launcher.start_detached(record)
+        return _details(store, store.get(record.id))
+    try:
+        final = launcher.run_attached(record, on_event)
+    except KeyboardInterrupt:
+        final = launcher.cancel(record)
+    return _details(store, final)
+
+
+def _step_cap(max_steps: int | str | None) -> int | None:
+    """`resume --max-steps`: N (at least 1), 'off' (no cap: NO_STEP_CAP) or not given (None)."""
+    if max_steps is None:
+        return None
+    if isinstance(max_steps, str):
+        if max_steps.strip().lower() == "off":
+            return NO_STEP_CAP
+        try:
+            max_steps = int(max_steps)
+        except ValueError:
+            raise UsageError(f"--max-steps {max_steps!r}: give a whole number of steps, or off") from None
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        raise UsageError("--max-steps must be at least 1")
+    return max_steps
+
+
+def follow(run: str, *, on_event: EventCallback | None = None, home: Home = None) -> Run:
+    """Pass a run's rank 0 events to ``on_event`` (those so far, then new ones as they come)
+    until it ends, whoever started it, as `mlbench status RUN --follow`; returns it then."""
+    store = _store(home, read_only=True)
+    record = store.get(run)
+    launcher = launcher_of(store, record)
+    return _details(store, launcher.follow(launcher.reconcile(record), on_event))
+
+
+def wait(runs: Sequence[str], *, timeout: float | None = None, on_end: Callable[[RunInfo], None] | None = None,
+         home: Home = None) -> tuple[int, list[RunInfo]]:
+    """Wait until every run has ended, or ``timeout`` seconds have passed, without touching
+    them (`mlbench wait`): the exit code `mlbench run` would give for them (124 while one is still
+    going on) and each run as last seen; ``on_end`` hears each run as it is seen ended."""
+    if timeout is not None and timeout <= 0:
+        raise UsageError(f"timeout {timeout}: give a number of seconds above 0, or None")
+    store = _store(home, read_only=True)
+    records = [store.get(ref) for ref in runs]
+    outcome = session.wait_for_runs(store, records, timeout,
+                                    on_end=(lambda r: on_end(_overview(store, r))) if on_end else None)
+    return outcome.exit_code, [_overview(store, r) for r in outcome.records]
 
 
 run.__signature__ = api_signature(  # type: ignore[attr-defined]
@@ -310,7 +471,7 @@ run.__signature__ = api_signature(  # type: ignore[attr-defined]
     skip=("repeat",),
     trailing=[inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
               for name, default, annotation in (("launch", None, "Mapping[str, Any] | None"),
-                                                ("home", None, "str | os.PathLike[str] | None"),
+                                                ("home", None, "Home"),
                                                 ("on_event", None, "EventCallback | None"),
                                                 ("progress", quiet, "Progress"))])
 
@@ -328,4 +489,5 @@ class _Listener:
         pass
 
 
-__all__ = ["EVENT_COLUMNS", "Run", "RunInfo", "get", "plan", "run", "runs"]
+__all__ = ["EVENT_COLUMNS", "Run", "RunInfo", "Started", "cancel", "delete", "follow", "get", "plan", "resume",
+           "run", "runs", "start", "wait"]

@@ -276,3 +276,36 @@ def test_import_mlbench_imports_nothing_heavy_and_the_api_no_torch():
     assert mlbench.run is api.run and mlbench.Run is api.Run and "get" in dir(mlbench)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         mlbench.nope  # noqa: B018
+
+
+#: What only the public API may do with runs: the CLI and the dashboard ask it (mlbench.api).
+RUN_ACTIONS = re.compile(r"\.(start_detached|prepare_resume|run_attached|create_all|wait_for_runs)\(|"
+                         r"launcher_of\([^)]*\)\.(cancel|follow)\(|session\.execute\(|store\.delete\(")
+
+
+def test_the_cli_and_the_dashboard_start_resume_cancel_delete_follow_and_wait_through_the_api():
+    repo = Path(api.__file__).parent
+    offenders = [f"{path.relative_to(repo)}:{n}" for folder in ("cli", "dashboard")
+                 for path in sorted((repo / folder).glob("*.py"))
+                 for n, line in enumerate(path.read_text().splitlines(), 1) if RUN_ACTIONS.search(line)]
+    assert offenders == []
+
+
+def test_runs_are_created_started_resumed_waited_for_cancelled_and_deleted_through_the_api(isolated_home):
+    finished = mlbench.run("task2a", 1, data="synthetic", max_steps=20, log_every=10, checkpoint_every="10steps")
+    assert (finished.state, finished.summary["steps"]) == ("finished", 20)
+    assert api.cancel(finished.id).state == "finished"      # an ended run is left as it is
+    heard = []
+    resumed = api.resume(finished.id, max_steps=30, on_start=lambda run: heard.append(run.state))
+    assert heard == ["pending"] and (resumed.state, resumed.summary["steps"]) == ("finished", 30)
+    assert [r["from_step"] for r in resumed.resumes] == [20]
+    [pending] = api.create(api.plan("task2a", [1], data="synthetic", max_steps=5, seed=3))
+    assert pending.state == "pending" and pending.seed == 3
+    started = pending.start()
+    code, [ended] = api.wait([started.id], timeout=120)
+    assert (code, ended.state) == (0, "finished")
+    assert api.follow(ended.id).state == "finished"
+    gone = api.delete(ended.id)
+    assert gone.id == ended.id and not ended.run_dir.exists()
+    with pytest.raises(RunNotFound):
+        api.get(ended.id)

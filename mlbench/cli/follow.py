@@ -13,31 +13,31 @@ import sys
 
 import click
 
+from mlbench import api
 from mlbench.cli import cli
 from mlbench.cli.allreduce import AllreducePrinter
 from mlbench.cli.completion import complete_runs
 from mlbench.cli.format import ProgressPrinter
 from mlbench.cli.output import emit, output_option
 from mlbench.launch import session
-from mlbench.launch.base import Launcher
 from mlbench.launch.plan import parse_duration
 from mlbench.launch.registry import launcher_of
 from mlbench.results.events import read_run_events
-from mlbench.results.report import describe_result, run_overview
+from mlbench.results.report import describe_result
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
 from mlbench.tasks.registry import TASKS
 from mlbench.tasks.spec import AllreduceSpec
 
 
-def follow_progress(launcher: Launcher, record: RunRecord) -> RunRecord:
+def follow_progress(run: api.RunInfo) -> api.Run:
     """Print the run's progress lines (as `mlbench run` does in the foreground) from its first
-    event until it ends, then its result; returns the final record."""
-    allreduce = isinstance(TASKS.get(record.task), AllreduceSpec)
-    printer = AllreducePrinter(record) if allreduce else ProgressPrinter(record)
+    event until it ends, then its result; returns the run as it ended."""
+    allreduce = isinstance(TASKS.get(run.task), AllreduceSpec)
+    printer = AllreducePrinter(run.record) if allreduce else ProgressPrinter(run.record)
     printer.header()
-    final = launcher.follow(record, printer)
-    printer.footer(final, summarize(read_run_events(final.run_dir)))
+    final = api.follow(run.id, on_event=printer)
+    printer.footer(final.record, summarize(read_run_events(final.run_dir)))
     return final
 
 
@@ -84,18 +84,16 @@ def wait(run_refs, timeout, output) -> None:
       RUN=$(mlbench run task2a 2 --detach -o json | jq -r .id); mlbench wait $RUN --timeout 1h
     """
     limit = parse_duration(timeout) if timeout else None
-    store = session.open_store(read_only=True)
-    records = [store.get(ref) for ref in run_refs]
     table = output == "table"
-    outcome = session.wait_for_runs(store, records, limit,
-                                    on_end=(lambda r: click.echo(verdict(r))) if table else None)
-    going = [r for r in outcome.records if r.active]
+    code, runs = api.wait(list(run_refs), timeout=limit,
+                          on_end=(lambda r: click.echo(verdict(r.record))) if table else None)
+    going = [r for r in runs if r.active]
     if table:
-        for record in going:
-            click.echo(verdict(record))
+        for run in going:
+            click.echo(verdict(run.record))
     else:
-        emit({"exit_code": outcome.exit_code, "runs": [run_overview(r) for r in outcome.records]}, output)
+        emit({"exit_code": code, "runs": [r.entry() for r in runs]}, output)
     if going:
         click.echo(f"Stopped waiting after --timeout {timeout}: {len(going)} run(s) still going on "
                    "(`mlbench cancel RUN` stops one).", err=True)
-    sys.exit(outcome.exit_code)
+    sys.exit(code)

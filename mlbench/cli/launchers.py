@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import click
 
-from mlbench.launch.base import Launcher, LauncherOption
+from mlbench.api import RunInfo
+from mlbench.launch.base import LauncherOption
 from mlbench.launch.registry import launcher_classes
-from mlbench.results.store import RunRecord
 
 
 def _declared() -> list[LauncherOption]:
@@ -49,10 +49,11 @@ def launcher_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return decorated
 
 
-def print_worker_commands(launcher: Launcher, record: RunRecord) -> None:
-    """What a launcher that only records runs says: how to start the run's workers."""
-    click.echo(f"Recorded run {record.id} ({record.name}) in {record.run_dir}.")
-    click.echo(f"Start its {record.workers} worker(s) with a launcher of your own:")
-    for where, command in launcher.worker_commands(record):
+def print_worker_commands(run: RunInfo, commands: list[tuple[str, str]]) -> None:
+    """What a launcher that only records runs says: how to start the run's workers (``commands``:
+    its :meth:`~mlbench.launch.base.Launcher.worker_commands`)."""
+    click.echo(f"Recorded run {run.id} ({run.name}) in {run.run_dir}.")
+    click.echo(f"Start its {run.workers} worker(s) with a launcher of your own:")
+    for where, command in commands:
         click.echo(f"  # {where}\n  {command}")
-    click.echo(f"Follow it with: mlbench status {record.id}")
+    click.echo(f"Follow it with: mlbench status {run.id}")

@@ -20,12 +20,9 @@ from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.cli.run_options import run_options
 from mlbench.errors import UsageError
 from mlbench.launch import session
-from mlbench.launch.base import NO_STEP_CAP
 from mlbench.launch.plan import RunRequest
-from mlbench.launch.registry import choose, launcher_of
+from mlbench.launch.registry import launcher_of
 from mlbench.results.events import read_run_events
-from mlbench.results.live_export import parse_targets
-from mlbench.results.report import run_overview
 from mlbench.results.store import RunRecord
 from mlbench.run_config import RunDocument
 from mlbench.results.summary import summarize
@@ -93,41 +90,36 @@ def run(task, workers, output, launch, **options) -> None:
       RUN=$(mlbench run task2a 2 --detach -o json | jq -r .id); mlbench wait $RUN
       mlbench run task2a 2 --data synthetic --log-to tensorboard:tb/
     """
-    log_to, detach = options.pop("log_to"), options["detach"]
-    if log_to and detach:
+    detach = options["detach"]
+    if options["log_to"] and detach:
         raise UsageError("--log-to writes a run as this command follows it; a detached run is followed by "
                          "nobody: leave out --detach, or `mlbench export RUN --to TOOL DIR` when it has ended")
-    targets = parse_targets(log_to)
     if output != "table" and not detach:
         raise UsageError(f"-o {output} prints the record of a run started with --detach: add --detach "
                          "(then `mlbench wait RUN -o json` gives its result)")
+    if output != "table" and launch.get("record_only"):
+        raise UsageError(f"-o {output} prints a started run's record; --record-only starts none")
+    log_to = options.pop("log_to")
     plan = api.plan(task, workers, **options)
     # with -o json the launcher's progress (an image built, a cluster reached) goes to stderr,
     # so that stdout is the document alone
-    launcher = choose(session.open_store(), launch,
-                      progress=click.echo if output == "table" else lambda line: click.echo(line, err=True))
-    launcher.settings.log_to = targets
-    if launcher.records_only:
-        if log_to:
-            raise UsageError("--log-to writes a run as this command follows it; --record-only starts none")
-        if output != "table":
-            raise UsageError(f"-o {output} prints a started run's record; --record-only starts none")
-        for request in plan.requests:
-            print_worker_commands(launcher, launcher.create(request))
+    started = api.start(plan, launch=launch, log_to=log_to, observer=_TerminalObserver(),
+                        progress=click.echo if output == "table" else lambda line: click.echo(line, err=True))
+    if started.worker_commands:
+        for run in started.runs:
+            print_worker_commands(run, started.worker_commands[run.id])
         return
     if detach:
-        record = session.start_detached(launcher, plan)
+        [run] = started.runs
         if output != "table":
-            emit(run_overview(record), output)
+            emit(run.entry(), output)
             return
-        click.echo(f"Started run {record.id} ({record.name}) {launcher.where(record)}. "
-                   f"Follow it with: mlbench status {record.id}")
+        click.echo(f"Started run {run.id} ({run.name}) {started.where}. Follow it with: mlbench status {run.id}")
         return
-    outcome = session.execute(launcher, plan, _TerminalObserver())
-    if plan.group_id and not outcome.cancelled:
+    if plan.group_id and not started.cancelled:
         click.echo(f"Compare these {len(plan.requests)} runs: mlbench compare --group {plan.group_id}")
-    if outcome.exit_code:
-        sys.exit(outcome.exit_code)
+    if started.exit_code:
+        sys.exit(started.exit_code)
 
 
 class _TerminalObserver:
@@ -147,21 +139,6 @@ class _TerminalObserver:
         self.printer.footer(record, summarize(read_run_events(record.run_dir)))
 
 
-def parse_step_cap(text: str | None) -> int | None:
-    """`resume --max-steps`: N (at least 1), 'off' (no cap: NO_STEP_CAP) or not given (None)."""
-    if text is None:
-        return None
-    if text.strip().lower() == "off":
-        return NO_STEP_CAP
-    try:
-        steps = int(text)
-    except ValueError:
-        raise UsageError(f"--max-steps {text!r}: give a whole number of steps, or off") from None
-    if steps < 1:
-        raise UsageError("--max-steps must be at least 1")
-    return steps
-
-
 @cli.command()
 @click.argument("run_ref", metavar="RUN", shell_complete=complete_runs)
 @click.option("--max-steps", metavar="N|off",
@@ -178,26 +155,29 @@ def resume(run_ref, max_steps, detach) -> None:
       mlbench run task2a 2 --checkpoint-every 100steps --max-steps 300
       mlbench resume RUN --max-steps 600
     """
-    cap = parse_step_cap(max_steps)
-    store = session.open_store()
-    record = store.get(run_ref)
-    launcher = launcher_of(store, record)
-    record = launcher.prepare_resume(launcher.reconcile(record), cap)
-    step = RunDocument.load(record.run_dir).config.resume_step
-    if detach:
-        launcher.start_detached(record)
-        click.echo(f"Resumed run {record.id} ({record.name}) from step {step} {launcher.where(record)}. "
-                   f"Follow it with: mlbench status {record.id}")
-        return
-    click.echo(f"Resuming run {record.id} ({record.name}) from step {step}.")
     observer = _TerminalObserver()
-    on_event = observer.started(record, None)
-    try:
-        final = launcher.run_attached(record, on_event)
-    except KeyboardInterrupt:
-        final = launcher.cancel(record)
-    observer.finished(final)
-    code = session.Outcome([final]).exit_code
+    on_event = None
+
+    def started(run: api.Run) -> None:
+        nonlocal on_event
+        step = RunDocument.load(run.run_dir).config.resume_step
+        if detach:
+            return
+        click.echo(f"Resuming run {run.id} ({run.name}) from step {step}.")
+        on_event = observer.started(run.record, None)
+
+    def events(event: dict) -> None:
+        if on_event is not None:
+            on_event(event)
+
+    final = api.resume(run_ref, max_steps=max_steps, detach=detach, on_start=started, on_event=events)
+    if detach:
+        step = RunDocument.load(final.run_dir).config.resume_step
+        click.echo(f"Resumed run {final.id} ({final.name}) from step {step} {final.where()}. "
+                   f"Follow it with: mlbench status {final.id}")
+        return
+    observer.finished(final.record)
+    code = final.exit_code
     if code:
         sys.exit(code)
 
@@ -238,12 +218,10 @@ def status(run_ref, show_all, sort_key, limit, follow, output) -> None:
     if output != "table":
         emit(api.get(run_ref).to_dict(), output)
         return
-    store = session.open_store(read_only=True)
-    launcher = launcher_of(store, store.get(run_ref))
-    record = launcher.reconcile(store.get(run_ref))
+    run = api.get(run_ref)
     if follow:
-        final = follow_progress(launcher, record)
-        sys.exit(session.Outcome([final]).exit_code)
+        sys.exit(follow_progress(run).exit_code)
+    record = run.record
     summary = summarize(read_run_events(record.run_dir))
     print_run_details(record, summary)
     if record.result and record.result.get("kind") == "allreduce":
@@ -289,12 +267,11 @@ def download(run_ref, output, fmt, check) -> None:
 @click.argument("run_ref", metavar="RUN", shell_complete=complete_runs)
 def cancel(run_ref) -> None:
     """Stop a running RUN; what it recorded so far is kept."""
-    store = session.open_store()
-    record = store.get(run_ref)
-    if not record.active:
-        click.echo(f"Run {record.id} is already {record.state}.")
+    run = api.get(run_ref)
+    if not run.active:
+        click.echo(f"Run {run.id} is already {run.state}.")
         return
-    final = launcher_of(store, record).cancel(record)
+    final = api.cancel(run.id)
     click.echo(f"Run {final.id} {final.state}.")
 
 
@@ -309,8 +286,6 @@ def delete(run_refs, yes) -> None:
         click.confirm(f"Delete {len(records)} run(s) ({', '.join(r.id for r in records)}) and "
                       "their metrics?", abort=True)
     for record in records:
-        if record.active:
-            launcher_of(store, record).cancel(record)
-        store.delete(record.id)
-        click.echo(f"Deleted run {record.id} ({record.name}).")
+        deleted = api.delete(record.id, home=store)
+        click.echo(f"Deleted run {deleted.id} ({deleted.name}).")
 

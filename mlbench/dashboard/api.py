@@ -27,6 +27,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from mlbench import api
 from mlbench.dashboard import views
 from mlbench.dashboard.live import Hub, dumps, read_log, run_document
 from mlbench.dashboard.newrun import FormError, RunQueue, create_runs, form_choices
@@ -250,16 +251,13 @@ class Api:
     @_errors_as_json
     def cancel(self, request: Request) -> Response:
         source, record = self.sources.find(request.path_params["run_id"])
-        if record.active:
-            record = source.launcher(record).cancel(record)
-        return Json({"id": record.id, "state": record.state, "reason": record.reason})
+        run = api.cancel(record.id, home=source.open_store())
+        return Json({"id": run.id, "state": run.state, "reason": run.reason})
 
     @_errors_as_json
     def delete(self, request: Request) -> Response:
         source, record = self.sources.find(request.path_params["run_id"])
-        if record.active:
-            source.launcher(record).cancel(record)
-        source.open_store().delete(record.id)
+        api.delete(record.id, home=source.open_store())
         return Json({"deleted": record.id})
 
     # -- live -----------------------------------------------------------------------------------

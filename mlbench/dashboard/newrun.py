@@ -20,6 +20,7 @@ import time
 from collections import deque
 from typing import Any
 
+from mlbench import api
 from mlbench.dashboard.sources import CLUSTER, LOCAL, Source, Sources
 from mlbench.errors import DataError, MlbenchError
 from mlbench.results.store import CANCELLED, PENDING, RunRecord
@@ -144,23 +145,12 @@ def create_runs(sources: Sources, form: dict[str, Any]) -> tuple[Source, list[Ru
     """Validate the form and record its runs (pending), planned by :func:`mlbench.api.plan` as
     `mlbench run` plans them and created by the launcher the registry chooses for the store;
     nothing is recorded when one is wrong."""
-    from mlbench.api import plan as plan_runs
-    from mlbench.launch.plan import build_config
-    from mlbench.launch.registry import choose
-    from mlbench.optim.descriptors import check_optimizer
-
     task, counts, options = form_options(form)
     source = _where(sources, form.get("where") or LOCAL)
     try:
         get_task(task)
-        launcher = choose(source.open_store(), {})
-        plan = plan_runs(task, counts, **options)
-        for workers in sorted({r.workers for r in plan.requests}, reverse=True):
-            launcher.check_workers(workers)
-        for request in plan.requests:  # every run checked before the first is recorded
-            config, _ = build_config(request)
-            check_optimizer(config.optimizer, request.optimizer_options, request.workers)
-        return source, [launcher.create(request) for request in plan.requests]
+        runs = api.create(api.plan(task, counts, **options), home=source.open_store())
+        return source, [run.record for run in runs]
     except MlbenchError as err:
         raise _refused(err) from None
 
@@ -193,10 +183,10 @@ class RunQueue:
                 return
             source, record = item
             try:
-                record = source.open_store().get(record.id)
-                if record.state != PENDING:  # cancelled or deleted while it waited
+                run = api.get(record.id, home=source.open_store())
+                if run.state != PENDING:  # cancelled or deleted while it waited
                     continue
-                source.launcher(record).start_detached(record)
+                run.start()
                 while not self._stop.is_set() and source.open_store().get(record.id).active:
                     time.sleep(self.poll_s)
             except MlbenchError:

@@ -56,10 +56,12 @@ def cached_store() -> RunStore:
 
 @dataclass
 class RunPlan:
-    """The runs one `mlbench run` makes, in order; ``group_id`` ties them for `compare --group`."""
+    """The runs one `mlbench run` makes, in order; ``group_id`` ties them for `compare --group`;
+    ``detach``: its one run starts in the background."""
 
     requests: list[RunRequest]
     group_id: str | None = None
+    detach: bool = False
 
 
 def plan_runs(base: RunRequest, worker_counts: Sequence[int], repeat: int = 1,
@@ -86,7 +88,7 @@ def plan_runs(base: RunRequest, worker_counts: Sequence[int], repeat: int = 1,
     group = secrets.token_hex(4) if count > 1 else None
     requests = [dataclasses.replace(base, workers=k, seed=base.seed + r, group_id=group, network=network)
                 for r in range(repeat) for k in worker_counts for network in networks]
-    return RunPlan(requests, group)
+    return RunPlan(requests, group, detach)
 
 
 class RunObserver(Protocol):
@@ -143,6 +145,21 @@ def execute(launcher: Launcher, plan: RunPlan, observer: RunObserver) -> Outcome
         if final.state == CANCELLED:
             break
     return outcome
+
+
+def create_all(launcher: Launcher, plan: RunPlan) -> list[RunRecord]:
+    """Record every run of the plan, pending, to be started later (the dashboard's queue);
+    every run is checked before the first is recorded, so that nothing is recorded when one is
+    wrong."""
+    from mlbench.launch.plan import build_config
+    from mlbench.optim.descriptors import check_optimizer
+
+    for workers in sorted({r.workers for r in plan.requests}, reverse=True):
+        launcher.check_workers(workers)
+    for request in plan.requests:
+        config, _ = build_config(request)
+        check_optimizer(config.optimizer, request.optimizer_options, request.workers)
+    return [launcher.create(request) for request in plan.requests]
 
 
 def start_detached(launcher: Launcher, plan: RunPlan) -> RunRecord:

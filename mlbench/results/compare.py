@@ -1,14 +1,17 @@
 """`mlbench compare`: runs side by side, grouped so that only like is compared with like.
 
-Runs are grouped by *family* (task, division, optimizer, hardware, goal, emulated network, the
-injected faults and the recovery policy) and,
-within a family, by worker count; repeats of one configuration fall into one group and are summarised with
+Runs are grouped by *family*: their division and their fingerprint
+(:mod:`mlbench.results.fingerprint`: every setting that changes what a run computes, from the
+task's settings and the optimizer's options to the data's identity, the stop rule, the threads per
+worker, the network and the faults), less the worker count; within a family, by worker count.
+Repeats of one configuration fall into one group and are summarised with
 :mod:`mlbench.results.repeats`. Within a family, speedup is relative to the smallest worker count
 present (the original's figures: "speedup relative to one node") and parallel efficiency is the
-speedup divided by the growth in workers. Closed and open division, different optimizers,
-hardware, goals, networks or fault settings never share a family: a speedup across them would
-compare two things at once. Runs with faults add their goodput, restarts and lost steps (medians
-over the repeats, from :mod:`mlbench.results.goodput`, as `status RUN` says them).
+speedup divided by the growth in workers. Runs that differ in anything they compute never share a
+family, unless a key is pooled on purpose (``--pool``): a speedup across them would compare two
+things at once. :meth:`Comparison.differences` says what tells the families shown apart. Runs
+with faults add their goodput, restarts and lost steps (medians over the repeats, from
+:mod:`mlbench.results.goodput`, as `status RUN` says them).
 
 The measure behind the speedup is time to accuracy (docs/tasks.md); a family without a goal (synthetic
 data, for throughput only) is compared by training throughput instead, and says so. The compute /
