@@ -299,7 +299,7 @@ def test_an_identity_survives_json(tmp_path):
     assert DataIdentity.from_dict(json.loads(json.dumps(found.to_dict()))) == found
 
 
-# --- torch-free, and the same facts as the loaders ---------------------------------------------------
+# --- torch-free, and its own facts agree with the loaders' ---------------------------------------------
 
 
 def test_the_module_imports_no_torch():
@@ -308,30 +308,13 @@ def test_the_module_imports_no_torch():
     assert proc.stdout.strip() == "False", proc.stderr
 
 
-def test_its_copies_of_the_loaders_facts_are_the_loaders(tmp_path, monkeypatch):
-    from mlbench.tasks import datasets
-    from mlbench.tasks.data import cifar10, download, libsvm
-    from mlbench.tasks.task3a import wikitext
-    from mlbench.tasks.task4b import wmt
+def test_the_md5_table_names_exactly_the_files_the_loader_reads():
+    from mlbench.tasks.data import cifar10_layout
 
-    assert identity._CIFAR10_GLOBALS == cifar10._ALLOWED_GLOBALS
-    assert (identity.CIFAR10_FOLDER, [*identity._CIFAR10_TRAIN, identity._CIFAR10_TEST]) == \
-        (cifar10.FOLDER, [*cifar10.TRAIN_FILES, cifar10.TEST_FILE])
-    assert set(identity.CIFAR10_MD5) == set(BATCHES)
-    assert (identity.EPSILON_STEM, identity.EPSILON_FEATURES) == (libsvm._STEMS["epsilon"], datasets.EPSILON_FEATURES)
-    assert identity.WIKITEXT2_FILES == wikitext.FILES
-    assert [f"{stem}.{lang}" for stem in identity.WMT17_SPLITS.values() for lang in ("en", "de")] == list(wmt.FILES)
-    for env in ({"MLBENCH_DATA": str(tmp_path / "own")}, {"XDG_CACHE_HOME": str(tmp_path / "xdg")},
-                {"XDG_CACHE_HOME": "relative"}, {}):
-        monkeypatch.delenv("MLBENCH_DATA", raising=False)
-        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        assert identity._data_root() == download.default_data_root()
-    for layout in (["a9a", "a9a.t.bz2"], ["a9a", "a9a.t", "epsilon_normalized.bz2", "epsilon_normalized.t"],
-                   ["epsilon_normalized", "epsilon_normalized.bz2", "epsilon_normalized.t.bz2", "notes.txt"]):
-        folder = tmp_path / "-".join(layout)
-        folder.mkdir()
-        for name in layout:
-            (folder / name).write_text("1 1:1\n")
-        assert identity._libsvm_pair(folder) == libsvm.find_pair(folder, "epsilon")
+    assert set(identity.CIFAR10_MD5) == set(cifar10_layout.FILES) == set(BATCHES)
+
+
+def test_epsilons_specified_width_is_the_one_its_synthetic_stand_in_has():
+    from mlbench.tasks import datasets
+
+    assert identity.EPSILON_FEATURES == datasets.EPSILON_FEATURES

@@ -18,7 +18,7 @@ from mlbench.results.events import EventWriter, read_run_events
 from mlbench.results.outcome import AllreduceResult, TrainingResult, read_result
 from mlbench.results.summary import summarize
 from mlbench.worker.port_trainer import run_trainer
-from tests.helpers import run_json
+from tests.helpers import ListSink, run_json
 
 linux = pytest.mark.skipif(not hasattr(os, "getloadavg"), reason="no load average on this platform")
 
@@ -88,17 +88,6 @@ def test_a_worker_that_no_mlbench_launcher_started_records_the_runs_threads_not_
     assert worker.returncode == 0, worker.stderr
     environment = next(e["value"] for e in read_run_events(run.run_dir) if e["name"] == "environment")
     assert environment["threads_per_worker"] == run_json(run)["config"]["threads_per_worker"] == 1
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.events: list[dict] = []
-
-    def write(self, event: dict) -> None:
-        self.events.append(event)
-
-    def close(self) -> None:
-        pass
 
 
 class FrameworklessTrainer:

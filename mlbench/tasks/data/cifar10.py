@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import pickle
 import shutil
 import tarfile
 import tempfile
@@ -30,36 +29,21 @@ from mlbench.tasks.data.download import (
     one_line,
     source_url,
 )
+from mlbench.tasks.data.cifar10_layout import (
+    FOLDER,
+    TEST_FILE,
+    TRAIN_FILES,
+    batches_folder,
+    default_root,
+    load_batch,
+    missing,
+)
 
 __all__ = ["FOLDER", "MD5", "URL", "Split", "default_data_root", "load_cifar10"]
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 MD5 = "c58f30108f718f92721af3b95e74349a"
-FOLDER = "cifar-10-batches-py"
-TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
-TEST_FILE = "test_batch"
 _ROW = 3 * 32 * 32
-
-# The only globals an official batch (or a rebuild with numpy 1 or 2, any pickle protocol)
-# refers to. A batch file is a pickle from wherever the user got it; refusing every other global
-# keeps a tampered file from running code when it is loaded.
-_ALLOWED_GLOBALS = {
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.numeric", "_frombuffer"),
-    ("numpy._core.numeric", "_frombuffer"),
-    ("_codecs", "encode"),
-}
-
-
-class _BatchUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> object:
-        if (module, name) not in _ALLOWED_GLOBALS:
-            raise pickle.UnpicklingError(f"it refers to {module}.{name}, which a CIFAR-10 batch never does")
-        return super().find_class(module, name)
-
 
 def load_cifar10(data_dir: str | os.PathLike | None = None, download: bool = True) -> tuple[Split, Split]:
     """The official train (50,000) and test (10,000) splits as (train, test).
@@ -71,9 +55,9 @@ def load_cifar10(data_dir: str | os.PathLike | None = None, download: bool = Tru
     if data_dir is not None:
         folder = _batches_folder(pathlib.Path(data_dir).expanduser())
     else:
-        root = default_data_root() / "cifar10"
+        root = default_root()
         folder = root / FOLDER
-        if _missing(folder):
+        if missing(folder):
             if not download:
                 raise DataError(
                     f"CIFAR-10 is not in {root}; put the official python version ({FOLDER}/) there, "
@@ -89,19 +73,15 @@ def load_cifar10(data_dir: str | os.PathLike | None = None, download: bool = Tru
                  torch.from_numpy(np.concatenate([s.y.numpy() for s in train]))), test
 
 
-def _missing(folder: pathlib.Path) -> list[str]:
-    return [name for name in (*TRAIN_FILES, TEST_FILE) if not (folder / name).is_file()]
-
-
 def _batches_folder(data_dir: pathlib.Path) -> pathlib.Path:
     """The folder holding the batch files, given either it or its parent."""
     if not data_dir.is_dir():
         raise DataError(f"the data folder {data_dir} does not exist; pass the folder that holds {FOLDER}/")
-    folder = data_dir / FOLDER if (data_dir / FOLDER).is_dir() else data_dir
-    missing = _missing(folder)
-    if missing:
+    folder = batches_folder(data_dir)
+    lacking = missing(folder)
+    if lacking:
         raise DataError(
-            f"CIFAR-10 in {folder} lacks {', '.join(missing)}; put the complete official python version "
+            f"CIFAR-10 in {folder} lacks {', '.join(lacking)}; put the complete official python version "
             f"({FOLDER}/ with {', '.join(TRAIN_FILES)} and {TEST_FILE}) there"
         )
     return folder
@@ -114,7 +94,7 @@ def _download(root: pathlib.Path) -> None:
     extraction never looks like a complete data set; the archive is deleted once extracted.
     """
     with exclusive(root / ".lock"):
-        if not _missing(root / FOLDER):
+        if not missing(root / FOLDER):
             return  # another worker finished it while this one waited for the lock
         staging = pathlib.Path(tempfile.mkdtemp(prefix=".extract-", dir=root))
         archive = root / URL.rsplit("/", 1)[1]
@@ -127,7 +107,7 @@ def _download(root: pathlib.Path) -> None:
                 else:
                     tar.extractall(staging)
             archive.unlink()
-            if _missing(staging / FOLDER):
+            if missing(staging / FOLDER):
                 raise RuntimeError(f"the archive has no complete {FOLDER}/ folder")
             shutil.rmtree(root / FOLDER, ignore_errors=True)
             os.replace(staging / FOLDER, root / FOLDER)
@@ -142,15 +122,7 @@ def _download(root: pathlib.Path) -> None:
 
 def _read_batch(path: pathlib.Path) -> Split:
     """One batch file as (uint8 [n, 3, 32, 32], int64 [n]); row layout: c*1024 + h*32 + w."""
-    try:
-        with open(path, "rb") as handle:
-            # latin1 turns the official files' Python 2 strings into str keys and byte buffers.
-            entry = _BatchUnpickler(handle, encoding="latin1").load()
-    except Exception as exc:  # a corrupt pickle can fail with almost any exception type
-        raise DataError(
-            f"{path} is not a readable CIFAR-10 batch ({one_line(exc)}); replace it with the file "
-            "from the official python version"
-        ) from None
+    entry = load_batch(path)
     data = entry.get("data") if isinstance(entry, dict) else None
     labels = np.asarray(entry.get("labels", []) if isinstance(entry, dict) else [])
     problem = None

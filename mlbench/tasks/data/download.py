@@ -25,6 +25,10 @@ import torch
 
 from mlbench.version import __version__
 from mlbench.progress import Progress
+# default_data_root and one_line live in the torch-free paths module (the data's identity reads
+# them too); the loaders take them from here
+from mlbench.tasks.data.paths import default_data_root as default_data_root
+from mlbench.tasks.data.paths import one_line as one_line
 
 #: Exceptions a download or extraction can end with when the network, the server or the disk
 #: fails (urllib's errors are OSErrors, a connection cut mid-body an HTTPException; a wrong md5
@@ -45,20 +49,6 @@ class Split(NamedTuple):
 
     x: torch.Tensor
     y: torch.Tensor
-
-
-def default_data_root() -> pathlib.Path:
-    """$MLBENCH_DATA if set, else $XDG_CACHE_HOME/mlbench/data, else ~/.cache/mlbench/data: one
-    place, outside the run store, so that data sets are downloaded and converted once per machine,
-    not once per run. The XDG Base Directory specification's cache folder is honoured as the run
-    store honours $XDG_DATA_HOME; a relative $XDG_CACHE_HOME is ignored, as the specification
-    says (it would depend on the folder each command runs in)."""
-    env = os.environ.get("MLBENCH_DATA")
-    if env:
-        return pathlib.Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = pathlib.Path(xdg) if os.path.isabs(xdg) else pathlib.Path.home() / ".cache"
-    return base / "mlbench" / "data"
 
 
 @contextlib.contextmanager
@@ -116,9 +106,3 @@ def fetch(url: str, dest: pathlib.Path, md5: str | None = None, label: str | Non
     except BaseException:
         part.unlink(missing_ok=True)
         raise
-
-
-def one_line(exc: BaseException) -> str:
-    """The reason an operation failed, as a single line fit for the middle of an error sentence."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text.rstrip(".")

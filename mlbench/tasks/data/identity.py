@@ -34,10 +34,11 @@ SHA-256 (and md5, line count, sample count where asked for) is computed once and
 cannot be written just computes them each time.
 
 This module is torch-free (NumPy and the standard library), so that the CLI can call it without
-importing torch. The loaders import torch at their top, so the few facts of theirs it needs
-(where each data set's files are, the pickle globals a CIFAR-10 batch may use, where the LIBSVM
-and Wikitext-2 caches are) are repeated here; tests/test_data_identity.py holds them equal to
-the loaders'.
+importing torch. The loaders import torch at their top, so what this module shares with them is
+kept in torch-free modules that both import: the data folder (:mod:`.paths`), CIFAR-10's file
+names and the pickle globals a batch may use (:mod:`.cifar10_layout`), the LIBSVM pair and the
+cache entry of each file (:mod:`.libsvm_layout`), Wikitext-2's files and cache entry
+(:mod:`mlbench.tasks.task3a.wikitext_layout`) and WMT17's files (:mod:`mlbench.tasks.task4b.wmt_layout`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ import hashlib
 import json
 import os
 import pathlib
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +55,10 @@ import numpy as np
 
 from mlbench.errors import DataError, MlbenchError, UsageError
 from mlbench.jsonfile import write_json_atomic
+from mlbench.tasks.data import cifar10_layout, libsvm_layout
+from mlbench.tasks.data.paths import default_data_root, one_line
+from mlbench.tasks.task3a import wikitext_layout
+from mlbench.tasks.task4b import wmt_layout
 
 __all__ = ["CIFAR10_MD5", "DIGEST_CACHE", "DataIdentity", "data_identity"]
 
@@ -99,7 +103,7 @@ def data_identity(dataset: str, data_dir: str | None) -> DataIdentity:
     judge = _JUDGES.get(dataset)
     if judge is None:
         raise UsageError(f"unknown data set {dataset!r}; mlbench knows {_and(list(_JUDGES))}")
-    digests = _Digests(_data_root() / DIGEST_CACHE)
+    digests = _Digests(default_data_root() / DIGEST_CACHE)
     try:
         return judge(data_dir, digests)
     finally:
@@ -107,16 +111,6 @@ def data_identity(dataset: str, data_dir: str | None) -> DataIdentity:
 
 
 # --- the files' digests, computed once ------------------------------------------------------
-
-
-def _data_root() -> pathlib.Path:
-    """mlbench.tasks.data.download.default_data_root, without importing torch (download.py does)."""
-    env = os.environ.get("MLBENCH_DATA")
-    if env:
-        return pathlib.Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = pathlib.Path(xdg) if os.path.isabs(xdg) else pathlib.Path.home() / ".cache"
-    return base / "mlbench" / "data"
 
 
 class _Digests:
@@ -169,7 +163,7 @@ def _stat(path: pathlib.Path) -> list[int]:
     try:
         stat = path.stat()
     except OSError as exc:
-        raise DataError(f"cannot read {path} ({_one_line(exc)}); prepare the data set again") from None
+        raise DataError(f"cannot read {path} ({one_line(exc)}); prepare the data set again") from None
     return [stat.st_size, stat.st_mtime_ns]
 
 
@@ -187,7 +181,7 @@ def _read(path: pathlib.Path, md5: bool) -> dict[str, Any]:
                 lines += block.count(b"\n")
                 last = block[-1:]
     except OSError as exc:
-        raise DataError(f"cannot read {path} ({_one_line(exc)}); prepare the data set again") from None
+        raise DataError(f"cannot read {path} ({one_line(exc)}); prepare the data set again") from None
     facts: dict[str, Any] = {"sha256": sha.hexdigest(), "lines": lines + (last != b"\n")}
     if md is not None:
         facts["md5"] = md.hexdigest()
@@ -211,10 +205,6 @@ def _and(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
-def _one_line(exc: BaseException) -> str:
-    return (" ".join(str(exc).split()) or type(exc).__name__).rstrip(".")
-
-
 def _npy_rows(path: pathlib.Path) -> tuple[int, ...]:
     """The shape in an .npy file's header (the array itself is not read)."""
     with open(path, "rb") as handle:
@@ -225,9 +215,6 @@ def _npy_rows(path: pathlib.Path) -> tuple[int, ...]:
 
 # --- CIFAR-10 (mlbench.tasks.data.cifar10) --------------------------------------------------
 
-CIFAR10_FOLDER = "cifar-10-batches-py"
-_CIFAR10_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
-_CIFAR10_TEST = "test_batch"
 #: The md5 of each extracted file of the official python version (torchvision's datasets/cifar.py).
 CIFAR10_MD5 = {
     "data_batch_1": "c99cafc152244af753f735de768cd75f",
@@ -238,30 +225,12 @@ CIFAR10_MD5 = {
     "test_batch": "40351d587109b95175f43aff81a1287e",
 }
 CIFAR10_ROWS = {"train": 50_000, "test": 10_000}
-#: The globals a CIFAR-10 batch may refer to (cifar10._ALLOWED_GLOBALS): a tampered file runs no code.
-_CIFAR10_GLOBALS = {
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.numeric", "_frombuffer"),
-    ("numpy._core.numeric", "_frombuffer"),
-    ("_codecs", "encode"),
-}
-
-
-class _BatchUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> object:
-        if (module, name) not in _CIFAR10_GLOBALS:
-            raise pickle.UnpicklingError(f"it refers to {module}.{name}, which a CIFAR-10 batch never does")
-        return super().find_class(module, name)
-
-
 def _cifar10(data_dir: str | None, digests: _Digests) -> DataIdentity:
-    names = [*_CIFAR10_TRAIN, _CIFAR10_TEST]
-    folder = _cifar10_folder(data_dir, names)
+    names = list(cifar10_layout.FILES)
+    folder = _cifar10_folder(data_dir)
     facts = {name: digests.of(folder / name, md5=True, samples=_cifar10_labels) for name in names}
-    rows = {"train": sum(facts[name]["samples"] for name in _CIFAR10_TRAIN), "test": facts[_CIFAR10_TEST]["samples"]}
+    rows = {"train": sum(facts[name]["samples"] for name in cifar10_layout.TRAIN_FILES),
+            "test": facts[cifar10_layout.TEST_FILE]["samples"]}
     differ = [name for name in names if facts[name]["md5"] != CIFAR10_MD5.get(name)]
     reasons = []
     if differ:
@@ -272,42 +241,41 @@ def _cifar10(data_dir: str | None, digests: _Digests) -> DataIdentity:
     return _identity("cifar10", reasons, rows, None, [(name, facts[name]) for name in names])
 
 
-def _cifar10_folder(data_dir: str | None, names: list[str]) -> pathlib.Path:
-    """The folder of the batch files (cifar10._batches_folder: given it or its parent)."""
+def _cifar10_folder(data_dir: str | None) -> pathlib.Path:
+    """The folder of the batch files, as the loader finds it (given it or its parent)."""
+    folder_name = cifar10_layout.FOLDER
     if data_dir is None:
-        folder = _data_root() / "cifar10" / CIFAR10_FOLDER
+        folder = cifar10_layout.default_root() / folder_name
     else:
         base = pathlib.Path(data_dir).expanduser()
         if not base.is_dir():
-            raise DataError(f"the data folder {base} does not exist; pass the folder that holds {CIFAR10_FOLDER}/")
-        folder = base / CIFAR10_FOLDER if (base / CIFAR10_FOLDER).is_dir() else base
-    missing = [name for name in names if not (folder / name).is_file()]
+            raise DataError(f"the data folder {base} does not exist; pass the folder that holds {folder_name}/")
+        folder = cifar10_layout.batches_folder(base)
+    missing = cifar10_layout.missing(folder)
     if missing:
         raise DataError(f"CIFAR-10 in {folder} lacks {_and(missing)}; put the complete official python version "
-                        f"({CIFAR10_FOLDER}/) there")
+                        f"({folder_name}/) there")
     return folder
 
 
 def _cifar10_labels(path: pathlib.Path) -> int:
+    entry = cifar10_layout.load_batch(path)
     try:
-        with open(path, "rb") as handle:
-            entry = _BatchUnpickler(handle, encoding="latin1").load()
         return len(entry["labels"])
-    except Exception as exc:  # a corrupt pickle can fail with almost any exception type
-        raise DataError(f"{path} is not a readable CIFAR-10 batch ({_one_line(exc)}); replace it with the file "
-                        "from the official python version") from None
+    except Exception as exc:  # whatever the pickle holds instead of a dict with labels
+        raise cifar10_layout.unreadable(path, exc) from None
 
 
 # --- epsilon and any LIBSVM pair (mlbench.tasks.data.libsvm) --------------------------------
 
-EPSILON_STEM = "epsilon_normalized"
+EPSILON_STEM = libsvm_layout.STEMS["epsilon"]
 EPSILON_ROWS = {"train": 400_000, "test": 100_000}
 EPSILON_FEATURES = 2_000
 
 
 def _epsilon(data_dir: str | None, digests: _Digests) -> DataIdentity:
-    folder = pathlib.Path(data_dir).expanduser() if data_dir is not None else _data_root() / "epsilon"
-    pair = _libsvm_pair(folder)
+    folder = pathlib.Path(data_dir).expanduser() if data_dir is not None else libsvm_layout.default_folder("epsilon")
+    pair = libsvm_layout.find_pair(folder, "epsilon")
     shapes = [_libsvm_shape(path) for path in pair]
     rows = {"train": shapes[0][0], "test": shapes[1][0]}
     features = max(shape[1] for shape in shapes)
@@ -321,45 +289,15 @@ def _epsilon(data_dir: str | None, digests: _Digests) -> DataIdentity:
     return _identity("epsilon", reasons, rows, features, [(path.name, digests.of(path)) for path in pair])
 
 
-def _libsvm_pair(folder: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
-    """The pair libsvm.find_pair(folder, "epsilon") reads: epsilon's names if there, else the only pair."""
-    if not folder.is_dir():
-        raise DataError(f"the data folder {folder} does not exist; put {EPSILON_STEM}[.bz2] and "
-                        f"{EPSILON_STEM}.t[.bz2] in it or pass --data-dir DIR")
-    named = _pick_pair(folder, EPSILON_STEM)
-    if named is not None:
-        return named
-    files = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
-    bases = sorted({f.removesuffix(".bz2") for f in files if not f.removesuffix(".bz2").endswith(".t")})
-    pairs = [pair for pair in (_pick_pair(folder, base) for base in bases) if pair is not None]
-    if not pairs:
-        raise DataError(f"no LIBSVM pair (a training file F and its test file F.t, each optionally .bz2) in "
-                        f"{folder}; put {EPSILON_STEM}[.bz2] and {EPSILON_STEM}.t[.bz2] there")
-    if len(pairs) > 1:
-        raise DataError(f"{folder} holds several LIBSVM pairs ({_and([train.name for train, _ in pairs])}) and none "
-                        f"named {EPSILON_STEM}; keep one training file F and its test file F.t there")
-    return pairs[0]
-
-
-def _pick_pair(folder: pathlib.Path, base: str) -> tuple[pathlib.Path, pathlib.Path] | None:
-    def pick(name: str) -> pathlib.Path | None:
-        return next((p for p in (folder / name, folder / f"{name}.bz2") if p.is_file()), None)
-
-    train, test = pick(base), pick(f"{base}.t")
-    return (train, test) if train and test else None
-
-
 def _libsvm_shape(path: pathlib.Path) -> tuple[int, ...]:
-    """(rows, width) of the file's own binary cache entry, as libsvm.read_libsvm(path) names it."""
+    """(rows, width) of the file's own binary cache entry (the width n_features=None), the one
+    libsvm.read_libsvm(path) reads."""
     source = path.resolve()
     size, mtime_ns = _stat(source)
-    cache = _data_root() / "libsvm-cache"
-    key = hashlib.sha1(f"{source}\0None".encode()).hexdigest()[:16]  # the width n_features=None
-    entry = cache / f"{source.name}-{key}"
+    cache = libsvm_layout.default_cache_root()
+    entry = libsvm_layout.cache_entry(cache, source, None)
     try:
-        meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
-        current = [meta.get(k) for k in ("source", "size", "mtime_ns", "n_features")] == [
-            str(source), size, mtime_ns, None]
+        current = libsvm_layout.is_current(entry, libsvm_layout.cache_key(source, size, mtime_ns, None))
         shape = _npy_rows(entry / "x.npy") if current else ()
     except (OSError, ValueError, AttributeError):
         shape = ()
@@ -371,40 +309,34 @@ def _libsvm_shape(path: pathlib.Path) -> tuple[int, ...]:
 
 # --- Wikitext-2 (mlbench.tasks.task3a.wikitext) ---------------------------------------------
 
-WIKITEXT2_FILES = {"train": "wiki.train.tokens", "valid": "wiki.valid.tokens", "test": "wiki.test.tokens"}
 WIKITEXT2_TOKENS = {"train": 2_088_628, "valid": 217_646, "test": 245_569}
 WIKITEXT2_VOCAB = 33_278
-_WIKITEXT2_FOLDER = "wikitext-2"
-_EOS = "<eos>"
 
 
 def _wikitext2(data_dir: str | None, digests: _Digests) -> DataIdentity:
-    base = pathlib.Path(data_dir).expanduser() if data_dir is not None else _data_root() / "wikitext2"
-    folder = next((f for f in (base, base / _WIKITEXT2_FOLDER)
-                   if all((f / name).is_file() for name in WIKITEXT2_FILES.values())), None)
+    base = pathlib.Path(data_dir).expanduser() if data_dir is not None else wikitext_layout.default_root()
+    folder = wikitext_layout.find_folder(base)
     if folder is None:
-        missing = [name for name in WIKITEXT2_FILES.values() if not (base / name).is_file()]
-        raise DataError(f"{base} has no {_and(missing)}; it must hold {_and(list(WIKITEXT2_FILES.values()))} "
+        missing = [name for name in wikitext_layout.FILES.values() if not (base / name).is_file()]
+        raise DataError(f"{base} has no {_and(missing)}; it must hold {_and(list(wikitext_layout.FILES.values()))} "
                         "from wikitext-2-v1.zip")
     tokens, vocab = _wikitext2_cached(folder) or _wikitext2_counted(folder)
     reasons = _counts_differ(tokens, WIKITEXT2_TOKENS, {"train": "training tokens", "valid": "validation tokens",
                                                         "test": "test tokens"}, "Wikitext-2's")
     if vocab != WIKITEXT2_VOCAB:
         reasons.append(f"a vocabulary of {vocab:,} words, not Wikitext-2's {WIKITEXT2_VOCAB:,}")
-    named = [(name, digests.of(folder / name)) for name in WIKITEXT2_FILES.values()]
+    named = [(name, digests.of(folder / name)) for name in wikitext_layout.FILES.values()]
     return _identity("wikitext2", reasons, tokens, None, named)
 
 
 def _wikitext2_cached(folder: pathlib.Path) -> tuple[dict[str, int], int] | None:
     """Tokens per split and vocabulary size from the loader's cache entry, when it is current."""
     folder = folder.resolve()
-    entry = _data_root() / "wikitext2-cache" / hashlib.sha1(str(folder).encode()).hexdigest()[:16]
+    entry = wikitext_layout.cache_entry(folder)
     try:
-        meta = json.loads((entry / "meta.json").read_text(encoding="utf-8"))
-        files = {name: _stat(folder / name) for name in WIKITEXT2_FILES.values()}
-        if meta.get("source") != str(folder) or meta.get("files") != files:
+        if not wikitext_layout.is_current(entry, wikitext_layout.cache_key(folder)):
             return None
-        tokens = {split: _npy_rows(entry / f"{split}.npy")[0] for split in WIKITEXT2_FILES}
+        tokens = {split: _npy_rows(entry / f"{split}.npy")[0] for split in wikitext_layout.FILES}
         words = (entry / "vocab.txt").read_bytes()
     except (OSError, ValueError, AttributeError, IndexError):
         return None
@@ -413,8 +345,8 @@ def _wikitext2_cached(folder: pathlib.Path) -> tuple[dict[str, int], int] | None
 
 def _wikitext2_counted(folder: pathlib.Path) -> tuple[dict[str, int], int]:
     """Tokens per split and vocabulary size counted as wikitext.tokenize counts them."""
-    tokens, vocab = {}, {_EOS}
-    for split, name in WIKITEXT2_FILES.items():
+    tokens, vocab = {}, {wikitext_layout.EOS}
+    for split, name in wikitext_layout.FILES.items():
         count = 0
         try:
             with open(folder / name, encoding="utf-8") as handle:
@@ -423,7 +355,7 @@ def _wikitext2_counted(folder: pathlib.Path) -> tuple[dict[str, int], int]:
                     count += len(words) + 1
                     vocab.update(words)
         except (OSError, UnicodeDecodeError) as exc:
-            raise DataError(f"cannot read {folder / name} ({_one_line(exc)}); replace it with the file from "
+            raise DataError(f"cannot read {folder / name} ({one_line(exc)}); replace it with the file from "
                             "wikitext-2-v1.zip") from None
         tokens[split] = count
     return tokens, len(vocab)
@@ -431,25 +363,19 @@ def _wikitext2_counted(folder: pathlib.Path) -> tuple[dict[str, int], int]:
 
 # --- WMT17 en-de (mlbench.tasks.task4b.wmt) --------------------------------------------------
 
-WMT17_SPLITS = {"train": "train", "test": "newstest2014"}
 NEWSTEST2014_PAIRS = 3_003
 
 
 def _wmt17(data_dir: str | None, digests: _Digests) -> DataIdentity:
-    folder = pathlib.Path(data_dir).expanduser() if data_dir is not None else _data_root() / "wmt17-en-de"
-    paths = [folder / f"{stem}.{lang}" for stem in WMT17_SPLITS.values() for lang in ("en", "de")]
+    folder = pathlib.Path(data_dir).expanduser() if data_dir is not None else wmt_layout.default_folder()
+    paths = [folder / name for name in wmt_layout.FILES]
     for path in paths:  # all four first, as wmt.wmt17_folder checks them
         if not path.is_file() or path.stat().st_size == 0:
             raise DataError(f"{path} is {'empty' if path.is_file() else 'missing'}; the folder must hold "
                             f"{_and([p.name for p in paths])}")
     facts = {path.name: digests.of(path) for path in paths}
-    rows = {}
-    for split, stem in WMT17_SPLITS.items():
-        en, de = facts[f"{stem}.en"]["lines"], facts[f"{stem}.de"]["lines"]
-        if en != de:
-            raise DataError(f"{folder / (stem + '.en')} has {en} lines but {folder / (stem + '.de')} has {de}; "
-                            "the two sides of a parallel corpus must be line-aligned")
-        rows[split] = en
+    pairs = wmt_layout.aligned_pairs(folder, lambda path: facts[path.name]["lines"])
+    rows = {"train": pairs[wmt_layout.TRAIN], "test": pairs[wmt_layout.TEST]}
     reasons = _counts_differ(rows, {"test": NEWSTEST2014_PAIRS}, {"test": "test sentence pairs"}, "newstest2014's")
     return _identity("wmt17-en-de", reasons, rows, None, list(facts.items()))
 

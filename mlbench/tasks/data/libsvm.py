@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import bz2
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -32,8 +31,9 @@ import torch
 
 from mlbench.errors import DataError
 from mlbench.progress import Progress
-from mlbench.tasks.data.download import (DOWNLOAD_ERRORS, Split, default_data_root, exclusive, fetch, one_line,
-                                         source_url)
+from mlbench.tasks.data.download import DOWNLOAD_ERRORS, Split, exclusive, fetch, one_line, source_url
+from mlbench.tasks.data.libsvm_layout import (STEMS, cache_entry, cache_key, default_cache_root, default_folder,
+                                              find_pair, is_current, pick_pair)
 from mlbench.tasks.data.libsvm_text import Parsed, check_width, cut_off, parse_fast, parse_lines, validate
 
 __all__ = ["EPSILON_BASE_URL", "EPSILON_FILES", "find_pair", "load_libsvm_dataset", "read_libsvm"]
@@ -42,8 +42,6 @@ log = logging.getLogger(__name__)
 
 EPSILON_BASE_URL = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary/"
 EPSILON_FILES = ("epsilon_normalized.bz2", "epsilon_normalized.t.bz2")
-#: The file name (F of the pair F / F.t) that a data set name stands for on the LIBSVM site.
-_STEMS = {"epsilon": "epsilon_normalized"}
 
 CHUNK_BYTES = 1 << 24
 #: 2: values beyond float32, repeated or unsorted indices and a missing final newline are refused
@@ -72,20 +70,13 @@ def read_libsvm(
         stat = source.stat()
     except OSError as exc:
         raise DataError(f"cannot read the LIBSVM file {source} ({one_line(exc)}); check the path") from None
-    cache_root = pathlib.Path(cache_dir).expanduser() if cache_dir is not None else default_data_root() / "libsvm-cache"
-    key = {
-        "source": str(source),
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
-        "n_features": n_features,
-        "version": _CACHE_VERSION,
-    }
-    digest = hashlib.sha1(f"{source}\0{n_features}".encode()).hexdigest()[:16]
-    entry = cache_root / f"{source.name}-{digest}"
-    if not _is_current(entry, key):
+    cache_root = pathlib.Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
+    key = {**cache_key(source, stat.st_size, stat.st_mtime_ns, n_features), "version": _CACHE_VERSION}
+    entry = cache_entry(cache_root, source, n_features)
+    if not is_current(entry, key):
         try:
             with exclusive(cache_root / f".{entry.name}.lock"):
-                if not _is_current(entry, key):  # another worker may have built it meanwhile
+                if not is_current(entry, key):  # another worker may have built it meanwhile
                     _build_entry(source, n_features, entry, key)
         except OSError as exc:  # reading errors are DataErrors already: this is the cache's disk
             raise DataError(
@@ -110,8 +101,8 @@ def load_libsvm_dataset(
     on first use when `download` is true. Train and test get the same width d, the largest
     feature index in either file (a file narrower than d gets its own cache entry of width d).
     """
-    folder = pathlib.Path(data_dir).expanduser() if data_dir is not None else default_data_root() / name
-    if data_dir is None and name == "epsilon" and download and _pick_pair(folder, _STEMS[name]) is None:
+    folder = pathlib.Path(data_dir).expanduser() if data_dir is not None else default_folder(name)
+    if data_dir is None and name == "epsilon" and download and pick_pair(folder, STEMS[name]) is None:
         _download_epsilon(folder)
     paths = find_pair(folder, name)
     arrays = [read_libsvm(p) for p in paths]
@@ -122,47 +113,6 @@ def load_libsvm_dataset(
         Split(torch.from_numpy(x_train), torch.from_numpy(y_train)),
         Split(torch.from_numpy(x_test), torch.from_numpy(y_test)),
     )
-
-
-def find_pair(folder: pathlib.Path, name: str = "epsilon") -> tuple[pathlib.Path, pathlib.Path]:
-    """The training and test file of a LIBSVM data set in `folder`.
-
-    The LIBSVM site names a test file after its training file plus `.t` (a9a / a9a.t), each
-    optionally compressed as .bz2 (the uncompressed file wins when both are there). The pair
-    named after `name` (epsilon: epsilon_normalized) is taken if present; otherwise the folder
-    must hold exactly one pair, so that `--data-dir DIR` works for any LIBSVM data set.
-    """
-    stem = _STEMS.get(name, name)
-    if not folder.is_dir():
-        raise DataError(
-            f"the data folder {folder} does not exist; put {stem}[.bz2] and {stem}.t[.bz2] in it or pass --data-dir DIR"
-        )
-    named = _pick_pair(folder, stem)
-    if named is not None:
-        return named
-    files = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
-    bases = sorted({f.removesuffix(".bz2") for f in files if not f.removesuffix(".bz2").endswith(".t")})
-    pairs = [pair for pair in (_pick_pair(folder, b) for b in bases) if pair is not None]
-    if len(pairs) == 1:
-        return pairs[0]
-    if pairs:
-        raise DataError(
-            f"{folder} holds several LIBSVM pairs ({', '.join(train.name for train, _ in pairs)}) and none named "
-            f"{stem}; keep one training file F and its test file F.t there"
-        )
-    found = ", ".join(files[:10]) + (f" and {len(files) - 10} more" if len(files) > 10 else "") if files else "nothing"
-    raise DataError(
-        f"no LIBSVM pair (a training file F and its test file F.t, each optionally .bz2) in {folder} "
-        f"(found: {found}); put {stem}[.bz2] and {stem}.t[.bz2] there"
-    )
-
-
-def _pick_pair(folder: pathlib.Path, base: str) -> tuple[pathlib.Path, pathlib.Path] | None:
-    def pick(name: str) -> pathlib.Path | None:
-        return next((p for p in (folder / name, folder / f"{name}.bz2") if p.is_file()), None)
-
-    train, test = pick(base), pick(f"{base}.t")
-    return (train, test) if train and test else None
 
 
 def _download_epsilon(folder: pathlib.Path) -> None:
@@ -178,14 +128,6 @@ def _download_epsilon(folder: pathlib.Path) -> None:
 
 
 # --- the cache -----------------------------------------------------------------------------
-
-
-def _is_current(entry: pathlib.Path, key: dict) -> bool:
-    try:
-        meta = json.loads((entry / "meta.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return all(meta.get(k) == v for k, v in key.items())
 
 
 def _build_entry(source: pathlib.Path, n_features: int | None, entry: pathlib.Path, key: dict) -> None:

@@ -18,7 +18,6 @@ every worker afterwards, as the LIBSVM cache is.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
@@ -30,14 +29,13 @@ from typing import NamedTuple
 import numpy as np
 
 from mlbench.errors import DataError
-from mlbench.tasks.data.download import DOWNLOAD_ERRORS, default_data_root, exclusive, fetch, one_line
+from mlbench.tasks.data.download import DOWNLOAD_ERRORS, exclusive, fetch, one_line
+from mlbench.tasks.data.download import default_data_root as default_data_root  # still importable from here
+from mlbench.tasks.task3a.wikitext_layout import (EOS, FILES, FOLDER, cache_entry, cache_key, default_cache_root,
+                                                  default_root, find_folder, is_current)
 
 URL = "https://wikitext.smerity.com/wikitext-2-v1.zip"
 MD5 = "542ccefacc6c27f945fb54453812b3cd"
-FILES = {"train": "wiki.train.tokens", "valid": "wiki.valid.tokens", "test": "wiki.test.tokens"}
-EOS = "<eos>"
-_FOLDER = "wikitext-2"
-_CACHE_VERSION = 1
 
 
 class Corpus(NamedTuple):
@@ -62,19 +60,19 @@ def load_wikitext2(data_dir: str | os.PathLike | None = None, download: bool = T
     if data_dir is not None:
         folder = _find_files(pathlib.Path(data_dir).expanduser(), f"--data-dir {data_dir}")
     else:
-        root = default_data_root() / "wikitext2"
-        if not (root / _FOLDER / FILES["train"]).is_file():
+        root = default_root()
+        if not (root / FOLDER / FILES["train"]).is_file():
             if not download:
-                raise DataError(f"Wikitext-2 is not in {root / _FOLDER}; {_hint(str(root / _FOLDER))}")
+                raise DataError(f"Wikitext-2 is not in {root / FOLDER}; {_hint(str(root / FOLDER))}")
             _download(root)
         folder = _find_files(root, str(root))
     return _cached(folder)
 
 
 def _find_files(base: pathlib.Path, label: str) -> pathlib.Path:
-    for folder in (base, base / _FOLDER):
-        if all((folder / name).is_file() for name in FILES.values()):
-            return folder
+    folder = find_folder(base)
+    if folder is not None:
+        return folder
     missing = [name for name in FILES.values() if not (base / name).is_file()]
     raise DataError(f"{label} has no {', '.join(missing)}; it must hold {_NAMES}")
 
@@ -84,7 +82,7 @@ def _download(root: pathlib.Path) -> None:
     removed afterwards; an interrupted extraction never looks complete)."""
     root.mkdir(parents=True, exist_ok=True)
     with exclusive(root / ".lock"):
-        if (root / _FOLDER / FILES["train"]).is_file():
+        if (root / FOLDER / FILES["train"]).is_file():
             return
         archive = root / "wikitext-2-v1.zip"
         staging = pathlib.Path(tempfile.mkdtemp(prefix=".extract-", dir=root))
@@ -92,12 +90,12 @@ def _download(root: pathlib.Path) -> None:
             fetch(URL, archive, md5=MD5)
             with zipfile.ZipFile(archive) as zf:
                 for name in FILES.values():
-                    with zf.open(f"{_FOLDER}/{name}") as src, open(staging / name, "wb") as dst:
+                    with zf.open(f"{FOLDER}/{name}") as src, open(staging / name, "wb") as dst:
                         shutil.copyfileobj(src, dst)
-            os.replace(staging, root / _FOLDER)
+            os.replace(staging, root / FOLDER)
         except (*DOWNLOAD_ERRORS, zipfile.BadZipFile, KeyError) as exc:
             raise DataError(f"could not download Wikitext-2 from {URL} ({one_line(exc)}); "
-                            f"{_hint(str(root / _FOLDER))}") from None
+                            f"{_hint(str(root / FOLDER))}") from None
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             archive.unlink(missing_ok=True)
@@ -106,15 +104,13 @@ def _download(root: pathlib.Path) -> None:
 def _cached(folder: pathlib.Path) -> Corpus:
     """The corpus from its cache entry, built first when missing or older than the files."""
     folder = folder.resolve()
-    key = {"version": _CACHE_VERSION, "source": str(folder),
-           "files": {name: [(folder / name).stat().st_size, (folder / name).stat().st_mtime_ns]
-                     for name in FILES.values()}}
-    cache_root = default_data_root() / "wikitext2-cache"
-    entry = cache_root / hashlib.sha1(str(folder).encode()).hexdigest()[:16]
-    if not _is_current(entry, key):
+    key = cache_key(folder)
+    cache_root = default_cache_root()
+    entry = cache_entry(folder)
+    if not is_current(entry, key):
         try:
             with exclusive(cache_root / f".{entry.name}.lock"):
-                if not _is_current(entry, key):
+                if not is_current(entry, key):
                     _build(folder, entry, key)
         except OSError as exc:
             raise DataError(f"could not write the Wikitext-2 cache in {cache_root} ({one_line(exc)}); "
@@ -122,13 +118,6 @@ def _cached(folder: pathlib.Path) -> Corpus:
     train, valid, test = (np.load(entry / f"{split}.npy", mmap_mode="r") for split in FILES)
     vocab = (entry / "vocab.txt").read_text(encoding="utf-8").split("\n")
     return Corpus(train, valid, test, vocab)
-
-
-def _is_current(entry: pathlib.Path, key: dict) -> bool:
-    try:
-        return json.loads((entry / "meta.json").read_text()) == key
-    except (OSError, ValueError):
-        return False
 
 
 def tokenize(paths: list[pathlib.Path]) -> tuple[list[np.ndarray], list[str]]:

@@ -35,11 +35,10 @@ import tempfile
 from dataclasses import dataclass
 
 from mlbench.errors import DataError
-from mlbench.tasks.data.download import DOWNLOAD_ERRORS, default_data_root, exclusive, fetch, one_line
+from mlbench.tasks.data.download import DOWNLOAD_ERRORS, exclusive, fetch, one_line
+from mlbench.tasks.data.download import default_data_root as default_data_root  # still importable from here
+from mlbench.tasks.task4b.wmt_layout import FILES, LANGS, TEST, TRAIN, aligned_pairs, default_folder
 
-LANGS = ("en", "de")
-TRAIN, TEST = "train", "newstest2014"
-FILES = tuple(f"{split}.{lang}" for split in (TRAIN, TEST) for lang in LANGS)
 _SIDE_NAMES = {"en": "English (source)", "de": "German (target)"}
 
 
@@ -75,7 +74,7 @@ _NAMES = "train.en, train.de, newstest2014.en and newstest2014.de (line-aligned 
 
 
 def _hint(folder: pathlib.Path) -> str:
-    if folder == default_data_root() / "wmt17-en-de":
+    if folder == default_folder():
         return f"put {_NAMES} into {folder} or pass --data-dir DIR holding them"
     return f"--data-dir must hold {_NAMES}"
 
@@ -87,7 +86,7 @@ def wmt17_folder(data_dir: str | os.PathLike | None = None, download: bool = Tru
     if data_dir is not None:
         folder = pathlib.Path(data_dir).expanduser()
     else:
-        folder = default_data_root() / "wmt17-en-de"
+        folder = default_folder()
         if not all((folder / name).is_file() for name in FILES):
             if not download:
                 raise DataError(f"WMT17 en-de is not in {folder}; {_hint(folder)}")
@@ -115,15 +114,7 @@ def count_lines(path: pathlib.Path) -> int:
 def check_parallel(folder: pathlib.Path) -> dict[str, int]:
     """Sentence pairs per split of a folder :func:`wmt17_folder` accepted; a DataError when the
     two sides of a split have different line counts."""
-    pairs = {}
-    for split in (TRAIN, TEST):
-        counts = {lang: count_lines(folder / f"{split}.{lang}") for lang in LANGS}
-        if counts["en"] != counts["de"]:
-            raise DataError(f"{folder / (split + '.en')} has {counts['en']} lines but "
-                            f"{folder / (split + '.de')} has {counts['de']}; the two sides of a parallel "
-                            "corpus must be line-aligned")
-        pairs[split] = counts["en"]
-    return pairs
+    return aligned_pairs(folder, count_lines)
 
 
 def _download(folder: pathlib.Path) -> None:
