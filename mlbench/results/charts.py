@@ -30,6 +30,7 @@ from mlbench.frameworks import DEFAULT_FRAMEWORK
 from mlbench.network.settings import format_rate, format_time
 from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group, RunResult,
                                      sweep_bandwidth)
+from mlbench.results.fingerprint import NAMED_KEYS, differing_keys
 from mlbench.results.events import read_run_events
 from mlbench.results.goodput import FAULTS_SECTION, recoveries
 from mlbench.results.report import differs_in_network, group_label, had_faults, is_sweep, task_metric
@@ -77,11 +78,13 @@ def write_charts(comparison: Comparison, out_dir: str | Path,
 
 
 def family_labels(families: Sequence[Family]) -> dict[Family, str]:
-    """Legend text per family: what tells the families apart (all of it when there is one)."""
+    """Legend text per family: what tells the families apart (all of it when there is one),
+    with every fingerprint setting they differ in (``opt.period 8``)."""
     fields = {
         "framework": lambda f: f.framework,
         "division": lambda f: f"{f.division} division",
         "optimizer": lambda f: f.optimizer,
+        "model": lambda f: f"model {f.model}" if f.model else "the task's model",
         "hardware": lambda f: f.hardware,
         "goal": lambda f: (f"goal {task_metric(f.task).format(f.goal)}" if f.goal is not None
                            else "no goal"),
@@ -89,10 +92,12 @@ def family_labels(families: Sequence[Family]) -> dict[Family, str]:
         "faults": lambda f: f.faults or "no faults",
     }
     varying = [k for k, text in fields.items() if len({text(f) for f in families}) > 1]
-    shown = varying or ["optimizer", "hardware"]
+    settings = [key for key in differing_keys([dict(f.fingerprint) for f in families]) if key not in NAMED_KEYS]
+    shown = varying or ([] if settings else ["optimizer", "hardware"])
     if "framework" not in shown and not only_pytorch(families):  # a port is always named
         shown = ["framework", *shown]
-    return {f: ", ".join(fields[k](f) for k in shown) for f in families}
+    return {f: ", ".join([*(fields[k](f) for k in shown), *(f"{key} {f.setting(key)}" for key in settings)])
+            for f in families}
 
 
 def only_pytorch(families: Sequence[Family]) -> bool:

@@ -150,6 +150,11 @@ def run_fingerprint(document: RunDocument, hardware: str, faults: str = "") -> d
     return dict(sorted(out.items()))
 
 
+#: Fingerprint keys that headings and legends name in their own words (the optimizer, the
+#: hardware, ...): the keys said as ``key value`` are the others.
+NAMED_KEYS = ("optimizer", "hardware", "network", "faults", "framework", "model.sha256")
+
+
 def differing_keys(fingerprints: list[dict[str, str]]) -> list[str]:
     """The keys whose values are not the same in every fingerprint (a key one lacks differs)."""
     keys = sorted({key for fp in fingerprints for key in fp})

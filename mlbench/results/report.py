@@ -24,6 +24,7 @@ from mlbench.results.checkpoints import checkpoint_root
 from mlbench.results.checkpoints import summary as checkpoint_summary
 from mlbench.results.division import run_division
 from mlbench.results.fairness import fairness_notes, group_flags
+from mlbench.results.fingerprint import NAMED_KEYS
 from mlbench.results.events import read_run_events
 from mlbench.results.goodput import run_faults, run_workers_label
 from mlbench.results.outcome import AllreduceResult, Outcome, fmt_duration, read_result
@@ -170,10 +171,6 @@ def compare_headers(emulated: bool = False, sweep: bool = False, faults: bool = 
     return (headers[0], "NETWORK", *headers[1:]) if emulated else headers
 
 
-#: Fingerprint keys a heading already names by its own words.
-_HEADED = ("optimizer", "hardware", "network", "faults", "framework", "model.sha256")
-
-
 def family_heading(family: Family, emulated: bool = False, faults: bool = False,
                    differing: tuple[str, ...] = ()) -> str:
     """What the runs of one table have in common, and the measure of their speedup
@@ -181,7 +178,7 @@ def family_heading(family: Family, emulated: bool = False, faults: bool = False,
     ``faults``: some run had faults, so each says its --inject and --on-failure;
     ``differing``: the fingerprint keys that tell the families shown apart, each said with this
     family's value unless the heading names it anyway)."""
-    own = "".join(f" | {key} {family.setting(key)}" for key in differing if key not in _HEADED)
+    own = "".join(f" | {key} {family.setting(key)}" for key in differing if key not in NAMED_KEYS)
     return _heading(family, emulated, faults) + own
 
 

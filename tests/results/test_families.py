@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 
 from mlbench.errors import UsageError
+from mlbench.results.charts import family_labels
 from mlbench.results.compare import compare_runs
 from mlbench.results.report import difference_lines, family_heading
 from mlbench.results.store import RunStore
@@ -72,6 +73,8 @@ def test_two_runs_that_differ_in_one_computing_setting_never_share_a_family(stor
     assert line.startswith("The 2 families differ in: ") and key in line
     headings = [family_heading(f, differing=tuple(differences)) for f in comparison.families()]
     assert len(set(headings)) == 2, headings  # every table says which one it is
+    legends = family_labels(list(comparison.families()))
+    assert len(set(legends.values())) == 2, legends  # and every figure's legend
 
 
 def test_repeats_that_differ_only_in_the_seed_and_in_what_watches_them_share_a_family(store):
