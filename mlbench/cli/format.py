@@ -27,7 +27,7 @@ from mlbench.results.store import RunRecord
 from mlbench.network.settings import describe_network, network_label
 from mlbench.results.summary import RunSummary, StepGaps, phase_table
 from mlbench.results.sysmetrics import describe_system, system_metrics
-from mlbench.results.division import run_division
+from mlbench.results.division import Division, run_division
 from mlbench.run_config import RunDocument
 from mlbench.tasks.metrics import get_metric
 
@@ -44,6 +44,12 @@ def fmt_bytes(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1000
     return f"{count:.1f} TB"
+
+
+def division_words(division: Division) -> str:
+    """``closed division``, or ``open division (REASON; REASON)`` for a progress line."""
+    why = f" ({'; '.join(division.reasons)})" if division.reasons else ""
+    return f"{division.name} division{why}"
 
 
 def division_cell(row: dict[str, Any]) -> str:
@@ -91,7 +97,7 @@ class ProgressPrinter:
         budget = f", time budget {fmt_duration(config.time_budget_s)}" if config.time_budget_s else ""
         click.echo(f"Run {self.run.id} ({self.run.name}): {self.run.task}, {self.run.workers} worker(s) "
                    f"x {config.threads_per_worker} thread(s), {config.device}/{config.backend}, "
-                   f"{run_division(self.run).text} division, {goal_text}{budget}{network_note(self.run)}")
+                   f"{division_words(run_division(self.run))}, {goal_text}{budget}{network_note(self.run)}")
 
     def __call__(self, event: dict[str, Any]) -> None:
         name, value = event["name"], event["value"]
