@@ -229,7 +229,7 @@ def test_every_option_of_mlbench_run_is_one_declaration_that_the_cli_and_the_api
     given = command.make_context("run", ["task2a", "2"], parent=group).params
     for name, option in declared.items():
         assert option.flag in clicked[name].opts, name
-        assert clicked[name].help == option.help, name
+        assert clicked[name].help == option.description, name
         # what the command passes on when the option is not given is the API's default
         assert given[name] == (() if option.multiple else option.default), name
     for function, leading in ((api.run, {"task", "workers"}), (api.plan, {"task", "workers"})):

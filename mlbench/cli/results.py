@@ -90,7 +90,7 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file, pool, 
     for i, (family, groups) in enumerate(comparison.families().items()):
         if i or differing or comparison.pooled:
             click.echo("")
-        click.echo(family_heading(family, emulated, faults, differing))
+        click.echo(family_heading(family, emulated, faults, differing, comparison.pooled))
         click.echo(tabulate([compare_row(g, emulated, faults, score) for g in groups], disable_numparse=True,
                             headers=compare_headers(emulated, sweep, faults, comparison.task, score)))
     if sweep:

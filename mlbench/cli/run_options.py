@@ -17,12 +17,12 @@ def click_option(option: RunOption) -> Callable[[Callable[..., Any]], Callable[.
     names = [option.flag, *([option.short] if option.short else []), option.name]
     if option.is_flag:
         if option.negated:  # --no-stop: stop_at_goal=False
-            return click.option(*names, flag_value=False, default=True, show_default=False, help=option.help)
-        return click.option(*names, is_flag=True, help=option.help)
+            return click.option(*names, flag_value=False, default=True, show_default=False, help=option.description)
+        return click.option(*names, is_flag=True, help=option.description)
     kind: Any = (click.Choice(option.choices) if option.choices is not None
                  else click.Path(file_okay=False) if option.folder else option.kind)
     return click.option(*names, type=kind, multiple=option.multiple, metavar=option.metavar,
-                        default=option.default if not option.multiple else None, help=option.help)
+                        default=option.default if not option.multiple else None, help=option.description)
 
 
 def run_options(command: Callable[..., Any]) -> Callable[..., Any]:

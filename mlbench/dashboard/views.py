@@ -285,7 +285,7 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
         "metric": metric_view(metric), "sweep": sweep,
         "sweep_table": {"headers": sweep_headers, "rows": sweep_rows} if sweep else None,
         "network": network_axis(comparison),
-        "families": [{"label": labels[f], "heading": family_heading(f, emulated, faults, differing),
+        "families": [{"label": labels[f], "heading": family_heading(f, emulated, faults, differing, comparison.pooled),
                       "metric": f.metric, "fingerprint": dict(f.fingerprint),
                       "goal": f.goal, "goal_text": metric.format(f.goal) if f.goal is not None else None,
                       "goal_display": metric.display(f.goal) if f.goal is not None else None,

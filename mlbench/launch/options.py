@@ -109,8 +109,8 @@ class RunOption:
     turns the option off: ``--no-stop`` is ``stop_at_goal=False``); ``kind`` the value's type on
     the command line (``bool`` for a flag), ``annotation`` what the API accepts; ``fields``
     parses the value into the run request's fields (None: the request's field of the option's
-    name takes the value as it is); ``needs`` what it needs beyond the core (a cluster, task
-    0a), said in its help."""
+    name takes the value as it is); ``needs`` where it applies beyond any run
+    (clusters, task 0a), said before its help (:attr:`description`)."""
 
     name: str
     flag: str
@@ -132,6 +132,11 @@ class RunOption:
     @property
     def is_flag(self) -> bool:
         return self.kind is bool
+
+    @property
+    def description(self) -> str:
+        """The help as the CLI and the docs show it: what the option needs, then what it does."""
+        return f"{self.needs}: {self.help}" if self.needs else self.help
 
     def request_fields(self, value: Any) -> dict[str, Any]:
         """The run request's fields this option's ``value`` sets (a UsageError about this option
@@ -164,8 +169,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption("data_dir", "--data-dir", "Where the data set is (else the cache, downloading it).", COMPUTES,
               annotation="str | os.PathLike[str] | None", folder=True, fields=lambda v: {"data_dir": _folder(v)}),
     RunOption("data_pvc", "--data-pvc",
-              "Clusters: a PersistentVolumeClaim you filled with the data set [mlbench-data-DATASET, filled "
-              "once by a download Job].", COMPUTES, metavar="NAME", needs="a cluster"),
+              "a PersistentVolumeClaim you filled with the data set [mlbench-data-DATASET, filled once by a "
+              "download Job].", COMPUTES, metavar="NAME", needs="Clusters"),
     RunOption("model", "--model",
               "Model override, e.g. resnet56-v2, or a plug-in FILE.py:NAME, module:NAME or entry point of "
               "mlbench.models (open division; docs/plugins.md).", COMPUTES),
@@ -233,7 +238,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               "not count), or shrink: go on with the survivors from it, at most N times [until one is left] "
               "(both imply --checkpoint-every 1m unless given; docs/faults.md).", COMPUTES, "fail",
               annotation="str", metavar="fail|restart[:N]|shrink[:N]", fields=_on_failure_fields),
-    RunOption("max_size", "--max-size", "task0a: largest message, in elements [1e8].", COMPUTES, kind=float,
+    RunOption("max_size", "--max-size", "largest message, in elements [1e8].", COMPUTES, kind=float,
               annotation="float | None", metavar="N", needs="task0a"),
     RunOption("name", "--name", "A name for the run (default: TASK-Kw-ID).", WATCHES),
     RunOption("detach", "--detach", "Start the run in the background and return at once.", WATCHES, False, bool,
@@ -252,8 +257,8 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption("loss", "--loss", "Drop this share of the packets on every path (0.1%).", COMPUTES,
               metavar="PERCENT", target="network"),
     RunOption("shaping", "--shaping",
-              "On a cluster: tc from an init container with NET_ADMIN, or the CNI bandwidth plugin's pod "
-              "annotations (rate only).", COMPUTES, "tc", annotation="str", choices=SHAPING, target="network"),
+              "tc from an init container with NET_ADMIN, or the CNI bandwidth plugin's pod annotations (rate "
+              "only).", COMPUTES, "tc", annotation="str", choices=SHAPING, target="network", needs="On a cluster"),
 )
 
 OPTIONS_BY_NAME: dict[str, RunOption] = {option.name: option for option in RUN_OPTIONS}

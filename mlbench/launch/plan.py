@@ -18,6 +18,7 @@ from mlbench.errors import UsageError
 from mlbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, PYTORCH, check_framework, get_framework
 from mlbench.network.settings import NetworkSettings
 from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
+from mlbench.results.division import stop_reasons
 from mlbench.results.environment import cuda_available, cuda_device_count, describe_environment, usable_cores
 from mlbench.results.faults import LINK_DOWN, SLOW, policy_text
 from mlbench.results.store import RunRecord, RunStore
@@ -268,11 +269,6 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
         changed.append(f"optimizer={optimizer}")
     if request.data == "synthetic":
         changed.append("data=synthetic")
-    elif isinstance(spec, TaskSpec):  # the task's stop rule: at its goal (full or light), or its time budget
-        if not request.stop_at_goal:
-            changed.append("stop: --no-stop (trains on after the goal)")
-        if request.max_steps is not None:
-            changed.append(f"stop: --max-steps {request.max_steps}")
     if request.precision not in ("fp32", "bf16"):
         raise UsageError(f"--precision {request.precision}: choose fp32 or bf16", option="precision")
     if request.precision != "fp32":
@@ -320,7 +316,7 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
         faults=[dict(f) for f in request.faults], on_failure=request.on_failure, max_restarts=request.max_restarts)
     if framework is not PYTORCH:
         _check_port_options(config, request)
-    return config, changed
+    return config, changed + stop_reasons(config)
 
 
 def _threads_per_worker(request: RunRequest, resources: WorkerResources | None) -> int:

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 from mlbench.results.faults import worker_sizes, workers_label
 from mlbench.results.store import RunRecord
-from mlbench.run_config import RunDocument
+from mlbench.run_config import RunConfig, RunDocument
+
+#: How a reason about the stop rule begins (:func:`stop_reasons`).
+STOP = "stop: "
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,21 @@ class Division:
         return f"open: {'; '.join(self.reasons)}" if self.reasons else self.name
 
 
+def stop_reasons(config: RunConfig) -> list[str]:
+    """What makes a run's stop rule other than its task's: the task stops at its goal (full or
+    light) or at a time budget (accuracy after time); ``--no-stop`` and a step cap are other
+    rules. Said of real data only (synthetic data are open already, and have no goal). Read
+    from the config as it is now, so a `resume --max-steps` that changes the cap is said too."""
+    if config.data != "real" or config.task.kind == "allreduce":
+        return []
+    reasons = []
+    if not config.stop_at_goal:
+        reasons.append(f"{STOP}--no-stop (trains on after the goal)")
+    if config.max_steps is not None:
+        reasons.append(f"{STOP}--max-steps {config.max_steps}")
+    return reasons
+
+
 def shrink_reason(workers: int, document: RunDocument) -> str | None:
     """``workers 2 -> 1 (shrank)`` for a run whose group shrank, else None."""
     faults = document.extra.get("faults")
@@ -44,7 +62,8 @@ def run_division(record: RunRecord, document: RunDocument | None = None) -> Divi
     document = document if document is not None else RunDocument.load_or_none(record.run_dir)
     if document is None:
         return Division(record.division)
-    reasons = [str(reason) for reason in document.changed]
+    reasons = [str(reason) for reason in document.changed if not str(reason).startswith(STOP)]
+    reasons += stop_reasons(document.config)
     shrunk = shrink_reason(record.workers, document)
     if shrunk:
         reasons.append(shrunk)

@@ -172,14 +172,16 @@ def compare_headers(emulated: bool = False, sweep: bool = False, faults: bool = 
 
 
 def family_heading(family: Family, emulated: bool = False, faults: bool = False,
-                   differing: tuple[str, ...] = ()) -> str:
+                   differing: tuple[str, ...] = (), pooled: tuple[str, ...] = ()) -> str:
     """What the runs of one table have in common, and the measure of their speedup
     (``emulated``: some family ran on an emulated network, so each says its network;
     ``faults``: some run had faults, so each says its --inject and --on-failure;
     ``differing``: the fingerprint keys that tell the families shown apart, each said with this
-    family's value unless the heading names it anyway)."""
+    family's value unless the heading names it anyway; ``pooled``: the keys pooled on purpose,
+    which its runs may differ in)."""
     own = "".join(f" | {key} {family.setting(key)}" for key in differing if key not in NAMED_KEYS)
-    return _heading(family, emulated, faults) + own
+    joined = f" | pooled across {', '.join(pooled)}" if pooled else ""
+    return _heading(family, emulated, faults) + own + joined
 
 
 def difference_lines(comparison: Comparison) -> list[str]:

@@ -11,6 +11,7 @@ from mlbench.results.division import run_division
 from mlbench.results.fairness import fairness_notes, group_flags
 from mlbench.results.report import comparison_document, run_overview
 from mlbench.results.store import RunStore
+from mlbench.run_config import RunDocument
 from tests.results.recorded import ENVIRONMENT, record_run
 
 IDLE = {**ENVIRONMENT, "cores": 2, "load_average": [0.1, 0.1, 0.1]}
@@ -113,3 +114,15 @@ def test_the_mlperf_score_is_the_mean_without_the_fastest_and_slowest_of_five(st
     assert comparison_document(comparison)["score"] == "mlperf"
     with pytest.raises(Exception, match="--score best: choose median or mlperf"):
         compare_runs(runs, score="best")
+
+
+def test_a_step_cap_given_at_resume_makes_the_run_open_from_then(store):
+    run = record_run(store, task="task2a", workers=1, tta=5.0, wall=6.0)
+    assert run_division(run).text == "closed"
+    document = RunDocument.load(run.run_dir)
+    document.config.max_steps = 60                     # `mlbench resume RUN --max-steps 60`
+    document.save(run.run_dir)
+    assert run_division(run).text == "open: stop: --max-steps 60"
+    document.config.max_steps, document.config.stop_at_goal = None, False
+    document.save(run.run_dir)
+    assert run_division(run).reasons == ("stop: --no-stop (trains on after the goal)",)

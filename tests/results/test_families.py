@@ -95,6 +95,7 @@ def test_pooling_across_a_setting_is_deliberate_and_said(store):
     [(family, [group])] = pooled.families().items()
     assert group.time_to_accuracy.runs == 2
     assert difference_lines(pooled) == ["Pooled on purpose (--pool): runs that differ in data share a row."]
+    assert family_heading(family, pooled=pooled.pooled).endswith(" | pooled across data")
     with pytest.raises(UsageError, match="--pool dat: no run compared has that setting"):
         compare_runs(runs, pool=("dat",))
     assert len(compare_runs(runs, pool=("set.",)).families()) == 2  # pooling the task's settings leaves data apart
