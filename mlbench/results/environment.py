@@ -21,6 +21,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +160,7 @@ def describe_environment() -> dict[str, Any]:
         "cuda_driver": nvidia_driver_version(),
         "mlbench": __version__,
         "load_average": load_average(),
+        "runnable": runnable_tasks(),
     }
 
 
@@ -170,12 +173,31 @@ def load_average() -> list[float] | None:
         return None
 
 
+def runnable_tasks(samples: int = 5, interval_s: float = 0.01) -> int | None:
+    """How many tasks (threads) the kernel has runnable now: the median of a few reads of
+    ``/proc/loadavg``'s fourth field (``R/T``: runnable / all scheduling entities, proc(5)), this
+    reading thread included; None where there is no such file. Unlike the load averages, which
+    decay over a minute and so still count a run that ended seconds ago (the previous run of a
+    ``--repeat`` sweep), it says what runs beside a run now."""
+    counts = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg", encoding="ascii") as f:
+                counts.append(int(f.read().split()[3].split("/")[0]))
+        except (OSError, ValueError, IndexError):
+            return None
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    return int(statistics.median(counts))
+
+
 #: the share of the usable cores that others' work may keep busy before a run counts as made
 #: on a busy machine (:func:`machine_was_busy`)
 BUSY_SHARE = 0.5
 
 
-def machine_was_busy(load: list[float] | None, cores: int | None, own_processes: int) -> bool:
+def machine_was_busy(load: list[float] | None, cores: int | None, own_processes: int,
+                     runnable: int | None = None) -> bool:
     """Whether a run was made on a busy machine: its 1-minute load average ``load[0]``, less
     the run's ``own_processes``, exceeds half of the ``cores`` the run could use.
 
@@ -196,10 +218,18 @@ def machine_was_busy(load: list[float] | None, cores: int | None, own_processes:
       threads wait their turn); a smaller load (a daemon, a build step, the launching CLI) is
       not flagged. A rule of thumb for calling a result suspect, not a measured bound.
 
+    ``runnable`` (:func:`runnable_tasks`, recorded beside the load since it is), when given,
+    is used instead of the load: it counts what runs at that moment, where the one-minute average
+    still holds the run before (a sweep's previous run ends seconds before the next starts).
+
     False where the load or the cores are not known (an older run, a platform without a load
     average): nothing then says the machine was busy.
     """
-    if not load or not cores or cores < 1:
+    if not cores or cores < 1:
+        return False
+    if runnable is not None:
+        return runnable - max(0, own_processes) > BUSY_SHARE * cores
+    if not load:
         return False
     return load[0] - max(0, own_processes) > BUSY_SHARE * cores
 

@@ -59,8 +59,11 @@ def was_busy(run: RunResult) -> bool:
     here = run.record.workers if run.nodes == 1 else 1   # rank 0's machine holds at least rank 0
     own = here * threads_of(run)
     result = run.record.result or {}
-    start, end = environment.get("load_average"), result.get("load_average_end")
-    return any(machine_was_busy(load if isinstance(load, list) else None, cores, own) for load in (start, end))
+    moments = ((environment.get("load_average"), environment.get("runnable")),
+               (result.get("load_average_end"), result.get("runnable_end")))
+    return any(machine_was_busy(load if isinstance(load, list) else None, cores, own,
+                                runnable if isinstance(runnable, int) and not isinstance(runnable, bool) else None)
+               for load, runnable in moments)
 
 
 def group_flags(group: Group) -> list[str]:

@@ -58,6 +58,8 @@ class TrainingResult:
     #: the machine's 1, 5 and 15 minute load averages as the run ended (rank 0's, recorded by
     #: the worker: mlbench.results.environment.load_average); None for an older run
     load_average_end: list[float] | None = None
+    #: the tasks the kernel had runnable as the run ended (mlbench.results.environment.runnable_tasks)
+    runnable_end: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> TrainingResult | None:
@@ -122,6 +124,7 @@ class AllreduceResult:
     test_samples: None = None
     train_samples: None = None
     load_average_end: list[float] | None = None   # as TrainingResult's
+    runnable_end: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> AllreduceResult | None:

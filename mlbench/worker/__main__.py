@@ -123,7 +123,7 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
     """
     import torch
 
-    from mlbench.results.environment import describe_environment, load_average
+    from mlbench.results.environment import describe_environment, load_average, runnable_tasks
     from mlbench.worker.trainer import Stopped, Trainer
 
     torch.set_num_threads(max(1, config.threads_per_worker))
@@ -152,6 +152,7 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
             heartbeat.phase("finishing")
         if rank == 0:
             result["load_average_end"] = load_average()   # the machine's load as the run ends
+            result["runnable_end"] = runnable_tasks()
             events.emit("result", result, epoch=result["epochs"], step=result["steps"])
         leave_group()
         return 0

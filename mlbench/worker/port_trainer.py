@@ -401,7 +401,7 @@ def run_trainer(trainer: PortTrainer, environment: dict[str, Any]) -> int:
     """Train (after the port's ``join``); record the environment (with ``environment``: the
     framework and its version, and the threads it computes with where it can tell them, else
     None) first and the result, with the machine's load at its end, last (rank 0); part; return 0."""
-    from mlbench.results.environment import describe_environment, load_average
+    from mlbench.results.environment import describe_environment, load_average, runnable_tasks
 
     if trainer.rank == 0:
         threads = {"threads_per_worker": None, "interop_threads": None}   # a framework's own, unless it says
@@ -411,6 +411,7 @@ def run_trainer(trainer: PortTrainer, environment: dict[str, Any]) -> int:
         trainer.heartbeat.phase("finishing")
     if trainer.rank == 0:
         result.load_average_end = load_average()
+        result.runnable_end = runnable_tasks()
         trainer.events.emit("result", result.to_dict(), epoch=result.epochs, step=result.steps)
     trainer.leave()
     return 0

@@ -126,3 +126,21 @@ def test_a_step_cap_given_at_resume_makes_the_run_open_from_then(store):
     document.config.max_steps, document.config.stop_at_goal = None, False
     document.save(run.run_dir)
     assert run_division(run).reasons == ("stop: --no-stop (trains on after the goal)",)
+
+
+def test_the_previous_run_of_a_sweep_in_the_load_average_does_not_make_the_next_one_busy(store):
+    # a load of 3.5 on 2 cores a minute after a 4-worker run, but only the run itself runnable now
+    after = {**IDLE, "load_average": [3.5, 2.6, 3.3], "runnable": 2, "threads_per_worker": 1}
+    run = record_run(store, task="task2a", workers=1, tta=40.0, wall=41.0, environment=after,
+                     result_extra={"load_average_end": [2.0, 2.0, 3.0], "runnable_end": 1})
+    assert group_flags(compare_runs([run]).groups[0]) == []
+    crowded = {**after, "runnable": 4}   # two other tasks runnable beside the run's own
+    run = record_run(store, task="task2a", workers=1, tta=40.0, wall=41.0, environment=crowded)
+    assert group_flags(compare_runs([run]).groups[0]) == ["busy 1/1"]
+
+
+def test_the_runnable_tasks_are_read_from_the_kernel():
+    from mlbench.results.environment import runnable_tasks
+
+    count = runnable_tasks(samples=3, interval_s=0.0)
+    assert isinstance(count, int) and count >= 1   # this thread, at least
