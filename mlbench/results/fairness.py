@@ -124,8 +124,8 @@ def fairness_notes(comparison: Comparison) -> list[str]:
             busy = [run.record.id for run in runs if was_busy(run)]
             if busy:
                 notes.append(f"Busy machine{name}, {_workers(group.workers)}: {', '.join(busy)} ran while other work "
-                             "loaded the machine (load average at its start or end); its times are slower for "
-                             "that.")
+                             "loaded the machine (tasks runnable at its start or end beside its own); its "
+                             "times are slower for that.")
             if group.efficiency is not None and group.efficiency > SUPERLINEAR and group is not base:
                 notes.append(f"Superlinear{name}: {100 * group.efficiency:.0f}% efficiency at {group.workers} workers "
                              f"is a finding to explain, not a result; likely cause: {_superlinear_cause(group, base)}.")
