@@ -231,11 +231,18 @@ def runs(*, sort: str = "-created_at", limit: int | None = None,
     return [by_id[row["id"]] for row in ordered[:limit]]
 
 
+def _ref(run: Any) -> str:
+    """A run's id, id prefix or name, checked to be text (``get(123)`` is a usage error)."""
+    if not isinstance(run, str) or not run.strip():
+        raise UsageError(f"run {run!r}: give a run's id, a prefix of it or its name, as text")
+    return run
+
+
 def get(run: str, *, home: Home = None) -> Run:
     """One run by id, id prefix or name, as its launcher sees it now (:class:`Run`); raises
     :class:`~mlbench.errors.RunNotFound` when none matches. As `mlbench status RUN`."""
     store = _store(home, read_only=True)
-    return _details(store, store.get(run))
+    return _details(store, store.get(_ref(run)))
 
 
 def _worker_counts(workers: Any) -> list[int]:
@@ -383,7 +390,7 @@ def cancel(run: str, *, home: Home = None) -> Run:
     ``scancel``, its pods deleted), as `mlbench cancel` and the dashboard do; what it recorded
     is kept. A run that has ended is returned as it is."""
     store = _store(home)
-    record = store.get(run)
+    record = store.get(_ref(run))
     if record.active:
         record = launcher_of(store, record).cancel(record)
     return _details(store, record)
@@ -393,7 +400,7 @@ def delete(run: str, *, home: Home = None) -> RunInfo:
     """Delete a run and everything it recorded (cancelled first when active), as `mlbench
     delete`; returns it as it was last seen."""
     store = _store(home)
-    record = store.get(run)
+    record = store.get(_ref(run))
     if record.active:
         record = launcher_of(store, record).cancel(record)
     info = _overview(store, record)
@@ -411,7 +418,7 @@ def resume(run: str, *, max_steps: int | str | None = None, detach: bool = False
     KeyboardInterrupt cancels it. Returns the run as it is then."""
     cap = _step_cap(max_steps)
     store = _store(home)
-    record = store.get(run)
+    record = store.get(_ref(run))
     launcher = launcher_of(store, record)
     record = launcher.prepare_resume(launcher.reconcile(record), cap)
     if on_start is not None:
@@ -446,7 +453,7 @@ def follow(run: str, *, on_event: EventCallback | None = None, home: Home = None
     """Pass a run's rank 0 events to ``on_event`` (those so far, then new ones as they come)
     until it ends, whoever started it, as `mlbench status RUN --follow`; returns it then."""
     store = _store(home, read_only=True)
-    record = store.get(run)
+    record = store.get(_ref(run))
     launcher = launcher_of(store, record)
     return _details(store, launcher.follow(launcher.reconcile(record), on_event))
 
@@ -459,7 +466,7 @@ def wait(runs: Sequence[str], *, timeout: float | None = None, on_end: Callable[
     if timeout is not None and timeout <= 0:
         raise UsageError(f"timeout {timeout}: give a number of seconds above 0, or None")
     store = _store(home, read_only=True)
-    records = [store.get(ref) for ref in runs]
+    records = [store.get(_ref(ref)) for ref in runs]
     outcome = session.wait_for_runs(store, records, timeout,
                                     on_end=(lambda r: on_end(_overview(store, r))) if on_end else None)
     return outcome.exit_code, [_overview(store, r) for r in outcome.records]

@@ -20,7 +20,9 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import importlib.util
+import os
 import re
+import stat
 import sys
 import traceback
 import types
@@ -167,9 +169,26 @@ def load_copy(run_dir: Path, record: dict[str, Any], noun: str, attr: str,
 
 
 # -- loading -------------------------------------------------------------------------------------
+def read_source(path: Path, what: str) -> bytes:
+    """A plug-in's source, read only from a regular file: a FIFO would block the reader until
+    some process wrote to it (the CLI waiting for ever), a device could be endless. The file is
+    opened without blocking and checked before anything is read; ``what`` starts the error."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"{what}: {path} is not a regular file (a FIFO, a device or a folder); give the "
+                             "plug-in's .py file")
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            return f.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def _from_file(spec: str, noun: str, path: Path, name: str) -> Loaded:
     try:
-        source = path.read_bytes()
+        source = read_source(path, f"{noun} {spec}")
     except FileNotFoundError:
         raise UsageError(f"{noun} {spec}: no such file {path}") from None
     except OSError as err:
@@ -195,7 +214,7 @@ def _from_module(spec: str, noun: str, module_name: str, name: str, kind: str = 
         raise UsageError(f"{noun} {spec}: module {module_name} is not a Python source file "
                          f"({origin or 'no file'}); its source is what a run keeps")
     try:
-        source = Path(origin).read_bytes()
+        source = read_source(Path(origin), f"{noun} {spec}")
     except OSError as err:
         raise UsageError(f"{noun} {spec}: cannot read {origin} ({err.strerror or err})") from None
     module = _execute_checked(spec, noun, source, origin, module_name, _module_package(module_name))

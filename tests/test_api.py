@@ -309,3 +309,14 @@ def test_runs_are_created_started_resumed_waited_for_cancelled_and_deleted_throu
     assert gone.id == ended.id and not ended.run_dir.exists()
     with pytest.raises(RunNotFound):
         api.get(ended.id)
+
+
+def test_a_model_that_does_not_exist_and_a_run_that_is_no_text_are_refused_before_anything_is_recorded(
+        isolated_home):
+    with pytest.raises(UsageError, match=r"--set model=bogus: unknown model; valid models are resnet20-v1") as caught:
+        mlbench.run("task1a", 1, data="synthetic", max_steps=1, overrides={"model": "bogus"})
+    assert caught.value.option == "overrides"
+    for ref in (123, None, ""):
+        with pytest.raises(UsageError, match="give a run's id, a prefix of it or its name, as text"):
+            api.get(ref)
+    assert api.runs() == []

@@ -186,3 +186,18 @@ def test_the_documented_example_runs_on_two_workers_and_status_and_compare_name_
 def test_the_documented_example_is_the_file_the_tests_run():
     doc = (REPO / "docs" / "plugins.md").read_text()
     assert f"```python\n{EXAMPLE.read_text()}```" in doc
+
+
+def test_a_fifo_given_as_a_plug_in_is_refused_at_once_instead_of_waiting_for_a_writer(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "my_model.py"
+    os.mkfifo(fifo)
+    proc = subprocess.run([sys.executable, "-m", "mlbench", "run", "task2a", "1", "--data", "synthetic",
+                           "--model", f"{fifo}:build"], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, MLBENCH_HOME=str(tmp_path / "home")))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"Error: model plug-in {fifo}:build: {fifo} is not a regular file "
+                                                "(a FIFO, a device or a folder); give the plug-in's .py file"]

@@ -251,6 +251,13 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
             overrides["model"] = model_plugin.label  # the run's spec names the plug-in and its source
         else:
             overrides["model"] = request.model.strip().lower()
+    given = request.overrides.get("model")
+    if not request.model and given is not None and isinstance(task, TaskSpec) \
+            and "model" in task.settings.override_keys() and not is_builtin_model(str(given)):
+        from mlbench.tasks.models import MODEL_NAMES
+
+        raise UsageError(f"--set model={given}: unknown model; valid models are {', '.join(MODEL_NAMES)} "
+                         "(a plug-in is given with --model FILE.py:NAME)", option="overrides")
     if "model" in overrides and isinstance(task, TaskSpec) and "model" in task.settings.override_keys() \
             and model_plugin is None \
             and (overrides["model"] == "logreg") != (task.settings.value_of("model") == "logreg"):
