@@ -15,7 +15,6 @@ single process that uses every core.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -142,8 +141,9 @@ def gpu_table(steps: int, repeats: int) -> list[list]:
 
 
 def cpu_table(steps: int, repeats: int) -> list[list]:
-    """Plain single process on all cores vs `mlbench run task1a K --data synthetic`, in
-    interleaved rounds: each round times the plain loop and then one real run per K."""
+    """Plain single process on all cores vs `mlbench run task1a K --data synthetic
+    --threads-per-worker CORES/K` (the same cores), in interleaved rounds: each round times the
+    plain loop and then one real run per K."""
     from mlbench.launch.plan import RunRequest
     from mlbench.launch.registry import choose
     from mlbench.results.events import read_run_events
@@ -158,9 +158,14 @@ def cpu_table(steps: int, repeats: int) -> list[list]:
     def plain() -> float:
         return 32 / timed(plain_step, steps, device, warmup=5)
 
+    def threads_of(workers: int) -> int:
+        """The workers share the plain loop's cores (mlbench's default is one thread each)."""
+        return max(1, threads // workers)
+
     def run(workers: int) -> float:
         record = launcher.create(RunRequest(task="task1a", workers=workers, data="synthetic",
-                                            max_steps=steps + 5, log_every=5))
+                                            max_steps=steps + 5, log_every=5,
+                                            threads_per_worker=threads_of(workers)))
         final = launcher.run_attached(record)
         # rank 0's training clock at every logging interval; the first interval is warm-up
         clock = [(e["step"], e["value"]) for e in read_run_events(final.run_dir)
@@ -172,7 +177,7 @@ def cpu_table(steps: int, repeats: int) -> list[list]:
     rows = [[f"plain PyTorch, 1 process x {threads} threads", spread(rates["plain"]), "1.00x"]]
     for workers in (1, 2):
         rows.append([f"mlbench run task1a {workers} (processes x threads: {workers} x "
-                     f"{max(1, (os.cpu_count() or 1) // workers)})", spread(rates[workers]),
+                     f"{threads_of(workers)})", spread(rates[workers]),
                      ratio_spread(rates[workers], rates["plain"])])
     return rows
 
