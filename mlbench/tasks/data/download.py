@@ -16,15 +16,18 @@ import hashlib
 import http.client
 import os
 import pathlib
+import stat
+import sys
 import tarfile
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import torch
 
 from mlbench.version import __version__
-from mlbench.progress import Progress
+from mlbench.progress import Progress, fmt_amount
 # default_data_root and one_line live in the torch-free paths module (the data's identity reads
 # them too); the loaders take them from here
 from mlbench.tasks.data.paths import default_data_root as default_data_root
@@ -81,28 +84,134 @@ def source_url(url: str) -> str:
 def fetch(url: str, dest: pathlib.Path, md5: str | None = None, label: str | None = None) -> None:
     """Download `url` to `dest` unless `dest` exists, showing progress as "Downloading LABEL".
 
-    The bytes go to `dest`.part (created anew, never through a link planted there) and are
-    renamed into place only when complete and, given `md5`, checked, so a file under the final
-    name is always whole; a failed download removes its part file.
+    The bytes go to `dest`.part and are renamed into place only when complete and, given `md5`,
+    checked, so a file under the final name is always whole; a download that fails removes its
+    part file. The caller holds :func:`exclusive` on the folder's lock (every loader does), so a
+    part file found here belongs to no live download: a live one holds the lock and is waited for,
+    and the kernel releases the lock of a download killed part-way (SIGKILL, a power cut), whose
+    part file stays behind. Such a leftover is continued or replaced, never in the way, with one
+    line saying which:
+
+    - continued, as pip's resumable downloads (``--resume-retries``) and ``curl -C -`` do, when
+      `md5` is known: a ``Range: bytes=N-`` request for what the N bytes there lack, appended on
+      a 206 whose Content-Range starts at N. The final md5 proves the kept bytes a prefix of the
+      same file (a server's file may have changed since; no validator was kept for If-Range), so
+      without `md5` nothing is resumed. A resumed file whose md5 is wrong is deleted and fetched
+      once more from scratch, as torchvision's ``download_url`` re-downloads a file that fails its
+      check; a wrong md5 then is the one-line error it always was.
+    - replaced (deleted and downloaded anew) otherwise: the server sent the whole file (200,
+      where pip starts over; curl would stop and ask, which a worker cannot), or none (416, the
+      leftover is not shorter than the file), there is no md5, or the leftover is not a regular
+      file of this user's with a single link. Unlinking a planted link removes the link, never
+      what it points to, and a continued leftover is opened with ``O_NOFOLLOW`` and checked to be
+      the file seen (:mod:`mlbench.safefile`'s rule: nothing is written through a link).
     """
     if dest.is_file():
         return
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
-    part.unlink(missing_ok=True)
-    digest = hashlib.md5(usedforsecurity=False)
-    request = urllib.request.Request(url, headers={"User-Agent": f"mlbench/{__version__}"})
+    name = label or dest.name
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response, open(part, "xb") as out, \
-                Progress(f"Downloading {label or dest.name}", total=response.length) as progress:
+        resumed, digest = _download(url, part, name, resume=md5 is not None)
+        if resumed and digest != md5:
+            _say(f"The resumed download of {name} is damaged (md5 {digest}, expected {md5}); "
+                 "downloading it anew")
+            part.unlink()
+            resumed, digest = _download(url, part, name, resume=False)
+        if md5 is not None and digest != md5:
+            raise RuntimeError(f"the download of {url} is damaged (md5 {digest}, expected {md5})")
+        os.replace(part, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            part.unlink()  # ours: created exclusively, or a leftover we opened without following a link
+        raise
+
+
+def _say(line: str) -> None:
+    """One line of progress on stderr, where :class:`Progress` writes."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _download(url: str, part: pathlib.Path, name: str, resume: bool) -> tuple[bool, str]:
+    """Write `url`'s bytes to `part`, continuing a leftover there when `resume` and the server
+    allows; returns whether it was continued and the md5 of all of `part`."""
+    with contextlib.ExitStack() as stack:
+        out = _leftover(part, name, resume)
+        response = None
+        digest = hashlib.md5(usedforsecurity=False)
+        if out is not None:
+            stack.enter_context(out)
+            while chunk := out.read(CHUNK_BYTES):  # leaves the position at the end, where the rest goes
+                digest.update(chunk)
+            offset = out.tell()
+            response, why_not = _request_rest(url, offset)
+            if why_not:
+                _say(f"Replacing the leftover {part.name} of an interrupted download of {name} ({why_not})")
+                stack.close()
+                part.unlink()
+                out, digest = None, hashlib.md5(usedforsecurity=False)
+            else:
+                _say(f"Resuming the interrupted download of {name} after {fmt_amount(offset, 'B')} "
+                     f"({part.name})")
+        resumed = out is not None
+        if response is None:
+            response = urllib.request.urlopen(_request(url), timeout=TIMEOUT_S)
+        stack.enter_context(response)
+        if out is None:
+            out = stack.enter_context(open(part, "xb"))  # O_EXCL: created anew, never through a link
+        with Progress(f"Downloading {name}", total=response.length) as progress:
             while chunk := response.read(CHUNK_BYTES):
                 out.write(chunk)
                 digest.update(chunk)
                 progress.advance(len(chunk))
-        if md5 is not None and digest.hexdigest() != md5:
-            raise RuntimeError(f"the download of {url} is damaged (md5 {digest.hexdigest()}, "
-                               f"expected {md5})")
-        os.replace(part, dest)
-    except BaseException:
-        part.unlink(missing_ok=True)
-        raise
+        return resumed, digest.hexdigest()
+
+
+def _request(url: str, headers: dict[str, str] | None = None) -> urllib.request.Request:
+    return urllib.request.Request(url, headers={"User-Agent": f"mlbench/{__version__}", **(headers or {})})
+
+
+def _request_rest(url: str, offset: int) -> tuple[http.client.HTTPResponse | None, str]:
+    """Ask for `url`'s bytes from `offset` on: (the response, "") when it is their 206; else
+    (a 200 with the whole file, which the download goes on with, or None) and why it cannot
+    continue a leftover."""
+    try:
+        response = urllib.request.urlopen(_request(url, {"Range": f"bytes={offset}-"}), timeout=TIMEOUT_S)
+    except urllib.error.HTTPError as exc:
+        if exc.code != 416:
+            raise
+        exc.close()
+        return None, "the server has no bytes after it: it is not shorter than the file"
+    if response.status == 200:
+        return response, "the server sent the whole file, not its rest"
+    if response.status == 206 and (response.headers.get("Content-Range") or "").startswith(f"bytes {offset}-"):
+        return response, ""
+    response.close()
+    return None, f"the server answered {response.status} {response.headers.get('Content-Range') or ''}".rstrip()
+
+
+def _leftover(part: pathlib.Path, name: str, resume: bool) -> BinaryIO | None:
+    """The part file left by a killed download, opened to be continued; None when there is none,
+    or when it may not be continued, having then removed it with a line saying why."""
+    try:
+        seen = os.lstat(part)
+    except FileNotFoundError:
+        return None
+    why_not = ("it is not a regular file" if not stat.S_ISREG(seen.st_mode)
+               else "without an md5 its bytes could not be checked" if not resume
+               else "it is empty" if seen.st_size == 0 else "")
+    if not why_not:
+        try:
+            fd = os.open(part, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            why_not = f"it cannot be opened: {exc.strerror}"
+        else:
+            opened = os.fstat(fd)
+            if ((opened.st_dev, opened.st_ino) == (seen.st_dev, seen.st_ino) and opened.st_nlink == 1
+                    and opened.st_uid == os.geteuid()):
+                return os.fdopen(fd, "r+b")
+            os.close(fd)
+            why_not = "it is not a file of this user's with a single link"
+    _say(f"Replacing the leftover {part.name} of an interrupted download of {name} ({why_not})")
+    part.unlink()
+    return None
