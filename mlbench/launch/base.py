@@ -31,7 +31,7 @@ from mlbench.errors import MlbenchError, UsageError
 from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints
 from mlbench.launch.follow import check_rank, follow_file
 from mlbench.launch.plan import LauncherAbilities, RunRequest, WorkerResources, create_run
-from mlbench.launch.run_folder import back_to_newest_checkpoint, events_path, log_path
+from mlbench.launch.run_folder import back_to_newest_checkpoint, changes_since_created, events_path, log_path
 from mlbench.network.settings import NetworkSettings
 from mlbench.results.events import EventTail
 from mlbench.results.live_export import LiveExport, Target
@@ -271,13 +271,16 @@ def reopen_from_checkpoint(store: RunStore, record: RunRecord, max_steps: int | 
     (:data:`NO_STEP_CAP`: none); None keeps the run's own, which must lie past the checkpoint.
     ``before_resume`` clears what the last start left outside the folder. Where the run folder
     and the checkpoints are: the CLI's machine for a local or Slurm run, the results service for
-    a cluster's (its ``/resume`` endpoint). One UsageError line for a run that cannot resume."""
+    a cluster's (its ``/resume`` endpoint). One UsageError line for a run that cannot resume,
+    before anything changes: among them a run whose run.json no longer says what the run was
+    created to compute (:func:`check_as_created`)."""
     if record.active:
         raise UsageError(f"run {record.id} is {record.state}: resume continues a run that stopped, failed "
                          "or was cancelled")
     document = RunDocument.load_or_none(record.run_dir)
     if document is None:
         raise UsageError(f"run {record.id} has no readable run.json to resume from")
+    check_as_created(store, record, document)
     config = document.config
     # config.workers: the group's size now (smaller than the store's after --on-failure shrink)
     done = complete_checkpoints(checkpoint_root(record.run_dir, config.checkpoint_dir), config.workers)
@@ -302,6 +305,31 @@ def reopen_from_checkpoint(store: RunStore, record: RunRecord, max_steps: int | 
     if not store.reopen(record.id):
         raise UsageError(f"run {record.id} started again meanwhile; not resumed")
     return store.get(record.id)
+
+
+#: How many of the differences a refused resume names.
+SHOWN_CHANGES = 3
+
+
+def check_as_created(store: RunStore, record: RunRecord, document: RunDocument) -> None:
+    """Refuse (one UsageError line naming what differs) to resume a run whose run.json was
+    edited since the run was created: a resume goes on from a checkpoint of the run as it was
+    recorded, and a changed batch size, task or optimizer would finish as one run what are two.
+    The comparison is with the configuration the catalog froze at creation
+    (:meth:`RunStore.frozen`), leaving out what mlbench itself rewrites
+    (:func:`~mlbench.launch.run_folder.changes_since_created`); a run created before the catalog
+    kept it resumes unchecked, as it did then."""
+    frozen = store.frozen(record.id)
+    if frozen is None:
+        return
+    changes = changes_since_created(frozen, document.to_dict())
+    if not changes:
+        return
+    shown = "; ".join(changes[:SHOWN_CHANGES])
+    if len(changes) > SHOWN_CHANGES:
+        shown += f"; and {len(changes) - SHOWN_CHANGES} more"
+    raise UsageError(f"run {record.id}: run.json changed since the run was created ({shown}); resume "
+                     "continues the run as it was recorded")
 
 
 def resumed_events_offset(record: RunRecord) -> int:

@@ -9,14 +9,18 @@ says about the job.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints, discard_incomplete_checkpoints
 from mlbench.results.events import EVENTS_DIR, read_rank_events, read_run_events
+from mlbench.results.faults import worker_sizes
+from mlbench.results.goodput import FAULTS_SECTION
 from mlbench.results.heartbeat import HEARTBEATS_DIR
-from mlbench.run_config import RunDocument
+from mlbench.results.store import FROZEN_SECTIONS
+from mlbench.run_config import CONFIG_ROLES, RUNTIME, RunDocument
 
 LOGS_DIR = "logs"
 
@@ -52,6 +56,72 @@ def back_to_newest_checkpoint(run_dir: Path, document: RunDocument, workers: int
     document.config.resume_step = newest
     shutil.rmtree(run_dir / HEARTBEATS_DIR, ignore_errors=True)
     return newest
+
+
+#: The fields of run.json's ``config`` that mlbench itself rewrites after the run is created,
+#: left out when a resume compares run.json with the configuration frozen at creation: the
+#: rendezvous address and port (each start's supervisor), the checkpoint a start goes on from
+#: (:func:`back_to_newest_checkpoint`) and the step cap (`mlbench resume --max-steps`, which
+#: may change it). ``workers`` is compared with the group's size after its last recorded shrink
+#: (``faults.restarts``) instead. The sections other than :data:`FROZEN_SECTIONS` (the
+#: launcher's job and corrected ``nodes``/``on_this_machine``, ``resumes``, ``faults``, the
+#: environment, placement and network) are not frozen at all.
+REWRITTEN_CONFIG = frozenset({*(name for name, role in CONFIG_ROLES.items() if role == RUNTIME), "max_steps"})
+_ABSENT = object()
+
+
+def changes_since_created(frozen: dict[str, Any], document: dict[str, Any]) -> list[str]:
+    """What differs between run.json as it is now (``document``) and as it was created
+    (``frozen``: the catalog's record, :meth:`~mlbench.results.store.RunStore.frozen`), one
+    ``PATH OLD -> NEW`` per value (``config.task.settings.batch_per_worker 100 -> 50``), in the
+    document's order; empty when the run is as it was recorded. Both sides are read through
+    :class:`RunDocument` first, so a field that a later mlbench adds with its default, or a key
+    it does not know, is no change; ``100`` and ``100.0`` are."""
+    old, new = _comparable(frozen), _comparable(document)
+    created = old.get("config", {}).get("workers") if isinstance(old.get("config"), dict) else None
+    if isinstance(created, int):
+        faults = document.get(FAULTS_SECTION)
+        restarts = faults.get("restarts") if isinstance(faults, dict) else None
+        old["config"]["workers"] = worker_sizes(created, restarts if isinstance(restarts, list) else [])[-1]
+    return _differences("", old, new)
+
+
+def _comparable(document: dict[str, Any]) -> dict[str, Any]:
+    """The frozen sections of ``document`` as this mlbench reads and writes them, without the
+    fields mlbench rewrites (:data:`REWRITTEN_CONFIG`)."""
+    sections = {key: document[key] for key in FROZEN_SECTIONS if key in document}
+    try:
+        normal = RunDocument.from_dict(sections).to_dict()
+        sections = {key: normal[key] for key in FROZEN_SECTIONS if key in normal}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        pass   # a record this mlbench cannot read as a run: compared as it stands
+    sections = json.loads(json.dumps(sections, default=str))
+    if isinstance(sections.get("config"), dict):
+        for name in REWRITTEN_CONFIG:
+            sections["config"].pop(name, None)
+    return sections
+
+
+def _differences(path: str, old: Any, new: Any) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = [*old, *(key for key in new if key not in old)]
+        return [change for key in keys
+                for change in _differences(f"{path}.{key}" if path else key, old.get(key, _ABSENT),
+                                           new.get(key, _ABSENT))]
+    if old is not _ABSENT and new is not _ABSENT and _canonical(old) == _canonical(new):
+        return []
+    return [f"{path} {_shown(old)} -> {_shown(new)}"]
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _shown(value: Any) -> str:
+    if value is _ABSENT:
+        return "(none)"
+    text = value if isinstance(value, str) and value else _canonical(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 class Outcome(NamedTuple):

@@ -5,8 +5,10 @@ SQLite's errors as one sentence.
   catalog from version v to v+1; opening a writable store applies the missing ones in one
   transaction, so a store written by any earlier release opens in a later one. Version 0 is a
   catalog without a version: an empty file, or one written before versions were recorded, whose
-  table is exactly version 1's (``CREATE ... IF NOT EXISTS`` leaves it as it is). A catalog of a
-  newer mlbench is refused rather than guessed at.
+  table is exactly version 1's (``CREATE ... IF NOT EXISTS`` leaves it as it is). Version 2 adds
+  ``frozen_runs``, each run's configuration as it was created (``RunStore.frozen``); the runs of
+  an older catalog have no row there. A catalog of a newer mlbench is refused rather than
+  guessed at.
 - **Read-only.** `status`, `download`, `compare` and `charts` only read, so they open the catalog
   with SQLite's ``mode=ro`` and create nothing: they work on a store mounted read-only, owned by
   someone else, or on a full disk. SQLite's WAL mode needs a writable ``runs.db-shm`` beside the
@@ -53,8 +55,18 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE INDEX IF NOT EXISTS runs_name ON runs(name);
 """
+#: Version 2: the sections of each run's run.json that say what it computes, frozen when it is
+#: created (canonical JSON and its SHA-256; mlbench.results.store.FROZEN_SECTIONS), in a table
+#: of their own so that the runs table that every reader queries stays version 1's.
+_V2 = """
+CREATE TABLE IF NOT EXISTS frozen_runs (
+    id TEXT PRIMARY KEY,
+    sha256 TEXT NOT NULL,
+    frozen TEXT NOT NULL
+);
+"""
 #: MIGRATIONS[v] is the SQL that takes a catalog from version v to v + 1.
-MIGRATIONS: tuple[str, ...] = (_V1,)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 SCHEMA_VERSION = len(MIGRATIONS)
 #: The oldest version whose table today's queries read unchanged (read-only opens never migrate).
 OLDEST_READABLE = 0
@@ -221,7 +233,7 @@ class Catalog:
     def _open_read(self) -> sqlite3.Connection:
         if not self.path.exists():  # nothing recorded yet: an empty catalog, and nothing created
             db = sqlite3.connect(":memory:")
-            db.executescript(_V1)
+            db.executescript("".join(MIGRATIONS))
             return db
         try:
             db = sqlite3.connect(self._uri("ro"), uri=True, timeout=BUSY_SECONDS)

@@ -9,10 +9,23 @@ versions, read-only opening and one-line errors are in :mod:`mlbench.results.cat
 
 Runs hold hyper-parameters, host names and logs, so the store is its user's alone, as the
 cluster config is: folders are created with mode 700 and files with mode 600.
+
+A run's configuration is frozen when the run is created: the sections of run.json that say what
+it computes (:data:`FROZEN_SECTIONS`) are kept in the catalog's ``frozen_runs`` table with their
+SHA-256, written in the same transaction as the run's row and never updated, so that `mlbench
+resume` can refuse a run.json edited since (:meth:`RunStore.frozen`). The catalog, not a
+read-only copy in the run folder, because a file's mode 0o444 stops no one who can edit run.json
+beside it (its owner may chmod it, or replace it as mlbench replaces run.json), a folder copied
+or restored from elsewhere carries whatever copy it holds, and a cluster's run folder is copied
+back and forth between the results service and this machine, while the catalog is one file that
+only mlbench writes, through SQL, in the store that created the run (the service's, for a run
+on a cluster, which is where its resume is checked). A run created before this has no frozen
+record and resumes as before.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -44,9 +57,21 @@ RUN_FOLDER_FILES = re.compile(r"^(run\.json|checkpoints\.json|settled|events/ran
 #: mirror's copy of the folder is whole only then (mlbench.launch.k8s_mirror)
 SETTLED_FILE = "settled"
 
+#: The sections of run.json that say what a run computes, frozen when it is created: its task,
+#: division and what made it open, its configuration and its data's identity. The other
+#: sections (environment, command, placement, network, nodes, a launcher's job, resumes, faults)
+#: describe where and how it ran and are rewritten while it goes.
+FROZEN_SECTIONS = ("task", "division", "changed", "config", "data")
+
 _COLUMNS = ("id", "name", "task", "workers", "state", "division", "optimizer", "launcher",
             "created_at", "started_at", "finished_at", "reason", "result", "supervisor_pid",
             "seed", "group_id")
+
+
+def frozen_text(run_json: dict[str, Any]) -> str:
+    """The frozen sections of ``run_json`` as canonical JSON (sorted keys, no spaces)."""
+    frozen = {key: run_json[key] for key in FROZEN_SECTIONS if key in run_json}
+    return json.dumps(frozen, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def default_home() -> Path:
@@ -163,12 +188,15 @@ class RunStore:
                 write_json_atomic(run_dir / "run.json", {"id": run_id, "name": name, **run_json})
             except OSError as err:
                 raise self.catalog.os_error(err) from None
+            frozen = frozen_text(run_json)
             with self.catalog.connect(write=True) as db:
                 db.execute(
                     "INSERT INTO runs (id, name, task, workers, state, division, optimizer, launcher, "
                     "created_at, seed, group_id) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                     (run_id, name, task, workers, PENDING, division, optimizer, launcher, time.time(),
                      seed, group_id))
+                db.execute("INSERT INTO frozen_runs (id, sha256, frozen) VALUES (?,?,?)",
+                           (run_id, hashlib.sha256(frozen.encode()).hexdigest(), frozen))
         except BaseException:
             shutil.rmtree(run_dir, ignore_errors=True)  # ours: created above
             raise
@@ -194,6 +222,21 @@ class RunStore:
             ids = ", ".join(r[0] for r in rows[:5])
             raise RunNotFound(f"{ref!r} matches several runs ({ids}); give more of the id")
         return self._record(rows[0])
+
+    def frozen(self, run_id: str) -> dict[str, Any] | None:
+        """The sections of run.json frozen when run ``run_id`` was created
+        (:data:`FROZEN_SECTIONS`); None for a run created before they were kept. A record whose
+        hash does not match it (a catalog edited by hand or damaged) is refused in one line."""
+        with self.catalog.connect() as db:
+            row = db.execute("SELECT sha256, frozen FROM frozen_runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            return None
+        sha256, text = row
+        if hashlib.sha256(text.encode()).hexdigest() != sha256:
+            raise StoreError(f"run {run_id}: the configuration the run catalog {self.db_path} froze when "
+                             "the run was created does not match its SHA-256; the catalog was edited or "
+                             "damaged")
+        return json.loads(text)
 
     # -- updating -------------------------------------------------------------------------
     def update(self, run_id: str, **values: Any) -> None:
@@ -288,3 +331,4 @@ class RunStore:
     def _delete_row(self, run_id: str) -> None:
         with self.catalog.connect(write=True) as db:
             db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+            db.execute("DELETE FROM frozen_runs WHERE id = ?", (run_id,))
