@@ -8,8 +8,11 @@ overwrite ``~/.bashrc``.
 
 - :func:`replacing` writes a partial file beside the target, created exclusively and never
   through a link (``O_CREAT | O_EXCL | O_NOFOLLOW``), and renames it over the target when it is
-  complete; the rename replaces a link at the target itself, never what it points to. A partial
-  file already there (planted, or left by an interrupted write) is refused in one sentence.
+  complete; the rename replaces a link at the target itself, never what it points to. The writer
+  holds an exclusive lock (``flock``) on its partial file while it writes. A partial file that an
+  interrupted writer left (a killed `mlbench download`: a regular file of this user's that no
+  process holds locked) is removed and written anew; one that a live writer holds, or a link or
+  anything else planted at that name, is refused in one sentence.
 - :func:`open_append` opens a log or event file for appending, created with mode 600 when new,
   and refuses a link at its name.
 
@@ -19,8 +22,10 @@ This module sits below every layer (the results, the launchers and the cloud cod
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -57,8 +62,13 @@ def replacing(path: str | os.PathLike, mode: int = 0o666, unique: bool = False) 
     try:
         fd = os.open(tmp, _CREATE, mode)
     except FileExistsError:
-        raise FileInTheWay(f"{tmp} already exists (another mlbench writing {target.name}, or one that "
-                           "was interrupted); remove it and try again") from None
+        _remove_if_abandoned(tmp, target)
+        try:
+            fd = os.open(tmp, _CREATE, mode)
+        except FileExistsError:  # another writer took the name in between
+            raise FileInTheWay(f"{tmp} already exists (another mlbench writing {target.name}); try again "
+                               "when it has finished") from None
+    fcntl.flock(fd, fcntl.LOCK_EX)   # ours while we write: a later writer leaves it alone
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -69,6 +79,35 @@ def replacing(path: str | os.PathLike, mode: int = 0o666, unique: bool = False) 
         with contextlib.suppress(OSError):
             tmp.unlink()  # ours: created exclusively above
         raise
+
+
+def _remove_if_abandoned(tmp: Path, target: Path) -> None:
+    """Remove the partial file ``tmp`` if an interrupted writer left it: a regular file of this
+    user's with one link that no process holds locked. Else refuse in one sentence: a live
+    writer's, or a link or other file planted there, which is never followed or removed."""
+    in_the_way = FileInTheWay(f"{tmp} already exists and is not a partial file an interrupted mlbench left "
+                              f"(a link, another user's file, or another mlbench writing {target.name}); "
+                              "remove it and try again")
+    try:
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return   # gone meanwhile: the caller creates it
+    except OSError:
+        raise in_the_way from None   # a link (ELOOP) or what cannot be opened
+    try:
+        seen = os.fstat(fd)
+        if not stat.S_ISREG(seen.st_mode) or seen.st_nlink != 1 or seen.st_uid != os.getuid():
+            raise in_the_way
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FileInTheWay(f"{tmp} is being written by another mlbench writing {target.name}; try again "
+                               "when it has finished") from None
+        now = os.stat(tmp, follow_symlinks=False)
+        if (now.st_ino, now.st_dev) == (seen.st_ino, seen.st_dev):
+            os.unlink(tmp)   # the abandoned file itself, still at its name
+    finally:
+        os.close(fd)
 
 
 def write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o666, unique: bool = False) -> Path:

@@ -135,3 +135,27 @@ def test_charts_never_write_through_a_link_at_an_image_or_its_partial_file(tmp_p
     assert_untouched(victim)
     assert part.is_symlink()
     assert not [p for p in os.listdir(out) if p.endswith(".part") and p != part.name]
+
+
+def test_a_partial_file_an_interrupted_download_left_is_written_anew_and_a_live_writers_is_refused(tmp_path):
+    import fcntl
+
+    target = tmp_path / "run.zip"
+    part = tmp_path / "run.zip.part"
+    part.write_bytes(b"half a zip, its writer SIGKILLed")   # nobody holds it any more
+    write_text(target, "whole\n")
+    assert target.read_text() == "whole\n" and not part.exists()
+
+    part.write_bytes(b"being written")
+    with open(part, "rb") as held:                             # a live writer's lock
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(FileInTheWay, match=r"run\.zip\.part is being written by another mlbench"):
+            write_text(target, "newer\n")
+    assert target.read_text() == "whole\n" and part.read_bytes() == b"being written"
+    part.unlink()
+    hard = tmp_path / "elsewhere"
+    hard.write_bytes(b"precious")
+    os.link(hard, part)                                        # a hard link planted at the name
+    with pytest.raises(FileInTheWay, match="is not a partial file an interrupted mlbench left"):
+        write_text(target, "newer\n")
+    assert hard.read_bytes() == b"precious"
