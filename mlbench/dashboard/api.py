@@ -37,6 +37,7 @@ from mlbench.results.archive import write_archive
 from mlbench.results.compare import comparison_of
 from mlbench.results.events import read_events_from, read_run_events
 from mlbench.results.mllog import write_mllog
+from mlbench.results.offsets import parse_offset, whole_lines_within
 from mlbench.results.store import StoreError
 from mlbench.results.summary import summarize
 
@@ -96,17 +97,8 @@ def _errors_as_json(handler: Callable[..., Response]) -> Callable[..., Response]
     return wrapped
 
 
-#: The largest byte offset a file can be read from (a signed 64-bit off_t).
-MAX_OFFSET = 2**63 - 1
 _NUMBER = re.compile(r"[0-9]+")
 _RANK = re.compile(r"[0-9]{1,9}")
-
-
-def parse_offset(text: str, what: str) -> int:
-    """A byte offset in a query (ASCII digits, at most MAX_OFFSET), else a one-line UsageError."""
-    if not _NUMBER.fullmatch(text) or len(text) > 19 or int(text) > MAX_OFFSET:
-        raise UsageError(f"{what}: expected a byte offset, a whole number from 0 to {MAX_OFFSET}")
-    return int(text)
 
 
 def parse_cursor(text: str) -> dict[int, int]:
@@ -162,8 +154,8 @@ class Api:
         cursor = parse_cursor(request.query_params.get("since", ""))
         events, after = [], {}
         for path in sorted((record.run_dir / "events").glob("rank-*.jsonl")):
-            rank = int(path.stem.split("-")[1])
-            new, after[rank] = read_events_from(path, cursor.get(rank, 0))
+            rank = int(path.stem.split("-")[1])  # a cursor past a file's end reads from its end
+            new, after[rank] = read_events_from(path, whole_lines_within(path, cursor.get(rank, 0)))
             events += new
         events.sort(key=lambda e: (e.get("time", 0), e.get("rank", 0)))
         return Json({"events": events, "next": ",".join(f"{r}:{o}" for r, o in sorted(after.items()))})

@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from mlbench.errors import MlbenchError
 from mlbench.results.http_sink import TOKEN_HEADER
+from mlbench.results.offsets import parse_offset
 from mlbench.results.store import CANCELLED, FAILED, default_home
 from mlbench.server.connections import HttpServer, Reply, Request, log
 from mlbench.server.service import HttpError, ResultsService, record_json
@@ -69,7 +70,7 @@ def _routes(service: ResultsService) -> list[_Route]:
     def read_file(ref, body, query):
         offset = query.get("offset", ["0"])[0]
         return service.read(service.run(ref), query.get("path", [""])[0],
-                            int(offset) if offset.isdigit() else 0)
+                            parse_offset(offset, f"offset={offset!r}"))
 
     table: list[tuple[str, str, str | None, str, Callable[..., Any]]] = [
         ("GET", "/healthz", None, "none", lambda body, query: b"ok"),

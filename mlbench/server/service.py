@@ -17,7 +17,8 @@ The HTTP side (limits, timeouts, logs) and :func:`~mlbench.server.httpd.serve` a
     GET    /v1/runs                        the catalog           POST /v1/runs  create a run
     GET    /v1/runs/RUN                    one run (id, name or id prefix)
     GET    /v1/runs/RUN/files              {path: size} of run.json, events/*, logs/*
-    GET    /v1/runs/RUN/file?path=P&offset=N   the bytes of a file from offset N
+    GET    /v1/runs/RUN/file?path=P&offset=N   the bytes of a file from offset N (0 to 2^63-1;
+                                           past the file's end: none)
     POST   /v1/runs/RUN/events             the run's token: {"rank": r, "events": [...]} -> {"next_seq": n}
                                            (200: all of them stored; n: the rank's lowest number
                                            not stored yet)
@@ -45,6 +46,7 @@ from mlbench.results.checkpoints import CHECKPOINTS_FOLDER
 from mlbench.results.events import event_problem
 from mlbench.results.heartbeat import Beat, on_clock_of_receiver, write_beat
 from mlbench.results.http_sink import run_token
+from mlbench.results.offsets import seek_within
 from mlbench.results.store import ACTIVE_STATES, CANCELLED, RUN_FOLDER_FILES, RunRecord, RunStore
 from mlbench.server.eventlog import EventLog
 from mlbench.server.watch import HeartbeatWatch
@@ -128,7 +130,7 @@ class ResultsService:
             raise HttpError(400, f"no such file {relative!r}")
         try:
             with open(record.run_dir / relative, "rb") as f:
-                f.seek(max(0, offset))
+                seek_within(f, offset)  # past the end: nothing (mlbench.results.offsets says why)
                 return f.read(MAX_CHUNK)
         except FileNotFoundError:
             raise HttpError(404, f"run {record.id} has no file {relative}") from None

@@ -67,6 +67,39 @@ def test_a_wrong_offset_is_a_400_with_one_line(bare, query, text):
     assert status == 400 and text in one_line(document), document
 
 
+PAST_THE_END = [2**44, 2**62, 2**63 - 1]   # 16 TiB: past ext4's largest file; the largest off_t
+
+
+@pytest.mark.parametrize("offset", PAST_THE_END, ids=["16TiB", "2^62", "2^63-1"])
+def test_an_events_cursor_offset_past_the_end_reads_nothing_and_gives_the_end_of_its_last_whole_line(bare, offset):
+    """Clamped, not refused (mlbench.results.offsets says why); a line still being written at
+    the end is not taken into the cursor, and the dashboard answers the next request."""
+    run = bare.store().list()[0]
+    events = run.run_dir / "events" / "rank-0.jsonl"
+    whole = events.read_bytes()
+    try:
+        with open(events, "ab") as f:
+            f.write(b'{"time": 9, "rank": 0')   # a line still being written
+        status, document = answer(bare, f"/api/runs/{run.id}/events?since=0:{offset}")
+        assert (status, document) == (200, {"events": [], "next": f"0:{len(whole)}"})
+    finally:
+        events.write_bytes(whole)
+    status, document = answer(bare, f"/api/runs/{run.id}/events?since={document['next']}")
+    assert (status, document) == (200, {"events": [], "next": f"0:{len(whole)}"})
+    status, document = answer(bare, f"/api/runs/{run.id}/events")
+    assert status == 200 and document["events"] and document["next"] == f"0:{len(whole)}"
+
+
+@pytest.mark.parametrize("offset", PAST_THE_END, ids=["16TiB", "2^62", "2^63-1"])
+def test_a_log_offset_past_the_end_reads_nothing_and_gives_the_logs_size(bare, offset):
+    run = bare.store().list()[0]
+    (run.run_dir / "logs" / "rank-0.log").write_text("one line\n")
+    status, document = answer(bare, f"/api/runs/{run.id}/logs/rank-0.log?offset={offset}")
+    assert (status, document) == (200, {"name": "rank-0.log", "text": "", "start": 9, "next": 9})
+    status, document = answer(bare, f"/api/runs/{run.id}/logs/rank-0.log?offset=0")
+    assert (status, document["text"], document["next"]) == (200, "one line\n", 9)
+
+
 @pytest.mark.parametrize("price", ["nan", "inf", "-1", "cheap"])
 def test_a_wrong_price_is_a_400_with_one_line(bare, price):
     run = bare.store().list()[0]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from mlbench.results.events import read_rank_events
@@ -319,3 +322,34 @@ def test_a_ranks_worker_started_again_has_every_event_stored(service):
             sink.write({"time": float(step), "rank": 0, "epoch": 0.0, "step": step, "name": "x", "value": step})
         sink.close()
     assert [e["step"] for e in stored(service, run_id, 0)] == list(range(200))
+
+
+def read_file(service, run_id: str, offset: str) -> tuple[int, bytes]:
+    """(status, body) of ``GET /v1/runs/RUN/file?path=run.json&offset=OFFSET``: its bytes, or an error."""
+    request = urllib.request.Request(f"{service.url}/v1/runs/{run_id}/file?path=run.json&offset={offset}",
+                                     headers={"X-Mlbench-Token": ADMIN_TOKEN})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def test_a_file_offset_past_the_end_reads_nothing_and_one_not_up_to_2_63_is_a_400_with_one_line(service):
+    """Offsets the file system cannot seek to (ext4's largest file is 16 TiB) read nothing, as
+    the dashboard's do (mlbench.results.offsets says why); what is not ASCII digits up to 2^63-1
+    is a 400 with one line. Never a 500, never an error in the service's log, and the service
+    answers the next request."""
+    run_id = new_run(service)
+    whole = (service.home / "runs" / run_id / "run.json").read_bytes()
+    assert read_file(service, run_id, "0") == (200, whole)
+    for offset in (2**44, 2**62, 2**63 - 1, len(whole)):
+        assert read_file(service, run_id, str(offset)) == (200, b""), offset
+        assert read_file(service, run_id, "1") == (200, whole[1:])
+    for offset in ("99999999999999999999", str(2**63), "%C2%B2", "-1", "0x10", "9" * 5000):
+        status, body = read_file(service, run_id, offset)
+        error = json.loads(body)["error"]
+        assert status == 400 and "expected a byte offset, a whole number from 0 to 9223372036854775807" in error \
+            and "\n" not in error, (offset, body)
+        assert read_file(service, run_id, "0") == (200, whole)
+    assert "error handling" not in service.log.read_text()
