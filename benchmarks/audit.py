@@ -299,13 +299,19 @@ def case_2(work: Path) -> list[Row]:
 
 
 def case_3(work: Path, run_id: str) -> list[Row]:
+    """The link is planted at the MLPerf log's partial file: `download -o X.zip --format mlperf`
+    writes the zip to X.zip and the log to X.mllog.txt through X.mllog.txt.part. On 05eea0e^ (the
+    commit before safefile), write_mllog wrote that partial file with Path.write_text, which
+    follows the link, so this case reads "FAILED" there (the victim overwritten); planting it at
+    X.mllog.txt.part with `-o X.mllog.txt`, as this case once did, hit the zip's own partial file
+    (X.mllog.txt.part again), which was always refused, and so could not fail."""
     victim = work / "victim.txt"
     victim.write_text("precious\n")
-    target = work / "X.mllog.txt"
+    target = work / "X.zip"
     (work / "X.mllog.txt.part").symlink_to(victim)
     proc = mlbench("download", run_id, "-o", str(target), "--format", "mlperf")
     held = victim.read_text() == "precious\n"
-    return [Row("3 planted symlink", "ln -s victim X.mllog.txt.part; download --format mlperf -o X.mllog.txt",
+    return [Row("3 planted symlink", "ln -s victim X.mllog.txt.part; download --format mlperf -o X.zip",
                 "the victim is unchanged", held, f"exit {proc.returncode}; victim "
                 f"{'unchanged' if held else 'overwritten'}")]
 
