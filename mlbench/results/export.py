@@ -13,12 +13,18 @@ show the same numbers under the same names (docs/exporters.md):
 - task 0a's sweep as ``allreduce/<dtype>/<figure>`` with the message size in bytes as the step;
 - the summary (``summary/...``) and the result (``result/...``) as `status RUN` reports them,
   with the unit in the name where there is one (``_s``, ``_gbps``, ``_us``).
+
+A series' name comes from its event, which workers and plug-ins write, so it can be anything;
+in MLflow's store it becomes a file's path. Every name is exported as a safe key
+(:func:`safe_key`), the same in every tool, and two names of one run that would share a key are
+refused in one line (:class:`SeriesNames`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,22 +139,82 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str | int | flo
     return out
 
 
-def event_points(events: Iterable[dict[str, Any]]) -> list[Point]:
+#: The characters a key keeps: those MLflow accepts in a metric's name on every system
+#: (``mlflow.utils.validation.validate_param_and_metric_name``), in ASCII; any other becomes ``_``.
+_UNSAFE_CHARACTER = re.compile(r"[^A-Za-z0-9_.\- /]")
+#: MLflow's longest metric name (``MAX_ENTITY_KEY_LENGTH``); in ASCII, shorter than a file name may be.
+MAX_KEY_LENGTH = 250
+
+
+def safe_key(name: str) -> str:
+    """``name`` as a key that every tool takes and that names no file outside its folder.
+
+    Two rules, so that a key still reads as its name: every character outside letters, digits,
+    ``_ - .``, space and ``/`` becomes ``_`` (``train/a\\x00b`` -> ``train/a_b``); and in every
+    part between slashes, an empty part becomes ``_`` and the leading dots of a part become as
+    many ``_`` (``train/../../escape`` -> ``train/__/__/escape``, ``/abs`` -> ``_/abs``,
+    ``a//b`` -> ``a/_/b``). Whole characters are replaced, never dropped, so the slashes (the
+    tools' sections) stay where they were. The result is a relative path that
+    ``posixpath.normpath`` leaves as it is: what MLflow requires of a name
+    (``mlflow.utils.validation.path_not_unique``), and a file name in its store that stays in
+    the run's folder and is never hidden. mlbench's own names are kept as they are."""
+    return "/".join(_safe_part(part) for part in _UNSAFE_CHARACTER.sub("_", name).split("/"))
+
+
+def _safe_part(part: str) -> str:
+    """One part of a name between slashes: never empty, never beginning with a dot."""
+    rest = part.lstrip(".")
+    return "_" * (len(part) - len(rest)) + rest if part else "_"
+
+
+class SeriesNames:
+    """The keys of one run's series in one export (after the run, or live across its looks): a
+    name's :func:`safe_key`, or a usage error of one line when two names would share a key or a
+    key would be longer than :data:`MAX_KEY_LENGTH`."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        self._keys: dict[str, str] = {}
+        self._names: dict[str, str] = {}
+
+    def key(self, name: str) -> str:
+        known = self._keys.get(name)
+        if known is not None:
+            return known
+        key = safe_key(name)
+        if len(key) > MAX_KEY_LENGTH:
+            raise UsageError(f"run {self.run_id}: the metric {_shown(name)} has a name of {len(key)} "
+                             f"characters; an exported name has at most {MAX_KEY_LENGTH} (MLflow's limit)")
+        other = self._names.setdefault(key, name)
+        if other != name:
+            raise UsageError(f"run {self.run_id}: the metrics {_shown(other)} and {_shown(name)} would both "
+                             f"be exported as {key!r} (docs/exporters.md, \"Names\"): the run cannot be exported")
+        self._keys[name] = key
+        return key
+
+
+def _shown(name: str) -> str:
+    """A name in a message of one line: quoted, its control characters escaped, at most 80 long."""
+    return repr(name if len(name) <= 80 else name[:77] + "...")
+
+
+def event_points(events: Iterable[dict[str, Any]], names: SeriesNames) -> list[Point]:
     """The points of events (as :mod:`mlbench.results.events` reads them): every number, and
-    each row of task 0a's sweep; objects that are no series (result, environment) give none."""
+    each row of task 0a's sweep, named by ``names``; objects that are no series (result,
+    environment) give none."""
     points = []
     for event in events:
         name, rank = event["name"], event["rank"]
         value: Any = event.get("value")  # of the type its name gives (checked by the readers)
         if name.startswith(NUMERIC_PREFIXES) and math.isfinite(value):
             tag = name if rank == 0 else f"rank{rank}/{name}"
-            points.append(Point(tag, value, event["step"], event["time"]))
+            points.append(Point(names.key(tag), value, event["step"], event["time"]))
         elif name == "allreduce":
-            points.extend(sweep_points(value, event["time"]))
+            points.extend(sweep_points(value, event["time"], names))
     return points
 
 
-def sweep_points(row: dict[str, Any], when: float) -> list[Point]:
+def sweep_points(row: dict[str, Any], when: float, names: SeriesNames) -> list[Point]:
     """One row of task 0a's sweep: bandwidths in GB/s and the time of one all-reduce in
     microseconds, at the message size in bytes."""
     try:
@@ -159,8 +225,8 @@ def sweep_points(row: dict[str, Any], when: float) -> list[Point]:
     for key, figure in SWEEP_FIGURES.items():
         value = row.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            points.append(Point(f"allreduce/{dtype}/{figure}", 1e6 * value if key == "time_s" else value,
-                                size, when))
+            points.append(Point(names.key(f"allreduce/{dtype}/{figure}"),
+                                1e6 * value if key == "time_s" else value, size, when))
     return points
 
 
@@ -215,4 +281,5 @@ def last_step(points: list[Point]) -> int:
 def exported_run(record: RunRecord) -> ExportedRun:
     """Everything a run recorded, ready for any exporter."""
     events = read_run_events(record.run_dir)
-    return ExportedRun(run_head(record), event_points(events), summary_values(record, summarize(events)))
+    return ExportedRun(run_head(record), event_points(events, SeriesNames(record.id)),
+                       summary_values(record, summarize(events)))

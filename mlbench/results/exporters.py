@@ -11,6 +11,11 @@ line that names its extra.
 A writer is opened with the run's head, takes points as they come (all at once after a run,
 in batches during one) and is finished with the summary; on a failure half-way, what it
 wrote is removed again, so a folder never holds half a run that looks whole.
+
+No library is given a folder that mlbench has not written a file in first
+(:func:`writable_folder`): W&B, given one it cannot write, writes the run into the system's
+temporary folder instead, and the others fail in their own words. A W&B run that is not in
+the folder asked for all the same is removed and refused.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import tempfile
 import time
 import warnings
 from abc import ABC, abstractmethod
@@ -44,6 +50,34 @@ def _library(tool: str) -> Iterator[None]:
         raise UsageError(f"--to {tool}: {err}") from None
 
 
+def writable_folder(folder: Path, what: str, *, keep: bool = True) -> None:
+    """Create ``folder`` (and its parents) and write and remove a file in it, or a usage error
+    of one line, ``what`` first, naming the folder: a path under a file, a read-only file
+    system, a folder without the permission. A real write, not ``os.access``, which root passes
+    on a folder of mode 0555. The folders it created are removed again when it fails, and with
+    ``keep=False`` (a check before a run exists) when it succeeds too."""
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
+    kept = False
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".mlbench-write-test-", dir=folder)
+        try:
+            os.write(handle, b"mlbench")
+        finally:
+            os.close(handle)
+            os.unlink(probe)
+        kept = keep
+    except FileExistsError:
+        raise UsageError(f"{what}: {folder} is a file, not a folder") from None
+    except OSError as err:
+        doing = "write in" if folder.is_dir() else "create"
+        raise UsageError(f"{what}: cannot {doing} the folder {folder} ({err.strerror or err})") from None
+    finally:
+        for made in () if kept else created:  # deepest first
+            with contextlib.suppress(OSError):
+                made.rmdir()
+
+
 class Writer(ABC):
     """One run in one tool's files."""
 
@@ -56,7 +90,8 @@ class Writer(ABC):
     @classmethod
     @abstractmethod
     def conflict(cls, out_dir: Path, head: RunHead) -> str | None:
-        """Why ``out_dir`` cannot take this run (it holds it already, or is something else)."""
+        """Why ``out_dir``, a folder mlbench has written in (:func:`writable_folder`), cannot take
+        this run (it holds it already, or is something else)."""
 
     @abstractmethod
     def write(self, points: Sequence[Point]) -> None:
@@ -195,10 +230,6 @@ class MlflowWriter(Writer):
 
     @classmethod
     def conflict(cls, out_dir: Path, head: RunHead) -> str | None:
-        if not out_dir.exists():
-            return None  # (a client would create the store: only look at one that exists)
-        if not out_dir.is_dir():
-            return f"{out_dir} is a file, not an MLflow store folder"
         if any(out_dir.iterdir()) and not any((out_dir / name).exists() for name in (".trash", "0/meta.yaml")):
             return f"{out_dir} is a folder with other files, not an MLflow file store: choose another folder"
         client = cls._client(out_dir)
@@ -247,14 +278,21 @@ class WandbWriter(Writer):
         super().__init__(out_dir, head)
         with _library("wandb"):
             import wandb
-        out_dir.mkdir(parents=True, exist_ok=True)
+        # ``dir`` (W&B's root_dir) is given, which wins over a WANDB_DIR of the environment; W&B
+        # still writes into tempfile.gettempdir() when it finds it unusable (its
+        # ``try_create_root_dir``: os.makedirs fails or os.access denies it), hence the check below.
         settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, disable_git=True,
                                   save_code=False)
-        self.run = wandb.init(dir=str(out_dir), project="mlbench", name=head.name, id=head.id,
+        self.run = wandb.init(dir=str(out_dir.resolve()), project="mlbench", name=head.name, id=head.id,
                               group=head.group_id, job_type=head.task, tags=[head.task],
                               notes=metrics_text(head), config={**head.hparams, **{
                                   f"mlbench.{k}": v for k, v in head.metric_info.items()}},
                               mode="offline", settings=settings, reinit="create_new")
+        if not self._in_out_dir(self.folder):
+            elsewhere = self.folder
+            self.discard()
+            raise UsageError(f"W&B did not write into {out_dir} but into {elsewhere} (removed again): "
+                             "choose a folder it can write")
         self.run.define_metric("step")
         self.run.define_metric("allreduce/bytes")
         self.run.define_metric("*", step_metric="step")
@@ -262,11 +300,9 @@ class WandbWriter(Writer):
 
     @classmethod
     def conflict(cls, out_dir: Path, head: RunHead) -> str | None:
-        found = sorted((out_dir / "wandb").glob(f"*-{head.id}")) if out_dir.is_dir() else []
+        found = sorted((out_dir / "wandb").glob(f"*-{head.id}"))
         if found:
             return f"{found[0]} exists already (an export of run {head.id}): remove it or choose another folder"
-        if out_dir.exists() and not out_dir.is_dir():
-            return f"{out_dir} is a file, not a folder"
         return None
 
     def write(self, points: Sequence[Point]) -> None:
@@ -290,15 +326,33 @@ class WandbWriter(Writer):
         self.run.notes = metrics_text(self.head)
         self.run.summary.update(summary)
         self.run.finish(exit_code=0 if state == FINISHED else 1)
+        written = self.folder / f"run-{self.head.id}.wandb"
+        if not (written.is_file() and self._in_out_dir(written)):
+            raise UsageError(f"W&B did not write {written} in {self.out_dir}")
+
+    @property
+    def folder(self) -> Path:
+        """The run's folder, where W&B put it (``run.dir`` is its ``files/`` folder)."""
+        return Path(self.run.dir).parent
+
+    def _in_out_dir(self, path: Path) -> bool:
+        return path.resolve().is_relative_to(self.out_dir.resolve())
 
     def discard(self) -> None:
-        folder = Path(self.run.dir).parent  # run.dir is the run's files/ folder
+        """The run's folder, and W&B's links to it beside it (``latest-run``, ``debug.log``,
+        ``debug-internal.log``), and W&B's folder when that is then empty."""
+        folder = self.folder.resolve()
         self.run.finish(exit_code=1)
         shutil.rmtree(folder, ignore_errors=True)
+        for link in folder.parent.iterdir() if folder.parent.is_dir() else ():
+            if link.is_symlink() and (folder.parent / os.readlink(link)).resolve().is_relative_to(folder):
+                link.unlink()
+        with contextlib.suppress(OSError):
+            folder.parent.rmdir()  # (only when empty)
 
     @property
     def location(self) -> str:
-        return str(Path(self.run.dir).parent)
+        return str(self.folder)
 
 
 WRITERS: dict[str, type[Writer]] = {w.tool: w for w in (TensorBoardWriter, MlflowWriter, WandbWriter)}
@@ -339,11 +393,11 @@ def export_runs(records: Sequence[RunRecord], tool: str, out_dir: str | os.PathL
     check_library(tool)
     folder = Path(out_dir)
     runs = [exported_run(exportable(r)) for r in records]
+    writable_folder(folder, f"--to {tool}")
     for run in runs:
         problem = WRITERS[tool].conflict(folder, run.head)
         if problem:
             raise UsageError(problem)
-    folder.mkdir(parents=True, exist_ok=True)
     try:
         return [write_run(tool, folder, run, record.finished_at or time.time())
                 for run, record in zip(runs, records)]

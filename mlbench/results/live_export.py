@@ -21,8 +21,8 @@ from typing import Any
 
 from mlbench.errors import UsageError
 from mlbench.results.events import EventTail, read_run_events
-from mlbench.results.export import Point, event_points, run_head, summary_values
-from mlbench.results.exporters import TOOLS, WRITERS, Writer, check_library, shut_down
+from mlbench.results.export import Point, SeriesNames, event_points, run_head, summary_values
+from mlbench.results.exporters import TOOLS, WRITERS, Writer, check_library, shut_down, writable_folder
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
 
@@ -32,7 +32,8 @@ Target = tuple[str, Path]
 
 def parse_targets(values: Sequence[str]) -> tuple[Target, ...]:
     """``--log-to TOOL:DIR`` values as targets; a usage error for a malformed one, an unknown
-    tool or a tool whose library (pip extra) is missing, before any run exists."""
+    tool, a tool whose library (pip extra) is missing or a ``DIR`` that cannot be created and
+    written, before any run exists (and without leaving a folder it created for the check)."""
     targets = []
     for value in values:
         tool, sep, folder = value.partition(":")
@@ -42,8 +43,7 @@ def parse_targets(values: Sequence[str]) -> tuple[Target, ...]:
             raise UsageError(f"--log-to {value}: unknown tool {tool!r}; choose from {', '.join(TOOLS)}")
         check_library(tool)
         path = Path(folder).expanduser()
-        if path.exists() and not path.is_dir():
-            raise UsageError(f"--log-to {value}: {path} is a file, not a folder")
+        writable_folder(path, f"--log-to {value}", keep=False)
         targets.append((tool, path))
     return tuple(targets)
 
@@ -56,14 +56,15 @@ class LiveExport:
         self.record = record
         self.tails = [EventTail(record.run_dir / "events" / f"rank-{r}.jsonl") for r in range(record.workers)]
         self.step = 0
+        self.names = SeriesNames(record.id)
         self.writers: list[Writer] = []
         head = run_head(record)
         for tool, folder in targets:
             try:
+                writable_folder(folder, f"--log-to {tool}:{folder}")
                 problem = WRITERS[tool].conflict(folder, head)
                 if problem:
                     raise UsageError(problem)
-                folder.mkdir(parents=True, exist_ok=True)
                 self.writers.append(WRITERS[tool](folder, head))
             except Exception as err:  # a view only: the run goes on without it
                 self.say(f"--log-to {tool}:{folder}: not written ({_line(err)})")
@@ -74,7 +75,12 @@ class LiveExport:
         for tail in self.tails:
             events.extend(tail.read_new())
         events.sort(key=lambda e: (e["time"], e["rank"]))
-        points = event_points(events)
+        try:
+            points = event_points(events, self.names)
+        except UsageError as err:  # (names no tool can take: neither can an export after the run)
+            for writer in list(self.writers):
+                self._drop(writer, err, export_after=False)
+            return
         self.step = max([self.step, *(p.step for p in points if not p.tag.startswith("allreduce/"))])
         self._each("write", lambda w: w.write(points))
 
@@ -97,14 +103,20 @@ class LiveExport:
         for writer in list(self.writers):
             try:
                 action(writer)
-            except Exception as err:  # dropped, what it wrote removed: export the run after it ends
-                self.writers.remove(writer)
-                try:
-                    writer.discard()
-                except Exception:  # reported below: the writer is dropped either way
-                    pass
-                self.say(f"--log-to {writer.tool}: stopped ({_line(err)}); after the run: "
-                         f"mlbench export {self.record.id} --to {writer.tool} {writer.out_dir}")
+            except Exception as err:
+                self._drop(writer, err)
+
+    def _drop(self, writer: Writer, err: Exception, *, export_after: bool = True) -> None:
+        """Stop writing to ``writer``, what it wrote removed; ``export_after``: say how to export
+        the run after it ends."""
+        self.writers.remove(writer)
+        try:
+            writer.discard()
+        except Exception:  # reported below: the writer is dropped either way
+            pass
+        after = (f"; after the run: mlbench export {self.record.id} --to {writer.tool} {writer.out_dir}"
+                 if export_after else "")
+        self.say(f"--log-to {writer.tool}: stopped ({_line(err)}){after}")
 
 
 def _line(err: BaseException) -> str:
