@@ -145,3 +145,25 @@ def _new_config() -> dict:
     from mlbench.run_config import RunConfig
     from mlbench.tasks.registry import get_task
     return RunConfig(task=get_task("task2a"), workers=1, data="synthetic").to_dict()
+
+
+def test_two_resumes_of_one_run_at_once_are_one_resume_and_one_refusal_that_changes_nothing():
+    """Issue 57, item 2: both resumes read the run as ended; the resume lock lets one edit
+    run.json and reopen the run, and the other, which then sees it pending or running, is
+    refused in one line without writing its step cap."""
+    import subprocess
+    import sys
+
+    run = _stopped_run()
+    procs = [subprocess.Popen([sys.executable, "-m", "mlbench", "resume", run.id, "--max-steps", str(cap)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for cap in (20, 30)]
+    outcomes = [(p.wait(timeout=240), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _ in outcomes)
+    assert codes == [0, 2], outcomes
+    refusal = next(err for code, err in outcomes if code == 2).strip().splitlines()
+    assert len(refusal) == 1 and "resume continues a run that stopped, failed or was cancelled" in refusal[0]
+    document = run_json(RunStore().get(run.id))
+    assert len(document["resumes"]) == 1
+    won = document["resumes"][0]["max_steps"]
+    assert document["config"]["max_steps"] == won and RunStore().get(run.id).result["steps"] == won

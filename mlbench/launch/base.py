@@ -20,6 +20,9 @@ worker's output from the run folder unless a launcher knows better.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -273,7 +276,32 @@ def reopen_from_checkpoint(store: RunStore, record: RunRecord, max_steps: int | 
     and the checkpoints are: the CLI's machine for a local or Slurm run, the results service for
     a cluster's (its ``/resume`` endpoint). One UsageError line for a run that cannot resume,
     before anything changes: among them a run whose run.json no longer says what the run was
-    created to compute (:func:`check_as_created`)."""
+    created to compute (:func:`check_as_created`). Two resumes of one run at once are taken one
+    at a time (:func:`resuming`): the second sees the run pending again and changes nothing."""
+    with resuming(record.run_dir):
+        return _reopen(store, store.get(record.id), max_steps, before_resume)
+
+
+@contextlib.contextmanager
+def resuming(run_dir: Path) -> Iterator[None]:
+    """Hold the run folder's resume lock (an ``flock`` on ``RUN_DIR/.resume.lock``): the check
+    that a run has ended, run.json's edit and the catalog's reopening happen for one resume at a
+    time, so a second `mlbench resume` of the same run neither writes its step cap into run.json
+    nor clears the first one's heartbeats, and is refused in one line."""
+    fd = os.open(run_dir / RESUME_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+#: The run folder's lock file that :func:`resuming` holds.
+RESUME_LOCK = ".resume.lock"
+
+
+def _reopen(store: RunStore, record: RunRecord, max_steps: int | None,
+            before_resume: Callable[[RunRecord], None] | None) -> RunRecord:
     if record.active:
         raise UsageError(f"run {record.id} is {record.state}: resume continues a run that stopped, failed "
                          "or was cancelled")
