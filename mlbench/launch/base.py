@@ -284,20 +284,16 @@ def reopen_from_checkpoint(store: RunStore, record: RunRecord, max_steps: int | 
 
 @contextlib.contextmanager
 def resuming(run_dir: Path) -> Iterator[None]:
-    """Hold the run folder's resume lock (an ``flock`` on ``RUN_DIR/.resume.lock``): the check
-    that a run has ended, run.json's edit and the catalog's reopening happen for one resume at a
-    time, so a second `mlbench resume` of the same run neither writes its step cap into run.json
-    nor clears the first one's heartbeats, and is refused in one line."""
-    fd = os.open(run_dir / RESUME_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    """Hold the run folder's resume lock (an ``flock`` on the folder itself, so that no file is
+    added to it): the check that a run has ended, run.json's edit and the catalog's reopening
+    happen for one resume at a time, so a second `mlbench resume` of the same run neither writes
+    its step cap into run.json nor clears the first one's heartbeats, and is refused in one line."""
+    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)
-
-
-#: The run folder's lock file that :func:`resuming` holds.
-RESUME_LOCK = ".resume.lock"
 
 
 def _reopen(store: RunStore, record: RunRecord, max_steps: int | None,

@@ -268,11 +268,14 @@ class RunStore:
             return cursor.rowcount > 0
 
     def reopen(self, run_id: str) -> bool:
-        """An ended run is pending again (`mlbench resume`): its end, reason and result are
-        cleared, the rest kept; False (no change) when it is active."""
+        """An ended run is pending again (`mlbench resume`): its end, reason, result and the last
+        start's supervisor pid are cleared (a pending run with its old, dead supervisor would be
+        marked failed by the next reader's reconcile, and resumed by a second `resume`), the rest
+        kept; False (no change) when it is active."""
         with self.catalog.connect(write=True) as db:
-            cursor = db.execute("UPDATE runs SET state = ?, finished_at = NULL, reason = NULL, result = NULL "
-                                "WHERE id = ? AND state NOT IN (?, ?)", (PENDING, run_id, *ACTIVE_STATES))
+            cursor = db.execute("UPDATE runs SET state = ?, finished_at = NULL, reason = NULL, result = NULL, "
+                                "supervisor_pid = NULL WHERE id = ? AND state NOT IN (?, ?)",
+                                (PENDING, run_id, *ACTIVE_STATES))
             return cursor.rowcount > 0
 
     def mark_ended(self, run_id: str, state: str, reason: str | None = None,
