@@ -49,7 +49,9 @@ def test_wait_exits_with_the_worst_code_of_several_runs_and_124_at_its_timeout()
     # (removing the data under a starting worker raced with a forked worker that had already read it)
     failing = _detached(*SYNTHETIC, "--max-steps", "5", "--optimizer", f"{WRONG_PLUGINS}:Raiser")["id"]
     done = _detached(*SYNTHETIC, "--max-steps", "2")["id"]
-    long = _detached(*SYNTHETIC, "--max-steps", "1000000")["id"]
+    # a run that outlasts this test whatever the machine's speed: no step or epoch cap it can reach
+    # (one thread trains task2a's 10 epochs of synthetic data in seconds)
+    long = _detached(*SYNTHETIC, "--max-steps", "1000000", "--set", "max_epochs=1000000")["id"]
 
     both = mlbench("wait", done, failing)
     assert both.returncode == 1, both.stdout + both.stderr
