@@ -120,6 +120,9 @@ class RunResult:
     network: dict[str, Any] | None = None   # run.json's emulated network, None: as it was
     #: :func:`mlbench.results.goodput.run_faults`: the faults, restarts and goodput, as `status` says
     faults: dict[str, Any] = field(default_factory=dict)
+    #: its run.json (None: unreadable) and its fingerprint (:mod:`mlbench.results.fingerprint`)
+    document: RunDocument | None = None
+    fingerprint: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, record: RunRecord) -> RunResult:
@@ -128,9 +131,11 @@ class RunResult:
         document = RunDocument.load_or_none(record.run_dir)
         config = document.config if document else None
         environment = summary.environment or (document.environment if document else {})
-        return cls(record, summary, config, hardware_label(config.device if config else None, environment),
-                   loss_curve(events), document.extra.get("network") if document else None,
-                   run_faults(record, summary, events))
+        hardware = hardware_label(config.device if config else None, environment)
+        faults = run_faults(record, summary, events)
+        fingerprint = run_fingerprint(document, hardware, fault_setting(faults)) if document is not None else {}
+        return cls(record, summary, config, hardware, loss_curve(events),
+                   document.extra.get("network") if document else None, faults, document, fingerprint)
 
     @property
     def had_faults(self) -> bool:
@@ -340,20 +345,18 @@ _POOLED_FIELDS = {"optimizer": ("optimizer",), "hardware": ("hardware",), "frame
 
 def _family(record: RunRecord, run: RunResult, pool: tuple[str, ...]) -> Family:
     faults = fault_setting(run.faults)
-    document = RunDocument.load_or_none(record.run_dir)
     fields: dict[str, Any] = dict(
-        task=record.task, division=run_division(record, document).name, optimizer=record.optimizer,
+        task=record.task, division=run_division(record, run.document).name, optimizer=record.optimizer,
         hardware=run.hardware, goal=run.goal, network=network_label(run.network),
         bandwidth_bps=(run.network or {}).get("bandwidth_bps"),
         latency_s=float((run.network or {}).get("latency_s") or 0.0), model=run.model_plugin,
         framework=run.config.framework if run.config is not None else "pytorch", faults=faults)
-    fingerprint = run_fingerprint(document, run.hardware, faults) if document is not None else {}
     for key, names in _POOLED_FIELDS.items():
         if pool_matches(key, pool):
             fields.update({name: Family.__dataclass_fields__[name].default for name in names if name != "hardware"})
             if "hardware" in names:
                 fields["hardware"] = "pooled hardware"
-    kept = tuple((key, text) for key, text in fingerprint.items() if not pool_matches(key, pool))
+    kept = tuple((key, text) for key, text in run.fingerprint.items() if not pool_matches(key, pool))
     return Family(**fields, fingerprint=kept)
 
 
@@ -390,7 +393,7 @@ def compare_runs(records: list[RunRecord], usd_per_node_hour: float | None = Non
     buckets: dict[tuple[Family, int], list[RunResult]] = defaultdict(list)
     loaded = [(record, RunResult.load(record)) for record in finished]
     if pool:
-        check_pool(pool, {key for record, run in loaded for key, _ in _family(record, run, ()).fingerprint})
+        check_pool(pool, {key for _, run in loaded for key in run.fingerprint})
     for record, run in loaded:
         buckets[(_family(record, run, pool), record.workers)].append(run)
     groups = [_group(f, k, runs, usd_per_node_hour)
