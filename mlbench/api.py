@@ -15,7 +15,6 @@ never a printed line). Nothing here imports torch: the workers do, in their own 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import math
 import os
@@ -27,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 from mlbench.errors import MlbenchError, UsageError, about_option
 from mlbench.launch import session
 from mlbench.launch.base import NO_STEP_CAP, EventCallback, Progress, quiet
-from mlbench.launch.options import api_signature, checked_value, request_fields, values_with_defaults
+from mlbench.launch.options import api_signature, checked_value, nearest, request_fields, values_with_defaults
 from mlbench.launch.plan import RunRequest
-from mlbench.launch.registry import choose, launcher_of
+from mlbench.launch.registry import choose, launcher_of, launcher_options
 from mlbench.network.settings import network_options
 from mlbench.results.events import read_run_events
 from mlbench.results.live_export import parse_targets
@@ -283,15 +282,10 @@ plan.__signature__ = api_signature(  # type: ignore[attr-defined]
 def _check_launch(launch: Mapping[str, Any]) -> None:
     """Refuse a launcher option that no launcher declares (``{"slrum": True}``), naming the
     nearest, instead of running elsewhere than asked."""
-    from mlbench.launch.registry import launcher_classes
-
-    declared = {o.name for cls in launcher_classes()
-                for o in [*([cls.choose_option] if cls.choose_option else []), *cls.options]}
+    declared = {option.name for option in launcher_options()}
     for key in launch:
         if key not in declared:
-            near = difflib.get_close_matches(str(key), declared, n=1)
-            hint = (f"; did you mean {near[0]}?" if near
-                    else f"; the launchers' options are {', '.join(sorted(declared))}")
+            hint = nearest(key, declared, f"the launchers' options are {', '.join(sorted(declared))}")
             raise UsageError(f"launch: no launcher option {key!r}{hint}")
 
 

@@ -28,7 +28,7 @@ from mlbench import api
 from mlbench.cli import cli
 from mlbench.cli.output import SCHEMA_VERSION
 from mlbench.errors import MlbenchError, RunNotFound, UsageError
-from mlbench.launch.registry import launcher_classes
+from mlbench.launch.registry import launcher_options
 from mlbench.results.events import FileSink
 from mlbench.results.report import OVERVIEW_FIELDS
 from mlbench.results.store import RunStore
@@ -219,8 +219,7 @@ def test_every_option_of_mlbench_run_is_one_declaration_that_the_cli_and_the_api
     from mlbench.launch.plan import RunRequest
 
     command = cli.commands["run"]
-    launcher_names = {o.name for cls in launcher_classes() for o in
-                      [*([cls.choose_option] if cls.choose_option else []), *cls.options]}
+    launcher_names = {o.name for o in launcher_options()}
     declared = {o.name: o for o in RUN_OPTIONS}
     clicked = {p.name: p for p in command.params if isinstance(p, click.Option)
                and p.name not in launcher_names and p.name != "output"}

@@ -17,14 +17,7 @@ import click
 
 from mlbench.api import RunInfo
 from mlbench.launch.base import LauncherOption
-from mlbench.launch.registry import launcher_classes
-
-
-def _declared() -> list[LauncherOption]:
-    options: list[LauncherOption] = []
-    for cls in launcher_classes():
-        options += [*([cls.choose_option] if cls.choose_option else []), *cls.options]
-    return options
+from mlbench.launch import registry
 
 
 def _click_option(option: LauncherOption) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -36,7 +29,7 @@ def _click_option(option: LauncherOption) -> Callable[[Callable[..., Any]], Call
 
 def launcher_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Add every launcher's options to a click command, passed on as ``launch``."""
-    declared = _declared()
+    declared = registry.launcher_options()
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

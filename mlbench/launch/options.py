@@ -23,7 +23,7 @@ import difflib
 import inspect
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -269,12 +269,17 @@ def option_defaults() -> dict[str, Any]:
     return {option.name: option.default for option in RUN_OPTIONS}
 
 
+def nearest(key: str, names: Iterable[str], otherwise: str) -> str:
+    """``; did you mean NAME?`` for the name nearest a misspelt ``key``, else ``; OTHERWISE``."""
+    near = difflib.get_close_matches(str(key), list(names), n=1)
+    return f"; did you mean {near[0]}?" if near else f"; {otherwise}"
+
+
 def check_names(given: Mapping[str, Any], where: str = "mlbench.run") -> None:
-    """Refuse a keyword that is no option (``partiton``), naming the nearest one."""
+    """Refuse a keyword that is no option (``time_budgt``), naming the nearest one."""
     for key in given:
         if key not in OPTIONS_BY_NAME:
-            near = difflib.get_close_matches(key, OPTIONS_BY_NAME, n=1)
-            hint = f"; did you mean {near[0]}?" if near else "; the options are mlbench run's (docs/python-api.md)"
+            hint = nearest(key, OPTIONS_BY_NAME, "the options are mlbench run's (docs/python-api.md)")
             raise about_option(UsageError(f"{where}: no option {key!r}{hint}"), key)
 
 

@@ -21,7 +21,7 @@ import importlib
 from typing import Any
 
 from mlbench.errors import UsageError
-from mlbench.launch.base import Launcher, LaunchSettings, Progress, quiet
+from mlbench.launch.base import Launcher, LauncherOption, LaunchSettings, Progress, quiet
 from mlbench.results.store import RunRecord, RunStore
 
 #: Every launcher: the name its runs record, and its class as ``module:Class``.
@@ -50,6 +50,15 @@ def launcher_class(name: str) -> type[Launcher]:
 def launcher_classes() -> list[type[Launcher]]:
     """Every launcher class, in registration order."""
     return [launcher_class(name) for name in LAUNCHERS]
+
+
+def launcher_options() -> list[LauncherOption]:
+    """Every launcher's `mlbench run` options, the one that chooses it first, in registration
+    order (what the CLI adds to `mlbench run` and what ``launch=`` of the API may hold)."""
+    options: list[LauncherOption] = []
+    for cls in launcher_classes():
+        options += [*([cls.choose_option] if cls.choose_option else []), *cls.options]
+    return options
 
 
 def _given(value: Any) -> bool:
