@@ -22,7 +22,10 @@ class Framework:
     the tasks it has a port of (None: all); ``package``: the key under which a worker's
     ``environment`` event records the framework's version; ``peers``: every worker listens on
     an address of its own (TensorFlow's gRPC servers), which the supervisor picks and passes to
-    all of them, instead of one rendezvous at rank 0."""
+    all of them, instead of one rendezvous at rank 0; ``listens_everywhere``: those servers bind
+    every interface whatever address they are given (TensorFlow's gRPC servers bind ``0.0.0.0``),
+    so the local supervisor runs the workers in a network namespace of their own
+    (:class:`mlbench.network.emulation.PrivateLoopback`)."""
 
     name: str
     title: str
@@ -32,6 +35,7 @@ class Framework:
     extra: str | None = None
     tasks: tuple[str, ...] | None = None
     peers: bool = False
+    listens_everywhere: bool = False
 
     def installed(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in self.modules)
@@ -42,7 +46,8 @@ JAX = Framework("jax", "JAX", "mlbench.worker.jax_worker", "jax", modules=("jax"
                 tasks=("task1a", "task2a"))
 
 TENSORFLOW = Framework("tensorflow", "TensorFlow", "mlbench.worker.tf_worker", "tensorflow",
-                       modules=("tensorflow",), extra="tensorflow", tasks=("task1a", "task2a"), peers=True)
+                       modules=("tensorflow",), extra="tensorflow", tasks=("task1a", "task2a"), peers=True,
+                       listens_everywhere=True)
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (PYTORCH, JAX, TENSORFLOW)}
 DEFAULT_FRAMEWORK = PYTORCH.name

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from mlbench.errors import UsageError
-from mlbench.frameworks import FRAMEWORKS
+from mlbench.frameworks import FRAMEWORKS, get_framework
 from mlbench.launch.base import EventCallback, Launcher
 from mlbench.launch.mpi import MpiProcesses, uses_mpirun
 from mlbench.launch.faults import POLICIES
@@ -109,6 +109,16 @@ class LocalLauncher(Launcher):
 
     def create(self, request: RunRequest) -> RunRecord:
         self.check_workers(request.workers)
+        framework = get_framework(request.framework)
+        if framework.listens_everywhere and request.workers > 1 and request.network is None:
+            from mlbench.network.emulation import private_loopback_problem
+
+            problem = private_loopback_problem()
+            if problem:
+                raise UsageError(f"--framework {framework.name} on {request.workers} workers: {framework.title}'s "
+                                 "servers listen on every interface, so its local workers run in a network "
+                                 f"namespace of their own, which this machine cannot make: {problem}; "
+                                 "or run one worker", option="framework")
         if request.data_pvc:
             raise UsageError("--data-pvc is for runs on a cluster; use --data-dir DIR on this machine")
         return self.record(request)

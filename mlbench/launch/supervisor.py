@@ -12,7 +12,10 @@ A run with a ``network`` in run.json (``--bandwidth``/``--latency``, :mod:`mlben
 started on an emulated network instead: the supervisor first starts the process that holds the
 run's network namespaces (tied to it like the workers, recorded in pids.json), every worker
 runs inside its own namespace, rank 0 listens for the rendezvous on its namespace address and
-gloo uses the namespace's link; the namespaces end with that process and the workers.
+gloo uses the namespace's link; the namespaces end with that process and the workers. The
+workers of a framework whose servers listen on every interface (TensorFlow's gRPC servers) run
+in one namespace held the same way, whose only interface is its loopback
+(:class:`mlbench.network.emulation.PrivateLoopback`): nothing outside it can reach them.
 
 Kept apart from the launchers so that the local launcher and its MPI process starter
 (:mod:`mlbench.launch.mpi`) share it without importing each other.
@@ -39,7 +42,7 @@ from mlbench.launch.injector import (FaultRecord, Injector, check_recovered, nex
                                      restart_counts)
 from mlbench.launch.processes import ProcessRef
 from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, rank_error
-from mlbench.network.emulation import NETWORK_LOST, LocalNetwork, local_network
+from mlbench.network.emulation import LocalNetwork, PrivateLoopback, local_network
 from mlbench.results.events import read_rank_events
 from mlbench.results.faults import FAULT_CLOCK_ENV
 from mlbench.results.heartbeat import read_beats
@@ -153,7 +156,7 @@ class WorkerProcesses:
         self.run = run
         self.run_dir = run.run_dir
         self.procs: list[subprocess.Popen | ForkedProcess] = []
-        self.network: LocalNetwork | None = None
+        self.network: LocalNetwork | PrivateLoopback | None = None
         self.workers = run.workers
         self.watchdog_s: float | None = None
         self.started_at = time.time()
@@ -187,7 +190,9 @@ class WorkerProcesses:
         listener = None
         framework = get_framework(config.framework)
         try:
-            # an emulated network: every worker in its own namespace, rendezvous on rank 0's address
+            # an emulated network: every worker in its own namespace, rendezvous on rank 0's
+            # address; TensorFlow's workers: one namespace with a loopback only (its gRPC servers
+            # listen on every interface)
             self.network = local_network(document.to_dict(), logs_dir(self.run_dir) / "network.log",
                                          tied_to_this_process())
             if self.network:
@@ -316,7 +321,7 @@ class WorkerProcesses:
             self._finish()
         elif self.network and not self.network.alive():
             self.stop_all()
-            self._mark_ended(FAILED, reason=NETWORK_LOST)
+            self._mark_ended(FAILED, reason=self.network.lost)
         elif (stall := self.watch(codes)) is not None:
             self.failed(stall.ranks, stall.reason)  # SIGKILL reaches a stopped process too
         elif self._recovering is not None:

@@ -23,13 +23,21 @@ namespaces.
 The holder prints one JSON line (``{"ready": ...}`` or ``{"error": ...}``) and then waits for
 its standard input to close. ``--check`` builds the same network for one worker and exits: the
 launcher's test that this machine can shape at all, done before a run is recorded.
+
+``python -m mlbench.network.netns --loopback [--check]``, started under ``unshare [--user
+--map-root-user] --net``, holds a network namespace whose only interface is its own loopback,
+brought up here: the private network of a local run whose framework's servers listen on every
+interface (TensorFlow's gRPC servers, :class:`mlbench.network.emulation.PrivateLoopback`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import json
 import os
+import socket
+import struct
 import subprocess
 import sys
 
@@ -118,7 +126,34 @@ def build(workers: int, settings: NetworkSettings) -> None:
             run_command("tc", *command)
 
 
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def loopback_up() -> None:
+    """Bring this network namespace's ``lo`` up (a new namespace starts with it down), by the
+    ioctl ``ip link set lo up`` makes, so that a private loopback needs no iproute2."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(sock, _SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | _IFF_UP))
+
+
+def hold_loopback(check: bool) -> int:
+    """The holder of a private loopback: ``lo`` up, one JSON line, then wait (unless ``check``)."""
+    try:
+        loopback_up()
+    except OSError as err:
+        print(json.dumps({"error": f"cannot bring up the private namespace's loopback: {err}"}), flush=True)
+        return 1
+    print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
+    if not check:
+        sys.stdin.read()  # until the launcher closes it, or dies
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--loopback"]:
+        return hold_loopback(check=argv[1:] == ["--check"])
     check = argv[:1] == ["--check"]
     args = argv[1:] if check else argv
     try:

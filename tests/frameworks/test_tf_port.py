@@ -14,6 +14,12 @@ TensorFlow process with the doubled batch (the same samples, the rate of 2 worke
 tolerance.
 """
 
+import contextlib
+import json
+import os
+import socket
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -29,7 +35,7 @@ from tests.frameworks.in_process import (
     train_tf_in_process,
     values,
 )
-from tests.helpers import events, requires, run_json
+from tests.helpers import events, mlbench, requires, run_json
 from tests.shared_runs import PORT_RUN_STEPS, port_run
 
 pytestmark = requires("tensorflow")
@@ -76,3 +82,61 @@ def test_two_tensorflow_workers_equal_one_tensorflow_process_with_the_doubled_ba
                                         log_every=1, stop_at_goal=False))
     np.testing.assert_allclose(two, values(one, "train/loss"), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(values(recorded, "eval/loss"), values(one, "eval/loss"), rtol=RTOL, atol=ATOL)
+
+
+def _listening_inodes(table_dir: Path) -> dict[int, str]:
+    """The sockets listening in one network namespace's TCP tables (``/proc/.../net``): inode to
+    local address, as the kernel prints it (hex)."""
+    found = {}
+    for table in ("tcp", "tcp6"):
+        for line in (table_dir / table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":   # LISTEN
+                found[int(fields[9])] = fields[1]
+    return found
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(int(target[8:-1]))
+    return inodes
+
+
+@pytest.mark.slow
+def test_a_local_tensorflow_runs_grpc_servers_cannot_be_reached_from_outside_its_workers(libsvm_dir):
+    """TensorFlow's gRPC servers bind ``0.0.0.0`` whatever address they are given, and a server
+    anyone can reach can be made to run code. The workers of a local run therefore train in one
+    network namespace whose only interface is its loopback: while they train, each holds a
+    listening socket there, none of them is in this machine's tables (``ss -ltn`` shows no
+    listener of theirs), and connecting to their addresses from here is refused."""
+    from tests.helpers import last_run, wait_for
+
+    start = mlbench("run", "task2a", "2", "--framework", "tensorflow", "--data-dir", str(libsvm_dir),
+                    "--max-steps", "1000000", "--no-stop", "--detach")
+    assert start.returncode == 0, start.stdout + start.stderr
+    run = last_run()
+    try:
+        wait_for(lambda: all((run.run_dir / "events" / f"rank-{r}.jsonl").exists() and
+                             "train/loss" in (run.run_dir / "events" / f"rank-{r}.jsonl").read_text()
+                             for r in (0, 1)), 240, "both TensorFlow workers to train", 0.5)
+        workers = json.loads((run.run_dir / "pids.json").read_text())["workers"]
+        host_listeners = _listening_inodes(Path("/proc/net"))
+        ports = set()
+        for pid in workers:
+            own = _socket_inodes(pid)
+            inside = _listening_inodes(Path(f"/proc/{pid}/net"))
+            assert own & set(inside), f"worker {pid} holds no listening socket: not its gRPC server?"
+            assert not own & set(host_listeners), {i: host_listeners[i] for i in own & set(host_listeners)}
+            ports |= {int(inside[inode].rsplit(":", 1)[1], 16) for inode in own & set(inside)}
+            interfaces = [line.split(":")[0].strip() for line in
+                          Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]]
+            assert interfaces == ["lo"], interfaces
+        for port in ports:
+            with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+                probe.connect(("127.0.0.1", port))
+    finally:
+        mlbench("cancel", run.id)
