@@ -1,4 +1,5 @@
-"""Serving the dashboard: bind, make the token, print the address, run uvicorn until Ctrl-C.
+"""Serving the dashboard: bind, make the token, print the address, run uvicorn until Ctrl-C
+(its connections bounded in count and time: :mod:`mlbench.dashboard.connections`).
 
 The socket is bound here, before uvicorn starts, so that port 0 (any free port) gives the
 address to print and a port in use is one readable line rather than a server log.
@@ -75,6 +76,7 @@ def serve(host: str, port: int, open_browser: bool, echo: Callable[[str], None],
         import uvicorn
 
         from mlbench.dashboard.app import create_app
+        from mlbench.dashboard.connections import ACCEPT_BATCH, bounded_protocol
     except ImportError as err:
         raise MlbenchError(f"the dashboard needs packages that are not installed ({err.name}); "
                            "install them with: pip install 'mlbench-suite[dashboard]'") from None
@@ -91,6 +93,6 @@ def serve(host: str, port: int, open_browser: bool, echo: Callable[[str], None],
     echo("Open that address (it holds the access token; keep it to yourself). Ctrl-C stops the dashboard.")
     if open_browser:
         threading.Timer(0.5, webbrowser.open, args=(address.url,)).start()
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2,
-                            access_log=False, lifespan="on")
+    config = uvicorn.Config(app, http=bounded_protocol(), backlog=ACCEPT_BATCH, log_level="warning",
+                            timeout_graceful_shutdown=2, access_log=False, lifespan="on")
     uvicorn.Server(config).run(sockets=[sock])

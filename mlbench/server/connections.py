@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import re
+import resource
 import socket
 import sys
 import threading
@@ -48,6 +49,31 @@ def escaped(text: str) -> str:
 
 def log(line: str) -> None:
     print(escaped(line)[:1000], file=sys.stderr, flush=True)
+
+
+def connection_bound(max_threads: int, wanted: int) -> int:
+    """How many connections may be open at once: ``wanted``, less when this process's limit on
+    open files (``ulimit -n``) leaves less room beside the files the request threads open
+    (the results service's and the dashboard's)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(16, min(wanted, soft - _reserved_files(max_threads)))
+
+
+def _reserved_files(max_threads: int) -> int:
+    return 64 + 4 * max_threads  # the store's SQLite, an events file and a run folder per thread
+
+
+def raise_file_limit(max_threads: int, wanted: int) -> None:
+    """Raise the soft limit on open files towards what ``wanted`` connections need (never
+    above the hard limit, never lower than it was)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + _reserved_files(max_threads)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 class BadRequest(Exception):

@@ -14,11 +14,9 @@ logged with control characters escaped, and a client that goes away is not an er
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
-import resource
 import signal
 import sys
 import threading
@@ -33,7 +31,7 @@ from mlbench.errors import MlbenchError
 from mlbench.results.http_sink import TOKEN_HEADER
 from mlbench.results.offsets import parse_offset
 from mlbench.results.store import CANCELLED, FAILED, default_home
-from mlbench.server.connections import HttpServer, Reply, Request, log
+from mlbench.server.connections import HttpServer, Reply, Request, connection_bound, log, raise_file_limit
 from mlbench.server.service import HttpError, ResultsService, record_json
 
 MAX_BODY = 16 * 1024 * 1024
@@ -196,30 +194,6 @@ def _reply(status: int, result: Any) -> Reply:
     return Reply(status, json.dumps(result, default=str).encode())
 
 
-def connection_bound(max_threads: int = MAX_THREADS, wanted: int = MAX_CONNECTIONS) -> int:
-    """How many connections may be open at once: ``wanted``, less when this process's limit on
-    open files (``ulimit -n``) leaves less room beside the files the request threads open."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(16, min(wanted, soft - _reserved_files(max_threads)))
-
-
-def _reserved_files(max_threads: int) -> int:
-    return 64 + 4 * max_threads  # the store's SQLite, an events file and a run folder per thread
-
-
-def raise_file_limit(max_threads: int = MAX_THREADS, wanted: int = MAX_CONNECTIONS) -> None:
-    """Raise the soft limit on open files towards what ``wanted`` connections need (never
-    above the hard limit, never lower than it was)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = wanted + _reserved_files(max_threads)
-    if soft != resource.RLIM_INFINITY and soft < need:
-        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-
-
 def make_server(service: ResultsService, host: str, port: int, timeout: float = TIMEOUT_SECONDS,
                 max_threads: int = MAX_THREADS, max_connections: int | None = None,
                 head_timeout: float = HEAD_SECONDS) -> HttpServer:
@@ -229,7 +203,8 @@ def make_server(service: ResultsService, host: str, port: int, timeout: float = 
     ``max_connections`` are open (default: :func:`connection_bound`)."""
     return HttpServer((host, port), _Handler(service, max_threads), timeout=timeout,
                       head_timeout=min(head_timeout, timeout), deadline=4 * timeout,
-                      max_connections=max_connections or connection_bound(max_threads), backlog=BACKLOG)
+                      max_connections=max_connections or connection_bound(max_threads, MAX_CONNECTIONS),
+                      backlog=BACKLOG)
 
 
 def serve(home: str | Path | None, host: str, port: int, namespace: str | None = None) -> None:
@@ -239,7 +214,7 @@ def serve(home: str | Path | None, host: str, port: int, namespace: str | None =
     """
     service = ResultsService(home or default_home(), os.environ.get("MLBENCH_WORKER_TOKEN", ""),
                              os.environ.get("MLBENCH_ADMIN_TOKEN", ""))
-    raise_file_limit()
+    raise_file_limit(MAX_THREADS, MAX_CONNECTIONS)
     try:
         server = make_server(service, host, port)
     except OSError as err:

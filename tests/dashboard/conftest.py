@@ -83,15 +83,16 @@ class Lab:
         return sorted((r for r in self.store().list() if r.group_id), key=lambda r: r.workers)
 
 
-def start_dashboard(base: Path) -> Lab:
-    """`mlbench dashboard` serving the run store ``base/home`` (its own config and data folders)."""
+def start_dashboard(base: Path, preexec_fn=None) -> Lab:
+    """`mlbench dashboard` serving the run store ``base/home`` (its own config and data folders);
+    ``preexec_fn`` runs in its process before mlbench does (e.g. a lower limit on open files)."""
     for package in ("starlette", "uvicorn"):
         pytest.importorskip(package, reason=f"the dashboard needs {package} (pip install 'mlbench-suite[dashboard]')")
     env = dict(os.environ, MLBENCH_HOME=str(base / "home"), MLBENCH_CONFIG_DIR=str(base / "config"),
                MLBENCH_DATA=str(base / "data"), PYTHONUNBUFFERED="1")
     server = subprocess.Popen([sys.executable, "-m", "mlbench", "dashboard", "--port", "0"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
+                              start_new_session=True, preexec_fn=preexec_fn)
     lab = Lab(env, base / "home", server)
 
     def read_lines():
