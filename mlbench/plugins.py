@@ -117,19 +117,54 @@ def load(spec: str, *, noun: str, group: str, unknown: Callable[[], str]) -> Loa
                         distribution=distribution_of(entry))
 
 
-def installed(group: str, resolve: Callable[[str], Any], builtin: Callable[[str], bool],
-              noun: str) -> list[dict[str, Any]]:
-    """Every entry point in ``group``: its name, where it points, its package, and ``resolve(name)``
-    (the loaded plug-in) or why it cannot be used (``error``)."""
+def source_of(module_name: str) -> Path:
+    """The source file of module ``module_name``, found as the import system would find it, but
+    without executing it or any package above it (``importlib.util.find_spec`` imports the
+    parents): each meta-path finder (the path finder, an editable install's) asked level by
+    level. LookupError, in words, when there is none."""
+    if not _MODULE.match(module_name):
+        raise LookupError(f"{module_name} is not a module name")
+    search: list[str] | None = None
+    spec = None
+    parts = module_name.split(".")
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        loaded = sys.modules.get(name)
+        spec = getattr(loaded, "__spec__", None) if loaded is not None else None
+        for finder in sys.meta_path if spec is None else ():
+            find = getattr(finder, "find_spec", None)
+            if find is not None and (spec := find(name, search)) is not None:
+                break
+        if spec is None:
+            raise LookupError(f"no module named {name}")
+        if depth < len(parts):
+            search = list(spec.submodule_search_locations or [])
+            if not search:
+                raise LookupError(f"{name} is not a package")
+    assert spec is not None
+    if not spec.origin or not spec.origin.endswith(".py"):
+        raise LookupError(f"module {module_name} is not a Python source file ({spec.origin or 'no file'})")
+    return Path(spec.origin)
+
+
+def installed(group: str, builtin: Callable[[str], bool], noun: str) -> list[dict[str, Any]]:
+    """Every entry point in ``group``: its name, where it points, its package, and its source
+    file and that file's SHA-256, found without importing anything (listing the installed
+    plug-ins runs none of their code: a plug-in runs when a run, or the user by name, asks for
+    it); or why it cannot be used (``error``) as far as that shows without running it."""
     found = []
     for name, entry in sorted(entry_points(group).items()):
         row: dict[str, Any] = {"entry_point": name, "value": entry.value, "distribution": distribution_of(entry)}
+        module, _, attr = entry.value.partition(":")
         if builtin(name):
             row["error"] = f"a built-in {noun} is called {name}; the built-in is used"
+        elif not attr.strip().isidentifier():
+            row["error"] = f"{entry.value} is not package.module:NAME"
         else:
             try:
-                row["plugin"] = resolve(name)
-            except UsageError as err:
+                origin = source_of(module.strip())
+                row.update(origin=str(origin), sha256=hashlib.sha256(read_source(origin, f"{noun} {name}")).hexdigest())
+            except (LookupError, OSError, UsageError) as err:
                 row["error"] = str(err)
         found.append(row)
     return found

@@ -24,6 +24,7 @@ from mlbench.cli import (
     commands,  # noqa: F401  (registers the commands)
 )
 from mlbench.dashboard.views import run_row, run_spec
+from mlbench.errors import UsageError
 from mlbench.plugins import PluginError
 from mlbench.results.summary import summarize
 from mlbench.tasks.models.plugins import build_plugin_model, load_recorded_model, resolve_model
@@ -70,20 +71,25 @@ def test_a_file_a_module_and_an_entry_point_resolve_to_the_builder_and_its_sourc
     assert by_entry.loaded.distribution == "mymodels 0.3" and by_entry.sha256 == by_module.sha256 == sha
     assert by_entry.copy_path == "plugin/mymodels.wide.py"
 
-    # `mlbench tasks` lists what is installed: the usable plug-in with its source's hash, and one
-    # that cannot be used with why (a second entry point naming a builder the module lacks)
+    # `mlbench tasks` lists what is installed, importing none of it: each plug-in with its
+    # source's hash, one whose module cannot be found with why (a builder the module lacks shows
+    # when --model names it, before a run exists)
     install_plugin_package(tmp_path, "othermodels.net", GOOD, "othermodels-1.0", "mlbench.models",
                            "broken-net = othermodels.net:missing")
+    (tmp_path / "gone-1.0.dist-info").mkdir()
+    (tmp_path / "gone-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: gone\nVersion: 1.0\n")
+    (tmp_path / "gone-1.0.dist-info" / "entry_points.txt").write_text("[mlbench.models]\ngone-net = gone.net:build\n")
     listed = CliRunner().invoke(cli, ["tasks"])
     assert listed.exit_code == 0, listed.output
     assert "Installed model plug-ins (entry points of mlbench.models; --model NAME, open division):" in listed.output
     assert f"  wide-net = mymodels.wide:build of mymodels 0.3, sha256 {sha[:12]}" in listed.output
-    assert "  broken-net = othermodels.net:missing of othermodels 1.0, cannot be used: " in listed.output
-    assert "defines no missing" in listed.output
+    assert f"  broken-net = othermodels.net:missing of othermodels 1.0, sha256 {sha[:12]}" in listed.output
+    assert "  gone-net = gone.net:build of gone 1.0, cannot be used: no module named gone" in listed.output
     as_json = json.loads(CliRunner().invoke(cli, ["tasks", "-o", "json"]).output)
     wide = next(m for m in as_json["model_plugins"] if m["name"] == "wide-net")
     assert wide["sha256"] == sha and wide["distribution"] == "mymodels 0.3" and "error" not in wide
-    assert "defines no missing" in next(m for m in as_json["model_plugins"] if m["name"] == "broken-net")["error"]
+    with pytest.raises(UsageError, match="defines no missing"):
+        resolve_model("broken-net")
 
 
 @pytest.mark.parametrize("args,message", [

@@ -18,13 +18,16 @@ def _default(value: Any) -> str:
 
 
 @cli.command()
+@click.argument("name", required=False)
 @output_option
-def optimizers(output) -> None:
-    """The distributed optimizers for `mlbench run --optimizer NAME --opt KEY=VALUE`."""
+def optimizers(name: str | None, output) -> None:
+    """The distributed optimizers for `mlbench run --optimizer NAME --opt KEY=VALUE`; with NAME,
+    that one alone (an installed plug-in, FILE.py:CLASS or package.module:CLASS is imported to
+    show its options: a plug-in is code that runs as you)."""
     from mlbench.optim.descriptors import describe_optimizers
-    from mlbench.optim.plugins import describe_plugins
+    from mlbench.optim.plugins import describe_one, describe_plugins
 
-    described = describe_optimizers() + describe_plugins()
+    described = [describe_one(name)] if name else describe_optimizers() + describe_plugins()
     if output != "table":
         emit({"optimizers": described}, output)
         return
@@ -32,6 +35,11 @@ def optimizers(output) -> None:
         plugin = info.get("plugin")
         if plugin is not None and "error" in plugin:
             click.echo(f"{info['name']} (plug-in from {_source(plugin)}): cannot be used: {plugin['error']}\n")
+            continue
+        if plugin is not None and "summary" not in info:   # listed, not imported
+            click.echo(f"{info['name']} (plug-in, open division; from {_source(plugin)}, sha256 "
+                       f"{plugin['sha256'][:12]})")
+            click.echo(f"  Not imported: `mlbench optimizers {info['name']}` runs its code to show its options\n")
             continue
         division = "closed division: the reference" if info["closed_division"] else "open division"
         if plugin is not None:
@@ -44,14 +52,18 @@ def optimizers(output) -> None:
             table = tabulate(rows, headers=["option", "default", ""], tablefmt="plain", maxcolwidths=[None, None, 70])
             click.echo("  " + table.replace("\n", "\n  "))
         click.echo("")
+    if name:
+        return
     click.echo("Example: mlbench run task1a 4 --optimizer powersgd --opt rank=2")
     click.echo("Your own: --optimizer FILE.py:CLASS, package.module:CLASS, or an installed plug-in's "
                "name (docs/plugins.md)")
 
 
 def _source(plugin: dict[str, Any]) -> str:
-    """``entry point NAME = VALUE of DIST``: where an installed plug-in comes from."""
+    """``entry point NAME = VALUE of DIST`` (an installed plug-in) or the file it was read from."""
     dist = f" of {plugin['distribution']}" if plugin.get("distribution") else ""
+    if "entry_point" not in plugin:
+        return f"{plugin['origin']}{dist}"
     return f"entry point {plugin['entry_point']} = {plugin['value']}{dist}"
 
 

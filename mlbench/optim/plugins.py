@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from mlbench.optim.base import DistributedOptimizer
 
 __all__ = ["ENTRY_POINT_GROUP", "PLUGIN_DIR", "SHORT_HASH", "Plugin", "PluginError", "describe_plugins",
-           "guard_steps", "installed_plugins", "is_builtin", "is_plugin_label", "load_recorded", "make_plugin",
-           "plugin_label", "resolve_optimizer"]
+           "describe_one", "guard_steps", "installed_plugins", "is_builtin", "is_plugin_label", "load_recorded",
+           "make_plugin", "plugin_label", "resolve_optimizer"]
 
 #: The entry-point group an installed package registers its optimizers in.
 ENTRY_POINT_GROUP = "mlbench.optimizers"
@@ -145,26 +145,35 @@ def resolve_optimizer(spec: str) -> Plugin | None:
 
 
 def installed_plugins() -> list[dict[str, Any]]:
-    """Every entry point in :data:`ENTRY_POINT_GROUP`: its name, where it points, its package, and
-    the loaded plug-in or why it cannot be loaded (for ``mlbench optimizers``)."""
-    return installed(ENTRY_POINT_GROUP, resolve_optimizer, is_builtin, "optimizer")
+    """Every entry point in :data:`ENTRY_POINT_GROUP`: its name, where it points, its package, its
+    source's file and SHA-256, or why it cannot be used; none of them imported (``mlbench
+    optimizers``; ``mlbench optimizers NAME`` imports the one it is asked for)."""
+    return installed(ENTRY_POINT_GROUP, is_builtin, "optimizer")
 
 
 def describe_plugins() -> list[dict[str, Any]]:
-    """The installed plug-ins as :func:`mlbench.optim.descriptors.describe` has the built-ins, each
-    with ``plugin``: its entry point, what it points to, its package, its source's SHA-256, or
-    why it cannot be used (``error``)."""
+    """The installed plug-ins as ``mlbench optimizers`` lists them without running their code:
+    ``name`` (the entry point's, which ``--optimizer`` takes) and ``plugin``: the entry point,
+    what it points to, its package, its source file's path and SHA-256, or why it cannot be used
+    (``error``)."""
     described = []
     for row in installed_plugins():
-        source = {"entry_point": row["entry_point"], "value": row["value"],
-                  "distribution": row["distribution"]}
-        plugin: Plugin | None = row.get("plugin")
-        if plugin is None:
-            described.append({"name": row["entry_point"], "plugin": {**source, "error": row["error"]}})
-        else:
-            described.append({**describe(plugin.info), "closed_division": False,
-                              "plugin": {**source, "origin": plugin.origin, "sha256": plugin.sha256}})
+        described.append({"name": row["entry_point"], "closed_division": False,
+                          "plugin": {key: row[key] for key in ("entry_point", "value", "distribution", "origin",
+                                                               "sha256", "error") if key in row}})
     return described
+
+
+def describe_one(spec: str) -> dict[str, Any]:
+    """One optimizer as ``mlbench optimizers NAME`` shows it: a built-in's description, or the
+    plug-in ``spec`` names (an entry point, ``FILE.py:CLASS``, ``package.module:CLASS``) imported
+    and checked, with its options and where its source came from; a UsageError in one line."""
+    plugin = resolve_optimizer(spec)
+    if plugin is None:
+        return describe(INFO[spec])
+    source = {"spec": spec, "kind": plugin.kind, "origin": plugin.origin, "sha256": plugin.sha256,
+              "distribution": plugin.distribution}
+    return {**describe(plugin.info), "closed_division": False, "plugin": source}
 
 
 def load_recorded(run_dir: Path, record: dict[str, Any]) -> type[DistributedOptimizer]:

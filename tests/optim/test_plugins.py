@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -91,12 +92,19 @@ def test_a_module_plugin_and_an_entry_point_plugin_resolve_from_the_installed_so
     assert by_entry.distribution == "myopts 1.2" and by_entry.sha256 == by_module.sha256
     assert by_entry.copy_path == "plugin/myopts.halving.py"
 
+    # the listing names it by its entry point with its source's hash, without importing it;
+    # asked for by name, it is imported and shows its options
     result = CliRunner().invoke(cli, ["optimizers"])
     assert result.exit_code == 0, result.output
-    assert (f"halve (plug-in, open division; from entry point half-sgd = myopts.halving:Halve of myopts 1.2, "
-            f"sha256 {by_entry.sha256[:12]})") in result.output
+    assert (f"half-sgd (plug-in, open division; from entry point half-sgd = myopts.halving:Halve of myopts 1.2, "
+            f"sha256 {by_entry.sha256[:12]})\n  Not imported: `mlbench optimizers half-sgd`") in result.output
     listed = json.loads(CliRunner().invoke(cli, ["optimizers", "-o", "json"]).output)["optimizers"]
     assert listed[-1]["plugin"]["sha256"] == by_entry.sha256 and listed[-1]["closed_division"] is False
+    one = CliRunner().invoke(cli, ["optimizers", "half-sgd"])
+    assert one.exit_code == 0, one.output
+    assert one.output.startswith(f"halve (plug-in, open division; from {by_entry.origin} of myopts 1.2, "
+                                 f"sha256 {by_entry.sha256[:12]})\n")
+    assert "--opt factor=" in one.output
 
 
 BAD_CLASSES = {
@@ -283,3 +291,38 @@ def test_pods_get_the_exact_source_through_the_configmap_and_a_large_one_is_refu
         create_run(RunStore(), request, "kubernetes", nodes=2, on_this_machine=False, plugin_limit=100,
                    abilities=LauncherAbilities(), label="cluster")
     assert run_ids() == []
+
+
+def test_listing_the_optimizers_and_tasks_runs_no_installed_plugins_code(tmp_path):
+    """`mlbench optimizers` and `mlbench tasks` find every installed plug-in's source and its hash
+    without executing it or its package (each leaves a file when imported): a plug-in runs only
+    when a run, or `mlbench optimizers NAME`, asks for it. A fresh `python -m mlbench`, as users
+    run it, with the packages on its PYTHONPATH."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    leave_mark = f"import pathlib\npathlib.Path({str(marks)!r}, __name__).write_text('imported')\n"
+    install_plugin_package(tmp_path, "markedopts.halving", leave_mark + GOOD, "markedopts-1.0",
+                           "mlbench.optimizers", "marked-sgd = markedopts.halving:Halve")
+    (tmp_path / "markedopts" / "__init__.py").write_text(leave_mark)
+    install_plugin_package(tmp_path, "markedmodels.net", leave_mark + "def build(shape, n):\n    return None\n",
+                           "markedmodels-1.0", "mlbench.models", "marked-net = markedmodels.net:build")
+    (tmp_path / "markedmodels" / "__init__.py").write_text(leave_mark)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    sha = hashlib.sha256((tmp_path / "markedopts" / "halving.py").read_bytes()).hexdigest()
+
+    listed = subprocess.run([sys.executable, "-m", "mlbench", "optimizers"], env=env, capture_output=True, text=True,
+                            timeout=120)
+    tasks = subprocess.run([sys.executable, "-m", "mlbench", "tasks", "-o", "json"], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert sorted(p.name for p in marks.iterdir()) == []
+    assert listed.returncode == 0, listed.stderr
+    assert f"marked-sgd (plug-in, open division; from entry point marked-sgd = markedopts.halving:Halve of " \
+           f"markedopts 1.0, sha256 {sha[:12]})" in listed.stdout
+    assert tasks.returncode == 0, tasks.stderr
+    assert [m["name"] for m in json.loads(tasks.stdout)["model_plugins"]] == ["marked-net"]
+
+    one = subprocess.run([sys.executable, "-m", "mlbench", "optimizers", "marked-sgd"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert one.returncode == 0, one.stderr
+    assert "--opt factor=" in one.stdout
+    assert sorted(p.name for p in marks.iterdir()) == ["markedopts", "markedopts.halving"]

@@ -94,23 +94,19 @@ def resolve_model(spec: str) -> ModelPlugin | None:
 
 
 def installed_models() -> list[dict[str, Any]]:
-    """Every entry point of :data:`ENTRY_POINT_GROUP`, loaded, or why it cannot be used (``mlbench tasks``)."""
-    return installed(ENTRY_POINT_GROUP, resolve_model, is_builtin_model, "model")
+    """Every entry point of :data:`ENTRY_POINT_GROUP` with its source's file and SHA-256, or why it
+    cannot be used; none of them imported (``mlbench tasks``)."""
+    return installed(ENTRY_POINT_GROUP, is_builtin_model, "model")
 
 
 def describe_installed_models() -> list[dict[str, Any]]:
     """The installed model plug-ins as `mlbench tasks` lists them: ``name`` (what --model takes),
     the entry point's ``value`` and ``distribution``, and the source's ``sha256`` and ``origin``,
-    or why it cannot be used (``error``)."""
-    described = []
-    for row in installed_models():
-        entry = {"name": row["entry_point"], "value": row["value"], "distribution": row["distribution"]}
-        plugin: ModelPlugin | None = row.get("plugin")
-        if plugin is None:
-            described.append({**entry, "error": row["error"]})
-        else:
-            described.append({**entry, "origin": plugin.loaded.origin, "sha256": plugin.sha256})
-    return described
+    or why it cannot be used (``error``); their code is not run (``--model NAME`` runs it, and
+    refuses a builder it cannot use before the run exists)."""
+    return [{"name": row["entry_point"], **{key: row[key] for key in ("value", "distribution", "origin", "sha256",
+                                                                       "error") if key in row}}
+            for row in installed_models()]
 
 
 def load_recorded_model(run_dir: Path, record: dict[str, Any]) -> Callable[..., Any]:
