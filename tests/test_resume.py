@@ -104,7 +104,7 @@ def test_a_worker_killed_while_writing_a_checkpoint_does_not_block_the_resume(li
     resumed = RunStore().get(run.id)
     assert proc.returncode == 0 and resumed.state == "finished", (resumed.reason, proc.stderr)
     assert resumed.result["steps"] == 3 and complete_checkpoints(root, 2).newest == 3
-    assert sorted(p.name for p in torn.iterdir()) == ["rank-0.pt", "rank-1.pt"]
+    assert sorted(p.name for p in torn.iterdir()) == ["manifest.json", "rank-0.pt", "rank-1.pt"]
 
 
 def _steps_printed(output: str) -> list[int]:

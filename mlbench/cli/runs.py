@@ -146,7 +146,7 @@ class _TerminalObserver:
                    "[the run's own --max-steps].")
 @click.option("--detach", "-d", is_flag=True, help="Resume the run in the background and return at once.")
 def resume(run_ref, max_steps, detach) -> None:
-    """Continue a stopped, failed or cancelled RUN from its newest complete checkpoint
+    """Continue a stopped, failed or cancelled RUN from its newest valid checkpoint
     (`mlbench run --checkpoint-every`), as the same run: its events go on, run.json records the
     resume. The run's time budget and goal are its own; --max-steps replaces its step cap.
 

@@ -234,7 +234,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               fields=lambda v: {"faults": [parse_inject(text) for text in v or ()]}),
     RunOption("on_failure", "--on-failure",
               "When a worker dies or the watchdog finds one stalled: fail the run, restart the workers from the "
-              "newest complete checkpoint, at most N times [3] (an injected fault after a new checkpoint does "
+              "newest valid checkpoint, at most N times [3] (an injected fault after a new checkpoint does "
               "not count), or shrink: go on with the survivors from it, at most N times [until one is left] "
               "(both imply --checkpoint-every 1m unless given; docs/faults.md).", COMPUTES, "fail",
               annotation="str", metavar="fail|restart[:N]|shrink[:N]", fields=_on_failure_fields),

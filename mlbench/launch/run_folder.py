@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints, discard_incomplete_checkpoints
+from mlbench.results.checkpoints import (
+    checkpoint_root,
+    discard_incomplete_checkpoints,
+    newest_valid,
+    set_aside,
+)
 from mlbench.results.events import EVENTS_DIR, read_rank_events, read_run_events
 from mlbench.results.faults import worker_sizes
 from mlbench.results.goodput import FAULTS_SECTION
@@ -23,6 +30,8 @@ from mlbench.results.store import FROZEN_SECTIONS
 from mlbench.run_config import CONFIG_ROLES, RUNTIME, RunDocument
 
 LOGS_DIR = "logs"
+#: run.json's list of the checkpoints a resume or restart set aside: step, why, where it is kept.
+REJECTED_CHECKPOINTS = "rejected_checkpoints"
 
 
 def logs_dir(run_dir: Path) -> Path:
@@ -42,17 +51,26 @@ def events_path(run_dir: Path, rank: int) -> Path:
 
 
 def back_to_newest_checkpoint(run_dir: Path, document: RunDocument, workers: int) -> int | None:
-    """Make the run's next start of ``workers`` go on from its newest complete checkpoint, and
+    """Make the run's next start of ``workers`` go on from its newest valid checkpoint, and
     return its step (None: there is none, the next start begins at step 0). The one path of a
     resume (`mlbench resume`), a restart (``--on-failure``, local and in a Slurm job) and a
     requeued Slurm job. The checkpoints newer than it go: a worker killed while writing left its
-    partial file there, in the way of that step's next write. ``document``'s ``resume_step``
-    names it (the caller saves the document with what else it records). The last group's
-    heartbeats go: the watchdog would take them for a stall of the new workers. Call it only
-    while no worker of the run is alive (they are the only writers)."""
+    partial file there, in the way of that step's next write; a complete one that fails its
+    manifest's check is set aside, said in one line on standard error and recorded in run.json's
+    ``rejected_checkpoints``. ``document``'s ``resume_step`` names the step (the caller saves the
+    document with what else it records). The last group's heartbeats go: the watchdog would take
+    them for a stall of the new workers. Call it only while no worker of the run is alive (they
+    are the only writers)."""
     root = checkpoint_root(run_dir, document.config.checkpoint_dir)
     discard_incomplete_checkpoints(root, workers)
-    newest = complete_checkpoints(root, workers).newest
+    newest, rejected = newest_valid(root, workers)
+    for checkpoint in rejected:   # newer than the newest valid one: out of the way of their steps' next writes
+        kept = set_aside(root, checkpoint.step)
+        line = checkpoint.line(kept)
+        print(f"mlbench: {line}; going on from {f'step {newest}' if newest is not None else 'the start'}",
+              file=sys.stderr, flush=True)
+        document.extra.setdefault(REJECTED_CHECKPOINTS, []).append(
+            {"step": checkpoint.step, "reason": checkpoint.reason, "folder": str(kept), "at": time.time()})
     document.config.resume_step = newest
     shutil.rmtree(run_dir / HEARTBEATS_DIR, ignore_errors=True)
     return newest

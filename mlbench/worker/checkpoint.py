@@ -12,8 +12,10 @@ goal values). It is captured between two steps, *before* anything a stop adds (t
 a stop is a measurement of the stopped model, not part of the training a resume continues).
 
 Each file is written whole or not at all (:func:`mlbench.safefile.replacing`: a partial file,
-fsync, rename); then the ranks agree that all of them wrote (a barrier), and rank 0 names the
-checkpoint in the manifest and removes the older ones past :data:`~mlbench.results.checkpoints.KEEP`.
+fsync, rename) and read back for its size and SHA-256; the ranks gather those (which is also
+their agreement that all of them wrote), rank 0 writes them into the checkpoint's manifest, last
+(:mod:`mlbench.results.checkpoints`: what makes it complete and valid), names it in ``state.json``
+and removes the older ones past :data:`~mlbench.results.checkpoints.KEEP`.
 The files load with ``torch.load(weights_only=True)``: plain tensors, numbers, lists and dicts.
 """
 
@@ -31,7 +33,15 @@ import torch.distributed as dist
 
 from mlbench.errors import MlbenchError
 from mlbench.jsonfile import write_json_atomic
-from mlbench.results.checkpoints import KEEP, MANIFEST, complete_checkpoints, rank_file, state_dir
+from mlbench.results.checkpoints import (
+    KEEP,
+    MANIFEST,
+    complete_checkpoints,
+    file_digest,
+    rank_file,
+    state_dir,
+    write_manifest,
+)
 from mlbench.safefile import replacing
 
 FORMAT = 1
@@ -78,9 +88,15 @@ def write(root: Path, rank: int, world: int, state: dict[str, Any]) -> float:
         path.unlink()
     with replacing(path, mode=0o600) as f:
         torch.save(state, f)
+    digests: list[Any] = [{"rank": rank, **file_digest(path)}]
     if world > 1 and dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        gathered: list[Any] = [None] * world   # every rank's file as written, once all have written
+        dist.all_gather_object(gathered, digests[0])
+        digests = gathered
     if rank == 0:
+        if len(digests) == world:
+            write_manifest(state_dir(root, step), step,
+                           {f"rank-{d['rank']}.pt": {"size": d["size"], "sha256": d["sha256"]} for d in digests})
         done = complete_checkpoints(root, world)
         write_json_atomic(root / MANIFEST, {"newest_step": done.newest, "newest": state_dir(root, step).name,
                                             "steps": list(done.steps), "workers": world,
