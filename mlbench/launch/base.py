@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mlbench.errors import MlbenchError, UsageError
-from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints
+from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints, newest_valid
 from mlbench.launch.follow import check_rank, follow_file
 from mlbench.launch.plan import LauncherAbilities, RunRequest, WorkerResources, create_run
 from mlbench.launch.run_folder import back_to_newest_checkpoint, changes_since_created, events_path, log_path
@@ -307,23 +307,28 @@ def _reopen(store: RunStore, record: RunRecord, max_steps: int | None,
     check_as_created(store, record, document)
     config = document.config
     # config.workers: the group's size now (smaller than the store's after --on-failure shrink)
-    done = complete_checkpoints(checkpoint_root(record.run_dir, config.checkpoint_dir), config.workers)
-    if done.newest is None:
+    root = checkpoint_root(record.run_dir, config.checkpoint_dir)
+    if complete_checkpoints(root, config.workers).newest is None:
         hint = ("" if config.checkpoints else
                 " (it was started without --checkpoint-every)")
         raise UsageError(f"run {record.id} has no complete checkpoint to resume from{hint}")
+    newest, rejected = newest_valid(root, config.workers)
+    if newest is None:
+        raise UsageError(f"run {record.id} has no valid checkpoint to resume from: {rejected[-1].line(root)}")
     cap = config.max_steps if max_steps is None else (None if max_steps == NO_STEP_CAP else max_steps)
-    if cap is not None and cap <= done.newest:
-        raise UsageError(f"run {record.id}'s newest checkpoint is at step {done.newest}, its step cap "
+    if cap is not None and cap <= newest:
+        raise UsageError(f"run {record.id}'s newest valid checkpoint is at step {newest}, its step cap "
                          f"{cap}: give a larger --max-steps (or --max-steps off)")
     if before_resume is not None:
         before_resume(record)
     document = RunDocument.load(record.run_dir)   # as before_resume left it
     # the processes of the last start are long gone (the run ended): nothing writes there
-    back_to_newest_checkpoint(record.run_dir, document, config.workers)
+    newest = back_to_newest_checkpoint(record.run_dir, document, config.workers)
     document.config.max_steps = cap
-    document.resumes.append({"from_step": done.newest, "at": time.time(), "max_steps": cap,
+    # the start that ended: its wall time counts in the run's (mlbench.results.goodput)
+    document.resumes.append({"from_step": newest, "at": time.time(), "max_steps": cap,
                              "after": record.state, "reason": record.reason,
+                             "ended_start": {"started_at": record.started_at, "finished_at": record.finished_at},
                              EVENTS_FROM: _size(events_path(record.run_dir, 0))})
     document.save(record.run_dir)
     if not store.reopen(record.id):

@@ -1,11 +1,21 @@
 """What faults and stragglers cost a run: goodput, work lost, time to detect and to recover, and
 the per-rank step-time spread.
 
-* **goodput** = productive training time / wall time (as the *effective training time ratio*
-  of large-scale training reports). The productive time is the run's training time as its
-  result (or its latest ``train/time``) says: a restarted group continues the clock of its
-  checkpoint, so the training a restart threw away and redid counts once, evaluations not at
-  all; the wall time runs from the supervisor's start to the end (now, while it runs).
+* **goodput** = productive training time / wall time (:func:`time_accounting`, docs/faults.md):
+
+  - the *wall time* is the time the run held its workers: from the start of each of its starts
+    (the first and every `mlbench resume`) to that start's end (now, while it runs), summed;
+    the time between a stop and the resume that continues it is no one's;
+  - the *training time* is the run's training clock at its end (the result's, else rank 0's
+    latest ``train/time``); a restarted or resumed group continues the clock of its checkpoint,
+    so it holds each step of the final trajectory once, and no evaluation;
+  - the *productive time* is that training time less what it holds that trains nothing: the
+    checkpoint writes on the final trajectory (rank 0's ``checkpoint`` events of steps before
+    the checkpoint of every later restart or resume), the injected stalls on it (their ``for=``)
+    and the time every rank stood in its collectives while a link was down;
+  - *redone steps*: the steps computed and then thrown away, done again: each restart's steps
+    past its checkpoint (``faults.restarts``) and, for each resume, the steps rank 0 had logged
+    past the checkpoint it resumed from.
 * **faults**: the applied faults of run.json's ``faults`` section (:mod:`mlbench.launch.injector`)
   with, for each, seconds to detect (from the fault to the supervisor's verdict), to recover (from
   the verdict to the restarted group's first step) and the steps lost (done after the newest
@@ -25,12 +35,13 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from mlbench.results.events import read_run_events
-from mlbench.results.faults import LINK_DOWN, SLOW, policy_text, worker_sizes, workers_label
+from mlbench.results.events import parse_lines, read_rank_events, read_run_events
+from mlbench.results.faults import LINK_DOWN, SLOW, STALL, policy_text, worker_sizes, workers_label
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary
 from mlbench.run_config import RunDocument
@@ -41,18 +52,100 @@ FAULTS_SECTION = "faults"
 STRAGGLER_SPREAD = 1.5
 
 
-def goodput(record: RunRecord, summary: RunSummary | None = None) -> float | None:
-    """Productive training time / wall time of a run that started (None before it trained)."""
-    if record.started_at is None:
-        return None
+def _starts(record: RunRecord, document: RunDocument | None) -> list[tuple[float, float]]:
+    """(start, end) of each start of the run: those its resumes ended, then the current one."""
+    spans = []
+    for resume in (document.resumes if document is not None else []):
+        ended = resume.get("ended_start") or {}
+        begin, end = ended.get("started_at"), ended.get("finished_at")
+        if isinstance(begin, (int, float)) and isinstance(end, (int, float)) and end >= begin:
+            spans.append((float(begin), float(end)))
+    if record.started_at is not None:
+        end = record.finished_at if record.finished_at is not None else time.time()
+        spans.append((record.started_at, max(record.started_at, end)))
+    return spans
+
+
+def _thrown_away(at: float, step: int, again: list[tuple[float, int]]) -> bool:
+    """Whether what happened at wall time ``at``, at step ``step``, was thrown away: a later
+    start (a restart or a resume at ``again``'s time) went on from a checkpoint at or before it."""
+    return any(when > at and from_step <= step for when, from_step in again)
+
+
+def _final_trajectory(events: Iterable[dict[str, Any]],
+                      again: list[tuple[float, int]]) -> tuple[float | None, float, list[tuple[float, int]]]:
+    """From rank 0's events: its training clock at the end, the seconds of its checkpoint writes
+    on the final trajectory, and (wall time, step) of each logged step, for placing a fault.
+    ``again``: (when, from step) of every restart and resume. A checkpoint written at or past the
+    step a later start went on from is not in the clock it goes on with: it belongs to the work
+    thrown away, or it is that start's own checkpoint, whose write came after its state (and
+    clock) was taken."""
+    clock = None
+    checkpoint_s = 0.0
+    logged: list[tuple[float, int]] = []
+    for event in events:
+        name, value, step = event.get("name"), event.get("value"), int(event.get("step") or 0)
+        at = float(event.get("time") or 0.0)
+        if name == "train/steps":
+            logged.append((at, step))
+        elif name == "train/time" and isinstance(value, (int, float)):
+            clock = float(value)
+        elif name == "checkpoint" and isinstance(value, dict) and isinstance(value.get("seconds"), (int, float)):
+            if not _thrown_away(at, int(value.get("step", step)), again):
+                checkpoint_s += float(value["seconds"])
+    return clock, checkpoint_s, logged
+
+
+def _struck(at: float, logged: list[tuple[float, int]]) -> int:
+    """The step a fault at wall time ``at`` struck: the first after the last one logged before it."""
+    before = [step for t, step in logged if t <= at]
+    return (before[-1] if before else 0) + 1
+
+
+def _logged_steps_before(run_dir: Path, offsets: list[int]) -> list[int]:
+    """For each byte offset of rank 0's events file, the furthest step logged before it."""
+    try:
+        raw = (run_dir / "events" / "rank-0.jsonl").read_bytes()
+    except OSError:
+        return [0 for _ in offsets]
+    reached = []
+    for offset in offsets:
+        text = raw[:offset].decode("utf-8", errors="replace")
+        steps = [int(e.get("step") or 0) for e in parse_lines(text[:text.rfind("\n") + 1].splitlines())
+                 if e.get("name") == "train/steps"]
+        reached.append(max(steps, default=0))
+    return reached
+
+
+def time_accounting(record: RunRecord, document: RunDocument | None, rank0: list[dict[str, Any]],
+                    applied: list[dict[str, Any]], link_down: dict[str, Any] | None,
+                    restarts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run's time, split as the module says: ``wall_s``, ``train_s``, ``checkpoint_s``,
+    ``stalled_s``, ``link_down_s``, ``productive_s``, ``goodput``, ``redone_steps`` (None before
+    it trained)."""
+    spans = _starts(record, document)
+    resumes = document.resumes if document is not None else []
+    again = [(float(r["at"]), int(r.get("from_step") or 0)) for r in [*restarts, *resumes]
+             if isinstance(r.get("at"), (int, float))]
+    clock, checkpoint_s, logged = _final_trajectory(rank0, again)
     train = (record.result or {}).get("train_time")
-    if not isinstance(train, (int, float)):
-        train = summary.train_time if summary is not None else None
-    end = record.finished_at if record.finished_at is not None else time.time()
-    wall = end - record.started_at
-    if not train or wall <= 0:
+    train_s = float(train) if isinstance(train, (int, float)) else clock
+    wall_s = sum(end - begin for begin, end in spans)
+    if not train_s or wall_s <= 0:
         return None
-    return min(1.0, float(train) / wall)
+    stalled_s = sum(float(e.get("for") or 0.0) for e in applied
+                    if e.get("kind") == STALL and not e.get("missed") and isinstance(e.get("time"), (int, float))
+                    and not _thrown_away(float(e["time"]), _struck(float(e["time"]), logged), again))
+    link_down_s = float(link_down["blocked_s"]) if link_down else 0.0
+    productive_s = max(0.0, train_s - checkpoint_s - stalled_s - link_down_s)
+    offsets = [int(r.get("events_from") or 0) for r in resumes]
+    redone = sum(int(r.get("lost_steps") or 0) for r in restarts)
+    redone += sum(max(0, reached - int(r.get("from_step") or 0))
+                  for r, reached in zip(resumes, _logged_steps_before(record.run_dir, offsets)))
+    return {"wall_s": round(wall_s, 3), "train_s": round(train_s, 3), "checkpoint_s": round(checkpoint_s, 3),
+            "stalled_s": round(stalled_s, 3), "link_down_s": round(link_down_s, 3),
+            "productive_s": round(productive_s, 3), "goodput": min(1.0, productive_s / wall_s),
+            "redone_steps": redone, "starts": len(spans)}
 
 
 def stragglers(summary: RunSummary, events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
@@ -144,13 +237,17 @@ def run_faults(record: RunRecord, summary: RunSummary,
     config = document.config if document is not None else None
     if events is None:
         timed = config is not None and any(f.get("kind") in (SLOW, LINK_DOWN) for f in config.faults)
-        events = read_run_events(record.run_dir) if timed else []
+        events = (read_run_events(record.run_dir) if timed
+                  else read_rank_events(record.run_dir / "events" / "rank-0.jsonl"))
+    rank0 = [e for e in events if int(e.get("rank", 0)) == 0]
     section = (document.extra.get(FAULTS_SECTION) if document is not None else None) or {}
     applied = [dict(e) for e in section.get("events") or [] if isinstance(e, dict)]
     restarts = [dict(r) for r in section.get("restarts") or [] if isinstance(r, dict)]
     policy = None
     if config is not None:
         policy = policy_text(config.on_failure, config.max_restarts)
+    link_down = link_down_blocked(applied, events)
+    accounting = time_accounting(record, document, rank0, applied, link_down, restarts)
     return {
         "injected": [f.get("text") for f in (config.faults if config is not None else [])],
         "on_failure": policy,
@@ -159,12 +256,14 @@ def run_faults(record: RunRecord, summary: RunSummary,
         "restarts": len(restarts),
         "restarts_not_counted": sum(1 for r in restarts if r.get("counted") is False),
         "workers": worker_sizes(record.workers, restarts),
-        "lost_steps": sum(int(r.get("lost_steps") or 0) for r in restarts),
+        "lost_steps": accounting["redone_steps"] if accounting else sum(int(r.get("lost_steps") or 0)
+                                                                        for r in restarts),
         "detect_s": [e["detected_s"] for e in applied if e.get("detected_s") is not None],
         "recover_s": [r["recovered_s"] for r in restarts if r.get("recovered_s") is not None],
-        "goodput": goodput(record, summary),
+        "goodput": accounting["goodput"] if accounting else None,
+        "time": accounting,
         "stragglers": stragglers(summary, events),
-        "link_down": link_down_blocked(applied, events),
+        "link_down": link_down,
     }
 
 
@@ -229,7 +328,7 @@ def describe_faults(faults: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("recovery", f"{recoveries(faults)}{besides}, {faults['lost_steps']} steps lost and redone; "
                                  f"detected in {detect}, recovered in {recover}"))
     if faults["goodput"] is not None:
-        rows.append(("goodput", f"{100 * faults['goodput']:.1f}% (training time / wall time)"))
+        rows.append(("goodput", goodput_text(faults["time"])))
     spread = faults["stragglers"]
     if spread is not None and spread["spread"] is not None and (spread["spread"] >= STRAGGLER_SPREAD
                                                                  or faults["injected"]):
@@ -243,6 +342,18 @@ def describe_faults(faults: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("link down", f"every rank waited {down['blocked_s']:.2f} s in its collectives for the link of "
                                   f"rank {ranks} (down {down['down_s']:.2f} s)"))
     return rows
+
+
+def goodput_text(accounting: dict[str, Any]) -> str:
+    """The goodput row: the share, then what the wall time held besides productive training."""
+    starts = accounting.get("starts", 1)
+    over = f" over {starts} starts" if starts > 1 else ""
+    apart = [f"{name} {accounting[key]:.1f} s" for name, key in (("checkpoints", "checkpoint_s"),
+                                                                 ("stalls", "stalled_s"),
+                                                                 ("link down", "link_down_s")) if accounting[key]]
+    besides = f"; training time {accounting['train_s']:.1f} s less {', '.join(apart)}" if apart else ""
+    return (f"{100 * accounting['goodput']:.1f}% (productive training {accounting['productive_s']:.1f} s of "
+            f"{accounting['wall_s']:.1f} s wall{over}{besides})")
 
 
 def _seconds(values: list[float]) -> str:
