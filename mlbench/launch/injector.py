@@ -288,7 +288,8 @@ def restart_counts(run_dir: Path, workers: int, fault: dict[str, Any] | None) ->
 
 
 def next_group(on_failure: str, max_restarts: int, restarts: Sequence[Mapping[str, Any]], workers: int,
-               blamed: Sequence[int], counts: bool = True) -> tuple[list[int] | None, str | None]:
+               blamed: Sequence[int], counts: bool = True,
+               permanent: str | None = None) -> tuple[list[int] | None, str | None]:
     """What ``--on-failure`` does after the ranks ``blamed`` of a group of ``workers`` failed,
     with ``restarts`` (``faults.restarts`` entries) behind it under this limit; the one rule of
     the local supervisor, the one inside a Slurm job and the cluster's. ``(None, None)``:
@@ -296,7 +297,11 @@ def next_group(on_failure: str, max_restarts: int, restarts: Sequence[Mapping[st
     or always when this one does not count: ``counts``, :func:`restart_counts`);
     ``(survivors, None)``: go on with them, their old ranks in order (``shrink`` while one is
     left, ``shrink:N`` at most N times); ``(None, why)``: give up, ``why`` being what the
-    failure's reason adds (``""`` when nothing: ``fail``)."""
+    failure's reason adds (``""`` when nothing: ``fail``). ``permanent``: why the failure is one
+    no restart can mend (:func:`mlbench.launch.run_folder.permanent_failure`): then no policy
+    restarts or shrinks, and the run ends at once saying so."""
+    if permanent is not None and on_failure != "fail":
+        return None, f" ({permanent}, which no restart can mend)"
     counted = sum(1 for entry in restarts if entry.get("counted", True))
     if on_failure == "restart" and (not counts or counted < max_restarts):
         return None, None

@@ -67,6 +67,7 @@ from mlbench.launch.k8s_objects import (
     run_name,
     worker_pods,
 )
+from mlbench.launch.run_folder import permanent_failure
 from mlbench.results import watchdog
 from mlbench.results.checkpoints import SUMMARY_FILE, checkpoint_root, complete_checkpoints
 from mlbench.results.events import read_rank_events
@@ -353,7 +354,7 @@ class PodSupervisor:
             record = self._record(run)
             counts = restart_counts(run.run_dir, run.workers, record.culprit(ranks))
             _, given_up = next_group(config.on_failure, config.max_restarts, record.restarts, run.workers, ranks,
-                                     counts=counts)
+                                     counts=counts, permanent=permanent_failure(run.run_dir, ranks))
             if given_up is None:
                 self._end_group(run, record, ranks, reason, now, pods, counts)
                 return

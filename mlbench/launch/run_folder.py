@@ -14,6 +14,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from mlbench.results.checkpoints import (
@@ -154,6 +155,21 @@ def rank_error(run_dir: Path, rank: int) -> str | None:
     """The last error a worker recorded."""
     errors = [e for e in read_rank_events(events_path(run_dir, rank)) if e["name"] == "error"]
     return str(errors[-1]["value"]) if errors else None
+
+
+def permanent_failure(run_dir: Path, ranks: Iterable[int], codes: Mapping[int, int | None] | None = None) -> str | None:
+    """Why the failure of ``ranks`` is one no restart can mend (:mod:`mlbench.worker.failures`),
+    or None: the class a failed rank recorded right after its last error, else its exit code."""
+    from mlbench.worker.failures import PERMANENT_EVENT, PERMANENT_EXIT
+
+    for rank in ranks:
+        events = read_rank_events(events_path(run_dir, rank))
+        last = max((i for i, e in enumerate(events) if e["name"] == "error"), default=None)
+        if last is not None and last + 1 < len(events) and events[last + 1]["name"] == PERMANENT_EVENT:
+            return str(events[last + 1]["value"])
+        if codes is not None and codes.get(rank) == PERMANENT_EXIT:
+            return f"a failure worker {rank} found permanent (its exit code {PERMANENT_EXIT})"
+    return None
 
 
 def log_tail(path: Path) -> str | None:

@@ -44,7 +44,7 @@ from typing import Any
 
 from mlbench.launch.injector import (FaultRecord, Injector, check_recovered, next_group, reached_step, record_restart,
                                      restart_counts, uncounted_note)
-from mlbench.launch.run_folder import back_to_newest_checkpoint
+from mlbench.launch.run_folder import back_to_newest_checkpoint, permanent_failure
 from mlbench.launch.supervisor import free_ports
 from mlbench.results.events import read_run_events
 from mlbench.results.faults import FAULT_CLOCK_ENV
@@ -232,7 +232,7 @@ class JobSupervisor:
                 return None, "not shrunk (srun named no failed task to leave out)"
         restarts = self.faults.own_restarts if self.faults is not None else []
         survivors, given_up = next_group(self.on_failure, self.max_restarts, restarts, self.workers, blamed,
-                                         counts=counts)
+                                         counts=counts, permanent=permanent_failure(self.run_dir, failed or blamed))
         if given_up is None:
             return survivors, None
         return None, f"not {'shrunk' if self.on_failure == 'shrink' else 'restarted'}{given_up}"

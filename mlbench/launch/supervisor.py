@@ -41,7 +41,7 @@ from mlbench.launch.forked import ForkedProcess, fork_worker, forking_allowed, m
 from mlbench.launch.injector import (FaultRecord, Injector, check_recovered, next_group, reached_step, record_restart,
                                      restart_counts)
 from mlbench.launch.processes import ProcessRef
-from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, rank_error
+from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, permanent_failure, rank_error
 from mlbench.network.emulation import LocalNetwork, PrivateLoopback, local_network
 from mlbench.results.events import read_rank_events
 from mlbench.results.faults import FAULT_CLOCK_ENV
@@ -336,15 +336,19 @@ class WorkerProcesses:
         reason, fault = self.faults.blame(ranks, reason, now) if self.faults is not None else (reason, None)
         restarts = self.faults.own_restarts if self.faults is not None else []
         counts = restart_counts(self.run_dir, self.workers, fault)
+        codes = {rank: self.procs[rank].poll() for rank in ranks if rank < len(self.procs)}
         survivors, given_up = next_group(self.on_failure, self.max_restarts, restarts, self.workers, ranks,
-                                         counts=counts)
+                                         counts=counts, permanent=permanent_failure(self.run_dir, ranks, codes))
         if given_up is None:
             self.restart(reason, fault, now, survivors, counts)
             return
         if self.faults is not None:
             if fault is not None:
                 fault["action"] = "fail"
-            self.faults.save()
+            try:
+                self.faults.save()
+            except OSError as err:   # a full disk: the run must still end in the store, saying why
+                print(f"mlbench: the faults were not recorded in run.json ({err})", file=sys.stderr)
         reason += given_up
         self.stop_all(grace=0 if fault is not None else TERMINATE_GRACE_SECONDS)
         self._mark_ended(FAILED, reason=reason)
@@ -397,7 +401,10 @@ class WorkerProcesses:
         """End the run in the store, first recording in run.json the seconds its fault clock ran,
         which a resume goes on from (docs/faults.md)."""
         if self.faults is not None and self.clock_start is not None:
-            self.faults.record_clock(self.clock_start)
+            try:
+                self.faults.record_clock(self.clock_start)
+            except OSError as err:   # a full disk: the run must still end in the store, saying why
+                print(f"mlbench: the fault clock was not recorded in run.json ({err})", file=sys.stderr)
         self.store.mark_ended(self.run.id, state, **details)
 
     def _finish(self) -> None:

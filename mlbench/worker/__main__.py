@@ -29,7 +29,7 @@ from pathlib import Path
 
 from mlbench.errors import MlbenchError
 from mlbench.results.events import EventWriter, FileSink
-from mlbench.worker.failures import record_error, stalled_peer
+from mlbench.worker.failures import PERMANENT_EXIT, permanent_cause, record_error, record_failure, say, stalled_peer
 from mlbench.results.http_sink import beat_sender, open_sink
 from mlbench.run_config import RunConfig, RunDocument
 from mlbench.worker.group import init_group, leave_group
@@ -61,6 +61,18 @@ class StopRequest:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The worker's entry point: :func:`_main`, whose failures before training (a full disk at
+    its first heartbeat) end with the class of exit code :func:`run_worker`'s do."""
+    try:
+        return _main(argv)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as err:
+        say(f"Error: {type(err).__name__}: {err}".splitlines()[0][:500])
+        return PERMANENT_EXIT if permanent_cause(err) is not None else 1
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlbench.worker")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--rank", type=int, default=None,
@@ -157,15 +169,15 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
         leave_group()
         return 0
     except MlbenchError as err:
-        record_error(events, str(err))
-        print(f"Error: {err}", file=sys.stderr)
-        return 1
+        code = record_failure(events, str(err), err)
+        say(f"Error: {err}")
+        return code
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as err:
-        traceback.print_exc()
-        record_error(events, f"{type(err).__name__}: {err}".splitlines()[0][:500])
-        return 1
+        code = record_failure(events, f"{type(err).__name__}: {err}".splitlines()[0][:500], err)
+        say(traceback.format_exc().rstrip())
+        return code
     finally:
         if heartbeat is not None:
             heartbeat.stop()  # its silence from now on blames nobody

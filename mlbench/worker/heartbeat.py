@@ -145,7 +145,10 @@ class Heartbeat:
             return self.send(beat)
         except OSError as err:
             self._broken = True
-            print(f"heartbeat: not written ({err}); the watchdog cannot see this worker", file=sys.stderr)
+            try:   # best effort: on a full disk the log cannot take this line either
+                print(f"heartbeat: not written ({err}); the watchdog cannot see this worker", file=sys.stderr)
+            except OSError:
+                pass
             return None
 
     def _loop(self) -> None:

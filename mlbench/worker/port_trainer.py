@@ -10,7 +10,7 @@ under test), the order of the samples (:func:`mlbench.tasks.data.sharding.epoch_
 initial weights (those mlbench's PyTorch model draws for the run's seed, handed over as NumPy
 arrays by :meth:`PortTrainer.reference_state`), the learning-rate rule, the log intervals, the
 evaluation (the port's logits scored by :mod:`mlbench.tasks.scoring` in NumPy), the goal, the
-events and the result. Exit codes are the PyTorch worker's: 0 done, 1 failed, 143 stopped.
+events and the result. Exit codes are the PyTorch worker's: 0 done, 1 failed, 4 failed for good, 143 stopped.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from mlbench.run_config import RunConfig, RunDocument
 from mlbench.tasks.classification import ClassificationSettings, learning_rate
 from mlbench.tasks.metrics import get_metric
 from mlbench.tasks.scoring import TOTALS, metrics_of, score_outputs
-from mlbench.worker.failures import record_error, stalled_peer
+from mlbench.worker.failures import record_failure, say, stalled_peer
 from mlbench.worker.heartbeat import SUPERVISED_ENV, Heartbeat
 from mlbench.worker.launcher_env import MLBENCH, check_world_size, launcher_env
 
@@ -134,15 +134,15 @@ def worker_main(module: str, join: Callable[[RunConfig, int, str], Any],
         group = join(config, launch.rank, f"{addr}:{port}")
         return train(config, launch.rank, events, heartbeat, group)
     except MlbenchError as err:
-        record_error(events, str(err))
-        print(f"Error: {err}", file=sys.stderr)
-        return 1
+        code = record_failure(events, str(err), err)
+        say(f"Error: {err}")
+        return code
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as err:
-        traceback.print_exc()
-        record_error(events, f"{type(err).__name__}: {err}".splitlines()[0][:500])
-        return 1
+        code = record_failure(events, f"{type(err).__name__}: {err}".splitlines()[0][:500], err)
+        say(traceback.format_exc().rstrip())
+        return code
     finally:
         heartbeat.stop()
         try:
