@@ -84,6 +84,9 @@ class RunConfig:
     #: so many steps (at most one of them); neither: checkpoints are not written.
     checkpoint_every_s: float | None = None
     checkpoint_every_steps: int | None = None
+    #: ``--checkpoint-every auto[:MTBF]``: the mean time between failures Young/Daly's interval is
+    #: made from, with each checkpoint's measured cost (:func:`mlbench.worker.checkpoint.daly_interval`).
+    checkpoint_auto_mtbf_s: float | None = None
     #: ``--checkpoint-dir``: the checkpoints go to DIR/RUN_ID instead of RUN_DIR/checkpoints.
     checkpoint_dir: str | None = None
     #: Set by `mlbench resume`: the step of the checkpoint the workers start from.
@@ -100,7 +103,8 @@ class RunConfig:
     @property
     def checkpoints(self) -> bool:
         """Whether the workers write resumable checkpoints."""
-        return self.checkpoint_every_s is not None or self.checkpoint_every_steps is not None
+        return (self.checkpoint_every_s is not None or self.checkpoint_every_steps is not None
+                or self.checkpoint_auto_mtbf_s is not None)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -141,7 +145,8 @@ CONFIG_ROLES: dict[str, Role] = {
     "optimizer_plugin": COMPUTES, "model_plugin": COMPUTES, "save_model": WATCHES, "master_addr": RUNTIME,
     "master_port": RUNTIME, "eval_batch_size": COMPUTES, "precision": COMPUTES, "channels_last": COMPUTES,
     "graph": COMPUTES, "watchdog_s": WATCHES, "framework": COMPUTES, "checkpoint_every_s": COMPUTES,
-    "checkpoint_every_steps": COMPUTES, "checkpoint_dir": WATCHES, "resume_step": RUNTIME, "faults": COMPUTES,
+    "checkpoint_every_steps": COMPUTES, "checkpoint_auto_mtbf_s": COMPUTES, "checkpoint_dir": WATCHES,
+    "resume_step": RUNTIME, "faults": COMPUTES,
     "on_failure": COMPUTES, "max_restarts": COMPUTES,
 }
 

@@ -30,7 +30,7 @@ from typing import Any, Literal
 from mlbench.errors import UsageError, about_option
 from mlbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS
 from mlbench.launch.faults import parse_inject, parse_on_failure
-from mlbench.launch.plan import BACKENDS, parse_checkpoint_every, parse_duration, parse_watchdog
+from mlbench.launch.plan import BACKENDS, parse_checkpoint_auto, parse_checkpoint_every, parse_duration, parse_watchdog
 from mlbench.network.settings import SHAPING
 from mlbench.run_config import COMPUTES, PLANS, SEED, WATCHES, Role
 from mlbench.tasks.overrides import parse_overrides
@@ -81,8 +81,11 @@ def parse_optimizer_options(values: Mapping[str, Any] | Sequence[str] | str) -> 
 
 
 def _checkpoint_fields(value: str | None) -> dict[str, Any]:
+    auto = parse_checkpoint_auto(value) if value else None
+    if auto is not None:   # Young/Daly's interval, from the measured cost and this MTBF (0: the --inject schedule's)
+        return {"checkpoint_every_s": None, "checkpoint_every_steps": None, "checkpoint_auto_mtbf_s": auto}
     seconds, steps = parse_checkpoint_every(value) if value else (None, None)
-    return {"checkpoint_every_s": seconds, "checkpoint_every_steps": steps}
+    return {"checkpoint_every_s": seconds, "checkpoint_every_steps": steps, "checkpoint_auto_mtbf_s": None}
 
 
 def _on_failure_fields(value: str) -> dict[str, Any]:
@@ -220,8 +223,10 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               fields=_watchdog_fields),
     RunOption("checkpoint_every", "--checkpoint-every",
               "Write every worker's resumable state this often (2m, 500steps) and at a clean stop (Ctrl-C, "
-              "cancel, --max-steps, --time-budget); `mlbench resume RUN` continues from it.", COMPUTES,
-              metavar="DURATION|Nsteps", fields=_checkpoint_fields),
+              "cancel, --max-steps, --time-budget); `mlbench resume RUN` continues from it. auto[:MTBF]: at "
+              "Young/Daly's interval from the measured checkpoint cost and the mean time between failures "
+              "(MTBF, e.g. auto:2h; auto alone: the --inject schedule's).", COMPUTES,
+              metavar="DURATION|Nsteps|auto[:MTBF]", fields=_checkpoint_fields),
     RunOption("checkpoint_dir", "--checkpoint-dir",
               "Keep the checkpoints in DIR/RUN_ID (shared storage) [RUN_DIR/checkpoints].", WATCHES,
               annotation="str | os.PathLike[str] | None", folder=True,

@@ -69,6 +69,7 @@ class RunRequest:
     watchdog_s: float | None = DEFAULT_WATCHDOG_S  # mlbench.results.watchdog; None: off
     checkpoint_every_s: float | None = None   # --checkpoint-every DURATION
     checkpoint_every_steps: int | None = None  # --checkpoint-every Nsteps
+    checkpoint_auto_mtbf_s: float | None = None  # --checkpoint-every auto[:MTBF] (0.0: the schedule's)
     checkpoint_dir: str | None = None          # --checkpoint-dir DIR
     framework: str = DEFAULT_FRAMEWORK  # mlbench.frameworks: which worker program trains
     faults: list[dict[str, Any]] = field(default_factory=list)  # --inject, parsed (mlbench.launch.faults)
@@ -107,6 +108,21 @@ def parse_watchdog(text: str) -> float | None:
 _STEPS = re.compile(r"^\s*(\d+)\s*steps?\s*$")
 
 
+def parse_checkpoint_auto(text: str) -> float | None:
+    """``--checkpoint-every auto[:MTBF]``: the mean time between failures it names (0.0 for
+    ``auto`` alone: the --inject schedule's), or None for any other value."""
+    head, sep, mtbf = (text or "").strip().partition(":")
+    if head != "auto":
+        return None
+    if not sep:
+        return 0.0
+    try:
+        return parse_duration(mtbf)
+    except UsageError:
+        raise UsageError(f"--checkpoint-every {text!r}: auto:MTBF takes the mean time between failures as a "
+                         "duration (auto:2h, auto:90s)", option="checkpoint_every") from None
+
+
 def parse_checkpoint_every(text: str) -> tuple[float | None, int | None]:
     """--checkpoint-every: a duration ('2m', '90s': seconds, first item) or a step count
     ('500steps': steps, second item)."""
@@ -121,6 +137,26 @@ def parse_checkpoint_every(text: str) -> tuple[float | None, int | None]:
     except UsageError:
         raise UsageError(f"--checkpoint-every {text!r}: give a duration (2m, 90s) or a step count "
                          "(500steps)", option="checkpoint_every") from None
+
+
+def _auto_mtbf(request: RunRequest) -> float:
+    """The mean time between failures of ``--checkpoint-every auto[:MTBF]``: the one given, else
+    the mean interval of the --inject schedules that fail a worker (kill, stall), combined as
+    rates add; a UsageError when there is neither."""
+    if request.checkpoint_auto_mtbf_s:
+        return float(request.checkpoint_auto_mtbf_s)
+    rates = []
+    for spec in request.faults:
+        if spec.get("kind") not in ("kill", "stall"):
+            continue
+        bounds = spec.get("every_range")
+        mean = (float(bounds[0]) + float(bounds[1])) / 2 if bounds else spec.get("every")
+        if mean:
+            rates.append(1.0 / float(mean))
+    if not rates:
+        raise UsageError("--checkpoint-every auto needs the mean time between failures: give it (auto:2h), or "
+                         "an --inject kill or stall schedule with every=", option="checkpoint_every")
+    return 1.0 / sum(rates)
 
 
 def parse_duration(text: str) -> float:
@@ -292,10 +328,13 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
     if request.log_every < 1:
         raise UsageError("--log-every must be at least 1", option="log_every")
     _check_faults(request, spec)
+    if request.checkpoint_auto_mtbf_s is not None:
+        request = dataclasses.replace(request, checkpoint_auto_mtbf_s=_auto_mtbf(request))
     if request.on_failure in ("restart", "shrink") and request.checkpoint_every_s is None \
-            and request.checkpoint_every_steps is None:
+            and request.checkpoint_every_steps is None and request.checkpoint_auto_mtbf_s is None:
         request = dataclasses.replace(request, checkpoint_every_s=DEFAULT_RESTART_CHECKPOINT_S)
-    checkpoints = request.checkpoint_every_s is not None or request.checkpoint_every_steps is not None
+    checkpoints = (request.checkpoint_every_s is not None or request.checkpoint_every_steps is not None
+                   or request.checkpoint_auto_mtbf_s is not None)
     if checkpoints and isinstance(spec, AllreduceSpec):
         raise UsageError(f"{spec.name} trains nothing and has no state to checkpoint: leave out --checkpoint-every")
     if request.checkpoint_dir is not None and not checkpoints:
@@ -319,6 +358,7 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
         save_model=request.save_model, precision=request.precision,
         channels_last=request.channels_last, graph=request.graph, watchdog_s=request.watchdog_s,
         checkpoint_every_s=request.checkpoint_every_s, checkpoint_every_steps=request.checkpoint_every_steps,
+        checkpoint_auto_mtbf_s=request.checkpoint_auto_mtbf_s,
         checkpoint_dir=checkpoint_dir, framework=framework.name,
         faults=[dict(f) for f in request.faults], on_failure=request.on_failure, max_restarts=request.max_restarts)
     if framework is not PYTORCH:

@@ -39,7 +39,8 @@ DERIVED_KEYS = {
 
 #: Config fields that enter the fingerprint through a derived key, not by name.
 _FOLDED = {"light", "stop_at_goal", "time_budget_s", "max_steps", "checkpoint_every_s", "checkpoint_every_steps",
-           "faults", "on_failure", "max_restarts", "optimizer_options", "optimizer_plugin", "model_plugin", "task"}
+           "checkpoint_auto_mtbf_s", "faults", "on_failure", "max_restarts", "optimizer_options", "optimizer_plugin",
+           "model_plugin", "task"}
 
 #: Spec fields that describe the task rather than set what it computes.
 _SPEC_TEXT = {"name", "title", "notes", "reference", "sample_unit", "kind"}
@@ -83,6 +84,8 @@ def checkpoint_text(config: RunConfig) -> str:
         return f"every {config.checkpoint_every_steps} steps"
     if config.checkpoint_every_s is not None:
         return f"every {config.checkpoint_every_s:g}s"
+    if config.checkpoint_auto_mtbf_s is not None:
+        return f"auto (Young/Daly, MTBF {config.checkpoint_auto_mtbf_s:g}s)"
     return "none"
 
 

@@ -456,11 +456,29 @@ def run_recovery(record: RunRecord) -> dict[str, Any]:
     config = document.config
     checkpoints = None
     if config.checkpoints:
-        every = (f"{config.checkpoint_every_steps} steps" if config.checkpoint_every_steps is not None
-                 else fmt_duration(config.checkpoint_every_s))
+        if config.checkpoint_every_steps is not None:
+            every = f"{config.checkpoint_every_steps} steps"
+        elif config.checkpoint_auto_mtbf_s is not None:
+            every = auto_interval_text(record, config.checkpoint_auto_mtbf_s)
+        else:
+            every = fmt_duration(config.checkpoint_every_s)
         root = checkpoint_root(record.run_dir, config.checkpoint_dir)
         checkpoints = {"every": every, **checkpoint_summary(record.run_dir, root, config.workers)}
     return {"checkpoints": checkpoints, "resumes": [dict(r) for r in document.resumes]}
+
+
+def auto_interval_text(record: RunRecord, mtbf_s: float) -> str:
+    """``--checkpoint-every auto``'s interval as the workers chose it last (rank 0's latest
+    ``checkpoint/interval`` event), with what it was made from."""
+    from mlbench.results.events import read_rank_events
+
+    chosen = [e["value"] for e in read_rank_events(record.run_dir / "events" / "rank-0.jsonl")
+              if e["name"] == "checkpoint/interval" and isinstance(e.get("value"), dict)]
+    if not chosen:
+        return f"auto (Young/Daly with an MTBF of {fmt_duration(mtbf_s)}; no checkpoint measured yet)"
+    last = chosen[-1]
+    return (f"{fmt_duration(last['seconds'])} (auto: Daly's optimum for a checkpoint cost of "
+            f"{1000 * last['cost_s']:.1f} ms and an MTBF of {fmt_duration(mtbf_s)})")
 
 
 def describe_checkpoints(checkpoints: dict[str, Any] | None) -> str | None:

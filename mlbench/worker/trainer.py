@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -127,6 +128,10 @@ class Trainer:
         self._resume: dict[str, Any] | None = None
         self._checkpointed_at = -1      # the step of the last checkpoint written or read
         self._checkpoint_clock = 0.0    # perf_counter() of it
+        # --checkpoint-every DURATION, or auto's (Young/Daly's) interval: the first checkpoint at
+        # the first clock check, then from the median cost of those written so far
+        self._every_s = 0.0 if config.checkpoint_auto_mtbf_s is not None else config.checkpoint_every_s
+        self._checkpoint_costs: list[float] = []
         self.straggler = Straggler.of(config.faults, rank)   # --inject slow: this rank slowed
 
     @property
@@ -205,6 +210,14 @@ class Trainer:
         if self.rank == 0:
             self.events.emit("checkpoint", {"step": p.step, "seconds": seconds}, epoch=self._epoch_float(),
                              step=p.step)
+        mtbf = self.cfg.checkpoint_auto_mtbf_s
+        if mtbf is not None:
+            self._checkpoint_costs.append(seconds)
+            cost = statistics.median(self._checkpoint_costs)
+            self._every_s = checkpoint.daly_interval(cost, mtbf)
+            if self.rank == 0:
+                self.events.emit("checkpoint/interval", {"seconds": self._every_s, "cost_s": cost, "mtbf_s": mtbf,
+                                                         "rule": "Daly 2006"}, epoch=self._epoch_float(), step=p.step)
 
     def _checkpoint_due_by_steps(self) -> bool:
         every = self.cfg.checkpoint_every_steps
@@ -333,7 +346,7 @@ class Trainer:
         per_step = elapsed / p.step if p.step else 0.0
         proposal = max(1, min(1000, int(BUDGET_CHECK_SECONDS / per_step))) if per_step > 0 else 1
         budget = self.cfg.time_budget_s
-        every = self.cfg.checkpoint_every_s
+        every = self._every_s
         spent = budget is not None and elapsed >= budget
         due = every is not None and time.perf_counter() - self._checkpoint_clock >= every
         flags = torch.tensor([float(spent), float(due), float(self.stop_requested()), -float(proposal)],
