@@ -48,7 +48,8 @@ def test_the_mtbf_is_the_given_one_or_the_schedules():
     assert _config(checkpoint_auto_mtbf_s=7200.0).checkpoint_auto_mtbf_s == 7200.0
     kill = [parse_inject("kill:rank=1,every=rand(4s,8s)")]
     assert _config(checkpoint_auto_mtbf_s=0.0, faults=kill, on_failure="restart").checkpoint_auto_mtbf_s == 6.0
-    both = [parse_inject("kill:rank=1,every=6s"), parse_inject("stall:rank=0,every=3s,for=1s")]    # rates add: 1/6 + 1/3
+    # rates add: 1/6 + 1/3
+    both = [parse_inject("kill:rank=1,every=6s"), parse_inject("stall:rank=0,every=3s,for=1s")]
     assert _config(checkpoint_auto_mtbf_s=0.0, faults=both).checkpoint_auto_mtbf_s == pytest.approx(2.0)
     config = _config(checkpoint_auto_mtbf_s=0.0, faults=kill, on_failure="restart")
     assert config.checkpoints and config.checkpoint_every_s is None     # restart's default interval not added

@@ -30,10 +30,12 @@ def _raised_from(outer: BaseException, inner: BaseException) -> BaseException:
 
 @pytest.mark.parametrize("err,cause", [
     (OSError(errno.ENOSPC, "No space left on device"), "no space left on the device"),
-    (_raised_from(RuntimeError("writing the checkpoint"), OSError(errno.ENOSPC, "full")), "no space left on the device"),
+    (_raised_from(RuntimeError("writing the checkpoint"), OSError(errno.ENOSPC, "full")),
+     "no space left on the device"),
     (OSError(errno.EROFS, "Read-only file system"), "the file system is read-only"),
     (RuntimeError("[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing file data/3: "
-                  "file write failed"), "a file could not be written (torch's writer failed: most often no space left)"),
+                  "file write failed"),
+     "a file could not be written (torch's writer failed: most often no space left)"),
     (DataError("bad line 3"), "an error in the data"),
     (UsageError("--set x=1: unknown"), "a usage error"),
     (ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"), None),

@@ -7,11 +7,15 @@ the kernel decides it: no process, open descriptor or mount refers to them any m
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -92,3 +96,18 @@ def wait_gone(namespaces: set[str], timeout: float = 15) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"still referenced: {sorted(namespaces & namespace_references())}")
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def nobody_folder() -> Iterator[tuple[str, Path]]:
+    """The system Python and a folder anyone may write, for code run as ``nobody`` through
+    ``setpriv`` (it needs nothing but the standard library and the repository); skips where this
+    process is not root or the machine has no setpriv or system Python."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root to become an unprivileged user (setpriv)")
+    python = "/usr/bin/python3"
+    if not os.access(python, os.X_OK):
+        pytest.skip(f"no system Python at {python} for the unprivileged user")
+    with tempfile.TemporaryDirectory(prefix="mlbench-nobody-") as folder:  # pytest's is root's only
+        os.chmod(folder, 0o777)
+        yield python, Path(folder)

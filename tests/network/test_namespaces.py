@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ import pytest
 from mlbench.network.emulation import LocalNetwork
 from mlbench.network.netns import WORKER_IF
 from mlbench.network.settings import NetworkSettings
-from tests.network.conftest import namespace_references
+from tests.network.conftest import namespace_references, nobody_folder
 from tests.network.throughput import best_goodput
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shaping")]
@@ -44,14 +42,8 @@ def test_the_pod_shaping_module_limits_both_directions_of_an_interface(tmp_path)
 def test_a_user_without_root_gets_the_same_network_in_a_user_namespace():
     """Run the launcher's network code as ``nobody`` (with the system Python: it needs nothing
     but the standard library) and measure the link it builds."""
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        pytest.skip("needs root to become an unprivileged user (setpriv)")
-    python = "/usr/bin/python3"
-    if not os.access(python, os.X_OK):
-        pytest.skip(f"no system Python at {python} for the unprivileged user")
-    with tempfile.TemporaryDirectory(prefix="mlbench-nobody-") as folder:  # pytest's is root's only
-        os.chmod(folder, 0o777)
-        answer = _as_nobody(python, Path(folder))
+    with nobody_folder() as (python, folder):
+        answer = _as_nobody(python, folder)
     if "skip" in answer:
         pytest.skip(f"unprivileged user namespaces are not allowed here: {answer['skip']}")
     assert answer["uid"] == 65534 and answer["user_ns"]

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.network.conftest import namespace_references
+from tests.network.conftest import namespace_references, nobody_folder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,14 +91,8 @@ def test_a_socket_on_every_interface_of_the_private_loopback_is_reachable_inside
 
 
 def test_a_user_without_root_gets_the_same_private_loopback_in_a_user_namespace():
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        pytest.skip("needs root to become an unprivileged user (setpriv)")
-    python = "/usr/bin/python3"
-    if not os.access(python, os.X_OK):
-        pytest.skip(f"no system Python at {python} for the unprivileged user")
-    with tempfile.TemporaryDirectory(prefix="mlbench-nobody-") as folder:  # pytest's is root's only
-        os.chmod(folder, 0o777)
-        answer = _check(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python], Path(folder),
+    with nobody_folder() as (python, folder):
+        answer = _check(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python], folder,
                         {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)})
     assert answer["uid"] == 65534 and answer["user_ns"]
     assert answer["outside"] == "refused"
