@@ -164,12 +164,16 @@ class NamespaceHolder:
     what = "the emulated network"
     #: Whether the holder has a private mount namespace too (``ip netns`` keeps its names there).
     mounts = True
-    master_addr = "127.0.0.1"
     master_port = netns.RENDEZVOUS_PORT
 
     def __init__(self, log_path: Path):
         self.log_path = log_path
         self.proc: subprocess.Popen[str] | None = None
+
+    @property
+    def master_addr(self) -> str:
+        """Where rank 0's rendezvous listens: the loopback, unless the namespaces give it another."""
+        return "127.0.0.1"
 
     def holder_arguments(self) -> list[str]:
         raise NotImplementedError

@@ -44,9 +44,23 @@ from mlbench.plugins import (
 if TYPE_CHECKING:
     from mlbench.optim.base import DistributedOptimizer
 
-__all__ = ["ENTRY_POINT_GROUP", "PLUGIN_DIR", "SHORT_HASH", "Plugin", "PluginError", "describe_plugins",
-           "describe_one", "guard_steps", "installed_plugins", "is_builtin", "is_plugin_label", "load_recorded",
-           "make_plugin", "plugin_label", "resolve_optimizer"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PLUGIN_DIR",
+    "SHORT_HASH",
+    "Plugin",
+    "PluginError",
+    "describe_one",
+    "describe_plugins",
+    "guard_steps",
+    "installed_plugins",
+    "is_builtin",
+    "is_plugin_label",
+    "load_recorded",
+    "make_plugin",
+    "plugin_label",
+    "resolve_optimizer",
+]
 
 #: The entry-point group an installed package registers its optimizers in.
 ENTRY_POINT_GROUP = "mlbench.optimizers"

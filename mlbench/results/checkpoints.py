@@ -181,7 +181,7 @@ class Rejected:
 def newest_valid(root: Path, workers: int) -> tuple[int | None, list[Rejected]]:
     """The step of the newest valid checkpoint (None: none), and each newer complete one that
     failed its check (newest first)."""
-    rejected = []
+    rejected: list[Rejected] = []
     for step in reversed(complete_checkpoints(root, workers).steps):
         reason = invalid_reason(root, step, workers)
         if reason is None:

@@ -90,9 +90,9 @@ def _final_trajectory(events: Iterable[dict[str, Any]],
             logged.append((at, step))
         elif name == "train/time" and isinstance(value, (int, float)):
             clock = float(value)
-        elif name == "checkpoint" and isinstance(value, dict) and isinstance(value.get("seconds"), (int, float)):
-            if not _thrown_away(at, int(value.get("step", step)), again):
-                checkpoint_s += float(value["seconds"])
+        elif (name == "checkpoint" and isinstance(value, dict) and isinstance(value.get("seconds"), (int, float))
+              and not _thrown_away(at, int(value.get("step", step)), again)):
+            checkpoint_s += float(value["seconds"])
     return clock, checkpoint_s, logged
 
 
