@@ -143,3 +143,27 @@ def test_the_checkpoints_of_a_cluster_run_show_from_the_summary_its_supervisor_k
     (run_dir / SUMMARY_FILE).write_text("{torn")
     assert summary(run_dir, tmp_path / "absent", 2) == {"newest_step": None, "count": 0,
                                                          "folder": str(tmp_path / "absent")}
+
+
+def test_a_run_killed_in_its_final_evaluation_resumes_to_its_result(libsvm_dir):
+    """The newest checkpoint is the step cap's, written before the final evaluation; a kill
+    there (made here by taking the run's result away, as the kill would have left it) leaves no
+    result, and `resume` without a larger cap evaluates that checkpoint's model and finishes:
+    the very accuracy the uninterrupted run reported."""
+    RUN = ("task2a", "2", "--data-dir", str(libsvm_dir), "--set", "batch_per_worker=50", "--checkpoint-every", "2steps")
+    mlbench("run", *RUN, "--max-steps", "6", check=True)
+    store = RunStore()
+    run = store.list()[-1]
+    finished = run.result
+    store.update(run.id, state="failed", result=None, reason="worker 0 was killed by SIGKILL")
+    events_file = run.run_dir / "events" / "rank-0.jsonl"
+    kept = [line for line in events_file.read_text().splitlines() if json.loads(line)["name"] != "result"]
+    events_file.write_text("\n".join(kept) + "\n")
+
+    proc = mlbench("resume", run.id)
+    assert proc.returncode in (0, 3), proc.stdout + proc.stderr
+    resumed = RunStore().get(run.id)
+    assert resumed.state == "finished" and resumed.result["steps"] == 6
+    assert (resumed.result["final_accuracy"], resumed.result["final_loss"]) == \
+        (finished["final_accuracy"], finished["final_loss"])
+    assert run_json(resumed)["resumes"][0]["from_step"] == 6

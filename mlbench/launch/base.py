@@ -38,7 +38,7 @@ from mlbench.launch.run_folder import back_to_newest_checkpoint, changes_since_c
 from mlbench.network.settings import NetworkSettings
 from mlbench.results.events import EventTail
 from mlbench.results.live_export import LiveExport, Target
-from mlbench.results.store import RunRecord, RunStore
+from mlbench.results.store import FINISHED, RunRecord, RunStore
 from mlbench.run_config import RunDocument
 
 #: `mlbench resume --max-steps off`: no step cap.
@@ -316,7 +316,9 @@ def _reopen(store: RunStore, record: RunRecord, max_steps: int | None,
     if newest is None:
         raise UsageError(f"run {record.id} has no valid checkpoint to resume from: {rejected[-1].line(root)}")
     cap = config.max_steps if max_steps is None else (None if max_steps == NO_STEP_CAP else max_steps)
-    if cap is not None and cap <= newest:
+    # killed after its last step's checkpoint, in the final evaluation: it resumes to its result
+    unfinished = cap == newest and record.result is None and record.state != FINISHED
+    if cap is not None and cap <= newest and not unfinished:
         raise UsageError(f"run {record.id}'s newest valid checkpoint is at step {newest}, its step cap "
                          f"{cap}: give a larger --max-steps (or --max-steps off)")
     if before_resume is not None:
