@@ -32,8 +32,8 @@ def test_the_service_makes_an_ended_run_ready_from_its_newest_checkpoint_or_says
             path.write_bytes(b"state")
     assert service.call("POST", f"/v1/runs/{run_id}/resume", {"max_steps": "20"}) == (400, {
         "error": "max_steps must be a whole number of steps (0: no cap) or null"})
-    assert service.call("POST", f"/v1/runs/{run_id}/resume", {"max_steps": 10}) == (400, {
-        "error": f"run {run_id}'s newest valid checkpoint is at step 10, its step cap 10: give a larger --max-steps "
+    assert service.call("POST", f"/v1/runs/{run_id}/resume", {"max_steps": 8}) == (400, {
+        "error": f"run {run_id}'s newest valid checkpoint is at step 10, its step cap 8: give a larger --max-steps "
                  "(or --max-steps off)"})
 
     status, resumed = service.call("POST", f"/v1/runs/{run_id}/resume", {"max_steps": 30})
