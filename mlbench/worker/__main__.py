@@ -23,13 +23,12 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from mlbench.errors import MlbenchError
 from mlbench.results.events import EventWriter, FileSink
-from mlbench.worker.failures import PERMANENT_EXIT, permanent_cause, record_error, record_failure, say, stalled_peer
+from mlbench.worker.failures import PERMANENT_EXIT, permanent_cause, record_error, say, stalled_peer, worker_failed
 from mlbench.results.http_sink import beat_sender, open_sink
 from mlbench.run_config import RunConfig, RunDocument
 from mlbench.worker.group import init_group, leave_group
@@ -168,16 +167,10 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
             events.emit("result", result, epoch=result["epochs"], step=result["steps"])
         leave_group()
         return 0
-    except MlbenchError as err:
-        code = record_failure(events, str(err), err)
-        say(f"Error: {err}")
-        return code
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as err:
-        code = record_failure(events, f"{type(err).__name__}: {err}".splitlines()[0][:500], err)
-        say(traceback.format_exc().rstrip())
-        return code
+        return worker_failed(events, err)
     finally:
         if heartbeat is not None:
             heartbeat.stop()  # its silence from now on blames nobody

@@ -16,9 +16,10 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import traceback
 from collections.abc import Iterator
 
-from mlbench.errors import DataError, DivergedError, UsageError
+from mlbench.errors import DataError, DivergedError, MlbenchError, UsageError
 from mlbench.results.events import EventWriter
 
 #: The exit code of a worker whose failure no restart can mend (0 done, 1 failed, 143 stopped).
@@ -36,7 +37,7 @@ def stalled_peer(events: EventWriter, reason: str, record: bool) -> None:
     message = f"watchdog: {reason}"
     if record:
         record_error(events, message)
-    print(f"Error: {message}", file=sys.stderr, flush=True)
+    say(f"Error: {message}")
     try:
         events.close()
     except Exception:  # exiting regardless; the log has the reason
@@ -49,7 +50,7 @@ def record_error(events: EventWriter, message: str) -> None:
     try:
         events.emit("error", message, epoch=0, step=0)
     except OSError as err:
-        print(f"could not record the error event: {err}", file=sys.stderr)
+        say(f"could not record the error event: {err}")
 
 
 def say(text: str) -> None:
@@ -100,3 +101,16 @@ def record_failure(events: EventWriter, message: str, err: BaseException) -> int
     except OSError:
         pass  # the exit code still says it
     return PERMANENT_EXIT
+
+
+def worker_failed(events: EventWriter, err: BaseException) -> int:
+    """A worker's training ended with ``err`` (any framework's worker: the PyTorch one and the
+    ports): record it (:func:`record_failure`), say it in the log (mlbench's own errors in their
+    one line, anything else with its traceback), and return the exit code."""
+    if isinstance(err, MlbenchError):
+        code = record_failure(events, str(err), err)
+        say(f"Error: {err}")
+    else:
+        code = record_failure(events, f"{type(err).__name__}: {err}".splitlines()[0][:500], err)
+        say("".join(traceback.format_exception(err)).rstrip())
+    return code

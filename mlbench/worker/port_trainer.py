@@ -21,7 +21,6 @@ import os
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -38,7 +37,7 @@ from mlbench.run_config import RunConfig, RunDocument
 from mlbench.tasks.classification import ClassificationSettings, learning_rate
 from mlbench.tasks.metrics import get_metric
 from mlbench.tasks.scoring import TOTALS, metrics_of, score_outputs
-from mlbench.worker.failures import record_failure, say, stalled_peer
+from mlbench.worker.failures import stalled_peer, worker_failed
 from mlbench.worker.heartbeat import SUPERVISED_ENV, Heartbeat
 from mlbench.worker.launcher_env import MLBENCH, check_world_size, launcher_env
 
@@ -133,16 +132,10 @@ def worker_main(module: str, join: Callable[[RunConfig, int, str], Any],
         check_installed(module)
         group = join(config, launch.rank, f"{addr}:{port}")
         return train(config, launch.rank, events, heartbeat, group)
-    except MlbenchError as err:
-        code = record_failure(events, str(err), err)
-        say(f"Error: {err}")
-        return code
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as err:
-        code = record_failure(events, f"{type(err).__name__}: {err}".splitlines()[0][:500], err)
-        say(traceback.format_exc().rstrip())
-        return code
+        return worker_failed(events, err)
     finally:
         heartbeat.stop()
         try:
