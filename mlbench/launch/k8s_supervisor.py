@@ -70,7 +70,7 @@ from mlbench.launch.k8s_objects import (
 from mlbench.launch.run_folder import permanent_failure
 from mlbench.results import watchdog
 from mlbench.results.checkpoints import SUMMARY_FILE, checkpoint_root, complete_checkpoints
-from mlbench.results.events import read_rank_events
+from mlbench.results.events import events_path, read_rank_events
 from mlbench.results.heartbeat import read_beats
 from mlbench.results.watchdog import Stall
 from mlbench.run_config import RunDocument
@@ -536,7 +536,7 @@ class PodSupervisor:
         """Prefer the failed worker's own last error line (as a local run does) to its exit code."""
         pod = verdict.pod
         if pod is not None and pod.phase == "Failed":
-            errors = [e for e in read_rank_events(run.run_dir / "events" / f"rank-{pod.rank}.jsonl")
+            errors = [e for e in read_rank_events(events_path(run.run_dir, pod.rank))
                       if e["name"] == "error"]
             if errors:
                 return f"worker {pod.rank} (pod {pod.name}) failed: {errors[-1]['value']}"
@@ -569,7 +569,7 @@ class PodSupervisor:
                 write_text(path, text, mode=0o600, unique=True)
 
     def _finish(self, run: RunRecord) -> None:
-        events = read_rank_events(run.run_dir / "events" / "rank-0.jsonl")
+        events = read_rank_events(events_path(run.run_dir, 0))
         results = [e for e in events if e["name"] == "result"]
         if results:
             self.end_run(run.id, FINISHED, None, result=results[-1]["value"])

@@ -23,7 +23,7 @@ from mlbench.results.checkpoints import (
     newest_valid,
     set_aside,
 )
-from mlbench.results.events import EVENTS_DIR, read_rank_events, read_run_events
+from mlbench.results.events import events_path, read_rank_events, read_run_events
 from mlbench.results.faults import worker_sizes
 from mlbench.results.goodput import FAULTS_SECTION
 from mlbench.results.heartbeat import HEARTBEATS_DIR
@@ -44,11 +44,6 @@ def log_path(run_dir: Path, rank: int) -> Path:
     """Where worker ``rank``'s output is kept: written there by a local worker, saved there by a
     cluster's supervisor when the worker's pod ends."""
     return logs_dir(run_dir) / f"rank-{rank}.log"
-
-
-def events_path(run_dir: Path, rank: int) -> Path:
-    """Worker ``rank``'s event file (JSON lines)."""
-    return run_dir / EVENTS_DIR / f"rank-{rank}.jsonl"
 
 
 def back_to_newest_checkpoint(run_dir: Path, document: RunDocument, workers: int) -> int | None:

@@ -136,6 +136,11 @@ def read_rank_events(path: str | os.PathLike) -> EventList:
     return events
 
 
+def events_path(run_dir: str | os.PathLike, rank: int) -> Path:
+    """Worker ``rank``'s event file (JSON lines)."""
+    return Path(run_dir) / EVENTS_DIR / f"rank-{rank}.jsonl"
+
+
 def read_run_events(run_dir: str | os.PathLike) -> EventList:
     """All events of a run, every rank, ordered by time."""
     folder = Path(run_dir) / EVENTS_DIR

@@ -40,7 +40,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from mlbench.results.events import parse_lines, read_rank_events, read_run_events
+from mlbench.results.events import events_path, parse_lines, read_rank_events, read_run_events
 from mlbench.results.faults import LINK_DOWN, SLOW, STALL, policy_text, worker_sizes, workers_label
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary
@@ -105,7 +105,7 @@ def _struck(at: float, logged: list[tuple[float, int]]) -> int:
 def _logged_steps_before(run_dir: Path, offsets: list[int]) -> list[int]:
     """For each byte offset of rank 0's events file, the furthest step logged before it."""
     try:
-        raw = (run_dir / "events" / "rank-0.jsonl").read_bytes()
+        raw = events_path(run_dir, 0).read_bytes()
     except OSError:
         return [0 for _ in offsets]
     reached = []
@@ -238,7 +238,7 @@ def run_faults(record: RunRecord, summary: RunSummary,
     if events is None:
         timed = config is not None and any(f.get("kind") in (SLOW, LINK_DOWN) for f in config.faults)
         events = (read_run_events(record.run_dir) if timed
-                  else read_rank_events(record.run_dir / "events" / "rank-0.jsonl"))
+                  else read_rank_events(events_path(record.run_dir, 0)))
     rank0 = [e for e in events if int(e.get("rank", 0)) == 0]
     section = (document.extra.get(FAULTS_SECTION) if document is not None else None) or {}
     applied = [dict(e) for e in section.get("events") or [] if isinstance(e, dict)]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench.errors import UsageError
-from mlbench.results.events import EventTail, read_run_events
+from mlbench.results.events import EventTail, events_path, read_run_events
 from mlbench.results.export import Point, SeriesNames, event_points, run_head, summary_values
 from mlbench.results.exporters import TOOLS, WRITERS, Writer, check_library, shut_down, writable_folder
 from mlbench.results.store import RunRecord
@@ -54,7 +54,7 @@ class LiveExport:
     def __init__(self, targets: Sequence[Target], record: RunRecord, say: Callable[[str], None]):
         self.say = say
         self.record = record
-        self.tails = [EventTail(record.run_dir / "events" / f"rank-{r}.jsonl") for r in range(record.workers)]
+        self.tails = [EventTail(events_path(record.run_dir, r)) for r in range(record.workers)]
         self.step = 0
         self.names = SeriesNames(record.id)
         self.writers: list[Writer] = []

@@ -470,9 +470,9 @@ def run_recovery(record: RunRecord) -> dict[str, Any]:
 def auto_interval_text(record: RunRecord, mtbf_s: float) -> str:
     """``--checkpoint-every auto``'s interval as the workers chose it last (rank 0's latest
     ``checkpoint/interval`` event), with what it was made from."""
-    from mlbench.results.events import read_rank_events
+    from mlbench.results.events import events_path, read_rank_events
 
-    chosen = [e["value"] for e in read_rank_events(record.run_dir / "events" / "rank-0.jsonl")
+    chosen = [e["value"] for e in read_rank_events(events_path(record.run_dir, 0))
               if e["name"] == "checkpoint/interval" and isinstance(e.get("value"), dict)]
     if not chosen:
         return f"auto (Young/Daly with an MTBF of {fmt_duration(mtbf_s)}; no checkpoint measured yet)"
