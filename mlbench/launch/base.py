@@ -312,7 +312,8 @@ def _reopen(store: RunStore, record: RunRecord, max_steps: int | None,
         hint = ("" if config.checkpoints else
                 " (it was started without --checkpoint-every)")
         raise UsageError(f"run {record.id} has no complete checkpoint to resume from{hint}")
-    newest, rejected = newest_valid(root, config.workers)
+    verified = newest_valid(root, config.workers)
+    newest, rejected = verified
     if newest is None:
         raise UsageError(f"run {record.id} has no valid checkpoint to resume from: {rejected[-1].line(root)}")
     cap = config.max_steps if max_steps is None else (None if max_steps == NO_STEP_CAP else max_steps)
@@ -325,7 +326,7 @@ def _reopen(store: RunStore, record: RunRecord, max_steps: int | None,
         before_resume(record)
     document = RunDocument.load(record.run_dir)   # as before_resume left it
     # the processes of the last start are long gone (the run ended): nothing writes there
-    newest = back_to_newest_checkpoint(record.run_dir, document, config.workers)
+    newest = back_to_newest_checkpoint(record.run_dir, document, config.workers, verified)
     document.config.max_steps = cap
     # the start that ended: its wall time counts in the run's (mlbench.results.goodput)
     document.resumes.append({"from_step": newest, "at": time.time(), "max_steps": cap,

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from mlbench.results.checkpoints import (
+    Rejected,
     checkpoint_root,
     discard_incomplete_checkpoints,
     newest_valid,
@@ -46,7 +47,8 @@ def log_path(run_dir: Path, rank: int) -> Path:
     return logs_dir(run_dir) / f"rank-{rank}.log"
 
 
-def back_to_newest_checkpoint(run_dir: Path, document: RunDocument, workers: int) -> int | None:
+def back_to_newest_checkpoint(run_dir: Path, document: RunDocument, workers: int,
+                              verified: tuple[int | None, list[Rejected]] | None = None) -> int | None:
     """Make the run's next start of ``workers`` go on from its newest valid checkpoint, and
     return its step (None: there is none, the next start begins at step 0). The one path of a
     resume (`mlbench resume`), a restart (``--on-failure``, local and in a Slurm job) and a
@@ -56,10 +58,11 @@ def back_to_newest_checkpoint(run_dir: Path, document: RunDocument, workers: int
     ``rejected_checkpoints``. ``document``'s ``resume_step`` names the step (the caller saves the
     document with what else it records). The last group's heartbeats go: the watchdog would take
     them for a stall of the new workers. Call it only while no worker of the run is alive (they
-    are the only writers)."""
+    are the only writers). ``verified``: :func:`~mlbench.results.checkpoints.newest_valid`'s
+    answer when the caller has just read every file for it (a resume), not read again."""
     root = checkpoint_root(run_dir, document.config.checkpoint_dir)
     discard_incomplete_checkpoints(root, workers)
-    newest, rejected = newest_valid(root, workers)
+    newest, rejected = verified if verified is not None else newest_valid(root, workers)
     for checkpoint in rejected:   # newer than the newest valid one: out of the way of their steps' next writes
         kept = set_aside(root, checkpoint.step)
         line = checkpoint.line(kept)
