@@ -56,6 +56,12 @@ def _unshare(mount: bool = True) -> list[str]:
     return ["unshare", *user, "--net", *mounts]
 
 
+def _nsenter_user() -> list[str]:
+    """nsenter's options that join the holder's user namespace: none as root, who made no user
+    namespace; else the user's own, keeping this process's credentials."""
+    return [] if _as_root() else ["--user", "--preserve-credentials"]
+
+
 def _holder_command(arguments: list[str], mount: bool = True) -> list[str]:
     return [*_unshare(mount), sys.executable, "-m", "mlbench.network.netns", *arguments]
 
@@ -240,7 +246,7 @@ class LocalNetwork(NamespaceHolder):
 
     def worker_command(self, rank: int, command: list[str]) -> list[str]:
         """``command`` run inside worker ``rank``'s namespace (the same pid, no extra process)."""
-        user = [] if _as_root() else ["--user", "--preserve-credentials"]
+        user = _nsenter_user()
         return ["nsenter", f"--target={self.pid}", "--mount", *user, "--",
                 "ip", "netns", "exec", netns.worker_netns(rank), *command]
 
@@ -264,7 +270,7 @@ class LocalNetwork(NamespaceHolder):
         stay as they were and traffic flows again once the port is up."""
         if self.pid is None:
             raise NetworkError("the emulated network is not running")
-        user = [] if _as_root() else ["--user", "--preserve-credentials"]
+        user = _nsenter_user()
         subprocess.run(["nsenter", f"--target={self.pid}", "--net", "--mount", *user, "--",
                         "ip", "link", "set", netns.port(rank), "up" if up else "down"],
                        check=True, capture_output=True, timeout=10)
@@ -296,7 +302,7 @@ class PrivateLoopback(NamespaceHolder):
 
     def worker_command(self, rank: int, command: list[str]) -> list[str]:
         """``command`` run inside the namespace (the same pid, no extra process)."""
-        user = [] if _as_root() else ["--user", "--preserve-credentials"]
+        user = _nsenter_user()
         return ["nsenter", f"--target={self.pid}", "--net", *user, "--", *command]
 
     def enter(self, rank: int) -> None:
