@@ -202,6 +202,18 @@ def in_private_mounts(shell: str, *args: str, timeout: float = 240) -> subproces
                           capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
 
 
+def on_a_full_store(size: str, shell: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``sh -c SHELL sh ARGS`` with the run store (``$MLBENCH_HOME``) on a tmpfs of ``size`` of its
+    own, in a private mount namespace (:func:`in_private_mounts`); skips where no tmpfs can be
+    mounted."""
+    mount = (f'mkdir -p "$MLBENCH_HOME" && mount -t tmpfs -o size={size},mode=0700 mlbench-full "$MLBENCH_HOME" '
+             '|| exit 99; ')
+    proc = in_private_mounts(mount + shell, *args, timeout=timeout)
+    if proc.returncode == 99:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    return proc
+
+
 def test_a_read_only_store_is_read_by_status_download_compare_and_refused_by_run_in_one_line(tmp_path):
     home = Path(os.environ["MLBENCH_HOME"])
     store = RunStore()
@@ -232,15 +244,11 @@ def test_a_read_only_store_that_does_not_exist_yet_has_no_runs(tmp_path):
 def test_a_disk_that_fills_during_a_run_fails_the_run_with_that_reason():
     """A real run on a 1 MiB file system: its metric events fill it; the run still ends
     `failed`, and the reason says the disk is full instead of leaving it `running`."""
-    shell = ('mkdir -p "$MLBENCH_HOME" && mount -t tmpfs -o size=1m,mode=0700 mlbench-full "$MLBENCH_HOME" '
-             '|| exit 99; '
-             '"$1" -m mlbench run task2a 1 --data synthetic --max-steps 100000 --log-every 1 '
+    shell = ('"$1" -m mlbench run task2a 1 --data synthetic --max-steps 100000 --log-every 1 '
              '>/dev/null 2>"$MLBENCH_HOME.err"; echo "exit $?"; '
              '"$1" -c "from mlbench.results.store import RunStore; import json; '
              'r = RunStore(read_only=True).list()[-1]; print(json.dumps([r.state, r.reason]))"')
-    proc = in_private_mounts(shell, sys.executable, timeout=280)
-    if "exit 99" in proc.stdout or proc.returncode == 99:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    proc = on_a_full_store("1m", shell, sys.executable, timeout=280)
     lines = proc.stdout.strip().splitlines()
     assert lines[0] == "exit 1", proc.stdout + proc.stderr
     state, reason = json.loads(lines[-1])
@@ -330,12 +338,8 @@ def test_delete_works_on_a_full_disk_and_a_new_run_is_refused_without_a_trace(re
     """A real store on a 2 MiB tmpfs filled to the last byte: `delete` removes the runs (folders
     and rows), with the store's space reserve or, once that is spent, with the space the run
     folders free; `run` is refused in one line, leaving neither a folder nor a row."""
-    shell = ('mkdir -p "$MLBENCH_HOME" && mount -t tmpfs -o size=2m,mode=0700 mlbench-full "$MLBENCH_HOME" '
-             '|| exit 99; exec "$@"')
     repo = str(Path(__file__).resolve().parents[2])
-    proc = in_private_mounts(shell, sys.executable, "-c", FULL_DISK_DRIVER, repo, reserve)
-    if proc.returncode == 99:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    proc = on_a_full_store("2m", 'exec "$@"', sys.executable, "-c", FULL_DISK_DRIVER, repo, reserve)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["free"] == 0, out
