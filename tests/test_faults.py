@@ -354,11 +354,11 @@ def test_a_stall_that_is_over_is_blamed_only_on_a_watchdogs_verdict_naming_its_r
         injector.forget_processes()   # the group is replaced: rank 1's stall is over too
         record = FaultRecord(run_dir)
         assert "stopped_s" in record.events[1]
-        reason, fault = record.blame([0], "worker 0 was killed by SIGKILL", time.time())
-        assert (reason, fault) == ("worker 0 was killed by SIGKILL", None)
+        reason, faults = record.blame_all([0], "worker 0 was killed by SIGKILL", time.time())
+        assert (reason, faults) == ("worker 0 was killed by SIGKILL", [])
         verdict = "worker 1 exited with code 1: watchdog: rank 0 made no progress for 9 s"
-        reason, fault = record.blame([1], verdict, time.time())
-        assert fault is not None and (fault["kind"], fault["rank"]) == ("stall", 0)
+        reason, faults = record.blame_all([1], verdict, time.time())
+        assert [(f["kind"], f["rank"]) for f in faults] == [("stall", 0)]
         assert reason.startswith(verdict + " [injected: stall of rank 0")
     finally:
         for proc in procs:

@@ -60,16 +60,18 @@ class FaultRecord:
         section = document.extra.get(FAULTS_SECTION) or {}
         self.events: list[dict[str, Any]] = list(section.get("events") or [])
         self.restarts: list[dict[str, Any]] = list(section.get("restarts") or [])
-        self._earlier = len(self.restarts)   # recorded before this record was loaded
         clock = section.get("clock_s")
         self.clock_s: float | None = float(clock) if isinstance(clock, (int, float)) else None
 
     @property
     def own_restarts(self) -> list[dict[str, Any]]:
-        """The restarts (or shrinks) recorded since this record was loaded: those of the
-        supervisor that loaded it, whose ``--on-failure`` limit they count against (a resumed
-        run's, or a requeued Slurm job's, starts afresh)."""
-        return self.restarts[self._earlier:]
+        """The restarts (or shrinks) since the run's latest resume (``mlbench resume``, a
+        requeued Slurm job), whose ``--on-failure`` limit they count against: each resume starts
+        the count afresh; a supervisor started again in between (a cluster's, when the service's
+        pod is replaced) goes on counting."""
+        resumes = RunDocument.load(self.run_dir).resumes
+        since = max((float(r["at"]) for r in resumes if isinstance(r.get("at"), (int, float))), default=None)
+        return [r for r in self.restarts if since is None or float(r.get("at") or 0.0) >= since]
 
     def save(self) -> None:
         document = RunDocument.load(self.run_dir)
@@ -107,16 +109,25 @@ class FaultRecord:
         chosen = mine or open_faults
         return chosen[-1] if chosen else None
 
-    def blame(self, ranks: Sequence[int], reason: str, now: float) -> tuple[str, dict[str, Any] | None]:
-        """The failure of ``ranks`` (``reason``, seen at ``now``) put down to the injected fault
-        that explains it (:meth:`culprit`), whose time to detect it is recorded: ``reason`` with
-        the fault named, and the fault (None, with ``reason`` as it is, when none explains it).
-        Every supervisor (local, inside a Slurm job, on a cluster) words it alike."""
-        fault = self.culprit(ranks, blamed_ranks(reason))
-        if fault is None:
-            return reason, None
-        fault["detected_s"] = round(now - fault["time"], 3)
-        return f"{reason} [injected: {describe_fault(fault)}, --inject {fault['schedule']}]", fault
+    def blame_all(self, ranks: Sequence[int], reason: str,
+                  now: float) -> tuple[str, list[dict[str, Any]]]:
+        """The failure of ``ranks`` (``reason``, seen at ``now``) put down to every injected
+        fault that explains it: the one :meth:`culprit` finds, the other open faults of
+        ``ranks``, and every kill struck on the group that no failure answered yet (killed
+        workers cannot go on, whichever of them was noticed first: one failure, not one per
+        rank). Each one's time to detect it is recorded. Returns ``reason`` with the faults
+        named, and the faults in the order they struck ([] with ``reason`` as it is when none
+        explains it). Every supervisor (local, inside a Slurm job, on a cluster) words it alike."""
+        first = self.culprit(ranks, blamed_ranks(reason))
+        if first is None:
+            return reason, []
+        faults = [e for e in self.events if e is first or (
+            "action" not in e and not e.get("missed") and (
+                e["kind"] == KILL or (e["kind"] in (STALL, LINK_DOWN) and e["rank"] in ranks and not _over(e))))]
+        for fault in faults:
+            fault["detected_s"] = round(now - fault["time"], 3)
+        named = "; ".join(f"{describe_fault(f)}, --inject {f['schedule']}" for f in faults)
+        return f"{reason} [injected: {named}]", faults
 
 
 class Network(Protocol):
@@ -158,8 +169,11 @@ class Injector:
         """Seconds on the fault clock."""
         return (time.time() if now is None else now) - self.clock_start
 
-    def apply(self, procs: Sequence[Process]) -> list[dict[str, Any]]:
-        """Do what fell due; returns the new fault events (also saved in run.json)."""
+    def apply(self, procs: Sequence[Process], missed: str | None = None) -> list[dict[str, Any]]:
+        """Do what fell due; returns the new fault events (also saved in run.json). ``missed``:
+        why nothing is to be struck now (a restart is under way,
+        :mod:`mlbench.launch.recovery`): each kill, stall or link-down due is recorded as missed
+        with it (a slowdown is the worker's own, and recorded as it begins)."""
         now = time.time()
         new: list[dict[str, Any]] = []
         for due in list(self._continue):
@@ -175,7 +189,7 @@ class Injector:
                 self._set_link(event, True, now)
         for index, schedule in enumerate(self.schedules):
             for moment in start_times(schedule, self.clock(now))[self._applied[index]:]:
-                struck = self._strike(schedule, moment, procs, now)
+                struck = self._strike(schedule, moment, procs, now, missed)
                 if struck is None:   # its worker runs but cannot be reached yet: struck when it can
                     break
                 new.append(struck)
@@ -186,19 +200,22 @@ class Injector:
         return new
 
     def _strike(self, schedule: dict[str, Any], moment: float, procs: Sequence[Process],
-                now: float) -> dict[str, Any] | None:
+                now: float, missed: str | None = None) -> dict[str, Any] | None:
         """The event of one due moment of ``schedule``, applied; None while its worker runs but
         has no pid yet (a Slurm task before its first heartbeat, still importing: a forked local
         rank is struck in that phase too), so that the moment is struck on a later call."""
         kind, rank = schedule["kind"], schedule["rank"]
         proc = procs[rank] if rank < len(procs) else None
-        if kind != SLOW and proc is not None and proc.poll() is None and not proc.pid:
+        if kind != SLOW and missed is None and proc is not None and proc.poll() is None and not proc.pid:
             return None
         event: dict[str, Any] = {"kind": kind, "rank": rank, "at": round(moment, 3), "time": now,
                                  "schedule": schedule["text"]}
         if kind == SLOW:
             event["factor"] = schedule["factor"]
             event["for"] = schedule.get("for")
+            return event
+        if missed is not None:
+            event["missed"] = missed
             return event
         if proc is None or proc.poll() is not None:
             event["missed"] = "the worker was not running (starting again, or ended)"
@@ -326,19 +343,23 @@ def uncounted_note(entry: Mapping[str, Any]) -> str:
     return ", not counted (an injected fault after a checkpoint)" if entry.get("counted") is False else ""
 
 
-def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[str, Any] | None,
+def record_restart(record: FaultRecord, workers: int, reason: str, faults: Sequence[dict[str, Any]],
                    now: float, reached: int, survivors: list[int] | None = None,
-                   counted: bool = True) -> dict[str, Any]:
+                   counted: bool = True, ranks: Sequence[int] = (), progressed: bool = True,
+                   backoff_s: float = 0.0) -> dict[str, Any]:
     """A group that failed at step ``reached`` goes on from its newest complete checkpoint
     (from the beginning without one): run.json's ``resume_step`` names it, the restart and the
-    steps it loses are recorded (``faults.restarts``, the fault's ``action``; a restart's
-    ``counted``: whether it counted against ``restart:N`` when it was decided,
+    steps it loses are recorded (``faults.restarts``, each answered fault's ``action``; a
+    restart's ``counted``: whether it counted against ``restart:N`` when it was decided,
     :func:`restart_counts`; on a cluster the workers' checkpoint at their stop comes after),
     the checkpoints a killed writer left incomplete and the old group's heartbeats go. Call it
-    only while no worker of the run is alive; every supervisor does. With ``survivors``
-    (``--on-failure shrink``: the old ranks that go on), the new group has one worker per
-    survivor, ranked in their order, and starts from their files of the checkpoint, renumbered
-    here (docs/faults.md states the rules for the new size).
+    only while no worker of the run is alive; every supervisor does, through
+    :meth:`mlbench.launch.recovery.Recovery.group_ended`. ``ranks``: every rank the failure was
+    put down to; ``faults``: the fault events it answers; ``progressed``, ``backoff_s``: whether
+    the failed group wrote a new checkpoint, and the wait before the next group starts. With
+    ``survivors`` (``--on-failure shrink``: the old ranks that go on), the new group has one
+    worker per survivor, ranked in their order, and starts from their files of the checkpoint,
+    renumbered here (docs/faults.md states the rules for the new size).
     Returns the restart's entry (:func:`check_recovered` completes it)."""
     run_dir = record.run_dir
     document = RunDocument.load(run_dir)
@@ -349,15 +370,16 @@ def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[s
         config.workers = len(survivors)
     document.save(run_dir)
     reached = max(reached, newest)   # every worker wrote the checkpoint it goes back to
-    entry = {"at": now, "reason": reason, "from_step": newest, "reached_step": reached,
-             "lost_steps": max(0, reached - newest),
-             "fault": record.events.index(fault) if fault is not None else None}
+    indices = [record.events.index(f) for f in faults]
+    entry = {"at": now, "reason": reason, "ranks": sorted(ranks), "from_step": newest, "reached_step": reached,
+             "lost_steps": max(0, reached - newest), "fault": indices[0] if indices else None,
+             "faults": indices, "progressed": progressed, "backoff_s": backoff_s}
     if survivors is not None:
         entry.update(workers=len(survivors), survivors=survivors)
     else:   # against --on-failure restart:N (restart_counts)
         entry["counted"] = counted
     record.restarts.append(entry)
-    if fault is not None:
+    for fault in faults:
         fault.update(action="restart" if survivors is None else "shrink", lost_steps=entry["lost_steps"])
     record.save()
     return entry
@@ -366,13 +388,14 @@ def record_restart(record: FaultRecord, workers: int, reason: str, fault: dict[s
 def check_recovered(record: FaultRecord, entry: dict[str, Any], workers: int) -> bool:
     """Whether the group restarted by ``entry`` is back: every rank made a step past the
     checkpoint (seen in its heartbeat, within the second it takes to be rewritten); then the
-    time to recover is recorded."""
+    time to recover is recorded, in the entry and each fault it answered."""
     beats = read_beats(record.run_dir, workers).values()
     if not all(b is not None and b.step > entry["from_step"] for b in beats):
         return False
     entry["recovered_s"] = round(time.time() - entry["at"], 3)
-    if entry["fault"] is not None:
-        record.events[entry["fault"]]["recovered_s"] = entry["recovered_s"]
+    answered = entry.get("faults") or ([entry["fault"]] if entry.get("fault") is not None else [])
+    for index in answered:
+        record.events[index]["recovered_s"] = entry["recovered_s"]
     record.save()
     return True
 

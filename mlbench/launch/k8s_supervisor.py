@@ -47,18 +47,8 @@ from typing import Any
 from mlbench.errors import MlbenchError, RunNotFound
 from mlbench.extras import needs
 from mlbench.jsonfile import write_json_atomic
-from mlbench.launch.faults import RESTART
-from mlbench.launch.injector import (
-    FaultRecord,
-    Injector,
-    Process,
-    check_recovered,
-    next_group,
-    reached_step,
-    record_restart,
-    restart_counts,
-    uncounted_note,
-)
+from mlbench.launch.injector import Process
+from mlbench.launch.recovery import BACKING_OFF, ENDING, Recovery
 from mlbench.launch.k8s_objects import (
     RANK_LABEL,
     RUN_LABEL,
@@ -67,7 +57,6 @@ from mlbench.launch.k8s_objects import (
     run_name,
     worker_pods,
 )
-from mlbench.launch.run_folder import permanent_failure
 from mlbench.results import watchdog
 from mlbench.results.checkpoints import SUMMARY_FILE, checkpoint_root, complete_checkpoints
 from mlbench.results.events import events_path, read_rank_events
@@ -166,18 +155,6 @@ def _pending_since(run: RunRecord, document: RunDocument | None) -> float:
 
 
 @dataclass
-class Ending:
-    """A group that failed and is being ended to be restarted: what its restart will record
-    (:func:`mlbench.launch.injector.record_restart`) once its pods are gone."""
-
-    reason: str
-    fault: dict[str, Any] | None
-    at: float
-    reached: int
-    counted: bool   # against --on-failure restart:N (restart_counts, when the group was ended)
-
-
-@dataclass
 class Verdict:
     """How an active run stands now: FAILED (with the reason and the pod to blame), FINISHED or RUNNING."""
 
@@ -255,13 +232,10 @@ class PodSupervisor:
         # heartbeats stored before this supervisor started say nothing of now (the service was
         # down, or restarted: the pods' heartbeats did not get through meanwhile)
         self.started = time.time()
-        self._injectors: dict[str, Injector] = {}   # by run id: the runs with faults to inject
-        self._records: dict[str, FaultRecord] = {}   # by run id: run.json's faults, for runs without an injector
-        # --on-failure restart, by run id: the groups being ended (what their restart records,
-        # once their pods are gone), the restarts waiting for every rank's first step past the
-        # checkpoint, and when each run's newest group was started (the watchdog's clock)
-        self._ending: dict[str, Ending] = {}
-        self._recovering: dict[str, dict[str, Any]] = {}
+        # by run id: each run's recovery (mlbench.launch.recovery: its faults, injector and
+        # restarts), and when its newest group was started after a restart (the watchdog's clock)
+        self._recoveries: dict[str, Recovery] = {}
+        self._ending_since: dict[str, float] = {}
         self._restarted_at: dict[str, float] = {}
         self._summaries: dict[str, dict[str, Any]] = {}   # by run id: the checkpoints' summary last kept
         self._settled: set[str] = set()   # ended runs whose folder is marked final (SETTLED_FILE)
@@ -315,8 +289,9 @@ class PodSupervisor:
             # goes whether or not this supervisor saw it: it may have started since)
             self._settled.discard(run.id)
             (run.run_dir / SETTLED_FILE).unlink(missing_ok=True)
-            if run.id in self._ending:
-                self._restart_when_gone(run, pods, now)
+            recovery = self._recoveries.get(run.id)
+            if recovery is not None and recovery.state in (ENDING, BACKING_OFF):
+                self._restart_when_gone(run, recovery, pods, now)
                 continue
             self._summarize_checkpoints(run, document)
             verdict = judge(run, pods, now, self._schedule_timeout(document), _pending_since(run, document))
@@ -326,7 +301,6 @@ class PodSupervisor:
                     self.failed(run, document, stall.ranks, stall.reason, now, pods)
                 else:
                     self.inject(run, pods, document)
-                    self._check_recovered(run)
                 continue
             if verdict.state == RUNNING:
                 self.store.update(run.id, state=RUNNING, started_at=now)
@@ -338,47 +312,42 @@ class PodSupervisor:
         for run_id in set(by_run) - set(active):
             self.cleanup(run_id)
         self._settle(runs, by_run)
-        for kept in (self._injectors, self._records, self._ending, self._recovering, self._restarted_at,
-                     self._summaries):
+        for kept in (self._recoveries, self._ending_since, self._restarted_at, self._summaries):
             for run_id in set(kept) - set(active):
                 del kept[run_id]
 
     def failed(self, run: RunRecord, document: RunDocument | None, ranks: Sequence[int], reason: str,
                now: float, pods: list[PodState]) -> None:
-        """Workers ``ranks`` of a running run failed, stalled or lost their pods: restart the group
-        (``--on-failure restart``, while restarts are left: :func:`next_group`, the rule of every
-        supervisor) or end the run failed, naming the injected fault it is blamed on."""
-        config = document.config if document is not None else None
-        given_up: str | None = ""
-        if config is not None and config.on_failure == RESTART:
-            record = self._record(run)
-            counts = restart_counts(run.run_dir, run.workers, record.culprit(ranks))
-            _, given_up = next_group(config.on_failure, config.max_restarts, record.restarts, run.workers, ranks,
-                                     counts=counts, permanent=permanent_failure(run.run_dir, ranks))
-            if given_up is None:
-                self._end_group(run, record, ranks, reason, now, pods, counts)
-                return
-        self.end_run(run.id, FAILED, self._blame(run, document, ranks, reason, now) + (given_up or ""))
-
-    def _end_group(self, run: RunRecord, record: FaultRecord, ranks: Sequence[int], reason: str, now: float,
-                   pods: list[PodState], counted: bool) -> None:
-        """Delete the pods of a group to be restarted, keeping what its restart will record."""
-        reason, fault = record.blame(ranks, reason, now)
+        """Workers ``ranks`` of a running run failed, stalled or lost their pods: what
+        ``--on-failure`` does is the recovery's decision (:mod:`mlbench.launch.recovery`, the
+        rule of every supervisor): restart the group (its pods deleted here, created again once
+        they are gone and the back-off is over) or end the run failed, naming the injected
+        faults it is put down to."""
+        if document is None:
+            self.end_run(run.id, FAILED, reason)
+            return
+        decision = self._recovery(run).failure(ranks, reason, now)
+        if not decision.goes_on:
+            self.end_run(run.id, FAILED, decision.reason + decision.given_up)
+            return
         # the group ends; once its pods are gone (no worker writes a checkpoint any more) the
         # restart is recorded and the new group created: the next rounds (_restart_when_gone)
-        reached = reached_step(run.run_dir, run.workers, fault.get("time") if fault is not None else None)
-        self._ending[run.id] = Ending(reason, fault, now, reached, counted)
-        self._recovering.pop(run.id, None)
+        self._ending_since[run.id] = now
         self._keep_logs(run)
         for pod in pods:
             if not pod.deleting:
                 self._delete(self.core.delete_namespaced_pod, pod.name, grace_period_seconds=RESTART_GRACE_S)
 
-    def _restart_when_gone(self, run: RunRecord, pods: list[PodState], now: float) -> None:
+    def _restart_when_gone(self, run: RunRecord, recovery: Recovery, pods: list[PodState], now: float) -> None:
         """The pods of a group being restarted: once all are gone, go back to the newest complete
-        checkpoint (:func:`record_restart`, as the local supervisor does), give the run's
-        ConfigMap the run.json that names it, and create the group's pods again."""
-        ending = self._ending[run.id]
+        checkpoint (:meth:`Recovery.group_ended`, as every supervisor does) and give the run's
+        ConfigMap the run.json that names it; once the back-off is over, create the group's pods
+        again. A fault due meanwhile is recorded as missed."""
+        recovery.tick([])
+        if recovery.state == BACKING_OFF:
+            if recovery.may_start(now):
+                self._start_group(run, recovery)
+            return
         # a deleted pod in a final phase (its kubelet reports every container ended, for good:
         # restartPolicy Never) runs no worker any more, none that writes a checkpoint; but where
         # the kubelet had to kill its containers (a stopped or hung worker's group), its object
@@ -391,38 +360,32 @@ class PodSupervisor:
             if ended.deleting and ended.phase in ("Succeeded", "Failed"):
                 self._delete(self.core.delete_namespaced_pod, ended.name, grace_period_seconds=0)
         if pods:
-            if now - ending.at > RESTART_END_TIMEOUT_S:
-                del self._ending[run.id]
-                self.end_run(run.id, FAILED, f"{ending.reason}; not restarted: its pods "
+            since = self._ending_since.get(run.id, now)
+            if now - since > RESTART_END_TIMEOUT_S:
+                assert recovery.decision is not None
+                self.end_run(run.id, FAILED, f"{recovery.decision.reason}; not restarted: its pods "
                                              f"({', '.join(p.name for p in pods)}) did not end within "
                                              f"{RESTART_END_TIMEOUT_S:.0f}s")
             return
-        del self._ending[run.id]
-        record = self._record(run)
-        injector = self._injectors.get(run.id)
-        if injector is not None:
-            injector.forget_processes()
-        entry = record_restart(record, run.workers, ending.reason, ending.fault, ending.at, ending.reached,
-                               counted=ending.counted)
+        self._ending_since.pop(run.id, None)
+        entry = recovery.group_ended()
+        document = RunDocument.load(run.run_dir)
+        self.core.patch_namespaced_config_map(run_name(run.id), self.namespace,
+                                              {"data": {"run.json": configmap_run_json(document.to_dict())}})
+        print(f"supervisor: run {run.id}: {recovery.line(entry)}", file=sys.stderr, flush=True)
+        if recovery.may_start():
+            self._start_group(run, recovery)
+
+    def _start_group(self, run: RunRecord, recovery: Recovery) -> None:
+        """Create the pods of the run's next group from the run.json its ConfigMap holds."""
         document = RunDocument.load(run.run_dir)
         name = run_name(run.id)
-        self.core.patch_namespaced_config_map(name, self.namespace,
-                                              {"data": {"run.json": configmap_run_json(document.to_dict())}})
         owner = self.core.api_client.sanitize_for_serialization(
             self.core.read_namespaced_config_map(name, self.namespace))
         for pod in worker_pods(run.id, document, owner):
             self.core.create_namespaced_pod(self.namespace, pod)
-        self._recovering[run.id] = entry
+        recovery.started()
         self._restarted_at[run.id] = time.time()
-        print(f"supervisor: run {run.id}: {ending.reason}; restart {len(record.restarts)} from step "
-              f"{entry['from_step']}{uncounted_note(entry)}", file=sys.stderr, flush=True)
-
-    def _check_recovered(self, run: RunRecord) -> None:
-        """A restarted group is back once every rank made a step past the checkpoint (the time
-        to recover is then recorded: :func:`check_recovered`)."""
-        entry = self._recovering.get(run.id)
-        if entry is not None and check_recovered(self._record(run), entry, run.workers):
-            del self._recovering[run.id]
 
     def _summarize_checkpoints(self, run: RunRecord, document: RunDocument | None) -> None:
         """Keep the summary of a checkpointing run's complete checkpoints in its run folder
@@ -454,53 +417,33 @@ class PodSupervisor:
                 write_text(mark, f"{time.time():.3f}\n", mode=0o600)
             self._settled.add(run.id)
 
-    def _record(self, run: RunRecord) -> FaultRecord:
-        """run.json's faults and restarts of a run: its injector's, or one of its own (a run
-        restarted after a failure nobody injected); one object per run, so no save undoes another's."""
-        injector = self._injectors.get(run.id)
-        if injector is not None:
-            return injector.record
-        if run.id not in self._records:
-            self._records[run.id] = FaultRecord(run.run_dir)
-        return self._records[run.id]
+    def _recovery(self, run: RunRecord) -> Recovery:
+        """The run's recovery (its faults, injector and restarts from run.json); one object per
+        run, so no save undoes another's."""
+        if run.id not in self._recoveries:
+            self._recoveries[run.id] = Recovery(run.run_dir, send=self._kill_pod)
+        return self._recoveries[run.id]
 
     def inject(self, run: RunRecord, pods: list[PodState], document: RunDocument | None) -> None:
-        """Apply what of a running run's ``--inject`` schedules fell due. Its fault clock started
-        when its pods all ran (``started_at``); a supervisor that starts again (the service's pod
-        was replaced) goes on with it, past the moments its run.json says were struck."""
-        if document is None or not document.config.faults or run.state != RUNNING or not run.started_at:
+        """Apply what of a running run's ``--inject`` schedules fell due, and see whether a
+        restarted group is back. Its fault clock started when its pods all ran
+        (``started_at``); a supervisor that starts again (the service's pod was replaced) goes
+        on with it, past the moments its run.json says were struck."""
+        if document is None or run.state != RUNNING or not run.started_at:
             return
-        injector = self._injectors.get(run.id)
-        if injector is None:
-            record = self._records.pop(run.id, None) or FaultRecord(run.run_dir)
-            injector = Injector(document.config.faults, run.started_at, record, send=self._kill_pod,
-                                passed=record.clock_so_far())
-            self._injectors[run.id] = injector
+        if not document.config.faults and run.id not in self._recoveries:
+            return
+        recovery = self._recovery(run)
+        recovery.start_clock(run.started_at)
         by_rank = {p.rank: p for p in pods}
-        procs: list[Process] = [PodProcess(by_rank.get(rank)) for rank in range(run.workers)]
-        injector.apply(procs)
+        procs: list[Process] = [PodProcess(by_rank.get(rank)) for rank in range(recovery.workers)]
+        recovery.tick(procs)
 
     def _kill_pod(self, proc: Process, sig: int) -> None:
         """``kill`` on a cluster: the rank's pod is deleted at once, as a machine is lost (the
         planner refuses the faults a pod cannot be given: a stall)."""
         assert isinstance(proc, PodProcess) and proc.pod is not None
         self._delete(self.core.delete_namespaced_pod, proc.pod.name, grace_period_seconds=0)
-
-    def _blame(self, run: RunRecord, document: RunDocument | None, ranks: Sequence[int], reason: str,
-               now: float) -> str:
-        """A failure's reason, naming the injected fault it is put down to (recorded with the
-        time it took to see and the action, fail: the run ends). A supervisor started again
-        after the fault reads the faults its run.json holds."""
-        if run.id in self._injectors or run.id in self._records \
-                or (document is not None and document.config.faults):
-            record = self._record(run)
-        else:
-            return reason
-        reason, fault = record.blame(ranks, reason, now)
-        if fault is not None:
-            fault["action"] = "fail"
-            record.save()
-        return reason
 
     @staticmethod
     def _document(run: RunRecord) -> RunDocument | None:

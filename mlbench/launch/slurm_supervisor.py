@@ -42,9 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlbench.launch.injector import (FaultRecord, Injector, check_recovered, next_group, reached_step, record_restart,
-                                     restart_counts, uncounted_note)
-from mlbench.launch.run_folder import back_to_newest_checkpoint, permanent_failure
+from mlbench.launch.recovery import Recovery
+from mlbench.launch.run_folder import back_to_newest_checkpoint
 from mlbench.launch.supervisor import free_ports
 from mlbench.results.events import read_run_events
 from mlbench.results.faults import FAULT_CLOCK_ENV
@@ -143,23 +142,24 @@ def watchdog_verdict(run_dir: Path, since: float) -> tuple[list[int], str]:
 
 
 class JobSupervisor:
-    """Runs the job's steps one attempt after another (see the module's docstring)."""
+    """Runs the job's steps one attempt after another (see the module's docstring); what a
+    failed step leads to is the recovery's decision (:mod:`mlbench.launch.recovery`), as for
+    every supervisor."""
 
     def __init__(self, run_dir: Path, command: list[str]):
         self.run_dir, self.command = run_dir, command
-        config = RunDocument.load(run_dir).config
-        self.workers = config.workers
-        self.on_failure, self.max_restarts = config.on_failure, config.max_restarts
-        self.faults = FaultRecord(run_dir) if config.faults or config.on_failure != "fail" else None
+        self.recovery = Recovery(run_dir, _send)
         # The fault clock of a resumed or requeued job goes on from the seconds its last
         # supervisor recorded (else its latest fault's moment), as a local run's does: a schedule
         # strikes each of its moments once over the run, not again in every job.
-        passed = self.faults.clock_so_far() if self.faults is not None else None
-        self.clock_start = time.time() - (passed or 0.0)
-        self.injector = (Injector(config.faults, self.clock_start, self.faults, _send, passed=passed)
-                         if config.faults and self.faults is not None else None)
+        self.clock_start = self.recovery.start_clock()
         self.stopping = False
         self.step: subprocess.Popen | None = None
+
+    @property
+    def workers(self) -> int:
+        """The group's size now (smaller than the job's allocation after a shrink)."""
+        return self.recovery.workers
 
     def _terminate(self, signum: int, frame: Any) -> None:
         self.stopping = True
@@ -174,70 +174,44 @@ class JobSupervisor:
         try:
             return self._steps()
         finally:
-            if self.faults is not None:
-                self.faults.record_clock(self.clock_start)
+            self.recovery.save_clock()
 
     def _steps(self) -> int:
-        recovering: dict[str, Any] | None = None
         while True:
             started = time.time()
-            code, failed = self._attempt(recovering)
-            recovering = None
+            code, failed = self._attempt()
             if code == 0 or self.stopping:
                 return code
-            now = time.time()
             hung, verdict = watchdog_verdict(self.run_dir, started)
             reason = f"Slurm step of {', '.join(f'task {r}' for r in failed) or 'the workers'} failed " \
                      f"(srun exit code {code}){f': {verdict}' if verdict else ''}"
-            reason, fault = self.faults.blame(failed, reason, now) if self.faults is not None else (reason, None)
-            counts = restart_counts(self.run_dir, self.workers, fault)
-            survivors, given_up = self._go_on_with(failed, fault, hung, counts)
-            if self.faults is None or given_up is not None:
-                if self.faults is not None:
-                    if fault is not None:
-                        fault["action"] = "fail"
-                    self.faults.save()
-                print(f"mlbench: {reason}; {given_up or 'not restarted'}", file=sys.stderr, flush=True)
-                return code
-            if self.injector is not None:
-                self.injector.forget_processes()
-            recovering = record_restart(self.faults, self.workers, reason, fault, now,
-                                        reached_step(self.run_dir, self.workers,
-                                                     fault.get("time") if fault is not None else None),
-                                        survivors, counts)
-            done = len(self.faults.own_restarts)   # this job's restarts or shrinks
-            if survivors is None:
-                print(f"mlbench: {reason}; restart {done} from step {recovering['from_step']}"
-                      f"{uncounted_note(recovering)}", file=sys.stderr, flush=True)
-            else:
-                old = f"old rank{'s' if len(survivors) > 1 else ''} {', '.join(map(str, survivors))}"
-                print(f"mlbench: {reason}; shrink {done}: {len(survivors)} of {self.workers} "
-                      f"worker(s) go on from step {recovering['from_step']} ({old})", file=sys.stderr, flush=True)
-                self.workers = len(survivors)
-
-    def _go_on_with(self, failed: list[int], fault: dict[str, Any] | None, hung: list[int],
-                    counts: bool) -> tuple[list[int] | None, str | None]:
-        """What the policy does after a failed step (:func:`~mlbench.launch.injector.next_group`,
-        the local supervisor's rule; ``hung``: the ranks a task's watchdog blamed in this step;
-        ``counts``: whether a restart would count against ``restart:N``): (None, None) restart
-        at the same size; (survivors, None) shrink to them (their old ranks, in order); (None,
-        why) give up, and why in words. Who is blamed: see the module's docstring."""
-        if self.on_failure != "shrink":
-            blamed = failed
-        elif fault is not None:
-            blamed = [int(fault["rank"])]
-        else:
+            # who is blamed: the ranks a task's watchdog named (srun names the peer whose watchdog
+            # exited, not the stalled task), else those srun named; the injected faults that
+            # explain the failure come first (the recovery's rule)
             blamed = hung or failed
-            if not blamed:
-                return None, "not shrunk (srun named no failed task to leave out)"
-        restarts = self.faults.own_restarts if self.faults is not None else []
-        survivors, given_up = next_group(self.on_failure, self.max_restarts, restarts, self.workers, blamed,
-                                         counts=counts, permanent=permanent_failure(self.run_dir, failed or blamed))
-        if given_up is None:
-            return survivors, None
-        return None, f"not {'shrunk' if self.on_failure == 'shrink' else 'restarted'}{given_up}"
+            if self.recovery.policy == "shrink" and not blamed and not self._open_faults():
+                print(f"mlbench: {reason}; not shrunk (srun named no failed task to leave out)",
+                      file=sys.stderr, flush=True)
+                return code
+            decision = self.recovery.failure(blamed, reason)
+            if not decision.goes_on:
+                what = "shrunk" if self.recovery.policy == "shrink" else "restarted"
+                print(f"mlbench: {decision.reason}; not {what}{decision.given_up}", file=sys.stderr, flush=True)
+                return code
+            entry = self.recovery.group_ended()   # srun ended the step: no task of it is alive
+            print(f"mlbench: {self.recovery.line(entry)}", file=sys.stderr, flush=True)
+            while not self.recovery.may_start() and not self.stopping:   # the back-off
+                self.recovery.tick([])
+                time.sleep(POLL_SECONDS)
+            if self.stopping:
+                return code
+            self.recovery.started()
 
-    def _attempt(self, recovering: dict[str, Any] | None) -> tuple[int, list[int]]:
+    def _open_faults(self) -> bool:
+        record = self.recovery.record
+        return record is not None and record.culprit([]) is not None
+
+    def _attempt(self) -> tuple[int, list[int]]:
         """One step: srun's exit code and the tasks srun named as failed first."""
         shutil.rmtree(self.run_dir / HEARTBEATS_DIR, ignore_errors=True)  # pids of this step's tasks only
         env = dict(os.environ, MASTER_PORT=str(free_ports("", 1)[0]), **{FAULT_CLOCK_ENV: repr(self.clock_start)})
@@ -249,17 +223,14 @@ class JobSupervisor:
         tasks = [SlurmTask(self.run_dir, rank, self.workers, step) for rank in range(self.workers)]
         clock_saved = False
         while step.poll() is None:
-            if self.stopping and not clock_saved and self.faults is not None:
+            if self.stopping and not clock_saved:
                 # Slurm SIGKILLs the job KillWait seconds after its SIGTERM (scancel, a requeue),
                 # perhaps before the step's tasks have written their checkpoints and ended: the
                 # clock is saved at the stop, not only when this process gets to its end
-                self.faults.record_clock(self.clock_start)
+                self.recovery.save_clock()
                 clock_saved = True
-            if self.injector is not None and not self.stopping:
-                self.injector.apply(tasks)
-            if recovering is not None and self.faults is not None \
-                    and check_recovered(self.faults, recovering, self.workers):
-                recovering = None
+            if not self.stopping:
+                self.recovery.tick(tasks)
             time.sleep(POLL_SECONDS)
         reader.join(timeout=10)
         return step.returncode, failed

@@ -33,15 +33,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlbench.errors import MlbenchError, peer_consequence
 from mlbench.frameworks import PYTORCH, get_framework
 from mlbench.launch.forked import ForkedProcess, fork_worker, forking_allowed, may_fork, preload_port
-from mlbench.launch.injector import (FaultRecord, Injector, check_recovered, next_group, reached_step, record_restart,
-                                     restart_counts)
+from mlbench.launch.recovery import BACKING_OFF, Recovery
 from mlbench.launch.processes import ProcessRef
-from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, permanent_failure, rank_error
+from mlbench.launch.run_folder import events_path, log_path, log_tail, logs_dir, rank_error
 from mlbench.network.emulation import LocalNetwork, PrivateLoopback, local_network
 from mlbench.results.events import read_rank_events
 from mlbench.results.faults import FAULT_CLOCK_ENV
@@ -161,13 +161,9 @@ class WorkerProcesses:
         self.watchdog_s: float | None = None
         self.started_at = time.time()
         self._watched_at = 0.0
-        # --inject and --on-failure (mlbench.launch.injector): the fault clock starts with the
-        # first start of the workers and goes on through restarts
-        self.clock_start: float | None = None
-        self.faults: FaultRecord | None = None
-        self.injector: Injector | None = None
-        self.on_failure, self.max_restarts = "fail", 0
-        self._recovering: dict[str, Any] | None = None   # the restart whose first step is awaited
+        # --inject and --on-failure (mlbench.launch.recovery): made at the first start; the
+        # fault clock starts with it and goes on through restarts
+        self.recovery: Recovery | None = None
 
     def worker_env(self, config: RunConfig) -> dict[str, str]:
         """The workers' environment (their threads, and that this process watches them); the
@@ -184,9 +180,8 @@ class WorkerProcesses:
         config = document.config
         env = self.worker_env(config)
         self.workers = config.workers   # the group's size now (smaller than the store's after a shrink)
-        self.on_failure, self.max_restarts = config.on_failure, config.max_restarts
-        if self.faults is None and (config.faults or config.on_failure != "fail"):
-            self.faults = FaultRecord(self.run_dir)
+        if self.recovery is None:
+            self.recovery = Recovery(self.run_dir)
         listener = None
         framework = get_framework(config.framework)
         try:
@@ -259,13 +254,8 @@ class WorkerProcesses:
         """The fault clock starts as the workers of the first start do (the run's start; after
         ``mlbench resume``, it goes on from the seconds the stopped supervisor recorded); the
         workers learn it from their environment (a straggler's schedule)."""
-        if self.clock_start is None:
-            # a resumed run's clock goes on from where its last supervisor stopped it
-            passed = self.faults.clock_so_far() if self.faults is not None else None
-            self.clock_start = time.time() - (passed or 0.0)
-            if config.faults and self.faults is not None:
-                self.injector = Injector(config.faults, self.clock_start, self.faults, passed=passed)
-        env[FAULT_CLOCK_ENV] = repr(self.clock_start)
+        assert self.recovery is not None
+        env[FAULT_CLOCK_ENV] = repr(self.recovery.start_clock())
 
     def spawn(self, cmd: list[str], log_name: str, env: dict[str, str],
               pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
@@ -304,18 +294,20 @@ class WorkerProcesses:
         """One look at the workers: a failed one, all of them done, or the emulated network gone
         ends the run (recorded in the store); returns the run's record either way. ``run`` is
         ignored (the signature of a launcher's refresh)."""
-        if self.injector is not None:
-            self.injector.network = self.network
-            self.injector.apply(self.procs)
+        recovery = self.recovery
+        assert recovery is not None
+        if recovery.state == BACKING_OFF:   # no group: its next one starts once the back-off is over
+            recovery.tick([])
+            if recovery.may_start():
+                self.start(restarting=True)
+                recovery.started()
+            return self.store.get(self.run.id)
+        recovery.tick(self.procs, self.network)
         codes = [p.poll() for p in self.procs]
-        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        failed = {r: c for r, c in enumerate(codes) if c not in (None, 0)}
         if failed:
-            # a worker killed by a signal is the cause; the others' connection errors are its
-            # consequence, even when they are seen in the same poll; among ranks that exited with
-            # an error, the one whose recorded error is its own (not a peer's closed connection)
-            rank, code = min(failed, key=lambda rank_code: (
-                rank_code[1] >= 0, peer_consequence(rank_error(self.run_dir, rank_code[0]) or ""), rank_code[0]))
-            self.failed((rank,), self.failure_reason(rank, code))
+            causes = self.causes(failed)
+            self.failed(causes, "; ".join(self.failure_reason(rank, failed[rank]) for rank in causes), failed)
         elif all(c == 0 for c in codes):
             self.stop_all()  # nothing left to stop but the emulated network
             self._finish()
@@ -324,58 +316,36 @@ class WorkerProcesses:
             self._mark_ended(FAILED, reason=self.network.lost)
         elif (stall := self.watch(codes)) is not None:
             self.failed(stall.ranks, stall.reason)  # SIGKILL reaches a stopped process too
-        elif self._recovering is not None:
-            self._check_recovered()
         return self.store.get(self.run.id)
 
-    def failed(self, ranks: tuple[int, ...], reason: str) -> None:
-        """Workers ``ranks`` died or stalled: restart the group (``--on-failure restart``, while
-        restarts are left), go on with the survivors (``shrink``, while shrinks and survivors are
-        left), or end the run failed, naming the injected fault it is blamed on."""
-        now = time.time()
-        reason, fault = self.faults.blame(ranks, reason, now) if self.faults is not None else (reason, None)
-        restarts = self.faults.own_restarts if self.faults is not None else []
-        counts = restart_counts(self.run_dir, self.workers, fault)
-        codes = {rank: self.procs[rank].poll() for rank in ranks if rank < len(self.procs)}
-        survivors, given_up = next_group(self.on_failure, self.max_restarts, restarts, self.workers, ranks,
-                                         counts=counts, permanent=permanent_failure(self.run_dir, ranks, codes))
-        if given_up is None:
-            self.restart(reason, fault, now, survivors, counts)
+    def causes(self, failed: dict[int, int]) -> list[int]:
+        """The ranks whose exit is a failure of their own, among those that exited with ``failed``
+        codes: every worker killed by a signal (several killed at once are one failure); without
+        one, every rank whose recorded error is its own, not a peer's closed connection; else the
+        lowest rank. The others' connection errors are their consequence, even when they are
+        seen in the same poll."""
+        killed = [rank for rank, code in failed.items() if code < 0]
+        own = [rank for rank in failed if not peer_consequence(rank_error(self.run_dir, rank) or "")]
+        return sorted(killed or own or [min(failed)])
+
+    def failed(self, ranks: Sequence[int], reason: str, codes: Mapping[int, int | None] | None = None) -> None:
+        """Workers ``ranks`` died or stalled: what ``--on-failure`` does is the recovery's
+        decision (:meth:`mlbench.launch.recovery.Recovery.failure`): restart the group or go on
+        with the survivors, from the newest valid checkpoint, once its back-off is over; or end
+        the run failed, naming the injected faults it is put down to."""
+        assert self.recovery is not None
+        decision = self.recovery.failure(ranks, reason, codes=codes)
+        if decision.goes_on:
+            self.stop_all(grace=0)   # the checkpoint is what goes on; nothing to save
+            entry = self.recovery.group_ended()
+            print(f"mlbench: {self.recovery.line(entry)}", file=sys.stderr, flush=True)
+            self.procs = []
+            if self.recovery.may_start():
+                self.start(restarting=True)
+                self.recovery.started()
             return
-        if self.faults is not None:
-            if fault is not None:
-                fault["action"] = "fail"
-            try:
-                self.faults.save()
-            except OSError as err:   # a full disk: the run must still end in the store, saying why
-                print(f"mlbench: the faults were not recorded in run.json ({err})", file=sys.stderr)
-        reason += given_up
-        self.stop_all(grace=0 if fault is not None else TERMINATE_GRACE_SECONDS)
-        self._mark_ended(FAILED, reason=reason)
-
-    def restart(self, reason: str, fault: dict[str, Any] | None, now: float,
-                survivors: list[int] | None = None, counted: bool = True) -> None:
-        """End the group at once and start it again from the newest complete checkpoint (from
-        the beginning without one), recording the restart and the work it loses in run.json.
-        With ``survivors`` (``--on-failure shrink``: the old ranks that go on), the new group
-        has one worker per survivor, ranked in their order, and starts from their files of the
-        checkpoint (renumbered here; docs/faults.md states the rules for the new size)."""
-        assert self.faults is not None
-        reached = reached_step(self.run_dir, self.workers, fault.get("time") if fault is not None else None)
-        self.stop_all(grace=0)   # the checkpoint is what goes on; nothing to save
-        if self.injector is not None:
-            self.injector.forget_processes()
-        self._recovering = record_restart(self.faults, self.workers, reason, fault, now, reached, survivors,
-                                          counted)
-        self.procs = []
-        self.start(restarting=True)
-
-    def _check_recovered(self) -> None:
-        """The restarted group is back once every rank made a step past the checkpoint: the
-        time to recover (:func:`mlbench.launch.injector.check_recovered`)."""
-        assert self._recovering is not None and self.faults is not None
-        if check_recovered(self.faults, self._recovering, self.workers):
-            self._recovering = None
+        self.stop_all(grace=0 if decision.faults else TERMINATE_GRACE_SECONDS)
+        self._mark_ended(FAILED, reason=decision.reason + decision.given_up)
 
     def watch(self, codes: list[int | None]) -> Stall | None:
         """The watchdog's verdict on the workers' heartbeats (:mod:`mlbench.results.watchdog`),
@@ -400,11 +370,8 @@ class WorkerProcesses:
     def _mark_ended(self, state: str, **details: Any) -> None:
         """End the run in the store, first recording in run.json the seconds its fault clock ran,
         which a resume goes on from (docs/faults.md)."""
-        if self.faults is not None and self.clock_start is not None:
-            try:
-                self.faults.record_clock(self.clock_start)
-            except OSError as err:   # a full disk: the run must still end in the store, saying why
-                print(f"mlbench: the fault clock was not recorded in run.json ({err})", file=sys.stderr)
+        if self.recovery is not None:
+            self.recovery.save_clock()
         self.store.mark_ended(self.run.id, state, **details)
 
     def _finish(self) -> None:

@@ -445,10 +445,14 @@ def test_a_restarted_groups_pods_that_ended_are_removed_without_waiting_for_thei
     pods.pods[pod_name(record.id, 0)].update(phase="Failed", code=143)   # its worker stopped on SIGTERM
     supervisor.check_once()   # in a final phase too: removed
     assert not pods.pods and not restarts()
-    supervisor.check_once()   # the group is gone: the restart is recorded and its pods created
+    supervisor.check_once()   # the group is gone: the restart is recorded
     assert service.store.get(record.id).active
     (restart,) = restarts()
     assert restart["from_step"] == 0 and "worker 1" in restart["reason"], restart
+    # the group made no progress (no checkpoint): its pods are created after the back-off (1 s)
+    assert (restart["progressed"], restart["backoff_s"]) == (False, 1.0) and not pods.pods
+    time.sleep(1.0)
+    supervisor.check_once()
     assert {name: (pod["phase"], pod["deleting"]) for name, pod in pods.pods.items()} == {
         pod_name(record.id, 0): ("Pending", False), pod_name(record.id, 1): ("Pending", False)}
     assert "run.json" in pods.config_maps[f"mlbench-run-{record.id}"].data
