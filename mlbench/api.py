@@ -80,6 +80,7 @@ class RunInfo:
     workers_text: str              # "4", or "4 -> 3" after --on-failure shrink (docs/faults.md)
     state: str                     # pending, running, finished, failed, cancelled
     reason: str | None
+    restarts: int                  # how often the group started again after a failure (restarts, shrinks)
     division: str                  # closed or open
     optimizer: str
     model: str | None              # a model plug-in's NAME@SHA12; None: the task's own model
@@ -195,6 +196,9 @@ class Run(RunInfo):
     checkpoints: dict[str, Any] | None
     resumes: list[dict[str, Any]]
     faults: dict[str, Any] | None   # injected faults, restarts, goodput (docs/faults.md)
+    #: faults, restarts and resumes in time order, each failure's errors under it, and the errors
+    #: of the group that ran last (mlbench.results.timeline)
+    timeline: dict[str, Any]
     allreduce: dict[str, Any] | None = None   # task0a: the latency and bandwidth sweep
 
     def to_dict(self) -> dict[str, Any]:

@@ -341,10 +341,8 @@ def run(args: list[str], env: dict[str, str], timeout: float, cwd: str | None = 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m tests.zygote SOCKET")
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG: die with the test session
-    except (OSError, AttributeError):
-        pass
+    # No PR_SET_PDEATHSIG: it fires when the *thread* that started this server ends, and the
+    # first command of a module may come from a helper thread (the dashboard lab's runs): the
+    # server was killed when that thread ended, and every command still running read as SIGKILLed.
+    # serve() ends once the test session is gone (its parent changes).
     serve(sys.argv[1])

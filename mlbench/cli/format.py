@@ -22,11 +22,12 @@ from mlbench.results.report import (
     throughput_text,
     throughput_unit,
 )
-from mlbench.results.goodput import describe_faults, run_faults, run_workers_label
+from mlbench.results.goodput import describe_faults, had_faults, recoveries, run_faults, run_workers_label
 from mlbench.results.store import RunRecord
 from mlbench.network.settings import describe_network, network_label
 from mlbench.results.summary import RunSummary, StepGaps, phase_table
 from mlbench.results.sysmetrics import describe_system, system_metrics
+from mlbench.results.timeline import ERROR_CHARS, run_timeline, timeline_lines
 from mlbench.results.division import Division, run_division
 from mlbench.run_config import RunDocument
 from mlbench.tasks.metrics import get_metric
@@ -63,10 +64,16 @@ def division_cell(row: dict[str, Any]) -> str:
     return f"open: {first}" + (f" (+{more} more)" if more else "")
 
 
+def state_cell(row: dict[str, Any]) -> str:
+    """``finished``, or ``finished (2 restarts)`` for a run whose group started again after failures."""
+    count = row.get("restarts") or 0
+    return f"{row['state']} ({count} restart{'s' if count != 1 else ''})" if count else str(row["state"])
+
+
 def status_table(runs: list[dict[str, Any]]) -> str:
     """The table of `mlbench status`, from :func:`mlbench.results.report.run_overview` rows (an
     open run's division cell says its first reason: ``open: optimizer=my-sgd@1a2b3c4d5e6f``)."""
-    rows = [[r["id"], r["name"], r["task"], r["framework"], r["workers_text"], r["state"], division_cell(r),
+    rows = [[r["id"], r["name"], r["task"], r["framework"], r["workers_text"], state_cell(r), division_cell(r),
              f"{r['epoch']:.2f}" if r["epoch"] is not None else "-",
              r["metric_text"], fmt_duration(r["time_to_accuracy"]), fmt_time(r["created_at"])]
             for r in runs]
@@ -119,8 +126,10 @@ class ProgressPrinter:
             del self._loss
         elif name == f"eval/{self.metric.name}":
             click.echo(f"  epoch {event['epoch']:7.2f}  {self.metric.title} {self.metric.format(value)}")
-        elif name == "error":
-            click.echo(f"  worker {event['rank']}: {value}", err=True)
+        elif name == "error":   # one line; the whole error is in `mlbench status RUN` and the worker's log
+            line = f"worker {event['rank']}: {value}"
+            cut = f"{line[:ERROR_CHARS - 3]}..." if len(line) > ERROR_CHARS else line
+            click.echo(f"  {cut}", err=True)
 
     def footer(self, final: RunRecord, summary: RunSummary) -> None:
         if final.state == "finished" and final.result:
@@ -129,6 +138,11 @@ class ProgressPrinter:
             click.echo(f"Run {final.id} cancelled; what it recorded is kept (mlbench status {final.id}).", err=True)
         else:
             click.echo(f"Run {final.id} {final.state}: {final.reason}", err=True)
+        faults = run_faults(final, summary)
+        if had_faults(faults):
+            goodput = f"; goodput {100 * faults['goodput']:.1f}%" if faults["goodput"] is not None else ""
+            click.echo(f"Faults: {faults['count']} applied, {recoveries(faults)}, {faults['lost_steps']} steps "
+                       f"redone{goodput}. Timeline: mlbench status {final.id}")
         if summary.ranks and final.state != "cancelled":
             ratio = summary.communication_ratio
             extra = f", communication/compute {ratio:.2f}" if ratio is not None else ""
@@ -189,8 +203,12 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
             sent = sum(summary.bytes_sent.values()) / max(1, len(summary.bytes_sent))
             click.echo(f"\nCompute vs communication: communication/compute = {ratio:.3f}; "
                        f"{fmt_bytes(sent)} sent per worker")
-    if summary.errors:
-        click.echo("\nErrors:\n  " + "\n  ".join(summary.errors))
+    timeline = run_timeline(run, document)
+    if timeline.moments:
+        click.echo("\nFaults and recovery (seconds since the first start; each failure's errors under it):")
+        click.echo("\n".join(timeline_lines(timeline)))
+    if timeline.errors:
+        click.echo("\nErrors:\n  " + "\n  ".join(timeline.errors))
     if summary.skipped_events:
         click.echo(f"\nSkipped {summary.skipped_events} unreadable metric event lines (not JSON, or "
                    "fields of the wrong type).")

@@ -71,5 +71,5 @@ def print_compression(summary: RunSummary) -> None:
     """One line: bytes sent against the reference all-reduce's (for `mlbench status RUN`)."""
     ratio = summary.compression_ratio
     if ratio is not None:
-        click.echo(f"Compression: the reference all-reduce would have sent {ratio:.2f}x the bytes "
+        click.echo(f"\nCompression: the reference all-reduce would have sent {ratio:.2f}x the bytes "
                    "this run sent")

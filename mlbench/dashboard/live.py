@@ -25,6 +25,7 @@ from mlbench.errors import MlbenchError, RunNotFound
 from mlbench.results.events import read_events_from, read_run_events
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, summarize
+from mlbench.results.timeline import run_timeline
 
 log = logging.getLogger("mlbench.dashboard")
 
@@ -106,6 +107,7 @@ def run_document(source: Source, record: RunRecord, events: list[dict[str, Any]]
             "result": views.result_sentence(record, summary),
             "system": views.run_system(summary),
             "series": views.run_series(record, events, summary),
+            "timeline": run_timeline(record, events=events).to_dict(),
             "sweep": views.run_sweep(record),
             "logs": views.log_names(record)}
 

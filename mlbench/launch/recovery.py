@@ -226,9 +226,14 @@ class Recovery:
         return self.state == BACKING_OFF and (time.time() if now is None else now) >= self.start_at
 
     def started(self) -> None:
-        """The next group was started: recovering until every rank is past the checkpoint."""
+        """The next group was started: recovering until every rank is past the checkpoint. The
+        restart's entry records when (``started_at``: the errors a worker recorded before it
+        are the failed group's, :mod:`mlbench.results.timeline`)."""
         if self.state == BACKING_OFF:
             self.state = RECOVERING
+            if self.entry is not None and self.record is not None:
+                self.entry["started_at"] = time.time()
+                self._save()
 
     def line(self, entry: Mapping[str, Any]) -> str:
         """The supervisor's line about a restart or a shrink, as every supervisor prints it."""

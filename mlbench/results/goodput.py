@@ -279,6 +279,14 @@ def run_worker_sizes(record: RunRecord, run_json: dict[str, Any] | None = None) 
     return worker_sizes(record.workers, [r for r in restarts or [] if isinstance(r, dict)])
 
 
+def run_restarts(record: RunRecord) -> int:
+    """How often the run's group started again after a failure (restarts and shrinks)."""
+    document = RunDocument.load_or_none(record.run_dir)
+    section = (document.extra.get(FAULTS_SECTION) if document is not None else None) or {}
+    restarts = section.get("restarts") if isinstance(section, dict) else None
+    return len([r for r in restarts or [] if isinstance(r, dict)])
+
+
 def run_workers_label(record: RunRecord, run_json: dict[str, Any] | None = None) -> str:
     """``4``, or ``4 -> 3`` for a run that shrank: the workers column of every surface."""
     return workers_label(run_worker_sizes(record, run_json))

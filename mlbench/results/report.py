@@ -26,7 +26,8 @@ from mlbench.results.division import run_division
 from mlbench.results.fairness import fairness_notes, group_flags
 from mlbench.results.fingerprint import NAMED_KEYS
 from mlbench.results.events import read_run_events
-from mlbench.results.goodput import run_faults, run_workers_label
+from mlbench.results.timeline import run_timeline
+from mlbench.results.goodput import run_faults, run_restarts, run_workers_label
 from mlbench.results.outcome import AllreduceResult, Outcome, fmt_duration, read_result
 from mlbench.results.repeats import RepeatStats
 from mlbench.plugins import SHORT_HASH, plugin_label
@@ -358,7 +359,8 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
     return {
         "id": record.id, "name": record.name, "task": record.task, "workers": record.workers,
         "workers_text": run_workers_label(record),
-        "state": record.state, "reason": record.reason, "division": division.name,
+        "state": record.state, "reason": record.reason, "restarts": run_restarts(record),
+        "division": division.name,
         "optimizer": record.optimizer, "model": model, "framework": framework_of(record),
         "division_text": division.text, "open_reasons": list(division.reasons),
         "launcher": record.launcher, "seed": record.seed, "group_id": record.group_id, "created_at": record.created_at,
@@ -532,6 +534,7 @@ def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
         "result_sentence": result.sentence() if result else None,
         **run_recovery(record),
         "faults": run_faults(record, summary),
+        "timeline": run_timeline(record).to_dict(),
         **({"allreduce": sweep} if sweep else {}),
     }
 

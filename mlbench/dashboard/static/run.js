@@ -23,14 +23,37 @@
   const unitOf = () => (state.doc && state.doc.summary.throughput_unit) || "samples/s";
   const metricValue = (u, v) => (v === null || v === undefined ? "-" : `${Number(v.toFixed(4))}${metricOf().unit === "fraction" ? "%" : ""}`);
 
-  function accuracyLossOptions(xLabel, xValue) {
+  // the faults, restarts and resumes of the run's timeline, each at the x of the training point of its step
+  const MARK_COLOURS = { fault: "#d62728", missed: "#d62728", restart: "#ea580c", shrink: "#ea580c", resume: "#667085" };
+  function marksFor(key) {
+    const moments = (state.doc && state.doc.timeline && state.doc.timeline.moments) || [];
+    return moments.filter((m) => m.step !== null && m.step !== undefined).flatMap((m) => {
+      const point = state.training.find((p) => p.step >= m.step && p[key] !== null);
+      return point ? [{ x: point[key], kind: m.kind, text: m.text }] : [];
+    });
+  }
+  const marksPlugin = (key) => ({ hooks: { draw: [(u) => {
+    const ctx = u.ctx, { top, height } = u.bbox;
+    ctx.save();
+    for (const mark of marksFor(key)) {
+      const x = Math.round(u.valToPos(mark.x, "x", true));
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+      ctx.strokeStyle = MARK_COLOURS[mark.kind] || "#d62728";
+      ctx.lineWidth = 1.5 * devicePixelRatio;
+      ctx.setLineDash(mark.kind === "missed" ? [4 * devicePixelRatio, 4 * devicePixelRatio] : []);
+      ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + height); ctx.stroke();
+    }
+    ctx.restore();
+  }] } });
+
+  function accuracyLossOptions(xLabel, xValue, key) {
     return (width) => {
       const metric = metricOf();
       const percent = metric.unit === "fraction";
       const range = percent ? (u, min, max) => [Math.max(0, Math.min(min, 50) - 5), Math.min(100, Math.max(max, 60) + 5)]
         : (u, min, max) => [Math.max(0, min - 0.05 * Math.abs(max - min) - 1e-9), max + 0.05 * Math.abs(max - min) + 1e-9];
       return {
-        width, height: 260,
+        width, height: 260, plugins: [marksPlugin(key)],
         scales: { x: fromZero, metric: { range } },
         axes: [axis(xLabel), { ...axis(metric.axis), scale: "metric" }, { ...axis("training loss"), scale: "loss", side: 1, grid: { show: false } }],
         series: [
@@ -44,8 +67,8 @@
   }
   const seconds = (u, v) => (v === null || v === undefined ? "-" : fmt.dur(v));
   const charts = {
-    time: new MB.Chart(document.getElementById("chart-time"), accuracyLossOptions("training time (s)", seconds), "no measurement yet"),
-    epoch: new MB.Chart(document.getElementById("chart-epoch"), accuracyLossOptions("epoch", (u, v) => fmt.num(v)), "no measurement yet"),
+    time: new MB.Chart(document.getElementById("chart-time"), accuracyLossOptions("training time (s)", seconds, "time"), "no measurement yet"),
+    epoch: new MB.Chart(document.getElementById("chart-epoch"), accuracyLossOptions("epoch", (u, v) => fmt.num(v), "epoch"), "no measurement yet"),
     throughput: new MB.Chart(document.getElementById("chart-throughput"), (width) => ({
       width, height: 220, scales: { x: fromZero },
       axes: [axis("training time (s)"), axis(unitOf(), null, 70)],
@@ -97,6 +120,7 @@
     document.getElementById("chart-time").dataset.evaluations = state.evaluations.length;
     document.getElementById("chart-time").dataset.axis = metricOf().axis;  // the canvas draws it
     document.getElementById("chart-time").dataset.training = state.training.length;
+    document.getElementById("chart-time").dataset.marks = JSON.stringify(marksFor("time").map((m) => m.kind));
   }
 
   // -- facts -----------------------------------------------------------------------------------
@@ -158,8 +182,10 @@
       ["communication / compute", s.communication_ratio === null ? "-" : s.communication_ratio.toFixed(3)],
       ["compression", s.compression ? `the reference all-reduce would have sent ${s.compression.toFixed(2)}x the bytes` : null],
       ...(doc.system ? doc.system.rows : []),
-      ["errors", s.errors.length ? s.errors.join("; ") : null],
+      // the errors of the group that ran last; a failure's are under it in the faults card
+      ["errors", doc.timeline.errors.length ? doc.timeline.errors.join("; ") : null],
     ]);
+    showTimeline(doc.timeline);
     for (const which of ["time", "epoch"]) {
       document.getElementById(`chart-${which}-title`).textContent =
         `${spec.metric.title[0].toUpperCase()}${spec.metric.title.slice(1)} and training loss vs ${which === "time" ? "training time" : "epochs"}`;
@@ -169,6 +195,14 @@
     document.getElementById("phases-card").classList.toggle("hidden", Boolean(doc.sweep));
     showPhases(s);
     showLogTabs(doc.logs);
+  }
+
+  /** The faults, restarts and resumes in time order, each failure's errors under it. */
+  function showTimeline(timeline) {
+    document.getElementById("faults-card").classList.toggle("hidden", !timeline.moments.length);
+    document.getElementById("timeline").replaceChildren(...timeline.moments.map((m) => el("li", { "data-kind": m.kind },
+      el("span", { class: "mono muted" }, `+${m.at.toFixed(1)}s `), m.text,
+      ...(m.errors.length ? [el("ul", { class: "errors" }, ...m.errors.map((e) => el("li", { class: "mono" }, e)))] : []))));
   }
 
   /** Task 0a: the sweep's table and its bandwidth against message size, a line per dtype. */
