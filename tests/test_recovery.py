@@ -8,6 +8,7 @@ and 3 workers under the local supervisor.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import time
 
@@ -19,6 +20,14 @@ from mlbench.run_config import RunDocument
 from tests.helpers import last_run, mlbench, run_json
 
 pytestmark = pytest.mark.ram_home
+
+
+def mllog(run, tmp_path) -> list[dict]:
+    """The run's MLPerf log records (`mlbench download --format mlperf`), in order."""
+    from mlbench.results.mllog import TOKEN, write_mllog
+
+    path = write_mllog(run, tmp_path / f"{run.id}.mllog.txt")
+    return [json.loads(line[len(TOKEN):]) for line in path.read_text().splitlines()]
 
 OPTIONS = ("--set", "batch_per_worker=50", "--log-every", "5", "--no-stop", "--set", "max_epochs=100000")
 
@@ -107,41 +116,72 @@ def test_the_machine_backs_off_records_a_fault_due_in_a_restart_as_missed_and_go
             proc.wait()
 
 
-def test_two_ranks_killed_at_one_moment_are_one_failure_and_a_shrink_leaves_both_out(libsvm_dir):
+def test_two_ranks_killed_at_one_moment_are_one_failure_and_a_shrink_leaves_both_out(libsvm_dir, tmp_path):
     """3 workers, ranks 1 and 2 killed at 4 s: one failure naming both, one shrink to rank 0 alone
-    (before, rank 1's death was handled alone and the killed rank 2 went on as a 'survivor')."""
+    (before, rank 1's death was handled alone and the killed rank 2 went on as a 'survivor').
+    Rank 0 is slowed 4x (it sleeps three times its compute after each step), so that the run
+    lasts past 4 s on an idle machine too."""
     mlbench("run", "task2a", "3", "--data-dir", str(libsvm_dir), *OPTIONS, "--checkpoint-every", "10steps",
             "--max-steps", "3000", "--inject", "kill:rank=1,at=4s", "--inject", "kill:rank=2,at=4s",
-            "--on-failure", "shrink", check=True)
+            "--inject", "slow:rank=0,factor=4", "--on-failure", "shrink", check=True)
     run = last_run()
     assert run.state == "finished" and run.result["steps"] == 3000, run.reason
     faults = run_json(run)["faults"]
     (shrink,) = faults["restarts"]
     assert (shrink["survivors"], shrink["workers"]) == ([0], 1), shrink
-    assert (shrink["ranks"], shrink["faults"]) == ([1, 2], [0, 1])
+    kills = [i for i, e in enumerate(faults["events"]) if e["kind"] == "kill"]
+    assert (shrink["ranks"], shrink["faults"]) == ([1, 2], kills) and len(kills) == 2
     assert "kill of rank 1 at 4.0 s" in shrink["reason"] and "kill of rank 2 at 4.0 s" in shrink["reason"]
-    assert [e["action"] for e in faults["events"]] == ["shrink", "shrink"]
-    assert all(e["lost_steps"] == shrink["lost_steps"] and "recovered_s" in e for e in faults["events"])
+    killed = [faults["events"][i] for i in kills]
+    assert [e["action"] for e in killed] == ["shrink", "shrink"]
+    assert all(e["lost_steps"] == shrink["lost_steps"] and "recovered_s" in e for e in killed)
     status = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
     assert status["faults"]["workers"] == [3, 1]
+    # the epochs trained: whole epochs of 13 steps of 3 x 50 examples (of 2,000) up to the
+    # shrink's checkpoint, then its epoch's batch b goes on as batch 3b of 40 steps of one worker;
+    # by the steps at the last size alone it would be 3,000 / 40 = 75
+    epoch, batch = divmod(shrink["from_step"], 2000 // 150)
+    trained = epoch + (3 * batch + 3000 - shrink["from_step"]) / (2000 // 50)
+    assert run.result["epochs"] == pytest.approx(trained), (run.result["epochs"], trained)
+    # its MLPerf log: every size it trained at, the shrink at its moment, samples at each size's batch
+    records = mllog(run, tmp_path)
+    (workers,) = [r for r in records if r["key"] == "number_of_workers"]
+    assert (workers["value"], workers["metadata"]) == (3, {"sizes": [3, 1]})
+    (logged,) = [r for r in records if r["key"] == "mlbench_shrink"]
+    assert logged["value"] == shrink["from_step"] and logged["metadata"]["ranks"] == [1, 2]
+    assert (logged["metadata"]["workers"], logged["metadata"]["global_batch_size"]) == (1, 50)
+    last = [r for r in records if r["key"] == "eval_accuracy"][-1]["metadata"]
+    assert last["samples_count"] == 150 * shrink["from_step"] + 50 * (3000 - shrink["from_step"])
+    assert last["epoch_num"] == math.ceil(round(run.result["epochs"], 6))
+    platform = next(r["value"] for r in records if r["key"] == "submission_platform")
+    assert "3 -> 1 worker(s)" in platform
 
 
-def test_a_kill_due_while_a_restart_is_under_way_is_recorded_as_missed(libsvm_dir):
+def test_a_kill_due_while_a_restart_is_under_way_is_recorded_as_missed(libsvm_dir, tmp_path):
     """Rank 1 killed at 4 s before any checkpoint: the group made no progress, so its restart
     (from step 0) waits a second's back-off; rank 0's kill at 5 s falls in that restart and is
-    recorded as missed, not struck on the new group (before, it was a second restart)."""
+    recorded as missed, not struck on the new group (before, it was a second restart). Rank 1 is
+    slowed 3x, so that the run lasts past 5 s on an idle machine too."""
     mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), *OPTIONS, "--checkpoint-every", "100000steps",
-            "--max-steps", "3000", "--inject", "kill:rank=1,at=4s", "--inject", "kill:rank=0,at=5s",
-            "--on-failure", "restart:3", check=True)
+            "--max-steps", "1500", "--inject", "kill:rank=1,at=4s", "--inject", "kill:rank=0,at=5s",
+            "--inject", "slow:rank=1,factor=3", "--on-failure", "restart:3", check=True)
     run = last_run()
-    assert run.state == "finished" and run.result["steps"] == 3000, run.reason
+    assert run.state == "finished" and run.result["steps"] == 1500, run.reason
     faults = run_json(run)["faults"]
     (restart,) = faults["restarts"]
     assert (restart["ranks"], restart["from_step"], restart["progressed"], restart["backoff_s"]) == ([1], 0, False, 1.0)
     assert restart["recovered_s"] >= 1.0
-    first, second = faults["events"]
+    first, second = [e for e in faults["events"] if e["kind"] == "kill"]
     assert first["action"] == "restart" and "action" not in second
     assert second["missed"].startswith("due during the recovery from failure 1"), second
+    # its MLPerf log: the epochs of the final trajectory once each (the restart went back to step 0
+    # after several epochs), and the restart at its moment
+    records = mllog(run, tmp_path)
+    epochs = [r["metadata"]["epoch_num"] for r in records if r["key"] == "eval_accuracy"]
+    assert epochs == list(range(1, len(epochs) + 1)) and epochs[-1] == math.ceil(round(run.result["epochs"], 6))
+    (logged,) = [r for r in records if r["key"] == "mlbench_restart"]
+    assert logged["value"] == 0 and logged["metadata"]["ranks"] == [1]
+    assert logged["time_ms"] == round(restart["at"] * 1000)
 
 
 def test_a_failure_names_every_rank_a_kill_struck_before_it_was_seen(tmp_path):

@@ -149,9 +149,11 @@ class Outcome(NamedTuple):
     started_at: float | None
 
 
-def rank_error(run_dir: Path, rank: int) -> str | None:
-    """The last error a worker recorded."""
-    errors = [e for e in read_rank_events(events_path(run_dir, rank)) if e["name"] == "error"]
+def rank_error(run_dir: Path, rank: int, since: float | None = None) -> str | None:
+    """The last error a worker recorded (``since``: at or after that unix time, by the group
+    started then: an earlier group's error is not this one's)."""
+    errors = [e for e in read_rank_events(events_path(run_dir, rank)) if e["name"] == "error"
+              and (since is None or float(e.get("time") or 0.0) >= since)]
     return str(errors[-1]["value"]) if errors else None
 
 

@@ -268,7 +268,13 @@ class WorkerProcesses:
     def failure_reason(self, index: int, code: int) -> str:
         """Why the run failed, given the process (a worker's rank) that exited first."""
         reason = f"worker {index} {describe_exit(code)}"
-        detail = rank_error(self.run_dir, index) or log_tail(log_path(self.run_dir, index))
+        # this group's own words: an earlier group's recorded error is not why this one's died, nor
+        # is the last line of its log (which goes on from the earlier group's) for a worker killed
+        # by a signal after a restart
+        record = self.recovery.record if self.recovery is not None else None
+        restarted = record is not None and bool(record.restarts)
+        detail = rank_error(self.run_dir, index, since=self.started_at) \
+            or (log_tail(log_path(self.run_dir, index)) if code > 0 or not restarted else None)
         return f"{reason}: {detail}" if detail else reason
 
     def stop_all(self, grace: float = TERMINATE_GRACE_SECONDS) -> None:
@@ -325,7 +331,8 @@ class WorkerProcesses:
         lowest rank. The others' connection errors are their consequence, even when they are
         seen in the same poll."""
         killed = [rank for rank, code in failed.items() if code < 0]
-        own = [rank for rank in failed if not peer_consequence(rank_error(self.run_dir, rank) or "")]
+        own = [rank for rank in failed
+               if not peer_consequence(rank_error(self.run_dir, rank, since=self.started_at) or "")]
         return sorted(killed or own or [min(failed)])
 
     def failed(self, ranks: Sequence[int], reason: str, codes: Mapping[int, int | None] | None = None) -> None:

@@ -17,6 +17,14 @@ fact, so it needs nothing from the workers beyond what every run records:
   JAX 0.4.30``), and ``mlbench_framework`` holds its name (run.json's) and that release;
 * a run on an emulated network (`mlbench run --bandwidth ...`) adds ``mlbench_network``: its
   label as the value, run.json's settings and mechanism as the metadata;
+* a run that restarted, shrank or was resumed logs the epochs and evaluations of its final
+  trajectory only (those of work a later start threw away are left out, and a step evaluated
+  twice is logged once, as it was last), and each restart, shrink and resume as an
+  ``mlbench_restart``, ``mlbench_shrink`` or ``mlbench_resume`` record at its moment (value: the
+  step it went on from; metadata: why, the ranks, the steps redone, the time to recover, a
+  shrink's new size and global batch); a shrunk run's ``number_of_workers`` names every size it
+  trained at in its metadata (``sizes``), and ``samples_count`` counts each step at the global
+  batch of its size;
 * ``init_start`` is when the launcher started the run (process start, data loading and the
   process group count as initialisation, as in MLPerf), ``run_stop`` the time of the result;
 * ``eval_accuracy`` holds the task's goal metric, whatever it is, and names it in its metadata
@@ -48,6 +56,7 @@ from mlbench.network.settings import network_label
 from mlbench.results.compare import hardware_label
 from mlbench.results.division import run_division
 from mlbench.results.events import read_run_events
+from mlbench.results.goodput import FAULTS_SECTION, run_worker_sizes, run_workers_label
 from mlbench.results.outcome import AllreduceResult, TrainingResult, read_result
 from mlbench.results.mlperf_rules import checker_command
 from mlbench.results.store import RunRecord
@@ -83,7 +92,8 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
     log.add(init_start, "cache_clear", False)
     log.add(init_start, "init_start", None, "INTERVAL_START")
     log.add(init_start, "mlbench_run_id", record.id)
-    log.add(init_start, "number_of_workers", record.workers)
+    sizes = run_worker_sizes(record)
+    log.add(init_start, "number_of_workers", record.workers, metadata={"sizes": sizes} if len(sizes) > 1 else None)
     log.add(init_start, "global_batch_size", batch)
     log.add(init_start, "gradient_accumulation_steps", 1)
     log.add(init_start, "seed", record.seed if record.seed is not None else (config.seed if config else None))
@@ -113,10 +123,15 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
         _sweep(log, rank0, outcome, init_start, stop)
         return log.lines()
     start = _run_start(rank0)
+    per_worker = spec.settings.batch_per_worker if spec else 0
+    restarts = _recoveries(log, document, per_worker)
     if start is not None:
         log.add(start, "init_stop", None, "INTERVAL_END")
         log.add(start, "run_start", None, "INTERVAL_START")
-        _epochs_and_evaluations(log, rank0, start, batch, spec.metric if spec else "accuracy")
+        again = [(when, from_step) for when, from_step, _ in restarts]
+        shrinks = [(from_step, workers) for _, from_step, workers in restarts if workers is not None]
+        _epochs_and_evaluations(log, rank0, start, _samples_at(record.workers, per_worker, shrinks),
+                                spec.metric if spec else "accuracy", again)
     if stop is not None:
         status = "success" if result.reached else "aborted"
         log.add(stop, "run_stop", None, "INTERVAL_END",
@@ -185,7 +200,7 @@ def _platform(record: RunRecord, config: RunConfig | None, environment: dict[str
     nodes = occupancy(record.run_dir, record.launcher, record.workers).nodes
     hardware = hardware_label(config.device if config else None, environment)
     framework = framework_release(config.framework if config else DEFAULT_FRAMEWORK, environment)
-    return f"{nodes}x {hardware}, {record.workers} worker(s), {record.launcher}, {framework}"
+    return f"{nodes}x {hardware}, {run_workers_label(record)} worker(s), {record.launcher}, {framework}"
 
 
 def _steps_per_epoch(result: TrainingResult) -> int | None:
@@ -208,19 +223,66 @@ def _run_start(rank0: list[dict[str, Any]]) -> float | None:
     return None
 
 
-def _epochs_and_evaluations(log: _Log, rank0: list[dict[str, Any]], start: float, batch: int,
-                            metric: str = "accuracy") -> None:
-    """Epochs and evaluations as intervals. ``eval_accuracy`` holds the task's goal metric, as
-    MLPerf's own translation benchmark logs BLEU under that key; a metric other than accuracy
-    is named in its metadata (``"metric": "perplexity"``: lower is better)."""
-    accuracy = {int(e["step"]): float(e["value"]) for e in rank0 if e["name"] == f"eval/{metric}"}
-    epoch_begin = start
-    for e in rank0:
-        if e["name"] != "time/eval":
+def _recoveries(log: _Log, document: RunDocument | None, per_worker: int) -> list[tuple[float, int, int | None]]:
+    """Log each restart, shrink and resume (see the module's docstring); returns (when, the step
+    it went on from, a shrink's new size or None) of each."""
+    if document is None:
+        return []
+    found: list[tuple[float, int, int | None]] = []
+    section = document.extra.get(FAULTS_SECTION) or {}
+    for entry in section.get("restarts") or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("at"), (int, float)):
             continue
+        from_step = int(entry.get("from_step") or 0)
+        workers = entry.get("workers") if entry.get("survivors") is not None else None
+        meta = {key: entry[key] for key in ("reason", "ranks", "reached_step", "lost_steps", "recovered_s",
+                                            "survivors") if entry.get(key) is not None}
+        if workers is not None:
+            meta.update(workers=workers, global_batch_size=int(workers) * per_worker)
+        log.add(float(entry["at"]), "mlbench_shrink" if workers is not None else "mlbench_restart", from_step,
+                metadata=meta)
+        found.append((float(entry["at"]), from_step, int(workers) if workers is not None else None))
+    for resume in document.resumes:
+        if isinstance(resume.get("at"), (int, float)):
+            from_step = int(resume.get("from_step") or 0)
+            log.add(float(resume["at"]), "mlbench_resume", from_step,
+                    metadata={key: resume[key] for key in ("after", "reason") if resume.get(key)})
+            found.append((float(resume["at"]), from_step, None))
+    return found
+
+
+def _samples_at(workers: int, per_worker: int, shrinks: list[tuple[int, int]]) -> Any:
+    """The samples trained by step ``step``: each step at the global batch of the size the group
+    had then (``shrinks``: (the step a shrink went on from, the new size), in order)."""
+    def samples(step: int) -> int:
+        total, size, since = 0, workers, 0
+        for from_step, new_size in shrinks:
+            if from_step >= step:
+                break
+            total += (from_step - since) * size * per_worker
+            size, since = new_size, from_step
+        return total + (step - since) * size * per_worker
+
+    return samples
+
+
+def _epochs_and_evaluations(log: _Log, rank0: list[dict[str, Any]], start: float, samples_at: Any,
+                            metric: str = "accuracy", again: list[tuple[float, int]] | None = None) -> None:
+    """Epochs and evaluations as intervals, of the final trajectory (``again``: (when, from
+    step) of each restart and resume; an evaluation a later one went back before is left out, and
+    a step evaluated twice is logged as it was last). ``eval_accuracy`` holds the task's goal
+    metric, as MLPerf's own translation benchmark logs BLEU under that key; a metric other than
+    accuracy is named in its metadata (``"metric": "perplexity"``: lower is better)."""
+    accuracy = {int(e["step"]): float(e["value"]) for e in rank0 if e["name"] == f"eval/{metric}"}
+    def kept(e: dict[str, Any]) -> bool:   # not thrown away by a later restart or resume
+        return not any(when > float(e["time"]) and from_step < int(e["step"]) for when, from_step in again or [])
+
+    evaluations = {int(e["step"]): e for e in rank0 if e["name"] == "time/eval" and kept(e)}
+    epoch_begin = start
+    for e in sorted(evaluations.values(), key=lambda e: float(e["time"])):
         end, step = float(e["time"]), int(e["step"])
         begin = end - float(e["value"])
-        meta: dict[str, Any] = {"epoch_num": _epoch_num(float(e["epoch"])), "samples_count": step * batch}
+        meta: dict[str, Any] = {"epoch_num": _epoch_num(float(e["epoch"])), "samples_count": samples_at(step)}
         if metric != "accuracy":
             meta["metric"] = metric
         if begin > epoch_begin:

@@ -421,9 +421,9 @@ def describe_plugin(plugin: dict[str, Any] | None) -> str | None:
 
 
 #: The keys of :func:`run_overview`, in its order: what `status --sort` orders by.
-OVERVIEW_FIELDS = ("id", "name", "task", "workers", "workers_text", "state", "reason", "division", "optimizer", "model",
-                   "framework", "division_text", "open_reasons", "launcher", "seed", "group_id", "created_at",
-                   "started_at", "finished_at", "epoch", "metric",
+OVERVIEW_FIELDS = ("id", "name", "task", "workers", "workers_text", "state", "reason", "restarts", "division",
+                   "optimizer", "model", "framework", "division_text", "open_reasons", "launcher", "seed", "group_id",
+                   "created_at", "started_at", "finished_at", "epoch", "metric",
                    "metric_value", "metric_title", "metric_unit", "metric_text", "goal", "goal_reached",
                    "time_to_accuracy")
 

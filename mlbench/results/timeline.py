@@ -127,8 +127,8 @@ def run_timeline(record: RunRecord, document: RunDocument | None = None,
     happened.sort(key=lambda h: h[0])
     if origin is None:
         origin = happened[0][0] if happened else None
-    for when, moment, _ in happened:
-        moment.at = round(when - (origin or when), 3)
+    for happened_at, moment, _ in happened:
+        moment.at = round(happened_at - (origin or happened_at), 3)
     ends = [(started, moment) for _, moment, started in happened if started is not None]
     errors: list[str] = []
     for event in every:

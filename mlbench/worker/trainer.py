@@ -166,6 +166,10 @@ class Trainer:
         # denominator of a compressing optimizer's compression ratio.
         self.dense_bytes_per_step = allreduce_bytes(count_trainable_parameters(self.model), 4, self.world)
         self.steps_per_epoch = self.runtime.steps_per_epoch()
+        # the step at which the current epoch's first batch was (or would have been) taken, by
+        # this group: the epochs a run reports count its epochs trained, also after a shrink,
+        # when the steps of an epoch change with the group's size (_epoch_float)
+        self._epoch_began = 0
         ctx = OptimizerContext(model=self.model, spec=self.spec, world_size=self.world,
                                rank=self.rank, timer=self.timer,
                                options=dict(self.cfg.optimizer_options))
@@ -243,6 +247,7 @@ class Trainer:
             start_epoch = int(self._resume["epoch"])
             start_batch = resumed_batch(int(self._resume["batch"]), int(self._resume["workers"]), self.world)
             evaluated_at = p.step if start_batch == 0 else -1  # the epoch's end was evaluated
+            p.epoch, self._epoch_began = start_epoch, p.step - start_batch
         else:
             p.train_start = time.perf_counter()
         self._checkpoint_clock = time.perf_counter()
@@ -261,6 +266,7 @@ class Trainer:
                 self.runtime.load_state_dict(self._resume["runtime"])
                 checkpoint.set_rng_state(self._resume["rng"], self.device)
                 self._resume = None
+            self._epoch_began = p.step - index
             stop = None
             for batch in batches:
                 if self.cfg.max_steps is not None and p.step >= self.cfg.max_steps:
@@ -363,7 +369,11 @@ class Trainer:
         return spent_f > 0, due_f > 0, asked_f > 0
 
     def _epoch_float(self) -> float:
-        return self.progress.step / self.steps_per_epoch
+        """The epochs trained: the current epoch plus the share of it done. Without a shrink
+        this is step / steps per epoch; after one, the epochs before it count whole at the old
+        size (a run of 2 workers for 50 epochs, then 1 worker for 50 reports 100, not 75)."""
+        p = self.progress
+        return p.epoch + (p.step - self._epoch_began) / self.steps_per_epoch
 
     def _log_interval(self, loss_sum: torch.Tensor, losses: torch.Tensor, steps: int, samples: int,
                       start_bytes: int) -> None:
