@@ -78,3 +78,40 @@ def test_a_restart_redoes_the_steps_past_its_checkpoint_and_their_checkpoints_do
     assert figures["checkpoint_s"] == pytest.approx(checkpoints, abs=2e-3)
     wall = run.finished_at - run.started_at
     assert figures["goodput"] == pytest.approx((run.result["train_time"] - checkpoints) / wall, abs=1e-3)
+
+
+def test_a_survived_stall_is_stalled_time_not_productive_time():
+    """Rank 1 stopped for 1.5 s (SIGSTOP, then SIGCONT; the watchdog's 60 s let it live): every
+    rank's training clock runs on through it, and goodput leaves out the stall, as long as its
+    process really was stopped (the supervisor's ``stopped_s``, measured from SIGSTOP to SIGCONT)."""
+    mlbench("run", *RUN, "2", "--max-steps", "100000", "--time-budget", "6s", "--inject",
+            "stall:rank=1,at=3s,for=1.5s", "--inject", "slow:rank=0,factor=3", check=True)
+    run = RunStore().list()[-1]
+    (stall,) = [e for e in run_json(run)["faults"]["events"] if e["kind"] == "stall"]
+    assert "missed" not in stall and stall["stopped_s"] == pytest.approx(1.5, abs=0.3), stall
+    figures = _time(run.id)
+    assert figures["stalled_s"] == pytest.approx(stall["stopped_s"], abs=0.3)
+    wall = run.finished_at - run.started_at
+    productive = run.result["train_time"] - stall["stopped_s"]
+    assert figures["goodput"] == pytest.approx(productive / wall, abs=0.3 / wall)
+    assert figures["goodput"] < run.result["train_time"] / wall
+
+
+def test_a_shrink_redoes_the_steps_past_its_checkpoint_and_its_wall_time_is_the_runs():
+    mlbench("run", *RUN, "2", "--max-steps", "4000", "--checkpoint-every", "20steps", "--inject",
+            "kill:rank=1,at=2s", "--inject", "slow:rank=0,factor=2", "--on-failure", "shrink", check=True)
+    run = RunStore().list()[-1]
+    (shrink,) = run_json(run)["faults"]["restarts"]
+    assert shrink["survivors"] == [0] and shrink["from_step"] > 0, shrink
+    rank0 = [e for e in events(run) if e["rank"] == 0]
+    thrown = lambda e: e["time"] < shrink["at"] and e["value"]["step"] >= shrink["from_step"]  # noqa: E731
+    checkpoints = _checkpoint_seconds(rank0, lambda e: not thrown(e))
+    # the steps redone: the last step rank 0 logged before the shrink, past the checkpoint (the
+    # product counts them from the heartbeats at the kill, so it may count a few more)
+    logged = max(e["step"] for e in rank0 if e["name"] == "train/steps" and e["time"] < shrink["at"])
+    figures = _time(run.id)
+    assert figures["redone_steps"] == shrink["lost_steps"] >= max(0, logged - shrink["from_step"])
+    assert figures["checkpoint_s"] == pytest.approx(checkpoints, abs=2e-3)
+    wall = run.finished_at - run.started_at
+    assert figures["wall_s"] == pytest.approx(wall, abs=2e-3)
+    assert figures["goodput"] == pytest.approx((run.result["train_time"] - checkpoints) / wall, abs=1e-3)

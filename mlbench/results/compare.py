@@ -34,7 +34,7 @@ from mlbench.network.settings import network_label
 from mlbench.results.division import run_division
 from mlbench.results.events import read_run_events
 from mlbench.results.fingerprint import differing_keys, pool_matches, run_fingerprint
-from mlbench.results.goodput import fault_setting, had_faults, run_faults
+from mlbench.results.goodput import fault_setting, had_faults, run_faults, summed_over_repeats
 from mlbench.results.repeats import RepeatStats, repeat_stats
 from mlbench.results.outcome import AllreduceResult, Outcome, TrainingResult, read_result
 from mlbench.results.store import FINISHED, RunRecord, RunStore
@@ -252,6 +252,9 @@ class Group:
     goodput: float | None = None             # productive training time / wall time
     restarts: float | None = None            # restarts of the group per run
     lost_steps: float | None = None          # steps done after a restart's checkpoint, done again
+    #: the same summed over the runs (goodput.summed_over_repeats): wall, checkpoint, stalled,
+    #: link-down and recovery seconds, redone steps, restarts; None: no run trained
+    fault_totals: dict[str, Any] | None = None
 
     @property
     def workers_text(self) -> str:
@@ -432,7 +435,8 @@ def _group(family: Family, workers: int, runs: list[RunResult], usd: float | Non
         peak_memory_bytes=_median([m for m in memory if m is not None]), utilisation=_median(utilisation),
         goodput=_median([run.faults["goodput"] for run in runs if run.faults.get("goodput") is not None]),
         restarts=_median([run.faults.get("restarts", 0) for run in runs]),
-        lost_steps=_median([run.faults.get("lost_steps", 0) for run in runs]))
+        lost_steps=_median([run.faults.get("lost_steps", 0) for run in runs]),
+        fault_totals=summed_over_repeats(run.faults for run in runs) if any(run.had_faults for run in runs) else None)
 
 
 def _median(values: list[float] | list[int]) -> float | None:

@@ -267,6 +267,28 @@ def run_faults(record: RunRecord, summary: RunSummary,
     }
 
 
+#: The parts of :func:`time_accounting` that add up over repeats, and the restarts' recovery.
+SUMMED = ("wall_s", "train_s", "checkpoint_s", "stalled_s", "link_down_s", "productive_s", "redone_steps")
+
+
+def summed_over_repeats(runs: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """What the faults of several repeats cost together, from each run's :func:`run_faults`:
+    the sums of :data:`SUMMED`, ``recovery_s`` (every restart's time to recover), ``restarts``
+    and ``runs``, and ``goodput`` as the summed productive time over the summed wall time (each
+    second of every repeat weighs the same, where the median of the goodputs weighs each run
+    alike). None when no run trained."""
+    accounted = [(faults, faults["time"]) for faults in runs if faults.get("time")]
+    if not accounted:
+        return None
+    totals: dict[str, Any] = {key: round(sum(float(t.get(key) or 0.0) for _, t in accounted), 3) for key in SUMMED}
+    totals["redone_steps"] = int(totals["redone_steps"])
+    totals["recovery_s"] = round(sum(sum(f.get("recover_s") or []) for f, _ in accounted), 3)
+    totals["restarts"] = sum(int(f.get("restarts") or 0) for f, _ in accounted)
+    totals["runs"] = len(accounted)
+    totals["goodput"] = totals["productive_s"] / totals["wall_s"] if totals["wall_s"] > 0 else None
+    return totals
+
+
 def run_worker_sizes(record: RunRecord, run_json: dict[str, Any] | None = None) -> list[int]:
     """The sizes the run's group trained at: the store's (the size it started at), then each
     ``--on-failure shrink``'s (run.json's ``faults.restarts``; ``run_json`` when already read)."""

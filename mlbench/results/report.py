@@ -304,12 +304,28 @@ def compare_notes(comparison: Comparison) -> list[str]:
         notes.append("Goodput: training time / wall time, as `status RUN` says it (docs/faults.md); restarts "
                      "and steps lost (done after the checkpoint a restart went back to, and done again) per "
                      "run; medians over the repeats.")
+        for g in comparison.groups:
+            totals = g.fault_totals
+            if totals is not None and totals["runs"] > 1:
+                notes.append(f"{g.workers_text} worker(s), {g.family.faults or 'no faults'}, summed over its "
+                             f"{totals['runs']} repeats: {totals_text(totals)}.")
     if comparison.usd_per_node_hour is None:
         notes.append("Cost: local runs cost nothing unless priced (--price-per-hour USD or --instance NAME).")
     else:
         notes.append(f"Cost: node-seconds to the goal (evaluation included) at "
                      f"${comparison.usd_per_node_hour:.4g} per node-hour.")
     return notes + fairness_notes(comparison) + _skipped(comparison)
+
+
+def totals_text(totals: dict[str, Any]) -> str:
+    """What faults cost several repeats together (:func:`mlbench.results.goodput.summed_over_repeats`)."""
+    goodput = f"goodput {100 * totals['goodput']:.1f}%" if totals["goodput"] is not None else "no goodput"
+    parts = [f"{name} {totals[key]:.1f} s" for name, key in (("checkpoints", "checkpoint_s"), ("stalls", "stalled_s"),
+                                                             ("link down", "link_down_s"), ("recovery", "recovery_s"))
+             if totals[key]]
+    return (f"{goodput} ({totals['productive_s']:.1f} s productive of {totals['wall_s']:.1f} s wall"
+            f"{'; ' + ', '.join(parts) if parts else ''}), {totals['restarts']} restarts, "
+            f"{totals['redone_steps']} steps redone")
 
 
 def _skipped(comparison: Comparison) -> list[str]:
@@ -570,6 +586,7 @@ def _group(group: Group) -> dict[str, Any]:
         "peak_memory_bytes": group.peak_memory_bytes,
         "utilisation": group.utilisation,
         "goodput": group.goodput, "restarts": group.restarts, "lost_steps": group.lost_steps,
+        "fault_totals": group.fault_totals,
         **({"latency_us": sweep_latency(group),
             "sweep": [{"dtype": dtype, "elements": elements, "bandwidth_gbps": value}
                       for (dtype, elements), value in sweep_bandwidth(group).items()]}

@@ -173,3 +173,8 @@ def test_a_short_link_down_blocks_the_collective_and_training_goes_on(libsvm_dir
         assert 1.0 <= down["blocked_s"] < 10.0, down
         assert re.search(r"link down\s+every rank waited \d+\.\d\d s in its collectives for the link of rank 1 "
                          r"\(down 2\.\d\d s\)", mlbench("status", run.id, check=True).stdout)
+        # goodput leaves the blocked time out of the productive time (docs/faults.md)
+        figures = status["faults"]["time"]
+        wall = run.finished_at - run.started_at
+        assert figures["link_down_s"] == pytest.approx(down["blocked_s"], abs=1e-3)
+        assert figures["goodput"] == pytest.approx((run.result["train_time"] - down["blocked_s"]) / wall, abs=1e-3)

@@ -203,6 +203,17 @@ def test_fault_schedules_and_policies_are_families_of_their_own_with_their_goodp
     assert [run.record.id for run in restarted.runs] == [run.id for run in faulty["restart"]]
     assert restarted.goodput == (10 / 16.5 + 20 / 26.5) / 2
     assert (restarted.restarts, restarted.lost_steps, restarted.had_faults) == (1.5, 7.5, True)
+    # summed over the two repeats: each second weighs the same (goodput of the sums)
+    totals = restarted.fault_totals
+    assert (totals["runs"], totals["restarts"], totals["redone_steps"]) == (2, 3, 15)
+    assert (totals["wall_s"], totals["productive_s"]) == (16.5 + 26.5, 30.0)
+    assert totals["goodput"] == pytest.approx(30 / 43) != restarted.goodput
+    from mlbench.results.report import comparison_document as cli_document, compare_notes
+    assert any(note.startswith("2 worker(s), " + RESTART_FAMILY + ", summed over its 2 repeats: goodput 69.8% "
+                               "(30.0 s productive of 43.0 s wall), 3 restarts, 15 steps redone")
+               for note in compare_notes(comparison)), compare_notes(comparison)
+    grouped = {f["faults"]: f for f in cli_document(comparison)["families"]}
+    assert grouped[RESTART_FAMILY]["groups"][0]["fault_totals"] == totals
     [clean] = families[""]
     assert clean.goodput == 10 / 16.5
     assert (clean.restarts, clean.lost_steps, clean.had_faults) == (0, 0, False)
