@@ -12,7 +12,13 @@ show the same numbers under the same names (docs/exporters.md):
   ``rank<r>/<name>``, so that stragglers show in per-rank curves;
 - task 0a's sweep as ``allreduce/<dtype>/<figure>`` with the message size in bytes as the step;
 - the summary (``summary/...``) and the result (``result/...``) as `status RUN` reports them,
-  with the unit in the name where there is one (``_s``, ``_gbps``, ``_us``).
+  with the unit in the name where there is one (``_s``, ``_gbps``, ``_us``);
+- a run with faults or restarts: what they cost in the summary (``faults/goodput``,
+  ``faults/restarts``, ``faults/redone_steps``, ``faults/checkpoint_s``, ``faults/stalled_s``,
+  ``faults/link_down_s``, ``faults/recovery_s``, ``faults/applied``), and each moment of its
+  timeline (:mod:`mlbench.results.timeline`) as a point at its step: ``timeline/faults``,
+  ``timeline/missed``, ``timeline/restarts``, ``timeline/shrinks``, ``timeline/resumes``, each
+  the count so far, so that a tool's curves show where each one fell.
 
 A series' name comes from its event, which workers and plug-ins write, so it can be anything;
 in MLflow's store it becomes a file's path. Every name is exported as a safe key
@@ -32,9 +38,11 @@ from typing import Any
 from mlbench.errors import UsageError
 from mlbench.results.events import NUMERIC_PREFIXES, read_run_events
 from mlbench.results.outcome import AllreduceResult, TrainingResult, read_result
+from mlbench.results.goodput import had_faults, run_faults
 from mlbench.results.report import task_metric
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary, phase_table, summarize
+from mlbench.results.timeline import run_timeline
 from mlbench.jsonfile import read_json
 from mlbench.run_config import RUN_JSON
 from mlbench.tasks.metrics import LATENCY, Metric, get_metric
@@ -269,17 +277,45 @@ def summary_values(record: RunRecord, summary: RunSummary) -> dict[str, float]:
         values[f"result/peak_{metric_key(result.goal_metric)}"] = result.headline
         values[f"result/{metric_key(LATENCY)}"] = result.latency_us
         values["result/wrong_elements"] = result.wrong
+    faults = run_faults(record, summary)
+    if had_faults(faults):
+        accounting = faults.get("time") or {}
+        values.update({
+            "faults/goodput": faults.get("goodput"), "faults/restarts": faults.get("restarts"),
+            "faults/redone_steps": faults.get("lost_steps"), "faults/applied": faults.get("count"),
+            "faults/checkpoint_s": accounting.get("checkpoint_s"), "faults/stalled_s": accounting.get("stalled_s"),
+            "faults/link_down_s": accounting.get("link_down_s"),
+            "faults/recovery_s": sum(faults.get("recover_s") or []),
+        })
     return {k: v for k, v in values.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+#: The series of each kind of timeline moment (its count so far, at the moment's step).
+FAULT_SERIES = {"fault": "timeline/faults", "missed": "timeline/missed", "restart": "timeline/restarts",
+                "shrink": "timeline/shrinks", "resume": "timeline/resumes"}
+
+
+def fault_points(record: RunRecord, events: list[dict[str, Any]]) -> list[Point]:
+    """Each fault, missed fault, restart, shrink and resume of the run as a point at its step."""
+    timeline = run_timeline(record, events=events)
+    counts: dict[str, int] = {}
+    points = []
+    for moment in timeline.moments:
+        if moment.step is None or timeline.origin is None:
+            continue
+        counts[moment.kind] = counts.get(moment.kind, 0) + 1
+        points.append(Point(FAULT_SERIES[moment.kind], counts[moment.kind], moment.step, timeline.origin + moment.at))
+    return points
+
+
 def last_step(points: list[Point]) -> int:
     """The step the summary is written at: the last training step (0 for a sweep)."""
-    return max((p.step for p in points if not p.tag.startswith("allreduce/")), default=0)
+    return max((p.step for p in points if not p.tag.startswith(("allreduce/", "timeline/"))), default=0)
 
 
 def exported_run(record: RunRecord) -> ExportedRun:
     """Everything a run recorded, ready for any exporter."""
     events = read_run_events(record.run_dir)
-    return ExportedRun(run_head(record), event_points(events, SeriesNames(record.id)),
+    return ExportedRun(run_head(record), event_points(events, SeriesNames(record.id)) + fault_points(record, events),
                        summary_values(record, summarize(events)))

@@ -21,7 +21,7 @@ from typing import Any
 
 from mlbench.errors import UsageError
 from mlbench.results.events import EventTail, events_path, read_run_events
-from mlbench.results.export import Point, SeriesNames, event_points, run_head, summary_values
+from mlbench.results.export import Point, SeriesNames, event_points, fault_points, run_head, summary_values
 from mlbench.results.exporters import TOOLS, WRITERS, Writer, check_library, shut_down, writable_folder
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import summarize
@@ -88,7 +88,11 @@ class LiveExport:
         """The last points, the summary at the last step, the run's final state; then each
         tool's own clean-up."""
         self.poll()
-        summary = summary_values(final, summarize(read_run_events(final.run_dir)))
+        events = read_run_events(final.run_dir)
+        marks = fault_points(final, events)
+        if marks:
+            self._each("write", lambda w: w.write(marks))
+        summary = summary_values(final, summarize(events))
         self._each("finish", lambda w: w.finish(summary, self.step, final.state,
                                                  final.finished_at or time.time()))
         for tool in sorted({w.tool for w in self.writers}):

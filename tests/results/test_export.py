@@ -316,3 +316,23 @@ def test_an_export_in_a_process_with_tensorflow_leaves_tensorboard_its_tensorflo
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[-1] == "tensorboard's TensorFlow 2 API: True", proc.stdout
+
+
+@pytest.mark.parametrize("tool", ["tensorboard", "mlflow", "wandb"])
+def test_a_restarted_runs_faults_read_back_as_points_at_their_steps_and_in_its_summary(runs, tool, tmp_path):
+    """A recorded task1a run killed once (rank 1 at 30 s, after its last logged step, 50) and
+    restarted from step 25: the kill at step 51 and the restart at step 25, each a count so far
+    (``timeline/``), and what the faults cost beside the summary (``faults/``); the same in
+    every tool."""
+    from mlbench.results.goodput import run_faults
+
+    store = RunStore(runs["home"])  # type: ignore[arg-type]
+    record = record_run(store, workers=2, tta=9.0, wall=10.0, inject=("kill:rank=1,every=90s",),
+                        on_failure="restart", restarts=({"lost_steps": 7, "from_step": 25, "recovered_s": 1.5},))
+    faults = run_faults(record, summarize(read_run_events(record.run_dir)))
+    export_runs([record], tool, tmp_path / tool)
+    series, last, _ = READERS[tool](tmp_path / tool, record.id)
+    assert series["timeline/faults"] == [(51, 1)] and series["timeline/restarts"] == [(25, 1)], series
+    assert last["faults/restarts"] == 1 and last["faults/redone_steps"] == 7 and last["faults/applied"] == 1
+    assert last["faults/recovery_s"] == 1.5
+    assert last["faults/goodput"] == pytest.approx(faults["goodput"]) and 0 < faults["goodput"] < 1
