@@ -147,9 +147,9 @@ def test_a_launcher_that_cannot_give_each_worker_an_address_refuses_tensorflow_o
 
 def test_a_cluster_run_takes_the_faults_its_supervisor_applies_and_refuses_the_rest_in_one_line(tmp_path):
     """On Kubernetes the supervisor beside the store deletes a killed rank's pod and records a
-    straggler's windows and restarts the group (docs/faults.md, On a cluster); a stall, a shrink
-    and a --checkpoint-dir of this machine (its pods keep them on the service's volume) are
-    refused before anything is recorded."""
+    straggler's windows and restarts the group or goes on with its survivors (docs/faults.md, On a
+    cluster); a stall and a --checkpoint-dir of this machine (its pods keep them on the service's
+    volume) are refused before anything is recorded."""
     pytest.importorskip("kubernetes")
     from mlbench.launch.faults import parse_inject
     from mlbench.launch.kubernetes import KubernetesLauncher
@@ -162,11 +162,10 @@ def test_a_cluster_run_takes_the_faults_its_supervisor_applies_and_refuses_the_r
 
     abilities = KubernetesLauncher.abilities
     abilities.check(config("kill:rank=1,at=30s", "slow:rank=0,factor=3", on_failure="restart"), "cluster")
+    abilities.check(config("kill:rank=1,at=30s", on_failure="shrink"), "cluster")
     for asked, message in [
         (config("stall:rank=1,at=5s"), "--inject stall:rank=1,at=5s: cluster runs cannot inject a stall (they "
                                         "apply kill, slow); run on this machine"),
-        (config(on_failure="shrink"), "--on-failure shrink: cluster runs carry out fail or restart only; run on "
-                                      "this machine"),
         (config(checkpoint_every_steps=20, checkpoint_dir=str(tmp_path)),
          f"--checkpoint-dir {tmp_path}: cluster runs keep their checkpoints on the results service's volume; "
          "leave it out"),

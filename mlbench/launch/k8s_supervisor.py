@@ -148,6 +148,11 @@ class PodProcess:
         return None
 
 
+def _group_size(run: RunRecord, document: RunDocument | None) -> int:
+    """The run's group size now: run.json's (smaller than the run's after a shrink)."""
+    return document.config.workers if document is not None else run.workers
+
+
 def _pending_since(run: RunRecord, document: RunDocument | None) -> float:
     """When the run last became pending: its creation, or its latest resume (run.json)."""
     resumes = document.resumes if document is not None else []
@@ -175,19 +180,21 @@ STOPPED_EXIT_CODE = 143
 
 
 def judge(run: RunRecord, pods: list[PodState], now: float, schedule_timeout: float,
-          pending_since: float | None = None) -> Verdict | None:
+          pending_since: float | None = None, workers: int | None = None) -> Verdict | None:
     """The new state of an active run from its pods, or None when nothing changed.
     ``pending_since``: when the run last became pending (its creation, or its latest `mlbench
-    resume`), from which its pods have ``schedule_timeout`` to be created.
+    resume`), from which its pods have ``schedule_timeout`` to be created; ``workers``: the
+    group's size now (run.json's, smaller than the run's after ``--on-failure shrink``).
 
     A worker whose pod is deleted gets SIGTERM; in a run that writes checkpoints it asks its
     peers to stop with it (they agree at their next clock check and exit 143 after a checkpoint).
     So workers that all stopped so, beside a pod deleted or gone, followed it: the deleted pod is
     to blame, not them (seen on the real node: a deleted worker's peer was named the failure)."""
+    size = workers if workers is not None else run.workers
     failed = [p for p in pods if p.phase in ("Failed", "Unknown")]
     ranks = {p.rank for p in pods}
     gone = [p for p in pods if p.deleting and p.phase != "Succeeded"]
-    vanished = run.state == RUNNING and bool(run.started_at) and len(ranks) < run.workers
+    vanished = run.state == RUNNING and bool(run.started_at) and len(ranks) < size
     if failed and (gone or vanished) and all(p.exit_code == STOPPED_EXIT_CODE for p in failed):
         failed = []
     if failed:
@@ -200,9 +207,9 @@ def judge(run: RunRecord, pods: list[PodState], now: float, schedule_timeout: fl
         return Verdict(FAILED, f"worker {gone[0].rank} (pod {gone[0].name}) was deleted before the run "
                                "ended (evicted, preempted, or deleted by hand)", gone[0])
     if vanished:
-        missing = min(set(range(run.workers)) - ranks)
+        missing = min(set(range(size)) - ranks)
         return Verdict(FAILED, f"the pod of worker {missing} disappeared while the run trained", rank=missing)
-    if len(pods) == run.workers and all(p.phase == "Succeeded" for p in pods):
+    if len(pods) == size and all(p.phase == "Succeeded" for p in pods):
         return Verdict(FINISHED)
     waiting = [p for p in pods if p.phase == "Pending"]
     limit = f"{schedule_timeout / 60:.0f} minutes" if schedule_timeout >= 120 else f"{schedule_timeout:.0f}s"
@@ -213,7 +220,7 @@ def judge(run: RunRecord, pods: list[PodState], now: float, schedule_timeout: fl
                                    f"{pod.problem or 'it was never scheduled'}", pod)
     elif not pods and now - (pending_since or run.created_at) > schedule_timeout:
         return Verdict(FAILED, f"no worker pods were created within {limit}")
-    if run.state == PENDING and len(pods) == run.workers and not waiting:
+    if run.state == PENDING and len(pods) == size and not waiting:
         return Verdict(RUNNING)
     return None
 
@@ -294,7 +301,8 @@ class PodSupervisor:
                 self._restart_when_gone(run, recovery, pods, now)
                 continue
             self._summarize_checkpoints(run, document)
-            verdict = judge(run, pods, now, self._schedule_timeout(document), _pending_since(run, document))
+            verdict = judge(run, pods, now, self._schedule_timeout(document), _pending_since(run, document),
+                            _group_size(run, document))
             if verdict is None:
                 stall = self.watch(run, pods, now, document)
                 if stall is not None:
@@ -396,7 +404,7 @@ class PodSupervisor:
         root = checkpoint_root(run.run_dir, document.config.checkpoint_dir)
         if not root.is_dir():
             return
-        done = complete_checkpoints(root, run.workers).to_dict()
+        done = complete_checkpoints(root, _group_size(run, document)).to_dict()
         if self._summaries.get(run.id) != done:
             write_json_atomic(run.run_dir / SUMMARY_FILE, done)
             self._summaries[run.id] = done
@@ -470,7 +478,7 @@ class PodSupervisor:
         # until then (seen in CI: a resumed run failed on its old rank 0's beat, 'stopped answering')
         group_start = max(_pending_since(run, document), self._restarted_at.get(run.id, 0.0))
         beats = {rank: beat if beat is not None and beat.time >= self.started and beat.started >= group_start
-                 else None for rank, beat in read_beats(run.run_dir, run.workers).items()}
+                 else None for rank, beat in read_beats(run.run_dir, _group_size(run, document)).items()}
         exited = {p.rank for p in pods if p.phase == "Succeeded"}
         since = max(run.started_at, self.started, self._restarted_at.get(run.id, 0.0))
         return watchdog.judge(beats, now, watchdog_s, since, exited)

@@ -30,7 +30,7 @@ from mlbench.frameworks import FRAMEWORKS, PYTORCH
 from mlbench.launch import k8s_objects as objects
 from mlbench.launch import k8s_policy
 from mlbench.launch.base import EventCallback, Launcher, LauncherOption, LaunchSettings, Progress
-from mlbench.launch.faults import FAIL, RESTART
+from mlbench.launch.faults import FAIL, RESTART, SHRINK
 from mlbench.launch.follow import check_rank
 from mlbench.launch.k8s_client import ResultsClient, read_object, transport_for
 from mlbench.launch import k8s_data
@@ -415,12 +415,12 @@ class KubernetesLauncher(Launcher):
                                                   "that image's -F variant]."),)
     follow_seconds = 2.0
     # the cluster's supervisor deletes a killed rank's pod, records a straggler's windows and
-    # restarts the group from the newest checkpoint, which the pods keep on the service's volume
-    # (k8s_supervisor); a pod cannot be stopped from outside; a shrink would need new ranks' pods
+    # restarts the group (or the survivors: a shrink) from the newest checkpoint, which the pods
+    # keep on the service's volume (k8s_supervisor); a pod cannot be stopped from outside
     # every framework whose port the image has (its variant: `worker_image`); every worker pod
     # has an address of its own, which the headless Service names (TensorFlow's peers)
     abilities = LauncherAbilities(frameworks=tuple(FRAMEWORKS), peer_addresses=True,
-                                  fault_kinds=(KILL, SLOW), policies=(FAIL, RESTART),
+                                  fault_kinds=(KILL, SLOW), policies=(FAIL, RESTART, SHRINK),
                                   checkpoint_dir=objects.CHECKPOINT_DIR)
     plugin_limit = objects.PLUGIN_LIMIT  # a plug-in's source travels in the run's ConfigMap
     resumable = True  # the service makes the run ready from the checkpoints on its volume

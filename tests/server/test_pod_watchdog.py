@@ -456,3 +456,56 @@ def test_a_restarted_groups_pods_that_ended_are_removed_without_waiting_for_thei
     assert {name: (pod["phase"], pod["deleting"]) for name, pod in pods.pods.items()} == {
         pod_name(record.id, 0): ("Pending", False), pod_name(record.id, 1): ("Pending", False)}
     assert "run.json" in pods.config_maps[f"mlbench-run-{record.id}"].data
+
+
+def test_a_shrink_on_a_cluster_goes_on_with_the_survivors_pods_from_their_renumbered_checkpoint(tmp_path):
+    """``--on-failure shrink`` on a cluster: rank 1's pod failed; once the group's pods are gone
+    the survivors' checkpoint files are renumbered (old rank 2's becomes rank 1's), run.json and
+    the run's ConfigMap say 2 workers, and only ranks 0 and 1 get pods again. The group's size
+    is run.json's from then on: its two pods succeeding finish the run (the run's own count
+    stays 3, the size it started at)."""
+    from mlbench.results.checkpoints import rank_file
+    from mlbench.results.events import FileSink
+
+    service = ResultsService(tmp_path / "store", WORKER_TOKEN, ADMIN_TOKEN)
+    pods = GracefulPods()
+    supervisor = PodSupervisor(service.store, pods, "mlbench-test")
+    mlbench("run", "task2a", "3", "--data", "synthetic", "--max-steps", "100000000", "--record-only", check=True)
+    body = json.loads((RunStore().list()[-1].run_dir / "run.json").read_text())
+    body["config"].update(on_failure="shrink", max_restarts=0, checkpoint_every_steps=10,
+                          checkpoint_dir=str(tmp_path / "volume"))
+    body["placement"] = Placement("mlbench-test", "mlbench:test", 1, 1000, 1024).to_dict()
+    record = service.store.create(task=body["task"], workers=3, division=body["division"], launcher="kubernetes",
+                                  run_json={k: v for k, v in body.items() if k not in ("id", "name")})
+    root = tmp_path / "volume" / record.id
+    for rank in range(3):   # a complete checkpoint of step 10, each rank's file its own
+        path = rank_file(root, 10, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(f"state of old rank {rank}".encode())
+    service.store.update(record.id, state=RUNNING, started_at=time.time())
+    for rank, phase in ((0, "Running"), (1, "Failed"), (2, "Running")):
+        pods.add(record.id, rank, phase, code=1 if phase == "Failed" else None)
+    supervisor.check_once()   # rank 1 failed: the group ends
+    for pod in pods.pods.values():
+        pod.update(phase="Failed", code=143)   # the others stopped on SIGTERM
+    supervisor.check_once()   # removed
+    supervisor.check_once()   # gone: the shrink is recorded, the survivors' pods created
+    document = json.loads((record.run_dir / "run.json").read_text())
+    (shrink,) = document["faults"]["restarts"]
+    assert (shrink["survivors"], shrink["workers"], shrink["from_step"]) == ([0, 2], 2, 10), shrink
+    assert document["config"]["workers"] == 2
+    assert json.loads(pods.config_maps[f"mlbench-run-{record.id}"].data["run.json"])["config"]["workers"] == 2
+    assert rank_file(root, 10, 1).read_bytes() == b"state of old rank 2" and not rank_file(root, 10, 2).exists()
+    assert sorted(pods.pods) == [pod_name(record.id, 0), pod_name(record.id, 1)]
+    for rank in range(2):
+        pods.pods[pod_name(record.id, rank)].update(phase="Running")
+    supervisor.check_once()
+    assert service.store.get(record.id).active   # two pods of two: not a vanished third
+    sink = FileSink(record.run_dir, 0)
+    sink.write({"time": time.time(), "rank": 0, "epoch": 1.0, "step": 20, "name": "result", "value": {"steps": 20}})
+    sink.close()
+    for rank in range(2):
+        pods.pods[pod_name(record.id, rank)].update(phase="Succeeded", code=None)
+    supervisor.check_once()
+    ended = service.store.get(record.id)
+    assert (ended.state, ended.workers) == ("finished", 3), ended.reason
