@@ -22,6 +22,15 @@ from tests.helpers import last_run, mlbench, run_json
 pytestmark = pytest.mark.ram_home
 
 
+def finished_run(libsvm_dir, workers: int, steps: int, *options: str) -> tuple:
+    """A task2a run of ``workers`` to ``steps`` steps with ``options``, finished: it and its faults."""
+    mlbench("run", "task2a", str(workers), "--data-dir", str(libsvm_dir), *OPTIONS, "--max-steps", str(steps),
+            *options, check=True)
+    run = last_run()
+    assert run.state == "finished" and run.result["steps"] == steps, run.reason
+    return run, run_json(run)["faults"]
+
+
 def mllog(run, tmp_path) -> list[dict]:
     """The run's MLPerf log records (`mlbench download --format mlperf`), in order."""
     from mlbench.results.mllog import TOKEN, write_mllog
@@ -121,12 +130,9 @@ def test_two_ranks_killed_at_one_moment_are_one_failure_and_a_shrink_leaves_both
     (before, rank 1's death was handled alone and the killed rank 2 went on as a 'survivor').
     Rank 0 is slowed 4x (it sleeps three times its compute after each step), so that the run
     lasts past 4 s on an idle machine too."""
-    mlbench("run", "task2a", "3", "--data-dir", str(libsvm_dir), *OPTIONS, "--checkpoint-every", "10steps",
-            "--max-steps", "3000", "--inject", "kill:rank=1,at=4s", "--inject", "kill:rank=2,at=4s",
-            "--inject", "slow:rank=0,factor=4", "--on-failure", "shrink", check=True)
-    run = last_run()
-    assert run.state == "finished" and run.result["steps"] == 3000, run.reason
-    faults = run_json(run)["faults"]
+    run, faults = finished_run(libsvm_dir, 3, 3000, "--checkpoint-every", "10steps", "--inject", "kill:rank=1,at=4s",
+                               "--inject", "kill:rank=2,at=4s", "--inject", "slow:rank=0,factor=4",
+                               "--on-failure", "shrink")
     (shrink,) = faults["restarts"]
     assert (shrink["survivors"], shrink["workers"]) == ([0], 1), shrink
     kills = [i for i, e in enumerate(faults["events"]) if e["kind"] == "kill"]
@@ -162,12 +168,9 @@ def test_a_kill_due_while_a_restart_is_under_way_is_recorded_as_missed(libsvm_di
     (from step 0) waits a second's back-off; rank 0's kill at 5 s falls in that restart and is
     recorded as missed, not struck on the new group (before, it was a second restart). Rank 1 is
     slowed 3x, so that the run lasts past 5 s on an idle machine too."""
-    mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), *OPTIONS, "--checkpoint-every", "100000steps",
-            "--max-steps", "1500", "--inject", "kill:rank=1,at=4s", "--inject", "kill:rank=0,at=5s",
-            "--inject", "slow:rank=1,factor=3", "--on-failure", "restart:3", check=True)
-    run = last_run()
-    assert run.state == "finished" and run.result["steps"] == 1500, run.reason
-    faults = run_json(run)["faults"]
+    run, faults = finished_run(libsvm_dir, 2, 1500, "--checkpoint-every", "100000steps",
+                               "--inject", "kill:rank=1,at=4s", "--inject", "kill:rank=0,at=5s",
+                               "--inject", "slow:rank=1,factor=3", "--on-failure", "restart:3")
     (restart,) = faults["restarts"]
     assert (restart["ranks"], restart["from_step"], restart["progressed"], restart["backoff_s"]) == ([1], 0, False, 1.0)
     assert restart["recovered_s"] >= 1.0
