@@ -417,6 +417,33 @@ def test_a_kill_and_a_hang_restart_the_group_from_its_checkpoint_a_third_failure
     wait_gone(ns, run_id)
 
 
+def test_a_kill_with_shrink_goes_on_with_the_survivors_pod_from_the_checkpoint(on_node):
+    """``--on-failure shrink`` on a cluster: the supervisor deletes rank 1's pod on the fault
+    clock, ends the group, and once its pods are gone creates one pod, rank 0's, from the run's
+    ConfigMap, which now names 1 worker and the checkpoint; that group trains on from the
+    checkpoint (its first steps follow it) to the time budget, and the run finishes as a shrunk,
+    open-division run of 2 -> 1 workers. Rank 0 is paced (PACED) so that the steps cost little
+    CPU while the fault clock runs; the kill comes at 60 s, after the first checkpoint (as in the
+    restart test above)."""
+    ns = on_node
+    run_id = start_detached(*ENDLESS, "--checkpoint-every", "5steps", "--log-every", "5", "--on-failure", "shrink",
+                            "--max-steps", "100000", "--time-budget", "75s", *PACED,
+                            "--inject", "kill:rank=1,at=60s")
+    final = follow_to_end(ns, run_id, 600)
+    assert final.state == "finished" and final.result["stop_reason"] == "time-budget", (final.reason,
+                                                                                       kept_logs(final))
+    document = json.loads((final.run_dir / "run.json").read_text())
+    (shrink,) = document["faults"]["restarts"]
+    assert (shrink["survivors"], shrink["workers"], document["config"]["workers"]) == ([0], 1, 1), shrink
+    assert shrink["from_step"] > 0 and shrink["recovered_s"] > 0, shrink
+    after = [e["step"] for e in read_run_events(final.run_dir)
+             if e["name"] == "train/loss" and e.get("rank", 0) == 0 and e["time"] > shrink["at"]]
+    assert after and shrink["from_step"] < min(after) <= shrink["from_step"] + 5, (shrink, after[:5])
+    shown = mlbench_cli("status", run_id).output
+    assert re.search(r"workers\s+2 -> 1", shown) and "workers 2 -> 1 (shrank)" in shown, shown
+    wait_gone(ns, run_id)
+
+
 def test_a_restart_of_the_nodes_engine_ends_the_run_marked_and_removes_its_objects(on_node):
     ns = on_node
     run_id = start_detached(*ENDLESS, *PACED)
