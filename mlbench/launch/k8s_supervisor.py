@@ -20,14 +20,17 @@ that explains it, in its reason and its fault events, as a local run's superviso
 `status`, `compare` and goodput read a cluster run's faults as a local run's.
 
 With ``--on-failure restart`` a run whose worker failed, stalled or lost its pod (a kill) is
-not ended but restarted, as a local run is: the group's pods are deleted (a second's grace);
-once they are gone (or in a final phase, their containers ended: their objects are then removed
-at once), the run goes back to its newest complete checkpoint (kept on the service's
-volume, which its pods mount: :data:`mlbench.launch.k8s_objects.CHECKPOINT_DIR`) and records the
-restart in its run.json (:func:`mlbench.launch.injector.record_restart`, the local supervisor's
-own), the run's ConfigMap gets that run.json (the checkpoint to go on from), and the pods are
-created again from it (:func:`mlbench.launch.k8s_objects.worker_pods`, as the CLI created them).
-The restarts allowed are counted from run.json, so a supervisor started again goes on counting.
+not ended but restarted, as a local run is, by the recovery every supervisor shares
+(:mod:`mlbench.launch.recovery`): the group's pods are deleted (a second's grace); once they are
+gone (or in a final phase, their containers ended: their objects are then removed at once), the
+run goes back to its newest complete checkpoint (kept on the service's volume, which its pods
+mount: :data:`mlbench.launch.k8s_objects.CHECKPOINT_DIR`) and records the restart in its
+run.json, the run's ConfigMap gets that run.json (the checkpoint to go on from), and once the
+back-off is over the pods are created again from it (:func:`mlbench.launch.k8s_objects.worker_pods`,
+as the CLI created them). With ``--on-failure shrink`` only the survivors get pods, ranked in
+their order, from their renumbered checkpoint files; the group's size is run.json's from then on.
+The restarts allowed are counted from run.json since the run's latest resume, so a supervisor
+started again goes on counting.
 
 Its service account may only list pods, read their logs, delete pods, services and configmaps,
 create pods and read and patch configmaps (the last two for restarts; see

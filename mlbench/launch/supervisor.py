@@ -4,9 +4,11 @@ records how the run ended, and stops what is left.
 It binds the rendezvous socket to 127.0.0.1 on a port the OS picks, starts ``python -m
 mlbench.worker RUN_DIR --rank r`` for every rank, each in its own session (so a Ctrl-C at the
 terminal reaches the supervisor only) and tied to the supervisor's life (PR_SET_PDEATHSIG). One
-worker failing ends the others and marks the run failed with that worker's reason; a cancel ends
-them and marks it cancelled; every worker exits within seconds either way, and whatever was
-recorded stays in the run folder.
+worker failing ends the others; what follows (the run failed with that worker's reason, or the
+group restarted or shrunk under ``--on-failure``) is the recovery's decision
+(:mod:`mlbench.launch.recovery`, shared with the Slurm and cluster supervisors). A cancel ends
+them and marks the run cancelled; every worker exits within seconds either way, and whatever
+was recorded stays in the run folder.
 
 A run with a ``network`` in run.json (``--bandwidth``/``--latency``, :mod:`mlbench.network`) is
 started on an emulated network instead: the supervisor first starts the process that holds the

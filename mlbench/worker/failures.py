@@ -7,7 +7,7 @@ Failure classes, as Kubernetes' pod failure policy has them: a failure that no r
 that cannot be read, a divergence, which an exact resume repeats) is *permanent*: the worker exits
 with :data:`PERMANENT_EXIT` and, where it can still write, records why (``error/permanent``), and
 every supervisor ends the run at once with that reason instead of restarting it
-(:func:`mlbench.launch.injector.next_group`). Anything else (a killed or stalled peer, a lost
+(:meth:`mlbench.launch.recovery.Recovery.failure`). Anything else (a killed or stalled peer, a lost
 link, an error of torch's collectives) is transient: a restart may mend it.
 """
 
