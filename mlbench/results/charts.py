@@ -223,6 +223,18 @@ def loss_accuracy_chart(comparison: Comparison) -> Figure:
     return fig
 
 
+#: The hatches that tell apart the bars of families beyond what their shade can.
+_HATCHES = ("", "//", "..", "xx", "\\\\", "++", "--", "oo")
+
+
+def bar_style(index: int, families: int) -> tuple[float, str]:
+    """(alpha, hatch) of family ``index`` of ``families`` in a bar figure: shades from 1.0 down to
+    0.35 spread over the families, and a hatch per run of shades, so that any number of families
+    stays drawable and each pair differs."""
+    alpha = 1.0 - 0.65 * (index % 4) / 3 if families > 1 else 1.0
+    return round(alpha, 3), _HATCHES[(index // 4) % len(_HATCHES)]
+
+
 def communication_chart(comparison: Comparison) -> Figure:
     fig, ax = _figure()
     families = comparison.families()
@@ -236,9 +248,10 @@ def communication_chart(comparison: Comparison) -> Figure:
         comm = [100 * share for _, share in shares if share is not None]
         comp = [100 - c for c in comm]
         suffix = f" ({labels[family]})" if len(families) > 1 or not only_pytorch(list(families)) else ""
-        ax.bar(x, comp, width=width, color="#4c72b0", alpha=1.0 - 0.25 * i, edgecolor="white",
+        alpha, hatch = bar_style(i, len(families))
+        ax.bar(x, comp, width=width, color="#4c72b0", alpha=alpha, hatch=hatch, edgecolor="white",
                label=f"computation{suffix}")
-        ax.bar(x, comm, width=width, bottom=comp, color="#dd8452", alpha=1.0 - 0.25 * i,
+        ax.bar(x, comm, width=width, bottom=comp, color="#dd8452", alpha=alpha, hatch=hatch,
                edgecolor="white", label=f"communication{suffix}")
         for xx, g in zip(x, bars):
             ratio = g.communication_seconds / g.compute_seconds if g.compute_seconds else float("inf")
