@@ -442,7 +442,8 @@ def _check_port_options(config: RunConfig, request: RunRequest) -> None:
                    (config.channels_last, "--channels-last"), (config.backend != "gloo", f"--backend {config.backend}"),
                    (request.network is not None, "an emulated network"),
                    (bool(config.faults), "--inject"),
-                   (config.on_failure != "fail", f"--on-failure {config.on_failure}")]
+                   (config.on_failure != "fail", f"--on-failure {config.on_failure}"),
+                   (config.checkpoints, "--checkpoint-every")]   # a port writes no checkpoint
     for given, what in unsupported:
         if given:
             raise UsageError(f"--framework {name}: {what} is not in this port yet (it runs on CPUs, over gloo)",

@@ -53,6 +53,9 @@ def test_a_task_without_a_tensorflow_port_is_one_line_and_records_nothing():
     (["--optimizer", "powersgd"], "--framework jax trains with the task's reference optimizer only; "
                                    "drop --optimizer/--opt"),
     (["--time-budget", "1m"], "--framework jax: --time-budget is not in this port yet (it runs on CPUs, over gloo)"),
+    # accepted before, and the port wrote no checkpoint: `status` said "none written yet", resume refused
+    (["--checkpoint-every", "20steps"],
+     "--framework jax: --checkpoint-every is not in this port yet (it runs on CPUs, over gloo)"),
 ])
 def test_what_the_jax_port_does_not_offer_is_refused_before_anything_is_recorded(args, message):
     skip_unless_installed("jax")
