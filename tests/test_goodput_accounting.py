@@ -115,3 +115,14 @@ def test_a_shrink_redoes_the_steps_past_its_checkpoint_and_its_wall_time_is_the_
     wall = run.finished_at - run.started_at
     assert figures["wall_s"] == pytest.approx(wall, abs=2e-3)
     assert figures["goodput"] == pytest.approx((run.result["train_time"] - checkpoints) / wall, abs=1e-3)
+
+
+def test_a_sweep_of_task0a_has_no_goodput_since_it_trains_nothing():
+    """Task 0a measures the all-reduce: no step of it trains, so no surface shows a goodput
+    (`status RUN` showed 93.7% beside 0.0 s of training)."""
+    mlbench("run", "task0a", "2", "--max-size", "1e4", check=True)
+    run = RunStore().list()[-1]
+    assert run.state == "finished" and run.result["kind"] == "allreduce", run.reason
+    status = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
+    assert (status["faults"]["goodput"], status["faults"]["time"]) == (None, None)
+    assert "goodput" not in mlbench("status", run.id, check=True).stdout

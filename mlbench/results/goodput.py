@@ -41,6 +41,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from mlbench.results.events import events_path, parse_lines, read_rank_events, read_run_events
+from mlbench.results.outcome import AllreduceResult, read_result
 from mlbench.results.faults import LINK_DOWN, SLOW, STALL, policy_text, worker_sizes, workers_label
 from mlbench.results.store import RunRecord
 from mlbench.results.summary import RunSummary
@@ -247,7 +248,9 @@ def run_faults(record: RunRecord, summary: RunSummary,
     if config is not None:
         policy = policy_text(config.on_failure, config.max_restarts)
     link_down = link_down_blocked(applied, events)
-    accounting = time_accounting(record, document, rank0, applied, link_down, restarts)
+    # task 0a's sweep trains nothing: no goodput to speak of (its result's time is the sweep's)
+    swept = isinstance(read_result(record.result), AllreduceResult)
+    accounting = None if swept else time_accounting(record, document, rank0, applied, link_down, restarts)
     return {
         "injected": [f.get("text") for f in (config.faults if config is not None else [])],
         "on_failure": policy,
