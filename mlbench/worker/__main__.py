@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mlbench.errors import MlbenchError
-from mlbench.results.events import EventWriter, FileSink
+from mlbench.results.events import EventWriter, FileSink, events_path, read_rank_events
 from mlbench.worker.failures import PERMANENT_EXIT, permanent_cause, record_error, say, stalled_peer, worker_failed
 from mlbench.results.http_sink import beat_sender, open_sink
 from mlbench.run_config import RunConfig, RunDocument
@@ -57,6 +57,15 @@ class StopRequest:
 
     def __call__(self) -> bool:
         return self.requested
+
+
+def finished_already(run_dir: Path, document: RunDocument) -> bool:
+    """Whether rank 0 recorded the run's result since its latest resume (`mlbench resume`, which
+    a finished run may get, to a larger step cap): its workers started again, by a user's torchrun
+    or srun on a ``--record-only`` run, would append a second copy of every event to its files."""
+    resumed = max((float(r["at"]) for r in document.resumes if isinstance(r.get("at"), (int, float))), default=None)
+    return any(e["name"] == "result" and (resumed is None or float(e.get("time") or 0.0) > resumed)
+               for e in read_rank_events(events_path(run_dir, 0)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,6 +99,11 @@ def _main(argv: list[str] | None) -> int:
         what = "holds no run.json" if isinstance(err, FileNotFoundError) else f"has no readable run.json ({err})"
         print(f"Error: {args.run_dir} {what}: give the run folder that `mlbench run --record-only` "
               "printed in its commands", file=sys.stderr)
+        return 2
+    if finished_already(args.run_dir, document):
+        print(f"Error: the run in {args.run_dir} has finished already (its result is recorded), and its workers "
+              "would add a second copy of every event: record a new run (`mlbench run ... --record-only`), or "
+              "go on from its checkpoint with `mlbench resume`", file=sys.stderr)
         return 2
     config = document.config
     stop.polite = config.checkpoints
