@@ -215,7 +215,8 @@ def _overview(store: RunStore, record: RunRecord) -> RunInfo:
 
 def _details(store: RunStore, record: RunRecord) -> Run:
     record = launcher_of(store, record).reconcile(record)
-    document = run_details(record, summarize(read_run_events(record.run_dir)))
+    events = read_run_events(record.run_dir)
+    document = run_details(record, summarize(events), events)
     return Run(**document, run_dir=record.run_dir, _record=record, _store=store)
 
 

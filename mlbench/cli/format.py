@@ -157,7 +157,8 @@ def network_note(run: RunRecord) -> str:
     return f", network {label} (emulated)" if label else ""
 
 
-def print_run_details(run: RunRecord, summary: RunSummary) -> None:
+def print_run_details(run: RunRecord, summary: RunSummary, events: list[dict[str, Any]] | None = None) -> None:
+    """`mlbench status RUN` as a table (``events``: the run's, as ``summary`` was made of them)."""
     rows = [["id", run.id], ["name", run.name], ["task", run.task], ["framework", framework_of(run)],
             ["workers", run_workers_label(run)],
             ["state", run.state + (f" ({run.reason})" if run.reason else "")],
@@ -203,7 +204,7 @@ def print_run_details(run: RunRecord, summary: RunSummary) -> None:
             sent = sum(summary.bytes_sent.values()) / max(1, len(summary.bytes_sent))
             click.echo(f"\nCompute vs communication: communication/compute = {ratio:.3f}; "
                        f"{fmt_bytes(sent)} sent per worker")
-    timeline = run_timeline(run, document)
+    timeline = run_timeline(run, document, events)
     if timeline.moments:
         click.echo("\nFaults and recovery (seconds since the first start; each failure's errors under it):")
         click.echo("\n".join(timeline_lines(timeline)))

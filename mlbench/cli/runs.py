@@ -222,8 +222,9 @@ def status(run_ref, show_all, sort_key, limit, follow, output) -> None:
     if follow:
         sys.exit(follow_progress(run).exit_code)
     record = run.record
-    summary = summarize(read_run_events(record.run_dir))
-    print_run_details(record, summary)
+    events = read_run_events(record.run_dir)
+    summary = summarize(events)
+    print_run_details(record, summary, events)
     if record.result and record.result.get("kind") == "allreduce":
         print_allreduce_table(record.result)
     print_compression(summary)

@@ -297,11 +297,15 @@ def restart_counts(run_dir: Path, workers: int, fault: dict[str, Any] | None) ->
     of restarting for ever. Kubernetes' podFailurePolicy (``Ignore`` for disruptions) and
     JobSet's ``RestartJobSetAndIgnoreMaxRestarts`` leave failures that are not the job's out of
     its limit alike. The supervisors pass the answer to :func:`record_restart` (``counted``)."""
-    if fault is None:
-        return True
+    return fault is None or not group_progressed(run_dir, workers)
+
+
+def group_progressed(run_dir: Path, workers: int) -> bool:
+    """Whether the group of ``workers`` wrote a complete checkpoint past the step it started from
+    (run.json's ``resume_step``): what :func:`restart_counts` and the recovery's back-off ask."""
     config = RunDocument.load(run_dir).config
     newest = complete_checkpoints(checkpoint_root(run_dir, config.checkpoint_dir), workers).newest
-    return newest is None or newest <= (config.resume_step or 0)
+    return newest is not None and newest > (config.resume_step or 0)
 
 
 def next_group(on_failure: str, max_restarts: int, restarts: Sequence[Mapping[str, Any]], workers: int,

@@ -48,6 +48,7 @@ from mlbench.launch.injector import (
     Network,
     Process,
     check_recovered,
+    group_progressed,
     next_group,
     reached_step,
     record_restart,
@@ -56,7 +57,6 @@ from mlbench.launch.injector import (
     uncounted_note,
 )
 from mlbench.launch.run_folder import permanent_failure
-from mlbench.results.checkpoints import checkpoint_root, complete_checkpoints
 from mlbench.run_config import RunDocument
 
 RUNNING, ENDING, BACKING_OFF, RECOVERING = "running", "ending", "backing off", "recovering"
@@ -80,13 +80,6 @@ def backoff_s(restarts: Sequence[Mapping[str, Any]], progressed: bool) -> float:
             break
         in_a_row += 1
     return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** in_a_row)
-
-
-def group_progressed(run_dir: Path, workers: int) -> bool:
-    """Whether the group of ``workers`` wrote a complete checkpoint past the step it started from."""
-    config = RunDocument.load(run_dir).config
-    newest = complete_checkpoints(checkpoint_root(run_dir, config.checkpoint_dir), workers).newest
-    return newest is not None and newest > (config.resume_step or 0)
 
 
 @dataclass

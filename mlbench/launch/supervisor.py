@@ -306,9 +306,7 @@ class WorkerProcesses:
         assert recovery is not None
         if recovery.state == BACKING_OFF:   # no group: its next one starts once the back-off is over
             recovery.tick([])
-            if recovery.may_start():
-                self.start(restarting=True)
-                recovery.started()
+            self._start_when_due()
             return self.store.get(self.run.id)
         recovery.tick(self.procs, self.network)
         codes = [p.poll() for p in self.procs]
@@ -325,6 +323,13 @@ class WorkerProcesses:
         elif (stall := self.watch(codes)) is not None:
             self.failed(stall.ranks, stall.reason)  # SIGKILL reaches a stopped process too
         return self.store.get(self.run.id)
+
+    def _start_when_due(self) -> None:
+        """Start the next group once the recovery's back-off is over."""
+        assert self.recovery is not None
+        if self.recovery.may_start():
+            self.start(restarting=True)
+            self.recovery.started()
 
     def causes(self, failed: dict[int, int]) -> list[int]:
         """The ranks whose exit is a failure of their own, among those that exited with ``failed``
@@ -349,9 +354,7 @@ class WorkerProcesses:
             entry = self.recovery.group_ended()
             print(f"mlbench: {self.recovery.line(entry)}", file=sys.stderr, flush=True)
             self.procs = []
-            if self.recovery.may_start():
-                self.start(restarting=True)
-                self.recovery.started()
+            self._start_when_due()
             return
         self.stop_all(grace=0 if decision.faults else TERMINATE_GRACE_SECONDS)
         self._mark_ended(FAILED, reason=decision.reason + decision.given_up)

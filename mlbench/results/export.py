@@ -245,9 +245,11 @@ def metric_key(metric: Metric) -> str:
     return metric.name.replace(" ", "_") + unit
 
 
-def summary_values(record: RunRecord, summary: RunSummary) -> dict[str, float]:
+def summary_values(record: RunRecord, summary: RunSummary,
+                   events: list[dict[str, Any]] | None = None) -> dict[str, float]:
     """The run's figures as `status RUN` reports them (None and non-finite values left out):
-    throughput, training time, phases (mean and max over workers), bytes, the result."""
+    throughput, training time, phases (mean and max over workers), bytes, the result, what
+    faults cost (``events``: the run's, when the caller has read them)."""
     values: dict[str, float | int | None] = {
         "summary/steps": summary.steps, "summary/samples": summary.samples,
         "summary/train_time_s": summary.train_time,
@@ -277,7 +279,7 @@ def summary_values(record: RunRecord, summary: RunSummary) -> dict[str, float]:
         values[f"result/peak_{metric_key(result.goal_metric)}"] = result.headline
         values[f"result/{metric_key(LATENCY)}"] = result.latency_us
         values["result/wrong_elements"] = result.wrong
-    faults = run_faults(record, summary)
+    faults = run_faults(record, summary, events)
     if had_faults(faults):
         accounting = faults.get("time") or {}
         values.update({
@@ -318,4 +320,4 @@ def exported_run(record: RunRecord) -> ExportedRun:
     """Everything a run recorded, ready for any exporter."""
     events = read_run_events(record.run_dir)
     return ExportedRun(run_head(record), event_points(events, SeriesNames(record.id)) + fault_points(record, events),
-                       summary_values(record, summarize(events)))
+                       summary_values(record, summarize(events), events))

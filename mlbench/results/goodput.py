@@ -53,7 +53,7 @@ FAULTS_SECTION = "faults"
 STRAGGLER_SPREAD = 1.5
 
 
-def _starts(record: RunRecord, document: RunDocument | None) -> list[tuple[float, float]]:
+def run_starts(record: RunRecord, document: RunDocument | None) -> list[tuple[float, float]]:
     """(start, end) of each start of the run: those its resumes ended, then the current one."""
     spans = []
     for resume in (document.resumes if document is not None else []):
@@ -97,7 +97,7 @@ def _final_trajectory(events: Iterable[dict[str, Any]],
     return clock, checkpoint_s, logged
 
 
-def _struck(at: float, logged: list[tuple[float, int]]) -> int:
+def struck_step(at: float, logged: list[tuple[float, int]]) -> int:
     """The step a fault at wall time ``at`` struck: the first after the last one logged before it."""
     before = [step for t, step in logged if t <= at]
     return (before[-1] if before else 0) + 1
@@ -124,7 +124,7 @@ def time_accounting(record: RunRecord, document: RunDocument | None, rank0: list
     """The run's time, split as the module says: ``wall_s``, ``train_s``, ``checkpoint_s``,
     ``stalled_s``, ``link_down_s``, ``productive_s``, ``goodput``, ``redone_steps`` (None before
     it trained)."""
-    spans = _starts(record, document)
+    spans = run_starts(record, document)
     resumes = document.resumes if document is not None else []
     again = [(float(r["at"]), int(r.get("from_step") or 0)) for r in [*restarts, *resumes]
              if isinstance(r.get("at"), (int, float))]
@@ -136,7 +136,7 @@ def time_accounting(record: RunRecord, document: RunDocument | None, rank0: list
         return None
     stalled_s = sum(float(e.get("for") or 0.0) for e in applied
                     if e.get("kind") == STALL and not e.get("missed") and isinstance(e.get("time"), (int, float))
-                    and not _thrown_away(float(e["time"]), _struck(float(e["time"]), logged), again))
+                    and not _thrown_away(float(e["time"]), struck_step(float(e["time"]), logged), again))
     link_down_s = float(link_down["blocked_s"]) if link_down else 0.0
     productive_s = max(0.0, train_s - checkpoint_s - stalled_s - link_down_s)
     offsets = [int(r.get("events_from") or 0) for r in resumes]

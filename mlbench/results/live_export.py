@@ -92,7 +92,7 @@ class LiveExport:
         marks = fault_points(final, events)
         if marks:
             self._each("write", lambda w: w.write(marks))
-        summary = summary_values(final, summarize(events))
+        summary = summary_values(final, summarize(events), events)
         self._each("finish", lambda w: w.finish(summary, self.step, final.state,
                                                  final.finished_at or time.time()))
         for tool in sorted({w.tool for w in self.writers}):

@@ -516,9 +516,11 @@ def describe_resumes(resumes: list[dict[str, Any]]) -> str | None:
                                           for r in resumes)
 
 
-def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
+def run_details(record: RunRecord, summary: RunSummary,
+                events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One run as `mlbench status RUN` shows it: the overview, the summary of its metric events
-    over all workers, its result as recorded and the result sentence."""
+    over all workers (``events``: those events, when the caller has read them), its result as
+    recorded and the result sentence."""
     phases = {phase: {"mean": mean, "max": top, "share": share}
               for phase, mean, top, share in phase_table(summary)} if summary.ranks else {}
     evals = list(summary.eval_seconds.values())
@@ -550,7 +552,7 @@ def run_details(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
         "result_sentence": result.sentence() if result else None,
         **run_recovery(record),
         "faults": run_faults(record, summary),
-        "timeline": run_timeline(record).to_dict(),
+        "timeline": run_timeline(record, events=events).to_dict(),
         **({"allreduce": sweep} if sweep else {}),
     }
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from mlbench.results.events import read_run_events
 from mlbench.results.faults import describe_fault
-from mlbench.results.goodput import FAULTS_SECTION
+from mlbench.results.goodput import FAULTS_SECTION, run_starts, struck_step
 from mlbench.results.store import RunRecord
 from mlbench.run_config import RunDocument
 
@@ -59,14 +59,6 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _first_start(record: RunRecord, document: RunDocument | None) -> float | None:
-    starts = [float(r["ended_start"]["started_at"]) for r in (document.resumes if document else [])
-              if isinstance(r.get("ended_start"), dict) and _number(r["ended_start"].get("started_at"))]
-    if record.started_at is not None:
-        starts.append(float(record.started_at))
-    return min(starts, default=None)
-
-
 def _fault_text(event: dict[str, Any]) -> tuple[str, str]:
     what = describe_fault(event)
     if event.get("missed"):
@@ -98,20 +90,18 @@ def run_timeline(record: RunRecord, document: RunDocument | None = None,
     """The :class:`Timeline` of a run from run.json (``faults``, ``resumes``) and its events
     (``events``: every rank's, when already read)."""
     document = document if document is not None else RunDocument.load_or_none(record.run_dir)
-    origin = _first_start(record, document)
+    origin = min((begin for begin, _ in run_starts(record, document)), default=None)
     every = events if events is not None else read_run_events(record.run_dir)
     logged = [(float(e["time"]), int(e.get("step") or 0)) for e in every
               if e.get("name") == "train/steps" and e.get("rank", 0) == 0 and _number(e.get("time"))]
-
-    def struck(when: float) -> int:
-        return max(((t, step) for t, step in logged if t <= when), default=(0.0, 0))[1] + 1   # the latest logged
 
     section = (document.extra.get(FAULTS_SECTION) if document is not None else None) or {}
     happened: list[tuple[float, Moment, float | None]] = []   # (unix time, moment, when its next group started)
     for event in section.get("events") or []:
         if isinstance(event, dict) and _number(event.get("time")) and event.get("kind"):
             kind, text = _fault_text(event)
-            happened.append((float(event["time"]), Moment(0.0, kind, text, struck(float(event["time"]))), None))
+            struck_at = float(event["time"])
+            happened.append((struck_at, Moment(0.0, kind, text, struck_step(struck_at, logged)), None))
     for number, entry in enumerate(section.get("restarts") or [], 1):
         if isinstance(entry, dict) and _number(entry.get("at")):
             kind, text = _restart_text(number, entry)
