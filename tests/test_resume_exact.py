@@ -81,6 +81,18 @@ def test_powersgd_resumes_exactly_with_its_error_feedback_and_q_matrices(tmp_pat
     assert_resume_is_exact(config, tmp_path, 3, 3)
 
 
+@pytest.mark.parametrize("optimizer,options,n", [
+    ("diloco", {"H": "2"}, 3),                                        # stops one step into a round
+    ("streaming-diloco", {"H": "4", "fragments": "2", "overlap": "1", "outer_dtype": "bf16"}, 4),  # in flight
+    ("sparseloco", {"H": "2", "density": "0.05"}, 3),                 # with its error feedback
+])
+def test_the_diloco_family_resumes_exactly(tmp_path, optimizer, options, n):
+    spec, _ = resolve(TASK2A, {"batch_per_worker": 500})
+    config = RunConfig(task=spec, workers=1, data="synthetic", log_every=2, optimizer=optimizer,
+                       optimizer_options=options)
+    assert_resume_is_exact(config, tmp_path, n, 4)
+
+
 def test_task1a_resumes_exactly(tmp_path, cifar_small_dir):
     spec, _ = resolve(TASK1A, {"batch_per_worker": 16})
     config = RunConfig(task=spec, workers=1, data_dir=str(cifar_small_dir), log_every=2, eval_batch_size=500)

@@ -561,7 +561,7 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
                          "(error feedback, local models): survivors cannot go on without the lost rank's; "
                          "use restart, or an all-reduce optimizer such as centralized-sgd", option="on_failure")
     spec = config.task
-    if isinstance(spec, TaskSpec) and spec.settings.needs_averaged_gradient and not optimizer.supports_grad_hook:
+    if isinstance(spec, TaskSpec) and spec.settings.needs_averaged_gradient and not optimizer.takes_grad_hook:
         # task 3a clips the averaged gradient between the all-reduce and the update
         usable = ", ".join(with_grad_hook())
         raise UsageError(f"optimizer {config.optimizer} cannot clip the averaged gradient that {spec.name} "

@@ -63,8 +63,9 @@ class DistributedOptimizer:
         """Run ``hook()`` on the averaged gradients before every update: what a task must do
         after averaging and before the update (task 3a's gradient clipping, the unscaling of
         fp16 loss scaling). ``hook`` returning False skips that update (an overflow). A method
-        whose ranks never hold the averaged gradient refuses, naming ``purpose``."""
-        if not self.info.supports_grad_hook:
+        of local updates (``info.local_updates``) runs it on each rank's own gradient before its
+        inner step. A method whose ranks hold neither refuses, naming ``purpose``."""
+        if not self.info.takes_grad_hook:
             usable = ", ".join(with_grad_hook())
             raise UsageError(f"optimizer {self.info.name} cannot {purpose}: it never holds the averaged "
                              f"gradient; use one of {usable}")

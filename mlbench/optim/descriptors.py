@@ -69,6 +69,9 @@ def _bound(value: float | None) -> str:
 class OptimizerInfo:
     """One optimizer as the CLI knows it. ``supports_grad_hook``: whether every rank holds the
     averaged gradient before its update (what gradient clipping and fp16 unscaling need).
+    ``local_updates``: each rank updates from its own gradient between synchronisations (the
+    DiLoCo family's inner steps); a task's gradient hook (clipping, fp16 unscaling) then runs on
+    that gradient, as those methods' inner loops do.
     ``check``: checks across options or against the worker count (None: none).
 
     What the optimizer claims, which ``mlbench check-optimizer`` (:mod:`mlbench.optim.check`)
@@ -89,6 +92,12 @@ class OptimizerInfo:
     check: Callable[[dict[str, Any], int], None] | None = None
     exact: bool | Callable[[dict[str, Any]], bool] = False
     ranks_differ: bool | Callable[[dict[str, Any]], bool] = False
+    local_updates: bool = False
+
+    @property
+    def takes_grad_hook(self) -> bool:
+        """Whether a task's gradient hook (clipping, fp16 unscaling) runs before every update."""
+        return self.supports_grad_hook or self.local_updates
 
     def claims_exact(self, values: dict[str, Any]) -> bool:
         """Whether, with the parsed options ``values``, k workers equal one process with batch k*b."""
@@ -127,6 +136,33 @@ def _check_topology(values: dict[str, Any], world_size: int) -> None:
     except UsageError as err:
         raise about_option(err, "optimizer_options.topology") from None
 
+
+def _check_streaming(values: dict[str, Any], world_size: int) -> None:
+    h, fragments, overlap = values["H"], values["fragments"], values["overlap"]
+    if h % fragments:
+        raise UsageError(f"option H={h}: it must be a multiple of fragments={fragments} (one fragment "
+                         "every H/fragments steps)", option="optimizer_options.H")
+    if overlap >= h // fragments:
+        raise UsageError(f"option overlap={overlap}: it must be below H/fragments = {h // fragments}, so that "
+                         "a fragment's sync lands before the next one starts", option="optimizer_options.overlap")
+
+
+#: The inner loop of the DiLoCo family (their papers' inner optimizer: AdamW, weight decay 0.1).
+INNER = {
+    "H": Option("inner steps per round: each worker's own steps between two synchronisations", 10,
+                kind="int", minimum=1),
+    "inner": Option("the inner optimizer: adamw, or sgd (the task's SGD: its rate, momentum and weight decay)",
+                    "adamw", kind="choice", choices=("adamw", "sgd")),
+    "inner_lr_scale": Option("inner=adamw: AdamW's rate = the task's rate x inner_lr_scale", 0.08,
+                             kind="float", minimum=0.0),
+    "inner_weight_decay": Option("inner=adamw: AdamW's decoupled weight decay", 0.1, kind="float",
+                                 minimum=0.0),
+}
+#: DiLoCo's outer optimizer: SGD with Nesterov momentum on the averaged pseudo-gradient.
+OUTER = {
+    "outer_lr": Option("the outer SGD's learning rate", 0.7, kind="float", minimum=0.0),
+    "outer_momentum": Option("the outer SGD's Nesterov momentum", 0.9, kind="float", minimum=0.0, maximum=1.0),
+}
 
 BY = Option("model (one all-reduce of all tensors) or layer (one all-reduce per tensor)", "model",
             kind="choice", choices=("model", "layer"))
@@ -207,6 +243,53 @@ _ALL = (
         },
         check=_check_topology, ranks_differ=True),
     OptimizerInfo(
+        "diloco",
+        "Douillard et al. 2023, DiLoCo: Distributed Low-Communication Training of Language Models "
+        "(arXiv:2311.08105), Algorithm 1",
+        "H local steps of an inner optimizer, then one all-reduce of the pseudo-gradient and an outer "
+        "Nesterov step.",
+        options={**INNER, **OUTER},
+        local_updates=True, ranks_differ=lambda values: values["H"] > 1),
+    OptimizerInfo(
+        "streaming-diloco",
+        "Douillard et al. 2025, Streaming DiLoCo with overlapping communication: Towards a Distributed "
+        "Free Lunch (arXiv:2501.18512)",
+        "DiLoCo in fragments synchronised in turn, each all-reduce overlapped with the next inner steps, "
+        "optionally in 16 bits.",
+        options={
+            **INNER, **OUTER,
+            "fragments": Option("fragments of the model, synchronised in turn: one every H/fragments steps",
+                                2, kind="int", minimum=1),
+            "pattern": Option("sequential (the flattened model cut into equal pieces) or strided (tensor i "
+                              "in fragment i mod fragments: the paper's layer pattern; needs as many tensors)",
+                              "sequential", kind="choice", choices=("sequential", "strided")),
+            "overlap": Option("inner steps a fragment's all-reduce runs beside (tau; 0: wait at once)", 1,
+                              kind="int", minimum=0),
+            "alpha": Option("merge: share of the worker's own parameters when a fragment's sync lands "
+                            "(0: take the global ones)", 0.5, kind="float", minimum=0.0, maximum=1.0),
+            "outer_dtype": Option("precision of the all-reduced pseudo-gradients (fp32, bf16 or fp16; "
+                                  "the outer step is in fp32)", "fp32", kind="choice",
+                                  choices=("fp32", "bf16", "fp16")),
+        },
+        check=_check_streaming, local_updates=True, ranks_differ=True),
+    OptimizerInfo(
+        "sparseloco",
+        "Sarfi, Therien, Lidin & Belilovsky 2025, Communication Efficient LLM Pre-training with SparseLoCo "
+        "(arXiv:2508.15706)",
+        "DiLoCo whose pseudo-gradients pass through error feedback and a top-k per chunk; the sparse "
+        "updates are all-gathered.",
+        options={
+            **INNER,
+            "outer_lr": Option("outer learning rate (plain averaged step: the error feedback stands in for "
+                               "the outer momentum)", 1.0, kind="float", minimum=0.0),
+            "ef_decay": Option("beta: the error-feedback memory's decay", 0.95, kind="float", minimum=0.0,
+                               maximum=1.0),
+            "density": Option("fraction of each chunk's entries sent per round (k = density x chunk, at "
+                              "least 1)", 0.02, kind="float", minimum=1e-9, maximum=1.0),
+            "chunk": Option("entries per chunk of the flattened model", 4096, kind="int", minimum=1),
+        },
+        local_updates=True, ranks_differ=lambda values: values["H"] > 1),
+    OptimizerInfo(
         "ddp",
         "PyTorch DistributedDataParallel (Li et al. 2020, VLDB, arXiv:2006.15704); "
         "hooks: torch.distributed.algorithms.ddp_comm_hooks",
@@ -250,8 +333,9 @@ def check_optimizer(name: str, options: dict[str, str], world_size: int | None =
 
 
 def with_grad_hook() -> list[str]:
-    """The optimizers whose ranks hold the averaged gradient before the update."""
-    return sorted(name for name, info in INFO.items() if info.supports_grad_hook)
+    """The optimizers that run a task's gradient hook: their ranks hold the averaged gradient
+    before the update, or update from their own gradient (``local_updates``)."""
+    return sorted(name for name, info in INFO.items() if info.takes_grad_hook)
 
 
 def describe_optimizers() -> list[dict[str, Any]]:

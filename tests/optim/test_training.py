@@ -37,6 +37,11 @@ CONFIGS = {
     "decentralized-sgd": {"topology": "ring"},
     "ddp": {},
     "ddp-powersgd": {"hook": "powersgd", "rank": "2"},
+    # 30 steps are 10 rounds or fewer: too few for the outer momentum 0.9 to build up (it lowers
+    # the accuracy after 30 steps, 0.17 against 0.24 without), so these use plain outer steps
+    "diloco": {"H": "3", "outer_momentum": "0"},
+    "streaming-diloco": {"H": "4", "fragments": "2", "outer_momentum": "0"},
+    "sparseloco": {"H": "5", "density": "0.1", "chunk": "256"},
 }
 
 
@@ -103,7 +108,8 @@ def test_optimizer_trains_to_well_above_chance(trained, key):
 
 
 @pytest.mark.parametrize("key,at_most", [("powersgd", 0.2), ("signsgd", 1 / 16), ("sparsified-sgd", 0.2),
-                                         ("ddp-powersgd", 0.4)])
+                                         ("ddp-powersgd", 0.4), ("diloco", 0.35), ("streaming-diloco", 0.27),
+                                         ("sparseloco", 0.05)])
 def test_compressing_optimizers_send_fewer_bytes(trained, key, at_most):
     sent, dense = trained[0][key]["bytes"], trained[0][key]["dense"]
     assert 0 < sent <= at_most * dense
