@@ -18,7 +18,7 @@ def test_optimizers_lists_every_optimizer_with_its_options_defaults_and_paper():
     result = CliRunner().invoke(cli, ["optimizers"])
     assert result.exit_code == 0, result.output
     described = describe_optimizers()
-    assert {d["name"] for d in described} == set(OPTIMIZERS) and len(described) == 8
+    assert {d["name"] for d in described} == set(OPTIMIZERS) and len(described) == 11
     for info in described:
         assert f"{info['name']} (" in result.output
         assert info["reference"][:40] in result.output
@@ -26,6 +26,7 @@ def test_optimizers_lists_every_optimizer_with_its_options_defaults_and_paper():
             assert f"--opt {option['name']}=" in result.output
     assert "centralized-sgd (closed division: the reference)" in result.output
     assert "Vogels" in result.output and "Bernstein" in result.output and "Stich" in result.output
+    assert "Douillard" in result.output and "Sarfi" in result.output
 
 
 @pytest.mark.parametrize("args,message", [
@@ -37,6 +38,9 @@ def test_optimizers_lists_every_optimizer_with_its_options_defaults_and_paper():
     (("--optimizer", "decentralized-sgd", "--opt", "topology=torus"), "factors as R x C"),
     (("--optimizer", "decentralized-sgd", "--opt", "topology=0-1"), "does not connect all 3 workers"),
     (("--optimizer", "ddp", "--opt", "hook=int8"), "expected one of allreduce, fp16, bf16, powersgd"),
+    (("--optimizer", "streaming-diloco", "--opt", "H=5"), "H=5: it must be a multiple of fragments=2"),
+    (("--optimizer", "streaming-diloco", "--opt", "overlap=5"), "overlap=5: it must be below H/fragments = 5"),
+    (("--optimizer", "diloco", "--opt", "inner=lamb"), "expected one of adamw, sgd"),
 ])
 def test_wrong_optimizer_options_are_one_line_usage_errors_before_any_run(args, message):
     result = CliRunner().invoke(cli, ["run", "task1a", "3", "--data", "synthetic", *args])
