@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from mlbench.errors import MlbenchError, UsageError, about_option
 from mlbench.launch import session
 from mlbench.launch.base import NO_STEP_CAP, EventCallback, Progress, quiet
-from mlbench.launch.options import api_signature, checked_value, nearest, request_fields, values_with_defaults
+from mlbench.launch.options import (api_signature, checked_value, nearest, optimizer_names, options_for, request_fields,
+                                    values_with_defaults)
 from mlbench.launch.plan import RunRequest
 from mlbench.launch.registry import choose, launcher_of, launcher_options
 from mlbench.network.settings import network_options
@@ -268,14 +269,18 @@ def plan(task: str, workers: Sequence[int], **options: Any) -> session.RunPlan:
     for none."""
     counts = _worker_counts(workers)
     values = values_with_defaults(options, "mlbench.plan")
-    base = RunRequest(task=task, workers=counts[0] if counts else 1, **request_fields(values))
+    names = optimizer_names(values.get("optimizer"))
+    base = RunRequest(task=task, workers=counts[0] if counts else 1,
+                      **request_fields({**values, "optimizer": names[0] if names else None}))
+    optimizers = [(name, options_for(name, base.optimizer_options, names)) for name in names] or None
     plan_values = {name: checked_value(name, values) for name in ("repeat", "detach")}
     try:
         networks = network_options(*(checked_value(name, values)
                                      for name in ("bandwidth", "latency", "jitter", "loss", "shaping")))
     except UsageError as err:
         raise about_option(err, "bandwidth") from None
-    return session.plan_runs(base, counts, plan_values["repeat"], detach=plan_values["detach"], networks=networks)
+    return session.plan_runs(base, counts, plan_values["repeat"], detach=plan_values["detach"], networks=networks,
+                             optimizers=optimizers)
 
 
 plan.__signature__ = api_signature(  # type: ignore[attr-defined]

@@ -17,7 +17,7 @@ from mlbench.results.cost import PriceTable
 from mlbench.results.exporters import TOOLS, check_library, export_runs
 from mlbench.results.report import (compare_headers, compare_notes, compare_row, comparison_document,
                                     difference_lines, differs_in_network, family_heading, had_faults,
-                                    is_sweep, sweep_table)
+                                    is_sweep, sweep_table, bandwidth_matrix)
 
 
 def _selection(command: Callable) -> Callable:
@@ -93,6 +93,10 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file, pool, 
         click.echo(family_heading(family, emulated, faults, differing, comparison.pooled))
         click.echo(tabulate([compare_row(g, emulated, faults, score) for g in groups], disable_numparse=True,
                             headers=compare_headers(emulated, sweep, faults, comparison.task, score)))
+    matrix = bandwidth_matrix(comparison)
+    if matrix is not None:
+        click.echo("\nBy bandwidth (median of the repeats; bytes each worker sent per step):")
+        click.echo(tabulate(matrix[1], headers=matrix[0], disable_numparse=True))
     if sweep:
         headers, rows = sweep_table(comparison)
         click.echo("\nBy message size (median of the repeats):")

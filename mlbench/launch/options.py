@@ -80,6 +80,45 @@ def parse_optimizer_options(values: Mapping[str, Any] | Sequence[str] | str) -> 
     return options
 
 
+def optimizer_names(value: str | Sequence[str] | None) -> list[str]:
+    """``--optimizer A,B,C`` (or the API's list) as the names of one run each; [] for none given
+    (the task's reference)."""
+    if value is None:
+        return []
+    names = [value] if isinstance(value, str) else list(value)
+    if not all(isinstance(name, str) for name in names):
+        raise about_option(UsageError(f"--optimizer {value!r}: give a name, a comma list of names or a list of "
+                                      "them"), "optimizer")
+    split = [part.strip() for name in names for part in name.split(",")]
+    if not all(split) or len(set(split)) < len(split):
+        raise about_option(UsageError(f"--optimizer {','.join(split)}: give each optimizer once, separated by "
+                                      "commas"), "optimizer")
+    return split
+
+
+def options_for(name: str, options: dict[str, str], names: Sequence[str]) -> dict[str, str]:
+    """The ``--opt`` values of optimizer ``name`` among the runs of ``names``: all of them for one
+    optimizer (which refuses what it does not take); for several, the ones it declares, and a
+    UsageError for a key that none of them declares."""
+    if len(names) <= 1:
+        return dict(options)
+    declared = {n: set(_declared_options(n)) for n in names}
+    unknown = sorted(key for key in options if not any(key in keys for keys in declared.values()))
+    if unknown:
+        raise about_option(UsageError(f"--opt {', '.join(unknown)}: none of the optimizers {', '.join(names)} "
+                                      "has this option (`mlbench optimizers` lists each one's)"),
+                           "optimizer_options")
+    return {key: value for key, value in options.items() if key in declared[name]}
+
+
+def _declared_options(name: str) -> list[str]:
+    from mlbench.optim.descriptors import optimizer_info
+    from mlbench.optim.plugins import resolve_optimizer
+
+    plugin = resolve_optimizer(name)
+    return list((plugin.info if plugin is not None else optimizer_info(name)).options)
+
+
 def _checkpoint_fields(value: str | None) -> dict[str, Any]:
     auto = parse_checkpoint_auto(value) if value else None
     if auto is not None:   # Young/Daly's interval, from the measured cost and this MTBF (0: the --inject schedule's)
@@ -181,9 +220,12 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               COMPUTES, annotation="Mapping[str, Any] | Sequence[str] | None", metavar="KEY=VALUE", multiple=True,
               fields=lambda v: {"overrides": parse_overrides(pairs(v or {}, "--set"))}),
     RunOption("optimizer", "--optimizer",
-              "Distributed optimizer (`mlbench optimizers`) [the task's reference: centralized-sgd; "
-              "centralized-adam for task4b].", COMPUTES),
-    RunOption("optimizer_options", "--opt", "Optimizer option, e.g. --opt by=layer.", COMPUTES,
+              "Distributed optimizer (`mlbench optimizers`); a comma list makes one run per optimizer [the task's "
+              "reference: centralized-sgd; centralized-adam for task4b].", COMPUTES, metavar="NAME[,NAME...]",
+              annotation="str | Sequence[str] | None"),
+    RunOption("optimizer_options", "--opt",
+              "Optimizer option, e.g. --opt by=layer (with several optimizers: each takes the ones it has).",
+              COMPUTES,
               annotation="Mapping[str, Any] | Sequence[str] | None", metavar="KEY=VALUE", multiple=True,
               fields=lambda v: {"optimizer_options": parse_optimizer_options(v or {})}),
     RunOption("backend", "--backend",

@@ -65,11 +65,13 @@ class RunPlan:
 
 
 def plan_runs(base: RunRequest, worker_counts: Sequence[int], repeat: int = 1,
-              detach: bool = False, networks: Sequence[Any] = (None,)) -> RunPlan:
-    """One request per worker count, network setting and repeat (seeds ``base.seed .. base.seed
-    + repeat - 1``), in ``repeat`` rounds over the worker counts and networks, so that a change of
-    load hits every count alike. ``networks``: the emulated networks (NetworkSettings; None for
-    the network as it is), one run each, like worker counts."""
+              detach: bool = False, networks: Sequence[Any] = (None,),
+              optimizers: Sequence[tuple[str, dict[str, str]]] | None = None) -> RunPlan:
+    """One request per worker count, optimizer, network setting and repeat (seeds ``base.seed ..
+    base.seed + repeat - 1``), in ``repeat`` rounds over the worker counts, optimizers and
+    networks, so that a change of load hits every one alike. ``networks``: the emulated networks
+    (NetworkSettings; None for the network as it is), one run each, like worker counts;
+    ``optimizers``: (name, options) of one run each (None: ``base``'s)."""
     if not worker_counts:
         raise UsageError("give at least one worker count")
     if any(k < 1 for k in worker_counts):
@@ -78,16 +80,18 @@ def plan_runs(base: RunRequest, worker_counts: Sequence[int], repeat: int = 1,
         raise UsageError(f"--repeat must be at least 1, not {repeat}", option="repeat")
     check_seed(base.seed, repeat)
     networks = list(networks) or [None]
-    count = len(worker_counts) * repeat * len(networks)
-    several = "one worker count, one bandwidth and no --repeat" if len(networks) > 1 else \
-        "one worker count and no --repeat"
+    choices = list(optimizers or [(base.optimizer, base.optimizer_options)])
+    count = len(worker_counts) * repeat * len(networks) * len(choices)
+    several = "one worker count" + (", one optimizer" if len(choices) > 1 else "") + \
+        (", one bandwidth" if len(networks) > 1 else "") + " and no --repeat"
     if base.name and count > 1:
         raise UsageError(f"--name names one run; give {several} with it", option="name")
     if detach and count > 1:
         raise UsageError(f"--detach starts one run; give {several}, or run without --detach", option="detach")
     group = secrets.token_hex(4) if count > 1 else None
-    requests = [dataclasses.replace(base, workers=k, seed=base.seed + r, group_id=group, network=network)
-                for r in range(repeat) for k in worker_counts for network in networks]
+    requests = [dataclasses.replace(base, workers=k, seed=base.seed + r, group_id=group, network=network,
+                                    optimizer=name, optimizer_options=dict(options))
+                for r in range(repeat) for k in worker_counts for name, options in choices for network in networks]
     return RunPlan(requests, group, detach)
 
 

@@ -7,12 +7,12 @@ communication/computation time ratio per worker count. Each
 is drawn here from a :class:`~mlbench.results.compare.Comparison`, so the charts show exactly the
 groups, repeats and families that `mlbench compare` prints. When the runs were made at several
 emulated bandwidths (`mlbench run ... --bandwidth 100mbit,1gbit`), or at one bandwidth and
-several latencies, a fifth figure shows time to accuracy and time per epoch against that
-setting. When some run was put through faults (`--inject`) or restarted, a figure of fault
-timelines follows: each such run's training loss over the wall clock with its faults and restarts
-marked. Task 0a's runs (the all-reduce sweep) have one figure instead: bandwidth against
-message size. Every value and target is labelled by the
-task's metric (:mod:`mlbench.tasks.metrics`): a perplexity is never drawn as a percentage.
+several latencies, a fifth figure shows time to accuracy, time per epoch and bytes per step
+against that setting, a line per optimizer. When some run was put through faults (`--inject`)
+or restarted, a figure of fault timelines follows: each such run's training loss over the wall
+clock with its faults and restarts marked. Task 0a's runs (the all-reduce sweep) have one figure
+instead: bandwidth against message size. Every value and target is labelled by the task's metric
+(:mod:`mlbench.tasks.metrics`): a perplexity is never drawn as a percentage.
 Figures are drawn on matplotlib's Agg canvas without pyplot: no display, no global state between
 calls.
 """
@@ -281,14 +281,14 @@ def network_axis(comparison: Comparison) -> str | None:
 
 
 def network_chart(comparison: Comparison) -> Figure:
-    """Time to accuracy and time per epoch against the emulated bandwidth (or, for runs at one
-    bandwidth, the latency), a line per optimizer.
+    """Time to accuracy, time per epoch and bytes per step against the emulated bandwidth (or,
+    for runs at one bandwidth, the latency), a line per optimizer.
 
     The question of the network dimension: at which bandwidth or latency does a compressing
     optimizer start to pay? Runs on the network as it was (not emulated) are left out.
     """
-    fig = _new_figure(figsize=(10, 4.2))
-    tta_ax, epoch_ax = fig.subplots(1, 2)
+    fig = _new_figure(figsize=(14, 4.2))
+    tta_ax, epoch_ax, bytes_ax = fig.subplots(1, 3)
     axis = network_axis(comparison) or "bandwidth"
     lines: dict[tuple, list[tuple[float, Group]]] = {}  # (x, group) per line
     for g in comparison.groups:
@@ -315,14 +315,15 @@ def network_chart(comparison: Comparison) -> Figure:
             tta_ax.plot([a for a, t in zip(x, tta, strict=True) if math.isfinite(t)],
                         [t for t in tta if math.isfinite(t)],
                         marker="o", color=_colour(i), label=label)
-        epoch = [_median_epoch_seconds(g) for g in groups]
-        if any(e is not None for e in epoch):
-            epoch_ax.plot([a for a, e in zip(x, epoch, strict=True) if e is not None],
-                          [e for e in epoch if e is not None],
-                          marker="o", color=_colour(i), label=label)
+        for ax, values in ((epoch_ax, [_median_epoch_seconds(g) for g in groups]),
+                           (bytes_ax, [g.bytes_per_step for g in groups])):
+            if any(v is not None for v in values):
+                ax.plot([a for a, v in zip(x, values, strict=True) if v is not None],
+                        [v for v in values if v is not None], marker="o", color=_colour(i), label=label)
     values = sorted({value for points in lines.values() for value, _ in points})
     for ax, title, ylabel in ((tta_ax, f"time to accuracy vs {axis}", "time to accuracy (s)"),
-                              (epoch_ax, f"time per epoch vs {axis}", "training seconds per epoch")):
+                              (epoch_ax, f"time per epoch vs {axis}", "training seconds per epoch"),
+                              (bytes_ax, f"bytes per step vs {axis}", "bytes each worker sent per step")):
         if axis == "bandwidth":
             ax.set_xscale("log")
             ax.set_xlim(values[0] / scale / 1.5, values[-1] / scale * 1.5)
@@ -337,7 +338,8 @@ def network_chart(comparison: Comparison) -> Figure:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
         else:
-            _empty(ax, "no run reached its goal" if ax is tta_ax else "no finished epoch")
+            _empty(ax, "no run reached its goal" if ax is tta_ax else "no finished epoch" if ax is epoch_ax
+                   else "no step")
     fig.suptitle(f"{comparison.task}: the network dimension (median of the repeats)", fontsize=11)
     return fig
 

@@ -277,6 +277,12 @@ class Group:
         total = self.compute_seconds + self.communication_seconds
         return self.communication_seconds / total if total > 0 else None
 
+    @property
+    def bytes_per_step(self) -> float | None:
+        """What rank 0 sent per training step, the median of the repeats (None: no step)."""
+        return _median([run.summary.bytes_sent.get(0, 0) / run.summary.steps
+                        for run in self.runs if run.summary.steps])
+
 
 @dataclass
 class Comparison:

@@ -164,6 +164,18 @@ def differing_keys(fingerprints: list[dict[str, str]]) -> list[str]:
     return [key for key in keys if len({fp.get(key, "-") for fp in fingerprints}) > 1]
 
 
+def follows_optimizer(key: str, fingerprints: list[dict[str, str]]) -> bool:
+    """Whether ``key`` is an optimizer option whose value is one per optimizer among
+    ``fingerprints``: it differs only because the optimizers do (each has its own options), so
+    naming the optimizers says it."""
+    if not key.startswith("opt."):
+        return False
+    values: dict[str, set[str]] = {}
+    for fp in fingerprints:
+        values.setdefault(fp.get("optimizer", "-"), set()).add(fp.get(key, "-"))
+    return len(values) > 1 and all(len(v) == 1 for v in values.values())
+
+
 def pool_matches(key: str, pooled: tuple[str, ...]) -> bool:
     """Whether fingerprint ``key`` is pooled by one of ``pooled`` (a key, or a prefix ending in
     a dot: ``set.`` pools every task setting, ``opt.`` every optimizer option)."""

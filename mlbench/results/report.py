@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import median
 from typing import Any, TypeGuard
 
 from mlbench.errors import UsageError
@@ -24,7 +25,8 @@ from mlbench.results.checkpoints import checkpoint_root
 from mlbench.results.checkpoints import summary as checkpoint_summary
 from mlbench.results.division import run_division
 from mlbench.results.fairness import fairness_notes, group_flags
-from mlbench.results.fingerprint import NAMED_KEYS
+from mlbench.network.settings import format_rate
+from mlbench.results.fingerprint import NAMED_KEYS, follows_optimizer
 from mlbench.results.events import read_run_events
 from mlbench.results.timeline import run_timeline
 from mlbench.results.goodput import run_faults, run_restarts, run_workers_label
@@ -180,7 +182,8 @@ def family_heading(family: Family, emulated: bool = False, faults: bool = False,
     ``differing``: the fingerprint keys that tell the families shown apart, each said with this
     family's value unless the heading names it anyway; ``pooled``: the keys pooled on purpose,
     which its runs may differ in)."""
-    own = "".join(f" | {key} {family.setting(key)}" for key in differing if key not in NAMED_KEYS)
+    own = "".join(f" | {key} {family.setting(key)}" for key in differing if key not in NAMED_KEYS
+                  and not (key.startswith("opt.") and family.setting(key) == "-"))   # another optimizer's
     joined = f" | pooled across {', '.join(pooled)}" if pooled else ""
     return _heading(family, emulated, faults) + own + joined
 
@@ -190,9 +193,13 @@ def difference_lines(comparison: Comparison) -> list[str]:
     configuration diff), and what was pooled on purpose. Nothing is said when all is alike."""
     lines = []
     differences = comparison.differences()
+    fingerprints = [dict(f.fingerprint) for f in comparison.families()]
+    own_options = [key for key, _ in differences if follows_optimizer(key, fingerprints)]
+    said = [(key, values) for key, values in differences if key not in own_options]
     if differences:
         lines.append(f"The {len(comparison.families())} families differ in: "
-                     + "; ".join(f"{key} ({' | '.join(values)})" for key, values in differences) + ".")
+                     + "; ".join(f"{key} ({' | '.join(values)})" for key, values in said)
+                     + ("; and each optimizer's own options (in its heading)" if own_options else "") + ".")
     if comparison.pooled:
         lines.append(f"Pooled on purpose (--pool): runs that differ in {', '.join(comparison.pooled)} share a row.")
     return lines
@@ -282,6 +289,35 @@ def sweep_table(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
     rows = [[dtype, str(elements), str(size),
              *[m.format(column.get((dtype, elements))) for column, m in zip(columns, metrics)]]
             for (dtype, elements), size in sizes.items()]
+    return headers, rows
+
+
+def bandwidth_matrix(comparison: Comparison) -> tuple[list[str], list[list[str]]] | None:
+    """Time to the goal at each emulated bandwidth, a row per optimizer (and whatever else tells
+    the families apart besides the network) and worker count, with the bytes each worker sent
+    per step: the table of `mlbench run ... --optimizer A,B --bandwidth R1,R2`. None unless the
+    runs were made at two or more bandwidths."""
+    groups = [g for g in comparison.groups if g.family.network and g.family.bandwidth_bps]
+    rates = sorted({float(g.family.bandwidth_bps or 0) for g in groups})
+    if len(rates) < 2 or comparison.groups[0].family.metric != TIME_TO_ACCURACY:
+        return None
+    lines: dict[tuple, dict[float, Group]] = {}
+    for g in groups:
+        rest = tuple(item for item in g.family.fingerprint if item[0] != "network")
+        lines.setdefault((rest, g.workers), {})[float(g.family.bandwidth_bps or 0)] = g
+    fingerprints = [dict(f.fingerprint) for f in comparison.families()]
+    told_apart = [key for key, _ in comparison.differences() if key not in NAMED_KEYS and key != "network"
+                  and not follows_optimizer(key, fingerprints)]   # what else a row's label must say
+    headers = ["OPTIMIZER", "WORKERS", *(f"TIME TO GOAL {format_rate(r)}" for r in rates), "BYTES/STEP"]
+    rows = []
+    for (rest, workers), by_rate in lines.items():
+        some = next(iter(by_rate.values()))
+        options = " ".join(f"{key}={value}" for key, value in rest if key in told_apart)
+        cells = [(_seconds(by_rate[r].time_to_accuracy.median) if by_rate[r].time_to_accuracy.converged
+                  else "missed") if r in by_rate else "-" for r in rates]
+        per_step = [v for g in by_rate.values() if (v := g.bytes_per_step) is not None]
+        rows.append([f"{some.family.optimizer} {options}".strip(), str(workers), *cells,
+                     format_bytes(median(per_step)) if per_step else "-"])
     return headers, rows
 
 
@@ -577,6 +613,7 @@ def _group(group: Group) -> dict[str, Any]:
         "speedup": group.speedup,
         "speedup_range": list(group.speedup_range) if group.speedup_range else None,
         "efficiency": group.efficiency,
+        "bytes_per_step": group.bytes_per_step,
         "compute_seconds": group.compute_seconds,
         "communication_seconds": group.communication_seconds,
         "communication_share": group.communication_share,
