@@ -272,7 +272,8 @@ def plan(task: str, workers: Sequence[int], **options: Any) -> session.RunPlan:
     names = optimizer_names(values.get("optimizer"))
     base = RunRequest(task=task, workers=counts[0] if counts else 1,
                       **request_fields({**values, "optimizer": names[0] if names else None}))
-    optimizers = [(name, options_for(name, base.optimizer_options, names)) for name in names] or None
+    optimizers: list[tuple[str | None, dict[str, str]]] | None = \
+        [(name, options_for(name, base.optimizer_options, names)) for name in names] or None
     plan_values = {name: checked_value(name, values) for name in ("repeat", "detach")}
     try:
         networks = network_options(*(checked_value(name, values)

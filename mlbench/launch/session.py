@@ -66,7 +66,7 @@ class RunPlan:
 
 def plan_runs(base: RunRequest, worker_counts: Sequence[int], repeat: int = 1,
               detach: bool = False, networks: Sequence[Any] = (None,),
-              optimizers: Sequence[tuple[str, dict[str, str]]] | None = None) -> RunPlan:
+              optimizers: Sequence[tuple[str | None, dict[str, str]]] | None = None) -> RunPlan:
     """One request per worker count, optimizer, network setting and repeat (seeds ``base.seed ..
     base.seed + repeat - 1``), in ``repeat`` rounds over the worker counts, optimizers and
     networks, so that a change of load hits every one alike. ``networks``: the emulated networks

@@ -31,7 +31,7 @@ norm's running statistics) have no pseudo-gradient: they are averaged at each sy
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -228,7 +228,7 @@ class StreamingDiLoCo(_LocalSteps):
             if self.opts["overlap"] == 0:
                 self._land()
 
-    def _views(self, tensors: list[torch.Tensor], fragment: int) -> list[torch.Tensor]:
+    def _views(self, tensors: Sequence[torch.Tensor], fragment: int) -> list[torch.Tensor]:
         """The fragment's pieces of ``tensors`` (one per parameter tensor), as views."""
         return [tensors[i].detach().view(-1)[start:stop] for i, start, stop in self.fragments[fragment]]
 

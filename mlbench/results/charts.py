@@ -315,11 +315,11 @@ def network_chart(comparison: Comparison) -> Figure:
             tta_ax.plot([a for a, t in zip(x, tta, strict=True) if math.isfinite(t)],
                         [t for t in tta if math.isfinite(t)],
                         marker="o", color=_colour(i), label=label)
-        for ax, values in ((epoch_ax, [_median_epoch_seconds(g) for g in groups]),
+        for ax, series in ((epoch_ax, [_median_epoch_seconds(g) for g in groups]),
                            (bytes_ax, [g.bytes_per_step for g in groups])):
-            if any(v is not None for v in values):
-                ax.plot([a for a, v in zip(x, values, strict=True) if v is not None],
-                        [v for v in values if v is not None], marker="o", color=_colour(i), label=label)
+            if any(v is not None for v in series):
+                ax.plot([a for a, v in zip(x, series, strict=True) if v is not None],
+                        [v for v in series if v is not None], marker="o", color=_colour(i), label=label)
     values = sorted({value for points in lines.values() for value, _ in points})
     for ax, title, ylabel in ((tta_ax, f"time to accuracy vs {axis}", "time to accuracy (s)"),
                               (epoch_ax, f"time per epoch vs {axis}", "training seconds per epoch"),

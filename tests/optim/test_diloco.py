@@ -83,11 +83,11 @@ def reference(spec, data_dir) -> list[dict[str, torch.Tensor]]:
 
 def test_diloco_installed_with_pip_runs_through_its_entry_point_and_equals_averaged_adamw(diloco_env, libsvm_dir):
     listed = mlbench("optimizers", "-o", "json", env=diloco_env, check=True).stdout
-    plugin = next(o for o in json.loads(listed)["optimizers"] if o["name"] == "diloco")["plugin"]
-    assert (plugin["entry_point"], plugin["distribution"]) == ("diloco", "mlbench-diloco 0.1.0")
+    plugin = next(o for o in json.loads(listed)["optimizers"] if o["name"] == "example-diloco")["plugin"]
+    assert (plugin["entry_point"], plugin["distribution"]) == ("example-diloco", "mlbench-diloco 0.1.0")
 
     mlbench("run", "task2a", str(K), "--data-dir", str(libsvm_dir), "--max-steps", str(STEPS),
-            "--set", f"batch_per_worker={BATCH}", "--optimizer", "diloco", "--opt", f"H={H}",
+            "--set", f"batch_per_worker={BATCH}", "--optimizer", "example-diloco", "--opt", f"H={H}",
             "--opt", "outer_lr=1", "--opt", "outer_momentum=0", "--save-model", "--log-every", "1",
             env=diloco_env, check=True)
     run = last_run()

@@ -37,7 +37,7 @@ class DiLoCo(DistributedOptimizer):
     """H inner AdamW steps per worker, then an outer Nesterov step on the averaged pseudo-gradient."""
 
     info = OptimizerInfo(
-        name="diloco",
+        name="example-diloco",
         reference="Douillard et al. 2023, DiLoCo: Distributed Low-Communication Training of Language "
                   "Models (arXiv:2311.08105)",
         summary="H local AdamW steps, then one all-reduce of the pseudo-gradient and an outer Nesterov step.",
