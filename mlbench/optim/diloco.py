@@ -43,12 +43,12 @@ from mlbench.optim.base import (
     DistributedOptimizer,
     OptimizerContext,
     all_gather,
-    all_reduce_mean_,
     allgather_bytes,
     allreduce_bytes,
     local_sgd,
     set_lr,
 )
+from mlbench.optim.centralized import average_tensors
 from mlbench.optim.descriptors import INFO
 from mlbench.optim.registry import register
 
@@ -119,21 +119,19 @@ class _LocalSteps(DistributedOptimizer):
         """What follows the inner step ``self.local_step``: a round's synchronisation, when due."""
         raise NotImplementedError
 
-    def pseudo_gradient(self, indices: list[int]) -> list[torch.Tensor]:
-        """The global model minus this worker's, for the parameter tensors ``indices``."""
-        return [self.global_model.weights[i] - self.params[i].detach() for i in indices]
+    def pseudo_gradient(self) -> list[torch.Tensor]:
+        """The global model minus this worker's, tensor by tensor."""
+        return [g - p.detach() for g, p in zip(self.global_model.weights, self.params)]
 
     @torch.no_grad()
     def average_buffers(self) -> None:
         """Every worker's buffers (and the global model's) become their average."""
         if not self.buffers:
             return
-        flat = _flatten_dense_tensors([b.data for b in self.buffers])
-        all_reduce_mean_(flat, self.ctx.world_size, self.ctx.group)
-        self.bytes_sent += allreduce_bytes(flat.numel(), flat.element_size(), self.ctx.world_size)
-        for b, g, value in zip(self.buffers, self.global_model.buffers, _unflatten_dense_tensors(flat, self.buffers)):
-            b.data.copy_(value)
-            g.copy_(value)
+        self.bytes_sent += average_tensors([b.data for b in self.buffers], self.ctx.world_size, "model",
+                                           self.ctx.group)
+        for b, g in zip(self.buffers, self.global_model.buffers):
+            g.copy_(b)
 
     def state_for_eval(self) -> Callable[[], None] | None:
         return self.global_model.swap_in(self.params, self.buffers)
@@ -153,12 +151,8 @@ class DiLoCo(_LocalSteps):
     def synchronise(self) -> None:
         if self.local_step % self.opts["H"]:
             return
-        indices = list(range(len(self.params)))
-        delta = self.pseudo_gradient(indices)
-        flat = _flatten_dense_tensors(delta)
-        all_reduce_mean_(flat, self.ctx.world_size, self.ctx.group)
-        self.bytes_sent += allreduce_bytes(flat.numel(), flat.element_size(), self.ctx.world_size)
-        delta = list(_unflatten_dense_tensors(flat, delta))
+        delta = self.pseudo_gradient()
+        self.bytes_sent += average_tensors(delta, self.ctx.world_size, "model", self.ctx.group)
         nesterov_outer_(self.global_model.weights, delta, self.outer_momentum, self.opts["outer_lr"],
                         self.opts["outer_momentum"])
         for p, g in zip(self.params, self.global_model.weights):
@@ -310,7 +304,7 @@ class SparseLoCo(_LocalSteps):
         if self.local_step % self.opts["H"]:
             return
         o, k = self.opts, self.ctx.world_size
-        delta = _flatten_dense_tensors(self.pseudo_gradient(list(range(len(self.params)))))
+        delta = _flatten_dense_tensors(self.pseudo_gradient())
         self.error.mul_(o["ef_decay"]).add_(delta)
         indices = chunk_top_k(self.error, o["density"], o["chunk"])
         sent = self.error[indices]
