@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from mlbench.errors import MlbenchError, UsageError, about_option
 from mlbench.launch import session
 from mlbench.launch.base import NO_STEP_CAP, EventCallback, Progress, quiet
-from mlbench.launch.options import (api_signature, checked_value, nearest, optimizer_names, options_for, request_fields,
-                                    values_with_defaults)
+from mlbench.launch.options import (api_signature, checked_value, nearest, optimizer_names, options_by_optimizer,
+                                    request_fields, values_with_defaults)
 from mlbench.launch.plan import RunRequest
 from mlbench.launch.registry import choose, launcher_of, launcher_options
 from mlbench.network.settings import network_options
@@ -272,8 +272,7 @@ def plan(task: str, workers: Sequence[int], **options: Any) -> session.RunPlan:
     names = optimizer_names(values.get("optimizer"))
     base = RunRequest(task=task, workers=counts[0] if counts else 1,
                       **request_fields({**values, "optimizer": names[0] if names else None}))
-    optimizers: list[tuple[str | None, dict[str, str]]] | None = \
-        [(name, options_for(name, base.optimizer_options, names)) for name in names] or None
+    optimizers = options_by_optimizer(names, base.optimizer_options) or None
     plan_values = {name: checked_value(name, values) for name in ("repeat", "detach")}
     try:
         networks = network_options(*(checked_value(name, values)

@@ -96,19 +96,19 @@ def optimizer_names(value: str | Sequence[str] | None) -> list[str]:
     return split
 
 
-def options_for(name: str, options: dict[str, str], names: Sequence[str]) -> dict[str, str]:
-    """The ``--opt`` values of optimizer ``name`` among the runs of ``names``: all of them for one
-    optimizer (which refuses what it does not take); for several, the ones it declares, and a
-    UsageError for a key that none of them declares."""
+def options_by_optimizer(names: Sequence[str], options: dict[str, str]) -> list[tuple[str | None, dict[str, str]]]:
+    """(name, its ``--opt`` values) of one run each of ``names``: one optimizer takes them all
+    (and refuses what it does not take); several take each the ones it declares, and a key that
+    none of them declares is a UsageError."""
     if len(names) <= 1:
-        return dict(options)
-    declared = {n: set(_declared_options(n)) for n in names}
+        return [(name, dict(options)) for name in names]
+    declared = {name: set(_declared_options(name)) for name in names}
     unknown = sorted(key for key in options if not any(key in keys for keys in declared.values()))
     if unknown:
         raise about_option(UsageError(f"--opt {', '.join(unknown)}: none of the optimizers {', '.join(names)} "
                                       "has this option (`mlbench optimizers` lists each one's)"),
                            "optimizer_options")
-    return {key: value for key, value in options.items() if key in declared[name]}
+    return [(name, {key: value for key, value in options.items() if key in declared[name]}) for name in names]
 
 
 def _declared_options(name: str) -> list[str]:
