@@ -221,6 +221,11 @@ class Family:
         """The text of fingerprint ``key`` in this family ("-" when it has none)."""
         return dict(self.fingerprint).get(key, "-")
 
+    def has_setting(self, key: str) -> bool:
+        """Whether ``key`` is worth saying of this family: anything but another optimizer's
+        option, which this family's optimizer does not have."""
+        return not (key.startswith("opt.") and self.setting(key) == "-")
+
     @property
     def metric(self) -> str:
         return TIME_TO_ACCURACY if self.goal is not None else THROUGHPUT

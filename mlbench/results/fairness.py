@@ -101,8 +101,7 @@ def _workers(count: int) -> str:
 
 def family_name(family: Family, differing: tuple[str, ...]) -> str:
     """A family in a sentence: its values of the keys that tell the families apart."""
-    said = [f"{key} {family.setting(key)}" for key in differing
-            if not (key.startswith("opt.") and family.setting(key) == "-")]   # another optimizer's option
+    said = [f"{key} {family.setting(key)}" for key in differing if family.has_setting(key)]
     return ", ".join(said) if said else f"{family.optimizer} on {family.hardware}"
 
 

@@ -182,8 +182,8 @@ def family_heading(family: Family, emulated: bool = False, faults: bool = False,
     ``differing``: the fingerprint keys that tell the families shown apart, each said with this
     family's value unless the heading names it anyway; ``pooled``: the keys pooled on purpose,
     which its runs may differ in)."""
-    own = "".join(f" | {key} {family.setting(key)}" for key in differing if key not in NAMED_KEYS
-                  and not (key.startswith("opt.") and family.setting(key) == "-"))   # another optimizer's
+    own = "".join(f" | {key} {family.setting(key)}" for key in differing
+                  if key not in NAMED_KEYS and family.has_setting(key))
     joined = f" | pooled across {', '.join(pooled)}" if pooled else ""
     return _heading(family, emulated, faults) + own + joined
 
