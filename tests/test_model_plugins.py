@@ -25,7 +25,7 @@ from mlbench.cli import (
 )
 from mlbench.dashboard.views import run_row, run_spec
 from mlbench.errors import UsageError
-from mlbench.plugins import PluginError
+from mlbench.plugins import PluginError, bundle_sha256
 from mlbench.results.summary import summarize
 from mlbench.tasks.models.plugins import build_plugin_model, load_recorded_model, resolve_model
 from tests.helpers import install_plugin_package, last_run, mlbench, run_ids, run_json
@@ -54,12 +54,13 @@ def logistic_shape(n: int) -> tuple[int, ...]:
 def test_a_file_a_module_and_an_entry_point_resolve_to_the_builder_and_its_source(tmp_path, monkeypatch):
     path = write(tmp_path, "wide.py", GOOD)
     plugin = resolve_model(f"{path}:build")
-    assert plugin is not None and plugin.name == "wide.build" and plugin.copy_path == "plugin/wide.py"
+    assert plugin is not None and plugin.name == "wide.build" and plugin.copy_path == "plugin/wide/wide.py"
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
     assert plugin.sha256 == sha and plugin.label == f"wide.build@{sha[:12]}"
     assert plugin.record() == {"name": "wide.build", "spec": f"{path}:build", "kind": "file", "module": None,
-                               "origin": str(path.resolve()), "distribution": None, "file": "plugin/wide.py",
-                               "sha256": sha, "callable": "build"}
+                               "origin": str(path.resolve()), "distribution": None, "root": str(tmp_path.resolve()),
+                               "folder": "plugin/wide", "file": "plugin/wide/wide.py", "files": {"wide.py": sha},
+                               "modules": [], "sha256": sha, "callable": "build"}
     assert resolve_model("logreg") is None and resolve_model("resnet20") is None   # built-ins load nothing
 
     install_plugin_package(tmp_path, "mymodels.wide", GOOD, "mymodels-0.3", "mlbench.models",
@@ -68,8 +69,10 @@ def test_a_file_a_module_and_an_entry_point_resolve_to_the_builder_and_its_sourc
     by_module, by_entry = resolve_model("mymodels.wide:build"), resolve_model("wide-net")
     assert by_module is not None and by_entry is not None
     assert by_module.name == "mymodels.wide.build" and by_entry.name == "wide-net"
-    assert by_entry.loaded.distribution == "mymodels 0.3" and by_entry.sha256 == by_module.sha256 == sha
-    assert by_entry.copy_path == "plugin/mymodels.wide.py"
+    # a module's bundle: its file and its package's __init__.py, hashed as one
+    package_sha = bundle_sha256({"mymodels/wide.py": sha, "mymodels/__init__.py": hashlib.sha256(b"").hexdigest()})
+    assert by_entry.loaded.distribution == "mymodels 0.3" and by_entry.sha256 == by_module.sha256 == package_sha
+    assert by_entry.copy_path == "plugin/mymodels.wide/mymodels/wide.py"
 
     # `mlbench tasks` lists what is installed, importing none of it: each plug-in with its
     # source's hash, one whose module cannot be found with why (a builder the module lacks shows
@@ -82,12 +85,13 @@ def test_a_file_a_module_and_an_entry_point_resolve_to_the_builder_and_its_sourc
     listed = CliRunner().invoke(cli, ["tasks"])
     assert listed.exit_code == 0, listed.output
     assert "Installed model plug-ins (entry points of mlbench.models; --model NAME, open division):" in listed.output
-    assert f"  wide-net = mymodels.wide:build of mymodels 0.3, sha256 {sha[:12]}" in listed.output
-    assert f"  broken-net = othermodels.net:missing of othermodels 1.0, sha256 {sha[:12]}" in listed.output
+    other_sha = bundle_sha256({"othermodels/net.py": sha, "othermodels/__init__.py": hashlib.sha256(b"").hexdigest()})
+    assert f"  wide-net = mymodels.wide:build of mymodels 0.3, sha256 {package_sha[:12]}" in listed.output
+    assert f"  broken-net = othermodels.net:missing of othermodels 1.0, sha256 {other_sha[:12]}" in listed.output
     assert "  gone-net = gone.net:build of gone 1.0, cannot be used: no module named gone" in listed.output
     as_json = json.loads(CliRunner().invoke(cli, ["tasks", "-o", "json"]).output)
     wide = next(m for m in as_json["model_plugins"] if m["name"] == "wide-net")
-    assert wide["sha256"] == sha and wide["distribution"] == "mymodels 0.3" and "error" not in wide
+    assert wide["sha256"] == package_sha and wide["distribution"] == "mymodels 0.3" and "error" not in wide
     with pytest.raises(UsageError, match="defines no missing"):
         resolve_model("broken-net")
 
@@ -121,12 +125,12 @@ def test_the_run_keeps_the_source_and_a_worker_builds_from_the_copy_only(tmp_pat
     document = run_json(run)
     record = document["config"]["model_plugin"]
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert record["sha256"] == sha and record["file"] == "plugin/wide.py" and record["spec"] == f"{path}:build"
-    assert (Path(run.run_dir) / "plugin" / "wide.py").read_bytes() == path.read_bytes()
+    assert record["sha256"] == sha and record["file"] == "plugin/wide/wide.py" and record["spec"] == f"{path}:build"
+    assert (Path(run.run_dir) / "plugin" / "wide" / "wide.py").read_bytes() == path.read_bytes()
     assert document["config"]["task"]["settings"]["model"] == f"wide.build@{sha[:12]}"
     assert run.division == "open" and document["config"]["optimizer_plugin"] is None
     spec = run_spec(run, document, summarize([]))   # the dashboard's run page
-    assert spec["model_plugin"] == f"wide.build, sha256 {sha[:12]} ({path}:build, kept as plugin/wide.py)"
+    assert spec["model_plugin"] == f"wide.build, sha256 {sha[:12]} ({path}:build, kept as plugin/wide/wide.py)"
     assert spec["model_plugin_sha256"] == sha and spec["plugin"] is None
 
     path.write_text("raise SystemExit('edited after the run was created')\n")
@@ -134,7 +138,7 @@ def test_the_run_keeps_the_source_and_a_worker_builds_from_the_copy_only(tmp_pat
     model = build_plugin_model(builder, "wide", (3,), 1, logistic_shape)
     assert [tuple(p.shape) for p in model.parameters()] == [(1, 3), (1,)]
 
-    copy = Path(run.run_dir) / "plugin" / "wide.py"
+    copy = Path(run.run_dir) / "plugin" / "wide" / "wide.py"
     copy.write_text(copy.read_text() + "\n# changed\n")
     with pytest.raises(PluginError, match="has changed since the run was created"):
         load_recorded_model(Path(run.run_dir), record)
@@ -177,7 +181,7 @@ def test_the_documented_example_runs_on_two_workers_and_status_and_compare_name_
     assert list(ranks[0]) == ["1.weight", "1.bias", "3.weight", "3.bias"]   # the plug-in's MLP was trained
     assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0])    # the same model on both ranks
     details = mlbench("status", run.id, check=True).stdout
-    assert f"my_model.build, sha256 {sha[:12]} ({plugin}:build, kept as plugin/my_model.py)" in details
+    assert f"my_model.build, sha256 {sha[:12]} ({plugin}:build, kept as plugin/my_model/my_model.py)" in details
     doc = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
     assert doc["model_plugin"]["sha256"] == sha and doc["optimizer_plugin"] is None and doc["summary"]["steps"] == 3
     assert f"| model {label} |" in mlbench("compare", "--task", "task2a", check=True).stdout

@@ -25,12 +25,15 @@ the cluster's data volume, mounted read-only (:mod:`mlbench.launch.k8s_data`).
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from mlbench.frameworks import PYTORCH, Framework, get_framework
 from mlbench.network.kube import shape_pod
+from mlbench.plugins import recorded_files
 from mlbench.run_config import RunConfig, RunDocument
 from mlbench.results.checkpoints import CHECKPOINTS_FOLDER
 from mlbench.worker.launcher_env import PEERS_ENV
@@ -218,8 +221,12 @@ PLUGIN_LIMIT = 512 * 1024
 
 
 def configmap_key(relative: str) -> str:
-    """The ConfigMap key of a file of the run folder (keys hold no '/'): plugin/x.py -> plugin.x.py."""
-    return relative.replace("/", ".")
+    """The ConfigMap key of a file of the run folder (keys hold no '/'): plugin/x/x.py ->
+    plugin.x.x.py; a path with other characters than a key may hold is named by its hash."""
+    key = relative.replace("/", ".")
+    if re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,200}", key):
+        return key
+    return f"file-{hashlib.sha256(relative.encode()).hexdigest()[:20]}"
 
 
 def configmap_run_json(run_json: dict[str, Any]) -> str:
@@ -270,9 +277,10 @@ def _affinity(run_id: str, workers: int, nodes: int) -> dict[str, Any]:
 
 
 def plugin_files(config: RunConfig) -> tuple[str, ...]:
-    """The run folder's plug-in sources (optimizer, model) that its ConfigMap carries, each once."""
+    """The run folder's plug-in files (optimizer, model: every file of each bundle) that its
+    ConfigMap carries, each once."""
     plugins = (config.optimizer_plugin, config.model_plugin)
-    return tuple(dict.fromkeys(str(plugin["file"]) for plugin in plugins if plugin))
+    return tuple(dict.fromkeys(path for plugin in plugins if plugin for path in recorded_files(plugin)))
 
 
 def worker_pods(run_id: str, document: RunDocument, owner: dict[str, Any]) -> list[dict[str, Any]]:

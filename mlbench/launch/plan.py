@@ -536,13 +536,16 @@ def create_run(store: RunStore, request: RunRequest, launcher: str, *, nodes: in
                                 ("model", request.model, model_plugin.loaded if model_plugin else None)):
         if loaded is None:
             continue
-        if plugin_limit is not None and len(loaded.source) > plugin_limit:
-            raise UsageError(f"{kind} plug-in {given}: its source is {len(loaded.source):,} bytes; "
-                             f"a {launcher} run ships it to the workers in at most {plugin_limit:,} bytes")
-        if files.get(loaded.copy_path, loaded.source) != loaded.source:
-            raise UsageError(f"model plug-in {given}: its file and the optimizer plug-in's are both called "
-                             f"{loaded.copy_path.rpartition('/')[2]}; rename one", option="model")
-        files[loaded.copy_path] = loaded.source
+        if plugin_limit is not None and loaded.bundle.size > plugin_limit:
+            count = len(loaded.bundle.files)
+            raise UsageError(f"{kind} plug-in {given}: its {'source is' if count == 1 else f'{count} files are'} "
+                             f"{loaded.bundle.size:,} bytes; a {launcher} run ships it to the workers in at most "
+                             f"{plugin_limit:,} bytes")
+        for path, data in loaded.copies().items():
+            if files.get(path, data) != data:
+                raise UsageError(f"model plug-in {given}: its files and the optimizer plug-in's are both kept "
+                                 f"as {path}; rename one", option="model")
+            files[path] = data
     if plugin is not None:
         request = dataclasses.replace(request, optimizer=plugin.label)
     config, changed = build_config(request, resources, model_plugin)

@@ -128,9 +128,10 @@ def prepare(spec: str, options: dict[str, str], workers: int, folder: Path) -> S
     values = info.parse_options(options, workers)
     if plugin is None:
         return Subject(spec, info, values, Job(info.name, dict(options)))
-    copy = folder / plugin.copy_path
-    copy.parent.mkdir(parents=True, exist_ok=True)
-    copy.write_bytes(plugin.source)
+    for relative, data in plugin.loaded.copies().items():
+        copy = folder / relative
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(data)
     return Subject(spec, info, values, Job(info.name, dict(options), plugin.record(values), str(folder)), plugin)
 
 

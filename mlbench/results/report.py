@@ -462,14 +462,17 @@ def run_plugins(record: RunRecord) -> dict[str, dict[str, Any]]:
 
 
 def describe_plugin(plugin: dict[str, Any] | None) -> str | None:
-    """``my-sgd, sha256 1a2b3c4d5e6f (./my_sgd.py:MySGD, kept as plugin/my_sgd.py)``: which code
-    ran (the hash names the source the workers executed), or None for a built-in; for a plug-in
-    of either kind (optimizer, model)."""
+    """``my-sgd, sha256 1a2b3c4d5e6f (./my_sgd.py:MySGD, kept as plugin/my_sgd/my_sgd.py)``, or
+    ``kept in plugin/two/ with 4 files`` for a plug-in of several files: which code ran (the hash
+    names the files the workers executed), or None for a built-in; for a plug-in of either kind
+    (optimizer, model)."""
     if not plugin:
         return None
     sha = str(plugin.get("sha256") or "")
-    return (f"{plugin.get('name')}, sha256 {sha[:SHORT_HASH]} ({plugin.get('spec')}, kept as "
-            f"{plugin.get('file')})")
+    files = plugin.get("files") or {}
+    kept = f"kept in {plugin.get('folder')}/ with {len(files)} files" if len(files) > 1 \
+        else f"kept as {plugin.get('file')}"
+    return f"{plugin.get('name')}, sha256 {sha[:SHORT_HASH]} ({plugin.get('spec')}, {kept})"
 
 
 #: The keys of :func:`run_overview`, in its order: what `status --sort` orders by.

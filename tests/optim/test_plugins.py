@@ -31,6 +31,7 @@ from mlbench.errors import UsageError
 from mlbench.optim.base import OptimizerContext
 from mlbench.optim.catalog import build_optimizer
 from mlbench.optim.plugins import PluginError, load_recorded, resolve_optimizer
+from mlbench.plugins import bundle_sha256
 from mlbench.results.summary import summarize
 from mlbench.tasks.registry import get_task
 from mlbench.timing import PhaseTimer
@@ -75,7 +76,7 @@ def test_a_file_plugin_resolves_to_its_class_info_and_source_hash(tmp_path):
     assert plugin is not None and plugin.kind == "file" and plugin.class_name == "Halve"
     assert plugin.info.name == "halve" and plugin.source == path.read_bytes()
     assert plugin.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert plugin.label == f"halve@{plugin.sha256[:12]}" and plugin.copy_path == "plugin/halve.py"
+    assert plugin.label == f"halve@{plugin.sha256[:12]}" and plugin.copy_path == "plugin/halve/halve.py"
     assert plugin.record({"factor": 0.25})["options"] == {"factor": 0.25}
     assert resolve_optimizer("powersgd") is None   # a built-in's name never loads anything
 
@@ -90,7 +91,7 @@ def test_a_module_plugin_and_an_entry_point_plugin_resolve_from_the_installed_so
     assert by_module.kind == "module" and by_entry.kind == "entry-point"
     assert by_module.module == by_entry.module == "myopts.halving"
     assert by_entry.distribution == "myopts 1.2" and by_entry.sha256 == by_module.sha256
-    assert by_entry.copy_path == "plugin/myopts.halving.py"
+    assert by_entry.copy_path == "plugin/myopts.halving/myopts/halving.py"
 
     # the listing names it by its entry point with its source's hash, without importing it;
     # asked for by name, it is imported and shows its options
@@ -146,14 +147,14 @@ def test_the_run_keeps_the_source_and_its_workers_execute_the_copy_not_the_users
     assert result.exit_code == 0, result.output
     run = last_run()
     record = run_json(run)["config"]["optimizer_plugin"]
-    copy = Path(run.run_dir) / "plugin" / "halve.py"
+    copy = Path(run.run_dir) / "plugin" / "halve" / "halve.py"
     assert copy.read_bytes() == path.read_bytes()
     assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     assert record["options"] == {"factor": 0.25} and record["spec"] == f"{path}:Halve"
     assert run.optimizer == f"halve@{record['sha256'][:12]}" and run.division == "open"
     assert run_json(run)["changed"][0] == f"optimizer={run.optimizer}"
     spec = run_spec(run, run_json(run), summarize([]))   # the dashboard's run page
-    assert spec["plugin"] == f"halve, sha256 {record['sha256'][:12]} ({path}:Halve, kept as plugin/halve.py)"
+    assert spec["plugin"] == f"halve, sha256 {record['sha256'][:12]} ({path}:Halve, kept as plugin/halve/halve.py)"
     assert spec["plugin_sha256"] == record["sha256"] and spec["optimizer"] == run.optimizer
 
     path.write_text("raise SystemExit('edited after the run was created')\n")
@@ -174,8 +175,8 @@ def test_a_plugin_that_raises_in_its_step_names_itself_and_the_step(tmp_path):
     plugin = resolve_optimizer(f"{path}:Halve")
     assert plugin is not None
     run_dir = tmp_path / "run"
-    (run_dir / "plugin").mkdir(parents=True)
-    (run_dir / "plugin" / "flaky.py").write_bytes(plugin.source)
+    (run_dir / "plugin" / "flaky").mkdir(parents=True)
+    (run_dir / "plugin" / "flaky" / "flaky.py").write_bytes(plugin.source)
     optimizer = build_optimizer(plugin.label, context(), plugin.record({}), run_dir)
     optimizer.step(0.5)
     with pytest.raises(PluginError) as err:
@@ -193,9 +194,9 @@ def test_the_documented_example_runs_on_two_workers_and_status_and_compare_name_
     run = last_run()
     assert run.state == "finished" and run.optimizer == label
     assert run_json(run)["config"]["optimizer_plugin"]["sha256"] == sha
-    assert (Path(run.run_dir) / "plugin" / "my_sgd.py").read_bytes() == Path(plugin).read_bytes()
+    assert (Path(run.run_dir) / "plugin" / "my_sgd" / "my_sgd.py").read_bytes() == Path(plugin).read_bytes()
     details = mlbench("status", run.id, check=True).stdout
-    assert f"my-sgd, sha256 {sha[:12]} ({plugin}:MySGD, kept as plugin/my_sgd.py)" in details
+    assert f"my-sgd, sha256 {sha[:12]} ({plugin}:MySGD, kept as plugin/my_sgd/my_sgd.py)" in details
     assert f"open: optimizer={label} (+1 more)" in mlbench("status", check=True).stdout
     doc = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
     assert doc["optimizer_plugin"]["sha256"] == sha and doc["summary"]["steps"] == 3
@@ -308,7 +309,8 @@ def test_listing_the_optimizers_and_tasks_runs_no_installed_plugins_code(tmp_pat
                            "markedmodels-1.0", "mlbench.models", "marked-net = markedmodels.net:build")
     (tmp_path / "markedmodels" / "__init__.py").write_text(leave_mark)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    sha = hashlib.sha256((tmp_path / "markedopts" / "halving.py").read_bytes()).hexdigest()
+    sha = bundle_sha256({f"markedopts/{name}": hashlib.sha256((tmp_path / "markedopts" / name).read_bytes()).hexdigest()
+                         for name in ("halving.py", "__init__.py")})   # the module and its package's __init__
 
     listed = subprocess.run([sys.executable, "-m", "mlbench", "optimizers"], env=env, capture_output=True, text=True,
                             timeout=120)

@@ -46,15 +46,18 @@ def test_a_plugin_from_outside_the_repository_runs_on_two_slurm_workers_with_its
     run = last_run()
     assert (run.state, run.launcher, run.optimizer) == ("finished", "slurm", f"averaged-sgd@{sha[:12]}")
     record = run_json(run)["config"]["optimizer_plugin"]
-    assert (record["sha256"], record["file"], record["options"]) == (sha, "plugin/averaged_sgd.py", {"lr_scale": 0.5})
+    assert (record["sha256"], record["file"], record["options"]) == \
+        (sha, "plugin/averaged_sgd/averaged_sgd.py", {"lr_scale": 0.5})
     assert (Path(run.run_dir) / record["file"]).read_bytes() == plugin.read_bytes()
     details = mlbench("status", run.id, check=True).stdout
-    assert f"averaged-sgd, sha256 {sha[:12]} ({plugin}:AveragedSGD, kept as plugin/averaged_sgd.py)" in details
+    assert f"averaged-sgd, sha256 {sha[:12]} ({plugin}:AveragedSGD, kept as plugin/averaged_sgd/averaged_sgd.py)" \
+        in details
     listed = json.loads(mlbench("status", "-o", "json", check=True).stdout)["runs"]
     assert f"optimizer=averaged-sgd@{sha[:12]}" in listed[0]["open_reasons"]
     doc = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
     assert doc["optimizer_plugin"]["sha256"] == sha and doc["summary"]["steps"] == 4
     # every rank that srun started made the plug-in from the run folder's copy, not from the user's file
+    copy = Path(run.run_dir) / "plugin" / "averaged_sgd" / "averaged_sgd.py"
     for rank in (0, 1):
         log = (Path(run.run_dir) / "logs" / f"rank-{rank}.log").read_text()
-        assert f"averaged-sgd on rank {rank} from {Path(run.run_dir) / 'plugin' / 'averaged_sgd.py'}" in log
+        assert f"averaged-sgd on rank {rank} from {copy}" in log
