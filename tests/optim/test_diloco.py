@@ -1,9 +1,12 @@
 """The DiLoCo example (examples/diloco/), installed with pip as a package of its own and run through
 its entry point on 2 real workers, equals a reference computed here from the algorithm.
 
-With ``H=2 outer_lr=1 outer_momentum=0`` the outer step sets every worker to the mean of the
-workers' parameters: DiLoCo is then model averaging of AdamW every 2 steps, each worker keeping
-its own AdamW state. 5 steps end mid-round, so each rank's last step is its own.
+The reference is the paper's Algorithm 1 written out with torch's own optimizers: each worker's
+AdamW (weight decay 0.1) on its share; every H steps the mean pseudo-gradient is the gradient of
+a torch.optim.SGD(nesterov=True) step of the global model, which every worker then copies. At the
+paper's outer values (0.7, 0.9), and at ``outer_lr=1 outer_momentum=0`` (model averaging of
+AdamW). 5 steps end mid-round, so each rank's last step is its own, and the run's last
+evaluation must score the global model, not a worker's nor their average.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mlbench.results.summary import summarize
 from mlbench.tasks.classification import learning_rate
 from mlbench.tasks.data.sharding import epoch_batches, steps_per_epoch
 from mlbench.tasks.datasets import load_splits
@@ -25,11 +29,12 @@ from mlbench.tasks.losses import get_loss, regulariser
 from mlbench.tasks.models import build_model
 from mlbench.tasks.overrides import resolve
 from mlbench.tasks.pipeline import Pipeline
+from mlbench.tasks.scoring import metrics_of, score_outputs
 from mlbench.tasks.task2a import TASK2A
-from tests.helpers import checkpoint, last_run, mlbench
+from tests.helpers import checkpoint, events, last_run, mlbench
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "diloco"
-K, STEPS, BATCH, H, INNER_LR_SCALE = 2, 5, 50, 2, 0.08
+K, STEPS, BATCH, H, INNER_LR_SCALE, INNER_WEIGHT_DECAY = 2, 5, 50, 2, 0.08, 0.1
 
 
 @pytest.fixture(scope="module")
@@ -52,15 +57,19 @@ def diloco_env(diloco_site):
     return {**os.environ, "PYTHONPATH": path}
 
 
-def reference(spec, data_dir) -> list[dict[str, torch.Tensor]]:
-    """Each rank's parameters: local AdamW steps on its share, the models averaged every H steps."""
+def reference(spec, data_dir, outer_lr: float, outer_momentum: float):
+    """Each rank's parameters, and the global model's test loss and accuracy after STEPS steps."""
     train, test = load_splits(spec.dataset, "real", str(data_dir))
     pipe = Pipeline(train, test, torch.device("cpu"), images=False)
     models, optimizers = [], []
     for _ in range(K):
         torch.manual_seed(0)
         models.append(build_model(spec.model, in_features=pipe.num_features))
-        optimizers.append(torch.optim.AdamW(models[-1].parameters(), lr=0.0, weight_decay=spec.weight_decay))
+        optimizers.append(torch.optim.AdamW(models[-1].parameters(), lr=0.0, weight_decay=INNER_WEIGHT_DECAY))
+    torch.manual_seed(0)
+    global_model = build_model(spec.model, in_features=pipe.num_features)
+    outer = torch.optim.SGD(global_model.parameters(), lr=outer_lr, momentum=outer_momentum,
+                            nesterov=outer_momentum > 0)
     spe = steps_per_epoch(pipe.num_train, K, BATCH)
     for step in range(STEPS):
         lr = learning_rate(spec.lr, workers=K, batch_per_worker=BATCH, step=step, steps_per_epoch=spe)
@@ -74,32 +83,45 @@ def reference(spec, data_dir) -> list[dict[str, torch.Tensor]]:
             opt.step()
         if (step + 1) % H == 0:
             with torch.no_grad():
-                for params in zip(*(m.parameters() for m in models)):
-                    mean = torch.stack([p for p in params]).mean(dim=0)
+                for g, *params in zip(global_model.parameters(), *(m.parameters() for m in models)):
+                    g.grad = torch.stack([g.detach() - p for p in params]).mean(dim=0)
+            outer.step()
+            with torch.no_grad():
+                for g, *params in zip(global_model.parameters(), *(m.parameters() for m in models)):
                     for p in params:
-                        p.copy_(mean)
-    return [{name: p.detach() for name, p in m.named_parameters()} for m in models]
+                        p.copy_(g)
+    with torch.no_grad():
+        x, y = pipe.test_batch(0, pipe.num_test)
+        scored = metrics_of(score_outputs(spec.loss, global_model(x).numpy(), y.numpy()),
+                            float(regulariser(global_model, spec.l2)))
+    return [{name: p.detach() for name, p in m.named_parameters()} for m in models], scored
 
 
-def test_diloco_installed_with_pip_runs_through_its_entry_point_and_equals_averaged_adamw(diloco_env, libsvm_dir):
+@pytest.mark.parametrize("outer_lr, outer_momentum", [(0.7, 0.9), (1.0, 0.0)], ids=["paper", "averaging"])
+def test_diloco_installed_with_pip_runs_through_its_entry_point_and_equals_the_algorithm(
+        diloco_env, libsvm_dir, outer_lr, outer_momentum):
     listed = mlbench("optimizers", "-o", "json", env=diloco_env, check=True).stdout
     plugin = next(o for o in json.loads(listed)["optimizers"] if o["name"] == "example-diloco")["plugin"]
     assert (plugin["entry_point"], plugin["distribution"]) == ("example-diloco", "mlbench-diloco 0.1.0")
 
     mlbench("run", "task2a", str(K), "--data-dir", str(libsvm_dir), "--max-steps", str(STEPS),
             "--set", f"batch_per_worker={BATCH}", "--optimizer", "example-diloco", "--opt", f"H={H}",
-            "--opt", "outer_lr=1", "--opt", "outer_momentum=0", "--save-model", "--log-every", "1",
-            env=diloco_env, check=True)
+            "--opt", f"outer_lr={outer_lr}", "--opt", f"outer_momentum={outer_momentum}", "--save-model",
+            "--log-every", "1", env=diloco_env, check=True)
     run = last_run()
     record = json.loads((Path(run.run_dir) / "run.json").read_text())["config"]["optimizer_plugin"]
     assert (record["kind"], record["module"], record["distribution"]) == \
         ("entry-point", "mlbench_diloco.optimizer", "mlbench-diloco 0.1.0")
     assert (Path(run.run_dir) / record["file"]).read_bytes() == \
         (EXAMPLE / "mlbench_diloco" / "optimizer.py").read_bytes()
+    assert record["options"]["inner_weight_decay"] == INNER_WEIGHT_DECAY   # the paper's, not the task's
     spec, _ = resolve(TASK2A, {"batch_per_worker": BATCH})
-    expected = reference(spec, libsvm_dir)
+    expected, scored = reference(spec, libsvm_dir, outer_lr, outer_momentum)
     assert not torch.equal(expected[0]["linear.weight"], expected[1]["linear.weight"])  # step 5 is local
     for rank in range(K):
         state = checkpoint(run, rank)
         for name, want in expected[rank].items():
             torch.testing.assert_close(state[name], want, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name}")
+    last = summarize(events(run)).evaluations[-1]
+    assert last["step"] == STEPS
+    assert last["loss"] == pytest.approx(scored["loss"], rel=1e-6) and last["accuracy"] == scored["accuracy"]

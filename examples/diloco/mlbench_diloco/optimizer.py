@@ -1,18 +1,20 @@
 """DiLoCo: Distributed Low-Communication training (Douillard et al. 2023, arXiv:2311.08105).
 
-Each worker takes ``H`` local AdamW steps (the inner optimizer, its state kept across rounds, as
-in the paper's Algorithm 1); then the pseudo-gradient, the round's start minus the worker's
-parameters now, is averaged over the workers with one all-reduce, and an outer SGD step with
-Nesterov momentum (the paper's outer lr 0.7 and momentum 0.9) moves the round's start; every
-worker continues from there. One all-reduce of the model every ``H`` steps: that, and nothing
-else, is what it sends.
+Each worker takes ``H`` local AdamW steps (the inner optimizer, weight decay 0.1 and its state
+kept across rounds, as in the paper's Algorithm 1 and its section 3); then the pseudo-gradient,
+the round's start minus the worker's parameters now, is averaged over the workers with one
+all-reduce, and an outer SGD step with Nesterov momentum (the paper's outer lr 0.7 and momentum
+0.9) moves the round's start, the global model; every worker continues from there. One
+all-reduce of the model every ``H`` steps: that, and nothing else, is what it sends.
 
-Between two rounds the workers' models differ; evaluation sees their average and gives each its
-own back afterwards (mlbench.optim.base.ConsensusEvaluation, as model-averaging does).
+Between two rounds the workers' models differ. Evaluation scores the global model, what DiLoCo
+deploys, and gives each worker its own back afterwards. Buffers (BatchNorm's statistics) stay
+each worker's own: the built-in ``diloco`` also averages them once a round.
 
-With ``H=2 outer_lr=1 outer_momentum=0`` it is model averaging of AdamW every 2 steps (the new
-start is the mean of the workers' parameters), which is how its test checks it. This file is
-the whole plug-in: a run keeps it (and only it) beside the run's record.
+Its test (tests/optim/test_diloco.py) checks it against the algorithm written out independently,
+at the paper's outer values and at ``outer_lr=1 outer_momentum=0`` (model averaging of AdamW
+every ``H`` steps). A run keeps this package's files that it imports (this module and
+``__init__.py``) beside the run's record.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from mlbench.optim.base import (
-    ConsensusEvaluation,
     DistributedOptimizer,
     OptimizerContext,
     all_reduce_mean_,
@@ -45,6 +46,7 @@ class DiLoCo(DistributedOptimizer):
             "H": Option("inner steps per round (one all-reduce of the model per round)", 10, kind="int", minimum=1),
             "inner_lr_scale": Option("AdamW's rate = the task's rate x inner_lr_scale", 0.08, kind="float",
                                      minimum=0.0),
+            "inner_weight_decay": Option("AdamW's weight decay (the paper's 0.1)", 0.1, kind="float", minimum=0.0),
             "outer_lr": Option("outer SGD's learning rate", 0.7, kind="float", minimum=0.0),
             "outer_momentum": Option("outer SGD's Nesterov momentum", 0.9, kind="float", minimum=0.0, maximum=1.0),
         },
@@ -53,12 +55,11 @@ class DiLoCo(DistributedOptimizer):
 
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)
-        self.inner = torch.optim.AdamW(self.params, lr=0.0, weight_decay=ctx.spec.settings.weight_decay)
+        self.inner = torch.optim.AdamW(self.params, lr=0.0, weight_decay=self.opts["inner_weight_decay"])
         with torch.no_grad():
             self.start = _flatten_dense_tensors([p.detach() for p in self.params]).clone()
         self.momentum = torch.zeros_like(self.start)
         self.since_round = 0
-        self.consensus = ConsensusEvaluation(self.params, ctx.world_size, ctx.group)
 
     def step(self, lr: float) -> None:
         set_lr(self.inner, lr * self.opts["inner_lr_scale"])
@@ -84,5 +85,18 @@ class DiLoCo(DistributedOptimizer):
         for t, value in zip(tensors, _unflatten_dense_tensors(self.start, tensors)):
             t.copy_(value)
 
+    @torch.no_grad()
     def state_for_eval(self) -> Callable[[], None] | None:
-        return self.consensus.enter() if self.since_round else None
+        """The global model (the round's start) in the parameters; what gives the worker's own back."""
+        if not self.since_round:
+            return None   # just after an outer step every worker holds the global model
+        tensors = [p.data for p in self.params]
+        own = _flatten_dense_tensors(tensors).clone()
+        for t, value in zip(tensors, _unflatten_dense_tensors(self.start, tensors)):
+            t.copy_(value)
+
+        def restore() -> None:
+            with torch.no_grad():
+                for t, value in zip(tensors, _unflatten_dense_tensors(own, tensors)):
+                    t.copy_(value)
+        return restore
