@@ -22,6 +22,7 @@ from itertools import combinations
 from typing import TYPE_CHECKING
 
 from mlbench.results.environment import machine_was_busy
+from mlbench.results.fingerprint import follows_optimizer
 from mlbench.results.repeats import RepeatStats, indistinguishable
 
 if TYPE_CHECKING:
@@ -109,7 +110,9 @@ def fairness_notes(comparison: Comparison) -> list[str]:
     """The sentences under compare's tables about what makes rows unfair or alike."""
     notes = []
     families = comparison.families()
-    differing = tuple(key for key, _ in comparison.differences())
+    fingerprints = [dict(f.fingerprint) for f in families]
+    # an option that differs only because the optimizers do is said by naming the optimizer
+    differing = tuple(key for key, _ in comparison.differences() if not follows_optimizer(key, fingerprints))
     for family, groups in families.items():
         name = f" ({family_name(family, differing)})" if len(families) > 1 else ""
         base = min(groups, key=lambda g: g.workers)

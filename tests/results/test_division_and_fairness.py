@@ -103,6 +103,18 @@ def test_families_whose_ranges_overlap_are_indistinguishable_at_their_n(store):
     assert not any(n.startswith("Indistinguishable") for n in fairness_notes(apart))
 
 
+def test_families_of_other_optimizers_are_named_by_the_optimizer_not_by_its_options(store):
+    runs = [record_run(store, task="task2a", workers=2, tta=t, wall=t + 1, seed=i,
+                       config={"optimizer": optimizer, "optimizer_options": options})
+            for optimizer, options, times in (("centralized-sgd", {}, (50.0, 60.0)),
+                                              ("diloco", {"H": "10", "outer_lr": "0.7"}, (55.0, 70.0)))
+            for i, t in enumerate(times)]
+    [note] = [n for n in fairness_notes(compare_runs(runs)) if n.startswith("Indistinguishable")]
+    named = ("optimizer centralized-sgd (n=2)", "optimizer diloco (n=2)")
+    assert note in (f"Indistinguishable at 2 workers: {a} and {b}; their ranges of time to accuracy overlap."
+                    for a, b in (named, named[::-1]))
+
+
 def test_the_mlperf_score_is_the_mean_without_the_fastest_and_slowest_of_five(store):
     runs = [record_run(store, task="task2a", workers=1, tta=t, wall=t + 1, seed=i)
             for i, t in enumerate((10.0, 11.0, 12.0, 13.0, 20.0))]
