@@ -81,6 +81,11 @@ class OptimizerInfo:
     steps, gossip), so that only their consensus distance is reported and evaluation must see
     their average (``state_for_eval``). Unless it says so, a method claims neither: every rank
     must then hold the same parameters after every step.
+
+    ``period``: the steps from one of the method's communications to the next, so that the
+    checker trains over at least two of them and asks for bytes on the wire in each; a number
+    (1: every step), or the name of the int option that holds it (``"H"`` for DiLoCo's rounds).
+    None: not declared; the checker then asks for bytes over the whole run only.
     """
 
     name: str
@@ -93,6 +98,7 @@ class OptimizerInfo:
     exact: bool | Callable[[dict[str, Any]], bool] = False
     ranks_differ: bool | Callable[[dict[str, Any]], bool] = False
     local_updates: bool = False
+    period: int | str | None = None
 
     @property
     def takes_grad_hook(self) -> bool:
@@ -106,6 +112,12 @@ class OptimizerInfo:
     def claims_ranks_differ(self, values: dict[str, Any]) -> bool:
         """Whether, with the parsed options ``values``, the ranks' models may differ after a step."""
         return bool(self.ranks_differ(values) if callable(self.ranks_differ) else self.ranks_differ)
+
+    def communication_period(self, values: dict[str, Any]) -> int | None:
+        """Steps between two communications with the parsed options ``values`` (None: not declared)."""
+        if self.period is None:
+            return None
+        return max(1, int(values[self.period] if isinstance(self.period, str) else self.period))
 
     def parse_options(self, raw: dict[str, str], world_size: int | None) -> dict[str, Any]:
         """Typed options (defaults filled in), or a UsageError naming the wrong one.
@@ -172,7 +184,7 @@ _ALL = (
         "centralized-sgd",
         "Synchronous SGD with gradient all-reduce (Goyal et al. 2017; MLBench task 1a)",
         "The reference: average the gradients with an all-reduce, then the same SGD step everywhere.",
-        closed_division=True, options={"by": BY}, supports_grad_hook=True, exact=True),
+        closed_division=True, options={"by": BY}, supports_grad_hook=True, exact=True, period=1),
     OptimizerInfo(
         "centralized-adam",
         "Adam (Kingma & Ba 2015, arXiv:1412.6980) on all-reduced gradients, as the original "
@@ -186,7 +198,7 @@ _ALL = (
             "beta2": Option("second-moment decay", 0.999, kind="float", minimum=0.0, maximum=1.0),
             "eps": Option("denominator term", 1e-8, kind="float", minimum=0.0),
         },
-        supports_grad_hook=True, exact=True),
+        supports_grad_hook=True, exact=True, period=1),
     OptimizerInfo(
         "model-averaging",
         "Model averaging / local SGD (Stich 2019, arXiv:1805.09767; Lin et al. 2020, "
@@ -197,7 +209,7 @@ _ALL = (
             "period": Option("average the weights every this many steps (1: after every step)", 1,
                              kind="int", minimum=1),
         },
-        ranks_differ=lambda values: values["period"] > 1),
+        ranks_differ=lambda values: values["period"] > 1, period="period"),
     OptimizerInfo(
         "powersgd",
         "Vogels, Karimireddy & Jaggi 2019, PowerSGD: Practical Low-Rank Gradient "
@@ -209,7 +221,8 @@ _ALL = (
                                  kind="bool"),
             "error_feedback": Option("add what compression lost to the next step's gradient", True,
                                      kind="bool"),
-        }),
+        },
+        period=1),
     OptimizerInfo(
         "signsgd",
         "Bernstein et al. 2018, signSGD with Majority Vote (ICLR 2019, arXiv:1810.05291); "
@@ -220,7 +233,8 @@ _ALL = (
                                      False, kind="bool"),
             "lr_scale": Option("majority vote only: step = the task's rate x lr_scale per coordinate", 0.01,
                                kind="float", minimum=0.0),
-        }),
+        },
+        period=1),
     OptimizerInfo(
         "sparsified-sgd",
         "Stich, Cordonnier & Jaggi 2018, Sparsified SGD with Memory (NeurIPS, arXiv:1809.07599)",
@@ -231,7 +245,8 @@ _ALL = (
             "ratio": Option("fraction of the coordinates sent per step (k = ratio x d, at least 1)", 0.01,
                             kind="float", minimum=1e-9, maximum=1.0),
             "seed": Option("seed of the random-k draws (each rank adds its rank)", 0, kind="int", minimum=0),
-        }),
+        },
+        period=1),
     OptimizerInfo(
         "decentralized-sgd",
         "Lian et al. 2017, Can Decentralized Algorithms Outperform Centralized Algorithms? "
@@ -241,7 +256,7 @@ _ALL = (
             "topology": Option("ring, torus, torus:RxC, complete, or edges like 0-1,1-2,2-0 "
                                "(Metropolis-Hastings weights)", "ring"),
         },
-        check=_check_topology, ranks_differ=True),
+        check=_check_topology, ranks_differ=True, period=1),
     OptimizerInfo(
         "diloco",
         "Douillard et al. 2023, DiLoCo: Distributed Low-Communication Training of Language Models "
@@ -249,7 +264,7 @@ _ALL = (
         "H local steps of an inner optimizer, then one all-reduce of the pseudo-gradient and an outer "
         "Nesterov step.",
         options={**INNER, **OUTER},
-        local_updates=True, ranks_differ=lambda values: values["H"] > 1),
+        local_updates=True, ranks_differ=lambda values: values["H"] > 1, period="H"),
     OptimizerInfo(
         "streaming-diloco",
         "Douillard et al. 2025, Streaming DiLoCo with overlapping communication: Towards a Distributed "
@@ -271,7 +286,7 @@ _ALL = (
                                   "the outer step is in fp32)", "fp32", kind="choice",
                                   choices=("fp32", "bf16", "fp16")),
         },
-        check=_check_streaming, local_updates=True, ranks_differ=True),
+        check=_check_streaming, local_updates=True, ranks_differ=True, period="H"),
     OptimizerInfo(
         "sparseloco",
         "Sarfi, Therien, Lidin & Belilovsky 2025, Communication Efficient LLM Pre-training with SparseLoCo "
@@ -288,7 +303,7 @@ _ALL = (
                               "least 1)", 0.02, kind="float", minimum=1e-9, maximum=1.0),
             "chunk": Option("entries per chunk of the flattened model", 4096, kind="int", minimum=1),
         },
-        local_updates=True, ranks_differ=lambda values: values["H"] > 1),
+        local_updates=True, ranks_differ=lambda values: values["H"] > 1, period="H"),
     OptimizerInfo(
         "ddp",
         "PyTorch DistributedDataParallel (Li et al. 2020, VLDB, arXiv:2006.15704); "
@@ -304,7 +319,7 @@ _ALL = (
             "broadcast_buffers": Option("broadcast rank 0's buffers before each forward (DDP's default)", True,
                                         kind="bool"),
         },
-        supports_grad_hook=True, exact=lambda values: values["hook"] == "allreduce"),
+        supports_grad_hook=True, exact=lambda values: values["hook"] == "allreduce", period=1),
 )
 
 #: Every optimizer by name, in :data:`ORDER`.
