@@ -19,7 +19,7 @@ from mlbench.network.settings import network_label
 from mlbench.results.charts import family_labels, network_axis, representative
 from mlbench.results.compare import Comparison, Group, sweep_bandwidth, training_curve
 from mlbench.results.outcome import AllreduceResult, read_result
-from mlbench.results.report import (compare_headers, compare_notes, compare_row, describe_checkpoints,
+from mlbench.results.report import (bandwidth_matrix, compare_headers, compare_notes, compare_row, describe_checkpoints,
                                     describe_plugin, describe_result, describe_resumes, run_recovery,
                                     framework_of, difference_lines, differs_in_network, family_heading, group_label,
                                     had_faults, is_sweep,
@@ -272,6 +272,7 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
     metric = task_metric(comparison.task)
     differing = tuple(key for key, _ in comparison.differences())
     sweep_headers, sweep_rows = sweep_table(comparison) if sweep else ([], [])
+    matrix = bandwidth_matrix(comparison)
     return {
         "task": comparison.task,
         "headers": list(compare_headers(emulated, sweep, faults, comparison.task, comparison.score)),
@@ -284,6 +285,7 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
         "skipped": [{"id": r.id, "state": r.state} for r in comparison.skipped],
         "metric": metric_view(metric), "sweep": sweep,
         "sweep_table": {"headers": sweep_headers, "rows": sweep_rows} if sweep else None,
+        "bandwidth_table": {"headers": matrix[0], "rows": matrix[1]} if matrix else None,
         "network": network_axis(comparison),
         "families": [{"label": labels[f], "heading": family_heading(f, emulated, faults, differing, comparison.pooled),
                       "metric": f.metric, "fingerprint": dict(f.fingerprint),

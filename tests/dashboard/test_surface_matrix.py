@@ -270,6 +270,30 @@ def test_runs_on_two_networks_read_apart_everywhere(lab, page, tmp_path):
     page.screenshot(path=tmp_path / "compare-networks.png", full_page=True)
 
 
+def test_optimizers_at_two_bandwidths_get_the_by_bandwidth_table_on_the_compare_page(lab, page):
+    """`run --optimizer A,B --bandwidth R1,R2`'s table: time to goal per rate, a row per optimizer,
+    and the bytes per step, in `compare` and on the dashboard's compare page alike."""
+    store = lab.store()
+    runs = [record_run(store, workers=2, task="task1a", tta=tta, wall=tta + 5, group_id="matrix",
+                       optimizer=optimizer, config={"optimizer": optimizer, "optimizer_options": options},
+                       network={**NetworkSettings(bandwidth_bps=rate).to_dict(), "mechanism": "tc"})
+            for optimizer, options, by_rate in (("centralized-sgd", {}, ((1e7, 90.0), (1e9, 20.0))),
+                                                ("diloco", {"H": "10"}, ((1e7, 30.0), (1e9, 25.0))))
+            for rate, tta in by_rate]
+    ids = [run.id for run in runs]
+    text = invoke(lab, "compare", *ids)
+    matrix = text[text.index("By bandwidth"):].splitlines()[3:5]
+    cli_rows = sorted(line.split() for line in matrix)
+    page.goto(f"{lab.base}/compare?runs={','.join(ids)}")
+    page.wait_for_selector("#bandwidth-table")
+    headers = page.locator("#bandwidth-table th").all_text_contents()   # as written, before CSS capitals
+    assert headers == ["OPTIMIZER", "WORKERS", "TIME TO GOAL 10 Mbit/s", "TIME TO GOAL 1 Gbit/s", "BYTES/STEP"]
+    shown = sorted(" ".join(row.locator("td").all_inner_texts()).split()
+                   for row in page.locator("#bandwidth-table tbody tr").all())
+    assert shown == cli_rows and [row[0] for row in shown] == ["centralized-sgd", "diloco"]
+    assert [row[2:4] for row in shown] == [["0:01:30", "20.0s"], ["30.0s", "25.0s"]]
+
+
 def test_runs_at_two_latencies_get_the_network_figure_by_latency(lab, page, tmp_path):
     """At one bandwidth and two latencies the network figure puts the latency on its x axis, in
     `charts` and on the compare page; the compare headings name each network."""

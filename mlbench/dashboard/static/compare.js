@@ -38,6 +38,13 @@
         el("thead", {}, el("tr", {}, t.headers.map((h, i) => el("th", { class: i ? "num" : null }, h)))),
         el("tbody", {}, t.rows.map((row) => el("tr", {}, row.map((cell, i) => el("td", { class: i ? "num" : null }, cell))))))));
     }
+    if (doc.bandwidth_table) {
+      const t = doc.bandwidth_table;
+      out.push(el("h3", {}, "By bandwidth (median of the repeats; bytes each worker sent per step)"));
+      out.push(el("div", { style: "overflow-x: auto" }, el("table", { class: "data compare", id: "bandwidth-table" },
+        el("thead", {}, el("tr", {}, t.headers.map((h, i) => el("th", { class: i ? "num" : null }, h)))),
+        el("tbody", {}, t.rows.map((row) => el("tr", {}, row.map((cell, i) => el("td", { class: i ? "num" : null, "data-col": t.headers[i] }, cell))))))));
+    }
     document.getElementById("tables").replaceChildren(...out);
     const differences = document.getElementById("differences");
     differences.replaceChildren(...doc.differences.map((line) => el("p", { style: "margin: 0 0 8px" }, line)));
