@@ -276,6 +276,7 @@ def test_the_bytes_each_reports_are_the_bytes_its_sockets_sent(name, options):
     proc = mlbench("check-optimizer", name, *options, "--steps", "6", timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = dict(re.findall(r"^  (?:PASS) +(\S+) +(.*)$", proc.stdout, re.M))
-    assert set(rows) == {"bytes", "consensus", "determinism", "finite"}, proc.stdout
+    assert set(rows) == {"bytes", "consensus", "restore", "communication", "progress", "memory", "random-stream",
+                         "determinism", "finite"}, proc.stdout
     reported = int(re.match(r"reported ([\d,]+) B", rows["bytes"])[1].replace(",", ""))
     assert reported > 0, rows["bytes"]

@@ -51,6 +51,7 @@ class DiLoCo(DistributedOptimizer):
             "outer_momentum": Option("outer SGD's Nesterov momentum", 0.9, kind="float", minimum=0.0, maximum=1.0),
         },
         ranks_differ=lambda values: values["H"] > 1,
+        period="H",   # one all-reduce every H steps: check-optimizer trains over two of them
     )
 
     def __init__(self, ctx: OptimizerContext):
