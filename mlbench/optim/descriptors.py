@@ -26,7 +26,12 @@ _FALSE = ("0", "false", "no", "off")
 @dataclass(frozen=True)
 class Option:
     """One ``--opt KEY=VALUE`` of an optimizer: its type ("int", "float", "bool", "choice",
-    "text"), default, bounds and help."""
+    "text"), default, bounds and help.
+
+    ``applies_with`` ``(OTHER, VALUE)``: the option means something only while option OTHER is
+    VALUE (AdamW's rate scale while the inner optimizer is AdamW). Otherwise it is left out of
+    the parsed options, and given, it is refused: it would change nothing a run computes yet
+    make its runs a family of their own."""
 
     help: str
     default: Any
@@ -34,6 +39,7 @@ class Option:
     choices: tuple[str, ...] = ()
     minimum: float | None = None
     maximum: float | None = None
+    applies_with: tuple[str, Any] | None = None
 
     def parse(self, key: str, raw: str) -> Any:
         raw = raw.strip()
@@ -119,10 +125,13 @@ class OptimizerInfo:
             return None
         return max(1, int(values[self.period] if isinstance(self.period, str) else self.period))
 
-    def parse_options(self, raw: dict[str, str], world_size: int | None) -> dict[str, Any]:
-        """Typed options (defaults filled in), or a UsageError naming the wrong one.
+    def parse_options(self, raw: dict[str, str], world_size: int | None, *, strict: bool = True) -> dict[str, Any]:
+        """Typed options (defaults filled in, those that apply to nothing left out), or a
+        UsageError naming the wrong one.
 
-        ``world_size`` None skips the checks that depend on the number of workers.
+        ``world_size`` None skips the checks that depend on the number of workers; ``strict``
+        False drops a given option that applies to nothing instead of refusing it (a recorded
+        run, read back).
         """
         unknown = sorted(set(raw) - set(self.options))
         if unknown:
@@ -135,6 +144,15 @@ class OptimizerInfo:
                 values[key] = self.options[key].parse(key, text)
             except UsageError as err:
                 raise about_option(err, f"optimizer_options.{key}") from None
+        for key, opt in self.options.items():
+            if opt.applies_with is None or values[opt.applies_with[0]] == opt.applies_with[1]:
+                continue
+            other, value = opt.applies_with
+            if key in raw and strict:
+                raise UsageError(f"optimizer {self.name}: option {key} applies with {other}={value} only; with "
+                                 f"{other}={values[other]} it changes nothing, leave it out",
+                                 option=f"optimizer_options.{key}")
+            del values[key]
         if self.check is not None and world_size is not None:
             self.check(values, world_size)
         return values
@@ -166,9 +184,9 @@ INNER = {
     "inner": Option("the inner optimizer: adamw, or sgd (the task's SGD: its rate, momentum and weight decay)",
                     "adamw", kind="choice", choices=("adamw", "sgd")),
     "inner_lr_scale": Option("inner=adamw: AdamW's rate = the task's rate x inner_lr_scale", 0.08,
-                             kind="float", minimum=0.0),
+                             kind="float", minimum=0.0, applies_with=("inner", "adamw")),
     "inner_weight_decay": Option("inner=adamw: AdamW's decoupled weight decay", 0.1, kind="float",
-                                 minimum=0.0),
+                                 minimum=0.0, applies_with=("inner", "adamw")),
 }
 #: DiLoCo's outer optimizer: SGD with Nesterov momentum on the averaged pseudo-gradient.
 OUTER = {

@@ -119,7 +119,7 @@ def optimizer_settings(config: RunConfig) -> dict[str, str]:
         info = INFO.get(config.optimizer)
         try:
             if info is not None:
-                options = info.parse_options(dict(config.optimizer_options), None)
+                options = info.parse_options(dict(config.optimizer_options), None, strict=False)
         except UsageError:  # an option of an older mlbench: the text as it was given
             pass
     for key, value in sorted(options.items()):

@@ -41,6 +41,8 @@ def test_optimizers_lists_every_optimizer_with_its_options_defaults_and_paper():
     (("--optimizer", "streaming-diloco", "--opt", "H=5"), "H=5: it must be a multiple of fragments=2"),
     (("--optimizer", "streaming-diloco", "--opt", "overlap=5"), "overlap=5: it must be below H/fragments = 5"),
     (("--optimizer", "diloco", "--opt", "inner=lamb"), "expected one of adamw, sgd"),
+    (("--optimizer", "diloco", "--opt", "inner=sgd", "--opt", "inner_lr_scale=1"),
+     "option inner_lr_scale applies with inner=adamw only; with inner=sgd it changes nothing, leave it out"),
 ])
 def test_wrong_optimizer_options_are_one_line_usage_errors_before_any_run(args, message):
     result = CliRunner().invoke(cli, ["run", "task1a", "3", "--data", "synthetic", *args])
@@ -48,6 +50,18 @@ def test_wrong_optimizer_options_are_one_line_usage_errors_before_any_run(args, 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
     assert run_ids() == []
+
+
+def test_an_option_that_applies_to_nothing_is_left_out_of_what_a_run_records():
+    """AdamW's options with the SGD inner loop change nothing a run computes: they are not in its
+    options, so that runs given them and runs without them are one family."""
+    from mlbench.optim.descriptors import INFO
+
+    values = INFO["diloco"].parse_options({"inner": "sgd"}, 2)
+    assert "inner_lr_scale" not in values and "inner_weight_decay" not in values and values["H"] == 10
+    assert INFO["diloco"].parse_options({}, 2)["inner_lr_scale"] == 0.08
+    read_back = INFO["diloco"].parse_options({"inner": "sgd", "inner_lr_scale": "1"}, None, strict=False)
+    assert read_back == values
 
 
 def test_open_division_runs_report_bytes_communication_and_compression(cifar_small_dir):
