@@ -159,6 +159,29 @@ def install_plugin_package(root: Path, module: str, source: str, distribution: s
     (dist / "entry_points.txt").write_text(f"[{group}]\n{entry_point}\n")
 
 
+def mount_plugin_configmap(record: dict, files: dict[str, bytes], folder: Path) -> dict:
+    """What the kubelet makes of a run's ConfigMap and a worker pod's items (no cluster: the
+    projection done as it does it): ``folder`` becomes the pod's run folder, holding run.json
+    (with the plug-in ``record``) and each of ``files``; the ConfigMap, for the caller to read."""
+    import base64
+
+    from mlbench.launch.k8s_objects import Placement, run_configmap, worker_pod
+
+    configmap = run_configmap("abc", {"config": {"optimizer_plugin": record}}, "ns", files)
+    placement = Placement(namespace="ns", image="mlbench/worker", nodes=1, cpu_millis=1000, memory_mib=1000)
+    pod = worker_pod("abc", 0, 2, 1, placement, {"metadata": {"name": "c", "uid": "u", "namespace": "ns"}},
+                     files=tuple(files))
+    volume = next(v["configMap"] for v in pod["spec"]["volumes"] if v["name"] == "run")
+    for item in volume["items"]:
+        target = folder / item["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if item["key"] in configmap["data"]:
+            target.write_text(configmap["data"][item["key"]])
+        else:
+            target.write_bytes(base64.b64decode(configmap["binaryData"][item["key"]]))
+    return configmap
+
+
 class ListSink:
     """An event sink that keeps a worker's events in a list (a trainer run in the test's process)."""
 

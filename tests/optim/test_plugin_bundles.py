@@ -8,7 +8,6 @@ pod's ConfigMap; two real 2-worker runs whose only difference is an edit to a he
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import textwrap
@@ -25,7 +24,7 @@ from mlbench.optim.plugins import PluginError, load_recorded, resolve_optimizer
 from mlbench.plugins import bundle_sha256
 from mlbench.tasks.registry import get_task
 from mlbench.timing import PhaseTimer
-from tests.helpers import install_plugin_package, last_run, mlbench, run_json
+from tests.helpers import install_plugin_package, last_run, mlbench, mount_plugin_configmap, run_json
 
 #: A plug-in of several files: a helper module beside it, a subpackage, a module found through a
 #: folder its ``__file__`` names, and a data file it reads. Its constructor refuses to start when
@@ -186,27 +185,14 @@ def test_a_bundle_too_large_to_keep_with_every_run_is_refused_in_one_line(tmp_pa
 def test_pods_get_every_file_of_the_bundle_through_the_configmap(tmp_path):
     """The kubelet's projection of the run's ConfigMap, done as it does it: a run folder from
     which the worker loads the plug-in and its helpers."""
-    from mlbench.launch.k8s_objects import Placement, run_configmap, worker_pod
-
     entry = write_bundle(tmp_path / "mine")
     plugin = resolve_optimizer(f"{entry}:Bundled")
     assert plugin is not None
     record = plugin.record({})
     files = plugin.loaded.copies()
-    configmap = run_configmap("abc", {"config": {"optimizer_plugin": record}}, "ns", files)
-    assert len(configmap["binaryData"]) == 6
-    placement = Placement(namespace="ns", image="mlbench/worker", nodes=1, cpu_millis=1000, memory_mib=1000)
-    pod = worker_pod("abc", 0, 2, 1, placement, {"metadata": {"name": "c", "uid": "u", "namespace": "ns"}},
-                     files=tuple(files))
-    volume = next(v["configMap"] for v in pod["spec"]["volumes"] if v["name"] == "run")
     mounted = tmp_path / "pod-run"
-    for item in volume["items"]:
-        target = mounted / item["path"]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if item["key"] in configmap["data"]:
-            target.write_text(configmap["data"][item["key"]])
-        else:
-            target.write_bytes(base64.b64decode(configmap["binaryData"][item["key"]]))
+    configmap = mount_plugin_configmap(record, files, mounted)
+    assert len(configmap["binaryData"]) == 6
     ctx = context()
     build_optimizer(plugin.label, ctx, record, mounted).step(1.0)
     assert ctx.model.weight.data.tolist() == [[0.5, 0.5]]

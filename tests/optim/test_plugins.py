@@ -35,7 +35,7 @@ from mlbench.plugins import bundle_sha256
 from mlbench.results.summary import summarize
 from mlbench.tasks.registry import get_task
 from mlbench.timing import PhaseTimer
-from tests.helpers import install_plugin_package, last_run, mlbench, run_ids, run_json
+from tests.helpers import install_plugin_package, last_run, mlbench, mount_plugin_configmap, run_ids, run_json
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "plugins" / "my_sgd.py"
@@ -260,9 +260,6 @@ def test_the_documented_example_is_the_file_the_tests_run():
 def test_pods_get_the_exact_source_through_the_configmap_and_a_large_one_is_refused(tmp_path):
     """What the kubelet makes of the run's ConfigMap and the pod's items is a run folder from
     which the worker loads the plug-in (no cluster here: the projection is done as it does it)."""
-    import base64
-
-    from mlbench.launch.k8s_objects import Placement, run_configmap, worker_pod
     from mlbench.launch.plan import LauncherAbilities, RunRequest, create_run
     from mlbench.results.store import RunStore
 
@@ -271,19 +268,8 @@ def test_pods_get_the_exact_source_through_the_configmap_and_a_large_one_is_refu
     assert plugin is not None
     record = plugin.record({"factor": 0.5})
     files = {record["file"]: plugin.source}
-    configmap = run_configmap("abc", {"config": {"optimizer_plugin": record}}, "ns", files)
-    placement = Placement(namespace="ns", image="mlbench/worker", nodes=1, cpu_millis=1000, memory_mib=1000)
-    pod = worker_pod("abc", 0, 2, 1, placement, {"metadata": {"name": "c", "uid": "u", "namespace": "ns"}},
-                     files=tuple(files))
-    volume = next(v["configMap"] for v in pod["spec"]["volumes"] if v["name"] == "run")
     mounted = tmp_path / "pod-run"
-    for item in volume["items"]:
-        target = mounted / item["path"]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if item["key"] in configmap["data"]:
-            target.write_text(configmap["data"][item["key"]])
-        else:
-            target.write_bytes(base64.b64decode(configmap["binaryData"][item["key"]]))
+    mount_plugin_configmap(record, files, mounted)
     assert json.loads((mounted / "run.json").read_text())["config"]["optimizer_plugin"] == record
     assert load_recorded(mounted, record).info.name == "halve"
 
