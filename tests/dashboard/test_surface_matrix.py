@@ -261,7 +261,8 @@ def test_runs_on_two_networks_read_apart_everywhere(lab, page, tmp_path):
     assert page.inner_text('#spec dd[data-fact="network"]') == "10 Mbit/s"
     page.goto(f"{lab.base}/compare?runs={slow.id},{fast.id}")
     page.wait_for_selector('table.compare td[data-col="NETWORK"]')
-    shown = [h.inner_text() for h in page.locator("#tables h3").all()]
+    shown = [h.inner_text() for h in page.locator("#tables h3.family").all()]   # a family's heading each
+    assert len(shown) == 2 and page.locator("#bandwidth-table").count() == 1   # and the By bandwidth table
     assert len(set(shown)) == 2 and any("10 Mbit/s" in h for h in shown) and any("100 Mbit/s" in h for h in shown)
     assert sorted(page.locator('td[data-col="NETWORK"]').all_inner_texts()) == ["10 Mbit/s", "100 Mbit/s"]
     page.wait_for_selector("#network-card:not(.hidden)")
@@ -382,8 +383,8 @@ def test_every_surface_names_the_framework_and_never_merges_two(lab, jax_pair, r
         assert page.inner_text('#spec dd[data-fact="framework"]') == "jax"
     elif name == "dashboard compare":
         page.goto(f"{lab.base}/compare?runs={run.id},{torch_run.id}")
-        page.wait_for_selector("#tables h3")
-        headings = [h.inner_text() for h in page.locator("#tables h3").all()]
+        page.wait_for_selector("#tables h3.family")
+        headings = [h.inner_text() for h in page.locator("#tables h3.family").all()]
         assert len(headings) == 2 and headings[0].startswith("task2a | jax | "), headings
         assert len(page.locator("table.compare tbody tr").all()) == 2  # a row per framework
         page.wait_for_function("document.querySelector('#chart-accuracy .u-legend')")

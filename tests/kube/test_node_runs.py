@@ -47,10 +47,11 @@ FAIL_WITHIN_S = 30
 ENGINE_RESTART_WITHIN_S = 120
 OBJECTS_GONE_S = 90
 CONTAINER_GC_S = 90
-# a stopped worker (--watchdog 8s): the bound, a heartbeat, the supervisor's poll, with a margin
-# for a loaded node; gloo alone would wait 20 minutes. The stop may land in an evaluation, judged
-# by the startup bound (80 s: the test cannot see the pod's phase before it stops it)
-WATCHDOG_WITHIN_S = 150
+# a stopped worker (--watchdog 15s: a loaded node stalled a slowed rank for 9.4 s, past 8 s): the
+# bound, a heartbeat, the supervisor's poll, with a margin for a loaded node; gloo alone would
+# wait 20 minutes. The stop may land in an evaluation, judged by the startup bound (150 s: the
+# test cannot see the pod's phase before it stops it)
+WATCHDOG_WITHIN_S = 220
 
 
 def explain(ns, result=None) -> str:
@@ -321,7 +322,7 @@ def test_a_kill_and_a_hang_restart_the_group_from_its_checkpoint_a_third_failure
       injector.restart_counts). The pods the supervisor created again are as locked down as the
       CLI's (checked on the real container).
     * a hang: rank 1's container is stopped (SIGSTOP; the worker is its process 1); the
-      watchdog's verdict (``--watchdog 8s``) names rank 1 within its bound, and the group is
+      watchdog's verdict (``--watchdog 15s``) names rank 1 within its bound, and the group is
       restarted again, this time counted.
     * rank 1's pod deleted by hand then finds no restart left: the run fails saying so, within
       the README's 30 seconds, blamed on that pod, not on its peer that stopped with it.
@@ -339,7 +340,7 @@ def test_a_kill_and_a_hang_restart_the_group_from_its_checkpoint_a_third_failure
     before it (there, 89 s after the kill) rather than for a clock."""
     ns = on_node
     run_id = start_detached(*ENDLESS, "--checkpoint-every", "5steps", "--log-every", "5", "--on-failure", "restart:1",
-                            "--watchdog", "8s", "--inject", "slow:rank=1,factor=20", "--inject", "kill:rank=1,at=60s")
+                            "--watchdog", "15s", "--inject", "slow:rank=1,factor=20", "--inject", "kill:rank=1,at=60s")
     store = kubernetes.open_store(ns.record)
 
     def restarts() -> list:
@@ -381,8 +382,8 @@ def test_a_kill_and_a_hang_restart_the_group_from_its_checkpoint_a_third_failure
     # the stop landed in an evaluation)
     assert hang["reason"].startswith("rank 1 made no progress for "), hang
     assert ": its process stopped answering (last step " in hang["reason"], hang
-    assert ("training; watchdog bound max(8 s, 10 x median step " in hang["reason"]
-            or "evaluation; startup bound 80 s, 10 x the watchdog's 8 s" in hang["reason"]), hang
+    assert ("training; watchdog bound max(15 s, 10 x median step " in hang["reason"]
+            or "evaluation; startup bound 150 s, 10 x the watchdog's 15 s" in hang["reason"]), hang
     assert hang["from_step"] >= restart["from_step"], (restart, hang)
     # the checkpoints are on the service's volume (a folder of this machine here), in the run's folder
     folder = ns.volumes / "mlbench-results" / "checkpoints" / run_id

@@ -25,7 +25,7 @@
   function tables(doc) {
     const out = [];
     for (const family of doc.families) {
-      out.push(el("h3", {}, family.heading));
+      out.push(el("h3", { class: "family" }, family.heading));
       out.push(el("div", { style: "overflow-x: auto" }, el("table", { class: "data compare", "data-metric": family.metric },
         el("thead", {}, el("tr", {}, doc.headers.map((h, i) => el("th", { class: i ? "num" : null }, h)))),
         el("tbody", {}, family.groups.map((g) => el("tr", { "data-workers": g.workers },
