@@ -80,7 +80,7 @@ def wait_until_pods_allowed(state: Path, timeout: float = 180) -> None:
                 if client.AuthorizationV1Api(api).create_self_subject_access_review(review).status.allowed:
                     client.CoreV1Api(api).read_namespaced_service_account("default", "default")
                     return
-            except Exception:  # noqa: BLE001 - the server is still coming up; ask again
+            except Exception:
                 pass
             dead = dead_part(state)
             if dead:

@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 import mlbench
-import mlbench.cli.commands  # noqa: F401  (registers the commands)
+import mlbench.cli.commands
 from mlbench import api
 from mlbench.cli import cli
 from mlbench.cli.output import SCHEMA_VERSION
@@ -56,7 +56,7 @@ def page(tmp_path_factory):
         for name, value in env.items():
             patch.setenv(name, value)
         for block in python_blocks(PAGE.read_text(encoding="utf-8")):
-            exec(compile(block, str(PAGE), "exec"), namespace)  # noqa: S102 - the page's own code
+            exec(compile(block, str(PAGE), "exec"), namespace)
     return namespace, {**os.environ, **env}
 
 

@@ -60,6 +60,5 @@ def test_runs_on_a_cluster_without_the_kubernetes_client_say_what_to_install():
 
 
 def test_a_missing_module_of_another_package_is_not_blamed_on_the_extra():
-    with pytest.raises(ModuleNotFoundError, match="mlbench_no_such_module"):
-        with needs("aws"):
-            import mlbench_no_such_module  # noqa: F401
+    with pytest.raises(ModuleNotFoundError, match="mlbench_no_such_module"), needs("aws"):
+        import mlbench_no_such_module  # noqa: F401

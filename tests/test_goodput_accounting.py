@@ -70,7 +70,7 @@ def test_a_restart_redoes_the_steps_past_its_checkpoint_and_their_checkpoints_do
     run = RunStore().list()[-1]
     restart = run_json(run)["faults"]["restarts"][0]
     rank0 = [e for e in events(run) if e["rank"] == 0]
-    thrown = lambda e: e["time"] < restart["at"] and e["value"]["step"] >= restart["from_step"]  # noqa: E731
+    thrown = lambda e: e["time"] < restart["at"] and e["value"]["step"] >= restart["from_step"]
     checkpoints = _checkpoint_seconds(rank0, lambda e: not thrown(e))
     assert restart["from_step"] > 0 and any(thrown(e) for e in rank0 if e["name"] == "checkpoint")
     figures = _time(run.id)
@@ -104,7 +104,7 @@ def test_a_shrink_redoes_the_steps_past_its_checkpoint_and_its_wall_time_is_the_
     (shrink,) = run_json(run)["faults"]["restarts"]
     assert shrink["survivors"] == [0] and shrink["from_step"] > 0, shrink
     rank0 = [e for e in events(run) if e["rank"] == 0]
-    thrown = lambda e: e["time"] < shrink["at"] and e["value"]["step"] >= shrink["from_step"]  # noqa: E731
+    thrown = lambda e: e["time"] < shrink["at"] and e["value"]["step"] >= shrink["from_step"]
     checkpoints = _checkpoint_seconds(rank0, lambda e: not thrown(e))
     # the steps redone: the last step rank 0 logged before the shrink, past the checkpoint (the
     # product counts them from the heartbeats at the kill, so it may count a few more)

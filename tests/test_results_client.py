@@ -25,7 +25,7 @@ def proxy():
     seen: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server's name
+        def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             seen.append(self.path)
             status, body = answers.pop(0) if answers else (200, b'{"ok": true}')

@@ -37,7 +37,7 @@ def test_task1a_single_worker_has_no_warmup_ramp():
 @pytest.mark.parametrize("workers,alpha", [(1, 200), (2, 400), (3, 400), (4, 600), (8, 700), (16, 800),
                                            (32, 800), (64, 800)])
 def test_task2a_inverse_sqrt_with_alpha_by_worker_count(workers, alpha):
-    lr = lambda step: learning_rate(TASK2A.lr, workers=workers, batch_per_worker=100, step=step,  # noqa: E731
+    lr = lambda step: learning_rate(TASK2A.lr, workers=workers, batch_per_worker=100, step=step,
                                     steps_per_epoch=10)
     assert lr(0) == pytest.approx(alpha)
     assert lr(3) == pytest.approx(alpha / 2)

@@ -42,7 +42,7 @@ def free_port() -> int:
 class _WhatIsMyAddress(BaseHTTPRequestHandler):
     """Answers as checkip.amazonaws.com does: the caller's public address and a newline."""
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         body = f"{PUBLIC_ADDRESS}\n".encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")

@@ -42,7 +42,7 @@ class Lab:
     env: dict[str, str]
     home: Path
     server: subprocess.Popen
-    _lines: "queue.Queue[str]" = field(default_factory=queue.Queue)
+    _lines: queue.Queue[str] = field(default_factory=queue.Queue)
     _url: str | None = None
     _runs: threading.Thread | None = None
     _runs_result: list = field(default_factory=list)

@@ -166,7 +166,7 @@ class _AttackerPage(http.server.BaseHTTPRequestHandler):
 
     target = ""
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):
         body = f"""<!doctype html><html><body>
 <form id="attack" method="post" action="{self.target}/api/runs">
 <input name="task" value="task2a"><input name="workers" value="1">

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import mlbench.cli.commands  # noqa: F401  (registers the commands)
+import mlbench.cli.commands
 from mlbench.cli import cli
 from mlbench.network.settings import NetworkSettings
 from mlbench.results.outcome import AllreduceResult, read_result

@@ -161,7 +161,7 @@ def wheelhouse(building: Callable[[], None] = lambda: None) -> Path:
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
     """Serves a folder without a log line per request."""
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 

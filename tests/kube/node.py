@@ -107,7 +107,7 @@ class LocalNode:
 
     # -- start ------------------------------------------------------------------------------
     @classmethod
-    def start(cls, state: Path) -> "LocalNode":
+    def start(cls, state: Path) -> LocalNode:
         if not KUBE_LOCAL.exists():
             raise NodeUnavailable(f"kube-local.sh not found at {KUBE_LOCAL} (set KUBE_LOCAL_SH)")
         if os.geteuid() != 0:
@@ -226,7 +226,7 @@ class LocalNode:
                     if event["type"] in ("ADDED", "MODIFIED") and not (secret.data or {}).get("ca.crt"):
                         core.patch_namespaced_secret(secret.metadata.name, secret.metadata.namespace,
                                                      {"data": {"ca.crt": ca}})
-            except Exception:  # noqa: BLE001 - the API server may be stopping; try again
+            except Exception:
                 self._stop.wait(0.5)
 
     # -- what tests use ----------------------------------------------------------------------

@@ -83,7 +83,7 @@ class JobWatch:
             for event in self._watch.stream(batch.list_namespaced_job, namespace, resource_version=version):
                 if event["type"] == "ADDED":
                     self.added.append(event["object"].metadata.name)
-        except Exception:  # noqa: BLE001 - the stream ends when the test stops it or the node goes
+        except Exception:
             pass
 
     def stop(self) -> list[str]:
@@ -98,10 +98,10 @@ def run_id_of(output: str) -> str:
 def wait_gone(ns, *run_ids: str, containers: bool = False) -> None:
     """The runs' objects are gone within the documented time; with ``containers``, their containers
     too, once the kubelet's container garbage collection has run."""
-    left = lambda: [o for r in run_ids for o in ns.run_objects(r)]  # noqa: E731
+    left = lambda: [o for r in run_ids for o in ns.run_objects(r)]
     wait_for(lambda: not left(), OBJECTS_GONE_S, f"the objects of {run_ids} to go: {left()}", interval=1)
     if containers:
-        dead = lambda: [c for r in run_ids for c in ns.containers_of(r)]  # noqa: E731
+        dead = lambda: [c for r in run_ids for c in ns.containers_of(r)]
         wait_for(lambda: not dead(), CONTAINER_GC_S, f"the containers of {run_ids} to go: {dead()}", interval=1)
 
 

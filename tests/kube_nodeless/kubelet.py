@@ -79,7 +79,7 @@ class HarnessKubelet:
         self.network = PodNetwork(self.core, namespace, self._backends)
 
     # -- what tests control -------------------------------------------------------------------
-    def start(self) -> "HarnessKubelet":
+    def start(self) -> HarnessKubelet:
         self._thread.start()
         return self
 
@@ -114,7 +114,7 @@ class HarnessKubelet:
         while not self._stop.is_set():
             try:
                 self._sync()
-            except Exception as err:  # noqa: BLE001 - keep playing the kubelet; tests read errors
+            except Exception as err:
                 self.errors.append(f"{type(err).__name__}: {err}")
             self._stop.wait(0.1)
 

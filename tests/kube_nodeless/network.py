@@ -13,7 +13,8 @@ import re
 import socket
 import socketserver
 import threading
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from tests.helpers import pump
 

@@ -13,7 +13,8 @@ import os
 import pickle
 import queue
 import traceback
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -41,7 +42,7 @@ def _entry(fn: Callable[..., Any], rank: int, world: int, store: str, args: tupl
         # Plain pickle copies tensors (the queue's own pickler would share memory that dies
         # with this process).
         out.put((rank, True, pickle.dumps(result)))
-    except BaseException:  # noqa: BLE001 - the parent re-raises it with the traceback
+    except BaseException:
         out.put((rank, False, traceback.format_exc()))
 
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 import mlbench
-import mlbench.cli.commands  # noqa: F401  (registers the commands)
+import mlbench.cli.commands
 from mlbench.cli import cli
 from mlbench.dashboard.views import comparison_document as dashboard_document
 from mlbench.results.compare import comparison_of

@@ -33,7 +33,7 @@ class ServiceProcess:
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "ServiceProcess":
+    def start(self) -> ServiceProcess:
         env = dict(os.environ, MLBENCH_WORKER_TOKEN=WORKER_TOKEN, MLBENCH_ADMIN_TOKEN=ADMIN_TOKEN)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(

@@ -253,7 +253,7 @@ def test_a_404_that_is_not_the_services_own_answer_is_sent_again(service):
     answered = []
 
     class Between(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             body = self.rfile.read(int(self.headers["Content-Length"]))
             answered.append(len(answered) < 2)
             if answered[-1]:   # the first two: an empty 404, as no mlbench service answers

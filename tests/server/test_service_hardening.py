@@ -200,7 +200,7 @@ def test_logged_request_lines_are_escaped_and_disconnects_leave_no_traceback(ser
     time.sleep(1.5)
     err = capfd.readouterr().err
     assert "Traceback" not in err, err
-    assert not any(ord(c) < 32 and c != "\n" or 127 <= ord(c) < 160 for c in err), repr(err)
+    assert not any((ord(c) < 32 and c != "\n") or 127 <= ord(c) < 160 for c in err), repr(err)
     assert "\\x1b" in err
 
 
