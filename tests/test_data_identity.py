@@ -227,7 +227,7 @@ def test_wikitext_counts_come_from_the_loaders_cache_while_it_is_current(tmp_pat
 
 
 def test_wikitext_of_the_published_counts_is_official(tmp_path, monkeypatch):
-    folder = wiki_folder(tmp_path / "wiki" / "wikitext-2")
+    wiki_folder(tmp_path / "wiki" / "wikitext-2")
     monkeypatch.setattr(identity, "WIKITEXT2_TOKENS", {"train": 18, "valid": 4, "test": 3})
     monkeypatch.setattr(identity, "WIKITEXT2_VOCAB", 13)
     found = data_identity("wikitext2", str(tmp_path / "wiki"))

@@ -225,7 +225,7 @@ def test_an_unknown_run_shows_the_not_found_page(lab, page, tmp_path):
 
 
 def test_the_runs_table_shows_a_finished_task2a_run(lab, page, tmp_path):
-    one, two = lab.finished_runs()
+    one, _two = lab.finished_runs()
     assert one.state == "finished" and one.task == "task2a" and one.result["reached"]
     page.goto(lab.base + "/")
     row = page.locator(f'#runs tr[data-id="{one.id}"]')

@@ -88,7 +88,7 @@ def test_stream_clients_that_do_not_read_are_dropped_while_a_log_grows(bare):
     samples = []
     try:
         with open(log, "ab") as f:
-            for second in range(GROW_SECONDS):
+            for _second in range(GROW_SECONDS):
                 started = time.monotonic()
                 f.write(line * (LOG_RATE // len(line)))
                 f.flush()

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from mlbench.tasks.task3a.model import AWDLSTM
 from mlbench.tasks.task4b.model import Transformer, sinusoidal_table
+import itertools
 
 
 def count(model: torch.nn.Module) -> int:
@@ -19,7 +20,7 @@ def count(model: torch.nn.Module) -> int:
 def awd_lstm_count(vocab: int, emb: int, hidden: int, layers: int) -> int:
     """Tied embedding V*E + output bias V + per LSTM (input i, hidden h): 4h*i + 4h*h + 8h."""
     sizes = [emb] + [hidden] * (layers - 1) + [emb]
-    lstms = sum(4 * h * i + 4 * h * h + 8 * h for i, h in zip(sizes[:-1], sizes[1:]))
+    lstms = sum(4 * h * i + 4 * h * h + 8 * h for i, h in itertools.pairwise(sizes))
     return vocab * emb + vocab + lstms
 
 

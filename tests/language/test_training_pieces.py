@@ -157,7 +157,7 @@ def test_averaged_sgd_keeps_the_running_mean_of_the_weights_and_evaluates_with_i
     optimizer = sgd(runtime.model)
     runtime.averaging = True
     snapshots = []
-    for step, batch in zip(range(4), runtime.batches(0)):
+    for _step, batch in zip(range(4), runtime.batches(0)):
         runtime.train_step(batch, 0.5, optimizer)
         snapshots.append([p.detach().clone() for p in runtime.model.parameters()])
     mean = [torch.stack(ps).mean(0) for ps in zip(*snapshots)]

@@ -148,7 +148,7 @@ def test_the_rank_that_stopped_joining_is_named_with_its_step(tmp_path):
     proc = mlbench("check-optimizer", f"{WRONG}:Departing", f"{WRONG}:Frozen", "--steps", "24", "--timeout", "3",
                    timeout=300, env=env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    checks, last = report(proc.stdout)
+    checks, _last = report(proc.stdout)
     assert failed_checks(checks) == {"departing": {2: ["run"], 4: ["run"]}, "frozen": {2: ["run"], 4: ["run"]}}
     peers = {2: "rank 0", 4: "ranks 0, 2 and 3"}
     for k in (2, 4):

@@ -119,7 +119,7 @@ def test_the_mlperf_score_is_the_mean_without_the_fastest_and_slowest_of_five(st
     runs = [record_run(store, task="task2a", workers=1, tta=t, wall=t + 1, seed=i)
             for i, t in enumerate((10.0, 11.0, 12.0, 13.0, 20.0))]
     comparison = compare_runs(runs, score="mlperf")
-    [group] = comparison.groups
+    [_group] = comparison.groups
     stats = comparison_document(comparison)["families"][0]["groups"][0]["time_to_accuracy"]
     assert stats["mlperf_score"] == pytest.approx(12.0) and stats["n"] == 5
     assert stats["interval95"] is not None and stats["interval95"][0] < stats["median"] < stats["interval95"][1]

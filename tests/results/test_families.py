@@ -83,7 +83,7 @@ def test_repeats_that_differ_only_in_the_seed_and_in_what_watches_them_share_a_f
                        config={"log_every": 5, "watchdog_s": None, "timing": False, "save_model": True,
                                "data_dir": "/elsewhere"})]  # the same data in another folder
     comparison = compare_runs(runs)
-    [(family, [group])] = comparison.families().items()
+    [(_family, [group])] = comparison.families().items()
     assert group.time_to_accuracy.runs == 2 and comparison.differences() == []
     assert difference_lines(comparison) == []
 

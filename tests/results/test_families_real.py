@@ -34,7 +34,7 @@ def three_runs(tmp_path_factory, libsvm_dir):
 
 
 def test_runs_that_differ_in_one_option_are_three_families_and_every_surface_says_in_what(three_runs, monkeypatch):
-    home, runs = three_runs
+    home, _runs = three_runs
     monkeypatch.setenv("MLBENCH_HOME", str(home))
     result = CliRunner().invoke(cli, ["compare", "--task", "task2a"])
     assert result.exit_code == 0, result.output
