@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -10,7 +11,6 @@ import torch.nn.functional as F
 
 from mlbench.tasks.task3a.model import AWDLSTM
 from mlbench.tasks.task4b.model import Transformer, sinusoidal_table
-import itertools
 
 
 def count(model: torch.nn.Module) -> int:
