@@ -40,8 +40,8 @@ def skip_unless_installed(module: str) -> None:
 
 def mlbench(*args: str, timeout: float = 240, check: bool = False,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m mlbench ARGS` (forked by tests/zygote.py) with the test's environment (its isolated MLBENCH_HOME), or
-    with ``env`` (a run store shared by the tests of a module); ``check``: it succeeded (0, or 3:
+    """Run `python -m mlbench ARGS` (forked by tests/zygote.py) with the test's environment (its isolated
+    MLBENCH_HOME), or with ``env`` (a run store shared by the tests of a module); ``check``: it succeeded (0, or 3:
     a run that finished without reaching its goal)."""
     proc = zygote.run(list(args), dict(os.environ) if env is None else env, timeout)
     if check and proc.returncode not in (0, 3):

@@ -266,7 +266,8 @@ def test_an_option_the_api_does_not_know_is_refused_with_the_nearest_name(isolat
 
 def test_import_mlbench_imports_nothing_heavy_and_the_api_no_torch():
     code = ("import json, sys, mlbench; first = sorted(sys.modules); mlbench.run; "
-            "print(json.dumps([[m for m in first if m.startswith('mlbench')], sorted({m.split('.')[0] for m in sys.modules})]))")
+            "print(json.dumps([[m for m in first if m.startswith('mlbench')], "
+            "sorted({m.split('.')[0] for m in sys.modules})]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           check=True, env=dict(os.environ))
     package, loaded = json.loads(proc.stdout)

@@ -144,7 +144,8 @@ def test_offline_download_is_one_line_with_a_hint(tmp_path, monkeypatch):
     message = str(err.value)
     root = tmp_path / "cifar10"
     assert message.startswith("could not download CIFAR-10 (")
-    assert message.endswith(f"); put the official python version (cifar-10-batches-py/) in {root} or pass --data-dir DIR")
+    assert message.endswith(f"); put the official python version (cifar-10-batches-py/) in {root} "
+                            "or pass --data-dir DIR")
     assert "\n" not in message
     assert not any(p.name.startswith(".extract-") for p in root.iterdir())
 

@@ -177,7 +177,7 @@ def test_damaged_files(tmp_path):
         read_libsvm(truncated, cache_dir=tmp_path / "cache")
     with pytest.raises(DataError, match="holds no data lines"):
         read_libsvm(write(tmp_path / "empty", b"\n\n"), cache_dir=tmp_path / "cache")
-    with pytest.raises(DataError, match="cannot read the LIBSVM file .*missing"):
+    with pytest.raises(DataError, match=r"cannot read the LIBSVM file .*missing"):
         read_libsvm(tmp_path / "missing", cache_dir=tmp_path / "cache")
 
 
@@ -291,7 +291,7 @@ def test_pair_discovery(tmp_path):
         "(found: epsilon_normalized, epsilon_normalized.bz2, other); "
         "put epsilon_normalized[.bz2] and epsilon_normalized.t[.bz2] there"
     )
-    with pytest.raises(DataError, match="the data folder .*nowhere does not exist"):
+    with pytest.raises(DataError, match=r"the data folder .*nowhere does not exist"):
         find_pair(tmp_path / "nowhere")
 
 

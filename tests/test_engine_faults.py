@@ -33,7 +33,8 @@ def wait_training(timeout: float = 90):
             return None
         run = runs[-1]
         pids_file = run.run_dir / "pids.json"
-        trained = all(any(e["name"] == "train/loss" for e in read_rank_events(run.run_dir / "events" / f"rank-{r}.jsonl"))
+        trained = all(any(e["name"] == "train/loss"
+                          for e in read_rank_events(run.run_dir / "events" / f"rank-{r}.jsonl"))
                       for r in (0, 1))
         return (run, json.loads(pids_file.read_text())["workers"]) if trained and pids_file.exists() else None
     return wait_for(ready, timeout, "both workers to train")

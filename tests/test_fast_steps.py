@@ -105,7 +105,7 @@ def test_reference_step_equals_autograd_and_torch_sgd_in_float64():
             ctx = OptimizerContext(model=model, spec=TASK1A, world_size=1, rank=0, timer=PhaseTimer(cpu))
             optimizer = build_optimizer("centralized-sgd", ctx)
 
-            def gradients(i):
+            def gradients(i, model=model, batches=batches):
                 x, y = batches[i]
                 loss = torch.nn.functional.cross_entropy(model(x), y)
                 loss.backward()

@@ -95,7 +95,7 @@ def process_name(pid: int) -> str:
 
 
 def environment(pid: int) -> dict[str, str]:
-    pairs = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
 
 
@@ -165,7 +165,8 @@ def test_a_detached_supervisor_is_forked_holding_nothing_of_the_cli_and_forks_it
     wait_for(lambda: not [pid for pid in (supervisor, *workers) if pid_alive(pid)], 30, "the run's processes to exit")
 
 
-FORKING_ALLOWED = "from mlbench.launch.forked import forking_allowed; print(forking_allowed('mlbench.tasks.classification_runtime'))"
+FORKING_ALLOWED = ("from mlbench.launch.forked import forking_allowed; "
+                   "print(forking_allowed('mlbench.tasks.classification_runtime'))")
 
 
 @pytest.mark.parametrize("before, allowed", [

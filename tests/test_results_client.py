@@ -15,7 +15,8 @@ from mlbench.errors import ClusterError
 from mlbench.launch import k8s_client
 from mlbench.launch.k8s_client import DirectUrl, ResultsClient
 
-NO_ENDPOINTS = b'{"kind":"Status","status":"Failure","message":"no endpoints available for service \\"mlbench-results:http\\"","code":503}'
+NO_ENDPOINTS = (b'{"kind":"Status","status":"Failure",'
+                b'"message":"no endpoints available for service \\"mlbench-results:http\\"","code":503}')
 
 
 @pytest.fixture

@@ -113,5 +113,6 @@ def test_more_local_workers_than_gpus_default_to_gloo_and_refuse_nccl(monkeypatc
     assert (fits.device, fits.backend) == ("cuda", "nccl")
     shared, _ = build_config(RunRequest(task="task2a", workers=gpus + 1, device="cuda", data="synthetic"))
     assert (shared.device, shared.backend) == ("cuda", "gloo")
-    with pytest.raises(UsageError, match=rf"{gpus + 1} workers on this machine's {gpus} GPU.*NCCL needs a GPU per worker"):
+    refusal = rf"{gpus + 1} workers on this machine's {gpus} GPU.*NCCL needs a GPU per worker"
+    with pytest.raises(UsageError, match=refusal):
         build_config(RunRequest(task="task2a", workers=gpus + 1, device="cuda", backend="nccl", data="synthetic"))

@@ -101,8 +101,8 @@ def test_a_verdicts_reason_gives_back_the_ranks_it_blames():
     verdicts = [judge({0: beat(0, at=now, stepped=now - 61), 1: beat(1, at=now - 61, stepped=now - 62, waiting=False)},
                       now, 60.0, T0),
                 judge({r: beat(r, at=now, stepped=now - 61, waiting=r != 2) for r in (0, 1, 2, 3)}, now, 60.0, T0),
-                judge({r: beat(r, at=now - 70, stepped=now - 70) for r in (0, 1, 2)} | {3: beat(3, at=now, stepped=now)},
-                      now, 60.0, T0)]
+                judge({r: beat(r, at=now - 70, stepped=now - 70) for r in (0, 1, 2)}
+                      | {3: beat(3, at=now, stepped=now)}, now, 60.0, T0)]
     assert [v.ranks for v in verdicts if v is not None] == [(1,), (2,), (0, 1, 2)]
     for verdict in verdicts:
         assert verdict is not None
@@ -336,8 +336,8 @@ def test_workers_started_by_torchrun_fail_together_naming_the_stopped_rank():
         rank1 = read_beat(run.run_dir, 1)
         assert rank1 is not None and rank1.host == socket.gethostname()
         stop_while_training(rank1.pid, run.run_dir, 1)
-        record = wait_for(lambda: (r := json.loads(mlbench("status", run.id, "-o", "json").stdout))["state"] != "running"
-                          and r, ENDS_WITHIN_S, "rank 0's watchdog to fail the run")
+        record = wait_for(lambda: (r := json.loads(mlbench("status", run.id, "-o", "json").stdout))["state"]
+                          != "running" and r, ENDS_WITHIN_S, "rank 0's watchdog to fail the run")
         assert record["state"] == "failed"
         # torchrun ends the stopped rank once rank 0 exits: its SIGTERM waits in the stopped
         # process (torchrun would SIGKILL it after its own 30 s); let it be delivered

@@ -166,7 +166,7 @@ def docker_engine(tmp_path_factory):
                     "(apt-get install docker.io)")
     base = Path(tmp_path_factory.mktemp("dockerd"))
     sock = f"unix://{base}/docker.sock"
-    log = open(base / "dockerd.log", "w")
+    log = open(base / "dockerd.log", "w")  # noqa: SIM115  (the daemon writes it for the session)
     _ip("link", "del", ENGINE_BRIDGE)   # one a killed session left
     _ip("link", "add", ENGINE_BRIDGE, "type", "bridge")
     _ip("addr", "add", ENGINE_BRIDGE_ADDRESS, "dev", ENGINE_BRIDGE)

@@ -125,7 +125,7 @@ def test_a_huge_new_run_body_is_refused_with_413_before_it_is_read(bare):
             chunked = "chunked" in extra
             payload = b'{"task": "' + b"a" * (1 << 20)
 
-            def send_body() -> None:
+            def send_body(sock=sock, payload=payload, chunked=chunked) -> None:
                 try:
                     for _ in range(size // len(payload)):
                         sock.sendall(b"%x\r\n%s\r\n" % (len(payload), payload) if chunked else payload)
@@ -144,7 +144,7 @@ def test_a_huge_new_run_body_is_refused_with_413_before_it_is_read(bare):
     # a malformed small body is one line too
     with connect(lab) as sock:
         body = b"{not json"
-        sock.sendall(head(lab, "POST", "/api/runs", f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n")
-                     + body)
+        extra = f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        sock.sendall(head(lab, "POST", "/api/runs", extra) + body)
         status, answer = status_and_body(sock)
         assert status == 400 and "\n" not in json.loads(answer)["error"]

@@ -85,7 +85,7 @@ def kube_node(tmp_path_factory, request):
     """The node, its image built (first session: debootstrap, wheels and build take minutes);
     stopped after the last test of tests/kube, so that it loads no later test."""
     images.CACHE.mkdir(parents=True, exist_ok=True)
-    lock = open(images.CACHE / "node.lock", "w")
+    lock = open(images.CACHE / "node.lock", "w")  # noqa: SIM115  (held while the node lives)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -185,7 +185,7 @@ class LocalNode:
                          "ports": [{"name": "https", "port": relay.server_address[1], "protocol": "TCP"}]}]})
 
     def _spawn(self, name: str, command: list[str]) -> None:
-        log = open(self.state / f"harness-{name}.log", "w")
+        log = open(self.state / f"harness-{name}.log", "w")  # noqa: SIM115  (the process writes it)
         self.processes[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                                 stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()

@@ -212,7 +212,8 @@ def status_in_a_fresh_interpreter(run_id: str) -> str:
     shown = subprocess.run([sys.executable, "-X", "importtime", "-m", "mlbench", "status", run_id],
                            capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr[-2000:]
-    imported = {line.rsplit("|", 1)[-1].strip() for line in shown.stderr.splitlines() if line.startswith("import time:")}
+    imported = {line.rsplit("|", 1)[-1].strip() for line in shown.stderr.splitlines()
+                if line.startswith("import time:")}
     models = sorted(name for name in imported if name.startswith("kubernetes.client.models."))
     assert "kubernetes.config.kube_config" in imported and not models, models[:5]
     return shown.stdout

@@ -6,7 +6,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-WORDS = ["the", "of", "and", "in", "to", "a", "was", "is", "for", "on", "as", "by", "with", "he", "at", "from", "his", "an", "were", "are", "which", "this", "also", "be", "had", "it", "first", "one", "their", "its", "new", "after", "who", "they", "have", "her", "she", "two", "been", "other", "when", "there", "all", "during", "into", "school", "time", "may", "years", "more", "most", "only", "over", "city", "some", "world", "would", "where", "later", "up", "such", "used", "many", "can", "state", "about", "national", "out", "known", "university", "united", "then", "made"]
+WORDS = ["the", "of", "and", "in", "to", "a", "was", "is", "for", "on", "as", "by", "with", "he", "at",
+         "from", "his", "an", "were", "are", "which", "this", "also", "be", "had", "it", "first", "one",
+         "their", "its", "new", "after", "who", "they", "have", "her", "she", "two", "been", "other", "when",
+         "there", "all", "during", "into", "school", "time", "may", "years", "more", "most", "only", "over",
+         "city", "some", "world", "would", "where", "later", "up", "such", "used", "many", "can", "state",
+         "about", "national", "out", "known", "university", "united", "then", "made"]
 
 #: English -> German, word by word: enough structure for a model to learn something.
 LEXICON = {"the": "die", "cat": "Katze", "dog": "Hund", "house": "Haus", "tree": "Baum", "runs": "läuft",

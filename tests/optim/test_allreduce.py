@@ -35,7 +35,7 @@ def test_sweep_has_every_size_and_bus_bandwidth_matches_the_measured_time(worker
         assert 0 < row["time_s"] <= row["time_max_s"]
         assert row["algbw_gbps"] == pytest.approx(size / row["time_s"] / 1e9)
         assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 2 * (workers - 1) / workers)
-        line = next(l for l in proc.stdout.splitlines() if l.split()[:2] == [row["dtype"], str(row["elements"])])
+        line = next(s for s in proc.stdout.splitlines() if s.split()[:2] == [row["dtype"], str(row["elements"])])
         assert gbps_cell(row["busbw_gbps"]) in line.split()
     assert [e["value"] for e in events(run) if e["name"] == "allreduce"] == rows
     assert "Peak bus bandwidth" in proc.stdout

@@ -109,12 +109,14 @@ def test_a_module_plugin_and_an_entry_point_plugin_resolve_from_the_installed_so
 
 
 BAD_CLASSES = {
-    "not_a_subclass.py": ("class Halve:\n    pass\n", "Halve is not a subclass of mlbench.optim.base.DistributedOptimizer"),
+    "not_a_subclass.py": ("class Halve:\n    pass\n",
+                          "Halve is not a subclass of mlbench.optim.base.DistributedOptimizer"),
     "no_info.py": (HEADER + "class Halve(DistributedOptimizer):\n    def step(self, lr):\n        pass\n",
                    "Halve has no `info = OptimizerInfo(...)`"),
     "builtin_name.py": (GOOD.replace('name="halve"', 'name="powersgd"'), "calls itself powersgd, a built-in"),
     "no_step.py": (GOOD.replace("def step(self, lr)", "def other(self, lr)"), "Halve does not implement step(lr)"),
-    "import_error.py": ("import os\nraise ValueError('no GPU here')\n", "importing it failed: ValueError: no GPU here (line 2)"),
+    "import_error.py": ("import os\nraise ValueError('no GPU here')\n",
+                        "importing it failed: ValueError: no GPU here (line 2)"),
     "syntax_error.py": ("def broken(:\n", "importing it failed: SyntaxError:"),
 }
 

@@ -72,7 +72,7 @@ def record_run(store: RunStore, *, workers: int, task: str = "task1a", tta: floa
     for rank in range(workers):
         sink = FileSink(record.run_dir, rank)
 
-        def emit(when: float, name: str, value: Any, step: int) -> None:
+        def emit(when: float, name: str, value: Any, step: int, sink=sink, rank=rank) -> None:
             sink.write({"time": T0 + when, "rank": rank, "epoch": step / steps_per_epoch,
                         "step": step, "name": name, "value": value})
 

@@ -59,7 +59,8 @@ def test_oversubscribed_cores_are_flagged(store):
     comparison = _scaling(store, threads=(2, 2))   # 2 workers x 2 threads on 2 cores
     two = next(g for g in comparison.groups if g.workers == 2)
     assert group_flags(two) == ["oversubscribed"]
-    assert any(note.startswith("Oversubscribed: 2 workers x 2 threads > 2 cores") for note in fairness_notes(comparison))
+    assert any(note.startswith("Oversubscribed: 2 workers x 2 threads > 2 cores")
+               for note in fairness_notes(comparison))
 
 
 def test_a_run_made_on_a_busy_machine_is_marked(store):
