@@ -81,8 +81,12 @@ def source_url(url: str) -> str:
     return f"{mirror.rstrip('/')}/{url.rsplit('/', 1)[1]}" if mirror else url
 
 
-def fetch(url: str, dest: pathlib.Path, md5: str | None = None, label: str | None = None) -> None:
+def fetch(url: str, dest: pathlib.Path, md5: str | None = None, label: str | None = None, *,
+          sha256: str | None = None) -> None:
     """Download `url` to `dest` unless `dest` exists, showing progress as "Downloading LABEL".
+
+    The file's checksum is `md5` or `sha256` (what its publisher states; below, "md5" stands for
+    either).
 
     The bytes go to `dest`.part and are renamed into place only when complete and, given `md5`,
     checked, so a file under the final name is always whole; a download that fails removes its
@@ -111,15 +115,16 @@ def fetch(url: str, dest: pathlib.Path, md5: str | None = None, label: str | Non
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     name = label or dest.name
+    expected, algorithm = (sha256, "sha256") if sha256 is not None else (md5, "md5")
     try:
-        resumed, digest = _download(url, part, name, resume=md5 is not None)
-        if resumed and digest != md5:
-            _say(f"The resumed download of {name} is damaged (md5 {digest}, expected {md5}); "
+        resumed, digest = _download(url, part, name, resume=expected is not None, algorithm=algorithm)
+        if resumed and digest != expected:
+            _say(f"The resumed download of {name} is damaged ({algorithm} {digest}, expected {expected}); "
                  "downloading it anew")
             part.unlink()
-            resumed, digest = _download(url, part, name, resume=False)
-        if md5 is not None and digest != md5:
-            raise RuntimeError(f"the download of {url} is damaged (md5 {digest}, expected {md5})")
+            resumed, digest = _download(url, part, name, resume=False, algorithm=algorithm)
+        if expected is not None and digest != expected:
+            raise RuntimeError(f"the download of {url} is damaged ({algorithm} {digest}, expected {expected})")
         os.replace(part, dest)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -132,13 +137,13 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _download(url: str, part: pathlib.Path, name: str, resume: bool) -> tuple[bool, str]:
+def _download(url: str, part: pathlib.Path, name: str, resume: bool, algorithm: str = "md5") -> tuple[bool, str]:
     """Write `url`'s bytes to `part`, continuing a leftover there when `resume` and the server
-    allows; returns whether it was continued and the md5 of all of `part`."""
+    allows; returns whether it was continued and the digest (`algorithm`) of all of `part`."""
     with contextlib.ExitStack() as stack:
         out = _leftover(part, name, resume)
         response = None
-        digest = hashlib.md5(usedforsecurity=False)
+        digest = hashlib.new(algorithm, usedforsecurity=False)
         if out is not None:
             stack.enter_context(out)
             while chunk := out.read(CHUNK_BYTES):  # leaves the position at the end, where the rest goes
@@ -149,7 +154,7 @@ def _download(url: str, part: pathlib.Path, name: str, resume: bool) -> tuple[bo
                 _say(f"Replacing the leftover {part.name} of an interrupted download of {name} ({why_not})")
                 stack.close()
                 part.unlink()
-                out, digest = None, hashlib.md5(usedforsecurity=False)
+                out, digest = None, hashlib.new(algorithm, usedforsecurity=False)
             else:
                 _say(f"Resuming the interrupted download of {name} after {fmt_amount(offset, 'B')} "
                      f"({part.name})")
