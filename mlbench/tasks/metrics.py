@@ -111,6 +111,10 @@ ACCURACY = register_metric(Metric("accuracy", "test accuracy", higher_is_better=
 PERPLEXITY = register_metric(Metric("perplexity", "validation perplexity", higher_is_better=False, low=1.0,
                                     symbol="ppl"))
 BLEU = register_metric(Metric("bleu", "BLEU", higher_is_better=True, low=0.0, high=100.0, symbol="BLEU"))
+#: Task 5a's: the mean cross-entropy (nats per token) of the validation tokens, as the GPT-2
+#: speedrun and llm.c report it (3.28 is their goal).
+VALIDATION_LOSS = register_metric(Metric("val_loss", "validation loss", higher_is_better=False, low=0.0,
+                                         symbol="loss", digits=4))
 #: Task 0a's headline: the peak of nccl-tests' bus bandwidth over the sweep (task spec's name).
 BUS_BANDWIDTH = register_metric(Metric("bus bandwidth", "bus bandwidth", higher_is_better=True,
                                        unit="GB/s", digits=3, style="g"))
