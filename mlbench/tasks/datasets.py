@@ -12,6 +12,7 @@ by their tasks' runtimes.
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -143,9 +144,20 @@ def _prepare_wmt17(data_dir: str | None) -> object:
     return encode_wmt17(wmt17_folder(data_dir), TranslationSettings().vocab_size)
 
 
+def _prepare_fineweb(data_dir: str | None) -> object:
+    """FineWeb's shards: downloaded (all of them) into the data root unless ``--data-dir`` has them."""
+    from mlbench.tasks.task5a import fineweb
+    from mlbench.tasks.task5a.runtime import open_shards
+
+    if data_dir is None:
+        fineweb.download()
+    return open_shards(fineweb.default_root() if data_dir is None else pathlib.Path(data_dir).expanduser())
+
+
 CIFAR10 = register_dataset(Dataset("cifar10", prepare=_load_cifar10, images=True, load=_load_cifar10,
                                    synthetic=_synthetic_cifar10))
 EPSILON = register_dataset(Dataset("epsilon", prepare=_load_epsilon, load=_load_epsilon,
                                    synthetic=_synthetic_epsilon))
 WIKITEXT2 = register_dataset(Dataset("wikitext2", prepare=_prepare_wikitext2))
 WMT17 = register_dataset(Dataset("wmt17-en-de", prepare=_prepare_wmt17))
+FINEWEB10B = register_dataset(Dataset("fineweb10B", prepare=_prepare_fineweb))

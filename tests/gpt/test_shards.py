@@ -122,3 +122,22 @@ def test_a_hub_that_cannot_be_reached_is_one_line(monkeypatch, tmp_path):
         fineweb.download(tmp_path / "fw", train_shards=1)
     assert str(refused.value).startswith(f"could not list the files of {fineweb.REPO}")
     assert "--data-dir" in str(refused.value)
+
+
+def test_the_data_are_official_only_as_the_whole_listed_download(hub, tmp_path, monkeypatch):
+    from mlbench.tasks.data.identity import data_identity
+
+    monkeypatch.setenv("MLBENCH_DATA", str(tmp_path / "root"))
+    folder = fineweb.download(tmp_path / "fw", train_shards=fineweb.TRAIN_SHARDS)
+    whole = data_identity("fineweb10B", str(folder))
+    assert whole.official and whole.rows == {"train": 300 * fineweb.TRAIN_SHARDS, "valid": 300}
+    assert len(whole.files) == 1 + fineweb.TRAIN_SHARDS
+    (folder / fineweb.train_name(103)).unlink()
+    part = data_identity("fineweb10B", str(folder))
+    assert not part.official and part.reason == "102 of FineWeb's 103 train shards"
+    own = tmp_path / "own"
+    write_shard(own / "fineweb_train_000001.bin", range(100))
+    write_shard(own / "fineweb_val_000000.bin", range(50))
+    mine = data_identity("fineweb10B", str(own))
+    assert not mine.official and mine.reason.startswith("token shards without FineWeb's manifest")
+    assert mine.rows == {"train": 100, "valid": 50}

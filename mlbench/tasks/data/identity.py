@@ -27,6 +27,9 @@ them against the specification:
   confirmed: the counts found are WMT17's table of sentences per corpus, and whether News
   Commentary v12's figure is its file's line count is not known here. So the training side is
   not judged: its pairs and hashes are recorded, and two runs compare by their sha256.
+- **fineweb10B**: official when the folder holds FineWeb's 103 train shards and its validation
+  shard, each with the SHA-256 of the Hub's listing (``manifest.json``, kept by the download:
+  :mod:`mlbench.tasks.task5a.fineweb`). Rows are the tokens the shards' headers count.
 
 Hashing is costly on repeat (CIFAR-10 is 180 MB, epsilon's files several GB), so each file's
 SHA-256 (and md5, line count, sample count where asked for) is computed once and kept in
@@ -380,9 +383,36 @@ def _wmt17(data_dir: str | None, digests: _Digests) -> DataIdentity:
     return _identity("wmt17-en-de", reasons, rows, None, list(facts.items()))
 
 
+def _fineweb(data_dir: str | None, digests: _Digests) -> DataIdentity:
+    from mlbench.tasks.task5a import fineweb
+    from mlbench.tasks.task5a.shards import TRAIN_PATTERN, VAL_PATTERN, find_shards, read_header
+
+    folder = pathlib.Path(data_dir).expanduser() if data_dir is not None else fineweb.default_root()
+    train, val = find_shards(folder, TRAIN_PATTERN), find_shards(folder, VAL_PATTERN)
+    if not train or not val:
+        raise DataError(f"{folder} holds no {'train' if not train else 'validation'} shard "
+                        f"({TRAIN_PATTERN if not train else VAL_PATTERN})")
+    rows = {"train": sum(read_header(p) for p in train), "valid": read_header(val[0])}
+    named = [(p.name, digests.of(p)) for p in [val[0], *train]]
+    reasons: list[str] = []
+    try:
+        listed = fineweb.manifest(folder, fetch_missing=False)
+    except DataError:
+        listed = {}
+        reasons.append("token shards without FineWeb's manifest (not the speedrun's download)")
+    if listed:
+        wrong = [name for name, facts in named if name not in listed or listed[name].sha256 != facts["sha256"]]
+        if wrong:
+            reasons.append(f"{_and(wrong[:3])}{' and more' if len(wrong) > 3 else ''} differ from FineWeb's listing")
+        if len(train) != fineweb.TRAIN_SHARDS:
+            reasons.append(f"{len(train)} of FineWeb's {fineweb.TRAIN_SHARDS} train shards")
+    return _identity("fineweb10B", reasons, rows, None, named)
+
+
 _JUDGES: dict[str, Callable[[str | None, _Digests], DataIdentity]] = {
     "cifar10": _cifar10,
     "epsilon": _epsilon,
     "wikitext2": _wikitext2,
     "wmt17-en-de": _wmt17,
+    "fineweb10B": _fineweb,
 }
