@@ -128,8 +128,8 @@ def test_missing_files_are_a_data_error_of_one_line(stand_in, tmp_path):
 
 
 def test_an_unknown_data_set_is_a_usage_error():
-    with pytest.raises(UsageError, match=r"unknown data set 'imagenet'; mlbench knows cifar10, epsilon, wikitext2 and "
-                                         r"wmt17-en-de"):
+    with pytest.raises(UsageError, match=r"unknown data set 'imagenet'; mlbench knows cifar10, epsilon, wikitext2, "
+                                         r"wmt17-en-de and fineweb10B"):
         data_identity("imagenet", None)
 
 
