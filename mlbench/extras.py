@@ -32,6 +32,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "wandb": ("Weights & Biases (wandb)", ("wandb",)),
     "jax": ("JAX and Optax (the JAX port, --framework jax)", ("jax", "jaxlib", "optax")),
     "tensorflow": ("TensorFlow 2 (the TensorFlow port, --framework tensorflow)", ("tensorflow",)),
+    "gpt": ("tiktoken (GPT-2's tokenizer, for your own text as task 5a's shards)", ("tiktoken",)),
 }
 
 
