@@ -8,3 +8,4 @@ from mlbench.cli import optimizers  # noqa: F401
 from mlbench.cli import dashboard  # noqa: F401
 from mlbench.cli import follow  # noqa: F401
 from mlbench.cli import check  # noqa: F401
+from mlbench.cli import data  # noqa: F401
