@@ -16,7 +16,7 @@ from mlbench.tasks.task4b import TASK4B
 
 
 def test_the_registry_holds_one_task_per_package_in_order():
-    assert list(TASKS) == ["task0a", "task1a", "task2a", "task3a", "task4b"]
+    assert list(TASKS) == ["task0a", "task1a", "task2a", "task3a", "task4b", "task5a"]
     assert len(TASK_PACKAGES) == len(TASKS)
     assert get_task("task3a") is TASK3A
 

@@ -6,6 +6,8 @@
   backward pass: this is the reference that other methods are compared against.
 - ``centralized-adam``: the same all-reduce, then Adam (Kingma & Ba 2015) instead of SGD, as
   the original MLBench's CentralizedAdam.
+- ``centralized-adamw``: the same all-reduce, then AdamW (Loshchilov & Hutter 2019) with the
+  task's weight decay on the matrices only, as llm.c and nanoGPT train GPT-2 (task 5a).
 - ``model-averaging``: each worker takes a local SGD step and then the weights are averaged
   (the original's ``agg_grad=False``); with ``period=H`` every H steps, which is local SGD
   (Stich 2019, "Local SGD converges fast and communicates little"; Lin et al. 2020, "Don't use
@@ -222,6 +224,36 @@ class CentralizedAdam(DistributedOptimizer):
         self.by = o["by"]
         self.local = torch.optim.Adam(self.params, lr=0.0, betas=(o["beta1"], o["beta2"]), eps=o["eps"],
                                       weight_decay=ctx.spec.settings.weight_decay)
+
+    def step(self, lr: float) -> None:
+        self.bytes_sent += average_gradients(self.params, self.ctx.world_size, self.by, self.ctx.group)
+        self.ctx.timer.mark("communication")
+        if self.grad_hook_allows_update():
+            set_lr(self.local, lr * self.opts["lr_scale"])
+            self.local.step()
+        self.ctx.timer.mark("optimizer")
+
+
+@register
+class CentralizedAdamW(DistributedOptimizer):
+    """All-reduced gradients, then AdamW with the task's weight decay decoupled (Loshchilov &
+    Hutter 2019), on the matrices only by default: biases, LayerNorms and other vectors are not
+    decayed, as llm.c's and nanoGPT's GPT-2 recipes have it (task 5a)."""
+
+    info = INFO["centralized-adamw"]
+
+    def __init__(self, ctx: OptimizerContext):
+        super().__init__(ctx)
+        task_values = {k: v for k, v in ctx.spec.settings.optimizer_values().items()
+                       if k not in ctx.options and k in self.opts}
+        o = self.opts = {**self.opts, **task_values}
+        self.by = o["by"]
+        decay = ctx.spec.settings.weight_decay
+        decayed = [p for p in self.params if o["decay"] == "all" or p.dim() >= 2]
+        kept = [p for p in self.params if not (o["decay"] == "all" or p.dim() >= 2)]
+        groups = [{"params": decayed, "weight_decay": decay}] + ([{"params": kept, "weight_decay": 0.0}]
+                                                                 if kept else [])
+        self.local = torch.optim.AdamW(groups, lr=0.0, betas=(o["beta1"], o["beta2"]), eps=o["eps"])
 
     def step(self, lr: float) -> None:
         self.bytes_sent += average_gradients(self.params, self.ctx.world_size, self.by, self.ctx.group)

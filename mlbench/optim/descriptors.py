@@ -218,6 +218,23 @@ _ALL = (
         },
         supports_grad_hook=True, exact=True, period=1),
     OptimizerInfo(
+        "centralized-adamw",
+        "AdamW (Loshchilov & Hutter 2019, arXiv:1711.05101) on all-reduced gradients, as llm.c and "
+        "nanoGPT train GPT-2 (task 5a's reference)",
+        "Average the gradients with an all-reduce, then the same AdamW step everywhere, with decoupled weight "
+        "decay on the matrices.",
+        options={
+            "by": BY,
+            "lr_scale": Option("AdamW's rate = the task's rate x lr_scale", 1.0, kind="float", minimum=0.0),
+            "beta1": Option("first-moment decay", 0.9, kind="float", minimum=0.0, maximum=1.0),
+            "beta2": Option("second-moment decay", 0.999, kind="float", minimum=0.0, maximum=1.0),
+            "eps": Option("denominator term", 1e-8, kind="float", minimum=0.0),
+            "decay": Option("which parameters the task's weight decay applies to: matrices (every tensor of two "
+                            "or more dimensions, as llm.c and nanoGPT) or all", "matrices",
+                            kind="choice", choices=("matrices", "all")),
+        },
+        supports_grad_hook=True, exact=True, period=1),
+    OptimizerInfo(
         "model-averaging",
         "Model averaging / local SGD (Stich 2019, arXiv:1805.09767; Lin et al. 2020, "
         "arXiv:1808.07217); the original's agg_grad=False",

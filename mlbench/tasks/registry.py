@@ -23,7 +23,7 @@ from mlbench.errors import UsageError
 from mlbench.tasks.spec import AnySpec
 
 #: The task packages, in the order ``mlbench tasks`` lists them (the one list of tasks).
-TASK_PACKAGES: tuple[str, ...] = ("task0a", "task1a", "task2a", "task3a", "task4b")
+TASK_PACKAGES: tuple[str, ...] = ("task0a", "task1a", "task2a", "task3a", "task4b", "task5a")
 
 
 class _Tasks(Mapping[str, AnySpec]):

@@ -18,7 +18,7 @@ def test_optimizers_lists_every_optimizer_with_its_options_defaults_and_paper():
     result = CliRunner().invoke(cli, ["optimizers"])
     assert result.exit_code == 0, result.output
     described = describe_optimizers()
-    assert {d["name"] for d in described} == set(OPTIMIZERS) and len(described) == 11
+    assert {d["name"] for d in described} == set(OPTIMIZERS) and len(described) == 12
     for info in described:
         assert f"{info['name']} (" in result.output
         assert info["reference"][:40] in result.output

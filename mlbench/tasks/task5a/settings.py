@@ -35,7 +35,7 @@ class GPTSettings(TrainingSettings):
     max_epochs: int = 0                   # derived: ceil(steps / eval_every)
     weight_decay: float = 0.1             # AdamW's, on the matrices only
     layers: int = 12
-    heads: int = 12
+    head_dim: int = 64                    # 12 heads at width 768
     width: int = 768
     context: int = 1024
     vocab_size: int = 50_257              # GPT-2's tokens
@@ -65,8 +65,8 @@ class GPTSettings(TrainingSettings):
 
     def check(self, workers: int) -> str | None:
         """Why these settings cannot run on ``workers`` workers (None: they can)."""
-        if self.width % self.heads:
-            return f"width {self.width} is not a multiple of heads {self.heads}"
+        if self.width % self.head_dim:
+            return f"width {self.width} is not a multiple of head_dim {self.head_dim}"
         if self.padded_vocab < self.vocab_size:
             return f"padded_vocab {self.padded_vocab} is below vocab_size {self.vocab_size}"
         per_pass = self.batch_per_worker * workers
@@ -79,6 +79,11 @@ class GPTSettings(TrainingSettings):
     def accumulation(self, workers: int) -> int:
         """Micro-batches per step on each of ``workers`` workers."""
         return self.global_batch // (self.batch_per_worker * workers)
+
+    @property
+    def heads(self) -> int:
+        """Attention heads: width / head_dim (12 for GPT-2 small)."""
+        return self.width // self.head_dim
 
     @property
     def tokens_per_step(self) -> int:
