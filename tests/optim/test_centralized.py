@@ -13,6 +13,7 @@ import torch
 from mlbench.optim.base import OptimizerContext
 from mlbench.optim.catalog import build_optimizer
 from mlbench.tasks.task1a import TASK1A
+from mlbench.tasks.task5a import TASK5A
 from mlbench.timing import PhaseTimer
 from tests.optim.support import PLAIN, loss_on, params_of, run_on_ranks, tiny_data, tiny_model
 
@@ -24,6 +25,8 @@ RUNS = {
     "sgd-layer": ("centralized-sgd", {"by": "layer"}, TASK1A),
     "adam-model": ("centralized-adam", {"by": "model"}, TASK1A),
     "adam-layer": ("centralized-adam", {"by": "layer"}, TASK1A),
+    "adamw-model": ("centralized-adamw", {"by": "model"}, TASK5A),
+    "adamw-all": ("centralized-adamw", {"decay": "all"}, TASK5A),
     "plain-sgd": ("centralized-sgd", {}, PLAIN),
     "plain-averaging": ("model-averaging", {}, PLAIN),
     "plain-averaging-by-layer": ("model-averaging", {"by": "layer"}, PLAIN),
@@ -107,6 +110,23 @@ def test_centralized_adam_by_model_and_by_layer_agree_and_equal_one_process_adam
     for got, want in zip(trained[0]["adam-model"], reference, strict=True):
         assert_close(got, want)
     assert not all(torch.equal(a, b) for a, b in zip(trained[0]["adam-model"][-1], trained[0]["sgd-model"][-1]))
+
+
+def test_centralized_adamw_equals_one_process_adamw_with_the_tasks_betas_and_decay_on_the_matrices(trained):
+    def matrices_only(params):
+        params = list(params)
+        return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                                 lr=0.0, betas=(0.9, 0.95), eps=1e-8)
+
+    for got, want in zip(trained[0]["adamw-model"], one_process(matrices_only), strict=True):
+        assert_close(got, want)
+    everything = one_process(lambda ps: torch.optim.AdamW(ps, lr=0.0, betas=(0.9, 0.95), weight_decay=0.1))
+    for got, want in zip(trained[0]["adamw-all"], everything, strict=True):
+        assert_close(got, want)
+    biases = [i for i, p in enumerate(trained[0]["adamw-model"][-1]) if p.dim() < 2]
+    assert biases and not all(torch.equal(trained[0]["adamw-model"][-1][i], trained[0]["adamw-all"][-1][i])
+                              for i in biases)
 
 
 def test_model_averaging_of_plain_sgd_equals_centralized_sgd_after_every_step(trained):
