@@ -171,7 +171,7 @@ def test_tasks_optimizers_prices_and_clusters_parse_as_json_and_yaml(runs):
                                              kubeconfig=config.config_dir() / "kubeconfig", nodes=2))
     tasks = yaml.safe_load(mlbench("tasks", "-o", "yaml", check=True).stdout)
     assert tasks["schema_version"] == SCHEMA_VERSION
-    assert [t["name"] for t in tasks["tasks"]] == ["task0a", "task1a", "task2a", "task3a", "task4b"]
+    assert [t["name"] for t in tasks["tasks"]] == ["task0a", "task1a", "task2a", "task3a", "task4b", "task5a"]
     assert [t["metric"] for t in tasks["tasks"][1:]] == ["accuracy", "accuracy", "perplexity", "bleu"]
     assert tasks["tasks"][1]["goal_full"] == 0.8 and "resnet20-v1" in tasks["models"]
     prices = _json("prices")["prices"]
@@ -222,7 +222,7 @@ def test_completion_offers_run_ids_names_tasks_groups_and_clusters(runs):
     assert _complete("mlbench status ") == newest_first
     assert _complete("mlbench logs task2a-1") == [listed[1]["name"]]
     assert _complete(f"mlbench download {listed[1]['id'][:3]}") == [listed[1]["id"]]
-    assert _complete("mlbench run task") == ["task0a", "task1a", "task2a", "task3a", "task4b"]
+    assert _complete("mlbench run task") == ["task0a", "task1a", "task2a", "task3a", "task4b", "task5a"]
     assert _complete("mlbench compare --group ") == [runs]
     assert _complete("mlbench set-cluster b") == ["bench"]
     assert _complete("mlbench delete-cluster aws ") == ["bench"]

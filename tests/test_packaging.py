@@ -68,7 +68,7 @@ def test_a_fresh_environment_installs_the_wheel_and_runs_mlbench_from_it(wheel, 
     tasks = subprocess.run([str(command), "tasks"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert tasks.returncode == 0, tasks.stderr
     assert [line.split(":")[0] for line in tasks.stdout.splitlines() if line.startswith("task")] == [
-        "task0a", "task1a", "task2a", "task3a", "task4b"]
+        "task0a", "task1a", "task2a", "task3a", "task4b", "task5a"]
     run = subprocess.run([str(command), "run", "task2a", "1", "--data", "synthetic", "--max-steps", "3",
                           "--log-every", "1"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stdout + run.stderr

@@ -225,7 +225,8 @@ _ALL = (
         "decay on the matrices.",
         options={
             "by": BY,
-            "lr_scale": Option("AdamW's rate = the task's rate x lr_scale", 1.0, kind="float", minimum=0.0),
+            "lr_scale": Option("AdamW's rate = the task's rate x lr_scale (task 5a's own rate is AdamW's: 1 there)",
+                               0.08, kind="float", minimum=0.0),
             "beta1": Option("first-moment decay", 0.9, kind="float", minimum=0.0, maximum=1.0),
             "beta2": Option("second-moment decay", 0.999, kind="float", minimum=0.0, maximum=1.0),
             "eps": Option("denominator term", 1e-8, kind="float", minimum=0.0),

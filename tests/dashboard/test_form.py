@@ -54,7 +54,8 @@ def test_the_form_offers_every_task_with_its_goal_metric():
     from mlbench.dashboard.newrun import form_choices
 
     tasks = {t["name"]: t for t in form_choices(Sources(RunStore()))["tasks"]}
-    assert list(tasks) == ["task0a", "task1a", "task2a", "task3a", "task4b"]
+    assert list(tasks) == ["task0a", "task1a", "task2a", "task3a", "task4b", "task5a"]
     assert tasks["task0a"]["goal_full"] is None and tasks["task0a"]["kind"] == "allreduce"
     assert (tasks["task3a"]["metric"], tasks["task3a"]["goal_full"]) == ("perplexity", 70.0)
     assert (tasks["task4b"]["metric"], tasks["task4b"]["goal_light"]) == ("bleu", 20.0)
+    assert (tasks["task5a"]["metric"], tasks["task5a"]["goal_full"]) == ("val_loss", 3.28)

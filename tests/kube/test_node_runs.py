@@ -351,8 +351,17 @@ def test_a_kill_and_a_hang_restart_the_group_from_its_checkpoint_a_third_failure
         return (len(made) >= count and made[count - 1].get("recovered_s") is not None) \
             or not store.sync_run(run_id).active
 
+    def logged_since_restart() -> bool:   # the restarted group's first logged step has reached the store
+        made = restarts() or []
+        return (bool(made) and any(e["name"] == "train/loss" and e.get("rank", 0) == 0 and e["time"] > made[0]["at"]
+                                  for e in read_run_events(store.sync_run(run_id).run_dir))) \
+            or not store.sync_run(run_id).active
+
     wait_for(lambda: recovered(1), 360, f"run {run_id} to restart and recover: {explain(ns)}", interval=1)
     check_locked_down(ns, run_id)
+    # the hang comes after the new group's first logged step (every 5 steps), which the checks
+    # below read: a recovered group stopped before it had logged any left nothing to check
+    wait_for(logged_since_restart, 240, f"run {run_id} to log a step after its restart: {explain(ns)}", interval=1)
     ns.node.docker("kill", "--signal", "STOP", running_worker(ns, run_id, 1))
     wait_for(lambda: recovered(2), WATCHDOG_WITHIN_S + 240, f"run {run_id} to restart after the hang: {explain(ns)}",
              interval=1)

@@ -188,7 +188,7 @@ def test_an_optimizer_without_averaged_gradients_refuses_task_3a_in_one_line():
     optimizer = sgd(runtime.model, "signsgd")
     with pytest.raises(UsageError, match=r"optimizer signsgd cannot clip the averaged gradient \(task 3a, norm 0.25\):"
                                          r" it never holds the averaged gradient; use one of centralized-adam, "
-                                         r"centralized-sgd, ddp"):
+                                         r"centralized-adamw, centralized-sgd, ddp"):
         runtime.train_step(next(runtime.batches(0)), 1.0, optimizer)
 
 

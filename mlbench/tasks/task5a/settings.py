@@ -104,7 +104,7 @@ class GPTSettings(TrainingSettings):
                 f"{self.min_lr:g} at step {self.steps}")
 
     def optimizer_values(self) -> dict[str, float]:
-        return {"beta1": self.adam_beta1, "beta2": self.adam_beta2, "eps": self.adam_eps}
+        return {"beta1": self.adam_beta1, "beta2": self.adam_beta2, "eps": self.adam_eps, "lr_scale": 1.0}
 
     def mllog_hyperparameters(self, workers: int) -> dict[str, Any]:
         return {"opt_weight_decay": self.weight_decay, "opt_base_learning_rate": self.lr,
