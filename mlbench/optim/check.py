@@ -10,8 +10,12 @@ steps and two of the method's periods (``OptimizerInfo.period``), in whole perio
 round's synchronisation and a defect of a later step both show.
 
 - **exact** (when it claims ``exact``): k workers with batch b end with the parameters of one
-  process with batch k*b after N steps, to the tolerance of the built-ins' tests (``rtol`` 1e-5,
-  ``atol`` 1e-6); the one process runs the same optimizer, so that no formula of ours is assumed.
+  process with batch k*b after N steps, to ``rtol`` 1e-9 and ``atol`` 1e-10; the one process runs
+  the same optimizer, so that no formula of ours is assumed. Both train in float64 for this
+  check (the other checks train in fp32): the order of an all-reduce's sums differs from one
+  process's, and Adam's normalisation turns that fp32 rounding of a near-zero gradient into a
+  whole step's difference (1e-5 after 20 steps of AdamW here), which would hide a defect as
+  small and fail a sound method.
 - **bytes**: what each rank reports in ``bytes_sent`` against what that rank's process really
   sent: the TCP payload of its sockets (Linux's ``tcp_info.tcpi_bytes_sent``), which sees every
   collective, DDP's C++ all-reduce included. Per rank, since a sum over the ranks hides a rank
@@ -77,8 +81,8 @@ DEFAULT_WORKERS = (2, 4)
 DEFAULT_STEPS = 20
 #: The learning rate of every step.
 LR = 0.05
-#: Exactness tolerance of the built-ins' tests (tests/optim/test_centralized.py).
-EXACT_RTOL, EXACT_ATOL = 1e-5, 1e-6
+#: Exactness tolerance in float64 (fp32's rounding, amplified by Adam, is 1e-5 after 20 steps).
+EXACT_RTOL, EXACT_ATOL = 1e-9, 1e-10
 #: Bytes: the measured payload may differ from the reported by this fraction of the larger ...
 BYTES_RELATIVE = 0.10
 #: ... plus this many bytes per step, rank and peer (gloo's message headers, ~600 B per message:
@@ -159,6 +163,7 @@ class _Trained:
 
     params: Any = None
     again: Any = None
+    exact: Any = None                   # a k-worker rank's parameters after the float64 run
     eval_params: Any = None
     restored: bool = True
     losses: list[float] = field(default_factory=list)
@@ -273,9 +278,11 @@ def run_checks(subject: Subject, settings: Settings, context: Any, folder: Path)
     """Train in ``settings.workers`` processes (and one reference process when the optimizer
     claims to be exact), started from the multiprocessing ``context``, with their logs, their
     progress and the group's rendezvous in ``folder``; the checks' results."""
-    roles = list(range(settings.workers)) + ([REFERENCE] if subject.info.claims_exact(subject.values) else [])
+    exact = subject.info.claims_exact(subject.values)
+    roles = list(range(settings.workers)) + ([REFERENCE] if exact else [])
     results = context.Queue()
-    procs = {role: context.Process(target=_role_main, args=(role, subject.job, settings, str(folder), results),
+    procs = {role: context.Process(target=_role_main, args=(role, subject.job, settings, str(folder), results,
+                                                            exact),
                                    daemon=True)
              for role in roles}
     for proc in procs.values():
@@ -316,8 +323,9 @@ def run_checks(subject: Subject, settings: Settings, context: Any, folder: Path)
 @dataclass
 class _Position:
     """A rank's progress as its file says: the run (1: the measured steps, 2: the same steps
-    again, for determinism), the last step of it finished, the phase, and the collectives it had
-    issued after each finished step and when it last wrote (its error: the one it waited in)."""
+    again, for determinism, 3: in float64, for exactness), the last step of it finished, the
+    phase, and the collectives it had issued after each finished step and when it last wrote (its
+    error: the one it waited in)."""
 
     run: int = 0
     finished: int = 0
@@ -330,7 +338,7 @@ class _Position:
         return self.run, self.finished, ("start", "steps", "done", "end").index(self.phase)
 
     def where(self, steps: int) -> str:
-        again = " of the second run (determinism)" if self.run == 2 else ""
+        again = {2: " of the second run (determinism)", 3: " of the float64 run (exactness)"}.get(self.run, "")
         if self.phase in ("start", "steps") and self.run:
             return f"in step {self.finished + 1}{again}"
         if self.phase == "done":
@@ -457,8 +465,9 @@ class _Progress:
         os.write(self.fd, f"{self.run} {what} {'-' if seq is None else seq}\n".encode())
 
 
-def _role_main(role: int, job: Job, settings: Settings, folder: str, results: Any) -> None:
-    """One process: a rank of the k-worker group, or the one-process reference."""
+def _role_main(role: int, job: Job, settings: Settings, folder: str, results: Any, claims_exact: bool) -> None:
+    """One process: a rank of the k-worker group (which trains a third time, in float64, when the
+    optimizer claims exactness), or the one-process float64 reference."""
     log = os.open(os.path.join(folder, f"role{role}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)   # a plug-in's prints and tracebacks stay out of the report
     os.dup2(log, 2)
@@ -476,10 +485,17 @@ def _role_main(role: int, job: Job, settings: Settings, folder: str, results: An
         try:
             batch = settings.batch * (settings.workers if role == REFERENCE else 1)
             progress.run = 1
-            trained = _train(job, settings, world, rank, batch, measure=role != REFERENCE, progress=progress)
-            if role != REFERENCE:
+            if role == REFERENCE:
+                trained = _train(job, settings, world, rank, batch, measure=False, progress=progress,
+                                 dtype=torch.float64)
+            else:
+                trained = _train(job, settings, world, rank, batch, measure=True, progress=progress)
                 progress.run = 2
                 trained.again = _train(job, settings, world, rank, batch, measure=False, progress=progress).params
+                if claims_exact:
+                    progress.run = 3
+                    trained.exact = _train(job, settings, world, rank, batch, measure=False, progress=progress,
+                                           dtype=torch.float64).params
             progress.mark("end")
             dist.barrier()
         except Exception:
@@ -500,7 +516,8 @@ def _one_line(err: BaseException) -> str:
 
 
 def _train(job: Job, settings: Settings, world: int, rank: int, batch: int, measure: bool,
-           progress: _Progress) -> _Trained:
+           progress: _Progress, dtype: Any = None) -> _Trained:
+    """One training of the check's MLP; in fp32 unless ``dtype`` (float64 for exactness)."""
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -514,6 +531,9 @@ def _train(job: Job, settings: Settings, world: int, rank: int, batch: int, meas
     model = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
     stream = torch.get_rng_state()     # the task's stream from here on: the optimizer leaves it alone
     x, y = _data(settings.steps * settings.workers * settings.batch, settings.seed)
+    if dtype is not None:   # the same fp32 draws, widened
+        model.to(dtype)
+        x = x.to(dtype)
     ctx = OptimizerContext(model=model, spec=TASK1A, world_size=world, rank=rank,
                            timer=PhaseTimer(torch.device("cpu")), options=job.options)
     optimizer = build_optimizer(job.name, ctx, job.record, Path(job.folder) if job.folder else None)
@@ -607,10 +627,10 @@ def _exact(subject: Subject, settings: Settings, ranks: list[_Trained], referenc
     import torch
 
     k, b = settings.workers, settings.batch
-    worst = max(range(k), key=lambda r: _max_diff(ranks[r].params, reference.params))
-    diff = _max_diff(ranks[worst].params, reference.params)
-    close = all(torch.allclose(t.params, reference.params, rtol=EXACT_RTOL, atol=EXACT_ATOL) for t in ranks)
-    what = (f"{k} workers x batch {b} against 1 process x batch {k * b} after {settings.steps} steps: "
+    worst = max(range(k), key=lambda r: _max_diff(ranks[r].exact, reference.params))
+    diff = _max_diff(ranks[worst].exact, reference.params)
+    close = all(torch.allclose(t.exact, reference.params, rtol=EXACT_RTOL, atol=EXACT_ATOL) for t in ranks)
+    what = (f"{k} workers x batch {b} against 1 process x batch {k * b} after {settings.steps} steps in float64: "
             f"max |difference| {diff:.1e} (rank {worst}; tolerance {EXACT_ATOL:g} + {EXACT_RTOL:g} x |value|)")
     return CheckResult("exact", "PASS" if close else "FAIL", what)
 
