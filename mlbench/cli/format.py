@@ -176,7 +176,8 @@ def print_run_details(run: RunRecord, summary: RunSummary, events: list[dict[str
         last = summary.evaluations[-1]
         metric = task_metric(run.task)
         rows.append([f"last {metric.title}", f"{metric.format(last.get(metric.name))} (epoch {last['epoch']:.2f})"])
-        rows.append(["last test loss", f"{last.get('loss', float('nan')):.4f}"])
+        if metric.name != "val_loss":   # else the row above is that loss
+            rows.append(["last test loss", f"{last.get('loss', float('nan')):.4f}"])
     if summary.throughput:
         rows.append(["throughput", f"{throughput_text(summary.throughput, run.task)} (all workers)"])
     document = RunDocument.load_or_none(run.run_dir)

@@ -300,6 +300,9 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
         raise UsageError(f"model {overrides['model']} does not fit {task.name}'s data set ({task.settings.dataset})",
                          option="model")
     spec, changed_keys = resolve(task, overrides)
+    problem = spec.settings.check(request.workers) if isinstance(spec, TaskSpec) else None
+    if problem:
+        raise UsageError(f"{spec.name} on {request.workers} workers: {problem}", option="overrides")
     changed = [f"{key}={_override_text(overrides[key])}" for key in changed_keys]  # what made it open, in words
     if request.max_size is not None:
         spec, capped = with_max_size(spec, request.max_size)

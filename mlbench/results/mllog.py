@@ -47,6 +47,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,10 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
     rank0 = [e for e in events if e.get("rank", 0) == 0]
     outcome = read_result(record.result or next((e["value"] for e in rank0 if e["name"] == "result"), None))
     result = outcome if isinstance(outcome, TrainingResult) else TrainingResult()
-    batch = record.workers * (spec.settings.batch_per_worker if spec else 0)
+    def per_step(workers: int) -> int:   # the global batch of a group of that size
+        return spec.settings.global_batch_size(workers) if spec else 0
+
+    batch = per_step(record.workers)
     environment = next((e["value"] for e in rank0 if e["name"] == "environment"),
                        document.environment if document else {})
     log = _Log()
@@ -95,7 +99,7 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
     sizes = run_worker_sizes(record)
     log.add(init_start, "number_of_workers", record.workers, metadata={"sizes": sizes} if len(sizes) > 1 else None)
     log.add(init_start, "global_batch_size", batch)
-    log.add(init_start, "gradient_accumulation_steps", 1)
+    log.add(init_start, "gradient_accumulation_steps", spec.settings.accumulation(record.workers) if spec else 1)
     log.add(init_start, "seed", record.seed if record.seed is not None else (config.seed if config else None))
     log.add(init_start, "opt_name", record.optimizer)
     for kind in ("tensor", "pipeline", "context", "expert"):  # data parallelism only
@@ -123,14 +127,13 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
         _sweep(log, rank0, outcome, init_start, stop)
         return log.lines()
     start = _run_start(rank0)
-    per_worker = spec.settings.batch_per_worker if spec else 0
-    restarts = _recoveries(log, document, per_worker)
+    restarts = _recoveries(log, document, per_step)
     if start is not None:
         log.add(start, "init_stop", None, "INTERVAL_END")
         log.add(start, "run_start", None, "INTERVAL_START")
         again = [(when, from_step) for when, from_step, _ in restarts]
         shrinks = [(from_step, workers) for _, from_step, workers in restarts if workers is not None]
-        _epochs_and_evaluations(log, rank0, start, _samples_at(record.workers, per_worker, shrinks),
+        _epochs_and_evaluations(log, rank0, start, _samples_at(record.workers, per_step, shrinks),
                                 spec.metric if spec else "accuracy", again)
     if stop is not None:
         status = "success" if result.reached else "aborted"
@@ -223,9 +226,11 @@ def _run_start(rank0: list[dict[str, Any]]) -> float | None:
     return None
 
 
-def _recoveries(log: _Log, document: RunDocument | None, per_worker: int) -> list[tuple[float, int, int | None]]:
-    """Log each restart, shrink and resume (see the module's docstring); returns (when, the step
-    it went on from, a shrink's new size or None) of each."""
+def _recoveries(log: _Log, document: RunDocument | None,
+                per_step: Callable[[int], int]) -> list[tuple[float, int, int | None]]:
+    """Log each restart, shrink and resume (see the module's docstring; ``per_step``: the global
+    batch of a group of a size); returns (when, the step it went on from, a shrink's new size or
+    None) of each."""
     if document is None:
         return []
     found: list[tuple[float, int, int | None]] = []
@@ -238,7 +243,7 @@ def _recoveries(log: _Log, document: RunDocument | None, per_worker: int) -> lis
         meta = {key: entry[key] for key in ("reason", "ranks", "reached_step", "lost_steps", "recovered_s",
                                             "survivors") if entry.get(key) is not None}
         if workers is not None:
-            meta.update(workers=workers, global_batch_size=int(workers) * per_worker)
+            meta.update(workers=workers, global_batch_size=per_step(int(workers)))
         log.add(float(entry["at"]), "mlbench_shrink" if workers is not None else "mlbench_restart", from_step,
                 metadata=meta)
         found.append((float(entry["at"]), from_step, int(workers) if workers is not None else None))
@@ -251,17 +256,18 @@ def _recoveries(log: _Log, document: RunDocument | None, per_worker: int) -> lis
     return found
 
 
-def _samples_at(workers: int, per_worker: int, shrinks: list[tuple[int, int]]) -> Any:
-    """The samples trained by step ``step``: each step at the global batch of the size the group
-    had then (``shrinks``: (the step a shrink went on from, the new size), in order)."""
+def _samples_at(workers: int, per_step: Callable[[int], int], shrinks: list[tuple[int, int]]) -> Any:
+    """The samples trained by step ``step``: each step at the global batch (``per_step`` of the
+    size) the group had then (``shrinks``: (the step a shrink went on from, the new size), in
+    order)."""
     def samples(step: int) -> int:
         total, size, since = 0, workers, 0
         for from_step, new_size in shrinks:
             if from_step >= step:
                 break
-            total += (from_step - since) * size * per_worker
+            total += (from_step - since) * per_step(size)
             size, since = new_size, from_step
-        return total + (step - since) * size * per_worker
+        return total + (step - since) * per_step(size)
 
     return samples
 

@@ -89,6 +89,20 @@ class TrainingSettings(ABC):
         return [[f.name, getattr(self, f.name)] for f in dataclasses.fields(self)
                 if f.name not in common and f.name not in self.RATE_FIELDS and f.name in self.override_keys()]
 
+    def global_batch_size(self, workers: int) -> int:
+        """Samples per step over ``workers`` workers, in the unit MLPerf's log counts (images,
+        sequences): one batch per worker, unless a task fixes its global batch."""
+        return workers * self.batch_per_worker
+
+    def accumulation(self, workers: int) -> int:
+        """Micro-batches a worker accumulates per step on ``workers`` workers."""
+        return 1
+
+    def check(self, workers: int) -> str | None:
+        """Why these settings cannot run on ``workers`` workers, in words (None: they can). The
+        CLI refuses such a run in one line before anything starts; the worker checks again."""
+        return None
+
     def optimizer_values(self) -> dict[str, float]:
         """The task's values of its reference optimizer's options (Adam's betas for 4b): they
         replace the optimizer's defaults, not what the user set."""

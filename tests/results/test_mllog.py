@@ -94,3 +94,17 @@ def test_the_platform_counts_the_nodes_the_launcher_recorded(store, tmp_path, la
     assert value["submission_platform"].startswith(f"{nodes or 1}x ")  # a local run: this one machine
     assert f"8 worker(s), {launcher}" in value["submission_platform"]
     assert value["submission_status"] == status
+
+
+def test_every_task_has_its_rules_and_is_a_benchmark_the_common_rules_accept():
+    """A task without its rules file made the checker crash with a traceback (task 5a did)."""
+    import yaml
+
+    from mlbench.results.mlperf_rules import COMMON, RULES_DIR
+    from mlbench.tasks.registry import TASK_PACKAGES
+
+    rules = {rule["KEY"]["NAME"]: rule["KEY"] for rule in yaml.safe_load(COMMON.read_text()) if "KEY" in rule}
+    accepted = rules["submission_benchmark"]["CHECK"]
+    for name in TASK_PACKAGES:
+        assert (RULES_DIR / f"{name}.yaml").is_file(), name
+        assert f"'{name}'" in accepted, (name, accepted)

@@ -5,7 +5,7 @@ names: given an mlbench log with its default rules it looks for ``closed_task1a.
 crashes. Its ``--config`` option takes any rules file by path, and a rules file may queue
 further files; ``common.yaml`` here checks what every mlbench log has (submission fields,
 ``init``/``run`` intervals, ``run_stop``'s status) and queues ``training.yaml`` (epochs,
-evaluations, sample counts: tasks 1a to 4b) or nothing more for task 0a, then the benchmark's own
+evaluations, sample counts: tasks 1a to 5a) or nothing more for task 0a, then the benchmark's own
 file (``task1a.yaml``...: its goal metric). Queued files are found next to the file the checker
 was given (its BEGIN block reads the checker's ``config_file``), so the rules work with any
 Python that runs the checker, whether or not it can import mlbench.

@@ -172,8 +172,9 @@ class GPTRuntime:
 
     @property
     def test_samples(self) -> int:
-        """Validation tokens predicted per evaluation, over all workers (the MLLOG's eval_samples)."""
-        return self._eval_sequences() * self.s.context
+        """Validation sequences of ``context`` tokens per evaluation, over all workers (the
+        MLLOG's eval_samples: MLPerf's LLM logs count sequences, as its global batch does)."""
+        return self._eval_sequences()
 
     def _eval_sequences(self) -> int:
         return min(self.s.eval_tokens, len(self.val) - 1) // self.s.context

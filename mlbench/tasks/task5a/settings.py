@@ -80,6 +80,10 @@ class GPTSettings(TrainingSettings):
         """Micro-batches per step on each of ``workers`` workers."""
         return self.global_batch // (self.batch_per_worker * workers)
 
+    def global_batch_size(self, workers: int) -> int:
+        """Sequences per step, whatever the worker count (MLPerf's LLM logs count sequences)."""
+        return self.global_batch
+
     @property
     def heads(self) -> int:
         """Attention heads: width / head_dim (12 for GPT-2 small)."""
@@ -111,8 +115,7 @@ class GPTSettings(TrainingSettings):
                 "opt_learning_rate_warmup_steps": self.warmup_steps, "opt_end_learning_rate": self.min_lr,
                 "opt_learning_rate_decay_steps": self.steps, "opt_adamw_beta_1": self.adam_beta1,
                 "opt_adamw_beta_2": self.adam_beta2, "opt_adamw_epsilon": self.adam_eps,
-                "opt_gradient_clip_norm": self.grad_clip, "global_batch_size": self.global_batch,
-                "max_sequence_length": self.context,
+                "opt_gradient_clip_norm": self.grad_clip, "max_sequence_length": self.context,
                 "opt_learning_rate_schedule": "linear warm-up, then cosine to the end rate"}
 
     def with_values(self, values: dict[str, Any]) -> GPTSettings:
