@@ -37,7 +37,7 @@ WHOLE_PACKAGES = ("tests/kube", "tests/slurm", "tests/cloud")
 FORKSERVER_MODULES = (
     "tests/optim/test_training.py", "tests/optim/test_centralized.py", "tests/optim/test_compressed.py",
     "tests/optim/test_ddp_resume.py", "tests/optim/test_decentralized.py", "tests/optim/test_powersgd.py",
-    "tests/optim/test_diloco_family.py", "tests/language/test_exactness.py")
+    "tests/optim/test_diloco_family.py", "tests/language/test_exactness.py", "tests/gpt/test_exactness.py")
 FORKSERVER_UNIT = "tests/optim/support.py"
 #: the modules that take a worker a third of a minute or more on the loaded 2-core box, longest
 #: first (``MLBENCH_TEST_CPU_PROFILE`` of a loaded run with four workers, 2026-11-27;

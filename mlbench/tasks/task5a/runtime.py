@@ -80,6 +80,11 @@ class _Synthetic:
         return self.tokens[index].astype(np.int64)
 
 
+def _at_least_fp32(logits: torch.Tensor) -> torch.Tensor:
+    """The logits for the loss: bf16 or fp16 widened to fp32, fp32 or float64 (tests) as they are."""
+    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+
 class GPTRuntime:
     """Task 5a on worker ``rank`` of ``world`` (see :class:`mlbench.tasks.runtime.TaskRuntime`)."""
 
@@ -152,7 +157,7 @@ class GPTRuntime:
                 sync = contextlib.nullcontext() if last or not hasattr(module, "no_sync") else module.no_sync()
                 with sync:
                     logits = module(mb.inputs)
-                    loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), mb.targets.reshape(-1))
+                    loss = F.cross_entropy(_at_least_fp32(logits).view(-1, logits.size(-1)), mb.targets.reshape(-1))
                     self.timer.mark("forward")
                     with autocast_off(self.device, self.precision):
                         (loss / len(batch.micro)).backward()
@@ -194,7 +199,7 @@ class GPTRuntime:
             targets = tokens[1:].view(count, s.context).to(self.device)
             with autocast(self.device, self.precision):
                 logits = self.model(inputs)
-            nll += F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1),
+            nll += F.cross_entropy(_at_least_fp32(logits).view(-1, logits.size(-1)), targets.reshape(-1),
                                    reduction="sum").double()
         total, predicted = all_reduce_sum([float(nll), float((hi - lo) * s.context)], self.world, self.device)
         self.model.train()

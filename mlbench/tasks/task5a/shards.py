@@ -3,8 +3,8 @@
 A shard is a header of 256 little-endian int32 (``[0]`` the magic 20240520, ``[1]`` the version 1,
 ``[2]`` the number of tokens), then that many uint16 GPT-2 token ids (llm.c's
 ``dev/data/data_common.py`` writes it; modded-nanogpt's ``_load_data_shard`` reads it). FineWeb's
-10B-token sample comes as ``fineweb_train_000001.bin`` ... ``fineweb_train_000103.bin`` (about 98.5M
-tokens each) and ``fineweb_val_000000.bin``.
+10B-token sample comes as ``fineweb_train_000001.bin`` ... ``fineweb_train_000103.bin`` (100M
+tokens each, the last fewer) and ``fineweb_val_000000.bin``.
 
 Training reads the train shards in name order as one stream. Global step ``s`` takes the
 ``global_batch`` sequences that start at token ``s * global_batch * context``; sequence ``j`` is
