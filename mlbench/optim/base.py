@@ -192,7 +192,21 @@ def flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor:
 
 
 def flat_params(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in params])
+    """The parameters as one vector; a sharded parameter (a DTensor: ``fsdp``) whole, which is
+    a collective: every rank must call it."""
+    return torch.cat([whole_tensor(p.detach()).reshape(-1) for p in params])
+
+
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t``: its shard of a sharded parameter (``fsdp``), else ``t``."""
+    local = getattr(t, "to_local", None)
+    return local() if callable(local) else t
+
+
+def whole_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``t`` whole: a sharded parameter (``fsdp``) gathered from every rank (a collective), else ``t``."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t
 
 
 @torch.no_grad()

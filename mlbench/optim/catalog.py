@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mlbench.optim import centralized, ddp, decentralized, diloco, powersgd, signsgd, sparsified  # noqa: F401
+from mlbench.optim import centralized, ddp, decentralized, diloco, fsdp, powersgd, signsgd, sparsified  # noqa: F401
 from mlbench.optim.base import DistributedOptimizer, OptimizerContext
 from mlbench.optim.descriptors import optimizer_info
 from mlbench.optim.plugins import PluginError, load_recorded, make_plugin, plugin_label

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from mlbench.optim.base import whole_tensor
 from mlbench.errors import MlbenchError
 from mlbench.results.events import EventWriter, FileSink, events_path, read_rank_events
 from mlbench.worker.failures import PERMANENT_EXIT, permanent_cause, record_error, say, stalled_peer, worker_failed
@@ -172,7 +173,8 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, store_fd: int 
                 return 143
             if config.save_model and run_dir is not None:
                 (run_dir / "checkpoints").mkdir(exist_ok=True)
-                torch.save(trainer.model.state_dict(), run_dir / "checkpoints" / f"rank-{rank}.pt")
+                whole = {name: whole_tensor(t) for name, t in trainer.model.state_dict().items()}  # fsdp's too
+                torch.save(whole, run_dir / "checkpoints" / f"rank-{rank}.pt")
         if heartbeat is not None:
             heartbeat.phase("finishing")
         if rank == 0:

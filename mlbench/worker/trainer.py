@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from mlbench.errors import DivergedError
-from mlbench.optim.base import DistributedOptimizer, OptimizerContext, allreduce_bytes
+from mlbench.optim.base import DistributedOptimizer, OptimizerContext, allreduce_bytes, local_part
 from mlbench.optim.catalog import build_optimizer
 from mlbench.plugins import PluginError
 from mlbench.results.events import EventWriter
@@ -401,7 +401,7 @@ class Trainer:
         p = self.progress
         bad = ~torch.isfinite(losses)
         first_bad = torch.where(bad.any(), bad.float().argmax(), -1.0)
-        params_ok = torch.stack([torch.isfinite(q).all() for q in self.model.parameters()]).all()
+        params_ok = torch.stack([torch.isfinite(local_part(q)).all() for q in self.model.parameters()]).all()
         total, first, ok = torch.stack([loss_sum.float(), first_bad.float(), params_ok.float()]).tolist()
         if first >= 0:
             at = p.step - losses.numel() + int(first) + 1

@@ -5,7 +5,10 @@ centralized-adamw (all-reduce, the clipping of the averaged gradient, AdamW with
 matrices), for a few steps of llm.c's schedule on shards this test writes. A step is 8 sequences
 whatever the worker count: 1 worker accumulates 4 micro-batches of 2, 2 workers 2 each, 4
 workers 1 each; the reference is one process with one micro-batch of all 8. The parameters and
-the all-reduced validation loss afterwards must agree.
+the all-reduced validation loss afterwards must agree. The same holds for ``fsdp``, which shards
+the weights, gradients and AdamW's state over the workers (FSDP2's fully_shard, ZeRO-3), against
+the same one-process reference. With 10 validation sequences, 4 workers hold 3, 3, 2 and 2 of
+them: the evaluation's forward passes (collectives for a sharded model) must still pair up.
 
 In float64: Adam divides each coordinate by the root of its own squared gradients, so a
 coordinate whose gradient is zero in exact arithmetic (the attention's key bias: softmax ignores
@@ -34,7 +37,7 @@ from mlbench.timing import PhaseTimer
 CPU = torch.device("cpu")
 TINY = dataclasses.replace(GPTSettings(), layers=2, width=32, head_dim=16, context=16, vocab_size=100,
                            padded_vocab=128, global_batch=8, batch_per_worker=2, steps=4, warmup_steps=1,
-                           eval_every=4, eval_tokens=16 * 6, lr=3e-3, grad_clip=0.5)
+                           eval_every=4, eval_tokens=16 * 10, lr=3e-3, grad_clip=0.5)
 STEPS = 4
 
 
@@ -61,16 +64,18 @@ def train(rank: int, world: int, data_dir: str, batch_per_worker: int, name: str
         micro.append(len(batch.micro))
         rates.append(runtime.lr(batch.step, batch))
         runtime.train_step(batch, rates[-1], opt)
-    return [p.detach().clone() for p in runtime.model.parameters()], runtime.evaluate()["val_loss"], micro, rates
+    whole = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in runtime.model.parameters()]
+    return [p.detach().clone() for p in whole], runtime.evaluate()["val_loss"], micro, rates
 
 
+@pytest.mark.parametrize("name", ["centralized-adamw", "fsdp"])
 @pytest.mark.parametrize("workers", [1, 2, 4])
-def test_k_workers_accumulating_equal_one_process_with_the_global_batch(on_ranks, shards, workers):
+def test_k_workers_accumulating_equal_one_process_with_the_global_batch(on_ranks, shards, workers, name):
     reference, ref_loss, ref_micro, rates = train(0, 1, shards, batch_per_worker=8)
     assert ref_micro == [1] * STEPS and rates[0] == pytest.approx(TINY.lr) and rates[-1] < rates[1]
     initial = GPTRuntime(TINY, data_dir=shards).model
     assert max(float((p.detach().double() - q).abs().max()) for p, q in zip(initial.parameters(), reference)) > 1e-3
-    for params, loss, micro, got_rates in on_ranks(train, workers, shards, 2, timeout=240):
+    for params, loss, micro, got_rates in on_ranks(train, workers, shards, 2, name, timeout=240):
         assert micro == [4 // workers] * STEPS and got_rates == rates
         for p, q in zip(params, reference, strict=True):
             torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-10)

@@ -22,8 +22,8 @@ from tests.helpers import command_lines, mlbench
 WRONG = Path(__file__).with_name("wrong_plugins.py")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "my_sgd.py"
 BUILTINS = ("centralized-sgd", "centralized-adam", "centralized-adamw", "model-averaging", "powersgd", "signsgd",
-            "sparsified-sgd", "decentralized-sgd", "diloco", "streaming-diloco", "sparseloco", "ddp")
-EXACT = {"centralized-sgd", "centralized-adam", "centralized-adamw", "ddp", "my-sgd"}
+            "sparsified-sgd", "decentralized-sgd", "diloco", "streaming-diloco", "sparseloco", "ddp", "fsdp")
+EXACT = {"centralized-sgd", "centralized-adam", "centralized-adamw", "ddp", "fsdp", "my-sgd"}
 #: Whose ranks differ with their default options (a consensus line instead of same-model).
 DIFFER = {"decentralized-sgd", "diloco", "streaming-diloco", "sparseloco"}
 CHECKS = ["exact", "bytes", "same-model", "restore", "communication", "progress", "memory", "random-stream",

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import pathlib
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -186,21 +187,30 @@ class GPTRuntime:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean cross-entropy per validation token, over all workers."""
+        """Mean cross-entropy per validation token, over all workers. Every rank makes the same
+        number of forward passes (a rank with one sequence fewer repeats its first and counts it
+        not): a sharded model (``fsdp``) gathers its weights in each, with every rank."""
         s = self.s
-        lo, hi = eval_shard(self._eval_sequences(), workers=self.world, rank=self.rank)
+        sequences = self._eval_sequences()
+        lo, hi = eval_shard(sequences, workers=self.world, rank=self.rank)
+        passes = math.ceil(math.ceil(sequences / self.world) / s.batch_per_worker)
         self.model.eval()
         nll = torch.zeros((), dtype=torch.float64, device=self.device)
-        for first in range(lo, hi, s.batch_per_worker):
+        for i in range(passes):
+            first = lo + i * s.batch_per_worker
             count = min(s.batch_per_worker, hi - first)
+            counted = count > 0
+            if not counted:
+                first, count = lo if hi > lo else 0, 1
             tokens = torch.from_numpy(np.asarray(self.val[first * s.context:(first + count) * s.context + 1],
                                                  dtype=np.int64))
             inputs = tokens[:-1].view(count, s.context).to(self.device)
             targets = tokens[1:].view(count, s.context).to(self.device)
             with autocast(self.device, self.precision):
                 logits = self.model(inputs)
-            nll += F.cross_entropy(_at_least_fp32(logits).view(-1, logits.size(-1)), targets.reshape(-1),
-                                   reduction="sum").double()
+            if counted:
+                nll += F.cross_entropy(_at_least_fp32(logits).view(-1, logits.size(-1)), targets.reshape(-1),
+                                       reduction="sum").double()
         total, predicted = all_reduce_sum([float(nll), float((hi - lo) * s.context)], self.world, self.device)
         self.model.train()
         loss = total / max(1.0, predicted)
