@@ -142,7 +142,7 @@ def test_status_run_yaml_holds_the_summary_the_result_and_its_sentence(runs):
     assert summary["evaluations"][-1]["accuracy"] == run["metric_value"]
     assert summary["errors"] == []
     assert run["result"]["goal"] == 0.8 and run["result"]["steps"] == summary["steps"]
-    assert run["result_sentence"].startswith("Goal 80.00% ")
+    assert run["result_sentence"].startswith("Goal test accuracy >= 80.00% ")
 
 
 def test_compare_json_has_one_family_with_a_group_per_worker_count(runs):
@@ -172,7 +172,7 @@ def test_tasks_optimizers_prices_and_clusters_parse_as_json_and_yaml(runs):
     tasks = yaml.safe_load(mlbench("tasks", "-o", "yaml", check=True).stdout)
     assert tasks["schema_version"] == SCHEMA_VERSION
     assert [t["name"] for t in tasks["tasks"]] == ["task0a", "task1a", "task2a", "task3a", "task4b", "task5a"]
-    assert [t["metric"] for t in tasks["tasks"][1:]] == ["accuracy", "accuracy", "perplexity", "bleu"]
+    assert [t["metric"] for t in tasks["tasks"][1:]] == ["accuracy", "accuracy", "perplexity", "bleu", "val_loss"]
     assert tasks["tasks"][1]["goal_full"] == 0.8 and "resnet20-v1" in tasks["models"]
     prices = _json("prices")["prices"]
     assert {"name": "n1-standard-4", "usd_per_hour": 0.19} in [
@@ -186,6 +186,9 @@ def test_tasks_optimizers_prices_and_clusters_parse_as_json_and_yaml(runs):
         "kubeconfig": str(config.config_dir() / "kubeconfig"), "shared_storage_class": None}]
     optimizers = _json("optimizers")["optimizers"]
     assert optimizers[0]["name"] == "centralized-sgd" and optimizers[0]["closed_division"] is True
+    assert {o["name"]: o["reference_of"] for o in optimizers if o["closed_division"]} == {
+        "centralized-sgd": ["task1a", "task2a", "task3a"], "centralized-adam": ["task4b"],
+        "centralized-adamw": ["task5a"]}
 
 
 def test_charts_without_matplotlib_say_what_to_install_and_write_nothing(runs, tmp_path):

@@ -12,7 +12,7 @@ def test_task1a_two_workers_runs_to_its_end_and_status_and_download_show_it(cifa
                    "--light", "--log-every", "10", check=True)
     run = last_run()
     assert run.state == "finished" and run.workers == 2 and run.division == "open"
-    assert "test accuracy" in proc.stdout and "Goal 70.00% not reached" in proc.stdout
+    assert "test accuracy" in proc.stdout and "Goal test accuracy >= 70.00% not reached" in proc.stdout
     result = run.result
     assert result["stop_reason"] == "max-epochs" and result["epochs"] == 2.0
     assert result["steps"] == 2 * (512 // 64) and result["reached"] is False
@@ -64,7 +64,7 @@ def test_task2a_two_workers_on_a_libsvm_file(libsvm_dir):
     assert result["final_accuracy"] >= 0.80
     assert result["epochs_to_accuracy"] == result["epochs"]
     assert 0 < result["time_to_accuracy"] <= result["wall_time_to_accuracy"]
-    assert "Goal 80.00% reached" in proc.stdout
+    assert "Goal test accuracy >= 80.00% reached" in proc.stdout
 
 
 def test_goal_fires_on_the_first_evaluation_that_reaches_it(libsvm_dir):

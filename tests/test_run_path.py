@@ -71,8 +71,8 @@ def test_the_result_sentence_names_the_tasks_metric():
                                        "final_accuracy": 120.5, "best_accuracy": 118.25, "train_time": 300.0,
                                        "epochs": 1.5, "steps": 100, "stop_reason": "time-budget"})
     assert result is not None
-    assert result.sentence() == ("Goal 90.00 not reached (time-budget): validation perplexity after 0:05:00 "
-                                 "of training: 120.50 (best 118.25, 1.50 epochs).")
+    assert result.sentence() == ("Goal validation perplexity <= 90.00 not reached (time-budget): 120.50 after "
+                                 "0:05:00 of training (best 118.25, 1.50 epochs).")
     assert TrainingResult.from_dict({"kind": "allreduce", "rows": []}) is None
 
 

@@ -36,7 +36,8 @@ def test_run_detach_json_prints_the_record_and_wait_exits_as_run_would_for_a_mis
 
     waited = mlbench("wait", record["id"])
     assert (waited.returncode, waited.stderr) == (3, ""), waited.stdout + waited.stderr
-    assert waited.stdout.startswith(f"Run {record['id']} ({record['name']}) finished: Goal 99.99% not reached")
+    assert waited.stdout.startswith(f"Run {record['id']} ({record['name']}) finished: "
+                                    "Goal test accuracy >= 99.99% not reached")
     assert waited.stdout.count("\n") == 1
     document = yaml.safe_load(mlbench("wait", record["name"], "-o", "yaml").stdout)
     assert document["exit_code"] == 3 and document["schema_version"] == SCHEMA_VERSION

@@ -41,7 +41,8 @@ def optimizers(name: str | None, output) -> None:
                        f"{plugin['sha256'][:12]})")
             click.echo(f"  Not imported: `mlbench optimizers {info['name']}` runs its code to show its options\n")
             continue
-        division = "closed division: the reference" if info["closed_division"] else "open division"
+        tasks = info.get("reference_of") or []
+        division = f"closed division: the reference of {', '.join(tasks)}" if tasks else "open division"
         if plugin is not None:
             division = f"plug-in, open division; from {_source(plugin)}, sha256 {plugin['sha256'][:12]}"
         click.echo(f"{info['name']} ({division})")

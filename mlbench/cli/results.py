@@ -32,7 +32,7 @@ def _pooling(command: Callable) -> Callable:
     """Which settings runs may differ in and still share a family (pooled on purpose), and how
     a row's repeats are scored."""
     command = click.option("--score", type=click.Choice(SCORES), default=MEDIAN, show_default=True,
-                           help="A row's time to accuracy and the speedup made of it: the median of its "
+                           help="A row's time to goal and the speedup made of it: the median of its "
                                 "repeats, or MLPerf's score (from at least 5 runs, the mean without the "
                                 "fastest and the slowest).")(command)
     return click.option("--pool", "pool", multiple=True, metavar="KEY",
@@ -68,7 +68,7 @@ def _comparison(run_refs, task, group, instance, price_per_hour, prices_file, po
 @_pooling
 @output_option
 def compare(run_refs, task, group, instance, price_per_hour, prices_file, pool, score, output) -> None:
-    """Compare runs of one task: time to accuracy over repeats, speedup, efficiency, compute vs
+    """Compare runs of one task: time to goal over repeats, speedup, efficiency, compute vs
     communication and cost, per worker count.
 
     \b

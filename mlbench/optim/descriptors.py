@@ -97,7 +97,6 @@ class OptimizerInfo:
     name: str
     reference: str
     summary: str
-    closed_division: bool = False
     options: dict[str, Option] = field(default_factory=dict)
     supports_grad_hook: bool = False
     check: Callable[[dict[str, Any], int], None] | None = None
@@ -202,7 +201,7 @@ _ALL = (
         "centralized-sgd",
         "Synchronous SGD with gradient all-reduce (Goyal et al. 2017; MLBench task 1a)",
         "The reference: average the gradients with an all-reduce, then the same SGD step everywhere.",
-        closed_division=True, options={"by": BY}, supports_grad_hook=True, exact=True, period=1),
+        options={"by": BY}, supports_grad_hook=True, exact=True, period=1),
     OptimizerInfo(
         "centralized-adam",
         "Adam (Kingma & Ba 2015, arXiv:1412.6980) on all-reduced gradients, as the original "
@@ -234,6 +233,16 @@ _ALL = (
                             "or more dimensions, as llm.c and nanoGPT) or all", "matrices",
                             kind="choice", choices=("matrices", "all")),
         },
+        supports_grad_hook=True, exact=True, period=1),
+    OptimizerInfo(
+        "fsdp",
+        "Fully sharded data parallelism: PyTorch's fully_shard (FSDP2; Zhao et al. 2023, arXiv:2304.11277), "
+        "ZeRO stage 3 (Rajbhandari et al. 2020, arXiv:1910.02054)",
+        "Shard the weights, gradients and optimizer state over the workers: all-gather a block's weights for its "
+        "forward and backward, reduce-scatter its gradients, then the task's reference update on each shard.",
+        options={"reshard": Option("free a block's gathered weights after its forward and gather them again for "
+                                   "its backward (ZeRO-3); false keeps them (ZeRO-2's traffic, more memory)",
+                                   True, kind="bool")},
         supports_grad_hook=True, exact=True, period=1),
     OptimizerInfo(
         "model-averaging",
@@ -394,9 +403,18 @@ def describe_optimizers() -> list[dict[str, Any]]:
     return [describe(info) for info in _ALL]
 
 
+def reference_of(name: str) -> list[str]:
+    """The tasks whose closed division runs optimizer ``name`` (their reference optimizer)."""
+    from mlbench.tasks.registry import TASKS
+
+    return [task for task, spec in TASKS.items() if getattr(spec, "optimizer", None) == name]
+
+
 def describe(info: OptimizerInfo) -> dict[str, Any]:
-    """One optimizer's division, summary, reference and options (a built-in or a plug-in)."""
-    return {"name": info.name, "closed_division": info.closed_division, "summary": info.summary,
+    """One optimizer's division, summary, reference and options (a built-in or a plug-in);
+    ``reference_of``: the tasks whose closed division it is."""
+    tasks = reference_of(info.name)
+    return {"name": info.name, "closed_division": bool(tasks), "reference_of": tasks, "summary": info.summary,
             "reference": info.reference,
             "options": [{"name": key, "default": opt.default, "help": opt.help}
                         for key, opt in info.options.items()]}

@@ -172,7 +172,7 @@ def describe_plugins() -> list[dict[str, Any]]:
     (``error``)."""
     described = []
     for row in installed_plugins():
-        described.append({"name": row["entry_point"], "closed_division": False,
+        described.append({"name": row["entry_point"], "closed_division": False, "reference_of": [],
                           "plugin": {key: row[key] for key in ("entry_point", "value", "distribution", "origin",
                                                                "sha256", "error") if key in row}})
     return described
@@ -187,7 +187,7 @@ def describe_one(spec: str) -> dict[str, Any]:
         return describe(INFO[spec])
     source = {"spec": spec, "kind": plugin.kind, "origin": plugin.origin, "sha256": plugin.sha256,
               "distribution": plugin.distribution}
-    return {**describe(plugin.info), "closed_division": False, "plugin": source}
+    return {**describe(plugin.info), "closed_division": False, "reference_of": [], "plugin": source}
 
 
 def load_recorded(run_dir: Path, record: dict[str, Any]) -> type[DistributedOptimizer]:

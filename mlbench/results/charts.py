@@ -137,7 +137,7 @@ def speedup_chart(comparison: Comparison) -> Figure:
         ax.legend(fontsize=8)
         _footnote(fig, "median of the repeats; bars: slowest to fastest run")
     else:
-        _empty(ax, "no run reached its goal: no time to accuracy to compare")
+        _empty(ax, "no run reached its goal: no time to goal to compare")
     return fig
 
 
@@ -321,7 +321,7 @@ def network_chart(comparison: Comparison) -> Figure:
                 ax.plot([a for a, v in zip(x, series, strict=True) if v is not None],
                         [v for v in series if v is not None], marker="o", color=_colour(i), label=label)
     values = sorted({value for points in lines.values() for value, _ in points})
-    for ax, title, ylabel in ((tta_ax, f"time to accuracy vs {axis}", "time to accuracy (s)"),
+    for ax, title, ylabel in ((tta_ax, f"time to goal vs {axis}", "time to goal (s)"),
                               (epoch_ax, f"time per epoch vs {axis}", "training seconds per epoch"),
                               (bytes_ax, f"bytes per step vs {axis}", "bytes each worker sent per step")):
         if axis == "bandwidth":

@@ -12,7 +12,7 @@ every surface of `compare` flags what it can see in the runs' records:
   on purpose: threads per worker are part of the fingerprint);
 - **superlinear**: a parallel efficiency above :data:`SUPERLINEAR` is a finding to explain, not a
   result, and is said with its likely cause;
-- **indistinguishable**: two families at the same worker count whose ranges of time to accuracy
+- **indistinguishable**: two families at the same worker count whose ranges of time to goal
   (or throughput) overlap cannot be told apart at that number of repeats.
 """
 
@@ -154,5 +154,5 @@ def _indistinguishable(comparison: Comparison, differing: tuple[str, ...]) -> li
                 notes.append(f"Indistinguishable at {_workers(workers)}: "
                              f"{family_name(a.family, differing)} (n={stats_a.runs}) and "
                              f"{family_name(b.family, differing)} (n={stats_b.runs}); their ranges of "
-                             f"{a.family.metric} overlap.")
+                             f"{'time to goal' if a.family.metric == 'time to accuracy' else a.family.metric} overlap.")
     return notes

@@ -88,14 +88,13 @@ class TrainingResult:
             return (f"Finished ({self.stop_reason}): {self.steps} steps, {self.epochs:.2f} epochs in "
                     f"{fmt_duration(self.train_time)} of training.")
         if self.reached:
-            return (f"Goal {m.format(self.goal)} reached: time to accuracy "
+            return (f"Goal {m.goal_text(self.goal)} reached: time to goal "
                     f"{fmt_duration(self.time_to_accuracy)} (epoch {self.epochs_to_accuracy or 0:.2f}, "
                     f"evaluation excluded; {fmt_duration(self.wall_time_to_accuracy)} with it); "
                     f"final {m.title.removeprefix('test ')} {m.format(self.final_accuracy)}.")
-        return (f"Goal {m.format(self.goal)} not reached ({self.stop_reason}): "
-                f"{m.title.removeprefix('test ')} after {fmt_duration(self.train_time)} of training: "
-                f"{m.format(self.final_accuracy)} (best {m.format(self.best_accuracy)}, "
-                f"{self.epochs:.2f} epochs).")
+        return (f"Goal {m.goal_text(self.goal)} not reached ({self.stop_reason}): "
+                f"{m.format(self.final_accuracy)} after {fmt_duration(self.train_time)} of training "
+                f"(best {m.format(self.best_accuracy)}, {self.epochs:.2f} epochs).")
 
 
 @dataclass

@@ -213,9 +213,9 @@ def _heading(family: Family, emulated: bool, faults: bool) -> str:
     if spec is not None and spec.kind == "allreduce":
         return (f"{family.task} | all-reduce sweep | {family.hardware} | {network}"
                 "compared by message size")
-    metric = ("speedup of time to accuracy" if family.metric == TIME_TO_ACCURACY
+    metric = ("speedup of time to goal" if family.metric == TIME_TO_ACCURACY
               else "no goal: speedup of throughput")
-    goal = f"goal {task_metric(family.task).format(family.goal)}" if family.goal is not None else "synthetic data"
+    goal = f"goal {task_metric(family.task).goal_text(family.goal)}" if family.goal is not None else "synthetic data"
     model = f"model {family.model} | " if family.model else ""
     framework = f"{family.framework} | " if family.framework != "pytorch" else ""
     return (f"{family.task} | {framework}{family.division} division | {family.optimizer} | {model}"
@@ -333,7 +333,7 @@ def compare_notes(comparison: Comparison) -> list[str]:
                    "slowest (one that missed the goal may be dropped as the slowest; two make no score)")
     else:
         measure = "median over the repeats"
-    notes = [(f"Time to accuracy: training time to the goal, evaluation excluded; {measure}; min..max over "
+    notes = [(f"Time to goal: training time to the goal, evaluation excluded; {measure}; min..max over "
               "the repeats (a run that missed the goal counts as the slowest); 95% CI: Student's t interval "
               "of the mean, from 5 converged repeats.")]
     if had_faults(comparison):

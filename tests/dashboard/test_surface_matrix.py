@@ -307,11 +307,11 @@ def test_runs_at_two_latencies_get_the_network_figure_by_latency(lab, page, tmp_
     assert "network 1 Gbit/s, 0.5 ms |" in text and "network 1 Gbit/s, 5 ms |" in text, text
     invoke(lab, "charts", near.id, far.id, "--out-dir", str(tmp_path), "--format", "svg")
     figure = svg_text(tmp_path / "task1a-network.svg")
-    assert "time to accuracy vs latency" in figure and "emulated one-way latency between workers" in figure
+    assert "time to goal vs latency" in figure and "emulated one-way latency between workers" in figure
     assert "0.5 ms" in figure and "5 ms" in figure, figure
     page.goto(f"{lab.base}/compare?runs={near.id},{far.id}")
     page.wait_for_selector("#network-card:not(.hidden)")
-    assert page.inner_text("#network-title") == "Time to accuracy vs emulated latency"
+    assert page.inner_text("#network-title") == "Time to goal vs emulated latency"
     assert json.loads(page.get_attribute("#chart-network", "data-lines")) == [
         "2 workers, centralized-sgd, Test CPU (8 cores)"]
 

@@ -18,13 +18,14 @@ def test_optimizers_lists_every_optimizer_with_its_options_defaults_and_paper():
     result = CliRunner().invoke(cli, ["optimizers"])
     assert result.exit_code == 0, result.output
     described = describe_optimizers()
-    assert {d["name"] for d in described} == set(OPTIMIZERS) and len(described) == 12
+    assert {d["name"] for d in described} == set(OPTIMIZERS) and len(described) == 13
     for info in described:
         assert f"{info['name']} (" in result.output
         assert info["reference"][:40] in result.output
         for option in info["options"]:
             assert f"--opt {option['name']}=" in result.output
-    assert "centralized-sgd (closed division: the reference)" in result.output
+    assert "centralized-sgd (closed division: the reference of task1a, task2a, task3a)" in result.output
+    assert "centralized-adamw (closed division: the reference of task5a)" in result.output
     assert "Vogels" in result.output and "Bernstein" in result.output and "Stich" in result.output
     assert "Douillard" in result.output and "Sarfi" in result.output
 

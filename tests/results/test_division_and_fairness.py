@@ -99,7 +99,7 @@ def test_families_whose_ranges_overlap_are_indistinguishable_at_their_n(store):
                 for i, t in enumerate(times)]
     overlapping = compare_runs(family("1", (50.0, 60.0)) + family("8", (55.0, 70.0)))
     assert any(n == "Indistinguishable at 2 workers: opt.period 1 (n=2) and opt.period 8 (n=2); their ranges "
-                    "of time to accuracy overlap." for n in fairness_notes(overlapping))
+                    "of time to goal overlap." for n in fairness_notes(overlapping))
     apart = compare_runs(family("1", (50.0, 60.0)) + family("4", (80.0, 90.0)))
     assert not any(n.startswith("Indistinguishable") for n in fairness_notes(apart))
 
@@ -112,7 +112,7 @@ def test_families_of_other_optimizers_are_named_by_the_optimizer_not_by_its_opti
             for i, t in enumerate(times)]
     [note] = [n for n in fairness_notes(compare_runs(runs)) if n.startswith("Indistinguishable")]
     named = ("optimizer centralized-sgd (n=2)", "optimizer diloco (n=2)")
-    assert note in (f"Indistinguishable at 2 workers: {a} and {b}; their ranges of time to accuracy overlap."
+    assert note in (f"Indistinguishable at 2 workers: {a} and {b}; their ranges of time to goal overlap."
                     for a, b in (named, named[::-1]))
 
 

@@ -83,7 +83,7 @@
     const any = doc.families.some((f) => f.groups.some((g) => g.speedup !== null));
     document.getElementById("speedup-note").textContent = any
       ? "Median of the repeats; the dotted line joins each count's fastest run."
-      : "No run reached its goal: no time to accuracy to compare.";
+      : "No run reached its goal: no time to goal to compare.";
     document.getElementById("chart-speedup").dataset.speedups = JSON.stringify(
       doc.families.flatMap((f) => f.groups.map((g) => [g.workers, g.speedup])));
   }
@@ -196,9 +196,9 @@
       ...[...lines.keys()].map((label, i) => ({ label, stroke: COLOURS[i % COLOURS.length], width: 2, spanGaps: true, points: { size: 6 }, value: (u, v) => show(v, fmt.dur) }))];
     chart("chart-network", (width) => ({
       width, height: 280, scales: { x: { time: false, distr: bandwidth ? 3 : 1 } },
-      axes: [axis(bandwidth ? "emulated bandwidth (Mbit/s)" : "emulated one-way latency (ms)"), axis("time to accuracy (s)")], series }), "no run reached its goal")
+      axes: [axis(bandwidth ? "emulated bandwidth (Mbit/s)" : "emulated one-way latency (ms)"), axis("time to goal (s)")], series }), "no run reached its goal")
       .update(tables.length ? uPlot.join(tables) : null, true);
-    document.getElementById("network-title").textContent = `Time to accuracy vs emulated ${doc.network}`;
+    document.getElementById("network-title").textContent = `Time to goal vs emulated ${doc.network}`;
     document.getElementById("chart-network").dataset.lines = JSON.stringify([...lines.keys()]);
   }
 
