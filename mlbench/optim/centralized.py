@@ -277,8 +277,9 @@ class ModelAveraging(DistributedOptimizer):
         self.consensus = ConsensusEvaluation(self.params, ctx.world_size, ctx.group)
 
     def step(self, lr: float) -> None:
-        set_lr(self.local, lr)
-        self.local.step()
+        if self.grad_hook_allows_update():   # on this rank's own gradient (a local update)
+            set_lr(self.local, lr)
+            self.local.step()
         self.ctx.timer.mark("optimizer")
         self.since_average += 1
         if self.since_average == self.period:

@@ -254,7 +254,7 @@ _ALL = (
             "period": Option("average the weights every this many steps (1: after every step)", 1,
                              kind="int", minimum=1),
         },
-        ranks_differ=lambda values: values["period"] > 1, period="period"),
+        ranks_differ=lambda values: values["period"] > 1, local_updates=True, period="period"),
     OptimizerInfo(
         "powersgd",
         "Vogels, Karimireddy & Jaggi 2019, PowerSGD: Practical Low-Rank Gradient "
@@ -267,7 +267,7 @@ _ALL = (
             "error_feedback": Option("add what compression lost to the next step's gradient", True,
                                      kind="bool"),
         },
-        period=1),
+        supports_grad_hook=True, period=1),
     OptimizerInfo(
         "signsgd",
         "Bernstein et al. 2018, signSGD with Majority Vote (ICLR 2019, arXiv:1810.05291); "

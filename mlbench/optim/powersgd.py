@@ -127,6 +127,7 @@ class PowerSGD(DistributedOptimizer):
         grads = param_grads(self.params)
         self.bytes_sent += self.compressor.reduce_(grads, self.ctx.world_size, self.ctx.group)
         self.ctx.timer.mark("communication")
-        set_lr(self.local, lr)
-        self.local.step()
+        if self.grad_hook_allows_update():   # every rank holds the same decompressed average
+            set_lr(self.local, lr)
+            self.local.step()
         self.ctx.timer.mark("optimizer")

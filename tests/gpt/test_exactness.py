@@ -21,6 +21,7 @@ all-reduce or a rank reading another's sequences shows.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -52,10 +53,12 @@ def shards(tmp_path):
     return str(tmp_path)
 
 
-def train(rank: int, world: int, data_dir: str, batch_per_worker: int, name: str = "centralized-adamw"):
+def train(rank: int, world: int, data_dir: str, batch_per_worker: int, name: str = "centralized-adamw",
+          wide: bool = True):
     settings = dataclasses.replace(TINY, batch_per_worker=batch_per_worker)
     runtime = GPTRuntime(settings, data_dir=data_dir, rank=rank, world=world)
-    runtime.model.double()
+    if wide:
+        runtime.model.double()
     spec = dataclasses.replace(TASK5A, settings=settings)
     opt = build_optimizer(name, OptimizerContext(model=runtime.model, spec=spec, world_size=world, rank=rank,
                                                  timer=PhaseTimer(CPU, enabled=False)))
@@ -80,3 +83,19 @@ def test_k_workers_accumulating_equal_one_process_with_the_global_batch(on_ranks
         for p, q in zip(params, reference, strict=True):
             torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-10)
         assert abs(loss - ref_loss) < 1e-10
+
+
+#: The catalogue's methods that run task 5a: those that hold the averaged gradient clip it; those
+#: of local updates (model averaging, the DiLoCo family) clip each rank's own.
+RUN_ON_5A = ("ddp", "powersgd", "model-averaging", "diloco", "streaming-diloco", "sparseloco")
+
+
+def test_the_catalogues_methods_train_task_5a_on_two_workers(on_ranks, shards):
+    initial = [p.detach().clone() for p in GPTRuntime(TINY, data_dir=shards).model.parameters()]
+    for name in RUN_ON_5A:
+        ranks = on_ranks(train, 2, shards, 2, name, False, timeout=240)
+        for params, loss, micro, _ in ranks:
+            assert micro == [2] * STEPS and math.isfinite(loss), name
+            assert all(torch.isfinite(p).all() for p in params), name
+            assert max(float((p - q).abs().max()) for p, q in zip(params, initial)) > 1e-4, name  # it trained
+        assert ranks[0][1] == ranks[1][1], name   # the all-reduced loss of one (evaluated) model
