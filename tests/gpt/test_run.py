@@ -90,3 +90,21 @@ def test_two_workers_train_and_every_surface_speaks_of_validation_loss(shards, t
 
     saved = torch.load(RunStore().get(ran["fsdp"]).run_dir / "checkpoints" / "rank-1.pt", weights_only=True)
     assert saved["wte.weight"].shape == (50_304, 64) and type(saved["wte.weight"]) is torch.Tensor
+
+
+def test_torchrun_starts_task_5a_fully_sharded_as_a_user_would(shards):
+    """A `--record-only` run whose two workers torchrun starts (docs/slurm-and-torchrun.md)."""
+    import subprocess
+
+    from mlbench.results.store import RunStore
+    from tests.test_launcher_matrix import torchrun
+
+    recorded = mlbench("run", "task5a", "2", *TINY, "--optimizer", "fsdp", "--data-dir", str(shards), "--record-only",
+                       check=True)
+    run = RunStore().get(recorded.stdout.split("Recorded run ")[1].split()[0])
+    workers = subprocess.run([*torchrun(), "--standalone", "--nproc-per-node", "2", "-m", "mlbench.worker",
+                              str(run.run_dir)], capture_output=True, text=True, timeout=600)
+    assert workers.returncode == 0, workers.stdout[-2000:] + workers.stderr[-2000:]
+    shown = mlbench("status", run.id, check=True).stdout
+    assert re.search(r"state\s+finished", shown) and re.search(r"last validation loss\s+\d\.\d{4}", shown), shown
+    assert re.search(r"optimizer\s+fsdp\n", shown), shown
