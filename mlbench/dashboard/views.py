@@ -172,6 +172,7 @@ def run_summary(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
         "ranks": summary.ranks, "epoch": summary.epoch, "steps": summary.steps,
         "train_time": summary.train_time, "last_train_loss": summary.last_train_loss,
         "last_accuracy": last.get("accuracy"), "last_test_loss": last.get("loss"),
+        "test_loss_is_metric": metric.name == "val_loss",   # the row above shows it
         "last_metric_title": f"last {metric.title}",
         "last_metric_text": metric.format(last.get(metric.name)) if summary.evaluations else None,
         "throughput": summary.throughput, "throughput_unit": throughput_unit(task),

@@ -201,7 +201,7 @@ class RunOption:
 RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption("light", "--light", "Use the light goal (task1a 70%, task2a 80%).", COMPUTES, False, bool, "bool"),
     RunOption("time_budget", "--time-budget",
-              "Accuracy after time: stop training after this much training time (e.g. 10m).", COMPUTES,
+              "The goal metric after time: stop training after this much training time (e.g. 10m).", COMPUTES,
               annotation="str | float | None", metavar="DURATION",
               fields=lambda v: {"time_budget_s": None if v is None else _seconds(v, "--time-budget")}),
     RunOption("stop_at_goal", "--no-stop", "Keep training after the goal is reached.", COMPUTES, True, bool,

@@ -161,7 +161,7 @@ def cost_chart(comparison: Comparison) -> Figure:
         ax.bar(x, y, width=width, yerr=err, capsize=3, color=_colour(i), label=labels[family])
     ax.set_xticks(range(len(counts)), [str(k) for k in counts])
     ax.set_xlabel("number of workers")
-    ax.set_ylabel("cost to accuracy (USD)")
+    ax.set_ylabel("cost to goal (USD)")
     ax.set_title(f"{comparison.task}: cost of training to the goal")
     if comparison.usd_per_node_hour is None:
         price = "no price given: local runs cost $0 (use --price-per-hour or --instance)"
@@ -171,7 +171,7 @@ def cost_chart(comparison: Comparison) -> Figure:
         ax.legend(fontsize=8)
         _footnote(fig, f"node-seconds to the goal (evaluation included) {price}")
     else:
-        _empty(ax, "no run reached its goal: no cost to accuracy")
+        _empty(ax, "no run reached its goal: no cost to goal")
     return fig
 
 

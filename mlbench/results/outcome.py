@@ -88,11 +88,11 @@ class TrainingResult:
             return (f"Finished ({self.stop_reason}): {self.steps} steps, {self.epochs:.2f} epochs in "
                     f"{fmt_duration(self.train_time)} of training.")
         if self.reached:
-            return (f"Goal {m.goal_text(self.goal)} reached: time to goal "
+            return (f"Goal {m.describe_goal(self.goal)} reached: time to goal "
                     f"{fmt_duration(self.time_to_accuracy)} (epoch {self.epochs_to_accuracy or 0:.2f}, "
                     f"evaluation excluded; {fmt_duration(self.wall_time_to_accuracy)} with it); "
                     f"final {m.title.removeprefix('test ')} {m.format(self.final_accuracy)}.")
-        return (f"Goal {m.goal_text(self.goal)} not reached ({self.stop_reason}): "
+        return (f"Goal {m.describe_goal(self.goal)} not reached ({self.stop_reason}): "
                 f"{m.format(self.final_accuracy)} after {fmt_duration(self.train_time)} of training "
                 f"(best {m.format(self.best_accuracy)}, {self.epochs:.2f} epochs).")
 

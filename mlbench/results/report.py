@@ -215,7 +215,8 @@ def _heading(family: Family, emulated: bool, faults: bool) -> str:
                 "compared by message size")
     metric = ("speedup of time to goal" if family.metric == TIME_TO_ACCURACY
               else "no goal: speedup of throughput")
-    goal = f"goal {task_metric(family.task).goal_text(family.goal)}" if family.goal is not None else "synthetic data"
+    metric_goal = task_metric(family.task).describe_goal(family.goal) if family.goal is not None else None
+    goal = f"goal {metric_goal}" if metric_goal else "synthetic data"
     model = f"model {family.model} | " if family.model else ""
     framework = f"{family.framework} | " if family.framework != "pytorch" else ""
     return (f"{family.task} | {framework}{family.division} division | {family.optimizer} | {model}"

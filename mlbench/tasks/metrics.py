@@ -65,10 +65,6 @@ class Metric:
             return f"{100 * value:.{self.digits}f}%"
         return f"{value:.{self.digits}{self.style}}" + (f" {self.unit}" if self.unit else "")
 
-    def goal_text(self, goal: float) -> str:
-        """The goal with its metric and direction: 'test accuracy >= 80.00%', 'validation loss <= 3.2800'."""
-        return f"{self.title} {'>=' if self.higher_is_better else '<='} {self.format(goal)}"
-
     def cell(self, value: float | None) -> str:
         """A value in a table of runs of different tasks: '81.20%', 'ppl 915.69', 'BLEU 21.30',
         '12.40 GB/s' (the symbol says what a bare number is)."""
@@ -90,10 +86,9 @@ class Metric:
         return f"{self.title} ({inside})" if inside else self.title
 
     def describe_goal(self, goal: float) -> str:
-        """'80.00% test accuracy', 'validation perplexity 70.00', 'BLEU 25.00'."""
-        if self.percent:
-            return f"{self.format(goal)} {self.title}"
-        return f"{self.title} {self.format(goal)}"
+        """The goal with its metric and direction: 'test accuracy >= 80.00%', 'validation
+        perplexity <= 70.00', 'validation loss <= 3.2800', 'BLEU >= 25.00'."""
+        return f"{self.title} {'>=' if self.higher_is_better else '<='} {self.format(goal)}"
 
     def describe(self) -> dict[str, object]:
         """The metric as data (`-o json`, the dashboard): name, title, unit (``fraction``: a

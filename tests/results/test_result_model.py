@@ -27,7 +27,7 @@ def test_each_metric_is_shown_in_its_unit_and_a_fraction_alone_in_percent(metric
 def test_every_task_has_its_metric():
     assert [task_metric(t).name for t in ("task0a", "task1a", "task2a", "task3a", "task4b")] == [
         "bus bandwidth", "accuracy", "accuracy", "perplexity", "bleu"]
-    assert PERPLEXITY.describe_goal(90.0) == "validation perplexity 90.00"
+    assert PERPLEXITY.describe_goal(90.0) == "validation perplexity <= 90.00"
 
 
 ROWS = [{"dtype": dtype, "elements": n, "bytes": n * size, "iterations": 20, "time_s": t,

@@ -93,7 +93,7 @@
     const series = [xSeries()], data = [slots()];
     families.forEach((family, i) => {
       const align = families.length === 1 ? 0 : (i % 2 ? 1 : -1);
-      series.push({ label: families.length > 1 ? family.label : "cost to accuracy (median)", stroke: COLOURS[i], fill: COLOURS[i] + "bb",
+      series.push({ label: families.length > 1 ? family.label : "cost to goal (median)", stroke: COLOURS[i], fill: COLOURS[i] + "bb",
         paths: bars(align), points: { show: false }, value: (u, v) => show(v, usd) });
       data.push(byCount(counts, family.groups, (g) => (g.cost ? g.cost.median : null)));
     });

@@ -22,7 +22,7 @@
   function showTask() {
     const task = choices.tasks.find((t) => t.name === form.task.value);
     document.getElementById("task-title").textContent = task ? task.title : "";
-    // the goals as the metric formats them (server side): "90.00% test accuracy", "validation perplexity 90.00"
+    // the goals as the metric formats them (server side): "test accuracy >= 90.00%", "validation perplexity <= 90.00"
     document.getElementById("light-goal").textContent = task && task.light_text ? `(${task.light_text})` : "";
   }
 

@@ -176,7 +176,8 @@
       ["training time", fmt.dur(s.train_time)],
       ["last training loss", s.last_train_loss === null ? "-" : s.last_train_loss.toFixed(4)],
       [s.last_metric_title, doc.sweep ? null : s.last_metric_text === null ? "-" : s.last_metric_text],
-      ["last test loss", s.last_test_loss === null || s.last_test_loss === undefined ? "-" : s.last_test_loss.toFixed(4)],
+      ["last test loss", s.test_loss_is_metric ? null
+        : s.last_test_loss === null || s.last_test_loss === undefined ? "-" : s.last_test_loss.toFixed(4)],
       ["throughput", s.throughput ? `${fmt.rate(s.throughput, s.throughput_unit)} (all workers)` : "-"],
       ["bytes sent", s.ranks.length ? `${fmt.bytes(s.bytes_sent_mean)} per worker (${s.bytes_sent.map(fmt.bytes).join(", ")})` : "-"],
       ["communication / compute", s.communication_ratio === null ? "-" : s.communication_ratio.toFixed(3)],
