@@ -1,10 +1,10 @@
 """Optional dependencies, installed as extras: ``pip install 'mlbench-suite[aws]'``.
 
 The core install (click, torch, torchvision, numpy, pyyaml, tabulate) runs benchmarks on this
-machine; clouds, Kubernetes, charts and the dashboard each need SDKs that a laptop run or a
-worker image does not (docs/getting-started.md, "Install"). Every import of such an SDK goes through
-:func:`needs`, so that a command whose extra is missing stops with one line that says what to
-install, instead of a traceback:
+machine; clouds, Kubernetes, charts, the dashboard and MLPerf's checker each need packages that
+a laptop run or a worker image does not (docs/getting-started.md, "Install"). Every import of
+such a package goes through :func:`needs`, so that a command whose extra is missing stops with
+one line that says what to install (:class:`MissingExtra`, exit code 1), instead of a traceback:
 
     with needs("aws"):
         import boto3
@@ -33,11 +33,14 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "jax": ("JAX and Optax (the JAX port, --framework jax)", ("jax", "jaxlib", "optax")),
     "tensorflow": ("TensorFlow 2 (the TensorFlow port, --framework tensorflow)", ("tensorflow",)),
     "gpt": ("tiktoken (GPT-2's tokenizer, for your own text as task 5a's shards)", ("tiktoken",)),
+    "nlp": ("sacreBLEU and SentencePiece (task 4b's BLEU and BPE vocabulary)", ("sacrebleu", "sentencepiece")),
+    "mlperf": ("MLPerf's compliance checker (mlperf-logging)", ("mlperf_logging",)),
 }
 
 
 class MissingExtra(MlbenchError):
-    """An optional dependency is not installed (exit code 1)."""
+    """An optional dependency is not installed: one line naming its extra, exit code 1 in every
+    command (docs/running.md, "Exit codes")."""
 
 
 #: The distribution's name on the package index (the command and the import are `mlbench`; that

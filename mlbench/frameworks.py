@@ -12,7 +12,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from mlbench.errors import UsageError
-from mlbench.extras import install_hint
+from mlbench.extras import MissingExtra, install_hint
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,8 @@ def framework_release(name: str, environment: dict) -> str:
 
 def check_framework(name: str, task: str, installed_here: bool = True) -> Framework:
     """The framework ``name`` if it has a port of ``task`` and, with ``installed_here`` (the
-    workers run this Python: not a cluster's image), is installed; else UsageError (exit 2) in
-    one line that names the pip extra."""
+    workers run this Python: not a cluster's image), is installed; else one line: UsageError
+    (exit 2) for a task without a port, MissingExtra (exit 1) naming the pip extra."""
     framework = get_framework(name)
     if framework.tasks is not None and task not in framework.tasks:
         raise UsageError(f"--framework {name}: {task} has no {framework.title} port "
@@ -84,5 +84,5 @@ def check_framework(name: str, task: str, installed_here: bool = True) -> Framew
                          f"use --framework {DEFAULT_FRAMEWORK}")
     if installed_here and not framework.installed():
         assert framework.extra is not None
-        raise UsageError(f"--framework {name}: {framework.title} is not installed: {install_hint(framework.extra)}")
+        raise MissingExtra(f"--framework {name}: {framework.title} is not installed: {install_hint(framework.extra)}")
     return framework

@@ -8,12 +8,16 @@ installed).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from mlbench.extras import needs
+from mlbench.extras import EXTRAS, needs
+
+from tests.results.recorded import record_run
 
 _RUN = """
 import sys
@@ -40,10 +44,41 @@ def run_without(modules: str, *args: str) -> subprocess.CompletedProcess:
      "this needs the Docker SDK, which is not installed: pip install 'mlbench-suite[kind]'"),
     ("docker", ["image", "build"],
      "this needs the Docker SDK, which is not installed: pip install 'mlbench-suite[kind]'"),
+    ("wandb", ["export", "somerun", "--to", "wandb", "wb"],
+     "--to wandb: this needs Weights & Biases (wandb), which is not installed: pip install 'mlbench-suite[wandb]'"),
+    ("mlflow", ["run", "task1a", "1", "--data", "synthetic", "--log-to", "mlflow:ml"],
+     "--log-to mlflow: this needs MLflow, which is not installed: pip install 'mlbench-suite[mlflow]'"),
+    ("jax,jaxlib,optax", ["run", "task2a", "2", "--framework", "jax", "--data", "synthetic"],
+     "--framework jax: JAX is not installed: pip install 'mlbench-suite[jax]'"),
 ])
 def test_a_missing_extra_is_one_line_naming_the_extra(modules, args, message):
     proc = run_without(modules, *args)
     assert (proc.returncode, proc.stderr, proc.stdout) == (1, f"Error: {message}\n", "")
+
+
+def test_check_without_mlperf_logging_names_the_extra_and_writes_nothing(tmp_path):
+    from mlbench.results.store import RunStore
+
+    run = record_run(RunStore(), workers=1, tta=9.0, wall=10.0)
+    proc = run_without("mlperf_logging", "download", run.id, "--format", "mlperf", "--check",
+                       "-o", str(tmp_path / "run.zip"))
+    assert (proc.returncode, proc.stderr, proc.stdout) == (
+        1, "Error: this needs MLPerf's compliance checker (mlperf-logging), which is not installed: "
+           "pip install 'mlbench-suite[mlperf]'\n", "")
+    assert not list(tmp_path.iterdir())
+
+
+def test_every_extra_of_pyproject_is_registered_and_in_all():
+    """Each extra a user can install is one :func:`needs` knows (and so names in its message),
+    and `all` installs every one of them."""
+    import tomllib
+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    own = set(extras) - {"all", "test"}
+    assert own == set(EXTRAS)
+    (everything,) = extras["all"]
+    assert set(re.fullmatch(r"mlbench-suite\[(.*)\]", everything).group(1).split(",")) == own
 
 
 def test_runs_on_a_cluster_without_the_kubernetes_client_say_what_to_install():

@@ -241,20 +241,23 @@ def status(run_ref, show_all, sort_key, limit, follow, output) -> None:
 def download(run_ref, output, fmt, check) -> None:
     """Everything recorded about RUN (spec, environment, result, metrics, logs) as a zip file."""
     from mlbench.results.archive import write_archive
-    from mlbench.results.mllog import check_mllog, write_mllog
+    from mlbench.results.mllog import check_mllog, require_checker, run_mllog, write_mllog
 
     if check and fmt != "mlperf":
         raise UsageError("--check checks the MLPerf log: add --format mlperf")
+    if check:
+        require_checker()
     store = session.open_store(read_only=True)
     record = store.get(run_ref)
     record = launcher_of(store, record).reconcile(record)
     target = Path(output or f"{record.id}.zip")
     if target.parent and not target.parent.exists():
         raise UsageError(f"-o {target}: the folder {target.parent} does not exist")
+    lines = run_mllog(record) if fmt == "mlperf" else []  # a run without a valid log: refused first
     path = write_archive(record, target)
     click.echo(f"Wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
     if fmt == "mlperf":
-        log = write_mllog(record, target.with_suffix(".mllog.txt"))
+        log = write_mllog(record, target.with_suffix(".mllog.txt"), lines)
         click.echo(f"Wrote {log} (MLPerf :::MLLOG result log)")
         if check:
             passed, said = check_mllog(log)

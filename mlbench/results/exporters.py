@@ -41,13 +41,14 @@ TOOLS = ("tensorboard", "mlflow", "wandb")
 
 
 @contextlib.contextmanager
-def _library(tool: str) -> Iterator[None]:
-    """Imports of ``tool``'s library; a missing one is a usage error naming its extra."""
+def _library(tool: str, option: str = "--to") -> Iterator[None]:
+    """Imports of ``tool``'s library; a missing one is one line naming the ``option`` and the
+    extra (:class:`MissingExtra`, exit code 1)."""
     try:
         with needs(tool):
             yield
     except MissingExtra as err:
-        raise UsageError(f"--to {tool}: {err}") from None
+        raise MissingExtra(f"{option} {tool}: {err}") from None
 
 
 def writable_folder(folder: Path, what: str, *, keep: bool = True) -> None:
@@ -358,12 +359,12 @@ class WandbWriter(Writer):
 WRITERS: dict[str, type[Writer]] = {w.tool: w for w in (TensorBoardWriter, MlflowWriter, WandbWriter)}
 
 
-def check_library(tool: str) -> None:
-    """Usage error unless ``tool`` is one of :data:`TOOLS` and its library is installed (before
-    any run is read or started)."""
+def check_library(tool: str, option: str = "--to") -> None:
+    """Before any run is read or started: a usage error unless ``tool`` is one of
+    :data:`TOOLS`, :class:`MissingExtra` (naming ``option``) unless its library is installed."""
     if tool not in WRITERS:
         raise UsageError(f"unknown export target {tool!r}: choose from {', '.join(TOOLS)}")
-    with _library(tool):
+    with _library(tool, option):
         __import__(tool)  # each tool's module is called as the tool
 
 

@@ -31,9 +31,10 @@ Target = tuple[str, Path]
 
 
 def parse_targets(values: Sequence[str]) -> tuple[Target, ...]:
-    """``--log-to TOOL:DIR`` values as targets; a usage error for a malformed one, an unknown
-    tool, a tool whose library (pip extra) is missing or a ``DIR`` that cannot be created and
-    written, before any run exists (and without leaving a folder it created for the check)."""
+    """``--log-to TOOL:DIR`` values as targets; before any run exists (and without leaving a
+    folder it created for the check), a usage error for a malformed one, an unknown tool or a
+    ``DIR`` that cannot be created and written, and MissingExtra for a tool whose library (pip
+    extra) is missing."""
     targets = []
     for value in values:
         tool, sep, folder = value.partition(":")
@@ -41,7 +42,7 @@ def parse_targets(values: Sequence[str]) -> tuple[Target, ...]:
             raise UsageError(f"--log-to {value}: give TOOL:DIR, TOOL one of {', '.join(TOOLS)}")
         if tool not in TOOLS:
             raise UsageError(f"--log-to {value}: unknown tool {tool!r}; choose from {', '.join(TOOLS)}")
-        check_library(tool)
+        check_library(tool, "--log-to")
         path = Path(folder).expanduser()
         writable_folder(path, f"--log-to {value}", keep=False)
         targets.append((tool, path))

@@ -25,8 +25,17 @@ fact, so it needs nothing from the workers beyond what every run records:
   shrink's new size and global batch); a shrunk run's ``number_of_workers`` names every size it
   trained at in its metadata (``sizes``), and ``samples_count`` counts each step at the global
   batch of its size;
+* training after the last evaluation (a run that failed, was cancelled or was stopped by its
+  step cap before evaluating again) is one more epoch, up to rank 0's last training-time
+  reading;
 * ``init_start`` is when the launcher started the run (process start, data loading and the
-  process group count as initialisation, as in MLPerf), ``run_stop`` the time of the result;
+  process group count as initialisation, as in MLPerf), ``run_stop`` the time of the result, or
+  of the run's end where it recorded none (a failed or cancelled run);
+* ``run_stop``'s status is ``success`` where the run reached its goal, else ``aborted``, as
+  MLPerf logs an aborted run: a run that failed or was cancelled, or ended before its first
+  evaluation, has a valid log all the same (mlbench's rules require evaluations and
+  ``eval_samples`` of a run that did not abort only); ``train_samples`` is the recorded training
+  set's size, else one epoch's steps times the global batch;
 * ``eval_accuracy`` holds the task's goal metric, whatever it is, and names it in its metadata
   when it is not accuracy; ``eval_samples`` is the evaluation set's size as the runtime counts it
   (images, validation tokens, test sentences);
@@ -35,12 +44,13 @@ fact, so it needs nothing from the workers beyond what every run records:
   ``mlbench_latency``, in the units of :mod:`mlbench.tasks.metrics`.
 
 MLPerf's checker passes these logs with the rules mlbench ships
-(:mod:`mlbench.results.mlperf_rules`; `mlbench download RUN --format mlperf --check`).
+(:mod:`mlbench.results.mlperf_rules`; `mlbench download RUN --format mlperf --check`). A run
+that cannot have a valid log is refused in one line (:func:`run_mllog`): one that has not ended
+(no ``run_stop`` yet) and one that recorded no training step (no ``run_start``).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -52,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from mlbench.errors import UsageError
+from mlbench.extras import needs
 from mlbench.frameworks import DEFAULT_FRAMEWORK, framework_release
 from mlbench.network.settings import network_label
 from mlbench.results.compare import hardware_label
@@ -59,7 +70,7 @@ from mlbench.results.division import run_division
 from mlbench.results.events import read_run_events
 from mlbench.results.goodput import FAULTS_SECTION, run_worker_sizes, run_workers_label
 from mlbench.results.outcome import AllreduceResult, TrainingResult, read_result
-from mlbench.results.mlperf_rules import checker_command
+from mlbench.results.mlperf_rules import checker_command, explain
 from mlbench.results.store import RunRecord
 from mlbench.run_config import RunConfig, RunDocument, occupancy
 from mlbench.safefile import write_text
@@ -115,7 +126,7 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
         log.add(init_start, "micro_batch_size", spec.settings.batch_per_worker)
         for key, value in spec.settings.mllog_hyperparameters(record.workers).items():
             log.add(init_start, key, value)
-    steps_per_epoch = _steps_per_epoch(result)
+    steps_per_epoch = _steps_per_epoch(result, rank0)
     train_samples = result.train_samples or (steps_per_epoch and steps_per_epoch * batch)
     if train_samples:
         log.add(init_start, "train_samples", train_samples)
@@ -137,8 +148,8 @@ def mllog_lines(record: RunRecord, events: list[dict[str, Any]], document: RunDo
                                 spec.metric if spec else "accuracy", again)
     if stop is not None:
         status = "success" if result.reached else "aborted"
-        log.add(stop, "run_stop", None, "INTERVAL_END",
-                {"status": status, "epoch_num": _epoch_num(result.epochs or 0.0)})
+        epochs = result.epochs or max((float(e["epoch"]) for e in rank0 if e["name"] == "train/time"), default=0.0)
+        log.add(stop, "run_stop", None, "INTERVAL_END", {"status": status, "epoch_num": _epoch_num(epochs)})
     return log.lines()
 
 
@@ -161,26 +172,65 @@ def _sweep(log: _Log, rank0: list[dict[str, Any]], sweep: AllreduceResult, init_
     log.add(end, "run_stop", None, "INTERVAL_END", {"status": "aborted" if sweep.wrong else "success"})
 
 
-def write_mllog(record: RunRecord, output: str | os.PathLike) -> Path:
-    """Write the run's :::MLLOG log to ``output``: whole, and never through a link planted at
-    its name or at its partial file's (:mod:`mlbench.safefile`)."""
-    lines = mllog_lines(record, read_run_events(record.run_dir), RunDocument.load_or_none(record.run_dir))
+def run_mllog(record: RunRecord) -> list[str]:
+    """The :::MLLOG lines of the recorded run ``record``; a usage error of one line for a run
+    that cannot have a valid log: one that has not ended has no ``run_stop`` yet, and one that
+    recorded no training step (it failed or was cancelled first) has no ``run_start``."""
+    if record.active:
+        raise UsageError(f"run {record.id} is still {record.state}: its MLPerf log ends with run_stop, "
+                         "so download it when the run has ended")
+    events = read_run_events(record.run_dir)
+    rank0 = [e for e in events if e.get("rank", 0) == 0]
+    sweep = isinstance(read_result(record.result), AllreduceResult)
+    if not sweep and _run_start(rank0) is None:
+        raise UsageError(f"run {record.id} {record.state} before it recorded a training step: an MLPerf log "
+                         "starts the run at its first step (run_start), so this run has no valid log")
+    return mllog_lines(record, events, RunDocument.load_or_none(record.run_dir))
+
+
+def write_mllog(record: RunRecord, output: str | os.PathLike, lines: list[str] | None = None) -> Path:
+    """Write the run's :::MLLOG log (``lines``, else :func:`run_mllog`'s) to ``output``: whole,
+    and never through a link planted at its name or at its partial file's
+    (:mod:`mlbench.safefile`)."""
+    lines = run_mllog(record) if lines is None else lines
     return write_text(output, "".join(line + "\n" for line in lines))
+
+
+def require_checker() -> None:
+    """MissingExtra (exit 1, one line naming the `mlperf` extra) unless MLPerf's checker is
+    installed."""
+    with needs("mlperf"):
+        import mlperf_logging  # noqa: F401
 
 
 def check_mllog(path: str | os.PathLike) -> tuple[bool, str]:
     """Run MLPerf's checker by its own command line on the log at ``path`` with mlbench's rules:
-    (passed, what it said). Its own log file goes to a temporary folder, not the working one."""
-    if importlib.util.find_spec("mlperf_logging") is None:
-        raise UsageError("--check runs MLPerf's compliance checker, which is not installed: "
-                         "pip install mlperf-logging")
+    (passed, why not: one line per failed rule, :func:`mlbench.results.mlperf_rules.explain`).
+    Its own log file goes to a temporary folder, not the working one."""
+    require_checker()
     with tempfile.TemporaryDirectory(prefix="mlbench-mllog-") as folder:
         command = [*checker_command(Path(path).resolve(), sys.executable),
                    "--log_output", str(Path(folder) / "compliance_checker.log")]
         proc = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
-    said = [line for line in (proc.stdout + proc.stderr).splitlines()
-            if line.strip() and not line.startswith(TOKEN) and not line.startswith("** Logging output")]
-    return proc.returncode == 0, "\n".join(said)
+    if proc.returncode == 0:
+        return True, ""
+    said = explain(proc.stderr, _benchmark(Path(path)))
+    if not said:  # the checker itself failed (a traceback): its own words
+        said = [line for line in (proc.stdout + proc.stderr).splitlines()
+                if line.strip() and not line.startswith(TOKEN) and not line.startswith("** Logging output")]
+    return False, "\n".join(said)
+
+
+def _benchmark(path: Path) -> str | None:
+    """The log's ``submission_benchmark``: which rules the checker applied."""
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith(TOKEN) and '"submission_benchmark"' in line:
+            try:
+                value = json.loads(line[len(TOKEN):]).get("value")
+            except ValueError:
+                return None
+            return value if isinstance(value, str) else None
+    return None
 
 
 class _Log:
@@ -206,8 +256,13 @@ def _platform(record: RunRecord, config: RunConfig | None, environment: dict[str
     return f"{nodes}x {hardware}, {run_workers_label(record)} worker(s), {record.launcher}, {framework}"
 
 
-def _steps_per_epoch(result: TrainingResult) -> int | None:
+def _steps_per_epoch(result: TrainingResult, rank0: list[dict[str, Any]]) -> int | None:
+    """The result's steps per epoch; of a run without one (failed, cancelled), rank 0's last
+    training-time reading's (its ``epoch`` is its step over the steps per epoch)."""
     steps, epochs = result.steps, result.epochs
+    if not (steps and epochs):
+        last = next((e for e in reversed(rank0) if e["name"] == "train/time" and float(e["epoch"]) > 0), None)
+        steps, epochs = (int(last["step"]), float(last["epoch"])) if last else (0, 0.0)
     return round(steps / epochs) if steps and epochs else None
 
 
@@ -276,7 +331,8 @@ def _epochs_and_evaluations(log: _Log, rank0: list[dict[str, Any]], start: float
                             metric: str = "accuracy", again: list[tuple[float, int]] | None = None) -> None:
     """Epochs and evaluations as intervals, of the final trajectory (``again``: (when, from
     step) of each restart and resume; an evaluation a later one went back before is left out, and
-    a step evaluated twice is logged as it was last). ``eval_accuracy`` holds the task's goal
+    a step evaluated twice is logged as it was last); training after the last evaluation is one
+    more epoch, to rank 0's last training-time reading. ``eval_accuracy`` holds the task's goal
     metric, as MLPerf's own translation benchmark logs BLEU under that key; a metric other than
     accuracy is named in its metadata (``"metric": "perplexity"``: lower is better)."""
     accuracy = {int(e["step"]): float(e["value"]) for e in rank0 if e["name"] == f"eval/{metric}"}
@@ -284,13 +340,11 @@ def _epochs_and_evaluations(log: _Log, rank0: list[dict[str, Any]], start: float
         return not any(when > float(e["time"]) and from_step < int(e["step"]) for when, from_step in again or [])
 
     evaluations = {int(e["step"]): e for e in rank0 if e["name"] == "time/eval" and kept(e)}
-    epoch_begin = start
+    epoch_begin, evaluated = start, -1
     for e in sorted(evaluations.values(), key=lambda e: float(e["time"])):
         end, step = float(e["time"]), int(e["step"])
         begin = end - float(e["value"])
-        meta: dict[str, Any] = {"epoch_num": _epoch_num(float(e["epoch"])), "samples_count": samples_at(step)}
-        if metric != "accuracy":
-            meta["metric"] = metric
+        meta = _interval_meta(float(e["epoch"]), samples_at(step), metric)
         if begin > epoch_begin:
             log.add(epoch_begin, "epoch_start", None, "INTERVAL_START", meta)
             log.add(begin, "epoch_stop", None, "INTERVAL_END", meta)
@@ -298,4 +352,19 @@ def _epochs_and_evaluations(log: _Log, rank0: list[dict[str, Any]], start: float
         if step in accuracy:
             log.add(end, "eval_accuracy", accuracy[step], metadata=meta)
         log.add(end, "eval_stop", None, "INTERVAL_END", meta)
-        epoch_begin = end
+        epoch_begin, evaluated = end, step
+    trained = [e for e in rank0 if e["name"] == "train/time" and kept(e)]
+    last = max(trained, key=lambda e: float(e["time"]), default=None)
+    if last is not None and int(last["step"]) > evaluated and float(last["time"]) > epoch_begin:
+        meta = _interval_meta(float(last["epoch"]), samples_at(int(last["step"])), metric)
+        log.add(epoch_begin, "epoch_start", None, "INTERVAL_START", meta)
+        log.add(float(last["time"]), "epoch_stop", None, "INTERVAL_END", meta)
+
+
+def _interval_meta(epoch: float, samples: int, metric: str) -> dict[str, Any]:
+    """An epoch's or evaluation's metadata: its epoch, the samples trained by then, and the goal
+    metric where it is not accuracy."""
+    meta: dict[str, Any] = {"epoch_num": _epoch_num(epoch), "samples_count": samples}
+    if metric != "accuracy":
+        meta["metric"] = metric
+    return meta

@@ -1,5 +1,6 @@
 """A framework that is not installed, or a task it has no port of: one line naming the pip
-extra (or what it runs), exit 2, and nothing recorded: no run folder, no catalog row."""
+extra (exit 1, as every missing extra) or what it runs (exit 2, a usage error), and nothing
+recorded: no run folder, no catalog row."""
 
 from __future__ import annotations
 
@@ -28,14 +29,14 @@ def test_a_task_without_a_jax_port_is_one_line_and_records_nothing():
 
 def test_jax_not_installed_names_the_extra_and_records_nothing():
     proc = run_without("jax,jaxlib,optax", "run", "task2a", "2", "--framework", "jax", "--data", "synthetic")
-    assert (proc.returncode, proc.stdout) == (2, "")
+    assert (proc.returncode, proc.stdout) == (1, "")
     assert proc.stderr == "Error: --framework jax: JAX is not installed: pip install 'mlbench-suite[jax]'\n"
     assert nothing_recorded()
 
 
 def test_tensorflow_not_installed_names_the_extra_and_records_nothing():
     proc = run_without("tensorflow", "run", "task2a", "2", "--framework", "tensorflow", "--data", "synthetic")
-    assert (proc.returncode, proc.stdout) == (2, "")
+    assert (proc.returncode, proc.stdout) == (1, "")
     assert proc.stderr == ("Error: --framework tensorflow: TensorFlow is not installed: "
                            "pip install 'mlbench-suite[tensorflow]'\n")
     assert nothing_recorded()

@@ -32,13 +32,15 @@ def record_run(store: RunStore, *, workers: int, task: str = "task1a", tta: floa
                on_this_machine: bool | None = None, framework: str | None = None,
                inject: tuple[str, ...] = (), on_failure: str = "fail",
                restarts: tuple[dict[str, Any], ...] = (), config: dict[str, Any] | None = None,
-               document: dict[str, Any] | None = None) -> RunRecord:
+               document: dict[str, Any] | None = None, evaluated: bool = True) -> RunRecord:
     """A run whose events and result say exactly what the arguments say; ``final`` is the goal
     metric's last value (the task's: accuracy, perplexity, BLEU; default 0.9 or 0.5 accuracy);
     ``nodes`` and ``on_this_machine`` as its launcher records them (None: a run.json from before
     it did); ``inject`` and ``on_failure`` as `run --inject/--on-failure` take them, ``restarts``
     the entries of run.json's ``faults.restarts`` (each a kill of rank 1 it answered); ``config``
-    and ``document`` add to run.json's config and to run.json itself."""
+    and ``document`` add to run.json's config and to run.json itself. ``evaluated=False``: the run
+    ended before its first evaluation (no time/eval or eval/* events); only a finished one (its
+    step cap reached) records a result."""
     spec = TASKS[task]
     metric = spec.metric
     run_json = {"task": task, "division": division, "changed": [],
@@ -88,6 +90,16 @@ def record_run(store: RunStore, *, workers: int, task: str = "task1a", tta: floa
             for phase, seconds in COMPUTE.items():
                 emit(t, f"time/{phase}", seconds / 2, step)
             emit(t, "time/communication", comm[rank] / 2, step)
+        if not evaluated:
+            if rank == 0 and state == FINISHED:
+                result = {"goal": goal, "light": False, "reached": False, "metric": metric,
+                          "time_to_accuracy": None, "wall_time_to_accuracy": None, "epochs_to_accuracy": None,
+                          "steps_to_accuracy": None, "final_accuracy": None, "final_loss": None,
+                          "best_accuracy": None, "train_time": train_time, "eval_time": 0.0, "epochs": 1.0,
+                          "steps": 50, "stop_reason": "max-steps", "bytes_sent": 0, **(result_extra or {})}
+                emit(train_time + 0.5, "result", result, 50)
+            sink.close()
+            continue
         emit(train_time + 1.0, "time/eval", 1.0, 50)
         if rank == 0:
             accuracy = final if final is not None else 0.9 if tta is not None else 0.5
@@ -104,7 +116,8 @@ def record_run(store: RunStore, *, workers: int, task: str = "task1a", tta: floa
                       **(result_extra or {})}
             emit(train_time + 1.5, "result", result, 50)
         sink.close()
-    ended = {"state": state, "started_at": T0 - 5.0, "finished_at": T0 + train_time + 1.5}
+    ended = {"state": state, "started_at": T0 - 5.0,
+             "finished_at": T0 + train_time + (1.5 if evaluated else 0.5)}
     if state == FINISHED:
         ended["result"] = result
     else:

@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 from mlperf_logging.compliance_checker import mlp_compliance, mlp_parser
 
-from mlbench.results.mllog import write_mllog
-from mlbench.results.store import RunStore
+from mlbench.errors import UsageError
+from mlbench.results.mllog import check_mllog, write_mllog
+from mlbench.results.store import CANCELLED, FAILED, FINISHED, RUNNING, RunStore
 
 from tests.helpers import mlbench
 from tests.results.recorded import T0, record_run
@@ -83,6 +84,70 @@ def test_download_check_runs_the_official_checker_and_fails_with_its_reason(stor
     complete = record_run(store, workers=2, tta=9.0, wall=10.0, result_extra={"test_samples": 500})
     proc = mlbench("download", complete.id, "--format", "mlperf", "--check", "-o", str(tmp_path / "b.zip"))
     assert proc.returncode == 0 and "compliance checker passes" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("state", [FAILED, CANCELLED, FINISHED])
+def test_a_run_that_ended_before_its_first_evaluation_passes_the_checker_aborted(store, tmp_path, state):
+    """A failed or cancelled run, or one its step cap stopped, before any evaluation: the log has
+    the epoch it trained and run_stop "aborted", as MLPerf logs an aborted run, and no evaluation."""
+    run = record_run(store, workers=2, state=state, evaluated=False)
+    proc = mlbench("download", run.id, "--format", "mlperf", "--check", "-o", str(tmp_path / "run.zip"))
+    assert proc.returncode == 0 and "compliance checker passes" in proc.stdout, proc.stdout + proc.stderr
+    log = parse(tmp_path / "run.mllog.txt")
+    assert log["run_stop"][0].value["metadata"]["status"] == "aborted"
+    assert "eval_accuracy" not in log and "eval_start" not in log
+    # the training up to rank 0's last reading (T0 + 10): 50 steps of 64 samples, in epoch 1
+    epoch = log["epoch_stop"][0]
+    assert log["epoch_start"][0].timestamp == T0 * 1000 and epoch.timestamp == (T0 + 10) * 1000
+    assert epoch.value["metadata"] == {"epoch_num": 1, "samples_count": 3200}
+    assert log["train_samples"][0].value["value"] == 3200
+
+
+def test_a_run_that_cannot_have_a_valid_log_is_refused_in_one_line(store, tmp_path):
+    """A run that has not ended has no run_stop, one that recorded no training step no run_start:
+    `download --format mlperf` refuses either in one line, exit 2, before it writes anything."""
+    early = store.create(task="task1a", workers=2, division="closed", run_json={"task": "task1a"})
+    store.update(early.id, state=FAILED, started_at=T0, finished_at=T0 + 3.0, reason="worker 1 exited with code 1")
+    proc = mlbench("download", early.id, "--format", "mlperf", "-o", str(tmp_path / "early.zip"))
+    assert (proc.returncode, proc.stdout) == (2, "") and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"Error: run {early.id} failed before it recorded a training step")
+    assert "run_start" in proc.stderr and not list(tmp_path.iterdir())
+    running = record_run(store, workers=1, state=RUNNING)
+    with pytest.raises(UsageError, match=f"run {running.id} is still running: .*run_stop"):
+        write_mllog(running, tmp_path / "running.mllog.txt")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_rejected_log_says_which_rule_failed_and_why(store, tmp_path):
+    """The checker's verdict as one line per failed rule: its file, the key, what failed and the
+    rule's reason in words; never the checker's state dumps."""
+    run = record_run(store, workers=2, tta=9.0, wall=10.0)  # no evaluation set size recorded
+    path = write_mllog(run, tmp_path / "run.mllog.txt")
+    path.write_text(path.read_text().replace('"key": "eval_accuracy", "value": 0.9', '"key": "eval_accuracy", '
+                                             '"value": 1.5'))
+    passed, said = check_mllog(path)
+    lines = said.splitlines()
+    assert not passed and len(lines) == 2, said
+    samples = next(line for line in lines if "eval_samples" in line)
+    assert samples.startswith("training.yaml: eval_samples") and "evaluation set's size" in samples, samples
+    accuracy = next(line for line in lines if "eval_accuracy" in line)
+    assert accuracy.startswith("task1a.yaml: eval_accuracy ") and "0 <= v['value'] <= 1" in accuracy, accuracy
+    assert "a fraction from 0 to 1" in accuracy and "context" not in said
+
+
+def test_every_rule_says_why():
+    """Each rule of mlbench's checker files carries its reason (WHY), which a rejection quotes."""
+    import yaml
+
+    from mlbench.results.mlperf_rules import RULES_DIR
+
+    for path in sorted(RULES_DIR.glob("*.yaml")):
+        for rule in yaml.safe_load(path.read_text()):
+            if "KEY" in rule:
+                assert rule["KEY"].get("WHY"), (path.name, rule["KEY"]["NAME"])
+            if "END" in rule:
+                checks = rule["END"]["CHECK"]
+                assert len(rule["END"].get("WHY") or []) == len(checks if isinstance(checks, list) else [checks])
 
 
 @pytest.mark.parametrize("launcher, nodes, here, status", [("local", None, None, "onprem"),

@@ -13,17 +13,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mlbench.errors import UsageError
+from mlbench.extras import needs
 
 #: Sums per shard: matched n-grams (4), total n-grams (4), hypothesis length, reference length.
 STATISTICS = 10
 
 
 def _bleu_class():
-    try:
+    with needs("nlp"):
         from sacrebleu.metrics import BLEU
-    except ImportError:
-        raise UsageError("task 4b's BLEU needs sacreBLEU: pip install 'mlbench-suite[nlp]'") from None
     return BLEU
 
 

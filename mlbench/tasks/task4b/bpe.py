@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlbench.errors import DataError
+from mlbench.extras import needs
 from mlbench.tasks.data.download import default_data_root, exclusive, one_line
 from mlbench.tasks.task4b.wmt import FILES, LANGS, TEST, TRAIN, check_parallel
 
@@ -76,11 +77,8 @@ class EncodedCorpus:
 
 
 def _sentencepiece():
-    try:
+    with needs("nlp"):
         import sentencepiece as spm
-    except ImportError:
-        raise DataError("task 4b needs SentencePiece for its BPE vocabulary: "
-                        "pip install 'mlbench-suite[nlp]'") from None
     return spm
 
 
