@@ -27,7 +27,7 @@ from mlbench.errors import MlbenchError, UsageError, about_option
 from mlbench.launch import session
 from mlbench.launch.base import NO_STEP_CAP, EventCallback, Progress, quiet
 from mlbench.launch.options import (api_signature, checked_value, nearest, optimizer_names, options_by_optimizer,
-                                    request_fields, values_with_defaults)
+                                    request_fields, shown, values_with_defaults)
 from mlbench.launch.plan import RunRequest
 from mlbench.launch.registry import choose, launcher_of, launcher_options
 from mlbench.network.settings import network_options
@@ -60,13 +60,33 @@ def _plain(value: Any) -> Any:
 Home = str | os.PathLike[str] | RunStore | None
 
 
-def _store(home: Home, read_only: bool = False) -> RunStore:
-    """The run store at ``home``, else the current one (a cluster's, else this machine's)."""
+def _refuse(name: str, value: Any, wanted: str) -> UsageError:
+    """The UsageError of a keyword given a value it does not take: one line that names it."""
+    return UsageError(f"{name}={shown(value)}: give {wanted}", option=name)
+
+
+def _callback(name: str, value: Any) -> None:
+    if value is not None and not callable(value):
+        raise _refuse(name, value, "a function, or None")
+
+
+def _store(home: Home, read_only: bool = False, *, new: bool = False) -> RunStore:
+    """The run store at ``home``, else the current one (a cluster's, else this machine's). A
+    folder that does not exist holds no runs to read: a UsageError, unless the caller records
+    runs (``new``: the store is made there, as for a new MLBENCH_HOME)."""
     if isinstance(home, RunStore):
         return home
     if home is None:
         return session.open_store(read_only=read_only)
-    return RunStore(home, read_only=read_only)
+    if isinstance(home, bool) or not isinstance(home, (str, os.PathLike)):
+        raise _refuse("home", home, "a run store's folder (text or a path), an open RunStore, or None for the "
+                                    "current store")
+    folder = Path(home).expanduser()
+    if not new and not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise about_option(UsageError(f"home {str(home)!r} {what}: give the folder of a run store (an MLBENCH_HOME), "
+                                      "or None for the current store"), "home")
+    return RunStore(folder, read_only=read_only)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,6 +177,8 @@ class RunInfo:
         ``environment`` and ``allreduce``). A pandas DataFrame when pandas is installed, else a
         list of dicts; ``frame`` True asks for the DataFrame (an error without pandas), False
         for the list."""
+        if frame is not None and not isinstance(frame, bool):
+            raise _refuse("frame", frame, "True (a DataFrame), False (a list) or None (either)")
         rows = [{column: event.get(column) for column in EVENT_COLUMNS}
                 for event in read_run_events(self.run_dir)]
         if frame is False:
@@ -176,9 +198,7 @@ class RunInfo:
     def wait(self, timeout: float | None = None) -> Run:
         """Wait until the run has ended (or ``timeout`` seconds have passed: then it is still
         :attr:`active`), as `mlbench wait` does, and return it as it is then."""
-        if timeout is not None and timeout <= 0:
-            raise UsageError(f"timeout {timeout}: give a number of seconds above 0, or None")
-        outcome = session.wait_for_runs(self._store, [self._record], timeout)
+        outcome = session.wait_for_runs(self._store, [self._record], _timeout(timeout))
         return _details(self._store, outcome.records[0])
 
 
@@ -226,9 +246,13 @@ def runs(*, sort: str = "-created_at", limit: int | None = None,
     """The runs of the store (``home``, else the current cluster's, else this machine's), each as
     its launcher sees it now, ordered by ``sort`` (a field of :class:`RunInfo`; ``-FIELD``
     descending; runs without a value last), the first ``limit`` of them. As `mlbench status`."""
+    if not isinstance(sort, str):
+        raise _refuse("sort", sort, 'a field of RunInfo as text, e.g. "workers" or "-created_at"')
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+        raise _refuse("limit", limit, "a whole number of runs, or None for every run")
     field_name, descending = parse_sort(sort)
     if limit is not None and limit < 1:
-        raise UsageError(f"limit {limit}: give at least 1, or None for every run")
+        raise about_option(UsageError(f"limit {limit}: give at least 1, or None for every run"), "limit")
     store = _store(home, read_only=True)
     found = [_overview(store, launcher_of(store, r).reconcile(r)) for r in store.list()]
     by_id = {info.id: info for info in found}
@@ -267,6 +291,8 @@ def plan(task: str, workers: Sequence[int], **options: Any) -> session.RunPlan:
     into run requests, for the CLI, :func:`run` and the dashboard's form alike. An unknown
     option is a UsageError naming the nearest one. ``watchdog``: a duration, or None (or "off")
     for none."""
+    if not isinstance(task, str):
+        raise _refuse("task", task, 'a task\'s name as text, e.g. "task2a" (`mlbench tasks` lists them)')
     counts = _worker_counts(workers)
     values = values_with_defaults(options, "mlbench.plan")
     names = optimizer_names(values.get("optimizer"))
@@ -292,6 +318,8 @@ plan.__signature__ = api_signature(  # type: ignore[attr-defined]
 def _check_launch(launch: Mapping[str, Any]) -> None:
     """Refuse a launcher option that no launcher declares (``{"slrum": True}``), naming the
     nearest, instead of running elsewhere than asked."""
+    if not isinstance(launch, Mapping):
+        raise _refuse("launch", launch, 'a mapping of launcher options by name, e.g. {"slurm": True}, or None')
     declared = {option.name for option in launcher_options()}
     for key in launch:
         if key not in declared:
@@ -319,13 +347,18 @@ def start(request_plan: session.RunPlan, *, launch: Mapping[str, Any] | None = N
     options in ``launch`` choose: one after the other in the foreground (``observer`` hears
     each start and end), one in the background for a plan made with ``detach``, or only
     recorded for a ``--record-only`` launcher. The one way the CLI and :func:`run` start runs."""
+    _check_plan(request_plan)
+    _callback("progress", progress)
+    if observer is not None and not all(callable(getattr(observer, name, None)) for name in ("started", "finished")):
+        raise _refuse("observer", observer, "an object with started(record, request) and finished(record), or None")
+    log_to = checked_value("log_to", {"log_to": log_to})
     if log_to and request_plan.detach:
         raise about_option(UsageError("log_to writes a run as it is followed; a detached run is followed by "
                                       "nobody: leave out detach, or `mlbench export RUN --to TOOL DIR` when it "
                                       "has ended"), "log_to")
     targets = parse_targets(log_to or ())
-    _check_launch(launch or {})
-    store = _store(home)
+    _check_launch({} if launch is None else launch)
+    store = _store(home, new=True)
     launcher = choose(store, dict(launch or {}), progress=progress)
     launcher.settings.log_to = targets
     if launcher.records_only:
@@ -368,6 +401,7 @@ def run(task: str, workers: int, *, launch: Mapping[str, Any] | None = None,
         raise about_option(UsageError("mlbench.run makes one run: use plan (or mlbench run --repeat) for repeats"),
                            "repeat")
     log_to = options.pop("log_to", None)
+    _callback("on_event", on_event)
     if isinstance(workers, bool) or not isinstance(workers, int):
         raise about_option(UsageError(f"workers {workers!r}: mlbench.run takes one whole number of workers "
                                       "(plan takes several)"), "workers")
@@ -384,7 +418,8 @@ def create(request_plan: session.RunPlan, *, home: Home = None) -> list[RunInfo]
     pending, without starting them: every run is checked before the first is recorded. Each is
     started later with :meth:`RunInfo.start` (the dashboard's queue starts them one after
     another, as `mlbench run` runs them)."""
-    store = _store(home)
+    _check_plan(request_plan)
+    store = _store(home, new=True)
     launcher = choose(store, {})
     return [_overview(store, record) for record in session.create_all(launcher, request_plan)]
 
@@ -421,6 +456,10 @@ def resume(run: str, *, max_steps: int | str | None = None, detach: bool = False
     (its ``resume_step`` named), before it trains; ``on_event`` its rank 0's events. A
     KeyboardInterrupt cancels it. Returns the run as it is then."""
     cap = _step_cap(max_steps)
+    if not isinstance(detach, bool):
+        raise _refuse("detach", detach, "True or False")
+    _callback("on_event", on_event)
+    _callback("on_start", on_start)
     store = _store(home)
     record = store.get(_ref(run))
     launcher = launcher_of(store, record)
@@ -447,15 +486,33 @@ def _step_cap(max_steps: int | str | None) -> int | None:
         try:
             max_steps = int(max_steps)
         except ValueError:
-            raise UsageError(f"--max-steps {max_steps!r}: give a whole number of steps, or off") from None
-    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
-        raise UsageError("--max-steps must be at least 1")
+            raise about_option(UsageError(f"--max-steps {max_steps!r}: give a whole number of steps, or off"),
+                               "max_steps") from None
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int):
+        raise _refuse("max_steps", max_steps, 'a whole number of steps, "off" or None')
+    if max_steps < 1:
+        raise about_option(UsageError("--max-steps must be at least 1"), "max_steps")
     return max_steps
+
+
+def _timeout(timeout: float | None) -> float | None:
+    """A wait's ``timeout``: seconds above 0, or None (no limit)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise _refuse("timeout", timeout, "a number of seconds above 0, or None")
+    return float(timeout)
+
+
+def _check_plan(request_plan: Any) -> None:
+    if not isinstance(request_plan, session.RunPlan):
+        raise _refuse("request_plan", request_plan, "the plan that mlbench.api.plan returns")
 
 
 def follow(run: str, *, on_event: EventCallback | None = None, home: Home = None) -> Run:
     """Pass a run's rank 0 events to ``on_event`` (those so far, then new ones as they come)
     until it ends, whoever started it, as `mlbench status RUN --follow`; returns it then."""
+    _callback("on_event", on_event)
     store = _store(home, read_only=True)
     record = store.get(_ref(run))
     launcher = launcher_of(store, record)
@@ -467,8 +524,10 @@ def wait(runs: Sequence[str], *, timeout: float | None = None, on_end: Callable[
     """Wait until every run has ended, or ``timeout`` seconds have passed, without touching
     them (`mlbench wait`): the exit code `mlbench run` would give for them (124 while one is still
     going on) and each run as last seen; ``on_end`` hears each run as it is seen ended."""
-    if timeout is not None and timeout <= 0:
-        raise UsageError(f"timeout {timeout}: give a number of seconds above 0, or None")
+    if not isinstance(runs, (list, tuple)):
+        raise _refuse("runs", runs, "a list of run ids, id prefixes or names (one run: [RUN])")
+    timeout = _timeout(timeout)
+    _callback("on_end", on_end)
     store = _store(home, read_only=True)
     records = [store.get(_ref(ref)) for ref in runs]
     outcome = session.wait_for_runs(store, records, timeout,

@@ -320,3 +320,61 @@ def test_a_model_that_does_not_exist_and_a_run_that_is_no_text_are_refused_befor
         with pytest.raises(UsageError, match="give a run's id, a prefix of it or its name, as text"):
             api.get(ref)
     assert api.runs() == []
+
+
+def test_a_keyword_of_the_wrong_type_is_a_usage_error_of_one_line_that_names_it(isolated_home):
+    """A script's wrong type (``workers="2"``, ``name=3``, ``limit="3"``) is mlbench's UsageError
+    naming the keyword in its message and in ``err.option``, before anything is recorded; never
+    a TypeError or AttributeError from deep inside."""
+    plan = api.plan("task2a", [1], data="synthetic")
+    calls = {
+        "workers": lambda: mlbench.run("task2a", "2", data="synthetic"),
+        "task": lambda: api.plan(2, [1]),
+        "name": lambda: mlbench.run("task2a", 1, data="synthetic", name=3),
+        "data_dir": lambda: api.plan("task2a", [1], data_dir=7),
+        "checkpoint_every": lambda: api.plan("task2a", [1], checkpoint_every=3.5),
+        "inject": lambda: api.plan("task2a", [2], inject=5),
+        "optimizer": lambda: api.plan("task2a", [1], optimizer=3),
+        "bandwidth": lambda: api.plan("task2a", [1], bandwidth=1e9),
+        "log_to": lambda: mlbench.run("task2a", 1, data="synthetic", log_to=3),
+        "launch": lambda: mlbench.run("task2a", 1, data="synthetic", launch=["slurm"]),
+        "on_event": lambda: mlbench.run("task2a", 1, data="synthetic", on_event="print"),
+        "request_plan": lambda: api.start("task2a"),
+        "observer": lambda: api.start(plan, observer=print),
+        "home": lambda: mlbench.runs(home=3),
+        "limit": lambda: mlbench.runs(limit="3"),
+        "sort": lambda: mlbench.runs(sort=["workers"]),
+        "runs": lambda: api.wait("abc"),
+        "timeout": lambda: api.wait(["abc"], timeout="10"),
+        "max_steps": lambda: api.resume("abc", max_steps=2.5),
+        "detach": lambda: api.resume("abc", detach="yes"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(UsageError) as caught:
+            call()
+        message = str(caught.value)
+        assert caught.value.option == name and re.match(rf"{name}[= ]", message) and "\n" not in message, (
+            name, message)
+    with pytest.raises(UsageError) as caught:
+        api.plan("task2a", [1], name=3)
+    assert str(caught.value) == "name=3: give text or None"
+    assert RunStore(isolated_home).list() == []
+
+
+def test_a_home_that_does_not_exist_is_an_error_where_runs_are_read_and_a_new_store_where_they_are_recorded(
+        tmp_path):
+    missing = tmp_path / "no-such-store"
+    line = (f"home {str(missing)!r} does not exist: give the folder of a run store (an MLBENCH_HOME), or None for "
+            "the current store")
+    for call in (lambda: api.runs(home=missing), lambda: api.get("abc", home=missing),
+                 lambda: api.wait(["abc"], home=missing), lambda: api.follow("abc", home=missing),
+                 lambda: api.cancel("abc", home=missing), lambda: api.delete("abc", home=missing),
+                 lambda: api.resume("abc", home=missing)):
+        with pytest.raises(UsageError) as caught:
+            call()
+        assert (str(caught.value), caught.value.option) == (line, "home")
+    assert not missing.exists()
+    with pytest.raises(UsageError, match="is not a folder"):
+        api.runs(home=PAGE)
+    [pending] = api.create(api.plan("task2a", [1], data="synthetic"), home=missing)   # recording makes the store
+    assert [r.id for r in api.runs(home=missing)] == [pending.id]

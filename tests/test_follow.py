@@ -59,3 +59,42 @@ def test_status_follow_exits_with_the_code_run_gives_a_run_that_missed_its_goal(
     assert follow.returncode == 3, follow.stdout + follow.stderr  # as `mlbench run` exits for it
     assert "not reached" in follow.stdout
     assert mlbench("status", run_id, "--follow").returncode == 3  # an ended run: at once, the same code
+
+
+def test_logs_of_a_run_whose_workers_wrote_nothing_say_so_and_where_its_metrics_are():
+    """A finished run's workers print nothing (their metrics are events): `logs` says so in one
+    line on standard error instead of printing nothing; the log itself, on standard out, stays empty."""
+    proc = mlbench("run", "task2a", "2", "--data", "synthetic", "--max-steps", "4", check=True)
+    run_id = proc.stdout.split("Details: mlbench status ")[1].split()[0]
+    line = f"Run {run_id}: its 2 workers wrote no output; its metrics and result: mlbench status {run_id}\n"
+    for args in ((), ("--rank", "1"), ("--follow",)):
+        shown = mlbench("logs", run_id, *args)
+        assert (shown.returncode, shown.stdout, shown.stderr) == (0, "", line), args
+
+
+def test_logs_of_a_silent_worker_point_to_the_one_that_wrote(tmp_path):
+    from mlbench.cli.follow import no_output
+    from mlbench.results.store import RunStore
+
+    store = RunStore(tmp_path / "store")
+    record = store.create(task="task2a", workers=3, division="closed",
+                          run_json={"task": "task2a", "division": "closed", "config": {"workers": 3}})
+    logs = record.run_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    for rank, text in enumerate(("", "", "Error: the data folder is gone\n")):
+        (logs / f"rank-{rank}.log").write_text(text)
+    assert no_output(record, 0) == (f"Worker 0 of run {record.id} wrote no output; worker 2 did: "
+                                    f"mlbench logs {record.id} --rank 2")
+    (logs / "rank-2.log").write_text("")
+    assert no_output(record, 0) == (f"Run {record.id}: its 3 workers wrote no output so far; its metrics and "
+                                    f"result: mlbench status {record.id}")
+
+
+def test_logs_of_a_record_only_run_say_where_its_launcher_put_them():
+    proc = mlbench("run", "task2a", "1", "--data", "synthetic", "--record-only", check=True)
+    run_id = proc.stdout.split("Recorded run ")[1].split()[0]
+    shown = mlbench("logs", run_id)
+    assert (shown.returncode, shown.stdout) == (1, "")
+    assert shown.stderr == (f"Error: run {run_id} is a --record-only run: its workers' output is where their "
+                            f"launcher put it (torchrun's terminal, srun's --output); its metrics and result: "
+                            f"mlbench status {run_id}\n")

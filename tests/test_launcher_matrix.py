@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -15,7 +16,7 @@ import sys
 
 import pytest
 
-from mlbench.launch.supervisor import free_ports, pid_alive, recorded_processes
+from mlbench.launch.supervisor import pid_alive, recorded_processes
 from mlbench.results.store import RunStore, read_json
 from tests import zygote
 from tests.helpers import mlbench, wait_for
@@ -178,28 +179,32 @@ def test_a_worker_started_without_a_rank_fails_its_run_naming_the_variables_it_l
     assert (details["state"], details["reason"]) == ("failed", f"worker 0: {line}"), details
 
 
-def test_workers_started_again_on_a_finished_record_only_run_refuse_and_add_no_event():
-    """torchrun (here its variables) started a second time on a ``--record-only`` run that has
-    finished: the worker refuses in one line (exit 2) instead of appending a second copy of every
-    event and a second result (seen: 51 lines became 101)."""
-    proc = mlbench("run", *SHORT, "--record-only", check=True)
+def test_torchrun_started_again_on_a_finished_record_only_run_refuses_in_one_line_and_adds_no_event():
+    """A recorded run that torchrun starts trains; torchrun started a second time on it, once it has
+    finished, finds every worker refusing in one line (the worker's usage exit, 2) that says how to
+    train again, instead of a second copy of every event and a second result (seen: 51 lines
+    became 101). `mlbench resume` does not continue --record-only runs, so the line offers a new one."""
+    proc = mlbench("run", "task2a", "1", "--data", "synthetic", "--max-steps", "4", "--record-only", check=True)
     run = RunStore().get(proc.stdout.split("Recorded run ")[1].split()[0])
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
 
-    def start(port: int) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "mlbench.worker", str(run.run_dir)], capture_output=True,
-                              text=True, timeout=180, env={**env, "MASTER_PORT": str(port)})
+    def start() -> subprocess.CompletedProcess:
+        return subprocess.run([*torchrun(), "--standalone", "--nproc-per-node", "1", "-m", "mlbench.worker",
+                               str(run.run_dir)], capture_output=True, text=True, timeout=300)
 
-    first = start(free_ports("127.0.0.1", 1)[0])
-    assert first.returncode == 0, first.stderr
+    first = start()
+    assert first.returncode == 0, first.stdout + first.stderr
     events = (run.run_dir / "events" / "rank-0.jsonl").read_bytes()
-    again = start(free_ports("127.0.0.1", 1)[0])
-    assert again.returncode == 2 and again.stderr == (
-        f"Error: the run in {run.run_dir} has finished already (its result is recorded), and its workers would "
-        "add a second copy of every event: record a new run (`mlbench run ... --record-only`), or go on from its "
-        "checkpoint with `mlbench resume`\n"), again.stderr
+    assert b'"name":"result"' in events
+    again = start()
+    line = (f"Error: the run in {run.run_dir} has finished already (its result is recorded); starting its "
+            "workers again would add a second copy of every event. To train again, record a new run: "
+            "mlbench run task2a 1 ... --record-only")
+    assert again.returncode != 0
+    assert [text for text in again.stderr.splitlines() if text.startswith("Error:")] == [line], again.stderr
+    assert re.search(r"exitcode\s*:\s*2\b", again.stderr), again.stderr  # torchrun's report of the worker's exit
     assert (run.run_dir / "events" / "rank-0.jsonl").read_bytes() == events
-    assert json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)["state"] == "finished"
+    details = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
+    assert details["state"] == "finished" and details["summary"]["steps"] == 4, details
 
 
 def test_a_worker_given_a_folder_that_is_no_run_says_so_in_one_line(tmp_path):

@@ -5,6 +5,7 @@ has it), whose `mlbench` command lists the tasks and runs a tiny real run."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -46,19 +47,26 @@ def test_the_wheel_is_mlbench_suite_under_apache_2_with_its_license_and_command(
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "mlbench = mlbench.cli.main:main" in entry_points
     assert "mlbench/results/prices.csv" in names and "mlbench/dashboard/static/runs.html" in names
+    assert "mlbench/py.typed" in names
     assert not [n for n in names if n.startswith("tests/")]
 
 
-def test_a_fresh_environment_installs_the_wheel_and_runs_mlbench_from_it(wheel, tmp_path):
-    venv = tmp_path / "venv"
+@pytest.fixture(scope="module")
+def venv(wheel, tmp_path_factory) -> Path:
+    """A fresh virtual environment with the wheel installed."""
+    venv = tmp_path_factory.mktemp("installed") / "venv"
     # without a pip of its own: ensurepip would also put an old setuptools in the environment,
     # hiding the system's one that torch requires; this pip installs into it (--python)
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
                    check=True, timeout=120)
-    python, command = venv / "bin" / "python", venv / "bin" / "mlbench"
     # --no-index: every dependency the wheel declares must be satisfied by the system's packages
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-index",
-                    str(wheel)], check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet",
+                    "--no-index", str(wheel)], check=True, capture_output=True, text=True, timeout=300)
+    return venv
+
+
+def test_a_fresh_environment_installs_the_wheel_and_runs_mlbench_from_it(venv, tmp_path):
+    python, command = venv / "bin" / "python", venv / "bin" / "mlbench"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # outside the checkout, which `python -c` would put first on sys.path
     where = subprocess.run([str(python), "-c", "import mlbench; print(mlbench.__file__)"], env=env, cwd=tmp_path,
@@ -75,3 +83,22 @@ def test_a_fresh_environment_installs_the_wheel_and_runs_mlbench_from_it(wheel, 
     assert "Finished (max-steps): 3 steps" in run.stdout
     (folder,) = (Path(os.environ["MLBENCH_HOME"]) / "runs").iterdir()
     assert (folder / "events" / "rank-0.jsonl").stat().st_size > 0
+
+
+def test_a_type_checker_reads_the_installed_apis_types(venv, tmp_path):
+    """PEP 561: the wheel's py.typed marker makes mypy check a script's calls against mlbench's own
+    hints (without it, mypy says the module is untyped and checks nothing)."""
+    pytest.importorskip("mypy")
+    script = tmp_path / "script.py"
+    script.write_text('import mlbench\nfrom mlbench import api\n\nmlbench.runs(limit="3")\n'
+                      'reveal_type(api.get("abc").workers)\n')
+    # mlbench's modules are read; torch's and the other libraries' are not (a minute of mypy's time)
+    (tmp_path / "mypy.ini").write_text("[mypy]\nfollow_imports = skip\nincremental = False\n\n"
+                                       "[mypy-mlbench.*]\nfollow_imports = silent\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MYPYPATH")}
+    checked = subprocess.run([sys.executable, "-m", "mypy", "--python-executable", str(venv / "bin" / "python"),
+                              "--config-file", str(tmp_path / "mypy.ini"), str(script)],
+                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert "py.typed" not in checked.stdout and "import-not-found" not in checked.stdout, checked.stdout
+    assert 'Argument "limit" to "runs" has incompatible type "str"' in checked.stdout, checked.stdout
+    assert re.search(r'Revealed type is "(builtins\.)?int"', checked.stdout), checked.stdout

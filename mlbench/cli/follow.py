@@ -22,6 +22,7 @@ from mlbench.cli.output import emit, output_option
 from mlbench.launch import session
 from mlbench.launch.plan import parse_duration
 from mlbench.launch.registry import launcher_of
+from mlbench.launch.run_folder import ranks_with_output
 from mlbench.results.events import read_run_events
 from mlbench.results.report import describe_result
 from mlbench.results.store import RunRecord
@@ -47,12 +48,30 @@ def follow_progress(run: api.RunInfo) -> api.Run:
 @click.option("--follow", "-f", is_flag=True, help="Print new lines as they are written, until the run ends.")
 def logs(run_ref, rank, follow) -> None:
     """The output of one worker of RUN (a local run's RUN_DIR/logs/rank-R.log; a cluster run's
-    pod log, kept in the run store once the pod has ended)."""
+    pod log, kept in the run store once the pod has ended). The metrics are not in it: they are
+    events (`mlbench status RUN`). A worker without output gets one line on standard error that
+    says so."""
     store = session.open_store(read_only=True)
     launcher = launcher_of(store, store.get(run_ref))
     record = launcher.reconcile(store.get(run_ref))
+    printed = False
     for line in launcher.logs(record, rank, follow):
         click.echo(line)
+        printed = True
+    if not printed:
+        click.echo(no_output(store.get(record.id), rank), err=True)
+
+
+def no_output(record: RunRecord, rank: int) -> str:
+    """What `mlbench logs` says of a worker whose log is empty: where another worker's output
+    is, else that the run's workers wrote none and where its metrics are."""
+    others = [r for r in ranks_with_output(record.run_dir, record.workers) if r != rank]
+    if others:
+        return (f"Worker {rank} of run {record.id} wrote no output; worker {others[0]} did: "
+                f"mlbench logs {record.id} --rank {others[0]}")
+    workers = "its worker" if record.workers == 1 else f"its {record.workers} workers"
+    return (f"Run {record.id}: {workers} wrote no output{' so far' if record.active else ''}; its metrics and "
+            f"result: mlbench status {record.id}")
 
 
 def verdict(record: RunRecord) -> str:

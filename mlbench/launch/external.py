@@ -14,11 +14,13 @@ from __future__ import annotations
 import shlex
 import socket
 import sys
+from collections.abc import Iterator
 
-from mlbench.errors import UsageError
+from mlbench.errors import MlbenchError, UsageError
 from mlbench.launch.base import EventCallback, Launcher, LauncherOption
+from mlbench.launch.follow import check_rank
 from mlbench.launch.plan import RunRequest, WorkerResources
-from mlbench.launch.run_folder import read_outcome, worker_hosts
+from mlbench.launch.run_folder import log_path, read_outcome, worker_hosts
 from mlbench.results.store import CANCELLED, FAILED, FINISHED, PENDING, RunRecord
 from mlbench.run_config import RunDocument
 
@@ -65,6 +67,16 @@ class ExternalLauncher(Launcher):
 
     def start_detached(self, record: RunRecord) -> None:
         self.run_attached(record)
+
+    def logs(self, record: RunRecord, rank: int, follow: bool = False) -> Iterator[str]:
+        """The workers' output goes where the user's launcher puts it, not into the run folder
+        (unless the user sent it to ``RUN_DIR/logs/rank-R.log``): one line says so."""
+        check_rank(record, rank)
+        if not log_path(record.run_dir, rank).exists():
+            raise MlbenchError(f"run {record.id} is a --record-only run: its workers' output is where their launcher "
+                               f"put it (torchrun's terminal, srun's --output); its metrics and result: "
+                               f"mlbench status {record.id}")
+        return super().logs(record, rank, follow)
 
     def cancel(self, record: RunRecord) -> RunRecord:
         """Mark the run cancelled; its processes belong to the user's launcher, which stops them."""

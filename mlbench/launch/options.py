@@ -85,10 +85,10 @@ def optimizer_names(value: str | Sequence[str] | None) -> list[str]:
     (the task's reference)."""
     if value is None:
         return []
-    names = [value] if isinstance(value, str) else list(value)
+    names: list[Any] = [value] if isinstance(value, str) or not isinstance(value, (list, tuple)) else list(value)
     if not all(isinstance(name, str) for name in names):
-        raise about_option(UsageError(f"--optimizer {value!r}: give a name, a comma list of names or a list of "
-                                      "them"), "optimizer")
+        raise about_option(UsageError(f"optimizer={shown(value)}: give a name, a comma list of names or a list "
+                                      "of them"), "optimizer")
     split = [part.strip() for name in names for part in name.split(",")]
     if not all(split) or len(set(split)) < len(split):
         raise about_option(UsageError(f"--optimizer {','.join(split)}: give each optimizer once, separated by "
@@ -143,6 +143,31 @@ def _folder(value: str | os.PathLike[str] | None) -> str | None:
     return None if value is None else str(value)
 
 
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+#: What each type an option's ``annotation`` names admits, and how a refusal names it: the API
+#: is given what a script passes, and a value of another type is one line about its keyword.
+_ADMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "None": (lambda v: v is None, "None"),
+    "str": (_is_text, "text"),
+    "DataSource": (_is_text, "text"), "Backend": (_is_text, "text"), "Device": (_is_text, "text"),
+    "Precision": (_is_text, "text"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number"),
+    "bool": (lambda v: isinstance(v, bool), "True or False"),
+    "float": (_is_number, "a number"),
+    "os.PathLike[str]": (lambda v: isinstance(v, os.PathLike), "a path"),
+    "Mapping[str, Any]": (lambda v: isinstance(v, Mapping), "a mapping"),
+    "Sequence[str]": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(i, str) for i in v),
+                      "a list of texts"),
+}
+
+
 @dataclass(frozen=True)
 class RunOption:
     """One option of `mlbench run` and of :func:`mlbench.api.run`.
@@ -187,15 +212,34 @@ class RunOption:
             if self.choices is not None and value is not None and value not in self.choices:
                 raise UsageError(f"{self.flag} {value}: choose one of {', '.join(self.choices)}")
             if self.kind is int and value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise UsageError(f"{self.flag} {value!r}: give a whole number")
+                raise UsageError(f"{self.name}={shown(value)}: give a whole number")
             if self.kind is float and value is not None and (isinstance(value, bool)
                                                              or not isinstance(value, (int, float))):
-                raise UsageError(f"{self.flag} {value!r}: give a number")
+                raise UsageError(f"{self.name}={shown(value)}: give a number")
             if self.kind is bool and not isinstance(value, bool):
-                raise UsageError(f"{self.name}={value!r}: give True or False")
+                raise UsageError(f"{self.name}={shown(value)}: give True or False")
+            if self.multiple and isinstance(value, str):
+                value = (value,)   # one KEY=VALUE or fault, as one --set or --inject
+            self._check_type(value)
             return self.fields(value) if self.fields is not None else {self.name: value}
         except UsageError as err:
             raise about_option(err, self.name) from None
+
+    def _check_type(self, value: Any) -> None:
+        """A value that is none of the types the ``annotation`` names, refused in one line that
+        names the keyword and what it takes (``name=3``: give text or None)."""
+        kinds = [_ADMITS[part.strip()] for part in self.annotation.split(" | ")]
+        if any(admits(value) for admits, _ in kinds):
+            return
+        wanted = list(dict.fromkeys(words for _, words in kinds))
+        said = wanted[0] if len(wanted) == 1 else f"{', '.join(wanted[:-1])} or {wanted[-1]}"
+        raise UsageError(f"{self.name}={shown(value)}: give {said}")
+
+
+def shown(value: Any) -> str:
+    """A value as a message of one line shows it: its repr, on one line, at most 60 characters."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 RUN_OPTIONS: tuple[RunOption, ...] = (

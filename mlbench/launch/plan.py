@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlbench.errors import UsageError
+from mlbench.errors import DataError, UsageError
 from mlbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, PYTORCH, check_framework, get_framework
 from mlbench.network.settings import NetworkSettings
 from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
@@ -458,7 +458,8 @@ def prepare_data(config: RunConfig) -> DataIdentity | None:
     what it is (:mod:`mlbench.tasks.data.identity`: recorded in run.json as ``data``; data other
     than the official data set make the run open division); None for synthetic data.
 
-    A missing or corrupt data set is then one error line before a run is even recorded, the
+    A missing or corrupt data set, or one too small for a step of the run's settings
+    (``TrainingSettings.check_data``), is then one error line before a run is even recorded, the
     download happens once rather than in every worker, and epsilon's one-time conversion to the
     binary cache is done before the workers, which then load it in seconds.
     """
@@ -471,7 +472,10 @@ def prepare_data(config: RunConfig) -> DataIdentity | None:
 
     from mlbench.tasks.data.identity import data_identity
 
-    get_dataset(config.task.settings.dataset).prepare(config.data_dir)
+    prepared = get_dataset(config.task.settings.dataset).prepare(config.data_dir)
+    problem = config.task.settings.check_data(prepared, config.workers)
+    if problem:
+        raise DataError(f"{config.task.name}: {problem}")
     return data_identity(config.task.settings.dataset, config.data_dir)
 
 

@@ -47,6 +47,19 @@ def log_path(run_dir: Path, rank: int) -> Path:
     return logs_dir(run_dir) / f"rank-{rank}.log"
 
 
+def ranks_with_output(run_dir: Path, workers: int) -> list[int]:
+    """The ranks whose log in the run folder holds a byte (:func:`log_path`: a running pod's
+    output is not there yet)."""
+    ranks = []
+    for rank in range(workers):
+        try:
+            if log_path(run_dir, rank).stat().st_size:
+                ranks.append(rank)
+        except OSError:
+            pass
+    return ranks
+
+
 def back_to_newest_checkpoint(run_dir: Path, document: RunDocument, workers: int,
                               verified: tuple[int | None, list[Rejected]] | None = None) -> int | None:
     """Make the run's next start of ``workers`` go on from its newest valid checkpoint, and

@@ -103,6 +103,13 @@ class TrainingSettings(ABC):
         CLI refuses such a run in one line before anything starts; the worker checks again."""
         return None
 
+    def check_data(self, prepared: object, workers: int) -> str | None:
+        """Why the data set as its preparation returned it (``Dataset.prepare``, :mod:`mlbench.tasks.datasets`)
+        makes no training step of these settings on ``workers`` workers, in words (None: it
+        makes one). The CLI refuses such a run in one line before it is recorded; the worker
+        checks its own data again (synthetic data are drawn there)."""
+        return None
+
     def optimizer_values(self) -> dict[str, float]:
         """The task's values of its reference optimizer's options (Adam's betas for 4b): they
         replace the optimizer's defaults, not what the user set."""

@@ -62,8 +62,9 @@ class StopRequest:
 
 def finished_already(run_dir: Path, document: RunDocument) -> bool:
     """Whether rank 0 recorded the run's result since its latest resume (`mlbench resume`, which
-    a finished run may get, to a larger step cap): its workers started again, by a user's torchrun
-    or srun on a ``--record-only`` run, would append a second copy of every event to its files."""
+    a finished run of this machine, Slurm or Kubernetes may get, to a larger step cap): its workers
+    started again, by a user's torchrun or srun on a ``--record-only`` run, would append a second
+    copy of every event to its files. A ``--record-only`` run is never resumed: a new one is."""
     resumed = max((float(r["at"]) for r in document.resumes if isinstance(r.get("at"), (int, float))), default=None)
     return any(e["name"] == "result" and (resumed is None or float(e.get("time") or 0.0) > resumed)
                for e in read_rank_events(events_path(run_dir, 0)))
@@ -102,9 +103,10 @@ def _main(argv: list[str] | None) -> int:
               "printed in its commands", file=sys.stderr)
         return 2
     if finished_already(args.run_dir, document):
-        print(f"Error: the run in {args.run_dir} has finished already (its result is recorded), and its workers "
-              "would add a second copy of every event: record a new run (`mlbench run ... --record-only`), or "
-              "go on from its checkpoint with `mlbench resume`", file=sys.stderr)
+        config = document.config
+        print(f"Error: the run in {args.run_dir} has finished already (its result is recorded); starting its "
+              "workers again would add a second copy of every event. To train again, record a new run: "
+              f"mlbench run {config.task.name} {config.workers} ... --record-only", file=sys.stderr)
         return 2
     config = document.config
     stop.polite = config.checkpoints

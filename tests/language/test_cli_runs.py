@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zipfile
 
 import pytest
@@ -75,3 +76,43 @@ def test_task4b_with_two_workers_on_wmt_files_reports_bleu(tmp_path):
     assert json.loads((run.run_dir / "run.json").read_text())["config"]["task"]["metric"] == "bleu"
     evaluations = [e for e in _mllog(run.id, tmp_path) if e["key"] == "eval_accuracy"]
     assert evaluations and evaluations[-1]["metadata"]["metric"] == "bleu"
+
+
+#: SMALL_4B without its global batch: task 4b's own 2^17 tokens per step.
+TINY_MODEL_4B = tuple(arg for pair in zip(SMALL_4B[::2], SMALL_4B[1::2])
+                      if "global_tokens" not in pair[1] for arg in pair)
+
+
+def test_task4b_on_a_corpus_smaller_than_one_step_is_refused_before_a_run_is_recorded(tmp_path):
+    """300 sentence pairs cannot fill one global step of 2^17 tokens: one line says so and which
+    global_tokens fits, before any run exists; that value then trains."""
+    from mlbench.results.store import RunStore
+
+    data = write_parallel(tmp_path / "wmt")
+    proc = mlbench("run", "task4b", "1", "--data-dir", str(data), "--max-steps", "1", *TINY_MODEL_4B)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    match = re.fullmatch(r"Error: task4b: the training data make (\d+) micro-batches of at most 256 tokens "
+                         r"\(batch_per_worker\), fewer than the 512 of one step of 131,072 tokens \(global_tokens\) "
+                         r"on 1 worker: --set global_tokens=(\d+) or less, or give more sentence pairs\n", proc.stderr)
+    assert match, proc.stderr
+    assert int(match.group(2)) == int(match.group(1)) * 256
+    assert RunStore().list() == []
+    fitting = mlbench("run", "task4b", "1", "--data-dir", str(data), "--max-steps", "1", *TINY_MODEL_4B,
+                      "--set", f"global_tokens={match.group(2)}", timeout=600)
+    assert fitting.returncode in (0, 3), fitting.stdout + fitting.stderr
+    assert last_run().state == "finished"
+
+
+def test_task4b_workers_refuse_synthetic_data_smaller_than_one_step_in_one_line():
+    """Synthetic data are drawn by the workers, which then refuse (exit 4, a data error) and fail
+    the run with that line: no traceback, no run that trains nothing."""
+    proc = mlbench("run", "task4b", "1", "--data", "synthetic", "--max-steps", "1", *TINY_MODEL_4B,
+                   "--set", "global_tokens=16777216", timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    run = last_run()
+    assert run.state == "failed" and run.reason.startswith("worker 0 exited with code 4: task4b: "), run.reason
+    message = run.reason.split(": ", 1)[1]
+    assert "micro-batches of at most 256 tokens (batch_per_worker), fewer than the 65536 of one step of " \
+           "16,777,216 tokens (global_tokens) on 1 worker: --set global_tokens=" in message
+    assert (run.run_dir / "logs" / "rank-0.log").read_text() == f"Error: {message}\n"
+    assert "Traceback" not in proc.stdout + proc.stderr

@@ -19,7 +19,8 @@ from mlbench.errors import DataError
 from mlbench.tasks.task3a import wikitext
 from mlbench.tasks.task3a.bptt import batchify, bptt_batches, bptt_lengths, eval_lengths, worker_columns
 from mlbench.tasks.task4b import bpe, wmt
-from mlbench.tasks.task4b.bucketing import GlobalBatches, accumulation, token_batches
+from mlbench.tasks.task4b.bucketing import (GlobalBatches, accumulation, corpus_problem, steps_problem,
+                                            token_batches)
 from tests.language.corpus import sentence_pairs, sgm, wikitext_lines, write_parallel
 
 
@@ -263,6 +264,31 @@ def test_each_epoch_shuffles_the_micro_batches_alike_on_every_rank(lengths):
     schedule = GlobalBatches(batches, 2, 8)
     assert np.array_equal(schedule.epoch_order(0, 1), schedule.epoch_order(0, 1))
     assert not np.array_equal(schedule.epoch_order(0, 1), schedule.epoch_order(0, 2))
+
+
+@pytest.mark.parametrize("pairs", [0, 3, 40, 300, 2_000, 20_000])
+@pytest.mark.parametrize("world", [1, 3])
+def test_a_corpus_is_judged_too_small_exactly_when_its_micro_batches_make_no_global_step(lengths, pairs, world):
+    """The refusal before a 4b run is recorded bounds the micro-batch count from the tokens, and
+    cuts only a small corpus: its verdict is that of the batches the runtime makes."""
+    src, tgt = lengths[0][:pairs], lengths[1][:pairs]
+    for global_tokens in (2 ** 12, 2 ** 17):
+        batches = token_batches(src, tgt, max_tokens=1024, max_len=80, seed=5)
+        steps = GlobalBatches(batches, world, accumulation(world, global_tokens, 1024)).steps_per_epoch()
+        problem = corpus_problem(src, tgt, world, global_tokens=global_tokens, max_tokens=1024, max_len=80)
+        assert (problem is None) == (steps >= 1), (pairs, world, global_tokens)
+        assert problem == steps_problem(len(batches), world, global_tokens=global_tokens, max_tokens=1024,
+                                        max_len=80)
+
+
+def test_the_global_tokens_a_too_small_corpus_is_told_to_set_make_one_step():
+    for batches, world in ((14, 1), (14, 2), (25, 3)):
+        problem = steps_problem(batches, world, global_tokens=2 ** 17, max_tokens=256, max_len=80)
+        fitting = int(problem.split("--set global_tokens=")[1].split()[0])
+        assert steps_problem(batches, world, global_tokens=fitting, max_tokens=256, max_len=80) is None
+        assert steps_problem(batches, world, global_tokens=fitting + 1, max_tokens=256, max_len=80) is not None
+    assert "run at most 2 workers" in steps_problem(2, 4, global_tokens=2 ** 17, max_tokens=256, max_len=80)
+    assert "no sentence pair to train on" in steps_problem(0, 1, global_tokens=512, max_tokens=256, max_len=80)
 
 
 def test_pairs_longer_than_max_len_or_with_an_empty_side_are_left_out():

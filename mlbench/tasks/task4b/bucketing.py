@@ -15,7 +15,8 @@ and accumulates their gradients. ``A = ceil(global_tokens / (max_tokens * k))`` 
 micro-batches one process does, which is what makes k workers equal one process (for other k
 the global batch grows to the next multiple of k micro-batches). The total target-token count of
 a step, by which the summed loss is divided, is a function of the step's micro-batches, so every
-rank knows it without communicating.
+rank knows it without communicating. An epoch's micro-batches that fill no whole step are left
+out of it, so a corpus too small for one step is refused before it trains (:func:`steps_problem`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,41 @@ def token_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, *, max_token
 def accumulation(world: int, global_tokens: int, max_tokens: int) -> int:
     """Micro-batches each worker accumulates per global step (at least 1)."""
     return max(1, math.ceil(global_tokens / (max_tokens * world)))
+
+
+def steps_problem(batches: int, world: int, *, global_tokens: int, max_tokens: int, max_len: int) -> str | None:
+    """Why an epoch of ``batches`` micro-batches holds no global step on ``world`` workers, and
+    what to set (None: it holds one). The tail of an epoch is dropped, so a corpus smaller than
+    one global step trains nothing."""
+    per_step = world * accumulation(world, global_tokens, max_tokens)
+    if batches >= per_step:
+        return None
+    if batches == 0:
+        return (f"the training data hold no sentence pair to train on (both sides non-empty and at most "
+                f"{max_len - 1} tokens after BPE, max_len {max_len}); give more sentence pairs")
+    have = (f"the training data make {batches} micro-batch{'es' if batches != 1 else ''} of at most {max_tokens:,} "
+            f"tokens (batch_per_worker), fewer than the {per_step} of one step of {global_tokens:,} tokens "
+            f"(global_tokens) on {world} worker{'s' if world != 1 else ''}")
+    fitting = batches // world * world * max_tokens
+    if fitting:
+        return f"{have}: --set global_tokens={fitting} or less, or give more sentence pairs"
+    return f"{have}, fewer than one per worker: run at most {batches} workers, or give more sentence pairs"
+
+
+def corpus_problem(src_lengths: np.ndarray, tgt_lengths: np.ndarray, world: int, *, global_tokens: int,
+                   max_tokens: int, max_len: int, multiple: int = 8) -> str | None:
+    """:func:`steps_problem` for the micro-batches :func:`token_batches` makes of these pairs
+    (their count does not depend on the seed: the cut follows the sorted lengths). A micro-batch
+    holds at most ``max_tokens`` padded tokens, so the pairs' tokens bound the count from below:
+    only a corpus under the bound of one step is cut, and a large one is judged in milliseconds."""
+    src = np.asarray(src_lengths, dtype=np.int64)
+    tgt = np.asarray(tgt_lengths, dtype=np.int64)
+    size = np.maximum(src, tgt)
+    kept = int(size[(np.minimum(src, tgt) >= 2) & (size <= max_len)].sum())
+    if math.ceil(kept / max_tokens) >= world * accumulation(world, global_tokens, max_tokens):
+        return None
+    batches = token_batches(src, tgt, max_tokens=max_tokens, max_len=max_len, multiple=multiple)
+    return steps_problem(len(batches), world, global_tokens=global_tokens, max_tokens=max_tokens, max_len=max_len)
 
 
 @dataclass(frozen=True)

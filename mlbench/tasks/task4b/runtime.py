@@ -30,10 +30,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mlbench.errors import DataError
 from mlbench.tasks.task4b.beam_search import beam_search
 from mlbench.tasks.task4b.bleu import STATISTICS, bleu_from_statistics, bleu_statistics
 from mlbench.tasks.task4b.bpe import BOS, EOS, PAD, Side
-from mlbench.tasks.task4b.bucketing import GlobalBatches, accumulation, token_batches
+from mlbench.tasks.task4b.bucketing import GlobalBatches, accumulation, steps_problem, token_batches
 from mlbench.tasks.data.sharding import eval_shard
 from mlbench.tasks.flops import ANALYTIC_X3, transformer_flops
 from mlbench.tasks.task4b.model import Transformer
@@ -78,22 +79,29 @@ class TranslationRuntime:
     def __init__(self, settings: TranslationSettings = TranslationSettings(), *, data_dir: str | None = None,
                  synthetic: bool = False, rank: int = 0, world: int = 1,
                  device: torch.device = torch.device("cpu"), seed: int = 0, timer: PhaseTimer | None = None):
+        problem = settings.check(world)
+        if problem:
+            raise DataError(f"task4b: {problem}")
         self.s, self.rank, self.world, self.device, self.seed = settings, rank, world, device, seed
         self.timer = timer or PhaseTimer(device, enabled=False)
         self.precision = choose_precision(device, settings.precision)
         self._load(data_dir, synthetic)
+        src, tgt = self.train_sides
+        batches = token_batches(src.lengths() + 1, tgt.lengths() + 1, max_tokens=settings.batch_per_worker,
+                                max_len=settings.max_len, multiple=settings.batch_multiple, seed=seed)
+        problem = steps_problem(len(batches), world, global_tokens=settings.global_tokens,
+                                max_tokens=settings.batch_per_worker, max_len=settings.max_len)
+        if problem:
+            raise DataError(f"task4b: {problem}")
+        self.schedule = GlobalBatches(batches, world, accumulation(world, settings.global_tokens,
+                                                                         settings.batch_per_worker))
+        self._batch_tokens = np.array([int(tgt.lengths()[b].sum()) + len(b) for b in batches], dtype=np.int64)
         torch.manual_seed(seed)  # the same initial weights on every rank
         self.model = Transformer(self.vocab_size, settings.dim, settings.ffn, settings.heads,
                                  settings.encoder_layers, settings.decoder_layers, settings.dropout,
                                  settings.attention_dropout, settings.activation_dropout, pad_id=PAD,
                                  max_positions=max(1024, settings.max_len + settings.decode_extra + 2)
                                  ).to(device)
-        src, tgt = self.train_sides
-        batches = token_batches(src.lengths() + 1, tgt.lengths() + 1, max_tokens=settings.batch_per_worker,
-                                max_len=settings.max_len, multiple=settings.batch_multiple, seed=seed)
-        self.schedule = GlobalBatches(batches, world, accumulation(world, settings.global_tokens,
-                                                                         settings.batch_per_worker))
-        self._batch_tokens = np.array([int(tgt.lengths()[b].sum()) + len(b) for b in batches], dtype=np.int64)
         self.scaler = (DynamicLossScaler([p for p in self.model.parameters() if p.requires_grad], device)
                        if self.precision == "fp16" else None)
         self._attached: Any = None

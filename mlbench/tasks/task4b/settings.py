@@ -59,6 +59,24 @@ class TranslationSettings(TrainingSettings):
         return (f"{self.lr:g}, warmed up linearly from 0 over {self.warmup_steps} steps, then "
                 f"x sqrt({self.warmup_steps} / step)")
 
+    def check(self, workers: int) -> str | None:
+        if self.max_len > self.batch_per_worker:
+            return (f"max_len {self.max_len} exceeds batch_per_worker {self.batch_per_worker}: a pair that long fits "
+                    "no micro-batch; --set a larger batch_per_worker or a smaller max_len")
+        return None
+
+    def check_data(self, prepared: object, workers: int) -> str | None:
+        """Whether the BPE-encoded corpus (:class:`.bpe.EncodedCorpus`) makes one global step."""
+        from mlbench.tasks.task4b.bpe import EncodedCorpus
+        from mlbench.tasks.task4b.bucketing import corpus_problem
+        from mlbench.tasks.task4b.wmt_layout import LANGS, TRAIN
+
+        if not isinstance(prepared, EncodedCorpus):
+            return None
+        src, tgt = (prepared.splits[TRAIN][lang] for lang in LANGS)
+        return corpus_problem(src.lengths() + 1, tgt.lengths() + 1, workers, global_tokens=self.global_tokens,
+                              max_tokens=self.batch_per_worker, max_len=self.max_len, multiple=self.batch_multiple)
+
     def optimizer_values(self) -> dict[str, float]:
         return {"beta1": self.adam_beta1, "beta2": self.adam_beta2, "eps": self.adam_eps,
                 "lr_scale": self.adam_lr_scale}
