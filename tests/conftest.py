@@ -34,6 +34,19 @@ def pytest_configure(config):
     flop_counter_before_tensorflow()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    """The unit lane forbids starting processes (tests/lanes.py): after every plugin's set-up
+    (torch's import runs ldconfig, pytest-benchmark runs ``file``), in the processes that run
+    tests: xdist's workers, or the one process of -n 0."""
+    from tests.lanes import forbid_processes, in_unit_lane
+
+    config = session.config
+    runs_tests = hasattr(config, "workerinput") or config.getoption("numprocesses", None) in (None, 0)
+    if in_unit_lane(config.getoption("markexpr", "") or "") and runs_tests:
+        forbid_processes()
+
+
 def bytecode_for_the_suites_interpreters() -> None:
     """Where the environment forbids bytecode files (``PYTHONDONTWRITEBYTECODE=1``, as on this
     project's machines and CI's), every fresh interpreter the suite starts (Slurm's job
@@ -84,9 +97,14 @@ def flop_counter_before_tensorflow() -> None:
 
 
 # -- parallel sessions: pytest-xdist's workers (tests/scheduling.py) ---------------------------
+@pytest.hookimpl(tryfirst=True)   # the unit marks before -m selects by them
 def pytest_collection_modifyitems(config, items):
+    from tests.lanes import UNIT_MODULES
     from tests.scheduling import order_items
 
+    for item in items:
+        if item.nodeid.split("::")[0] in UNIT_MODULES:
+            item.add_marker(pytest.mark.unit)
     order_items(items)
 
 
