@@ -217,13 +217,18 @@ class CentralizedAdam(DistributedOptimizer):
 
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)
-        # A task whose reference optimizer is Adam (4b) states its own values in its settings;
-        # they replace the defaults, not what the user set.
-        task_values = {k: v for k, v in ctx.spec.settings.optimizer_values().items() if k not in ctx.options}
+        # A task whose reference optimizer is Adam (4b) or AdamW (5a) states its own values in
+        # its settings; they replace the defaults, not what the user set.
+        task_values = {k: v for k, v in ctx.spec.settings.optimizer_values().items()
+                       if k not in ctx.options and k in self.opts}
         o = self.opts = {**self.opts, **task_values}
         self.by = o["by"]
-        self.local = torch.optim.Adam(self.params, lr=0.0, betas=(o["beta1"], o["beta2"]), eps=o["eps"],
-                                      weight_decay=ctx.spec.settings.weight_decay)
+        self.local = self._update(o, ctx.spec.settings.weight_decay)
+
+    def _update(self, o: dict[str, Any], decay: float) -> torch.optim.Optimizer:
+        """The step after the all-reduce: Adam with the task's (coupled) weight decay."""
+        return torch.optim.Adam(self.params, lr=0.0, betas=(o["beta1"], o["beta2"]), eps=o["eps"],
+                                weight_decay=decay)
 
     def step(self, lr: float) -> None:
         self.bytes_sent += average_gradients(self.params, self.ctx.world_size, self.by, self.ctx.group)
@@ -235,33 +240,19 @@ class CentralizedAdam(DistributedOptimizer):
 
 
 @register
-class CentralizedAdamW(DistributedOptimizer):
+class CentralizedAdamW(CentralizedAdam):
     """All-reduced gradients, then AdamW with the task's weight decay decoupled (Loshchilov &
     Hutter 2019), on the matrices only by default: biases, LayerNorms and other vectors are not
     decayed, as llm.c's and nanoGPT's GPT-2 recipes have it (task 5a)."""
 
     info = INFO["centralized-adamw"]
 
-    def __init__(self, ctx: OptimizerContext):
-        super().__init__(ctx)
-        task_values = {k: v for k, v in ctx.spec.settings.optimizer_values().items()
-                       if k not in ctx.options and k in self.opts}
-        o = self.opts = {**self.opts, **task_values}
-        self.by = o["by"]
-        decay = ctx.spec.settings.weight_decay
+    def _update(self, o: dict[str, Any], decay: float) -> torch.optim.Optimizer:
         decayed = [p for p in self.params if o["decay"] == "all" or p.dim() >= 2]
         kept = [p for p in self.params if not (o["decay"] == "all" or p.dim() >= 2)]
         groups = [{"params": decayed, "weight_decay": decay}] + ([{"params": kept, "weight_decay": 0.0}]
                                                                  if kept else [])
-        self.local = torch.optim.AdamW(groups, lr=0.0, betas=(o["beta1"], o["beta2"]), eps=o["eps"])
-
-    def step(self, lr: float) -> None:
-        self.bytes_sent += average_gradients(self.params, self.ctx.world_size, self.by, self.ctx.group)
-        self.ctx.timer.mark("communication")
-        if self.grad_hook_allows_update():
-            set_lr(self.local, lr * self.opts["lr_scale"])
-            self.local.step()
-        self.ctx.timer.mark("optimizer")
+        return torch.optim.AdamW(groups, lr=0.0, betas=(o["beta1"], o["beta2"]), eps=o["eps"])
 
 
 @register
