@@ -23,7 +23,7 @@ from mlbench.results.report import (
     throughput_unit,
 )
 from mlbench.results.goodput import describe_faults, had_faults, recoveries, run_faults, run_workers_label
-from mlbench.results.store import RunRecord
+from mlbench.results.store import ACTIVE_STATES, RunRecord
 from mlbench.network.settings import describe_network, network_label
 from mlbench.results.summary import RunSummary, StepGaps, phase_table
 from mlbench.results.sysmetrics import describe_system, system_metrics
@@ -70,12 +70,22 @@ def state_cell(row: dict[str, Any]) -> str:
     return f"{row['state']} ({count} restart{'s' if count != 1 else ''})" if count else str(row["state"])
 
 
+def time_to_goal_cell(row: dict[str, Any]) -> str:
+    """The time to the goal; else why there is none: ``not reached`` (a run that ended without
+    reaching it), ``no goal`` (synthetic data, task 0a), ``-`` (still running)."""
+    if row.get("time_to_accuracy") is not None:
+        return fmt_duration(row["time_to_accuracy"])
+    if row.get("goal") is None:
+        return "no goal" if row["state"] not in ACTIVE_STATES else "-"
+    return "not reached" if row["state"] not in ACTIVE_STATES else "-"
+
+
 def status_table(runs: list[dict[str, Any]]) -> str:
     """The table of `mlbench status`, from :func:`mlbench.results.report.run_overview` rows (an
     open run's division cell says its first reason: ``open: optimizer=my-sgd@1a2b3c4d5e6f``)."""
     rows = [[r["id"], r["name"], r["task"], r["framework"], r["workers_text"], state_cell(r), division_cell(r),
              f"{r['epoch']:.2f}" if r["epoch"] is not None else "-",
-             r["metric_text"], fmt_duration(r["time_to_accuracy"]), fmt_time(r["created_at"])]
+             r["metric_text"], time_to_goal_cell(r), fmt_time(r["created_at"])]
             for r in runs]
     return tabulate(rows, headers=["ID", "NAME", "TASK", "FRAMEWORK", "WORKERS", "STATE", "DIVISION", "EPOCH",
                                    "METRIC", "TIME TO GOAL", "CREATED"], disable_numparse=True)

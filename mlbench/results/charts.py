@@ -86,7 +86,7 @@ def family_labels(families: Sequence[Family]) -> dict[Family, str]:
         "optimizer": lambda f: f.optimizer,
         "model": lambda f: f"model {f.model}" if f.model else "the task's model",
         "hardware": lambda f: f.hardware,
-        "goal": lambda f: (f"goal {task_metric(f.task).format(f.goal)}" if f.goal is not None
+        "goal": lambda f: (f"goal {task_metric(f.task).describe_goal(f.goal)}" if f.goal is not None
                            else "no goal"),
         "network": lambda f: f"network {f.network}" if f.network else "network not emulated",
         "faults": lambda f: f.faults or "no faults",

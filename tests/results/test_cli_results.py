@@ -216,3 +216,14 @@ def test_a_run_that_ended_without_a_result_shows_how_far_it_got_on_every_surface
         assert (shown["epoch"], shown["metric_value"], shown["metric_text"]) == (1.0, final, cell)
         page = served.call("GET", f"/api/runs/{run.id}")["run"]
         assert (page["epoch"], page["metric_value"]) == (1.0, final)
+
+
+def test_the_status_table_tells_a_missed_goal_from_no_goal_and_from_a_run_still_going():
+    from mlbench.cli.format import time_to_goal_cell
+
+    row = {"time_to_accuracy": None, "goal": 0.8, "state": "finished"}
+    assert time_to_goal_cell(row) == "not reached"
+    assert time_to_goal_cell({**row, "state": "failed"}) == "not reached"
+    assert time_to_goal_cell({**row, "goal": None}) == "no goal"          # synthetic data, task 0a
+    assert time_to_goal_cell({**row, "state": "running"}) == "-"
+    assert time_to_goal_cell({**row, "time_to_accuracy": 61.0, "state": "finished"}) == "0:01:01"

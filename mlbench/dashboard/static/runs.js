@@ -41,7 +41,9 @@
       el("td", { class: "num", "data-col": "epoch" }, fmt.num(row.epoch)),
       el("td", { class: "num", "data-col": "metric" }, row.metric_text),
       el("td", { class: "num", "data-col": "throughput" }, row.throughput ? fmt.rate(row.throughput, row.throughput_unit) : "-"),
-      el("td", { class: "num", "data-col": "tta" }, fmt.dur(row.time_to_accuracy)),
+      // as `mlbench status` says it: a missed goal is not a run without one
+      el("td", { class: "num", "data-col": "tta" }, row.time_to_accuracy !== null && row.time_to_accuracy !== undefined
+        ? fmt.dur(row.time_to_accuracy) : active ? "-" : row.goal === null || row.goal === undefined ? "no goal" : "not reached"),
       el("td", { class: "muted" }, fmt.time(row.created_at)),
       el("td", {},
         active ? el("button", { class: "small cancel", onclick: () => cancel(row) }, "Cancel") : null, " ",
