@@ -106,6 +106,7 @@ class RunInfo:
     optimizer: str
     model: str | None              # a model plug-in's NAME@SHA12; None: the task's own model
     framework: str
+    network: str | None            # the emulated network ("10 Mbit/s, 5 ms"); None: not shaped
     division_text: str             # "closed", or "open: " and why (mlbench.results.division)
     open_reasons: list[str]        # what made the run open division; empty for a closed run
     launcher: str

@@ -21,7 +21,7 @@ from mlbench.results.store import RunStore
 from tests.helpers import events, mlbench, run_json, wait_for
 
 OVERVIEW_KEYS = {"id", "name", "task", "workers", "workers_text", "state", "reason", "restarts", "division",
-                 "optimizer", "model", "framework",
+                 "optimizer", "model", "framework", "network",
                  "division_text", "open_reasons",
                  "launcher", "seed", "group_id", "created_at", "started_at", "finished_at", "epoch",
                  "metric", "metric_value", "metric_title", "metric_unit", "metric_text", "goal", "goal_reached",

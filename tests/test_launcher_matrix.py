@@ -205,6 +205,11 @@ def test_torchrun_started_again_on_a_finished_record_only_run_refuses_in_one_lin
     assert (run.run_dir / "events" / "rank-0.jsonl").read_bytes() == events
     details = json.loads(mlbench("status", run.id, "-o", "json", check=True).stdout)
     assert details["state"] == "finished" and details["summary"]["steps"] == 4, details
+    # seen first when it had ended: its start is still its workers' first record, and status names
+    # the launcher that `-o json` did
+    assert details["started_at"] is not None and details["started_at"] <= details["finished_at"], details
+    shown = mlbench("status", run.id, check=True).stdout
+    assert re.search(rf"launcher\s+{details['launcher']}\n", shown) and re.search(r"started\s+\d{4}-", shown), shown
 
 
 def test_a_worker_given_a_folder_that_is_no_run_says_so_in_one_line(tmp_path):

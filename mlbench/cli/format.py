@@ -83,12 +83,12 @@ def time_to_goal_cell(row: dict[str, Any]) -> str:
 def status_table(runs: list[dict[str, Any]]) -> str:
     """The table of `mlbench status`, from :func:`mlbench.results.report.run_overview` rows (an
     open run's division cell says its first reason: ``open: optimizer=my-sgd@1a2b3c4d5e6f``)."""
-    rows = [[r["id"], r["name"], r["task"], r["framework"], r["workers_text"], state_cell(r), division_cell(r),
-             f"{r['epoch']:.2f}" if r["epoch"] is not None else "-",
+    rows = [[r["id"], r["name"], r["task"], r["framework"], r["workers_text"], r.get("network") or "-",
+             state_cell(r), division_cell(r), f"{r['epoch']:.2f}" if r["epoch"] is not None else "-",
              r["metric_text"], time_to_goal_cell(r), fmt_time(r["created_at"])]
             for r in runs]
-    return tabulate(rows, headers=["ID", "NAME", "TASK", "FRAMEWORK", "WORKERS", "STATE", "DIVISION", "EPOCH",
-                                   "METRIC", "TIME TO GOAL", "CREATED"], disable_numparse=True)
+    return tabulate(rows, headers=["ID", "NAME", "TASK", "FRAMEWORK", "WORKERS", "NETWORK", "STATE", "DIVISION",
+                                   "EPOCH", "METRIC", "TIME TO GOAL", "CREATED"], disable_numparse=True)
 
 
 class ProgressPrinter:
@@ -173,7 +173,8 @@ def print_run_details(run: RunRecord, summary: RunSummary, events: list[dict[str
             ["workers", run_workers_label(run)],
             ["state", run.state + (f" ({run.reason})" if run.reason else "")],
             ["division", run_division(run).text], ["optimizer", run.optimizer],
-            ["created", fmt_time(run.created_at)],
+            ["launcher", run.launcher], ["created", fmt_time(run.created_at)],
+            ["started", fmt_time(run.started_at) if run.started_at else "not yet" if run.active else "-"],
             ["epoch", f"{summary.epoch:.2f}"], ["steps", summary.steps],
             ["training time", fmt_duration(summary.train_time)]]
     plugins = run_plugins(run)

@@ -90,6 +90,10 @@ class ExternalLauncher(Launcher):
         if not record.active:
             return record
         outcome = read_outcome(record.run_dir)
+        if record.started_at is None and outcome.started_at is not None and \
+                (outcome.result is not None or outcome.error is not None):
+            # it ended before anything looked: its start is still its workers' first record
+            self.store.update(record.id, started_at=outcome.started_at)
         if outcome.result is not None:
             self._record_hosts(record)
             self.store.mark_ended(record.id, FINISHED, result=outcome.result)

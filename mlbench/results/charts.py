@@ -60,21 +60,30 @@ def write_charts(comparison: Comparison, out_dir: str | Path,
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    drawers = {"speedup": speedup_chart, "cost": cost_chart, "loss-accuracy": loss_accuracy_chart,
-               "communication": communication_chart, "network": network_chart, "bandwidth": bandwidth_chart,
-               "faults": fault_chart}
-    names: tuple[str, ...] = SWEEP_CHART_NAMES if is_sweep(comparison) else CHART_NAMES
-    names += ("network",) if network_axis(comparison) and not is_sweep(comparison) else ()
-    names += ("faults",) if had_faults(comparison) and not is_sweep(comparison) else ()
     written = []
-    for name in names:
-        fig = drawers[name](comparison)
+    for name, fig in chart_figures(comparison).items():
         for fmt in formats:
             path = out / f"{comparison.task}-{name}.{fmt}"
             with replacing(path) as f:  # whole, and never through a link planted at its name
                 fig.savefig(f, format=fmt, dpi=100, metadata=_metadata(fmt))
             written.append(path)
     return written
+
+
+def chart_names(comparison: Comparison) -> tuple[str, ...]:
+    """The figures `mlbench charts` draws of ``comparison``, in the order it writes them."""
+    if is_sweep(comparison):
+        return SWEEP_CHART_NAMES
+    return (CHART_NAMES + (("network",) if network_axis(comparison) else ())
+            + (("faults",) if had_faults(comparison) else ()))
+
+
+def chart_figures(comparison: Comparison) -> dict[str, Figure]:
+    """Every figure of :func:`chart_names`, drawn, by name."""
+    drawers = {"speedup": speedup_chart, "cost": cost_chart, "loss-accuracy": loss_accuracy_chart,
+               "communication": communication_chart, "network": network_chart, "bandwidth": bandwidth_chart,
+               "faults": fault_chart}
+    return {name: drawers[name](comparison) for name in chart_names(comparison)}
 
 
 def family_labels(families: Sequence[Family]) -> dict[Family, str]:

@@ -25,7 +25,7 @@ from mlbench.results.checkpoints import checkpoint_root
 from mlbench.results.checkpoints import summary as checkpoint_summary
 from mlbench.results.division import run_division
 from mlbench.results.fairness import fairness_notes, group_flags
-from mlbench.network.settings import format_rate
+from mlbench.network.settings import format_rate, network_label
 from mlbench.results.fingerprint import NAMED_KEYS, follows_optimizer
 from mlbench.results.events import read_run_events
 from mlbench.results.timeline import run_timeline
@@ -409,12 +409,16 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
     reached = result.reached if result and result.goal is not None else None
     model = _model_plugin_label(record)
     division = run_division(record)
+    document = RunDocument.load_or_none(record.run_dir)
     return {
         "id": record.id, "name": record.name, "task": record.task, "workers": record.workers,
         "workers_text": run_workers_label(record),
         "state": record.state, "reason": record.reason, "restarts": run_restarts(record),
         "division": division.name,
-        "optimizer": record.optimizer, "model": model, "framework": framework_of(record),
+        "optimizer": record.optimizer, "model": model,
+        "framework": document.config.framework if document is not None else "pytorch",
+        # the emulated network's label (``10 Mbit/s, 5 ms``), None where it was not shaped
+        "network": (network_label(document.extra.get("network")) or None) if document is not None else None,
         "division_text": division.text, "open_reasons": list(division.reasons),
         "launcher": record.launcher, "seed": record.seed, "group_id": record.group_id, "created_at": record.created_at,
         "started_at": record.started_at, "finished_at": record.finished_at,
@@ -478,8 +482,8 @@ def describe_plugin(plugin: dict[str, Any] | None) -> str | None:
 
 #: The keys of :func:`run_overview`, in its order: what `status --sort` orders by.
 OVERVIEW_FIELDS = ("id", "name", "task", "workers", "workers_text", "state", "reason", "restarts", "division",
-                   "optimizer", "model", "framework", "division_text", "open_reasons", "launcher", "seed", "group_id",
-                   "created_at", "started_at", "finished_at", "epoch", "metric",
+                   "optimizer", "model", "framework", "network", "division_text", "open_reasons", "launcher", "seed",
+                   "group_id", "created_at", "started_at", "finished_at", "epoch", "metric",
                    "metric_value", "metric_title", "metric_unit", "metric_text", "goal", "goal_reached",
                    "time_to_accuracy")
 

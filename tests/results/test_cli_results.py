@@ -227,3 +227,14 @@ def test_the_status_table_tells_a_missed_goal_from_no_goal_and_from_a_run_still_
     assert time_to_goal_cell({**row, "goal": None}) == "no goal"          # synthetic data, task 0a
     assert time_to_goal_cell({**row, "state": "running"}) == "-"
     assert time_to_goal_cell({**row, "time_to_accuracy": 61.0, "state": "finished"}) == "0:01:01"
+
+
+def test_status_shows_each_runs_network_in_its_table_and_its_json(store):
+    shaped = record_run(store, workers=2, tta=5.0, network=NetworkSettings(10e6).to_dict())
+    plain = record_run(store, workers=2, tta=5.0, seed=1)
+    table = invoke("status").output.splitlines()
+    assert table[0].split()[:6] == ["ID", "NAME", "TASK", "FRAMEWORK", "WORKERS", "NETWORK"]
+    cells = {line.split()[0]: line.split("  ") for line in table[2:]}
+    assert any(c.strip() == "10 Mbit/s" for c in cells[shaped.id]), cells
+    runs = {r["id"]: r for r in json.loads(invoke("status", "-o", "json").output)["runs"]}
+    assert (runs[shaped.id]["network"], runs[plain.id]["network"]) == ("10 Mbit/s", None)

@@ -1,0 +1,170 @@
+"""`mlbench charts` of twelve families, measured with matplotlib's own geometry.
+
+Every figure that `charts` writes is drawn on the Agg canvas and measured in pixels: each legend
+and title lies wholly inside the figure, no legend covers a plotting area, and each of the twelve
+families has a colour of its own.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_hex
+from matplotlib.figure import Figure
+from matplotlib.legend import Legend
+from matplotlib.transforms import Bbox
+
+from mlbench.network.settings import NetworkSettings
+from mlbench.results.charts import chart_figures, family_labels
+from mlbench.results.compare import Comparison, compare_runs
+from mlbench.results.events import FileSink
+from mlbench.results.report import group_label
+from mlbench.results.store import FINISHED, RunRecord, RunStore
+from mlbench.tasks.records import spec_to_dict
+from mlbench.tasks.registry import TASKS
+
+from tests.results.recorded import T0, record_run
+
+FAMILIES = 12
+#: Mbit/s of the twelve emulated networks
+RATES = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 200, 500)
+#: the smallest plotting area a figure keeps, in inches
+MIN_PLOT = (2.0, 1.2)
+
+
+@pytest.fixture
+def store():
+    return RunStore()
+
+
+def optimizers(store: RunStore) -> list[RunRecord]:
+    """Twelve optimizers on 1, 2 and 4 workers, two repeats on 2."""
+    return [record_run(store, workers=k, tta=5.0 / k, wall=6.0 / k, seed=seed, optimizer=f"optimizer-{i:02d}",
+                       communication=tuple(0.2 * (i + 1) for _ in range(k)))
+            for i in range(FAMILIES) for k in (1, 2, 4) for seed in ((0, 1) if k == 2 else (0,))]
+
+
+def networks(store: RunStore) -> list[RunRecord]:
+    """Twelve emulated bandwidths on 1 and 2 workers: the network figure too."""
+    return [record_run(store, workers=k, tta=5.0 + 100 / rate, wall=6.0 + 100 / rate, network=NetworkSettings(rate * 1e6).to_dict())
+            for rate in RATES for k in (1, 2)]
+
+
+def faults(store: RunStore) -> list[RunRecord]:
+    """Twelve fault schedules on 2 and 4 workers: the figure of fault timelines too."""
+    return [record_run(store, workers=k, tta=20.0 / k, wall=40.0 / k, train_time=60.0, inject=(f"kill:rank=1,every={30 + i}s",),
+                       on_failure="restart", restarts=({"lost_steps": i, "recovered_s": 2.5},))
+            for i in range(FAMILIES) for k in (2, 4)]
+
+
+def sweeps(store: RunStore) -> list[RunRecord]:
+    """Task 0a's all-reduce sweep at twelve emulated bandwidths on 2 workers."""
+    return [record_sweep(store, NetworkSettings(rate * 1e6).to_dict()) for rate in RATES]
+
+
+def record_sweep(store: RunStore, network: dict) -> RunRecord:
+    """A finished 2-worker task0a run, written as the workers write one."""
+    rows = [{"dtype": "fp32", "elements": n, "bytes": 4 * n, "iterations": 20, "time_s": t,
+             "algbw_gbps": 4 * n / t / 1e9, "busbw_gbps": 4 * n / t / 1e9, "wrong": 0}
+            for n, t in ((1, 3e-4), (1000, 1e-3), (100_000, 1e-2))]
+    record = store.create(task="task0a", workers=2, division="closed",
+                          run_json={"task": "task0a", "division": "closed", "changed": [], "network": network,
+                                    "config": {"task": spec_to_dict(TASKS["task0a"]), "workers": 2,
+                                               "device": "cpu", "seed": 0}})
+    sink = FileSink(record.run_dir, 0)
+    for i, row in enumerate(rows):
+        sink.write({"time": T0 + i, "rank": 0, "epoch": 0, "step": i + 1, "name": "allreduce", "value": row})
+    result = {"goal": None, "kind": "allreduce", "backend": "gloo", "device": "cpu", "workers": 2, "rows": rows,
+              "wrong": 0, "steps": 60, "epochs": 0.0, "train_time": 0.5, "eval_time": 0.0,
+              "stop_reason": "sweep complete"}
+    sink.write({"time": T0 + 3, "rank": 0, "epoch": 0, "step": 60, "name": "result", "value": result})
+    sink.close()
+    store.update(record.id, state=FINISHED, started_at=T0, finished_at=T0 + 3, result=result)
+    return store.get(record.id)
+
+
+def family_keys(comparison: Comparison) -> list[str]:
+    """The text that names each family in a legend entry: its label (a group's for task 0a)."""
+    if comparison.task == "task0a":
+        return [group_label(g, emulated=True) for g in comparison.groups]
+    return list(family_labels(list(comparison.families())).values())
+
+
+def drawn(fig: Figure):
+    """The figure laid out and drawn on the Agg canvas, and its renderer."""
+    FigureCanvasAgg(fig)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a layout that could not be applied warns
+        fig.canvas.draw()
+    return fig.canvas.get_renderer()
+
+
+def legends(fig: Figure) -> list[Legend]:
+    return [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
+
+
+def titles(fig: Figure) -> list:
+    """The figure's title and every axes' titles that have text."""
+    texts = [fig._suptitle, *(t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title))]
+    return [t for t in texts if t is not None and t.get_text()]
+
+
+def inside(inner: Bbox, outer: Bbox, slack: float = 0.5) -> bool:
+    return (inner.x0 >= outer.x0 - slack and inner.y0 >= outer.y0 - slack
+            and inner.x1 <= outer.x1 + slack and inner.y1 <= outer.y1 + slack)
+
+
+def overlap(a: Bbox, b: Bbox) -> float:
+    """Pixels² the two boxes share."""
+    return max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0)) * max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
+
+
+def entry_colours(fig: Figure) -> dict[str, set[str]]:
+    """Each legend entry's text and the colours of its keys, as hex."""
+    colours: dict[str, set[str]] = {}
+    for legend in legends(fig):
+        for text, handle in zip(legend.get_texts(), legend.legend_handles, strict=True):
+            colour = handle.get_color() if hasattr(handle, "get_color") else handle.get_facecolor()
+            colours.setdefault(text.get_text().replace("\n", " "), set()).add(to_hex(colour))
+    return colours
+
+
+@pytest.mark.parametrize("recorded, charts", [
+    (optimizers, ["speedup", "cost", "loss-accuracy", "communication"]),
+    (networks, ["speedup", "cost", "loss-accuracy", "communication", "network"]),
+    (faults, ["speedup", "cost", "loss-accuracy", "communication", "faults"]),
+    (sweeps, ["bandwidth"]),
+], ids=["optimizers", "networks", "faults", "sweeps"])
+def test_charts_of_twelve_families_keep_legends_beside_the_plots_titles_whole_and_a_colour_each(
+        store, recorded, charts):
+    comparison = compare_runs(recorded(store))
+    keys = family_keys(comparison)
+    assert len(keys) == FAMILIES
+    figures = chart_figures(comparison)
+    assert list(figures) == charts
+    for name, fig in figures.items():
+        renderer = drawn(fig)
+        where = f"{name}: "
+        for title in titles(fig):
+            assert inside(title.get_window_extent(renderer), fig.bbox), where + f"title {title.get_text()!r} is clipped"
+        for legend in legends(fig):
+            box = legend.get_window_extent(renderer)
+            assert inside(box, fig.bbox), where + f"a legend runs off the figure: {box} in {fig.bbox}"
+            assert min(t.get_fontsize() for t in legend.get_texts()) >= 7, where + "legend text too small"
+            for ax in fig.axes:
+                assert overlap(box, ax.get_window_extent(renderer)) == 0, where + "a legend covers a plot"
+        for ax in fig.axes:
+            plot = ax.get_window_extent(renderer)
+            assert (plot.width / fig.dpi, plot.height / fig.dpi) >= MIN_PLOT, where + f"a plot of {plot.size} px"
+        if name in ("network", "faults"):  # lines per optimizer and worker count; timelines per run
+            continue
+        colours = entry_colours(fig)
+        family_colours = []
+        for key in keys:
+            named = [c for text, cs in colours.items() if key in text for c in cs]
+            assert named, where + f"no legend entry names {key!r}: {sorted(colours)}"
+            assert len(set(named)) == 1, where + f"{key!r} has several colours: {named}"
+            family_colours.append(named[0])
+        assert len(set(family_colours)) == FAMILIES, where + f"families share colours: {family_colours}"
