@@ -27,6 +27,7 @@ UNIT_MODULES: tuple[str, ...] = (
     "tests/language/test_data.py",
     "tests/language/test_models.py",
     "tests/language/test_training_pieces.py",
+    "tests/results/test_charts.py",
     "tests/results/test_cli_results.py",
     "tests/results/test_compare.py",
     "tests/results/test_cost.py",

@@ -14,15 +14,17 @@ clock with its faults and restarts marked. Task 0a's runs (the all-reduce sweep)
 instead: bandwidth against message size. Every value and target is labelled by the task's metric
 (:mod:`mlbench.tasks.metrics`): a perplexity is never drawn as a percentage.
 Figures are drawn on matplotlib's Agg canvas without pyplot: no display, no global state between
-calls.
+calls. A figure's legend stands to the right of its plots and the figure widens to hold it; titles
+wrap to the width of their plots; each family has a colour of :data:`COLOURS`.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from collections.abc import Sequence
 
 from mlbench.extras import needs
@@ -47,9 +49,17 @@ SWEEP_CHART_NAMES = ("bandwidth",)
 FORMATS = ("png", "svg")
 #: The fault timelines drawn in one figure at most (the first runs with faults, in compare's order).
 MAX_TIMELINES = 6
-_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
-            "#17becf", "#7f7f7f", "#bcbd22")
-_STYLES = ("-", "--", ":", "-.")
+#: Twelve colours that colour-blind readers tell apart too: Paul Tol's qualitative scheme as CARTO
+#: publishes it ("Safe", https://carto.com/carto-colors), the strongest first.
+COLOURS = ("#332288", "#cc6677", "#117733", "#88ccee", "#aa4499", "#ddcc77", "#44aa99", "#882255",
+           "#999933", "#661100", "#6699cc", "#888888")
+#: The markers and hatches that tell apart the families that share a colour, one per round of COLOURS.
+_MARKERS = ("o", "s", "^", "D")
+_HATCHES = ("", "//", "..", "xx")
+_STYLES: tuple[Literal["-", "--", ":", "-."], ...] = ("-", "--", ":", "-.")
+#: Legend text: its size (points) and the characters of a line before it wraps.
+_LEGEND_FONTSIZE = 8
+_LEGEND_LINE = 40
 
 
 def write_charts(comparison: Comparison, out_dir: str | Path,
@@ -121,29 +131,35 @@ def speedup_chart(comparison: Comparison) -> Figure:
     families = comparison.families()
     labels = family_labels(list(families))
     counts = sorted({g.workers for g in comparison.groups})
-    drawn = False
+    bases = set()
     for i, (family, groups) in enumerate(families.items()):
         # (workers, speedup, its range): the two are set together (compare._add_speedup)
         points = [(g.workers, g.speedup, g.speedup_range) for g in groups
                   if g.speedup is not None and g.speedup_range is not None]
         if not points:
             continue
-        drawn = True
         x = [k for k, _, _ in points]
         y = [s for _, s, _ in points]
         low = [s - r[0] for _, s, r in points]
         high = [r[1] - s for _, s, r in points]
-        ax.errorbar(x, y, yerr=[low, high], marker="o", capsize=4, color=_colour(i),
+        ax.errorbar(x, y, yerr=[low, high], marker=_marker(i), capsize=4, color=_colour(i),
                     label=f"{labels[family]} ({family.metric})")
         base = min(g.workers for g in groups)
+        bases.add(base)
         ideal_x = [k for k in counts if k >= base]
-        ax.plot(ideal_x, [k / base for k in ideal_x], linestyle="--", color=_colour(i), alpha=0.4,
-                label=f"ideal (linear) from {base} worker{'s' if base > 1 else ''}")
+        ax.plot(ideal_x, [k / base for k in ideal_x], linestyle="--", color=_colour(i), alpha=0.4)
     _worker_axis(ax, counts, log=True)
     ax.set_ylabel("speedup (x)")
-    ax.set_title(f"{comparison.task}: speedup relative to the fewest workers")
-    if drawn:
-        ax.legend(fontsize=8)
+    _title(fig, ax, f"{comparison.task}: speedup relative to the fewest workers")
+    if bases:
+        from matplotlib.lines import Line2D
+
+        base = min(bases)
+        start = (f"from {base} worker{'s' if base > 1 else ''}" if len(bases) == 1
+                 else "from each line's fewest workers")
+        handles, texts = ax.get_legend_handles_labels()
+        _legend(fig, [*handles, Line2D([], [], linestyle="--", color="#555555", alpha=0.6)],
+                [*texts, f"ideal (linear) {start}"])
         _footnote(fig, "median of the repeats; bars: slowest to fastest run")
     else:
         _empty(ax, "no run reached its goal: no time to goal to compare")
@@ -167,17 +183,18 @@ def cost_chart(comparison: Comparison) -> Figure:
         err = [[cost.median - cost.minimum for _, cost in bars],
                [cost.maximum - cost.median if math.isfinite(cost.maximum) else 0.0
                 for _, cost in bars]]
-        ax.bar(x, y, width=width, yerr=err, capsize=3, color=_colour(i), label=labels[family])
+        ax.bar(x, y, width=width, yerr=err, capsize=3, color=_colour(i), hatch=_hatch(i), edgecolor="white",
+               label=labels[family])
     ax.set_xticks(range(len(counts)), [str(k) for k in counts])
     ax.set_xlabel("number of workers")
     ax.set_ylabel("cost to goal (USD)")
-    ax.set_title(f"{comparison.task}: cost of training to the goal")
+    _title(fig, ax, f"{comparison.task}: cost of training to the goal")
     if comparison.usd_per_node_hour is None:
         price = "no price given: local runs cost $0 (use --price-per-hour or --instance)"
     else:
         price = f"at ${comparison.usd_per_node_hour:.4g} per node-hour"
     if drawn:
-        ax.legend(fontsize=8)
+        _legend(fig, *ax.get_legend_handles_labels())
         _footnote(fig, f"node-seconds to the goal (evaluation included) {price}")
     else:
         _empty(ax, "no run reached its goal: no cost to goal")
@@ -186,17 +203,21 @@ def cost_chart(comparison: Comparison) -> Figure:
 
 def loss_accuracy_chart(comparison: Comparison) -> Figure:
     """Training loss and the goal metric (test accuracy, perplexity, BLEU: the task's) over
-    training time, with the goal as the target line."""
+    training time, with the goal as the target line. Of several families, the colour is the
+    family's and the line style the worker count's; of one, the colour is the worker count's."""
     fig = _new_figure(figsize=(10, 4.2))
     loss_ax, acc_ax = fig.subplots(1, 2)
     metric = task_metric(comparison.task)
     families = comparison.families()
     labels = family_labels(list(families))
     multi = len(families) > 1 or not only_pytorch(list(families))
+    counts = sorted({g.workers for groups in families.values() for g in groups})
     goals = set()
     for f_index, (family, groups) in enumerate(families.items()):
-        for g_index, g in enumerate(groups):
-            colour, style = _colour(g_index), _STYLES[f_index % len(_STYLES)]
+        for g in groups:
+            w_index = counts.index(g.workers)
+            colour = _colour(f_index if multi else w_index)
+            style = _STYLES[w_index % len(_STYLES)] if multi else "-"
             label = f"{g.workers} worker{'s' if g.workers > 1 else ''}"
             label = f"{label}, {labels[family]}" if multi else label
             lead = representative(g)
@@ -210,72 +231,76 @@ def loss_accuracy_chart(comparison: Comparison) -> Figure:
                          if "time" in e and metric.name in e]
                 if evals:
                     t, acc = zip(*evals)
-                    acc_ax.plot(t, [metric.display(a) for a in acc], style, marker="o", ms=3,
+                    acc_ax.plot(t, [metric.display(a) for a in acc], style, marker=_marker(f_index), ms=3,
                                 color=colour, alpha=alpha, lw=lw, label=name)
         if family.goal is not None:
             goals.add(family.goal)
     for goal in sorted(goals):
-        acc_ax.axhline(metric.display(goal), color="black", linestyle=":", lw=1.2,
-                       label=f"target {metric.format(goal)}")
+        acc_ax.axhline(metric.display(goal), color="black", lw=1.0, label=f"target {metric.format(goal)}")
     loss_ax.set_title("training loss vs training time")
     loss_ax.set_xlabel("training time (s)")
     loss_ax.set_ylabel("training loss")
-    acc_ax.set_title(f"{metric.title} vs training time")
+    _title(fig, acc_ax, f"{metric.title} vs training time", columns=2)
     acc_ax.set_xlabel("training time (s)")
     acc_ax.set_ylabel(metric.axis_label)
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.suptitle(f"{comparison.task}: loss and {metric.title} over time per worker count "
-                 "(bold: median run; faint: other repeats)", fontsize=11)
+    # in the loss axes' order, the target last; with the metric's markers
+    entries = {text: handle for ax in (loss_ax, acc_ax) for handle, text in zip(*ax.get_legend_handles_labels())}
+    if entries:
+        _legend(fig, list(entries.values()), list(entries))
+    _suptitle(fig, f"{comparison.task}: loss and {metric.title} over time per worker count "
+              "(bold: median run; faint: other repeats)")
     return fig
 
 
-#: The hatches that tell apart the bars of families beyond what their shade can.
-_HATCHES = ("", "//", "..", "xx", "\\\\", "++", "--", "oo")
-
-
-def bar_style(index: int, families: int) -> tuple[float, str]:
-    """(alpha, hatch) of family ``index`` of ``families`` in a bar figure: shades from 1.0 down to
-    0.35 spread over the families, and a hatch per run of shades, so that any number of families
-    stays drawable and each pair differs."""
-    alpha = 1.0 - 0.65 * (index % 4) / 3 if families > 1 else 1.0
-    return round(alpha, 3), _HATCHES[(index // 4) % len(_HATCHES)]
-
-
 def communication_chart(comparison: Comparison) -> Figure:
+    """The split of step time per worker count, a stacked bar per family in its colour:
+    computation solid, communication light and hatched, the ratio of the two above it."""
+    from matplotlib.patches import Patch
+
     fig, ax = _figure()
     families = comparison.families()
     labels = family_labels(list(families))
+    named = len(families) > 1 or not only_pytorch(list(families))
     counts = sorted({g.workers for g in comparison.groups})
     width = 0.8 / max(1, len(families))
+    keys: list[tuple[Patch, str]] = []
     for i, (family, groups) in enumerate(families.items()):
-        shares = [(g, g.communication_share) for g in groups]
-        bars = [g for g, share in shares if share is not None]
+        bars = [g for g in groups if g.communication_share is not None]
+        if not bars:
+            continue
         x = [counts.index(g.workers) + (i - (len(families) - 1) / 2) * width for g in bars]
-        comm = [100 * share for _, share in shares if share is not None]
+        comm = [100 * (g.communication_share or 0.0) for g in bars]
         comp = [100 - c for c in comm]
-        suffix = f" ({labels[family]})" if len(families) > 1 or not only_pytorch(list(families)) else ""
-        alpha, hatch = bar_style(i, len(families))
-        ax.bar(x, comp, width=width, color="#4c72b0", alpha=alpha, hatch=hatch, edgecolor="white",
-               label=f"computation{suffix}")
-        ax.bar(x, comm, width=width, bottom=comp, color="#dd8452", alpha=alpha, hatch=hatch,
-               edgecolor="white", label=f"communication{suffix}")
+        computation, communication = _split_styles(_colour(i), _hatch(i))
+        ax.bar(x, comp, width=width, **computation)
+        ax.bar(x, comm, width=width, bottom=comp, **communication)
+        if named:
+            keys.append((Patch(**computation), labels[family]))
         for xx, g in zip(x, bars):
             ratio = g.communication_seconds / g.compute_seconds if g.compute_seconds else float("inf")
-            ax.text(xx, 101, f"{ratio:.2f}", ha="center", va="bottom", fontsize=8)
+            ax.text(xx, 101, f"{ratio:.2f}", ha="center", va="bottom", fontsize=8 if len(families) < 4 else 7,
+                    rotation=0 if len(families) < 4 else 90)
     ax.set_xticks(range(len(counts)), [str(k) for k in counts])
     ax.set_ylim(0, 112)
     ax.set_xlabel("number of workers")
     ax.set_ylabel("share of step time (%)")
-    ax.set_title(f"{comparison.task}: communication vs computation time")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="lower left")
+    _title(fig, ax, f"{comparison.task}: communication vs computation time")
+    if ax.patches:
+        computation, communication = _split_styles(_colour(0) if not named else "#777777", "")
+        keys += [(Patch(**computation), "computation"), (Patch(**communication), "communication")]
+        _legend(fig, [key for key, _ in keys], [text for _, text in keys])
         _footnote(fig, "all workers of all runs; number above a bar: communication/computation ratio")
     else:
         _empty(ax, "no phase times recorded (runs made with --no-timing)")
     return fig
+
+
+def _split_styles(colour: str, hatch: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The bar styles of computation (solid ``colour``) and communication (light, hatched in it)."""
+    return ({"facecolor": colour, "edgecolor": "white", "linewidth": 0.5, "hatch": hatch},
+            {"facecolor": _light(colour), "edgecolor": colour, "linewidth": 0.5, "hatch": "////"})
 
 
 def network_axis(comparison: Comparison) -> str | None:
@@ -323,12 +348,12 @@ def network_chart(comparison: Comparison) -> Figure:
         if any(math.isfinite(t) for t in tta):
             tta_ax.plot([a for a, t in zip(x, tta, strict=True) if math.isfinite(t)],
                         [t for t in tta if math.isfinite(t)],
-                        marker="o", color=_colour(i), label=label)
+                        marker=_marker(i), color=_colour(i), label=label)
         for ax, series in ((epoch_ax, [_median_epoch_seconds(g) for g in groups]),
                            (bytes_ax, [g.bytes_per_step for g in groups])):
             if any(v is not None for v in series):
                 ax.plot([a for a, v in zip(x, series, strict=True) if v is not None],
-                        [v for v in series if v is not None], marker="o", color=_colour(i), label=label)
+                        [v for v in series if v is not None], marker=_marker(i), color=_colour(i), label=label)
     values = sorted({value for points in lines.values() for value, _ in points})
     for ax, title, ylabel in ((tta_ax, f"time to goal vs {axis}", "time to goal (s)"),
                               (epoch_ax, f"time per epoch vs {axis}", "training seconds per epoch"),
@@ -339,23 +364,26 @@ def network_chart(comparison: Comparison) -> Figure:
             ax.set_xlabel("emulated bandwidth per worker and direction")
         else:
             ax.set_xlabel("emulated one-way latency between workers")
-        ax.set_xticks([v / scale for v in values], [ticks(v) if v else "0" for v in values])
+        slant = {"rotation": 45, "ha": "right", "rotation_mode": "anchor"} if len(values) > 4 else {}
+        ax.set_xticks([v / scale for v in values], [ticks(v) if v else "0" for v in values], **slant)
         ax.minorticks_off()
         ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        _title(fig, ax, title, columns=3)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-        else:
+        if not ax.get_legend_handles_labels()[0]:
             _empty(ax, "no run reached its goal" if ax is tta_ax else "no finished epoch" if ax is epoch_ax
                    else "no step")
-    fig.suptitle(f"{comparison.task}: the network dimension (median of the repeats)", fontsize=11)
+    entries = {text: handle for ax in (tta_ax, epoch_ax, bytes_ax)
+               for handle, text in zip(*ax.get_legend_handles_labels())}
+    if entries:
+        _legend(fig, list(entries.values()), list(entries))
+    _suptitle(fig, f"{comparison.task}: the network dimension (median of the repeats)")
     return fig
 
 
 def _line_text(key: tuple, index: int, task: str) -> str:
     optimizer, workers, division, hardware, goal, rest, framework = key
-    return [optimizer, f"{workers} workers", f"{division} division", hardware,
+    return [optimizer, f"{workers} worker{'s' if workers > 1 else ''}", f"{division} division", hardware,
             f"goal {task_metric(task).format(goal)}" if goal is not None else "no goal",
             rest or "no latency", framework][index]
 
@@ -379,14 +407,14 @@ def bandwidth_chart(comparison: Comparison) -> Figure:
                 continue
             drawn = True
             ax.plot([b for b, _ in points], [v for _, v in points], _STYLES[j % len(_STYLES)],
-                    marker="o", ms=3, color=_colour(i), label=f"{group_label(g, emulated)}, {dtype}")
+                    marker=_marker(i), ms=3, color=_colour(i), label=f"{group_label(g, emulated)}, {dtype}")
     ax.set_xscale("log")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel(" / ".join(sorted(metrics)) + " (GB/s)" if metrics else "bandwidth (GB/s)")
-    ax.set_title(f"{comparison.task}: all-reduce bandwidth vs message size")
+    _title(fig, ax, f"{comparison.task}: all-reduce bandwidth vs message size")
     if drawn:
         ax.set_yscale("log")
-        ax.legend(fontsize=8)
+        _legend(fig, *ax.get_legend_handles_labels())
         _footnote(fig, "nccl-tests' bus bandwidth (algorithm bandwidth on one worker); median of the repeats")
     else:
         _empty(ax, "no measurement above 0 GB/s")
@@ -451,9 +479,9 @@ def fault_chart(comparison: Comparison) -> Figure:
                     rotation=90, va="top", ha="left", fontsize=7, color="#d62728")
         faults = run.faults
         goodput = f"goodput {100 * faults['goodput']:.1f}%" if faults.get("goodput") is not None else "no goodput"
-        ax.set_title(f"run {run.record.id}, {run.record.workers} workers: {goodput}, "
-                     f"{recoveries(faults)}, {faults.get('lost_steps', 0)} steps lost",
-                     fontsize=9)
+        title = (f"run {run.record.id}, {run.record.workers} workers: {goodput}, {recoveries(faults)}, "
+                 f"{faults.get('lost_steps', 0)} steps lost")
+        ax.set_title(_wrapped(title, fig.get_figwidth() - 2.6, 9), fontsize=9)   # less the legend beside
         ax.set_ylabel("training loss")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
@@ -463,7 +491,7 @@ def fault_chart(comparison: Comparison) -> Figure:
         _empty(axes[0], "no run with faults")
     if len(runs) > len(shown):
         _footnote(fig, f"the first {len(shown)} of {len(runs)} runs with faults")
-    fig.suptitle(f"{comparison.task}: faults and restarts on the training loss", fontsize=11)
+    _suptitle(fig, f"{comparison.task}: faults and restarts on the training loss")
     return fig
 
 
@@ -475,11 +503,15 @@ def _median_epoch_seconds(group: Group) -> float | None:
 
 # -- helpers ------------------------------------------------------------------------------------
 def _new_figure(figsize: tuple[float, float]) -> Figure:
-    """A matplotlib figure (imported here: matplotlib is the ``charts`` extra)."""
+    """A matplotlib figure on the Agg canvas, which measures its text (imported here: matplotlib
+    is the ``charts`` extra)."""
     with needs("charts"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-    return Figure(figsize=figsize, layout="constrained")
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def _figure() -> tuple[Figure, Axes]:
@@ -490,7 +522,59 @@ def _figure() -> tuple[Figure, Axes]:
 
 
 def _colour(i: int) -> str:
-    return _COLOURS[i % len(_COLOURS)]
+    return COLOURS[i % len(COLOURS)]
+
+
+def _marker(i: int) -> str:
+    """The marker of line ``i``: the same for the first len(COLOURS), another for each round after."""
+    return _MARKERS[i // len(COLOURS) % len(_MARKERS)]
+
+
+def _hatch(i: int) -> str:
+    """The hatch of bar ``i``: none for the first len(COLOURS), another for each round after."""
+    return _HATCHES[i // len(COLOURS) % len(_HATCHES)]
+
+
+def _light(colour: str) -> tuple[float, float, float]:
+    """``colour`` mixed 60:40 with white."""
+    from matplotlib.colors import to_rgb
+
+    r, g, b = to_rgb(colour)
+    return (0.4 * r + 0.6, 0.4 * g + 0.6, 0.4 * b + 0.6)
+
+
+def _legend(fig: Figure, handles: Sequence[Any], texts: Sequence[str]) -> None:
+    """The figure's legend to the right of its axes, its entries wrapped at :data:`_LEGEND_LINE`
+    characters, in as many columns as its height needs. The figure widens by the legend's width,
+    so the plots keep theirs."""
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas of _new_figure
+    wrapped = [textwrap.fill(text, _LEGEND_LINE, break_long_words=False, break_on_hyphens=False)
+               for text in texts]
+    room = 0.9 * fig.bbox.height
+    for columns in range(1, len(wrapped) + 1):
+        legend = fig.legend(handles, wrapped, loc="outside right upper", ncols=columns, fontsize=_LEGEND_FONTSIZE)
+        box = legend.get_window_extent(renderer)
+        if box.height <= room or columns == len(wrapped):
+            break
+        legend.remove()
+    fig.set_figwidth(fig.get_figwidth() + box.width / fig.dpi)
+
+
+def _title(fig: Figure, ax: Axes, text: str, columns: int = 1) -> None:
+    """The axes' title, wrapped into lines as wide as an axes of a row of ``columns``."""
+    ax.set_title(_wrapped(text, fig.get_figwidth() / columns - 1.0, float(ax.title.get_fontsize())))
+
+
+def _suptitle(fig: Figure, text: str) -> None:
+    """The figure's title, centred over its plots: left of the legend beside them, if any."""
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas of _new_figure
+    plots = fig.get_figwidth() - sum(legend.get_window_extent(renderer).width / fig.dpi for legend in fig.legends)
+    fig.suptitle(_wrapped(text, plots - 0.4, 11), x=plots / 2 / fig.get_figwidth(), fontsize=11)
+
+
+def _wrapped(text: str, inches: float, points: float) -> str:
+    """``text`` in lines of at most ``inches``, at 0.6 em a character (wider than the mean)."""
+    return textwrap.fill(text, max(20, int(inches * 72 / (0.6 * points))), break_long_words=False)
 
 
 def _worker_axis(ax: Axes, counts: list[int], log: bool) -> None:

@@ -1,13 +1,16 @@
 """`mlbench charts` of twelve families, measured with matplotlib's own geometry.
 
 Every figure that `charts` writes is drawn on the Agg canvas and measured in pixels: each legend
-and title lies wholly inside the figure, no legend covers a plotting area, and each of the twelve
-families has a colour of its own.
+and title lies wholly inside the figure, no legend covers a plotting area or a title, every plot
+keeps a legible size, no two tick labels touch, and each of the twelve families has a colour of
+its own.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
+from itertools import pairwise
 
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -29,7 +32,7 @@ from tests.results.recorded import T0, record_run
 
 FAMILIES = 12
 #: Mbit/s of the twelve emulated networks
-RATES = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 200, 500)
+RATES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 #: the smallest plotting area a figure keeps, in inches
 MIN_PLOT = (2.0, 1.2)
 
@@ -48,14 +51,23 @@ def optimizers(store: RunStore) -> list[RunRecord]:
 
 def networks(store: RunStore) -> list[RunRecord]:
     """Twelve emulated bandwidths on 1 and 2 workers: the network figure too."""
-    return [record_run(store, workers=k, tta=5.0 + 100 / rate, wall=6.0 + 100 / rate, network=NetworkSettings(rate * 1e6).to_dict())
+    return [record_run(store, workers=k, tta=5.0 + 100 / rate, wall=6.0 + 100 / rate,
+                       network=NetworkSettings(rate * 1e6).to_dict())
             for rate in RATES for k in (1, 2)]
+
+
+def optimizers_at_two_bandwidths(store: RunStore) -> list[RunRecord]:
+    """Twelve optimizers on 2 workers at two bandwidths: 24 families, and 12 lines in the network figure."""
+    return [record_run(store, workers=2, tta=5.0 + 100 / rate, wall=6.0 + 100 / rate, optimizer=f"optimizer-{i:02d}",
+                       network=NetworkSettings(rate * 1e6).to_dict())
+            for i in range(FAMILIES) for rate in (100, 1000)]
 
 
 def faults(store: RunStore) -> list[RunRecord]:
     """Twelve fault schedules on 2 and 4 workers: the figure of fault timelines too."""
-    return [record_run(store, workers=k, tta=20.0 / k, wall=40.0 / k, train_time=60.0, inject=(f"kill:rank=1,every={30 + i}s",),
-                       on_failure="restart", restarts=({"lost_steps": i, "recovered_s": 2.5},))
+    return [record_run(store, workers=k, tta=20.0 / k, wall=40.0 / k, train_time=60.0,
+                       inject=(f"kill:rank=1,every={30 + i}s",), on_failure="restart",
+                       restarts=({"lost_steps": i, "recovered_s": 2.5},))
             for i in range(FAMILIES) for k in (2, 4)]
 
 
@@ -85,10 +97,13 @@ def record_sweep(store: RunStore, network: dict) -> RunRecord:
     return store.get(record.id)
 
 
-def family_keys(comparison: Comparison) -> list[str]:
-    """The text that names each family in a legend entry: its label (a group's for task 0a)."""
-    if comparison.task == "task0a":
+def twelve(comparison: Comparison, kind: str) -> list[str]:
+    """The texts that name the twelve in legend entries: the families' labels, the groups' (task
+    0a's lines) or the optimizers (the network figure's lines)."""
+    if kind == "group":
         return [group_label(g, emulated=True) for g in comparison.groups]
+    if kind == "optimizer":
+        return sorted({f.optimizer for f in comparison.families()})
     return list(family_labels(list(comparison.families())).values())
 
 
@@ -106,7 +121,7 @@ def legends(fig: Figure) -> list[Legend]:
 
 
 def titles(fig: Figure) -> list:
-    """The figure's title and every axes' titles that have text."""
+    """The figure's title and every axes' titles that have text (matplotlib keeps them private)."""
     texts = [fig._suptitle, *(t for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title))]
     return [t for t in texts if t is not None and t.get_text()]
 
@@ -121,6 +136,20 @@ def overlap(a: Bbox, b: Bbox) -> float:
     return max(0.0, min(a.x1, b.x1) - max(a.x0, b.x0)) * max(0.0, min(a.y1, b.y1) - max(a.y0, b.y0))
 
 
+def ticks_apart(ax, renderer) -> bool:
+    """Whether no two of the axes' x tick labels touch: level ones by their boxes, slanted ones by
+    the distance between their parallel baselines against the height of a line."""
+    labels = [t for t in ax.get_xticklabels() if t.get_text()]
+    slanted = [t for t in labels if t.get_rotation() % 180]
+    if not slanted:
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        return not any(overlap(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    x = sorted(ax.transData.transform((value, 0))[0] for value in ax.get_xticks())
+    height = max(t.get_fontsize() for t in slanted) * ax.figure.dpi / 72
+    sine = abs(math.sin(math.radians(slanted[0].get_rotation())))
+    return all((b - a) * sine >= height for a, b in pairwise(x))
+
+
 def entry_colours(fig: Figure) -> dict[str, set[str]]:
     """Each legend entry's text and the colours of its keys, as hex."""
     colours: dict[str, set[str]] = {}
@@ -131,35 +160,50 @@ def entry_colours(fig: Figure) -> dict[str, set[str]]:
     return colours
 
 
-@pytest.mark.parametrize("recorded, charts", [
-    (optimizers, ["speedup", "cost", "loss-accuracy", "communication"]),
-    (networks, ["speedup", "cost", "loss-accuracy", "communication", "network"]),
-    (faults, ["speedup", "cost", "loss-accuracy", "communication", "faults"]),
-    (sweeps, ["bandwidth"]),
-], ids=["optimizers", "networks", "faults", "sweeps"])
+#: per scenario: the figures `charts` draws and, per figure, what names the twelve that have a colour
+#: each (None: no twelve there, e.g. the fault timelines of six runs)
+SCENARIOS = {
+    "optimizers": (optimizers, {"speedup": "family", "cost": "family", "loss-accuracy": "family",
+                                "communication": "family"}),
+    "networks": (networks, {"speedup": "family", "cost": "family", "loss-accuracy": "family",
+                            "communication": "family", "network": None}),
+    "optimizers at two bandwidths": (optimizers_at_two_bandwidths, {
+        "speedup": None, "cost": None, "loss-accuracy": None, "communication": None, "network": "optimizer"}),
+    "faults": (faults, {"speedup": "family", "cost": "family", "loss-accuracy": "family",
+                        "communication": "family", "faults": None}),
+    "sweeps": (sweeps, {"bandwidth": "group"}),
+}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_charts_of_twelve_families_keep_legends_beside_the_plots_titles_whole_and_a_colour_each(
-        store, recorded, charts):
+        store, scenario):
+    recorded, charts = SCENARIOS[scenario]
     comparison = compare_runs(recorded(store))
-    keys = family_keys(comparison)
-    assert len(keys) == FAMILIES
     figures = chart_figures(comparison)
-    assert list(figures) == charts
+    assert list(figures) == list(charts)
     for name, fig in figures.items():
         renderer = drawn(fig)
         where = f"{name}: "
+        boxes = [legend.get_window_extent(renderer) for legend in legends(fig)]
         for title in titles(fig):
-            assert inside(title.get_window_extent(renderer), fig.bbox), where + f"title {title.get_text()!r} is clipped"
-        for legend in legends(fig):
-            box = legend.get_window_extent(renderer)
+            box = title.get_window_extent(renderer)
+            assert inside(box, fig.bbox), where + f"title {title.get_text()!r} is clipped"
+            assert not any(overlap(box, legend) for legend in boxes), where + f"a legend covers {title.get_text()!r}"
+        for legend, box in zip(legends(fig), boxes, strict=True):
             assert inside(box, fig.bbox), where + f"a legend runs off the figure: {box} in {fig.bbox}"
             assert min(t.get_fontsize() for t in legend.get_texts()) >= 7, where + "legend text too small"
             for ax in fig.axes:
                 assert overlap(box, ax.get_window_extent(renderer)) == 0, where + "a legend covers a plot"
         for ax in fig.axes:
             plot = ax.get_window_extent(renderer)
-            assert (plot.width / fig.dpi, plot.height / fig.dpi) >= MIN_PLOT, where + f"a plot of {plot.size} px"
-        if name in ("network", "faults"):  # lines per optimizer and worker count; timelines per run
+            assert plot.width / fig.dpi >= MIN_PLOT[0] and plot.height / fig.dpi >= MIN_PLOT[1], \
+                where + f"a plot of {plot.size} px"
+            assert ticks_apart(ax, renderer), where + f"tick labels collide: {ax.get_xticklabels()}"
+        if charts[name] is None:
             continue
+        keys = twelve(comparison, charts[name])
+        assert len(keys) == FAMILIES
         colours = entry_colours(fig)
         family_colours = []
         for key in keys:

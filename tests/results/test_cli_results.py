@@ -96,11 +96,9 @@ def test_charts_write_the_four_figures_even_when_no_run_reached_its_goal(store, 
         "task1a-communication.png", "task1a-cost.png", "task1a-loss-accuracy.png", "task1a-speedup.png"]
 
 
-def test_charts_of_twelve_families_are_written_each_family_its_own_shade(store, tmp_path):
-    """Twelve optimizers' families on 1 and 2 workers: every figure is written (the
-    communication figure's bars were faded by 0.25 a family, and failed below zero from the
-    sixth: 'alpha (-0.25) is outside 0-1 range')."""
-    from mlbench.results.charts import bar_style
+def test_charts_of_twelve_families_are_written(store, tmp_path):
+    """Twelve optimizers' families on 1 and 2 workers: every figure is written (test_charts.py
+    measures their legends, titles and colours)."""
     from mlbench.results.compare import compare_runs
 
     runs = [record_run(store, workers=k, tta=5.0 / k, optimizer=f"optimizer-{i}") for i in range(12) for k in (1, 2)]
@@ -108,8 +106,6 @@ def test_charts_of_twelve_families_are_written_each_family_its_own_shade(store, 
     result = invoke("charts", *(r.id for r in runs), "--out-dir", tmp_path, "--format", "png")
     assert result.exit_code == 0, result.output
     assert len(list(tmp_path.iterdir())) == 4
-    styles = [bar_style(i, 12) for i in range(12)]
-    assert len(set(styles)) == 12 and all(0.3 <= alpha <= 1.0 for alpha, _ in styles)
 
 
 def test_charts_take_the_folder_as_out_dir_and_the_old_o_with_a_deprecation_line(store, tmp_path):
