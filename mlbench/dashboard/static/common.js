@@ -77,13 +77,14 @@ const MB = (() => {
 
   function badge(state) { return el("span", { class: `badge ${state}`, "data-state": state }, state); }
 
-  /** Asks before something that cannot be undone; resolves true when confirmed. */
-  function confirmDialog(text, action = "Delete") {
+  /** Asks before something that cannot be undone; resolves true when confirmed (`action`),
+   *  false when dismissed (`keep`, Escape). */
+  function confirmDialog(text, action = "Delete", keep = "Cancel") {
     return new Promise((resolve) => {
       const dialog = el("dialog", { class: "confirm" },
         el("p", {}, text),
         el("div", { class: "buttons" },
-          el("button", { type: "button", class: "cancel", onclick: () => dialog.close("no") }, "Cancel"),
+          el("button", { type: "button", class: "cancel", onclick: () => dialog.close("no") }, keep),
           el("button", { type: "button", class: "danger confirm-yes", onclick: () => dialog.close("yes") }, action)));
       dialog.addEventListener("close", () => { dialog.remove(); resolve(dialog.returnValue === "yes"); });
       document.body.append(dialog);

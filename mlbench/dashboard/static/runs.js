@@ -1,4 +1,6 @@
-/* The runs page: the table of `mlbench status`, live, with filters, compare, cancel and delete. */
+/* The runs page: the table of `mlbench status`, live, with filters, search, sorting, compare,
+   cancel and delete. The sort and the search are the page's state: every render (a live update
+   included) applies them to all the rows it has. */
 "use strict";
 
 (() => {
@@ -8,9 +10,39 @@
   const selected = new Set();
   const tbody = document.querySelector("#runs tbody");
   const filters = [...document.querySelectorAll(".filters select")];
+  const search = document.getElementById("search");
   const NO_NETWORK = "unshaped";
+  // what each sortable column sorts by: numbers numerically, text in natural order; a missing
+  // value (a run without a time to goal, a run not yet measured) comes last either way
+  const SORT_KEYS = {
+    id: (r) => r.id, name: (r) => r.name, task: (r) => r.task, framework: (r) => r.framework,
+    workers: (r) => r.workers, state: (r) => r.state, division: (r) => r.division_text,
+    network: (r) => r.network, epoch: (r) => r.epoch, metric: (r) => r.metric_value,
+    throughput: (r) => r.throughput, tta: (r) => r.time_to_accuracy, created: (r) => r.created_at,
+  };
+  const SEARCHED = ["id", "name", "task", "optimizer", "state"];
+  const sort = { key: "created", descending: true };  // newest first until a header is clicked
 
   const valueOf = (row, key) => (key === "network" ? row.network || NO_NETWORK : row[key]);
+  const missing = (v) => v === null || v === undefined || v === "";
+
+  function compareRows(a, b) {
+    const key = SORT_KEYS[sort.key], x = key(a), y = key(b);
+    if (missing(x) || missing(y)) {
+      if (missing(x) !== missing(y)) return missing(x) ? 1 : -1;
+    } else {
+      const order = typeof x === "number" && typeof y === "number" ? x - y
+        : String(x).localeCompare(String(y), undefined, { numeric: true, sensitivity: "base" });
+      if (order) return sort.descending ? -order : order;
+    }
+    return b.created_at - a.created_at || a.id.localeCompare(b.id);
+  }
+
+  function matchesSearch(row) {
+    const words = search.value.trim().toLowerCase().split(/\s+/).filter(Boolean);
+    const text = SEARCHED.map((key) => String(row[key] ?? "")).join(" ").toLowerCase();
+    return words.every((word) => text.includes(word));
+  }
 
   function refreshFilters() {
     for (const select of filters) {
@@ -22,7 +54,7 @@
   }
 
   function shown(row) {
-    return filters.every((s) => !s.value || String(valueOf(row, s.dataset.key)) === s.value);
+    return filters.every((s) => !s.value || String(valueOf(row, s.dataset.key)) === s.value) && matchesSearch(row);
   }
 
   function cells(row) {
@@ -44,20 +76,41 @@
       // as `mlbench status` says it: a missed goal is not a run without one
       el("td", { class: "num", "data-col": "tta" }, row.time_to_accuracy !== null && row.time_to_accuracy !== undefined
         ? fmt.dur(row.time_to_accuracy) : active ? "-" : row.goal === null || row.goal === undefined ? "no goal" : "not reached"),
-      el("td", { class: "muted" }, fmt.time(row.created_at)),
-      el("td", {},
+      el("td", { class: "muted", "data-col": "created" }, fmt.time(row.created_at)),
+      el("td", { class: "actions" },
         active ? el("button", { class: "small cancel", onclick: () => cancel(row) }, "Cancel") : null, " ",
         el("button", { class: "small danger delete", onclick: () => remove(row) }, "Delete")),
     ];
   }
 
   function render(changed = new Set()) {
-    const ordered = [...rows.values()].sort((a, b) => b.created_at - a.created_at);
-    const visible = ordered.filter(shown);
+    const visible = [...rows.values()].filter(shown).sort(compareRows);
     tbody.replaceChildren(...visible.map((row) => el("tr", {
       "data-id": row.id, "data-state": row.state, class: changed.has(row.id) ? "flash" : null }, cells(row))));
     document.getElementById("empty").classList.toggle("hidden", rows.size > 0);
+    document.getElementById("no-match").classList.toggle("hidden", rows.size === 0 || visible.length > 0);
+    document.getElementById("shown").textContent = rows.size ? `${visible.length} of ${rows.size} runs shown` : "";
+    showSort();
     updateCompare();
+  }
+
+  function showSort() {
+    for (const th of document.querySelectorAll("#runs th[data-sort]")) {
+      const here = th.dataset.sort === sort.key;
+      th.setAttribute("aria-sort", here ? (sort.descending ? "descending" : "ascending") : "none");
+      th.querySelector(".arrow").textContent = here ? (sort.descending ? "\u25BC" : "\u25B2") : "";
+    }
+  }
+
+  /** A header sorts by its column, ascending; clicking it again reverses the order. */
+  for (const th of document.querySelectorAll("#runs th[data-sort]")) {
+    const label = th.textContent;
+    th.replaceChildren(el("button", { type: "button", class: "sort", title: `sort by ${label.toLowerCase()}`,
+      onclick: () => {
+        sort.descending = sort.key === th.dataset.sort ? !sort.descending : false;
+        sort.key = th.dataset.sort;
+        render();
+      } }, label, el("span", { class: "arrow", "aria-hidden": "true" })));
   }
 
   function updateCompare() {
@@ -77,8 +130,12 @@
   }
 
   async function cancel(row) {
-    try { await api(`/api/runs/${row.id}/cancel`, { method: "POST" }); }
-    catch (err) { alert(err.message); }
+    const question = `Cancel run ${row.id} (${row.name})? Its workers are stopped; what it recorded so far is kept.`;
+    if (!(await MB.confirmDialog(question, "Cancel run", "Keep running"))) return;
+    try {
+      const ended = await api(`/api/runs/${row.id}/cancel`, { method: "POST" });
+      if (rows.has(row.id)) { rows.set(row.id, { ...rows.get(row.id), state: ended.state, reason: ended.reason }); render(); }
+    } catch (err) { alert(err.message); }
   }
 
   async function remove(row) {
@@ -98,6 +155,7 @@
     render();
   });
   for (const select of filters) select.addEventListener("change", () => render());
+  search.addEventListener("input", () => render());
 
   MB.stream({ runs: 1 }, {
     runs(message) {
