@@ -4,8 +4,11 @@ Reads ``RUN_DIR/run.json``, joins the torch.distributed group, trains, and recor
 Without ``--rank`` the rank, world size and rendezvous come from the launcher that started it
 (torchrun, srun, mpirun: :mod:`mlbench.worker.launcher_env`); the number of workers it started
 must be the run's.
-Exit codes: 0 done; 1 failed (the reason is the last ``error`` event and the log); 143 stopped by
-SIGTERM. A user mistake (missing data, ...) is recorded as one line, never as a traceback only.
+Exit codes: 0 done; 1 failed (the reason is the last ``error`` event and the log); 2 a usage
+error before anything was recorded (RUN_DIR holds no run, or its run has finished already); 4 a
+failure no restart can mend (:data:`mlbench.worker.failures.PERMANENT_EXIT`: bad data, a full
+disk); 143 stopped by SIGTERM. A user mistake (missing data, ...) is recorded as one line, never
+as a traceback only.
 
 A run with checkpoints (``--checkpoint-every``) stops cleanly on SIGTERM (Ctrl-C, cancel): the
 signal only asks; the workers agree on it at their next clock check (a fraction of a second),

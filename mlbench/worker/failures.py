@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from mlbench.errors import DataError, DivergedError, MlbenchError, UsageError
 from mlbench.results.events import EventWriter
 
-#: The exit code of a worker whose failure no restart can mend (0 done, 1 failed, 143 stopped).
+#: The exit code of a worker whose failure no restart can mend (0 done, 1 failed, 2 usage, 143 stopped).
 PERMANENT_EXIT = 4
 #: The event, right after the ``error`` event, that says why no restart can mend it.
 PERMANENT_EVENT = "error/permanent"
