@@ -211,6 +211,23 @@ class CentralizedSGD(DistributedOptimizer):
         return static_loss
 
 
+def adam_update(params: list[torch.nn.Parameter], o: dict[str, Any], decay: float) -> torch.optim.Adam:
+    """centralized-adam's step after the all-reduce (options ``o``: betas, eps): Adam with the
+    task's weight decay coupled to the gradient (``fsdp`` applies it to its shards too)."""
+    return torch.optim.Adam(params, lr=0.0, betas=(o["beta1"], o["beta2"]), eps=o["eps"], weight_decay=decay)
+
+
+def adamw_update(params: list[torch.nn.Parameter], o: dict[str, Any], decay: float) -> torch.optim.AdamW:
+    """centralized-adamw's step after the all-reduce (options ``o``: betas, eps, ``decay``
+    matrices or all): AdamW with the task's weight decay decoupled, on the tensors of two or more
+    dimensions unless ``decay`` is all (``fsdp`` applies it to its shards too)."""
+    decayed = [p for p in params if o["decay"] == "all" or p.dim() >= 2]
+    kept = [p for p in params if not (o["decay"] == "all" or p.dim() >= 2)]
+    groups = [{"params": decayed, "weight_decay": decay}] + ([{"params": kept, "weight_decay": 0.0}]
+                                                             if kept else [])
+    return torch.optim.AdamW(groups, lr=0.0, betas=(o["beta1"], o["beta2"]), eps=o["eps"])
+
+
 @register
 class CentralizedAdam(DistributedOptimizer):
     info = INFO["centralized-adam"]
@@ -226,9 +243,7 @@ class CentralizedAdam(DistributedOptimizer):
         self.local = self._update(o, ctx.spec.settings.weight_decay)
 
     def _update(self, o: dict[str, Any], decay: float) -> torch.optim.Optimizer:
-        """The step after the all-reduce: Adam with the task's (coupled) weight decay."""
-        return torch.optim.Adam(self.params, lr=0.0, betas=(o["beta1"], o["beta2"]), eps=o["eps"],
-                                weight_decay=decay)
+        return adam_update(self.params, o, decay)
 
     def step(self, lr: float) -> None:
         self.bytes_sent += average_gradients(self.params, self.ctx.world_size, self.by, self.ctx.group)
@@ -248,11 +263,7 @@ class CentralizedAdamW(CentralizedAdam):
     info = INFO["centralized-adamw"]
 
     def _update(self, o: dict[str, Any], decay: float) -> torch.optim.Optimizer:
-        decayed = [p for p in self.params if o["decay"] == "all" or p.dim() >= 2]
-        kept = [p for p in self.params if not (o["decay"] == "all" or p.dim() >= 2)]
-        groups = [{"params": decayed, "weight_decay": decay}] + ([{"params": kept, "weight_decay": 0.0}]
-                                                                 if kept else [])
-        return torch.optim.AdamW(groups, lr=0.0, betas=(o["beta1"], o["beta2"]), eps=o["eps"])
+        return adamw_update(self.params, o, decay)
 
 
 @register

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from mlbench.optim.base import DistributedOptimizer, OptimizerContext, local_sgd, set_lr
+from mlbench.optim.centralized import adam_update, adamw_update
 from mlbench.optim.descriptors import INFO, optimizer_info
 from mlbench.optim.registry import register
 
@@ -38,20 +39,15 @@ def _units(model: nn.Module) -> list[nn.Module]:
 
 def _task_update(ctx: OptimizerContext, params: list[nn.Parameter]) -> tuple[torch.optim.Optimizer, float]:
     """The task's reference update on ``params`` and its rate scale: what the task's reference
-    optimizer applies after its all-reduce, with the task's values of its options."""
+    optimizer applies after its all-reduce, with its defaults and the task's values of its options."""
     settings = ctx.spec.settings
     reference = ctx.spec.optimizer
     if reference not in ("centralized-adam", "centralized-adamw"):
         return local_sgd(ctx, params), 1.0
     info = optimizer_info(reference)
     o = {**{k: opt.default for k, opt in info.options.items()}, **settings.optimizer_values()}
-    betas = (o["beta1"], o["beta2"])
-    if reference == "centralized-adam":
-        return torch.optim.Adam(params, lr=0.0, betas=betas, eps=o["eps"], weight_decay=settings.weight_decay), \
-            o["lr_scale"]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": settings.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=0.0, betas=betas, eps=o["eps"]), o["lr_scale"]
+    update = adam_update if reference == "centralized-adam" else adamw_update
+    return update(params, o, settings.weight_decay), o["lr_scale"]
 
 
 @register
