@@ -16,6 +16,7 @@ from mlbench.results.report import (
     describe_resumes,
     fmt_duration,
     framework_of,
+    no_time_to_goal,
     run_plugins,
     run_recovery,
     task_metric,
@@ -23,7 +24,7 @@ from mlbench.results.report import (
     throughput_unit,
 )
 from mlbench.results.goodput import describe_faults, had_faults, recoveries, run_faults, run_workers_label
-from mlbench.results.store import ACTIVE_STATES, RunRecord
+from mlbench.results.store import RunRecord
 from mlbench.network.settings import describe_network, network_label
 from mlbench.results.summary import RunSummary, StepGaps, phase_table
 from mlbench.results.sysmetrics import describe_system, system_metrics
@@ -71,13 +72,10 @@ def state_cell(row: dict[str, Any]) -> str:
 
 
 def time_to_goal_cell(row: dict[str, Any]) -> str:
-    """The time to the goal; else why there is none: ``not reached`` (a run that ended without
-    reaching it), ``no goal`` (synthetic data, task 0a), ``-`` (still running)."""
+    """The time to the goal; else why there is none (:func:`~mlbench.results.report.no_time_to_goal`)."""
     if row.get("time_to_accuracy") is not None:
         return fmt_duration(row["time_to_accuracy"])
-    if row.get("goal") is None:
-        return "no goal" if row["state"] not in ACTIVE_STATES else "-"
-    return "not reached" if row["state"] not in ACTIVE_STATES else "-"
+    return no_time_to_goal(row["state"], row.get("goal"))
 
 
 def status_table(runs: list[dict[str, Any]]) -> str:

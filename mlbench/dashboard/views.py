@@ -22,7 +22,7 @@ from mlbench.results.outcome import AllreduceResult, read_result
 from mlbench.results.report import (bandwidth_matrix, compare_headers, compare_notes, compare_row, describe_checkpoints,
                                     describe_plugin, describe_result, describe_resumes, run_recovery,
                                     framework_of, difference_lines, differs_in_network, family_heading, group_label,
-                                    had_faults, is_sweep,
+                                    had_faults, is_sweep, no_time_to_goal,
                                     run_progress, sweep_table, task_metric, throughput_unit)
 from mlbench.results.division import run_division
 from mlbench.results.fairness import group_flags
@@ -75,6 +75,7 @@ def run_row(source_key: str, record: RunRecord, summary: RunSummary | None,
     progress = run_progress(record, summary)
     config = run_json.get("config") or {}
     division = run_division(record)
+    goal = _goal(config, record)
     return {
         "id": record.id, "name": record.name, "task": record.task, "workers": record.workers,
         "workers_text": run_workers_label(record, run_json), "state": record.state, "reason": record.reason,
@@ -84,7 +85,8 @@ def run_row(source_key: str, record: RunRecord, summary: RunSummary | None,
         "device": config.get("device"), "network": run_network(run_json),
         "epoch": progress.epoch, "accuracy": progress.accuracy,
         "metric": progress.metric.name, "metric_value": progress.accuracy, "metric_text": progress.metric_text,
-        "time_to_accuracy": progress.time_to_accuracy, "goal": _goal(config, record),
+        "time_to_accuracy": progress.time_to_accuracy, "goal": goal,
+        "no_time_to_goal": no_time_to_goal(record.state, goal),
         "throughput": progress.throughput, "throughput_unit": throughput_unit(record.task),
         "created_at": record.created_at, "started_at": record.started_at,
         "finished_at": record.finished_at, "group_id": record.group_id,

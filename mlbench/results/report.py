@@ -33,7 +33,7 @@ from mlbench.results.goodput import run_faults, run_restarts, run_workers_label
 from mlbench.results.outcome import AllreduceResult, Outcome, fmt_duration, read_result
 from mlbench.results.repeats import RepeatStats
 from mlbench.plugins import SHORT_HASH, plugin_label
-from mlbench.results.store import RunRecord
+from mlbench.results.store import ACTIVE_STATES, RunRecord
 from mlbench.results.summary import RunSummary, phase_table, summarize
 from mlbench.results.sysmetrics import format_bytes, format_fraction, system_metrics
 from mlbench.tasks.metrics import ACCURACY, LATENCY, Metric, get_metric
@@ -428,6 +428,15 @@ def run_overview(record: RunRecord, summary: RunSummary | None = None) -> dict[s
         "goal": result.goal if result else None, "goal_reached": reached,
         "time_to_accuracy": result.time_to_accuracy if result and reached else None,
     }
+
+
+def no_time_to_goal(state: str, goal: float | None) -> str:
+    """Why a run has no time to the goal, as `status` and the dashboard's runs table say it:
+    ``not reached`` (it ended without reaching it), ``no goal`` (synthetic data, task 0a), ``-``
+    (still running)."""
+    if state in ACTIVE_STATES:
+        return "-"
+    return "no goal" if goal is None else "not reached"
 
 
 def framework_of(record: RunRecord) -> str:

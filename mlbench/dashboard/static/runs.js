@@ -75,7 +75,7 @@
       el("td", { class: "num", "data-col": "throughput" }, row.throughput ? fmt.rate(row.throughput, row.throughput_unit) : "-"),
       // as `mlbench status` says it: a missed goal is not a run without one
       el("td", { class: "num", "data-col": "tta" }, row.time_to_accuracy !== null && row.time_to_accuracy !== undefined
-        ? fmt.dur(row.time_to_accuracy) : active ? "-" : row.goal === null || row.goal === undefined ? "no goal" : "not reached"),
+        ? fmt.dur(row.time_to_accuracy) : row.no_time_to_goal),
       el("td", { class: "muted", "data-col": "created" }, fmt.time(row.created_at)),
       el("td", { class: "actions" },
         active ? el("button", { class: "small cancel", onclick: () => cancel(row) }, "Cancel") : null, " ",
