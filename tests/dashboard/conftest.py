@@ -10,6 +10,7 @@ with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import shutil
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -111,6 +113,17 @@ def stop_dashboard(lab: Lab) -> None:
     except subprocess.TimeoutExpired:
         lab.server.kill()
         lab.server.wait()
+
+
+@contextlib.contextmanager
+def serving(base: Path, preexec_fn=None) -> Iterator[Lab]:
+    """:func:`start_dashboard`, stopped when the block ends; it has printed its address first."""
+    lab = start_dashboard(base, preexec_fn)
+    try:
+        assert lab.url
+        yield lab
+    finally:
+        stop_dashboard(lab)
 
 
 @pytest.fixture(scope="module")

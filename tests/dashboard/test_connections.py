@@ -14,7 +14,7 @@ import time
 import pytest
 
 from mlbench.dashboard.connections import HEAD_SECONDS
-from tests.dashboard.conftest import Lab, start_dashboard, stop_dashboard
+from tests.dashboard.conftest import Lab, serving, start_dashboard, stop_dashboard
 from tests.results.recorded import record_run
 
 IDLE = 1100
@@ -34,12 +34,10 @@ def lab(tmp_path):
     if hard != resource.RLIM_INFINITY and hard < IDLE + 200:
         pytest.skip(f"this test opens {IDLE} sockets; the hard limit on open files is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, IDLE + 200), hard))
-    lab = start_dashboard(tmp_path, _low_file_limit)
     try:
-        assert lab.url
-        yield lab
+        with serving(tmp_path, _low_file_limit) as lab:
+            yield lab
     finally:
-        stop_dashboard(lab)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dashboard.conftest import Lab, start_dashboard, stop_dashboard
+from tests.dashboard.conftest import Lab, serving
 from tests.results.recorded import record_run
 
 STALLED = 100
@@ -37,12 +37,8 @@ def bare(tmp_path):
 
     record = record_run(RunStore(tmp_path / "home"), workers=1, tta=1.0, wall=2.0)
     (record.run_dir / "logs").mkdir(exist_ok=True)
-    lab = start_dashboard(tmp_path)
-    try:
-        assert lab.url
+    with serving(tmp_path) as lab:
         yield lab, record
-    finally:
-        stop_dashboard(lab)
 
 
 def connect(lab: Lab) -> socket.socket:

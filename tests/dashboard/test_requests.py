@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from tests.dashboard.conftest import Lab, start_dashboard, stop_dashboard
+from tests.dashboard.conftest import Lab, serving
 from tests.dashboard.test_dashboard import request
 from tests.results.recorded import record_run
 
@@ -25,12 +25,8 @@ def bare(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("dashboard-requests")
     record_run(RunStore(base / "home"), workers=1, tta=1.0, wall=2.0)
-    lab = start_dashboard(base)
-    try:
-        assert lab.url
+    with serving(base) as lab:
         yield lab
-    finally:
-        stop_dashboard(lab)
 
 
 def answer(lab: Lab, path: str, *, method: str = "GET", body: object = None) -> tuple[int, dict]:

@@ -21,7 +21,7 @@ from PIL import Image
 from mlbench.errors import RunNotFound
 from mlbench.network.settings import NetworkSettings
 from mlbench.results.store import CANCELLED, RUNNING, RunStore
-from tests.dashboard.conftest import start_dashboard, stop_dashboard
+from tests.dashboard.conftest import serving
 from tests.results.recorded import record_run
 
 WIDTHS = {1280: 900, 1920: 1080}
@@ -53,12 +53,8 @@ def lab(tmp_path_factory):
         store.update(record.id, name=f"{optimizer}-sweep-{workers}w-{record.id[:4]}")
     record_run(store, workers=8, task="task4b", goal=20.0, final=18.4)  # a goal not reached
     _running(store, workers=2, name="task2a-long-running-2w")
-    lab = start_dashboard(base)
-    try:
-        assert lab.url
+    with serving(base) as lab:
         yield lab
-    finally:
-        stop_dashboard(lab)
 
 
 def _open(lab, page, width: int):
