@@ -68,6 +68,10 @@ POLL_SECONDS = 0.1
 #: Seconds between two looks at the workers' heartbeats.
 WATCH_SECONDS = 1.0
 TERMINATE_GRACE_SECONDS = 4.0
+#: Seconds the survivors of a worker that died get to end by themselves before they are killed:
+#: their collective fails as the peer's sockets close, and the error they record then is what
+#: the timeline shows under the restart (docs/faults.md).
+PEER_REPORT_SECONDS = 1.0
 PIDS_FILE = "pids.json"
 #: The supervising process of a run as [pid, start time] (:mod:`mlbench.launch.processes`).
 SUPERVISOR_FILE = "supervisor.json"
@@ -349,6 +353,8 @@ class WorkerProcesses:
         the run failed, naming the injected faults it is put down to."""
         assert self.recovery is not None
         decision = self.recovery.failure(ranks, reason, codes=codes)
+        if codes is not None:
+            self.let_survivors_report()
         if decision.goes_on:
             self.stop_all(grace=0)   # the checkpoint is what goes on; nothing to save
             entry = self.recovery.group_ended()
@@ -358,6 +364,15 @@ class WorkerProcesses:
             return
         self.stop_all(grace=0 if decision.faults else TERMINATE_GRACE_SECONDS)
         self._mark_ended(FAILED, reason=decision.reason + decision.given_up)
+
+    def let_survivors_report(self, seconds: float = PEER_REPORT_SECONDS) -> None:
+        """Wait up to ``seconds`` for the workers still running after a peer exited to end by
+        themselves, so that each records the error its failed collective raised (a peer's
+        closed connection) instead of being killed before it could. A stalled group is not
+        waited for: its survivors block until their collective's timeout."""
+        deadline = time.monotonic() + seconds
+        while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS / 4)
 
     def watch(self, codes: list[int | None]) -> Stall | None:
         """The watchdog's verdict on the workers' heartbeats (:mod:`mlbench.results.watchdog`),
