@@ -57,15 +57,19 @@ def start_cli(*args: str, fresh: bool = False) -> zygote.ZygoteProcess | subproc
     return zygote.start(list(args), dict(os.environ), fresh)
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    """The first true value of ``check()``, asked every ``interval`` seconds for ``timeout``."""
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1,
+             explain: Callable[[], str] | None = None) -> Any:
+    """The first true value of ``check()``, asked every ``interval`` seconds for ``timeout``;
+    on a timeout the error carries ``explain()``, what the test knows of why (a job's state,
+    its logs), as a failure seen only in CI cannot be rerun to look."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    story = f"\n{explain()}" if explain else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{story}")
 
 
 def stop_while_training(pid: int, run_dir: str | os.PathLike, rank: int, timeout: float = 60) -> None:

@@ -64,11 +64,30 @@ def host_network_untouched():
     assert _host_names() == before
 
 
-def namespace_references() -> set[str]:
-    """Every network namespace something refers to: a process, an open descriptor or a mount."""
+def boot_clock() -> float:
+    """Seconds since boot, the clock of a process's start time in ``/proc/PID/stat``."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def _started_at(pid: str) -> float:
+    """When process ``pid`` started, in seconds since boot (field 22 of its stat line)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def namespace_references(started_by: float | None = None) -> set[str]:
+    """Every network namespace something refers to: a process, an open descriptor or a mount.
+
+    The kernel reuses a freed namespace's number for the next one made, so a test that made a
+    namespace and then finds its number referenced may be seeing another test's new namespace.
+    ``started_by`` (seconds since boot, :func:`boot_clock`, read before the test's holders
+    stopped) counts only processes started by then: a leftover of the test started earlier, a
+    namespace made later by someone else is held by a process started later."""
     refs = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
+            if started_by is not None and _started_at(pid) > started_by:
+                continue
             refs.add(os.readlink(f"/proc/{pid}/ns/net"))
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 link = os.readlink(f"/proc/{pid}/fd/{fd}")
@@ -90,11 +109,13 @@ def run_namespaces(run_dir: Path) -> set[str]:
 
 
 def wait_gone(namespaces: set[str], timeout: float = 15) -> None:
-    """Until nothing refers to any of ``namespaces`` (the kernel then frees them and their links)."""
+    """Until nothing refers to any of ``namespaces`` (the kernel then frees them and their links):
+    nothing started before this call, as a process started later is not the run's."""
+    started_by = boot_clock()
     deadline = time.monotonic() + timeout
-    while namespaces & namespace_references():
+    while namespaces & namespace_references(started_by):
         if time.monotonic() > deadline:
-            raise AssertionError(f"still referenced: {sorted(namespaces & namespace_references())}")
+            raise AssertionError(f"still referenced: {sorted(namespaces & namespace_references(started_by))}")
         time.sleep(0.2)
 
 

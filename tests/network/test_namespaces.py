@@ -48,12 +48,12 @@ def test_a_user_without_root_gets_the_same_network_in_a_user_namespace():
         pytest.skip(f"unprivileged user namespaces are not allowed here: {answer['skip']}")
     assert answer["uid"] == 65534 and answer["user_ns"]
     assert 0.85 * RATE <= answer["bps"] <= 1.02 * RATE
-    assert not set(answer["namespaces"]) & namespace_references()
+    assert not set(answer["namespaces"]) & namespace_references(answer["stopping_at"])
 
 
 def _as_nobody(python: str, tmp_path: Path) -> dict:
     script = f"""
-import json, os, sys
+import json, os, sys, time
 from pathlib import Path
 from mlbench.network.emulation import LocalNetwork, _check
 from mlbench.network.settings import NetworkSettings
@@ -66,8 +66,10 @@ network.start()
 user_ns = os.readlink(f"/proc/{{network.pid}}/ns/user") != os.readlink("/proc/self/ns/user")
 namespaces = [os.readlink(f"/proc/{{network.pid}}/ns/net")]
 bps = best_goodput(network, 0, 1, {0.85 * RATE}, python=sys.executable)
+stopping_at = time.clock_gettime(time.CLOCK_BOOTTIME)
 network.stop()
-print(json.dumps({{"uid": os.getuid(), "user_ns": user_ns, "bps": bps, "namespaces": namespaces}}))
+print(json.dumps({{"uid": os.getuid(), "user_ns": user_ns, "bps": bps, "namespaces": namespaces,
+                  "stopping_at": stopping_at}}))
 """
     proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", script],
                           capture_output=True, text=True, timeout=180, cwd=tmp_path,

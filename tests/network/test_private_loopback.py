@@ -35,7 +35,7 @@ sys.stdin.read()
 #: The check, run as the user it is for: the holder, a listener inside, a host-side probe, a
 #: forked child that enters and connects; one JSON line.
 CHECK = """
-import json, os, socket, subprocess, sys
+import json, os, socket, subprocess, sys, time
 from pathlib import Path
 from mlbench.network.emulation import PrivateLoopback, private_loopback_problem
 problem = private_loopback_problem()
@@ -66,9 +66,10 @@ namespace = os.readlink(f"/proc/{loopback.pid}/ns/net")
 user_ns = os.readlink(f"/proc/{loopback.pid}/ns/user") != os.readlink("/proc/self/ns/user")
 listener.stdin.close()
 listener.wait(timeout=10)
+stopping_at = time.clock_gettime(time.CLOCK_BOOTTIME)
 loopback.stop()
 print(json.dumps({"uid": os.getuid(), "outside": outside, "inside": inside, "namespace": namespace,
-                  "user_ns": user_ns}))
+                  "user_ns": user_ns, "stopping_at": stopping_at}))
 """
 
 
@@ -87,7 +88,7 @@ def test_a_socket_on_every_interface_of_the_private_loopback_is_reachable_inside
     assert answer["outside"] == "refused"
     assert answer["inside"] == "hello"
     assert answer["namespace"] != os.readlink("/proc/self/ns/net")
-    assert answer["namespace"] not in namespace_references()
+    assert answer["namespace"] not in namespace_references(answer["stopping_at"])
 
 
 def test_a_user_without_root_gets_the_same_private_loopback_in_a_user_namespace():
@@ -97,7 +98,7 @@ def test_a_user_without_root_gets_the_same_private_loopback_in_a_user_namespace(
     assert answer["uid"] == 65534 and answer["user_ns"]
     assert answer["outside"] == "refused"
     assert answer["inside"] == "hello"
-    assert answer["namespace"] not in namespace_references()
+    assert answer["namespace"] not in namespace_references(answer["stopping_at"])
 
 
 def test_where_no_private_namespace_can_be_made_a_tensorflow_run_is_refused_before_it_is_recorded(tmp_path):

@@ -112,6 +112,17 @@ def leftovers(root: Path) -> list[str]:
     return found
 
 
+def job_story(cluster: SlurmCluster, run_dir: Path, lines: int = 15) -> str:
+    """What a test that waited in vain can tell of a run's job: the queue with each job's state
+    and reason, and the last lines of every log in the run's ``logs`` folder."""
+    queue = cluster.command("squeue", "--all", "--format=%i %j %T %r %M", check=False)
+    story = [f"squeue:\n{queue.stdout.strip()}{queue.stderr.strip()}"]
+    for log in sorted((run_dir / "logs").glob("*")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        story.append(f"{log.name}:\n" + "\n".join(tail))
+    return "\n".join(story)
+
+
 def cancel_every_job(cluster: SlurmCluster, timeout: float = 30) -> list[str]:
     """scancel every job still queued or running and wait for them to leave; returns their
     squeue lines (empty when there were none)."""

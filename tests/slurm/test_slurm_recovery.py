@@ -18,6 +18,7 @@ from mlbench.results.checkpoints import complete_checkpoints
 from mlbench.results.store import RunStore
 from tests.helpers import checkpoint, events, last_run, mlbench, run_json, skip_unless_installed, wait_for
 from tests.shared_runs import PORT_RUN_STEPS, port_run, port_run_args
+from tests.slurm.conftest import job_story
 
 #: a port's run on Slurm beside the local one (tests/shared_runs.py: the same run that
 #: tests/frameworks checks against one process, made once per session by whichever asks first);
@@ -166,7 +167,8 @@ def test_a_slurm_run_shrinks_to_the_survivor_of_a_hung_task_as_a_local_run_does(
             "--inject", "stall:rank=0,at=1s,for=2s", "--inject", "slow:rank=1,factor=10", "--slurm", "--detach",
             check=True)
     run = last_run()
-    wait_for(lambda: newest_checkpoint(run) >= 20 and worker_pid(run.run_dir, 1), 180, "both tasks to checkpoint")
+    wait_for(lambda: newest_checkpoint(run) >= 20 and worker_pid(run.run_dir, 1), 180, "both tasks to checkpoint",
+             explain=lambda: job_story(slurm, run.run_dir))
     stop_while_training(worker_pid(run.run_dir, 1), run.run_dir, 1)
     wait_for(lambda: not launcher_of(RunStore(), run).reconcile(run).active, 300, "the run to end", interval=1)
     faulty = RunStore().get(run.id)
