@@ -2,8 +2,11 @@
 
 The PyTorch worker (``python -m mlbench.worker``) runs every task; a port to another framework
 keeps the same worker contract (docs/worker-contract.md) in a program of its own, started as a
-fresh interpreter, and runs the tasks it has a port of. Torch-free and import-free: the CLI checks
-a request here before anything is recorded, without importing the framework itself.
+fresh interpreter, and runs the tasks it has a port of. Each record says which tasks and which
+run features (:data:`FEATURES`) its worker offers; the planner refuses the others from it, and
+docs/frameworks.md shows it (tests/frameworks/test_framework_features.py keeps the two equal).
+Torch-free and import-free: the CLI checks a request here before anything is recorded, without
+importing the framework itself.
 """
 
 from __future__ import annotations
@@ -16,16 +19,50 @@ from mlbench.extras import MissingExtra, install_hint
 
 
 @dataclass(frozen=True)
+class Feature:
+    """Something `mlbench run` offers beyond the closed division's training on CPUs over gloo,
+    which a framework's worker does or does not do (:attr:`Framework.supports`): ``name``, its
+    key there; ``option``, what asks for it; ``what``, one line for docs/frameworks.md;
+    ``refusal``, the line that refuses it (``{framework}``: ``--framework NAME``; ``{given}``:
+    the option as the run gave it)."""
+
+    name: str
+    option: str
+    what: str
+    refusal: str = "{framework}: {given} is not in this port yet (it runs on CPUs, over gloo)"
+
+
+#: every feature a framework may lack, in the order a run is checked against them
+FEATURES: dict[str, Feature] = {f.name: f for f in (
+    Feature("optimizers", "--optimizer, --opt", "an optimizer other than the task's reference, or its options",
+            "{framework} trains with the task's reference optimizer only; drop --optimizer/--opt"),
+    Feature("model-plugins", "--model FILE.py:NAME", "a model plug-in instead of the task's model",
+            "{framework} trains the task's own model; drop the model plug-in"),
+    Feature("cuda", "--device cuda", "training on GPUs"),
+    Feature("time-budget", "--time-budget", "stopping after a budget of training time"),
+    Feature("bf16", "--precision bf16", "bfloat16 mixed precision"),
+    Feature("save-model", "--save-model", "the trained model saved with the run"),
+    Feature("channels-last", "--channels-last", "the channels-last memory layout"),
+    Feature("backends", "--backend nccl|mpi", "a collective backend other than gloo"),
+    Feature("network", "--bandwidth, --latency, --jitter, --loss", "an emulated network"),
+    Feature("faults", "--inject", "injected faults"),
+    Feature("recovery", "--on-failure restart|shrink", "restarting or shrinking the workers after a failure"),
+    Feature("checkpoints", "--checkpoint-every", "checkpoints, and resuming a run from them"),
+)}
+
+
+@dataclass(frozen=True)
 class Framework:
     """``worker``: the module run as ``python -m WORKER RUN_DIR --rank R``; ``modules``: what
     must be importable; ``extra``: the pip extra that installs them (None: the core); ``tasks``:
-    the tasks it has a port of (None: all); ``package``: the key under which a worker's
-    ``environment`` event records the framework's version; ``peers``: every worker listens on
-    an address of its own (TensorFlow's gRPC servers), which the supervisor picks and passes to
-    all of them, instead of one rendezvous at rank 0; ``listens_everywhere``: those servers bind
-    every interface whatever address they are given (TensorFlow's gRPC servers bind ``0.0.0.0``),
-    so the local supervisor runs the workers in a network namespace of their own
-    (:class:`mlbench.network.emulation.PrivateLoopback`)."""
+    the tasks it has a port of (None: all); ``supports``: the :data:`FEATURES` its worker
+    offers (a run that asks for another is refused before it is recorded); ``package``: the
+    key under which a worker's ``environment`` event records the framework's version;
+    ``peers``: every worker listens on an address of its own (TensorFlow's gRPC servers), which
+    the supervisor picks and passes to all of them, instead of one rendezvous at rank 0;
+    ``listens_everywhere``: those servers bind every interface whatever address they are given
+    (TensorFlow's gRPC servers bind ``0.0.0.0``), so the local supervisor runs the workers in a
+    network namespace of their own (:class:`mlbench.network.emulation.PrivateLoopback`)."""
 
     name: str
     title: str
@@ -34,14 +71,25 @@ class Framework:
     modules: tuple[str, ...] = ()
     extra: str | None = None
     tasks: tuple[str, ...] | None = None
+    supports: frozenset[str] = frozenset()
     peers: bool = False
     listens_everywhere: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = self.supports - set(FEATURES)
+        if unknown:
+            raise ValueError(f"{self.name} supports unknown features: {', '.join(sorted(unknown))}")
 
     def installed(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in self.modules)
 
+    def refusal(self, feature: str, given: str) -> str:
+        """The one line that refuses ``feature`` (one this framework does not support), which
+        the run asked for as ``given`` (``--backend nccl``)."""
+        return FEATURES[feature].refusal.format(framework=f"--framework {self.name}", given=given)
 
-PYTORCH = Framework("pytorch", "PyTorch", "mlbench.worker", "torch")
+
+PYTORCH = Framework("pytorch", "PyTorch", "mlbench.worker", "torch", supports=frozenset(FEATURES))
 JAX = Framework("jax", "JAX", "mlbench.worker.jax_worker", "jax", modules=("jax", "optax"), extra="jax",
                 tasks=("task1a", "task2a"))
 

@@ -20,6 +20,8 @@ UNIT_MODULES: tuple[str, ...] = (
     "tests/cloud/test_help.py",
     "tests/cloud/test_pricing.py",
     "tests/dashboard/test_form.py",
+    "tests/frameworks/test_data_order.py",
+    "tests/frameworks/test_framework_features.py",
     "tests/frameworks/test_scoring.py",
     "tests/gpt/test_data_cli.py",
     "tests/gpt/test_model.py",

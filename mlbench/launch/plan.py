@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mlbench.errors import DataError, UsageError
-from mlbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, PYTORCH, check_framework, get_framework
+from mlbench.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, PYTORCH, Framework, check_framework, get_framework
 from mlbench.network.settings import NetworkSettings
 from mlbench.optim.descriptors import REFERENCE_OPTIMIZER
 from mlbench.results.division import stop_reasons
@@ -274,7 +274,7 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
     task = get_task(request.task)
     framework = check_framework(request.framework, task.name,
                                 installed_here=resources is None or resources.local_torch)
-    if framework is not PYTORCH and request.device is None:
+    if "cuda" not in framework.supports and request.device is None:
         request = dataclasses.replace(request, device="cpu")  # the ports run on CPUs
     overrides = dict(request.overrides)
     if request.model:
@@ -364,8 +364,7 @@ def build_config(request: RunRequest, resources: WorkerResources | None = None,
         checkpoint_auto_mtbf_s=request.checkpoint_auto_mtbf_s,
         checkpoint_dir=checkpoint_dir, framework=framework.name,
         faults=[dict(f) for f in request.faults], on_failure=request.on_failure, max_restarts=request.max_restarts)
-    if framework is not PYTORCH:
-        _check_port_options(config, request)
+    _check_port_options(config, request, framework)
     return config, changed + stop_reasons(config)
 
 
@@ -431,26 +430,33 @@ def _check_shrink(request: RunRequest, spec: Any) -> None:
                          option="on_failure")
 
 
-def _check_port_options(config: RunConfig, request: RunRequest) -> None:
-    """What a port to another framework does not offer (it trains the closed division's
-    algorithm on CPUs): one line each, before anything is recorded."""
-    name = config.framework
-    if config.optimizer != config.training_spec.optimizer or request.optimizer_options:
-        raise UsageError(f"--framework {name} trains with the task's reference optimizer only; drop --optimizer/--opt",
-                         option="framework")
-    if config.model_plugin is not None:
-        raise UsageError(f"--framework {name} trains the task's own model; drop the model plug-in", option="framework")
-    unsupported = [(config.device != "cpu", "--device cuda"), (config.time_budget_s is not None, "--time-budget"),
-                   (config.precision != "fp32", "--precision"), (config.save_model, "--save-model"),
-                   (config.channels_last, "--channels-last"), (config.backend != "gloo", f"--backend {config.backend}"),
-                   (request.network is not None, "an emulated network"),
-                   (bool(config.faults), "--inject"),
-                   (config.on_failure != "fail", f"--on-failure {config.on_failure}"),
-                   (config.checkpoints, "--checkpoint-every")]   # a port writes no checkpoint
-    for given, what in unsupported:
-        if given:
-            raise UsageError(f"--framework {name}: {what} is not in this port yet (it runs on CPUs, over gloo)",
-                             option="framework")
+def _features_used(config: RunConfig, request: RunRequest) -> dict[str, str]:
+    """The run features (:data:`mlbench.frameworks.FEATURES`) the run asks for, in their order,
+    each with the option as the run gave it."""
+    asked = {
+        "optimizers": (config.optimizer != config.training_spec.optimizer or bool(request.optimizer_options),
+                       "--optimizer/--opt"),
+        "model-plugins": (config.model_plugin is not None, "--model"),
+        "cuda": (config.device != "cpu", "--device cuda"),
+        "time-budget": (config.time_budget_s is not None, "--time-budget"),
+        "bf16": (config.precision != "fp32", "--precision"),
+        "save-model": (config.save_model, "--save-model"),
+        "channels-last": (config.channels_last, "--channels-last"),
+        "backends": (config.backend != "gloo", f"--backend {config.backend}"),
+        "network": (request.network is not None, "an emulated network"),
+        "faults": (bool(config.faults), "--inject"),
+        "recovery": (config.on_failure != "fail", f"--on-failure {config.on_failure}"),
+        "checkpoints": (config.checkpoints, "--checkpoint-every"),
+    }
+    return {name: given for name, (used, given) in asked.items() if used}
+
+
+def _check_port_options(config: RunConfig, request: RunRequest, framework: Framework) -> None:
+    """The first run feature the framework's record does not support (a port trains the closed
+    division's algorithm on CPUs): one line naming its option, before anything is recorded."""
+    for feature, given in _features_used(config, request).items():
+        if feature not in framework.supports:
+            raise UsageError(framework.refusal(feature, given), option="framework")
 
 
 def prepare_data(config: RunConfig) -> DataIdentity | None:

@@ -87,15 +87,24 @@ class LogisticRegressionPort:
         self.train_x = jax.make_array_from_process_local_data(self.replicated, x)
         self.train_y = jax.make_array_from_process_local_data(self.replicated, y)
 
-    def step_rows(self, idx: np.ndarray, lr: float) -> jax.Array:
-        """One synchronous step on the rows ``idx`` of the held training set (this process's
-        minibatch); this process's loss as a device array, read when it is logged."""
+    def _run_step(self, idx: np.ndarray, lr: float) -> tuple[jax.Array, Any, jax.Array]:
+        """The compiled step on the rows ``idx``: the new weights, optimizer state and losses
+        (JAX's arrays are values: the port's own are left as they are)."""
         assert self.train_x is not None and self.train_y is not None, "hold_training_set() first"
         gidx = jax.make_array_from_process_local_data(self.sharded, idx.astype(np.int32))
         rate = self._replicate(np.float32(lr))
-        self.params, self.opt_state, losses = self._step_rows(self.params, self.opt_state, self.train_x,
-                                                              self.train_y, gidx, rate)
+        return self._step_rows(self.params, self.opt_state, self.train_x, self.train_y, gidx, rate)
+
+    def step_rows(self, idx: np.ndarray, lr: float) -> jax.Array:
+        """One synchronous step on the rows ``idx`` of the held training set (this process's
+        minibatch); this process's loss as a device array, read when it is logged."""
+        self.params, self.opt_state, losses = self._run_step(idx, lr)
         return losses.addressable_data(0)[0]
+
+    def warm_up_rows(self, idx: np.ndarray) -> None:
+        """Compile :meth:`step_rows` for ``len(idx)`` rows: one step, waited for, its results
+        dropped (and the indexing that takes this process's loss, a program of its own)."""
+        jax.block_until_ready(self._run_step(idx, 0.0)[2].addressable_data(0)[0])
 
     def weights(self) -> np.ndarray:
         """This process's copy of ``w`` (every process holds the same)."""

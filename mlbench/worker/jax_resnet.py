@@ -188,14 +188,21 @@ class ResNetPort:
                              in_specs=(P(), P(), P(AXIS), P(AXIS), P(AXIS), P()),
                              out_specs=(P(), P(), P(AXIS), P(AXIS)))
 
+    def _run_step(self, x: np.ndarray, y: np.ndarray, lr: float) -> tuple[Tree, Any, Tree, jax.Array]:
+        """The compiled step on this process's minibatch: the new parameters, optimizer state,
+        running statistics and losses (JAX's arrays are values: the port's own are left as they are)."""
+        rate = self._replicate(np.asarray(lr, self.params["classifier.bias"].dtype))
+        return self._step(self.params, self.opt_state, self.stats, self._per_worker(x), self._per_worker(y), rate)
+
     def step(self, x: np.ndarray, y: np.ndarray, lr: float) -> float:
         """One synchronous step on this process's minibatch; returns this process's loss."""
-        gx = self._per_worker(x)
-        gy = self._per_worker(y)
-        rate = self._replicate(np.asarray(lr, self.params["classifier.bias"].dtype))
-        self.params, self.opt_state, self.stats, losses = self._step(self.params, self.opt_state, self.stats,
-                                                                     gx, gy, rate)
+        self.params, self.opt_state, self.stats, losses = self._run_step(x, y, lr)
         return float(np.asarray(losses.addressable_data(0))[0])
+
+    def warm_up(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Compile :meth:`step` for minibatches shaped as ``x``, ``y``: one step, waited for, its
+        results dropped."""
+        jax.block_until_ready(self._run_step(x, y, 0.0))
 
     def sync_statistics(self) -> None:
         """Every worker's running statistics become their mean (the PyTorch worker's
@@ -208,9 +215,10 @@ class ResNetPort:
         return params, stats
 
     def weights(self) -> np.ndarray:
-        """This process's copy of the parameters, flat (every process holds the same)."""
-        params, _ = self._local()
-        return np.concatenate([np.asarray(p).ravel() for p in params.values()])
+        """This process's copy of the parameters, flat (every process holds the same). Read
+        into NumPy without a JAX operation: indexing the per-worker statistics, as :meth:`_local`
+        does, compiles a program per shape, which the first logging interval paid for."""
+        return np.concatenate([np.asarray(p.addressable_data(0)).ravel() for p in self.params.values()])
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """The logits of ``x`` with this process's parameters and running statistics (no collective)."""

@@ -80,6 +80,12 @@ class TakesMinibatches(Protocol):
         PyTorch's layout, augmented and normalised); this process's loss."""
         ...
 
+    def warm_up(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Compile :meth:`step` for minibatches of ``x``'s and ``y``'s shapes and types: a step
+        (with its collective: every process warms up) whose results are dropped, so that the
+        weights, the optimizer's state and the running statistics are as they were before."""
+        ...
+
 
 @runtime_checkable
 class HoldsTrainingSet(Protocol):
@@ -92,6 +98,11 @@ class HoldsTrainingSet(Protocol):
     def step_rows(self, idx: np.ndarray, lr: float) -> Any:
         """One synchronous step on the rows ``idx``; this process's loss (a float, or the
         framework's scalar, read when it is logged)."""
+        ...
+
+    def warm_up_rows(self, idx: np.ndarray) -> None:
+        """Compile :meth:`step_rows` for minibatches of ``len(idx)`` rows: a step whose results
+        are dropped, as :meth:`TakesMinibatches.warm_up`'s."""
         ...
 
 
@@ -262,6 +273,7 @@ class PortTrainer:
             rows.hold_training_set(self.data.train.x.numpy(), self.data.train.y.numpy())
         elif minibatches is None:
             raise TypeError(f"{type(self.port).__name__} takes neither minibatches nor row indices")
+        self.compile_step(rows, minibatches)
         self.train_start = time.perf_counter()
         losses: list[Any] = []   # floats, or the framework's scalars, read when logged
         samples = 0
@@ -309,6 +321,26 @@ class PortTrainer:
             self.evaluate()
         self._record_system()
         return self._result(stop_reason)
+
+    def compile_step(self, rows: HoldsTrainingSet | None, minibatches: TakesMinibatches | None) -> float:
+        """Compile the port's training step before the training clock starts, and return its
+        seconds, recorded as this rank's ``setup/compile`` event. Left to the first step, XLA's
+        compilation or tf.function's tracing was 62-79% of the training time of a 10-epoch run of
+        task 2a. The warm-up step runs on zeros of the run's minibatch shape (task 2a's port:
+        row 0 of its training set, ``batch_per_worker`` times), and the port drops its results:
+        the run trains bit for bit as without it."""
+        batch = self.settings.batch_per_worker
+        begin = time.perf_counter()
+        if rows is not None:
+            rows.warm_up_rows(np.zeros(batch, np.int64))
+        else:
+            assert minibatches is not None
+            x, y = self.data.test_batch(0, 1)   # a sample's shape and types, as train_batch's
+            minibatches.warm_up(np.zeros((batch, *x.shape[1:]), x.numpy().dtype),
+                                np.zeros(batch, y.numpy().dtype))
+        seconds = time.perf_counter() - begin
+        self.events.emit("setup/compile", seconds, epoch=0, step=0)
+        return seconds
 
     def _record_system(self) -> None:
         """This rank's ``system`` event, the PyTorch worker's: peak memory, the CPU's probed peak,

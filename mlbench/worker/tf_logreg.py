@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlbench.tasks.classification import ClassificationSettings
-from mlbench.worker.tf_sgd import mean_over_processes, on_every_replica, sgd_update
+from mlbench.worker.tf_sgd import mean_over_processes, on_every_replica, restore_after, sgd_update
 
 
 def objective(w: tf.Tensor, x: tf.Tensor, y: tf.Tensor, l2: float) -> tf.Tensor:
@@ -75,6 +75,11 @@ class LogisticRegressionPort:
         """One synchronous step on the rows ``idx`` of the held training set (this process's
         minibatch); this process's loss as a tensor, read when it is logged."""
         return self._step_rows(tf.constant(idx.astype(np.int32)), tf.constant(lr, tf.float32))
+
+    def warm_up_rows(self, idx: np.ndarray) -> None:
+        """Trace and run :meth:`step_rows` once for ``len(idx)`` rows, then put back the weights
+        and the momentum buffer as they were (bit for bit)."""
+        restore_after(lambda: self.step_rows(idx, 0.0).numpy(), [self.w, self.buffer])
 
     def weights(self) -> np.ndarray:
         """This process's copy of ``w`` (every process holds the same)."""

@@ -43,7 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlbench.tasks.classification import ClassificationSettings
-from mlbench.worker.tf_sgd import mean_over_processes, on_every_replica, sgd_update
+from mlbench.worker.tf_sgd import mean_over_processes, on_every_replica, restore_after, sgd_update
 
 #: PyTorch's BatchNorm2d defaults: the running statistics' momentum and the epsilon.
 BN_MOMENTUM = 0.1
@@ -219,6 +219,11 @@ class ResNetPort:
         """One synchronous step on this process's minibatch (``x`` float32 NCHW, as mlbench's
         pipeline makes it; ``y`` class indices); returns this process's loss (with the L2 term)."""
         return float(self._step(tf.constant(x, self.dtype), tf.constant(y, tf.int64), tf.constant(lr, self.dtype)))
+
+    def warm_up(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Trace and run :meth:`step` once for minibatches shaped as ``x``, ``y``, then put back
+        the parameters, the running statistics and the momentum buffers as they were (bit for bit)."""
+        restore_after(lambda: self.step(x, y, 0.0), [*self.params.values(), *self.stats.values(), *self.buffers])
 
     # -- evaluation -----------------------------------------------------------------------------
     def logits(self, x: np.ndarray) -> np.ndarray:

@@ -1,5 +1,6 @@
 """What the TensorFlow ports share (:mod:`mlbench.worker.tf_logreg`, :mod:`mlbench.worker.tf_resnet`):
-the gradients' mean over the processes, torch.optim.SGD's update, and a step run on every replica.
+the gradients' mean over the processes, torch.optim.SGD's update, a step run on every replica, and
+a warm-up step whose effects are undone.
 
 The update is written out because Keras' SGD folds the rate into its momentum buffer, which
 differs from PyTorch's once the rate changes (warm-up, decay): the closed division's update is
@@ -45,3 +46,12 @@ def on_every_replica(strategy: Any, local_step: Callable[..., tf.Tensor], *args:
         return local_step(*args)
     results = strategy.run(local_step, args=args)
     return strategy.experimental_local_results(results)[0]
+
+
+def restore_after(run: Callable[[], Any], variables: Sequence[tf.Variable]) -> None:
+    """``run()`` (a warm-up step: tf.function traces and TensorFlow instantiates its graph on the
+    first call), then every one of ``variables`` back to its value before it."""
+    saved = [v.numpy() for v in variables]
+    run()
+    for v, value in zip(variables, saved, strict=True):
+        v.assign(value)
