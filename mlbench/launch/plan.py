@@ -434,8 +434,8 @@ def _features_used(config: RunConfig, request: RunRequest) -> dict[str, str]:
     """The run features (:data:`mlbench.frameworks.FEATURES`) the run asks for, in their order,
     each with the option as the run gave it."""
     asked = {
-        "optimizers": (config.optimizer != config.training_spec.optimizer or bool(request.optimizer_options),
-                       "--optimizer/--opt"),
+        "optimizers": (config.optimizer != getattr(config.task, "optimizer", config.optimizer)
+                       or bool(request.optimizer_options), "--optimizer/--opt"),
         "model-plugins": (config.model_plugin is not None, "--model"),
         "cuda": (config.device != "cpu", "--device cuda"),
         "time-budget": (config.time_budget_s is not None, "--time-budget"),

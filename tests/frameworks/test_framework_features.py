@@ -15,6 +15,7 @@ from mlbench.frameworks import FEATURES, FRAMEWORKS, JAX, PYTORCH, TENSORFLOW
 from mlbench.launch.faults import parse_inject
 from mlbench.launch.plan import RunRequest, WorkerResources, _check_port_options, _features_used, build_config
 from mlbench.network.settings import NetworkSettings
+from mlbench.tasks.registry import TASKS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "frameworks.md"
 PLUGIN = "from torch import nn\n\ndef build(input_shape, num_outputs):\n    return nn.Linear(3, num_outputs)\n"
@@ -126,3 +127,11 @@ def test_docs_frameworks_shows_each_records_tasks_and_features():
         [f"`{feature.name}`", f"`{feature.option}`", feature.what,
          *("yes" if feature.name in f.supports else "no" for f in FRAMEWORKS.values())]
         for feature in FEATURES.values()]
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_every_task_plans_with_pytorch_whose_record_supports_everything(task):
+    """The feature check reads the run's reference optimizer only where the task has one: task
+    0a (a sweep, no optimizer) is planned like every training task."""
+    config, _ = build_config(RunRequest(task=task, workers=2, data="synthetic"), WorkerResources(threads=1, gpus=0))
+    assert config.framework == "pytorch"
