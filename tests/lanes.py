@@ -49,6 +49,7 @@ UNIT_MODULES: tuple[str, ...] = (
     "tests/test_fast_steps.py",
     "tests/test_layers.py",
     "tests/test_models.py",
+    "tests/test_predict.py",
     "tests/test_progress.py",
     "tests/test_results_client.py",
     "tests/test_resume_exact.py",

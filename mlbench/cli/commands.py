@@ -9,3 +9,4 @@ from mlbench.cli import dashboard  # noqa: F401
 from mlbench.cli import follow  # noqa: F401
 from mlbench.cli import check  # noqa: F401
 from mlbench.cli import data  # noqa: F401
+from mlbench.cli import predict  # noqa: F401

@@ -160,6 +160,22 @@ def allgather_bytes(nbytes: int, world_size: int) -> int:
     return (world_size - 1) * nbytes
 
 
+def collectives_issued() -> int | None:
+    """The collectives this process has issued on the default group, a point-to-point send or
+    receive counting one (gloo's and NCCL's sequence number), or None without a group or where
+    torch does not say. The worker records it per step (``comm/collectives``): the messages
+    whose latency ``mlbench predict`` charges, as ``comm/bytes`` is the bytes it charges."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    try:
+        from torch.distributed.distributed_c10d import _get_default_group
+
+        group: Any = _get_default_group()   # the method is the backends', not in ProcessGroup's stubs
+        return int(group._get_sequence_number_for_group())
+    except Exception:  # a private API: a torch without it leaves the count out
+        return None
+
+
 def all_reduce_mean_(tensor: torch.Tensor, world_size: int, group: Any = None) -> None:
     if world_size > 1:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)

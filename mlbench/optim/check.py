@@ -441,15 +441,10 @@ def _counts(positions: dict[int, _Position], ahead: list[int], behind: list[int]
 
 # -- in each process -----------------------------------------------------------------------------
 def _collectives() -> int | None:
-    """The collectives this process has issued on the default group (gloo counts them: its
-    sequence number), or None where torch does not say."""
-    try:
-        from torch.distributed.distributed_c10d import _get_default_group
+    """The collectives this process has issued on the default group (None where torch does not say)."""
+    from mlbench.optim.base import collectives_issued
 
-        group: Any = _get_default_group()   # the method is gloo's, not in ProcessGroup's stubs
-        return int(group._get_sequence_number_for_group())
-    except Exception:  # a private API: a torch without it leaves the progress without counts
-        return None
+    return collectives_issued()
 
 
 class _Progress:

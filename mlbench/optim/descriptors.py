@@ -71,6 +71,12 @@ def _bound(value: float | None) -> str:
     return "inf" if value is None else f"{value:g}"
 
 
+#: How an optimizer's messages travel, as ``mlbench predict`` prices them (docs/predict.md):
+#: ``allreduce``, a ring all-reduce (reduce-scatter then all-gather: FSDP's pair costs the same);
+#: ``allgather``, a ring all-gather of each rank's share; ``gossip``, to a fixed set of peers.
+COLLECTIVES = ("allreduce", "allgather", "gossip")
+
+
 @dataclass(frozen=True)
 class OptimizerInfo:
     """One optimizer as the CLI knows it. ``supports_grad_hook``: whether every rank holds the
@@ -92,6 +98,10 @@ class OptimizerInfo:
     checker trains over at least two of them and asks for bytes on the wire in each; a number
     (1: every step), or the name of the int option that holds it (``"H"`` for DiLoCo's rounds).
     None: not declared; the checker then asks for bytes over the whole run only.
+
+    ``collective``: how its messages travel, one of :data:`COLLECTIVES`, which
+    ``mlbench predict`` (:mod:`mlbench.results.predict`) prices at any number of workers from
+    the bytes and collectives a run of it measured.
     """
 
     name: str
@@ -104,6 +114,12 @@ class OptimizerInfo:
     ranks_differ: bool | Callable[[dict[str, Any]], bool] = False
     local_updates: bool = False
     period: int | str | None = None
+    collective: str = "allreduce"
+
+    def __post_init__(self) -> None:
+        if self.collective not in COLLECTIVES:
+            raise ValueError(f"optimizer {self.name}: collective {self.collective!r} is not one of "
+                             f"{', '.join(COLLECTIVES)}")
 
     @property
     def takes_grad_hook(self) -> bool:
@@ -279,7 +295,7 @@ _ALL = (
             "lr_scale": Option("majority vote only: step = the task's rate x lr_scale per coordinate", 0.01,
                                kind="float", minimum=0.0),
         },
-        period=1),
+        period=1, collective="allgather"),
     OptimizerInfo(
         "sparsified-sgd",
         "Stich, Cordonnier & Jaggi 2018, Sparsified SGD with Memory (NeurIPS, arXiv:1809.07599)",
@@ -291,7 +307,7 @@ _ALL = (
                             kind="float", minimum=1e-9, maximum=1.0),
             "seed": Option("seed of the random-k draws (each rank adds its rank)", 0, kind="int", minimum=0),
         },
-        period=1),
+        period=1, collective="allgather"),
     OptimizerInfo(
         "decentralized-sgd",
         "Lian et al. 2017, Can Decentralized Algorithms Outperform Centralized Algorithms? "
@@ -301,7 +317,7 @@ _ALL = (
             "topology": Option("ring, torus, torus:RxC, complete, or edges like 0-1,1-2,2-0 "
                                "(Metropolis-Hastings weights)", "ring"),
         },
-        check=_check_topology, ranks_differ=True, period=1),
+        check=_check_topology, ranks_differ=True, period=1, collective="gossip"),
     OptimizerInfo(
         "diloco",
         "Douillard et al. 2023, DiLoCo: Distributed Low-Communication Training of Language Models "
@@ -348,7 +364,7 @@ _ALL = (
                               "least 1)", 0.02, kind="float", minimum=1e-9, maximum=1.0),
             "chunk": Option("entries per chunk of the flattened model", 4096, kind="int", minimum=1),
         },
-        local_updates=True, ranks_differ=lambda values: values["H"] > 1, period="H"),
+        local_updates=True, ranks_differ=lambda values: values["H"] > 1, period="H", collective="allgather"),
     OptimizerInfo(
         "ddp",
         "PyTorch DistributedDataParallel (Li et al. 2020, VLDB, arXiv:2006.15704); "

@@ -27,6 +27,7 @@ class RunSummary:
     samples: int = 0                       # over all workers
     bytes_sent: dict[int, int] = field(default_factory=dict)
     dense_bytes: dict[int, int] = field(default_factory=dict)   # what the reference all-reduce sends
+    collectives: dict[int, int] = field(default_factory=dict)   # collectives the training steps issued
     train_time: float = 0.0                # max over ranks of the latest training-time reading
     last_train_loss: float | None = None
     last_lr: float | None = None
@@ -129,6 +130,8 @@ def summarize(events: list[dict[str, Any]]) -> RunSummary:
             s.bytes_sent[rank] = s.bytes_sent.get(rank, 0) + int(value)
         elif name == "comm/dense_bytes":
             s.dense_bytes[rank] = s.dense_bytes.get(rank, 0) + int(value)
+        elif name == "comm/collectives":
+            s.collectives[rank] = s.collectives.get(rank, 0) + int(value)
         elif name == "train/loss" and rank == 0:
             s.last_train_loss = float(value)
         elif name == "train/lr" and rank == 0:

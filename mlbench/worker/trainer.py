@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from mlbench.errors import DivergedError
-from mlbench.optim.base import DistributedOptimizer, OptimizerContext, allreduce_bytes, local_part
+from mlbench.optim.base import DistributedOptimizer, OptimizerContext, allreduce_bytes, collectives_issued, local_part
 from mlbench.optim.catalog import build_optimizer
 from mlbench.plugins import PluginError
 from mlbench.results.events import EventWriter
@@ -165,6 +165,8 @@ class Trainer:
         # What the reference (one fp32 all-reduce of all gradients) sends per step and rank: the
         # denominator of a compressing optimizer's compression ratio.
         self.dense_bytes_per_step = allreduce_bytes(count_trainable_parameters(self.model), 4, self.world)
+        #: collectives the steps of this logging interval issued (None: torch does not count them)
+        self._collectives: int | None = None
         self.steps_per_epoch = self.runtime.steps_per_epoch()
         # the step at which the current epoch's first batch was (or would have been) taken, by
         # this group: the epochs a run reports count its epochs trained, also after a shrink,
@@ -287,7 +289,9 @@ class Trainer:
                 index += 1
                 lr = self.runtime.lr(p.step, batch)
                 step_began = time.perf_counter()
+                before = collectives_issued()
                 loss = self.runtime.train_step(batch, lr, self.optimizer)
+                self._count_collectives(before)
                 if self.straggler is not None:
                     self.straggler.after_step(time.perf_counter() - step_began)
                 loss_sum += loss
@@ -362,11 +366,22 @@ class Trainer:
             # packets holds this one as long (seen on the loaded box: 3.2 s of a 2-s outage, which
             # counted as no phase at all, and the run's link-down cost read as 0.03 s)
             self.timer.begin()
+            before = collectives_issued()
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            self._count_collectives(before)
             self.timer.mark("communication")
         spent_f, due_f, asked_f, interval = flags.tolist()
         self._next_budget_check = p.step + int(-interval)
         return spent_f > 0, due_f > 0, asked_f > 0
+
+    def _count_collectives(self, before: int | None) -> None:
+        """Adds the collectives issued since ``before`` (:func:`collectives_issued`) to this
+        interval's count: the training steps' and the stop checks' only, not an evaluation's or
+        a checkpoint's, so that ``comm/collectives`` per step is what a step sends."""
+        after = collectives_issued()
+        if before is None or after is None:
+            return
+        self._collectives = (self._collectives or 0) + after - before
 
     def _epoch_float(self) -> float:
         """The epochs trained: the current epoch plus the share of it done. Without a shrink
@@ -390,6 +405,9 @@ class Trainer:
             emit(f"time/{phase}", seconds, epoch=epoch, step=step)
         emit("comm/bytes", self.optimizer.bytes_sent - start_bytes, epoch=epoch, step=step)
         emit("comm/dense_bytes", steps * self.dense_bytes_per_step, epoch=epoch, step=step)
+        if self._collectives is not None:
+            emit("comm/collectives", self._collectives, epoch=epoch, step=step)
+            self._collectives = 0
         if self.straggler is not None:
             emit("fault/slowed", self.straggler.take_slowed(), epoch=epoch, step=step)
         self._record_system()

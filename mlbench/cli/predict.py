@@ -1,0 +1,241 @@
+"""`mlbench predict`: step time, throughput, speedup and time to the goal at worker counts and
+networks past this machine, from a calibration of measured runs (mlbench.results.predict)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import Any
+
+import click
+
+from mlbench.cli import cli
+from mlbench.cli.completion import complete_tasks
+from mlbench.cli.output import emit, output_option, tabulate
+from mlbench.errors import UsageError
+from mlbench.launch.session import open_store
+from mlbench.network.settings import NetworkSettings, network_options
+from mlbench.results.compare import RunResult
+from mlbench.results.predict import (Calibration, Prediction, calibration_from, crossovers, describe_link,
+                                     measure_run)
+from mlbench.results.events import read_run_events
+from mlbench.results.outcome import fmt_duration
+from mlbench.tasks.registry import get_task
+from mlbench.tasks.spec import TaskSpec
+
+#: The load per core above which a calibration is refused: its runs would measure the others.
+BUSY_LOAD_PER_CORE = 0.5
+#: Two sweeps of one network whose times differ by more than this (the median over message
+#: sizes of slower / faster) are too unsteady to fit a link to.
+SWEEP_SPREAD = 1.3
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise UsageError(f"--workers {text}: expected whole numbers, comma-separated (2,8,64)",
+                         option="workers") from None
+    if not counts or counts[0] < 1:
+        raise UsageError(f"--workers {text}: expected worker counts of 1 or more", option="workers")
+    return counts
+
+
+def _networks(bandwidth: str | None, latency: str | None) -> list[NetworkSettings | None]:
+    networks = network_options(bandwidth, latency, None, None)
+    return list(networks) if networks else [None]
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "unknown"
+    if value < 1:
+        return f"{value * 1e3:.3g} ms"
+    return fmt_duration(value)
+
+
+def _table(predictions: list[Prediction]) -> str:
+    base: dict[tuple[str, str], Prediction] = {}
+    for p in predictions:
+        key = (p.optimizer, p.link.network)
+        if key not in base or p.workers < base[key].workers:
+            base[key] = p
+    rows = []
+    for p in predictions:
+        first = base[(p.optimizer, p.link.network)]
+        speedup = p.throughput / first.throughput * first.workers if first.throughput else None
+        low, high = p.range_s
+        rows.append([p.optimizer, p.link.network, p.workers, _seconds(p.step_s),
+                     f"{_seconds(max(low, 0))}..{_seconds(high)}", _seconds(p.compute_s), _seconds(p.communication_s),
+                     f"{p.throughput:.4g}", "-" if speedup is None else f"{speedup:.2f}x",
+                     _seconds(p.time_to_goal_s)])
+    return tabulate(rows, headers=["OPTIMIZER", "NETWORK", "WORKERS", "STEP", "RANGE", "COMPUTE", "COMMUNICATION",
+                                   "SAMPLES/S", "SPEEDUP", "TIME TO GOAL"])
+
+
+def _busy(busy_ok: bool) -> None:
+    """Refuse to calibrate on a busy machine (its runs would measure the other jobs)."""
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    if load > BUSY_LOAD_PER_CORE * cores and not busy_ok:
+        raise UsageError(f"the machine is busy (load {load:.2f} over the last minute on {cores} cores, above "
+                         f"{BUSY_LOAD_PER_CORE * cores:g}): calibrate on an idle machine, or give --busy-ok",
+                         option="calibrate")
+
+
+def _check_sweeps(rows: list[list[dict[str, Any]]], label: str) -> None:
+    """Refuse two sweeps of one network that disagree: the machine was too busy to measure it."""
+    first = {r["bytes"]: r["time_s"] for r in rows[0] if r.get("dtype") == "fp32"}
+    second = {r["bytes"]: r["time_s"] for r in rows[1] if r.get("dtype") == "fp32"}
+    ratios = {size: max(first[size], second[size]) / min(first[size], second[size])
+              for size in first if size in second and min(first[size], second[size]) > 0}
+    if not ratios:
+        return
+    spread = statistics.median(ratios.values())
+    if spread > SWEEP_SPREAD:
+        worst = max(ratios, key=lambda s: ratios[s])
+        raise UsageError(f"the two sweeps at {label} differ by {spread:.2f}x in the median (up to {ratios[worst]:.2f}x "
+                         f"at {worst} bytes), more than {SWEEP_SPREAD}x: the machine is too busy to calibrate; "
+                         "try again when it is idle", option="calibrate")
+
+
+def _calibrate(task: str, optimizers: list[str], networks: list[NetworkSettings | None], workers: list[int],
+               steps: int, max_size: int, options: dict[str, Any], busy_ok: bool) -> None:
+    """The calibration's runs: two task-0a sweeps on 2 workers per network (and on the machine's
+    own), then each optimizer's run of the task at each calibration worker count."""
+    from mlbench import api
+
+    _busy(busy_ok)
+    for settings in ([None] + [n for n in networks if n is not None]):
+        network_args: dict[str, Any] = {}
+        if settings is not None and settings.bandwidth_bps:
+            network_args["bandwidth"] = f"{settings.bandwidth_bps:.0f}bit"
+        if settings is not None and settings.latency_s:
+            network_args["latency"] = f"{settings.latency_s * 1e6:.6g}us"
+        label = settings.label() if settings else "the machine's own network"
+        sweeps = []
+        for _ in range(2):
+            click.echo(f"calibrating the link at {label}: mlbench run task0a 2 --max-size {max_size}", err=True)
+            run = api.run("task0a", 2, max_size=max_size, **network_args)
+            if run.state != "finished" or not run.result:
+                raise UsageError(f"the task0a sweep at {label} ({run.id}) {run.state}: {run.reason}",
+                                 option="calibrate")
+            sweeps.append(run.result.get("rows", []))
+        _check_sweeps(sweeps, label)
+    for optimizer in optimizers:
+        for count in workers:
+            _busy(busy_ok)
+            click.echo(f"calibrating {optimizer}: mlbench run {task} {count} --optimizer {optimizer} "
+                       f"--max-steps {steps}", err=True)
+            run = api.run(task, count, optimizer=optimizer, max_steps=steps, log_every=max(1, steps // 6),
+                          **options)
+            if run.state != "finished":
+                raise UsageError(f"the calibration run {run.id} of {optimizer} {run.state}: {run.reason}",
+                                 option="calibrate")
+
+
+def _validate(run_refs: tuple[str, ...], output: str) -> None:
+    """Each run's predicted step time beside its measured one, from a calibration without it."""
+    store = open_store(read_only=True)
+    rows, out = [], []
+    errors = []
+    for ref in run_refs:
+        record = store.get(ref)
+        result = RunResult.load(record)
+        if result.config is None or record.task == "task0a":
+            raise UsageError(f"run {record.id}: only training runs can be validated")
+        measured = measure_run(result, read_run_events(record.run_dir))
+        calibration = calibration_from(store, record.task, [result.config.optimizer], exclude=(record.id,))
+        settings = NetworkSettings.from_dict(result.network) if result.network else None
+        prediction = calibration.predict(result.config.optimizer, record.workers, calibration.link(settings))
+        error = prediction.step_s / measured.step_s - 1
+        errors.append(abs(error))
+        rows.append([record.id, result.config.optimizer, prediction.link.network, record.workers,
+                     _seconds(prediction.step_s), _seconds(measured.step_s), f"{100 * error:+.1f}%",
+                     _seconds(prediction.communication_s), _seconds(measured.communication_s)])
+        out.append({"run": record.id, "predicted": prediction.to_dict(), "measured_step_s": measured.step_s,
+                    "measured_communication_s": measured.communication_s, "error": error})
+    if output != "table":
+        emit({"validation": out, "median_abs_error": statistics.median(errors)}, output)
+        return
+    click.echo(tabulate(rows, headers=["RUN", "OPTIMIZER", "NETWORK", "WORKERS", "PREDICTED", "MEASURED", "ERROR",
+                                       "PRED. COMM", "MEAS. COMM"]))
+    click.echo(f"median absolute error {100 * statistics.median(errors):.1f}% over {len(errors)} run(s)")
+
+
+@cli.command()
+@click.argument("args", metavar="TASK | RUN...", nargs=-1, required=True, shell_complete=complete_tasks)
+@click.option("--workers", "-n", "workers_text", default="2,8,64", show_default=True,
+              help="Worker counts to predict, comma-separated.")
+@click.option("--bandwidth", help="Network rates, comma-separated (1gbit,10gbit) [the machine's own network].")
+@click.option("--latency", help="One-way latency of every link (0.5ms, 50us).")
+@click.option("--optimizer", "optimizers_text", help="Optimizers, comma-separated [the task's reference].")
+@click.option("--calibrate", is_flag=True,
+              help="First make the calibration's runs here: task0a sweeps per network, each optimizer's short runs.")
+@click.option("--calibration-workers", default="1,2", show_default=True,
+              help="Worker counts of the calibration's training runs.")
+@click.option("--calibration-steps", default=60, show_default=True, help="Steps of each calibration run.")
+@click.option("--max-size", default=1_000_000, show_default=True, help="Largest message of the calibration's sweeps, "
+              "in elements.")
+@click.option("--data-dir", help="The task's data for the calibration's runs (as mlbench run --data-dir).")
+@click.option("--data", type=click.Choice(["real", "synthetic"]), help="synthetic: calibrate on random data.")
+@click.option("--busy-ok", is_flag=True, help="Calibrate even though the machine is busy.")
+@click.option("--validate", is_flag=True, help="The arguments are runs: show each one's predicted step time "
+              "beside its measured one.")
+@output_option
+def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, calibration_workers,
+            calibration_steps, max_size, data_dir, data, busy_ok, validate, output) -> None:
+    """Predict step time, throughput, speedup and time to the goal at any worker count and
+    network, from measured runs: task 0a's sweeps fit each link's latency and bandwidth, each
+    optimizer's runs give its compute per step, bytes and collectives (docs/predict.md).
+
+    \b
+    Examples:
+      mlbench predict task1a --workers 2,8,64 --bandwidth 1gbit,10gbit --optimizer centralized-sgd,powersgd
+      mlbench predict task2a --calibrate --data-dir ~/data/epsilon --bandwidth 100mbit
+      mlbench predict --validate 3f2a9c1d 7b0e44aa
+    """
+    if validate:
+        _validate(tuple(args), output)
+        return
+    if len(args) != 1:
+        raise UsageError("give one task (or --validate and runs)")
+    task = args[0]
+    spec = get_task(task)
+    if not isinstance(spec, TaskSpec):
+        raise UsageError(f"{task} is the sweep a prediction is calibrated with; predict a training task")
+    counts = _counts(workers_text)
+    networks = _networks(bandwidth, latency)
+    optimizers = [o.strip() for o in (optimizers_text or spec.optimizer).split(",") if o.strip()]
+    if calibrate:
+        options = {k: v for k, v in {"data_dir": data_dir, "data": data}.items() if v}
+        _calibrate(task, optimizers, networks, _counts(calibration_workers), calibration_steps, max_size, options,
+                   busy_ok)
+    calibration = calibration_from(open_store(read_only=True), task, optimizers)
+    predictions = [calibration.predict(o, n, calibration.link(settings))
+                   for settings in networks for o in optimizers for n in counts]
+    notes = crossovers(predictions)
+    if output != "table":
+        emit({"task": task, "predictions": [p.to_dict() for p in predictions], "crossovers": notes,
+              "calibration": _calibration_document(calibration, optimizers)}, output)
+        return
+    click.echo(_table(predictions))
+    for line in sorted({describe_link(p.link) for p in predictions}):
+        click.echo(f"link  {line}")
+    for optimizer in optimizers:
+        runs = calibration.runs.get(optimizer, [])
+        click.echo(f"runs  {optimizer}: " + ", ".join(f"{m.run_id} ({m.workers}w, {m.machine})" for m in runs))
+    for line in sorted({n for p in predictions for n in p.notes}):
+        click.echo(f"note  {line}")
+    for line in notes:
+        click.echo(f"cross {line}")
+    if any(p.steps_to_goal is None for p in predictions):
+        click.echo("Time to goal is unknown where no run of that configuration and worker count reached the goal.")
+
+
+def _calibration_document(calibration: Calibration, optimizers: list[str]) -> dict[str, Any]:
+    return {"links": {k: v.to_dict() for k, v in calibration.links.items()},
+            "runs": {o: [{"run": m.run_id, "workers": m.workers, "compute_s": m.compute_s, "step_s": m.step_s,
+                          "wire_bytes_per_step": m.traffic.wire_bytes,
+                          "collectives_per_step": m.traffic.collectives, "shared_cores": m.shared_cores}
+                         for m in calibration.runs.get(o, [])] for o in optimizers}}

@@ -1,0 +1,501 @@
+"""``mlbench predict``: step time and time to the goal at any workers x network, from measurements.
+
+The model is the alpha-beta (latency-bandwidth) model of collective communication (Hockney 1994;
+Thakur, Rabenseifner & Gropp 2005, "Optimization of Collective Communication Operations in
+MPICH"), the one nccl-tests' bus bandwidth rests on. A message of ``n`` bytes over one link costs
+``alpha + n * beta``; a ring collective over ``N`` workers is ``hops(N)`` such steps in a row:
+
+- all-reduce (reduce-scatter then all-gather): ``2 (N - 1) alpha + 2 (N - 1) / N * S * beta``;
+- all-gather of ``S`` bytes from each rank: ``(N - 1) alpha + (N - 1) * S * beta``;
+- gossip with ``p`` peers, sends in flight together: ``alpha + p * S * beta`` per round.
+
+Each term's bytes are what a rank sends, so one formula prices all three:
+``communication = collectives * hops(N) * alpha + wire_bytes(N) * beta`` per step, with the
+collectives per step and the wire bytes per step measured by a run of the optimizer
+(``comm/collectives``, ``comm/bytes``) at its worker count and carried to ``N`` by the
+optimizer's declared collective (:data:`mlbench.optim.descriptors.COLLECTIVES`). ``alpha`` and
+``beta`` come from task 0a's sweep at the network asked for (a least-squares fit of its fp32
+times, weighted to relative error), or, where no sweep at that rate exists, from the link's
+nominal rate and latency added to the sweep of the machine's own network.
+
+Compute per step is measured too: the median over logging intervals of a run's compute phases
+(data, forward, backward, optimizer) per step, at the worker count asked for where a run of it
+exists (on a machine whose cores the workers share, compute slows with the worker count, and
+only a measurement says by how much), else at the nearest count below (each worker then has
+resources of its own, as on a cluster), scaled by the task's micro-batches per step where it
+fixes its global batch (task 5a). Steps to the goal come from runs of the same configuration at
+that worker count that reached it; elsewhere they are unknown, never guessed. docs/predict.md
+has the formulas, their sources and the validation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlbench.errors import UsageError
+from mlbench.network.settings import NetworkSettings, format_rate, format_time, network_label
+from mlbench.optim.descriptors import COLLECTIVES, INFO
+from mlbench.optim.topology import parse_topology
+from mlbench.results.compare import RunResult
+from mlbench.results.store import FINISHED, RunRecord, RunStore
+from mlbench.results.summary import COMPUTE_PHASES
+
+#: Fingerprint keys a calibration run may differ in from the runs it predicts: the model carries
+#: them (workers, network) or they do not change a step (how it stops, checkpoints, faults).
+CARRIED_KEYS = ("workers", "network", "stop", "checkpoint_every", "faults", "resumed", "hardware", "seed")
+#: Task 0a's rows the link is read from.
+FIT_DTYPE = "fp32"
+#: Messages up to this many bytes cost their latency only: their median time gives alpha.
+SMALL_MESSAGE = 1024
+
+
+def hops(collective: str, workers: int) -> float:
+    """Latency steps of one collective over ``workers`` ranks (0 on one worker: nothing travels)."""
+    if workers <= 1:
+        return 0.0
+    if collective == "allreduce":
+        return 2.0 * (workers - 1)
+    if collective == "allgather":
+        return float(workers - 1)
+    if collective == "gossip":
+        return 1.0
+    raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
+
+
+def wire_factor(collective: str, workers: int, peers: int = 2) -> float:
+    """Bytes a rank sends per byte of its message: 2 (N - 1) / N for a ring all-reduce (the
+    factor of nccl-tests' bus bandwidth), N - 1 for a ring all-gather, its peers for gossip."""
+    if workers <= 1:
+        return 0.0
+    if collective == "allreduce":
+        return 2.0 * (workers - 1) / workers
+    if collective == "allgather":
+        return float(workers - 1)
+    if collective == "gossip":
+        return float(peers)
+    raise ValueError(f"unknown collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
+
+
+@dataclass(frozen=True)
+class Link:
+    """One network as the model sees it, from task 0a's sweep on ``workers`` ranks: the time of
+    an all-reduce of each message size (``sizes``, ``times``; ``slowest``: the slowest rank's),
+    and ``alpha_s``, the latency of one message step (half of the smallest messages' time on
+    two workers). The rest of a size's time is its per-byte cost there, which the model carries
+    to other worker counts; ``extra_beta_s`` and ``extra_alpha_s`` add a link's nominal rate
+    and latency to the machine's own (a network no sweep measured). ``source`` names the sweep."""
+
+    network: str
+    workers: int
+    sizes: tuple[float, ...]
+    times: tuple[float, ...]
+    slowest: tuple[float, ...]
+    alpha_s: float
+    source: str
+    extra_alpha_s: float = 0.0
+    extra_beta_s: float = 0.0
+
+    @property
+    def beta_s(self) -> float:
+        """Seconds per byte of the largest message measured (its bandwidth, for one line)."""
+        return self.per_byte(self.sizes[-1]) + self.extra_beta_s
+
+    def _at(self, size: float, times: tuple[float, ...]) -> float:
+        """The sweep's time at ``size``: log-log interpolation between measured sizes; constant
+        below the smallest; above the largest, growing at the largest two sizes' slope."""
+        xs, ys = self.sizes, times
+        if size <= xs[0]:
+            return ys[0]
+        if size >= xs[-1]:
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
+            return ys[-1] + max(slope, 0.0) * (size - xs[-1])
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if x0 <= size <= x1:
+                share = (math.log(size) - math.log(x0)) / (math.log(x1) - math.log(x0))
+                return math.exp(math.log(y0) + share * (math.log(y1) - math.log(y0)))
+        return ys[-1]
+
+    def per_byte(self, size: float, slowest: bool = False) -> float:
+        """Seconds per byte a rank sends, for messages of ``size`` bytes, on the sweep's workers:
+        the sweep's time less its latency steps, over the bytes a rank sends in it."""
+        time = self._at(size, self.slowest if slowest else self.times)
+        latency = hops("allreduce", self.workers) * self.alpha_s
+        return max(time - latency, 0.0) / (wire_factor("allreduce", self.workers) * size)
+
+    def seconds(self, collective: str, workers: int, size: float, slowest: bool = False, peers: int = 2) -> float:
+        """One ``collective`` of ``size``-byte messages over ``workers`` ranks (gossip: to ``peers``)."""
+        alpha = self.alpha_s + self.extra_alpha_s
+        beta = self.per_byte(size, slowest) + self.extra_beta_s
+        return hops(collective, workers) * alpha + wire_factor(collective, workers, peers) * size * beta
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"network": self.network, "alpha_s": self.alpha_s + self.extra_alpha_s,
+                "beta_s_per_byte": self.beta_s, "source": self.source, "workers": self.workers,
+                "sizes": list(self.sizes), "times_s": list(self.times)}
+
+
+def fit_link(rows: Iterable[dict[str, Any]], workers: int, network: str, source: str) -> Link:
+    """The link of task 0a's ``rows`` on ``workers`` ranks (its fp32 rows): ``alpha`` is the
+    median of the messages of 1 KB or less over the latency steps of a ring all-reduce, 2 (N - 1)."""
+    points = sorted((float(r["bytes"]), float(r["time_s"]), float(r.get("time_max_s") or r["time_s"]))
+                    for r in rows if r.get("dtype") == FIT_DTYPE and float(r.get("time_s", 0)) > 0)
+    if len(points) < 2 or workers < 2:
+        raise UsageError(f"the sweep {source} has {len(points)} timed {FIT_DTYPE} sizes on {workers} worker(s): "
+                         "a link needs two or more sizes on two or more workers")
+    small = [t for size, t, _ in points if size <= SMALL_MESSAGE] or [points[0][1]]
+    alpha = statistics.median(small) / hops("allreduce", workers)
+    return Link(network, workers, tuple(p[0] for p in points), tuple(p[1] for p in points),
+                tuple(max(p[1], p[2]) for p in points), alpha, source)
+
+
+def nominal_link(host: Link, settings: NetworkSettings) -> Link:
+    """A link of ``settings``' rate and latency in series with the machine's own (``host``,
+    a sweep without emulation): each byte pays both, each message step both latencies."""
+    return dataclasses.replace(
+        host, network=network_label(settings.to_dict()) or "not emulated", source=f"nominal, with {host.source}",
+        extra_alpha_s=settings.latency_s or 0.0,
+        extra_beta_s=8.0 / settings.bandwidth_bps if settings.bandwidth_bps else 0.0)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What one training step of an optimizer sends per rank, as a run at ``workers`` measured
+    it: ``wire_bytes`` (the mean over ranks of ``comm/bytes`` per step), ``collectives`` (of
+    ``comm/collectives`` per step; None where the run did not count them) and, for gossip,
+    ``peers`` (the most neighbours a rank has in its topology at that count)."""
+
+    collective: str
+    workers: int
+    wire_bytes: float
+    collectives: float | None
+    peers: int = 2
+
+    def message_bytes(self) -> float:
+        """The bytes of one rank's message per step, whatever the worker count."""
+        factor = wire_factor(self.collective, self.workers, self.peers)
+        return self.wire_bytes / factor if factor else 0.0
+
+    def rounds(self) -> float:
+        """Collectives per step (gossip: exchanges, a send and a receive per peer each); one
+        where the run did not count them."""
+        count = self.collectives if self.collectives is not None else 1.0
+        if self.collective == "gossip":
+            return count / (2 * max(self.peers, 1))
+        return count
+
+    def seconds(self, link: Link, workers: int, peers: int = 2, slowest: bool = False) -> float:
+        """Communication per step on ``workers`` ranks over ``link`` (gossip: ``peers`` each):
+        its collectives, each of an equal share of the step's message."""
+        rounds = self.rounds()
+        if workers <= 1 or rounds <= 0:
+            return 0.0
+        size = self.message_bytes() / rounds
+        return rounds * link.seconds(self.collective, workers, max(size, 1.0), slowest, peers)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One training run as the model reads it: its per-step medians over logging intervals."""
+
+    run_id: str
+    workers: int
+    compute_s: float                 # median compute phases per step (mean over ranks)
+    compute_range: tuple[float, float]   # the interquartile range of the same
+    communication_s: float           # median communication phase per step
+    step_s: float                    # median training seconds per step (train/time)
+    samples_per_step: float
+    traffic: Traffic
+    network: str
+    shared_cores: bool               # its workers' threads outnumbered the machine's cores
+    steps_to_goal: int | None
+    created_at: float
+    machine: str
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], statistics.median(values), q[2]
+
+
+def _peers(optimizer: str, options: dict[str, Any], workers: int) -> int:
+    """The most neighbours a rank has in a gossip optimizer's topology at ``workers`` ranks."""
+    if workers < 2:
+        return 0
+    text = str(options.get("topology", "ring"))
+    try:
+        topology = parse_topology(text, workers)
+    except UsageError:
+        return 2
+    degree: dict[int, int] = {}
+    for i, j in topology.edges:
+        degree[i] = degree.get(i, 0) + 1
+        degree[j] = degree.get(j, 0) + 1
+    return max(degree.values(), default=0)
+
+
+def measure_run(result: RunResult, events: list[dict[str, Any]]) -> Measured:
+    """The per-step figures of one finished training run, from its events."""
+    config = result.config
+    if config is None:
+        raise UsageError(f"run {result.record.id} has no readable run.json")
+    info = INFO.get(config.optimizer)
+    collective = info.collective if info is not None else "allreduce"
+    intervals: dict[tuple[int, int], dict[str, float]] = {}
+    last_time: dict[int, float] = {}
+    for e in events:
+        name, rank = e.get("name", ""), int(e.get("rank", 0))
+        if not (name.startswith(("time/", "comm/")) or name in ("train/steps", "train/time")):
+            continue
+        point = intervals.setdefault((rank, int(e.get("step", 0))), {})
+        point[name] = point.get(name, 0.0) + float(e["value"])
+    compute, communication, steps_s, wire, counted, collectives = [], [], [], [], 0, 0.0
+    per_rank_steps: dict[int, int] = {}
+    for (rank, _step), point in sorted(intervals.items()):
+        steps = point.get("train/steps", 0.0)
+        if steps <= 0:
+            continue
+        per_rank_steps[rank] = per_rank_steps.get(rank, 0) + int(steps)
+        compute.append(sum(point.get(f"time/{p}", 0.0) for p in COMPUTE_PHASES) / steps)
+        communication.append(point.get("time/communication", 0.0) / steps)
+        wire.append(point.get("comm/bytes", 0.0) / steps)
+        if "comm/collectives" in point:
+            collectives += point["comm/collectives"]
+            counted += int(steps)
+        if "train/time" in point:
+            if rank in last_time:
+                steps_s.append((point["train/time"] - last_time[rank]) / steps)
+            last_time[rank] = point["train/time"]
+    if not compute:
+        raise UsageError(f"run {result.record.id} recorded no timed training steps to calibrate from")
+    low, median, high = _quartiles(compute)
+    options = dict(config.optimizer_options)
+    if info is not None:
+        try:
+            options = info.parse_options(options, None, strict=False)
+        except UsageError:
+            pass
+    workers = result.record.workers
+    traffic = Traffic(collective, workers, statistics.mean(wire), collectives / counted if counted else None,
+                      _peers(config.optimizer, options, workers))
+    summary = result.summary
+    samples = summary.samples / summary.steps if summary.steps else 0.0
+    environment = summary.environment or {}
+    cores = int(environment.get("cores") or 0)
+    threads = int(config.threads_per_worker or 1)
+    outcome = result.result
+    return Measured(result.record.id, workers, median, (low, high), statistics.median(communication),
+                    statistics.median(steps_s) if steps_s else median + statistics.median(communication),
+                    samples, traffic, network_label(result.network) or "not emulated",
+                    bool(cores) and workers * threads > cores,
+                    outcome.steps_to_accuracy if outcome.reached else None, result.record.created_at,
+                    str(environment.get("cpu") or environment.get("host") or "unknown machine"))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The model's answer for one optimizer at ``workers`` on ``link``."""
+
+    optimizer: str
+    workers: int
+    link: Link
+    compute_s: float
+    communication_s: float
+    range_s: tuple[float, float]
+    samples_per_step: float
+    compute_from: str
+    traffic_from: str
+    steps_to_goal: int | None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.communication_s
+
+    @property
+    def throughput(self) -> float:
+        return self.samples_per_step / self.step_s if self.step_s > 0 else 0.0
+
+    @property
+    def time_to_goal_s(self) -> float | None:
+        return None if self.steps_to_goal is None else self.steps_to_goal * self.step_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer, "workers": self.workers, "network": self.link.network,
+                "step_s": self.step_s, "step_range_s": list(self.range_s), "compute_s": self.compute_s,
+                "communication_s": self.communication_s, "throughput": self.throughput,
+                "steps_to_goal": self.steps_to_goal, "time_to_goal_s": self.time_to_goal_s,
+                "compute_from": self.compute_from, "traffic_from": self.traffic_from,
+                "link": self.link.to_dict(), "notes": list(self.notes)}
+
+
+@dataclass
+class Calibration:
+    """Everything measured for one task: its training runs by optimizer (one configuration
+    each) and the links, by network label, fitted to task 0a's sweeps."""
+
+    task: str
+    runs: dict[str, list[Measured]] = field(default_factory=dict)
+    links: dict[str, Link] = field(default_factory=dict)
+    configuration: dict[str, dict[str, str]] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)   # optimizer -> its runs' task settings
+
+    def link(self, settings: NetworkSettings | None) -> Link:
+        """The link of ``settings`` (None: the machine's own network): fitted to a sweep at that
+        network, or nominal in series with the machine's own."""
+        label = network_label(settings.to_dict()) if settings else ""
+        label = label or "not emulated"
+        if label in self.links:
+            return self.links[label]
+        host = self.links.get("not emulated")
+        if host is None or settings is None:
+            raise UsageError(f"no task0a sweep on 2 or more workers at {label} to fit the link to: run "
+                             f"`mlbench run task0a 2{' ' + ' '.join(settings.to_args()) if settings else ''}` "
+                             "(or `mlbench predict ... --calibrate`)")
+        return nominal_link(host, settings)
+
+    def predict(self, optimizer: str, workers: int, link: Link) -> Prediction:
+        """Step time of ``optimizer`` at ``workers`` on ``link``; see the module's docstring."""
+        measured = self.runs.get(optimizer)
+        if not measured:
+            raise UsageError(f"no finished run of {self.task} with --optimizer {optimizer} to calibrate from: run "
+                             f"`mlbench run {self.task} 2 --optimizer {optimizer} --max-steps 100` "
+                             "(or `mlbench predict ... --calibrate`)")
+        notes: list[str] = []
+        at = [m for m in measured if m.workers == workers]
+        below = sorted((m for m in measured if m.workers < workers and not m.shared_cores),
+                       key=lambda m: (-m.workers, -m.created_at))
+        compute_run = max(at, key=lambda m: m.created_at) if at else (below[0] if below else
+                                                                       min(measured, key=lambda m: m.workers))
+        compute_s, (low, high) = compute_run.compute_s, compute_run.compute_range
+        settings = self.settings.get(optimizer)
+        scale = _accumulation(settings, workers) / _accumulation(settings, compute_run.workers) if settings else 1.0
+        compute_s, low, high = compute_s * scale, low * scale, high * scale
+        if compute_run.workers == workers and compute_run.shared_cores:
+            notes.append(f"compute measured at {workers} workers sharing the machine's cores ({compute_run.run_id})")
+        elif compute_run.workers != workers:
+            notes.append(f"compute per worker as measured at {compute_run.workers} ({compute_run.run_id}); "
+                         "each worker is taken to have resources of its own")
+        traffic_runs = [m for m in measured if m.workers >= 2]
+        if not traffic_runs:
+            raise UsageError(f"no run of {self.task} with --optimizer {optimizer} on 2 or more workers measured "
+                             f"what it sends: run `mlbench run {self.task} 2 --optimizer {optimizer} --max-steps 100`")
+        traffic_run = min(traffic_runs, key=lambda m: (abs(m.workers - workers), -m.created_at))
+        traffic = traffic_run.traffic
+        if traffic.collectives is None:
+            notes.append(f"{traffic_run.run_id} did not count its collectives: one per step is assumed")
+        peers = _peers(optimizer, self._options(optimizer), workers) if traffic.collective == "gossip" else 2
+        communication = traffic.seconds(link, workers, peers)
+        slowest = traffic.seconds(link, workers, peers, slowest=True)
+        samples = compute_run.samples_per_step / compute_run.workers * workers
+        if settings is not None and hasattr(settings, "global_batch_size"):
+            samples = compute_run.samples_per_step / _global(settings, compute_run.workers) * _global(settings, workers)
+        goal_runs = [m.steps_to_goal for m in at if m.steps_to_goal is not None]
+        steps_to_goal = int(statistics.median(goal_runs)) if goal_runs else None
+        return Prediction(optimizer, workers, link, compute_s, communication,
+                          (low + communication, high + slowest), samples,
+                          compute_run.run_id, traffic_run.run_id, steps_to_goal, tuple(notes))
+
+    def _options(self, optimizer: str) -> dict[str, Any]:
+        config = self.configuration.get(optimizer, {})
+        return {k[4:]: v for k, v in config.items() if k.startswith("opt.")}
+
+
+def _accumulation(settings: Any, workers: int) -> float:
+    try:
+        return float(max(1, settings.accumulation(workers)))
+    except (AttributeError, ZeroDivisionError, TypeError):
+        return 1.0
+
+
+def _global(settings: Any, workers: int) -> float:
+    try:
+        return float(settings.global_batch_size(workers))
+    except (AttributeError, TypeError):
+        return float(workers)
+
+
+def _configuration(result: RunResult) -> dict[str, str]:
+    return {k: v for k, v in result.fingerprint.items() if k not in CARRIED_KEYS}
+
+
+def calibration_from(store: RunStore, task: str, optimizers: Iterable[str],
+                     exclude: Iterable[str] = ()) -> Calibration:
+    """The calibration of ``task`` from the store's finished runs: for each optimizer, the runs
+    of its newest run's configuration (so that two configurations never mix); the links from
+    every finished task-0a sweep on 2 or more workers, the newest per network. ``exclude``: run
+    ids left out (the runs a validation predicts)."""
+    from mlbench.results.events import read_run_events
+
+    skip = set(exclude)
+    calibration = Calibration(task)
+    records = [r for r in store.list() if r.state == FINISHED and r.id not in skip]
+    for record in sorted((r for r in records if r.task == "task0a" and r.workers >= 2),
+                         key=lambda r: r.created_at):
+        result = RunResult.load(record)
+        sweep = result.sweep
+        if sweep is None:
+            continue
+        label = network_label(result.network) or "not emulated"
+        try:
+            calibration.links[label] = fit_link(sweep.rows, record.workers, label, record.id)
+        except UsageError:
+            continue
+    wanted = set(optimizers)
+    newest: dict[str, tuple[RunRecord, RunResult]] = {}
+    loaded: list[tuple[RunRecord, RunResult]] = []
+    for record in sorted((r for r in records if r.task == task), key=lambda r: r.created_at):
+        result = RunResult.load(record)
+        if result.config is None or result.config.optimizer not in wanted:
+            continue
+        loaded.append((record, result))
+        newest[result.config.optimizer] = (record, result)
+    for optimizer, (_, lead) in newest.items():
+        configuration = _configuration(lead)
+        calibration.configuration[optimizer] = configuration
+        assert lead.config is not None
+        calibration.settings[optimizer] = getattr(lead.config.task, "settings", None)
+        calibration.runs[optimizer] = [measure_run(result, read_run_events(record.run_dir))
+                                       for record, result in loaded
+                                       if result.config is not None and result.config.optimizer == optimizer
+                                       and _configuration(result) == configuration]
+    return calibration
+
+
+def crossovers(predictions: list[Prediction]) -> list[str]:
+    """Where one optimizer overtakes another along the worker counts, per network: one sentence
+    each, by time to the goal where both know it, else by step time."""
+    by_network: dict[str, dict[str, dict[int, Prediction]]] = {}
+    for p in predictions:
+        by_network.setdefault(p.link.network, {}).setdefault(p.optimizer, {})[p.workers] = p
+    lines = []
+    for network, table in by_network.items():
+        names = list(table)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                counts = sorted(set(table[a]) & set(table[b]))
+                previous: tuple[int, bool] | None = None
+                for n in counts:
+                    pa, pb = table[a][n], table[b][n]
+                    ta, tb = pa.time_to_goal_s, pb.time_to_goal_s
+                    a_first = (ta < tb) if ta is not None and tb is not None else pa.step_s < pb.step_s
+                    if previous is not None and previous[1] != a_first:
+                        ahead, behind = (a, b) if a_first else (b, a)
+                        what = "time to goal" if ta is not None and tb is not None else "step time"
+                        lines.append(f"at {network}, {ahead} overtakes {behind} by {what} between "
+                                     f"{previous[0]} and {n} workers")
+                    previous = (n, a_first)
+    return lines
+
+
+def describe_link(link: Link) -> str:
+    """One line: the link's fitted latency and bandwidth, and where they come from."""
+    rate = format_rate(8.0 / link.beta_s) if link.beta_s > 0 else "unbounded"
+    return (f"{link.network}: latency {format_time(link.alpha_s + link.extra_alpha_s)} per message step, "
+            f"{rate} at {link.sizes[-1]:.3g}-byte messages ({link.source})")

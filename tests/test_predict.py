@@ -1,0 +1,157 @@
+"""`mlbench predict`'s model (mlbench.results.predict) held to cases computed by hand from its
+formulas (docs/predict.md), and its refusals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mlbench.errors import UsageError
+from mlbench.network.settings import NetworkSettings
+from mlbench.results.predict import (Calibration, Link, Measured, Traffic, crossovers, fit_link, hops,
+                                     nominal_link, wire_factor)
+
+#: a two-worker sweep: 4 bytes in 100 us (latency only), 4 MB in 34.1 ms
+ROWS = [{"dtype": "fp32", "bytes": 4, "time_s": 100e-6, "time_max_s": 100e-6},
+        {"dtype": "fp32", "bytes": 4_000_000, "time_s": 0.0341, "time_max_s": 0.0441},
+        {"dtype": "bf16", "bytes": 2, "time_s": 1.0}]          # another dtype: not read
+ALPHA = 100e-6 / 2                                        # the smallest message's time over 2 (N - 1) = 2
+BETA = (0.0341 - 2 * ALPHA) / 4e6                         # 8.5e-9 s per byte a rank sends
+
+
+def link() -> Link:
+    return fit_link(ROWS, 2, "1 Gbit/s", "sweep1")
+
+
+def measured(workers: int, traffic: Traffic, compute: float = 0.05, goal: int | None = None,
+             shared: bool = False, run_id: str = "run") -> Measured:
+    return Measured(run_id, workers, compute, (0.8 * compute, 1.2 * compute), 0.0, compute, 32.0 * workers,
+                    traffic, "not emulated", shared, goal, 0.0, "lab")
+
+
+def test_the_ring_factors_are_nccl_tests():
+    assert [hops("allreduce", n) for n in (1, 2, 8)] == [0, 2, 14]
+    assert [hops("allgather", n) for n in (1, 2, 8)] == [0, 1, 7]
+    assert wire_factor("allreduce", 8) == 2 * 7 / 8          # the bus-bandwidth factor
+    assert wire_factor("allgather", 8) == 7
+    assert wire_factor("gossip", 8, peers=4) == 4
+    assert wire_factor("allreduce", 1) == 0                  # one worker sends nothing
+
+
+def test_the_link_is_the_sweep_at_its_sizes_and_its_per_byte_cost_carries_to_n_workers():
+    fitted = link()
+    assert fitted.alpha_s == pytest.approx(ALPHA)
+    assert fitted.per_byte(4e6) == pytest.approx(BETA)
+    # at the sweep's own worker count the model gives back the sweep's times
+    assert fitted.seconds("allreduce", 2, 4e6) == pytest.approx(0.0341)
+    assert fitted.seconds("allreduce", 2, 4) == pytest.approx(100e-6)
+    # 8 workers: 14 latency steps, 2 x 7/8 of the message per rank
+    assert fitted.seconds("allreduce", 8, 4e6) == pytest.approx(14 * ALPHA + 1.75 * 4e6 * BETA)
+    assert fitted.seconds("allreduce", 8, 4e6) == pytest.approx(0.0602)
+    # between two measured sizes, the time is interpolated in log-log
+    between = math.exp(math.log(100e-6) + (4 / 6) * (math.log(0.0341) - math.log(100e-6)))
+    assert fitted.seconds("allreduce", 2, 4e4) == pytest.approx(between)
+    # the slowest rank's times bound it from above
+    assert fitted.seconds("allreduce", 8, 4e6, slowest=True) == pytest.approx(
+        14 * ALPHA + 1.75 * 4e6 * (0.0441 - 2 * ALPHA) / 4e6)
+
+
+def test_a_network_no_sweep_measured_adds_its_nominal_rate_and_latency_to_the_machines_own():
+    nominal = nominal_link(link(), NetworkSettings(bandwidth_bps=1e9, latency_s=1e-3))
+    assert nominal.network == "1 Gbit/s, 1 ms" and nominal.source == "nominal, with sweep1"
+    assert nominal.seconds("allreduce", 2, 4e6) == pytest.approx(2 * (ALPHA + 1e-3) + 4e6 * (BETA + 8e-9))
+    assert nominal.seconds("allreduce", 2, 4e6) == pytest.approx(0.0681)
+
+
+def test_each_collective_carries_the_measured_bytes_and_collectives_to_n_workers():
+    # an all-reduce method: 8 MB on the wire per step at 2 workers (factor 1) in 2 collectives
+    allreduce = Traffic("allreduce", 2, 8e6, 2.0)
+    assert allreduce.message_bytes() == 8e6
+    assert allreduce.seconds(link(), 8) == pytest.approx(2 * (14 * ALPHA + 1.75 * 4e6 * BETA))
+    assert allreduce.seconds(link(), 8) == pytest.approx(0.1204)
+    # an all-gather method: 4 MB per step at 2 workers (its share to 1 peer), one collective
+    allgather = Traffic("allgather", 2, 4e6, 1.0)
+    assert allgather.seconds(link(), 4) == pytest.approx(3 * ALPHA + 3 * 4e6 * BETA)
+    assert allgather.seconds(link(), 4) == pytest.approx(0.10215)
+    # gossip on a ring: 1 neighbour at 2 workers (a send and a receive), 2 at 8
+    gossip = Traffic("gossip", 2, 4e6, 2.0, peers=1)
+    assert gossip.seconds(link(), 8, peers=2) == pytest.approx(ALPHA + 2 * 4e6 * BETA)
+    assert gossip.seconds(link(), 8, peers=2) == pytest.approx(0.06805)
+    assert allreduce.seconds(link(), 1) == 0.0
+
+
+def test_a_prediction_adds_compute_and_communication_and_knows_steps_only_where_runs_reached_the_goal():
+    traffic = Traffic("allreduce", 2, 8e6, 2.0)
+    calibration = Calibration("task1a", runs={"centralized-sgd": [
+        measured(1, Traffic("allreduce", 1, 0.0, 0.0), compute=0.04, run_id="one"),
+        measured(2, traffic, compute=0.05, goal=1000, run_id="two")]})
+    at_eight = calibration.predict("centralized-sgd", 8, link())
+    assert at_eight.compute_s == 0.05 and at_eight.compute_from == "two"     # the nearest count below
+    assert at_eight.step_s == pytest.approx(0.05 + 0.1204)
+    assert at_eight.throughput == pytest.approx(32 * 8 / (0.05 + 0.1204))   # samples per worker x 8
+    assert at_eight.steps_to_goal is None and at_eight.time_to_goal_s is None   # never guessed
+    assert any("each worker is taken to have resources of its own" in note for note in at_eight.notes)
+    at_two = calibration.predict("centralized-sgd", 2, link())
+    assert at_two.step_s == pytest.approx(0.05 + 2 * 0.0341)
+    assert at_two.time_to_goal_s == pytest.approx(1000 * at_two.step_s)
+    assert at_two.range_s == pytest.approx((0.04 + 2 * 0.0341, 0.06 + 2 * 0.0441))
+    at_one = calibration.predict("centralized-sgd", 1, link())
+    assert at_one.step_s == 0.04 and at_one.communication_s == 0.0
+
+
+def test_compute_at_a_count_whose_workers_shared_the_cores_is_that_counts_own_and_said_so():
+    traffic = Traffic("allreduce", 2, 8e6, 2.0)
+    calibration = Calibration("task1a", runs={"centralized-sgd": [
+        measured(2, traffic, compute=0.05, run_id="two"), measured(4, traffic, compute=0.11, shared=True, run_id="four")]})
+    at_four = calibration.predict("centralized-sgd", 4, link())
+    assert at_four.compute_s == 0.11
+    assert at_four.notes[0] == "compute measured at 4 workers sharing the machine's cores (four)"
+    # at 8 the oversubscribed count is not carried: each worker of a cluster has its own cores
+    assert calibration.predict("centralized-sgd", 8, link()).compute_s == 0.05
+
+
+def test_the_crossover_is_named_where_one_optimizer_overtakes_another():
+    # all-reduce SGD: little compute, 4 MB a step; a compressor: more compute, 4 KB a step
+    calibration = Calibration("task1a", runs={
+        "centralized-sgd": [measured(2, Traffic("allreduce", 2, 4e6, 1.0), compute=0.001)],
+        "powersgd": [measured(2, Traffic("allreduce", 2, 4e3, 1.0), compute=0.05)]})
+    predictions = {(p.optimizer, p.workers): p for p in (calibration.predict(o, n, link())
+                                                         for o in ("centralized-sgd", "powersgd") for n in (2, 64))}
+    kilobytes = 1e-4 * math.sqrt(341)        # the sweep at 4 KB: half-way between 4 B and 4 MB in log-log
+    assert predictions["centralized-sgd", 2].step_s == pytest.approx(0.001 + 0.0341)
+    assert predictions["powersgd", 2].step_s == pytest.approx(0.05 + kilobytes)
+    assert predictions["centralized-sgd", 64].step_s == pytest.approx(0.001 + 126 * ALPHA + 2 * 63 / 64 * 4e6 * BETA)
+    assert predictions["powersgd", 64].step_s == pytest.approx(
+        0.05 + 126 * ALPHA + 2 * 63 / 64 * (kilobytes - 2 * ALPHA))
+    assert crossovers(list(predictions.values())) == [
+        "at 1 Gbit/s, powersgd overtakes centralized-sgd by step time between 2 and 64 workers"]
+    # one worker count: nothing to overtake
+    assert not crossovers([predictions["centralized-sgd", 2], predictions["powersgd", 2]])
+
+
+def test_what_cannot_be_predicted_is_refused_in_one_line():
+    with pytest.raises(UsageError, match="no finished run of task1a with --optimizer powersgd"):
+        Calibration("task1a").predict("powersgd", 8, link())
+    one_worker = Calibration("task1a", runs={"centralized-sgd": [measured(1, Traffic("allreduce", 1, 0.0, 0.0))]})
+    with pytest.raises(UsageError, match="on 2 or more workers measured what it sends"):
+        one_worker.predict("centralized-sgd", 8, link())
+    with pytest.raises(UsageError, match="no task0a sweep on 2 or more workers at 1 Gbit/s"):
+        Calibration("task1a").link(NetworkSettings(bandwidth_bps=1e9))
+    with pytest.raises(UsageError, match="a link needs two or more sizes"):
+        fit_link(ROWS[:1], 2, "x", "sweep1")
+
+
+def test_two_sweeps_that_disagree_and_a_busy_machine_refuse_to_calibrate(monkeypatch):
+    from mlbench.cli import predict
+
+    steady = [dict(r) for r in ROWS]
+    predict._check_sweeps([ROWS, steady], "1 Gbit/s")                  # equal: accepted
+    shaky = [{**r, "time_s": r["time_s"] * 2} for r in ROWS]
+    with pytest.raises(UsageError, match=r"the two sweeps at 1 Gbit/s differ by 2\.00x in the median"):
+        predict._check_sweeps([ROWS, shaky], "1 Gbit/s")
+    monkeypatch.setattr(predict.os, "getloadavg", lambda: (7.5, 7.0, 6.0))
+    monkeypatch.setattr(predict.os, "cpu_count", lambda: 2)
+    with pytest.raises(UsageError, match=r"the machine is busy \(load 7\.50 over the last minute on 2 cores"):
+        predict._busy(busy_ok=False)
+    predict._busy(busy_ok=True)
