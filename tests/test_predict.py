@@ -150,6 +150,7 @@ def test_two_sweeps_that_disagree_and_a_busy_machine_refuse_to_calibrate(monkeyp
     shaky = [{**r, "time_s": r["time_s"] * 2} for r in ROWS]
     with pytest.raises(UsageError, match=r"the two sweeps at 1 Gbit/s differ by 2\.00x in the median"):
         predict._check_sweeps([ROWS, shaky], "1 Gbit/s")
+    predict._check_sweeps([ROWS, shaky], "1 Gbit/s", busy_ok=True)    # said, and accepted
     monkeypatch.setattr(predict.os, "getloadavg", lambda: (7.5, 7.0, 6.0))
     monkeypatch.setattr(predict.os, "cpu_count", lambda: 2)
     with pytest.raises(UsageError, match=r"the machine is busy \(load 7\.50 over the last minute on 2 cores"):

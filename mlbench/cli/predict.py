@@ -83,8 +83,9 @@ def _busy(busy_ok: bool) -> None:
                          option="calibrate")
 
 
-def _check_sweeps(rows: list[list[dict[str, Any]]], label: str) -> None:
-    """Refuse two sweeps of one network that disagree: the machine was too busy to measure it."""
+def _check_sweeps(rows: list[list[dict[str, Any]]], label: str, busy_ok: bool = False) -> None:
+    """Refuse two sweeps of one network that disagree: the machine was too busy to measure it
+    (``busy_ok``: say so and go on)."""
     first = {r["bytes"]: r["time_s"] for r in rows[0] if r.get("dtype") == "fp32"}
     second = {r["bytes"]: r["time_s"] for r in rows[1] if r.get("dtype") == "fp32"}
     ratios = {size: max(first[size], second[size]) / min(first[size], second[size])
@@ -94,9 +95,13 @@ def _check_sweeps(rows: list[list[dict[str, Any]]], label: str) -> None:
     spread = statistics.median(ratios.values())
     if spread > SWEEP_SPREAD:
         worst = max(ratios, key=lambda s: ratios[s])
-        raise UsageError(f"the two sweeps at {label} differ by {spread:.2f}x in the median (up to {ratios[worst]:.2f}x "
-                         f"at {worst} bytes), more than {SWEEP_SPREAD}x: the machine is too busy to calibrate; "
-                         "try again when it is idle", option="calibrate")
+        problem = (f"the two sweeps at {label} differ by {spread:.2f}x in the median (up to {ratios[worst]:.2f}x "
+                   f"at {worst} bytes), more than {SWEEP_SPREAD}x")
+        if busy_ok:
+            click.echo(f"warning: {problem}; the newer one is used (--busy-ok)", err=True)
+            return
+        raise UsageError(f"{problem}: the machine is too busy to calibrate; try again when it is idle, "
+                         "or give --busy-ok", option="calibrate")
 
 
 def _calibrate(task: str, optimizers: list[str], networks: list[NetworkSettings | None], workers: list[int],
@@ -121,7 +126,7 @@ def _calibrate(task: str, optimizers: list[str], networks: list[NetworkSettings 
                 raise UsageError(f"the task0a sweep at {label} ({run.id}) {run.state}: {run.reason}",
                                  option="calibrate")
             sweeps.append(run.result.get("rows", []))
-        _check_sweeps(sweeps, label)
+        _check_sweeps(sweeps, label, busy_ok)
     for optimizer in optimizers:
         for count in workers:
             _busy(busy_ok)
@@ -179,7 +184,8 @@ def _validate(run_refs: tuple[str, ...], output: str) -> None:
               "in elements.")
 @click.option("--data-dir", help="The task's data for the calibration's runs (as mlbench run --data-dir).")
 @click.option("--data", type=click.Choice(["real", "synthetic"]), help="synthetic: calibrate on random data.")
-@click.option("--busy-ok", is_flag=True, help="Calibrate even though the machine is busy.")
+@click.option("--busy-ok", is_flag=True, help="Calibrate even though the machine is busy (its load, or two sweeps "
+              "that disagree).")
 @click.option("--validate", is_flag=True, help="The arguments are runs: show each one's predicted step time "
               "beside its measured one.")
 @output_option

@@ -1,0 +1,77 @@
+"""`mlbench predict` from a calibration made here: the collectives a worker counts, the
+calibration's real runs (task 0a's sweeps on the machine's own and an emulated network, each
+optimizer's short runs), its prediction at the calibration's own worker count held to the
+sweep it was read from, and --validate of a run made after it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.helpers import events, last_run, mlbench
+
+SHORT = ("--data", "synthetic", "--max-steps", "20", "--log-every", "5")
+
+
+@pytest.mark.parametrize(("options", "per_rank"), [((), 20), (("--optimizer", "model-averaging", "--opt", "period=2"), 10)])
+def test_each_rank_counts_the_collectives_of_its_training_steps(options, per_rank):
+    """Task 2a's model is one tensor: all-reduce SGD sends one collective a step, model
+    averaging every second step; 20 steps make 20 and 10 on each rank (evaluations not counted)."""
+    mlbench("run", "task2a", "2", *SHORT, *options, check=True)
+    evs = events(last_run())
+    for rank in (0, 1):
+        counts = [e["value"] for e in evs if e["rank"] == rank and e["name"] == "comm/collectives"]
+        assert len(counts) == 4 and sum(counts) == per_rank, counts
+
+
+def _loglog(sizes: list[float], times: list[float], size: float) -> float:
+    """The sweep's time at ``size``, interpolated in log-log as docs/predict.md says."""
+    if size <= sizes[0]:
+        return times[0]
+    for x0, y0, x1, y1 in zip(sizes, times, sizes[1:], times[1:]):
+        if x0 <= size <= x1:
+            share = math.log(size / x0) / math.log(x1 / x0)
+            return y0 * (y1 / y0) ** share
+    raise AssertionError(f"{size} is past the sweep")
+
+
+@pytest.mark.timeout(600)   # four sweeps and two training runs, then one more run to validate
+def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_later_one(shaping):
+    made = mlbench("predict", "task2a", "--calibrate", "--busy-ok", "--data", "synthetic", "--calibration-steps", "20",
+                   "--max-size", "100000", "--workers", "2,4", "--bandwidth", "100mbit", "-o", "json", timeout=540)
+    assert made.returncode == 0, made.stderr
+    answer = json.loads(made.stdout)
+    links = answer["calibration"]["links"]
+    assert set(links) == {"not emulated", "100 Mbit/s"}
+    # the newest sweep of each network is the link; it is a task0a run of 2 workers
+    listed = json.loads(mlbench("status", "-o", "json", check=True).stdout)["runs"]
+    sweeps = {r["id"]: r for r in listed if r["task"] == "task0a"}
+    assert len(sweeps) == 4 and {link["source"] for link in links.values()} <= set(sweeps)
+    runs = answer["calibration"]["runs"]["centralized-sgd"]
+    assert sorted(r["workers"] for r in runs) == [1, 2]
+    two = next(r for r in runs if r["workers"] == 2)
+    assert two["collectives_per_step"] == 1.0 and two["wire_bytes_per_step"] == 8000   # 2000 fp32 weights
+    predicted = {(p["network"], p["workers"]): p for p in answer["predictions"]}
+    assert set(predicted) == {("100 Mbit/s", 2), ("100 Mbit/s", 4)}
+    # at the sweep's own worker count, communication is the sweep's time at the step's message
+    link = links["100 Mbit/s"]
+    expected = _loglog(link["sizes"], link["times_s"], 8000)
+    assert predicted["100 Mbit/s", 2]["communication_s"] == pytest.approx(expected, rel=1e-9)
+    assert predicted["100 Mbit/s", 2]["compute_s"] == pytest.approx(two["compute_s"], rel=1e-9)
+    # 4 workers: 6 latency steps instead of 2, 1.5 of the message per rank instead of 1
+    alpha = link["alpha_s"]
+    beta = (expected - 2 * alpha) / 8000
+    assert predicted["100 Mbit/s", 4]["communication_s"] == pytest.approx(6 * alpha + 1.5 * 8000 * beta, rel=1e-9)
+    assert predicted["100 Mbit/s", 4]["steps_to_goal"] is None     # synthetic data: no goal, never guessed
+
+    mlbench("run", "task2a", "2", *SHORT, "--bandwidth", "100mbit", check=True)
+    later = last_run()
+    shown = mlbench("predict", "--validate", later.id, check=True).stdout
+    row = next(line for line in shown.splitlines() if line.startswith(later.id))
+    assert "centralized-sgd" in row and "100 Mbit/s" in row and "%" in row
+    assert "median absolute error" in shown
+    refused = mlbench("predict", "task2a", "--bandwidth", "10gbit", "--optimizer", "powersgd")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1].startswith("Error: no finished run of task2a with --optimizer powersgd")
