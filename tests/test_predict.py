@@ -103,7 +103,8 @@ def test_a_prediction_adds_compute_and_communication_and_knows_steps_only_where_
 def test_compute_at_a_count_whose_workers_shared_the_cores_is_that_counts_own_and_said_so():
     traffic = Traffic("allreduce", 2, 8e6, 2.0)
     calibration = Calibration("task1a", runs={"centralized-sgd": [
-        measured(2, traffic, compute=0.05, run_id="two"), measured(4, traffic, compute=0.11, shared=True, run_id="four")]})
+        measured(2, traffic, compute=0.05, run_id="two"),
+        measured(4, traffic, compute=0.11, shared=True, run_id="four")]})
     at_four = calibration.predict("centralized-sgd", 4, link())
     assert at_four.compute_s == 0.11
     assert at_four.notes[0] == "compute measured at 4 workers sharing the machine's cores (four)"

@@ -15,7 +15,8 @@ from tests.helpers import events, last_run, mlbench
 SHORT = ("--data", "synthetic", "--max-steps", "20", "--log-every", "5")
 
 
-@pytest.mark.parametrize(("options", "per_rank"), [((), 20), (("--optimizer", "model-averaging", "--opt", "period=2"), 10)])
+@pytest.mark.parametrize(("options", "per_rank"),
+                         [((), 20), (("--optimizer", "model-averaging", "--opt", "period=2"), 10)])
 def test_each_rank_counts_the_collectives_of_its_training_steps(options, per_rank):
     """Task 2a's model is one tensor: all-reduce SGD sends one collective a step, model
     averaging every second step; 20 steps make 20 and 10 on each rank (evaluations not counted)."""
@@ -74,4 +75,5 @@ def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_late
     assert "median absolute error" in shown
     refused = mlbench("predict", "task2a", "--bandwidth", "10gbit", "--optimizer", "powersgd")
     assert refused.returncode == 2
-    assert refused.stderr.strip().splitlines()[-1].startswith("Error: no finished run of task2a with --optimizer powersgd")
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: no finished run of task2a with --optimizer powersgd"), last
