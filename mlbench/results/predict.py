@@ -371,8 +371,9 @@ class Calibration:
         at = [m for m in measured if m.workers == workers]
         below = sorted((m for m in measured if m.workers < workers and not m.shared_cores),
                        key=lambda m: (-m.workers, -m.created_at))
-        compute_run = max(at, key=lambda m: m.created_at) if at else (below[0] if below else
-                                                                       min(measured, key=lambda m: m.workers))
+        # at the count asked for, a run without emulation first: tc's shaping costs the cores too
+        at.sort(key=lambda m: (m.network != "not emulated", -m.created_at))
+        compute_run = at[0] if at else (below[0] if below else min(measured, key=lambda m: m.workers))
         compute_s, (low, high) = compute_run.compute_s, compute_run.compute_range
         settings = self.settings.get(optimizer)
         scale = _accumulation(settings, workers) / _accumulation(settings, compute_run.workers) if settings else 1.0
