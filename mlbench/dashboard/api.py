@@ -112,6 +112,34 @@ def parse_cursor(text: str) -> dict[int, int]:
     return cursor
 
 
+#: The runs of one page of /api/runs unless ``limit`` says otherwise, and the most it may say.
+PAGE_RUNS = 100
+MAX_PAGE_RUNS = 1000
+_RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def parse_limit(text: str | None) -> int:
+    if text is None or not text.strip():
+        return PAGE_RUNS
+    if not (_NUMBER.fullmatch(text.strip()) and 1 <= int(text.strip()[:8]) <= MAX_PAGE_RUNS):
+        raise UsageError(f"limit={text[:40]!r}: give a number of runs from 1 to {MAX_PAGE_RUNS}")
+    return int(text.strip())
+
+
+def parse_before(text: str | None) -> tuple[float, str] | None:
+    """``CREATED_AT:ID`` (the ``next`` of the previous page) -> (created_at, id)."""
+    if text is None or not text.strip():
+        return None
+    created, sep, run_id = text.strip().rpartition(":")
+    try:
+        when = float(created)
+    except ValueError:
+        when = math.nan
+    if not (sep and math.isfinite(when) and _RUN_ID.fullmatch(run_id)):
+        raise UsageError(f"before={text[:80]!r}: expected CREATED_AT:ID as the last answer's 'next' gave")
+    return when, run_id
+
+
 class Api:
     """The endpoints, over the dashboard's sources, live hub and run queue."""
 
@@ -140,7 +168,9 @@ class Api:
     # -- reading --------------------------------------------------------------------------------
     @_errors_as_json
     def list_runs(self, request: Request) -> Response:
-        return Json({"runs": self.hub.rows(), "sources": [s.describe() for s in self.sources.all()]})
+        q = request.query_params
+        return Json(self.hub.page(parse_limit(q.get("limit")), parse_before(q.get("before")),
+                                  tuple(q.get("q", "").lower().split())))
 
     @_errors_as_json
     def run(self, request: Request) -> Response:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -25,6 +26,7 @@ from mlbench.dashboard.newrun import RunQueue
 from mlbench.dashboard.security import TokenGuard
 from mlbench.dashboard.sources import Sources
 from mlbench.errors import MlbenchError
+from mlbench.results.charts import COLOURS
 
 STATIC = Path(__file__).with_name("static")
 _NO_STORE = {"Cache-Control": "no-store"}
@@ -32,6 +34,12 @@ _NO_STORE = {"Cache-Control": "no-store"}
 
 def _page(name: str, status: int = 200) -> Response:
     return HTMLResponse((STATIC / name).read_text(encoding="utf-8"), status_code=status, headers=_NO_STORE)
+
+
+def colours_script() -> str:
+    """The pages' chart colours: the palette of the PNG charts (mlbench.results.charts.COLOURS),
+    so that a family has one colour in the dashboard and in `mlbench charts`."""
+    return f'"use strict";\nMB.COLOURS = Object.freeze({json.dumps(list(COLOURS))});\n'
 
 
 def create_app(sources: Sources, token: str, cookie_name: str, allowed_hosts: set[str] | None,
@@ -74,6 +82,8 @@ def create_app(sources: Sources, token: str, cookie_name: str, allowed_hosts: se
         Route("/runs/{run_id}", run_page),
         Route("/compare", page("compare.html")),
         Route("/new", page("new.html")),
+        Route("/colours.js", lambda request: Response(colours_script(), media_type="text/javascript",
+                                                      headers=_NO_STORE)),
         *api.routes(),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]

@@ -84,6 +84,11 @@ class RunEvents:
         return self._summary[1]
 
 
+def _stamp(record: RunRecord) -> tuple:
+    """What an ended run's row depends on besides its files, which no longer change."""
+    return (record.state, record.finished_at, record.name, record.reason)
+
+
 def read_log(path: Path, offset: int | None, limit: int = LOG_CHUNK_BYTES) -> tuple[str, int, int]:
     """(text, start, next offset) of a log from ``offset``; None: its last LOG_TAIL_BYTES."""
     try:
@@ -166,7 +171,9 @@ class Hub:
         self.subscribers: set[Subscriber] = set()
         self._lock = threading.Lock()
         self._wake: asyncio.Event | None = None
-        self._rows: dict[tuple[str, str], dict[str, Any]] = {}
+        #: where each run stood at the last look: an active run's row, an ended run's stamp;
+        #: None before the first look
+        self._stamps: dict[tuple[str, str], Any] | None = None
         self._ended: dict[tuple[str, str], tuple[tuple, dict[str, Any]]] = {}
         self._live: dict[tuple[str, str], RunEvents] = {}
 
@@ -220,30 +227,54 @@ class Hub:
                 for sub, message in self.tick(subs)]
 
     # -- the runs table -----------------------------------------------------------------------
-    def rows(self) -> list[dict[str, Any]]:
-        """Every run's row, as the runs table shows it (also the API's list)."""
-        with self._lock:
-            return list(self._current_rows().values())
+    def row(self, source: Source, record: RunRecord) -> dict[str, Any]:
+        """A run's row of the runs table. An ended run's is made once (its events read and
+        summarised) and kept while its state, end, name and reason stay; an active run's from
+        what its event files gained since the last look."""
+        key = (source.key, record.id)
+        if record.active:
+            events = self._live.setdefault(key, RunEvents(record.run_dir))
+            events.refresh()
+            return views.run_row(source.key, record, events.summary(), views.read_run_json(record))
+        stamp = _stamp(record)
+        cached = self._ended.get(key)
+        if cached is None or cached[0] != stamp:
+            summary = summarize(read_run_events(record.run_dir))
+            cached = (stamp, views.run_row(source.key, record, summary, views.read_run_json(record)))
+            self._ended[key] = cached
+        return cached[1]
 
-    def _current_rows(self) -> dict[tuple[str, str], dict[str, Any]]:
-        rows = {}
+    def page(self, limit: int, before: tuple[float, str] | None = None,
+             words: tuple[str, ...] = ()) -> dict[str, Any]:
+        """One page of the runs table (also the API's list): up to ``limit`` rows, newest first,
+        of the runs created before ``before`` that hold ``words`` (:meth:`Sources.page`), the
+        cursor of the next page (None: this is the last), how many runs there are and how many
+        hold the words. Only the rows of the page are made."""
+        found = self.sources.page(limit, before, words)
+        with self._lock:
+            rows = [self.row(source, record) for source, record in found.records]
+        last = found.records[-1][1] if found.records and found.more else None
+        return {"runs": rows, "next": f"{last.created_at!r}:{last.id}" if last else None,
+                "total": found.total, "matching": found.matching, "sources": self._sources()}
+
+    def _changes(self) -> tuple[list[dict[str, Any]], list[str], int]:
+        """The rows that changed since the last look (new runs, active runs' progress, runs that
+        ended or were renamed), the ids of runs gone, and how many runs there are. It reads the
+        catalog (every run's state, not its files) and makes only the rows that changed; the
+        first look only notes where every run stands."""
+        stamps: dict[tuple[str, str], Any] = {}
+        changed = []
         for source, record in self.sources.records():
             key = (source.key, record.id)
-            if record.active:
-                events = self._live.setdefault(key, RunEvents(record.run_dir))
-                events.refresh()
-                rows[key] = views.run_row(source.key, record, events.summary(), views.read_run_json(record))
-                continue
-            stamp = (record.state, record.finished_at, record.name)
-            cached = self._ended.get(key)
-            if cached is None or cached[0] != stamp:
-                summary = summarize(read_run_events(record.run_dir))
-                cached = (stamp, views.run_row(source.key, record, summary, views.read_run_json(record)))
-                self._ended[key] = cached
-            rows[key] = cached[1]
-        for key in set(self._ended) - set(rows):
+            row = self.row(source, record) if record.active else None
+            stamps[key] = row if row is not None else _stamp(record)
+            if self._stamps is not None and self._stamps.get(key) != stamps[key]:
+                changed.append(row if row is not None else self.row(source, record))
+        removed = [key[1] for key in self._stamps or {} if key not in stamps]
+        self._stamps = stamps
+        for key in set(self._ended) - set(stamps):
             del self._ended[key]
-        return rows
+        return changed, removed, len(stamps)
 
     def _sources(self) -> list[dict[str, Any]]:
         return [s.describe() for s in self.sources.all()]
@@ -253,21 +284,18 @@ class Hub:
         with self._lock:
             out: list[tuple[Subscriber, Message]] = []
             if any(s.runs for s in subs):
-                rows = self._current_rows()
-                changed = [row for key, row in rows.items() if self._rows.get(key) != row]
-                removed = [key[1] for key in self._rows if key not in rows]
-                self._rows = rows
+                changed, removed, total = self._changes()
                 for sub in (s for s in subs if s.runs):
-                    if sub.fresh:
-                        out.append((sub, ("runs", {"reset": True, "rows": list(rows.values()),
+                    if sub.fresh:  # the page (re)loads its pages from the API
+                        out.append((sub, ("runs", {"reset": True, "rows": [], "removed": [], "total": total,
                                                    "sources": self._sources()})))
                     elif changed or removed:
-                        out.append((sub, ("runs", {"rows": changed, "removed": removed,
+                        out.append((sub, ("runs", {"rows": changed, "removed": removed, "total": total,
                                                    "sources": self._sources()})))
             watched = {s.run_id for s in subs if s.run_id}
             for run_id in watched:
                 out += self._run_updates(run_id, [s for s in subs if s.run_id == run_id])
-            live_keys = {key for key, row in self._rows.items() if row["state"] in ("pending", "running")}
+            live_keys = {key for key, stamp in (self._stamps or {}).items() if isinstance(stamp, dict)}
             for key in set(self._live) - live_keys - {k for k in self._live if k[1] in watched}:
                 del self._live[key]
             for sub in subs:

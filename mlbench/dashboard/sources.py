@@ -49,6 +49,16 @@ class Source:
         return launcher_of(self.open_store(), record)
 
 
+@dataclass
+class Page:
+    """A page of the runs of all sources (:meth:`Sources.page`)."""
+
+    records: list[tuple[Source, RunRecord]]
+    more: bool       # whether runs older than the last of these match too
+    total: int       # the runs of all sources
+    matching: int    # of those, the ones that hold the words searched for
+
+
 class Sources:
     """This machine's runs, plus the current cluster's (best effort)."""
 
@@ -110,6 +120,32 @@ class Sources:
                 continue
             out += [(source, r) for r in records]
         return out
+
+    def page(self, limit: int, before: tuple[float, str] | None = None,
+             words: tuple[str, ...] = ()) -> Page:
+        """Up to ``limit`` runs of all the sources, newest first, created before ``before`` (the
+        last run of the previous page, as ``(created_at, id)``), whose id, name, task, optimizer
+        or state hold every one of ``words``: each store is asked for its own newest
+        (:meth:`RunStore.newest`, one indexed query), and only those runs are reconciled."""
+        found, total, matching = [], 0, 0
+        for source in self.all():
+            if source.store is None:
+                continue
+            try:
+                records = source.store.newest(limit + 1, before, words)
+                count = source.store.count()
+                hits = source.store.count(words) if words else count
+                if source.key == LOCAL:
+                    records = [source.launcher(r).reconcile(r) if r.active else r for r in records]
+            except Exception as err:
+                if source.key == LOCAL:
+                    raise
+                source.error = f"cannot read the cluster's runs ({err})"
+                continue
+            found += [(source, r) for r in records]
+            total, matching = total + count, matching + hits
+        found.sort(key=lambda pair: (pair[1].created_at, pair[1].id), reverse=True)
+        return Page(found[:limit], len(found) > limit, total, matching)
 
     def find(self, ref: str) -> tuple[Source, RunRecord]:
         """A run by id (or name, or unique prefix) in whichever store holds it, up to date."""

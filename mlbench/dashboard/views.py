@@ -284,6 +284,9 @@ def comparison_document(comparison: Comparison) -> dict[str, Any]:
         "usd_per_node_hour": comparison.usd_per_node_hour,
         "notes": compare_notes(comparison),
         "differences": difference_lines(comparison),
+        # the configuration diff: each fingerprint key the families differ in, its text per
+        # family (in the order of "families"), as `mlbench compare -o json` gives it
+        "config_diff": [{"key": key, "values": values} for key, values in comparison.differences()],
         "pooled": list(comparison.pooled),
         "skipped": [{"id": r.id, "state": r.state} for r in comparison.skipped],
         "metric": metric_view(metric), "sweep": sweep,

@@ -68,6 +68,18 @@ _COLUMNS = ("id", "name", "task", "workers", "state", "division", "optimizer", "
             "seed", "group_id")
 
 
+#: A list of runs (``list`` inside :class:`RunStore` is its method).
+Records = list["RunRecord"]
+#: What a search of the runs reads: these columns, joined by spaces.
+_SEARCHED = ("id", "name", "task", "optimizer", "state")
+
+
+def _matching(words: tuple[str, ...]) -> tuple[list[str], list[Any]]:
+    """SQL conditions (and their arguments) for runs whose searched columns hold every word, any case."""
+    text = " || ' ' || ".join(f"coalesce({column}, '')" for column in _SEARCHED)
+    return [f"instr(lower({text}), ?) > 0" for _ in words], [word.lower() for word in words]
+
+
 def frozen_text(run_json: dict[str, Any]) -> str:
     """The frozen sections of ``run_json`` as canonical JSON (sorted keys, no spaces)."""
     frozen = {key: run_json[key] for key in FROZEN_SECTIONS if key in run_json}
@@ -207,6 +219,30 @@ class RunStore:
         with self.catalog.connect() as db:
             rows = db.execute(f"SELECT {', '.join(_COLUMNS)} FROM runs ORDER BY created_at").fetchall()
         return [self._record(r) for r in rows]
+
+    def newest(self, limit: int, before: tuple[float, str] | None = None,
+               words: tuple[str, ...] = ()) -> Records:
+        """Up to ``limit`` runs, newest first (by creation time, then id), of those created before
+        ``before`` (a run's ``(created_at, id)``: the last one of the previous page; None: from
+        the newest) whose id, name, task, optimizer or state hold every one of ``words`` (any
+        case). The catalog's index on creation time finds them without reading the others, and
+        a page ends where the previous one did, whatever was created or deleted since."""
+        clauses, args = _matching(words)
+        if before is not None:
+            clauses.append("(created_at, id) < (?, ?)")
+            args += list(before)
+        where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
+        with self.catalog.connect() as db:
+            rows = db.execute(f"SELECT {', '.join(_COLUMNS)} FROM runs {where}"
+                              "ORDER BY created_at DESC, id DESC LIMIT ?", (*args, limit)).fetchall()
+        return [self._record(r) for r in rows]
+
+    def count(self, words: tuple[str, ...] = ()) -> int:
+        """How many runs there are (of those that hold every one of ``words``, as :meth:`newest`)."""
+        clauses, args = _matching(words)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        with self.catalog.connect() as db:
+            return int(db.execute(f"SELECT COUNT(*) FROM runs{where}", args).fetchone()[0])
 
     def get(self, ref: str) -> RunRecord:
         """A run by id, by name, or by a unique prefix of its id."""

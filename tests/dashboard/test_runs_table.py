@@ -13,14 +13,14 @@ test saves its screenshots under its temporary folder and reads them back.
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
-from PIL import Image
 
 from mlbench.errors import RunNotFound
 from mlbench.network.settings import NetworkSettings
 from mlbench.results.store import CANCELLED, RUNNING, RunStore
+from tests.dashboard.browsing import (accept, dismiss_twice, inked, inside, record_running, requests_to,
+                                      screenshot)
 from tests.dashboard.conftest import serving
 from tests.results.recorded import record_run
 
@@ -35,11 +35,8 @@ FINISHED = [(4, 12.5, "centralized-sgd"), (16, 100.0, "powersgd"), (1, 9.5, "cen
 
 
 def _running(store: RunStore, *, workers: int, name: str) -> str:
-    """A run recorded as running (it trained one interval, no process behind it)."""
-    record = record_run(store, workers=workers, task="task2a", state=RUNNING, evaluated=False,
-                        network={**NETWORKS[0].to_dict(), "mechanism": "tc"})
-    store.update(record.id, name=name, finished_at=None, reason=None)
-    return record.id
+    """A run recorded as running, on the first network."""
+    return record_running(store, workers=workers, name=name, network={**NETWORKS[0].to_dict(), "mechanism": "tc"})
 
 
 @pytest.fixture(scope="module")
@@ -72,24 +69,6 @@ def _header(page, title: str):
     return page.locator("#runs thead th", has_text=re.compile(f"^{title}", re.I))
 
 
-def _screenshot(page, path, width: int) -> Image.Image:
-    page.screenshot(path=path)
-    image = Image.open(path).convert("RGB")
-    assert image.size == (width, WIDTHS[width])
-    return image
-
-
-def _inked(image: Image.Image, box: dict, *, red: bool = False) -> bool:
-    """Whether the screenshot has text drawn in ``box`` (dark pixels; ``red``: the danger colour)."""
-    crop = image.crop((round(box["left"]) + 1, round(box["top"]) + 1, round(box["right"]) - 1,
-                       round(box["bottom"]) - 1))
-    data = crop.tobytes()
-    pixels = zip(data[0::3], data[1::3], data[2::3])
-    if red:
-        return any(r > 150 and g < 110 and b < 110 for r, g, b in pixels)
-    return any(r + g + b < 3 * 150 for r, g, b in pixels)
-
-
 # Where the actions and the last cells of each row are, in the card's visible box (its border
 # box less the borders and the scrollbar), and whether the element is what is drawn at its
 # centre (not hidden under a sticky column or clipped by the card).
@@ -116,15 +95,10 @@ GEOMETRY = """() => {
 }"""
 
 
-def _inside(box: dict, area: dict) -> bool:
-    return (box["left"] >= area["left"] - 0.5 and box["right"] <= area["right"] + 0.5
-            and box["top"] >= area["top"] - 0.5 and box["bottom"] <= area["bottom"] + 0.5)
-
-
 def _in_view(box: dict, geometry: dict) -> bool:
     viewport = {"left": 0, "top": 0, "right": geometry["viewport"]["width"],
                 "bottom": geometry["viewport"]["height"]}
-    return box["drawn"] and _inside(box, geometry["visible"]) and _inside(box, viewport)
+    return box["drawn"] and inside(box, geometry["visible"]) and inside(box, viewport)
 
 
 @pytest.mark.parametrize("width", sorted(WIDTHS))
@@ -138,25 +112,25 @@ def test_cancel_delete_time_to_goal_and_created_are_in_view(lab, page, tmp_path,
     assert start["scrollWidth"] > start["clientWidth"], "the recorded rows should overflow the card"
     assert start["viewport"]["width"] == width
     assert page.evaluate("document.documentElement.scrollWidth") <= width, "the page itself scrolls sideways"
-    shot = _screenshot(page, tmp_path / f"runs-{width}.png", width)
+    shot = screenshot(page, tmp_path / f"runs-{width}.png")
     active = [row for row in start["rows"] if row["state"] == "running"]
     assert active and all(row["cancel"] for row in active)
     for row in start["rows"]:
         assert _in_view(row["remove"], start), (row["id"], row["remove"], start["visible"])
-        assert _inked(shot, row["remove"], red=True), row["id"]
+        assert inked(shot, row["remove"], red=True), row["id"]
         if row["cancel"]:
             assert _in_view(row["cancel"], start), (row["id"], row["cancel"], start["visible"])
-            assert _inked(shot, row["cancel"]), row["id"]
+            assert inked(shot, row["cancel"]), row["id"]
 
     page.evaluate("() => { const c = document.querySelector('#runs').closest('.card'); c.scrollLeft = c.scrollWidth; }")
     end = page.evaluate(GEOMETRY)
     assert end["scroll"] > 0
-    shot = _screenshot(page, tmp_path / f"runs-{width}-scrolled.png", width)
+    shot = screenshot(page, tmp_path / f"runs-{width}-scrolled.png")
     for row in end["rows"]:
         for cell in ("tta", "created", "remove", "cancel"):
             if row[cell]:
                 assert _in_view(row[cell], end), (row["id"], cell, row[cell], end["visible"])
-                assert _inked(shot, row[cell], red=cell == "remove"), (row["id"], cell)
+                assert inked(shot, row[cell], red=cell == "remove"), (row["id"], cell)
 
 
 def test_clicking_a_header_sorts_numerically_and_again_reverses(lab, page, tmp_path):
@@ -179,7 +153,7 @@ def test_clicking_a_header_sorts_numerically_and_again_reverses(lab, page, tmp_p
     _header(page, "time to goal").click()
     reached = sorted(v for v in tta.values() if v is not None)
     assert [tta[i] for i in _ids(page)] == reached + [None] * (len(tta) - len(reached))
-    _screenshot(page, tmp_path / "sorted-by-time-to-goal.png", 1280)
+    screenshot(page, tmp_path / "sorted-by-time-to-goal.png")
 
     # text in natural order, case aside: "powersgd-sweep-2w" before "powersgd-sweep-16w"
     _header(page, "name").click()
@@ -231,45 +205,18 @@ def test_the_search_filters_rows_and_survives_live_updates_with_the_sort(lab, pa
     assert _ids(page)[-1] == one and [workers[i] for i in _ids(page)] == [2, 1]
     assert search.input_value() == "running"
     assert _header(page, "workers").get_attribute("aria-sort") == "descending"
-    _screenshot(page, tmp_path / "searched.png", 1280)
-
-
-def _requests_to(page, pattern: str) -> list[str]:
-    sent: list[str] = []
-    page.on("request", lambda request: sent.append(f"{request.method} {request.url}")
-            if re.search(pattern, request.url) and request.method != "GET" else None)
-    return sent
-
-
-def _dismiss_twice(page, row, button: str, run_id: str, name: str, sent: list[str]) -> None:
-    """Opens the confirmation, which names the run, and dismisses it (its keep button, then Escape)."""
-    dialog = page.locator("dialog.confirm")
-    for dismiss in (lambda: dialog.locator("button.cancel").click(), lambda: page.keyboard.press("Escape")):
-        row.locator(button).click()
-        dialog.wait_for()
-        assert run_id in dialog.inner_text() and name in dialog.inner_text()
-        dismiss()
-        dialog.wait_for(state="detached")
-    time.sleep(1.5)  # a request sent on dismissal would have been made by now
-    assert sent == []
-
-
-def _accept(page, row, button: str, path) -> None:
-    row.locator(button).click()
-    page.locator("dialog.confirm").wait_for()
-    _screenshot(page, path, 1280)
-    page.locator("dialog.confirm button.confirm-yes").click()
+    screenshot(page, tmp_path / "searched.png")
 
 
 def test_cancel_asks_first_and_nothing_happens_when_dismissed(lab, page, tmp_path):
     store = lab.store()
     run_id = _running(store, workers=2, name="cancel-me-2w")
     _open(lab, page, 1280)
-    sent = _requests_to(page, r"/api/runs/")
+    sent = requests_to(page, r"/api/runs/")
     row = page.locator(f'#runs tr[data-id="{run_id}"]')
-    _dismiss_twice(page, row, "button.cancel", run_id, "cancel-me-2w", sent)
+    dismiss_twice(page, row.locator("button.cancel"), run_id, "cancel-me-2w", sent)
     assert store.get(run_id).state == RUNNING and row.locator("button.cancel").is_visible()
-    _accept(page, row, "button.cancel", tmp_path / "confirm-cancel.png")
+    accept(page, row.locator("button.cancel"), tmp_path / "confirm-cancel.png")
     row.locator('.badge[data-state="cancelled"]').wait_for()
     assert store.get(run_id).state == "cancelled"
     assert sent == [f"POST {lab.base}/api/runs/{run_id}/cancel"]
@@ -280,11 +227,11 @@ def test_delete_asks_first_and_nothing_happens_when_dismissed(lab, page, tmp_pat
     store = lab.store()
     victim = record_run(store, workers=2, tta=5.0, wall=6.0)
     _open(lab, page, 1280)
-    sent = _requests_to(page, r"/api/runs/")
+    sent = requests_to(page, r"/api/runs/")
     row = page.locator(f'#runs tr[data-id="{victim.id}"]')
-    _dismiss_twice(page, row, "button.delete", victim.id, victim.name, sent)
+    dismiss_twice(page, row.locator("button.delete"), victim.id, victim.name, sent)
     assert store.get(victim.id) and row.is_visible()
-    _accept(page, row, "button.delete", tmp_path / "confirm-delete.png")
+    accept(page, row.locator("button.delete"), tmp_path / "confirm-delete.png")
     row.wait_for(state="detached")
     with pytest.raises(RunNotFound):
         store.get(victim.id)

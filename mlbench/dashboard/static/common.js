@@ -92,7 +92,22 @@ const MB = (() => {
     });
   }
 
-  const COLOURS = ["#2563eb", "#dc2626", "#16a34a", "#ea580c", "#7c3aed", "#0891b2", "#be185d", "#854d0e", "#4b5563", "#65a30d"];
+  /** Cancels a run (`{id, name}`) once its user confirms: the Cancel of the runs table and of a
+   *  run's page. Resolves to the API's answer (`{id, state, reason}`), or null when dismissed
+   *  or refused (the refusal is shown). */
+  async function cancelRun(run) {
+    const question = `Cancel run ${run.id} (${run.name})? Its workers are stopped; what it recorded so far is kept.`;
+    if (!(await confirmDialog(question, "Cancel run", "Keep running"))) return null;
+    try { return await api(`/api/runs/${run.id}/cancel`, { method: "POST" }); } catch (err) { alert(err.message); return null; }
+  }
+
+  /** Deletes a run (`{id, name, state}`) once its user confirms; resolves true when deleted. */
+  async function deleteRun(run) {
+    const active = run.state === "running" || run.state === "pending" ? " It is still running: it will be cancelled first." : "";
+    if (!(await confirmDialog(`Delete run ${run.id} (${run.name}) and everything it recorded?${active}`))) return false;
+    try { await api(`/api/runs/${run.id}`, { method: "DELETE" }); return true; } catch (err) { alert(err.message); return false; }
+  }
+
 
   /**
    * A uPlot chart that fills its container's width and follows it; `update(data)` redraws.
@@ -127,5 +142,5 @@ const MB = (() => {
     }
   }
 
-  return { api, stream, fmt, el, badge, confirmDialog, Chart, COLOURS, navigation };
+  return { api, stream, fmt, el, badge, confirmDialog, cancelRun, deleteRun, Chart, navigation };
 })();

@@ -14,6 +14,10 @@
   const show = (v, f) => (v === null || v === undefined ? "-" : f(v));
   const usd = (v) => (v === 0 ? "$0" : Math.abs(v) < 0.01 ? `$${v.toExponential(1)}` : `$${v.toFixed(2)}`);
   const workerLabel = (k) => `${k} worker${k > 1 ? "s" : ""}`;
+  // the PNG charts' colours and line styles (mlbench.results.charts): a family's colour is
+  // COLOURS[its index]; lines that share a colour differ in style
+  const colour = (i) => COLOURS[i % COLOURS.length];
+  const STYLES = [undefined, [6, 4], [2, 3], [8, 3, 2, 3]];
   const charts = {};
   /** One chart per container, kept across reloads of the comparison. */
   function chart(id, make, emptyText) {
@@ -52,6 +56,23 @@
     document.getElementById("notes").replaceChildren(...doc.notes.map((n) => el("p", { style: "margin: 8px 0 0" }, n)));
   }
 
+  /** The configuration diff: a row per family (its colour, as in every figure, and its runs), a
+   *  column per fingerprint key the families differ in; hidden when they are one configuration. */
+  function configDiff(doc) {
+    const card = document.getElementById("config-diff-card");
+    const diff = doc.config_diff || [];
+    card.classList.toggle("hidden", !diff.length);
+    const table = document.getElementById("config-diff");
+    if (!diff.length) { table.replaceChildren(); return; }
+    table.replaceChildren(
+      el("thead", {}, el("tr", {}, el("th", {}, "family (runs)"), diff.map((d) => el("th", {}, d.key)))),
+      el("tbody", {}, doc.families.map((family, i) => el("tr", { "data-family": family.label },
+        el("td", { class: "family", title: family.heading },
+          el("span", { class: "swatch", style: `background: ${colour(i)}`, "aria-hidden": "true" }),
+          family.groups.flatMap((g) => g.runs.map((run) => el("a", { href: `/runs/${run.id}` }, run.id)))),
+        diff.map((d) => el("td", {}, d.values[i]))))));
+  }
+
   /** x: the worker counts (evenly spaced, as the original's log2 axis). */
   function workerCounts(doc) {
     return [...new Set(doc.families.flatMap((f) => f.groups.map((g) => g.workers)))].sort((a, b) => a - b);
@@ -69,13 +90,13 @@
   function speedupChart(doc, counts) {
     const series = [xSeries()], data = [slots()];
     doc.families.forEach((family, i) => {
-      const colour = COLOURS[i % COLOURS.length], base = Math.min(...family.groups.map((g) => g.workers));
+      const stroke = colour(i), base = Math.min(...family.groups.map((g) => g.workers));
       const name = doc.families.length > 1 ? ` (${family.label})` : "";
-      series.push({ label: `speedup${name}`, stroke: colour, width: 2, spanGaps: true, points: { show: true, size: 7 }, value: (u, v) => show(v, (x) => `${x.toFixed(2)}x`) });
+      series.push({ label: `speedup${name}`, stroke, width: 2, spanGaps: true, points: { show: true, size: 7 }, value: (u, v) => show(v, (x) => `${x.toFixed(2)}x`) });
       data.push(byCount(counts, family.groups, (g) => g.speedup));
-      series.push({ label: `fastest run${name}`, stroke: colour, width: 1, dash: [2, 4], alpha: 0.6, spanGaps: true, points: { show: true, size: 4 }, value: (u, v) => show(v, (x) => `${x.toFixed(2)}x`) });
+      series.push({ label: `fastest run${name}`, stroke, width: 1, dash: [2, 4], alpha: 0.6, spanGaps: true, points: { show: true, size: 4 }, value: (u, v) => show(v, (x) => `${x.toFixed(2)}x`) });
       data.push(byCount(counts, family.groups, (g) => (g.speedup_range ? g.speedup_range[1] : null)));
-      series.push({ label: `ideal (linear) from ${workerLabel(base)}${name}`, stroke: colour, width: 1, dash: [8, 6], alpha: 0.45, value: (u, v) => show(v, (x) => `${x.toFixed(2)}x`) });
+      series.push({ label: `ideal (linear) from ${workerLabel(base)}${name}`, stroke, width: 1, dash: [8, 6], alpha: 0.45, value: (u, v) => show(v, (x) => `${x.toFixed(2)}x`) });
       data.push(counts.map((k) => (k >= base ? k / base : null)));
     });
     chart("chart-speedup", (width) => ({
@@ -93,7 +114,7 @@
     const series = [xSeries()], data = [slots()];
     families.forEach((family, i) => {
       const align = families.length === 1 ? 0 : (i % 2 ? 1 : -1);
-      series.push({ label: families.length > 1 ? family.label : "cost to goal (median)", stroke: COLOURS[i], fill: COLOURS[i] + "bb",
+      series.push({ label: families.length > 1 ? family.label : "cost to goal (median)", stroke: colour(i), fill: `${colour(i)}bb`,
         paths: bars(align), points: { show: false }, value: (u, v) => show(v, usd) });
       data.push(byCount(counts, family.groups, (g) => (g.cost ? g.cost.median : null)));
     });
@@ -105,21 +126,24 @@
       : `Node-seconds to the goal (evaluation included) at $${doc.usd_per_node_hour} per node-hour.`;
   }
 
-  /** One series per run (the median run of each worker count bold, other repeats faint). */
+  /** One series per run (the median run of each worker count bold, other repeats faint). Of
+   *  several families, the colour is the family's and the line style the worker count's; of
+   *  one, the colour is the worker count's (as `mlbench charts` draws them). */
   function curveChart(doc, id, key, yLabel, format) {
     const tables = [], series = [{ label: "training time", value: (u, v) => show(v, fmt.dur) }];
     const multi = doc.families.length > 1;
     const goals = new Set();
     doc.families.forEach((family, f) => {
       if (family.goal !== null && key === "evaluations") goals.add(JSON.stringify([family.goal_display, family.goal_text]));
-      family.groups.forEach((group, g) => {
+      family.groups.forEach((group) => {
+        const w = counts.indexOf(group.workers);
         for (const run of group.runs) {
           const points = run[key];
           if (!points.length) continue;
           tables.push([points.map((p) => p[0]), points.map((p) => p[1])]);
           const label = `${workerLabel(group.workers)}${multi ? `, ${family.label}` : ""}${run.lead ? "" : ` (${run.id})`}`;
-          series.push({ label, stroke: COLOURS[g % COLOURS.length], width: run.lead ? 2 : 1, alpha: run.lead ? 1 : 0.35,
-            dash: f % 2 ? [6, 4] : undefined, spanGaps: true, points: { size: 4 }, value: (u, v) => show(v, format) });
+          series.push({ label, stroke: colour(multi ? f : w), width: run.lead ? 2 : 1, alpha: run.lead ? 1 : 0.35,
+            dash: multi ? STYLES[w % STYLES.length] : undefined, spanGaps: true, points: { size: 4 }, value: (u, v) => show(v, format) });
         }
       });
     });
@@ -139,14 +163,15 @@
   function communicationChart(doc, counts) {
     const series = [xSeries()], data = [slots()];
     const multi = doc.families.length > 1;
-    doc.families.forEach((family) => {
+    doc.families.forEach((family, i) => {
       const name = multi ? ` (${family.label})` : "";
+      const stroke = colour(i);
       const ratio = (g) => (g.compute_seconds ? (g.communication_seconds / g.compute_seconds).toFixed(2) : "-");
       const groupAt = (u, i) => family.groups.find((x) => x.workers === counts[i]);
-      series.push({ label: `computation${name}`, stroke: "#4c72b0", fill: "#4c72b0cc", paths: bars(-1), points: { show: false },
+      series.push({ label: `computation${name}`, stroke, fill: `${stroke}cc`, paths: bars(-1), points: { show: false },
         value: (u, v, si, i) => show(v, (x) => `${x.toFixed(1)}%`) });
       data.push(byCount(counts, family.groups, (g) => (g.communication_share === null ? null : 100 * (1 - g.communication_share))));
-      series.push({ label: `communication${name}`, stroke: "#dd8452", fill: "#dd8452cc", paths: bars(1), points: { show: false },
+      series.push({ label: `communication${name}`, stroke, fill: `${stroke}55`, paths: bars(1), points: { show: false },
         value: (u, v, si, i) => { const g = i === null || i === undefined ? null : groupAt(u, i); return show(v, (x) => `${x.toFixed(1)}% (ratio ${g ? ratio(g) : "-"})`); } });
       data.push(byCount(counts, family.groups, (g) => (g.communication_share === null ? null : 100 * g.communication_share)));
     });
@@ -164,7 +189,7 @@
         const points = group.sweep.filter((p) => p.dtype === dtype && p.value > 0).sort((a, b) => a.bytes - b.bytes);
         if (!points.length) return;
         tables.push([points.map((p) => p.bytes), points.map((p) => p.value)]);
-        series.push({ label: `${group.label}, ${dtype}`, stroke: COLOURS[(tables.length - 1) % COLOURS.length], width: 1.5,
+        series.push({ label: `${group.label}, ${dtype}`, stroke: colour(tables.length - 1), width: 1.5,
           dash: d % 2 ? [6, 4] : undefined, spanGaps: true, points: { size: 4 }, value: (u, v) => show(v, (x) => `${Number(x.toPrecision(3))} GB/s`) });
       });
     }));
@@ -193,7 +218,7 @@
     const unit = bandwidth ? "Mbit/s" : "ms";
     const tables = [...lines.values()].map((points) => { points.sort((a, b) => a[0] - b[0]); return [points.map((p) => p[0]), points.map((p) => p[1])]; });
     const series = [{ label: unit, value: (u, v) => show(v, (x) => `${Number(x.toPrecision(4))} ${unit}`) },
-      ...[...lines.keys()].map((label, i) => ({ label, stroke: COLOURS[i % COLOURS.length], width: 2, spanGaps: true, points: { size: 6 }, value: (u, v) => show(v, fmt.dur) }))];
+      ...[...lines.keys()].map((label, i) => ({ label, stroke: colour(i), width: 2, spanGaps: true, points: { size: 6 }, value: (u, v) => show(v, fmt.dur) }))];
     chart("chart-network", (width) => ({
       width, height: 280, scales: { x: { time: false, distr: bandwidth ? 3 : 1 } },
       axes: [axis(bandwidth ? "emulated bandwidth (Mbit/s)" : "emulated one-way latency (ms)"), axis("time to goal (s)")], series }), "no run reached its goal")
@@ -217,6 +242,7 @@
       document.getElementById("heading").textContent = `Compare: ${doc.task}`;
       counts = workerCounts(doc);
       tables(doc);
+      configDiff(doc);
       speedupChart(doc, counts);
       costChart(doc, counts);
       curveChart(doc, "chart-loss", "losses", "training loss", (x) => x.toFixed(4));

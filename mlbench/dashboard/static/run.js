@@ -2,10 +2,12 @@
 "use strict";
 
 (() => {
-  const { el, fmt, api } = MB;
+  const { el, fmt } = MB;
   MB.navigation("runs");
   const runId = decodeURIComponent(location.pathname.split("/").pop());
   const state = { doc: null, training: [], evaluations: [], logs: new Map(), logShown: null, logChosen: false };
+  // how the training curves are drawn, chosen above them; every redraw (a live update) keeps it
+  const view = { smoothing: 0, log: false };
   const MAX_LOG_CHARS = 2000000;
 
   document.getElementById("download").href = `/api/runs/${runId}/download`;
@@ -22,6 +24,24 @@
   // what the task's throughput counts ("images/s", "target tokens/s")
   const unitOf = () => (state.doc && state.doc.summary.throughput_unit) || "samples/s";
   const metricValue = (u, v) => (v === null || v === undefined ? "-" : `${Number(v.toFixed(4))}${metricOf().unit === "fraction" ? "%" : ""}`);
+  const [METRIC_COLOUR, LOSS_COLOUR, THROUGHPUT_COLOUR, BYTES_COLOUR] = [0, 1, 2, 4].map((i) => MB.COLOURS[i]);
+
+  /** TensorBoard's smoothing of a curve: the exponential moving average of its points with weight
+   *  `weight` (0: none), divided by 1 - weight^n so that its first points are not pulled towards 0. */
+  function smooth(values, weight) {
+    if (!weight) return values;
+    let last = 0, n = 0;
+    return values.map((v) => {
+      if (v === null || v === undefined || !Number.isFinite(v)) return v;
+      last = last * weight + (1 - weight) * v;
+      n += 1;
+      return last / (1 - weight ** n);
+    });
+  }
+  /** A curve as drawn: smoothed as chosen; on a log scale, without the values it cannot show (0 or less). */
+  const drawn = (values) => smooth(values, view.smoothing).map((v) => (view.log && !(v > 0) ? null : v));
+  // a y scale: logarithmic when chosen, else `linear` (uPlot's own range when not given)
+  const yScale = (linear = {}) => (view.log ? { distr: 3, log: 10 } : linear);
 
   // the faults, restarts and resumes of the run's timeline, each at the x of the training point of its step
   const MARK_COLOURS = { fault: "#d62728", missed: "#d62728", restart: "#ea580c", shrink: "#ea580c", resume: "#667085" };
@@ -54,13 +74,14 @@
         : (u, min, max) => [Math.max(0, min - 0.05 * Math.abs(max - min) - 1e-9), max + 0.05 * Math.abs(max - min) + 1e-9];
       return {
         width, height: 260, plugins: [marksPlugin(key)],
-        scales: { x: fromZero, metric: { range } },
-        axes: [axis(xLabel), { ...axis(metric.axis), scale: "metric" }, { ...axis("training loss"), scale: "loss", side: 1, grid: { show: false } }],
+        scales: { x: fromZero, metric: yScale({ range }), loss: yScale() },
+        axes: [axis(xLabel), { ...axis(metric.axis, view.log ? logTicks : null), scale: "metric" },
+               { ...axis("training loss", view.log ? logTicks : null), scale: "loss", side: 1, grid: { show: false } }],
         series: [
           { label: xLabel, value: xValue },
-          { label: metric.title, scale: "metric", stroke: "#2563eb", width: 2, spanGaps: true, points: { show: true, size: 5 }, value: metricValue },
+          { label: metric.title, scale: "metric", stroke: METRIC_COLOUR, width: 2, spanGaps: true, points: { show: true, size: 5 }, value: metricValue },
           { label: "goal", scale: "metric", stroke: "#111827", width: 1.2, dash: [6, 5], points: { show: false }, value: metricValue },
-          { label: "training loss", scale: "loss", stroke: "#ea580c", width: 1.5, spanGaps: true, value: lossValue },
+          { label: "training loss", scale: "loss", stroke: LOSS_COLOUR, width: 1.5, spanGaps: true, value: lossValue },
         ],
       };
     };
@@ -70,10 +91,10 @@
     time: new MB.Chart(document.getElementById("chart-time"), accuracyLossOptions("training time (s)", seconds, "time"), "no measurement yet"),
     epoch: new MB.Chart(document.getElementById("chart-epoch"), accuracyLossOptions("epoch", (u, v) => fmt.num(v), "epoch"), "no measurement yet"),
     throughput: new MB.Chart(document.getElementById("chart-throughput"), (width) => ({
-      width, height: 220, scales: { x: fromZero },
-      axes: [axis("training time (s)"), axis(unitOf(), null, 70)],
+      width, height: 220, scales: { x: fromZero, y: yScale() },
+      axes: [axis("training time (s)"), axis(unitOf(), view.log ? logTicks : null, 70)],
       series: [{ label: "training time", value: seconds },
-               { label: unitOf(), stroke: "#16a34a", width: 1.5, fill: "rgba(22,163,74,.08)", value: (u, v) => fmt.rate(v, unitOf()) }],
+               { label: unitOf(), stroke: THROUGHPUT_COLOUR, width: 1.5, fill: `${THROUGHPUT_COLOUR}14`, value: (u, v) => fmt.rate(v, unitOf()) }],
     }), "no measurement yet"),
     sweep: new MB.Chart(document.getElementById("chart-sweep"), (width) => ({
       width, height: 260, scales: { x: { time: false, distr: 3 }, y: { distr: 3 } },
@@ -87,7 +108,7 @@
       width, height: 220, scales: { x: fromZero },
       axes: [axis("training time (s)"), axis("sent", (u, vals) => vals.map((v) => fmt.bytes(v)), 70)],
       series: [{ label: "training time", value: seconds },
-               { label: "bytes sent", stroke: "#7c3aed", width: 1.5, value: (u, v) => fmt.bytes(v) }],
+               { label: "bytes sent", stroke: BYTES_COLOUR, width: 1.5, value: (u, v) => fmt.bytes(v) }],
     }), "nothing sent yet (one worker sends nothing)"),
   };
 
@@ -97,22 +118,23 @@
     const evals = state.evaluations.filter((p) => p[key] !== null && p[key] !== undefined);
     if (!train.length && !evals.length) return null;
     const joined = uPlot.join([
-      [evals.map((p) => p[key]), evals.map((p) => p.value)],
-      [train.map((p) => p[key]), train.map((p) => p.loss)],
+      [evals.map((p) => p[key]), drawn(evals.map((p) => p.value))],
+      [train.map((p) => p[key]), drawn(train.map((p) => p.loss))],
     ]);
-    const goalLine = joined[0].map(() => (goal === null || goal === undefined ? null : goal));
+    const goalLine = joined[0].map(() => (goal === null || goal === undefined || (view.log && !(goal > 0)) ? null : goal));
     return [joined[0], joined[1], goalLine, joined[2]];
   }
 
-  function drawCharts() {
-    const rebuild = state.doc && state.metricShown !== state.doc.spec.metric.name;  // axes name the metric
+  /** Draws the training charts from the points so far; `restyle`: their scales were changed. */
+  function drawCharts(restyle = false) {
+    const rebuild = restyle || (state.doc && state.metricShown !== state.doc.spec.metric.name);  // axes name the metric
     if (state.doc) state.metricShown = state.doc.spec.metric.name;
     charts.time.update(accuracyLossData("time"), rebuild);
     charts.epoch.update(accuracyLossData("epoch"), rebuild);
     const rated = state.training.filter((p) => p.throughput !== null);
-    const unitRebuild = state.doc && state.unitShown !== unitOf();  // the axis names the task's unit
+    const unitRebuild = restyle || (state.doc && state.unitShown !== unitOf());  // the axis names the task's unit
     if (state.doc) state.unitShown = unitOf();
-    charts.throughput.update(rated.length ? [rated.map((p) => p.time), rated.map((p) => p.throughput)] : null,
+    charts.throughput.update(rated.length ? [rated.map((p) => p.time), drawn(rated.map((p) => p.throughput))] : null,
                              unitRebuild);
     document.getElementById("chart-throughput").dataset.axis = unitOf();  // the canvas draws it
     const sent = state.training.filter((p) => p.bytes > 0);
@@ -122,6 +144,14 @@
     document.getElementById("chart-time").dataset.training = state.training.length;
     document.getElementById("chart-time").dataset.marks = JSON.stringify(marksFor("time").map((m) => m.kind));
   }
+
+  const smoothing = document.getElementById("smoothing"), logScale = document.getElementById("log-scale");
+  smoothing.addEventListener("input", () => {
+    view.smoothing = Number(smoothing.value);
+    document.getElementById("smoothing-value").textContent = view.smoothing.toFixed(2);
+    drawCharts();
+  });
+  logScale.addEventListener("change", () => { view.log = logScale.checked; drawCharts(true); });
 
   // -- facts -----------------------------------------------------------------------------------
   function facts(target, pairs) {
@@ -192,6 +222,7 @@
         `${spec.metric.title[0].toUpperCase()}${spec.metric.title.slice(1)} and training loss vs ${which === "time" ? "training time" : "epochs"}`;
     }
     document.getElementById("training-charts").classList.toggle("hidden", Boolean(doc.sweep));
+    document.getElementById("chart-tools").classList.toggle("hidden", Boolean(doc.sweep));
     showSweep(doc.sweep);
     document.getElementById("phases-card").classList.toggle("hidden", Boolean(doc.sweep));
     showPhases(s);
@@ -294,12 +325,10 @@
     },
   });
 
-  document.getElementById("cancel").addEventListener("click", async () => {
-    try { await api(`/api/runs/${runId}/cancel`, { method: "POST" }); } catch (err) { alert(err.message); }
-  });
+  // the runs table's Cancel and Delete, with their questions
+  const thisRun = () => (state.doc ? state.doc.run : { id: runId, name: runId, state: "running" });
+  document.getElementById("cancel").addEventListener("click", () => MB.cancelRun(thisRun()));
   document.getElementById("delete").addEventListener("click", async () => {
-    const name = state.doc ? `${runId} (${state.doc.run.name})` : runId;
-    if (!(await MB.confirmDialog(`Delete run ${name} and everything it recorded?`))) return;
-    try { await api(`/api/runs/${runId}`, { method: "DELETE" }); location.href = "/"; } catch (err) { alert(err.message); }
+    if (await MB.deleteRun(thisRun())) location.href = "/";
   });
 })();

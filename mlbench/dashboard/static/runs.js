@@ -1,12 +1,16 @@
 /* The runs page: the table of `mlbench status`, live, with filters, search, sorting, compare,
-   cancel and delete. The sort and the search are the page's state: every render (a live update
-   included) applies them to all the rows it has. */
+   cancel and delete. It loads the runs a page at a time, newest first (/api/runs), the next page
+   when its end comes into view or "More runs" is pressed; the live stream sends the rows that
+   change. The sort and the search are the page's state: every render (a live update included)
+   applies them to the rows it has; a search the loaded rows cannot answer alone asks the server
+   (which searches every run), and a sort or a filter loads every run first. */
 "use strict";
 
 (() => {
   const { el, fmt, api } = MB;
   MB.navigation("runs");
-  const rows = new Map();        // id -> row
+  const PAGE = 100;              // runs per request
+  const rows = new Map();        // id -> row, of the runs loaded
   const selected = new Set();
   const tbody = document.querySelector("#runs tbody");
   const filters = [...document.querySelectorAll(".filters select")];
@@ -22,6 +26,54 @@
   };
   const SEARCHED = ["id", "name", "task", "optimizer", "state"];
   const sort = { key: "created", descending: true };  // newest first until a header is clicked
+
+  // what is loaded: every run that holds the words `loaded.q` and was created after the
+  // cursor `loaded.next` ("CREATED_AT:ID" of the last run loaded; null: all of them)
+  const loaded = { q: "", next: null, complete: false, total: 0, matching: 0, generation: 0, request: null };
+  const words = () => search.value.trim().toLowerCase().split(/\s+/).filter(Boolean);
+
+  /** The first page again (``reset``), or the next one; a reset makes older answers stale. */
+  function loadPage(reset) {
+    if (!reset && (loaded.complete || loaded.request)) return loaded.request || Promise.resolve();
+    const generation = reset ? ++loaded.generation : loaded.generation;
+    const q = reset ? words().join(" ") : loaded.q;
+    const params = new URLSearchParams({ limit: PAGE });
+    if (q) params.set("q", q);
+    if (!reset && loaded.next) params.set("before", loaded.next);
+    const request = api(`/api/runs?${params}`).then((page) => {
+      if (generation !== loaded.generation) return;
+      if (reset) rows.clear();
+      for (const row of page.runs) rows.set(row.id, row);
+      Object.assign(loaded, { q, next: page.next, complete: !page.next, total: page.total, matching: page.matching });
+      showSources(page.sources);
+      refreshFilters();
+      render();
+    }).catch((err) => { document.getElementById("shown").textContent = err.message; })
+      .finally(() => { if (loaded.request === request) loaded.request = null; });
+    loaded.request = request;
+    return request;
+  }
+
+  /** Every run the search holds (a sort or a filter orders and picks among all of them). */
+  async function loadAll() {
+    while (!loaded.complete) {
+      const generation = loaded.generation;
+      await loadPage(false);
+      if (generation !== loaded.generation) return;  // the search changed: its own load follows
+    }
+  }
+
+  /** Whether a row the stream sends belongs with the loaded ones: it holds the search and is
+   *  newer than the last run loaded (older ones come with their page). */
+  function belongs(row) {
+    if (!matchesSearch(row)) return false;
+    if (loaded.complete) return true;
+    const cut = loaded.next.lastIndexOf(":"), created = Number(loaded.next.slice(0, cut)), id = loaded.next.slice(cut + 1);
+    return row.created_at > created || (row.created_at === created && row.id > id);
+  }
+
+  /** Whether the table shows every run in its default order, unfiltered: then pages suffice. */
+  const needsAll = () => !(sort.key === "created" && sort.descending) || filters.some((s) => s.value);
 
   const valueOf = (row, key) => (key === "network" ? row.network || NO_NETWORK : row[key]);
   const missing = (v) => v === null || v === undefined || v === "";
@@ -87,9 +139,12 @@
     const visible = [...rows.values()].filter(shown).sort(compareRows);
     tbody.replaceChildren(...visible.map((row) => el("tr", {
       "data-id": row.id, "data-state": row.state, class: changed.has(row.id) ? "flash" : null }, cells(row))));
-    document.getElementById("empty").classList.toggle("hidden", rows.size > 0);
-    document.getElementById("no-match").classList.toggle("hidden", rows.size === 0 || visible.length > 0);
-    document.getElementById("shown").textContent = rows.size ? `${visible.length} of ${rows.size} runs shown` : "";
+    document.getElementById("empty").classList.toggle("hidden", loaded.total > 0);
+    document.getElementById("no-match").classList.toggle("hidden", loaded.total === 0 || visible.length > 0);
+    document.getElementById("shown").textContent = loaded.total ? `${visible.length} of ${loaded.total} runs shown` : "";
+    const more = document.getElementById("more");
+    more.classList.toggle("hidden", loaded.complete);
+    more.textContent = `More runs (${Math.max(0, loaded.matching - rows.size)} not loaded)`;
     showSort();
     updateCompare();
   }
@@ -110,6 +165,7 @@
         sort.descending = sort.key === th.dataset.sort ? !sort.descending : false;
         sort.key = th.dataset.sort;
         render();
+        if (needsAll()) loadAll();
       } }, label, el("span", { class: "arrow", "aria-hidden": "true" })));
   }
 
@@ -130,21 +186,16 @@
   }
 
   async function cancel(row) {
-    const question = `Cancel run ${row.id} (${row.name})? Its workers are stopped; what it recorded so far is kept.`;
-    if (!(await MB.confirmDialog(question, "Cancel run", "Keep running"))) return;
-    try {
-      const ended = await api(`/api/runs/${row.id}/cancel`, { method: "POST" });
-      if (rows.has(row.id)) { rows.set(row.id, { ...rows.get(row.id), state: ended.state, reason: ended.reason }); render(); }
-    } catch (err) { alert(err.message); }
+    const ended = await MB.cancelRun(row);
+    if (ended && rows.has(row.id)) { rows.set(row.id, { ...rows.get(row.id), state: ended.state, reason: ended.reason }); render(); }
   }
 
   async function remove(row) {
-    const what = row.state === "running" || row.state === "pending" ? " It is still running: it will be cancelled first." : "";
-    if (!(await MB.confirmDialog(`Delete run ${row.id} (${row.name}) and everything it recorded?${what}`))) return;
-    try {
-      await api(`/api/runs/${row.id}`, { method: "DELETE" });
-      rows.delete(row.id); selected.delete(row.id); render();
-    } catch (err) { alert(err.message); }
+    if (await MB.deleteRun(row) && rows.delete(row.id)) {
+      selected.delete(row.id);
+      loaded.total -= 1; loaded.matching -= 1;
+      render();
+    }
   }
 
   document.getElementById("compare").addEventListener("click", () => {
@@ -154,16 +205,39 @@
     for (const row of rows.values()) if (shown(row)) (e.target.checked ? selected.add(row.id) : selected.delete(row.id));
     render();
   });
-  for (const select of filters) select.addEventListener("change", () => render());
-  search.addEventListener("input", () => render());
+  for (const select of filters) select.addEventListener("change", () => { render(); if (needsAll()) loadAll(); });
+  // the loaded rows are filtered at once; the server is asked unless they hold every run
+  let typing = null;
+  search.addEventListener("input", () => {
+    render();
+    clearTimeout(typing);
+    if (loaded.complete && !loaded.q) return;
+    typing = setTimeout(() => { if (words().join(" ") !== loaded.q) loadPage(true).then(() => needsAll() && loadAll()); }, 250);
+  });
+  document.getElementById("more").addEventListener("click", () => loadPage(false));
+  // the next page when the end of the table comes into view
+  new IntersectionObserver((entries) => {
+    if (entries.some((e) => e.isIntersecting) && !needsAll()) loadPage(false);
+  }).observe(document.getElementById("more"));
 
   MB.stream({ runs: 1 }, {
     runs(message) {
-      const changed = new Set();
-      if (message.reset) rows.clear();
-      for (const row of message.rows) { if (!message.reset) changed.add(row.id); rows.set(row.id, row); }
-      for (const id of message.removed || []) rows.delete(id);
       showSources(message.sources || []);
+      if (message.reset) {  // (re)connected: what it missed is in the pages
+        loadPage(true).then(() => needsAll() && loadAll());
+        return;
+      }
+      const changed = new Set();
+      for (const row of message.rows) {
+        const known = rows.has(row.id);
+        if (!known && !belongs(row)) continue;
+        if (!known) loaded.matching += 1;
+        changed.add(row.id);
+        rows.set(row.id, row);
+      }
+      for (const id of message.removed || []) if (rows.delete(id)) loaded.matching -= 1;
+      loaded.total = message.total;
+      if (!words().length) loaded.matching = message.total;
       refreshFilters();
       render(changed);
     },
