@@ -15,10 +15,8 @@ from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.errors import UsageError
 from mlbench.launch.session import open_store
 from mlbench.network.settings import NetworkSettings, network_options
-from mlbench.results.compare import RunResult
 from mlbench.results.predict import (Calibration, Prediction, calibration_from, crossovers, describe_link,
-                                     measure_run)
-from mlbench.results.events import read_run_events
+                                     predict_run)
 from mlbench.results.outcome import fmt_duration
 from mlbench.tasks.registry import get_task
 from mlbench.tasks.spec import TaskSpec
@@ -139,6 +137,16 @@ def _calibrate(task: str, optimizers: list[str], networks: list[NetworkSettings 
                                  option="calibrate")
 
 
+def predicted_line(store: Any, record: Any) -> str:
+    """`status RUN --predicted`: the run's predicted step time beside its measured one."""
+    prediction, measured = predict_run(store, record)
+    error = prediction.step_s / measured.step_s - 1
+    return (f"Predicted step {_seconds(prediction.step_s)} (compute {_seconds(prediction.compute_s)} + "
+            f"communication {_seconds(prediction.communication_s)}, {prediction.link.network}); measured "
+            f"{_seconds(measured.step_s)} (communication {_seconds(measured.communication_s)}): {100 * error:+.1f}%. "
+            f"From runs {prediction.compute_from}, {prediction.traffic_from} and the link {prediction.link.source}.")
+
+
 def _validate(run_refs: tuple[str, ...], output: str) -> None:
     """Each run's predicted step time beside its measured one, from a calibration without it."""
     store = open_store(read_only=True)
@@ -146,16 +154,11 @@ def _validate(run_refs: tuple[str, ...], output: str) -> None:
     errors = []
     for ref in run_refs:
         record = store.get(ref)
-        result = RunResult.load(record)
-        if result.config is None or record.task == "task0a":
-            raise UsageError(f"run {record.id}: only training runs can be validated")
-        measured = measure_run(result, read_run_events(record.run_dir))
-        calibration = calibration_from(store, record.task, [result.config.optimizer], exclude=(record.id,))
-        settings = NetworkSettings.from_dict(result.network) if result.network else None
-        prediction = calibration.predict(result.config.optimizer, record.workers, calibration.link(settings))
+        prediction, measured = predict_run(store, record)
+        optimizer = prediction.optimizer
         error = prediction.step_s / measured.step_s - 1
         errors.append(abs(error))
-        rows.append([record.id, result.config.optimizer, prediction.link.network, record.workers,
+        rows.append([record.id, optimizer, prediction.link.network, record.workers,
                      _seconds(prediction.step_s), _seconds(measured.step_s), f"{100 * error:+.1f}%",
                      _seconds(prediction.communication_s), _seconds(measured.communication_s)])
         out.append({"run": record.id, "predicted": prediction.to_dict(), "measured_step_s": measured.step_s,

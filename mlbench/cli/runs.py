@@ -195,8 +195,11 @@ def resume(run_ref, max_steps, detach) -> None:
 @click.option("--follow", "-f", is_flag=True,
               help="With RUN: print its progress lines as it trains, until it ends; exit with "
                    "`mlbench run`'s code for it (0, 1 failed, 3 missed its goal, 130 cancelled).")
+@click.option("--predicted", is_flag=True,
+              help="With RUN: its step time as `mlbench predict` predicts it from the other runs, beside the "
+                   "measured one (docs/predict.md).")
 @output_option
-def status(run_ref, show_all, sort_key, limit, follow, output) -> None:
+def status(run_ref, show_all, sort_key, limit, follow, predicted, output) -> None:
     """A table of runs, newest first, or one run's progress, metrics, result and compute vs
     communication."""
     if follow and (not run_ref or output != "table"):
@@ -205,6 +208,8 @@ def status(run_ref, show_all, sort_key, limit, follow, output) -> None:
         raise UsageError("--all lists every run and --limit N the first N: give one of them")
     if run_ref and (sort_key or limit or show_all):
         raise UsageError("--sort, --limit and --all choose runs for the list: give no RUN with them")
+    if predicted and (not run_ref or follow):
+        raise UsageError("--predicted predicts one run's step time: give RUN, and no --follow")
     if not run_ref:
         listed = api.runs(sort=sort_key or "-created_at", limit=None if show_all else limit or 30)
         runs = [r.to_dict() for r in listed]
@@ -216,7 +221,15 @@ def status(run_ref, show_all, sort_key, limit, follow, output) -> None:
             click.echo(status_table(runs))
         return
     if output != "table":
-        emit(api.get(run_ref).to_dict(), output)
+        document = api.get(run_ref).to_dict()
+        if predicted:
+            from mlbench.results.predict import predict_run
+
+            store = session.open_store(read_only=True)
+            prediction, measured = predict_run(store, store.get(run_ref))
+            document["predicted"] = {**prediction.to_dict(), "measured_step_s": measured.step_s,
+                                     "measured_communication_s": measured.communication_s}
+        emit(document, output)
         return
     run = api.get(run_ref)
     if follow:
@@ -228,6 +241,10 @@ def status(run_ref, show_all, sort_key, limit, follow, output) -> None:
     if record.result and record.result.get("kind") == "allreduce":
         print_allreduce_table(record.result)
     print_compression(summary)
+    if predicted:
+        from mlbench.cli.predict import predicted_line
+
+        click.echo(predicted_line(session.open_store(read_only=True), record))
 
 
 @cli.command()

@@ -73,6 +73,10 @@ def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_late
     row = next(line for line in shown.splitlines() if line.startswith(later.id))
     assert "centralized-sgd" in row and "100 Mbit/s" in row and "%" in row
     assert "median absolute error" in shown
+    beside = mlbench("status", later.id, "--predicted", check=True).stdout.strip().splitlines()[-1]
+    assert beside.startswith("Predicted step ") and "; measured " in beside and "100 Mbit/s" in beside, beside
+    as_json = json.loads(mlbench("status", later.id, "--predicted", "-o", "json", check=True).stdout)["predicted"]
+    assert as_json["workers"] == 2 and as_json["measured_step_s"] > 0 and as_json["step_s"] > 0
     refused = mlbench("predict", "task2a", "--bandwidth", "10gbit", "--optimizer", "powersgd")
     assert refused.returncode == 2
     last = refused.stderr.strip().splitlines()[-1]
