@@ -3,6 +3,7 @@ formulas (docs/predict.md), and its refusals."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -157,3 +158,24 @@ def test_two_sweeps_that_disagree_and_a_busy_machine_refuse_to_calibrate(monkeyp
     with pytest.raises(UsageError, match=r"the machine is busy \(load 7\.50 over the last minute on 2 cores"):
         predict._busy(busy_ok=False)
     predict._busy(busy_ok=True)
+
+
+def test_the_communication_phase_the_link_does_not_explain_is_carried_to_every_count():
+    """PowerSGD's encoding and decoding are in its communication phase: the calibration run's
+    phase beyond what its own network's sweep explains is added at every worker count."""
+    traffic = Traffic("allreduce", 2, 8e6, 2.0)
+    explained = 2 * 0.0341                       # the run's 2 collectives of 4 MB on its sweep's link
+    run = Measured("two", 2, 0.05, (0.04, 0.06), explained + 0.012, 0.2, 64.0, traffic, "1 Gbit/s", False, None,
+                   0.0, "lab")
+    calibration = Calibration("task1a", runs={"powersgd": [run]}, links={"1 Gbit/s": link()})
+    at_two = calibration.predict("powersgd", 2, link())
+    assert at_two.communication_s == pytest.approx(explained + 0.012)
+    at_eight = calibration.predict("powersgd", 8, link())
+    assert at_eight.communication_s == pytest.approx(0.1204 + 0.012)
+    assert any("12 ms a step of two's communication phase is not its link's" in n for n in at_eight.notes)
+    # a phase the link over-explains adds nothing; a run on a network no sweep measured neither
+    faster = dataclasses.replace(run, communication_s=0.5 * explained)
+    assert Calibration("task1a", runs={"powersgd": [faster]}, links={"1 Gbit/s": link()}).predict(
+        "powersgd", 8, link()).communication_s == pytest.approx(0.1204)
+    assert Calibration("task1a", runs={"powersgd": [run]}).predict("powersgd", 8, link()).communication_s == \
+        pytest.approx(0.1204)

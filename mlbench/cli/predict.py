@@ -245,6 +245,7 @@ def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, 
 def _calibration_document(calibration: Calibration, optimizers: list[str]) -> dict[str, Any]:
     return {"links": {k: v.to_dict() for k, v in calibration.links.items()},
             "runs": {o: [{"run": m.run_id, "workers": m.workers, "compute_s": m.compute_s, "step_s": m.step_s,
+                          "communication_s": m.communication_s, "network": m.network,
                           "wire_bytes_per_step": m.traffic.wire_bytes,
                           "collectives_per_step": m.traffic.collectives, "shared_cores": m.shared_cores}
                          for m in calibration.runs.get(o, [])] for o in optimizers}}

@@ -313,6 +313,7 @@ class Prediction:
     traffic_from: str
     steps_to_goal: int | None
     notes: tuple[str, ...] = ()
+    overhead_s: float = 0.0          # of communication_s: the phase's part no link explains
 
     @property
     def step_s(self) -> float:
@@ -331,7 +332,7 @@ class Prediction:
                 "step_s": self.step_s, "step_range_s": list(self.range_s), "compute_s": self.compute_s,
                 "communication_s": self.communication_s, "throughput": self.throughput,
                 "steps_to_goal": self.steps_to_goal, "time_to_goal_s": self.time_to_goal_s,
-                "compute_from": self.compute_from, "traffic_from": self.traffic_from,
+                "overhead_s": self.overhead_s, "compute_from": self.compute_from, "traffic_from": self.traffic_from,
                 "link": self.link.to_dict(), "notes": list(self.notes)}
 
 
@@ -394,6 +395,11 @@ class Calibration:
         peers = _peers(optimizer, self._options(optimizer), workers) if traffic.collective == "gossip" else 2
         communication = traffic.seconds(link, workers, peers)
         slowest = traffic.seconds(link, workers, peers, slowest=True)
+        overhead = self._overhead(optimizer, traffic_run)
+        if overhead > 0:
+            notes.append(f"{format_time(overhead)} a step of {traffic_run.run_id}'s communication phase is not its "
+                         "link's (encoding, decoding, copies): added at every count")
+            communication, slowest = communication + overhead, slowest + overhead
         samples = compute_run.samples_per_step / compute_run.workers * workers
         if settings is not None and hasattr(settings, "global_batch_size"):
             samples = compute_run.samples_per_step / _global(settings, compute_run.workers) * _global(settings, workers)
@@ -401,7 +407,18 @@ class Calibration:
         steps_to_goal = int(statistics.median(goal_runs)) if goal_runs else None
         return Prediction(optimizer, workers, link, compute_s, communication,
                           (low + communication, high + slowest), samples,
-                          compute_run.run_id, traffic_run.run_id, steps_to_goal, tuple(notes))
+                          compute_run.run_id, traffic_run.run_id, steps_to_goal, tuple(notes), overhead)
+
+    def _overhead(self, optimizer: str, run: Measured) -> float:
+        """Seconds a step of ``run``'s communication phase spent beyond what its own network's
+        link explains: encoding and decoding (PowerSGD's orthogonalisation, signSGD's packing)
+        and copies, which the phase holds too (mlbench/optim/base.py). 0 where no sweep measured
+        its network, or where the link explains it all."""
+        link = self.links.get(run.network)
+        if link is None:
+            return 0.0
+        peers = _peers(optimizer, self._options(optimizer), run.workers) if run.traffic.collective == "gossip" else 2
+        return max(0.0, run.communication_s - run.traffic.seconds(link, run.workers, peers))
 
     def _options(self, optimizer: str) -> dict[str, Any]:
         config = self.configuration.get(optimizer, {})

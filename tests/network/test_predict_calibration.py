@@ -56,15 +56,21 @@ def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_late
     assert two["collectives_per_step"] == 1.0 and two["wire_bytes_per_step"] == 8000   # 2000 fp32 weights
     predicted = {(p["network"], p["workers"]): p for p in answer["predictions"]}
     assert set(predicted) == {("100 Mbit/s", 2), ("100 Mbit/s", 4)}
+    # the calibration run's communication phase beyond its own link's sweep is carried as is
+    own = links["not emulated"]
+    assert two["network"] == "not emulated"
+    overhead = max(0.0, two["communication_s"] - _loglog(own["sizes"], own["times_s"], 8000))
+    assert predicted["100 Mbit/s", 2]["overhead_s"] == pytest.approx(overhead, rel=1e-9, abs=1e-12)
     # at the sweep's own worker count, communication is the sweep's time at the step's message
     link = links["100 Mbit/s"]
     expected = _loglog(link["sizes"], link["times_s"], 8000)
-    assert predicted["100 Mbit/s", 2]["communication_s"] == pytest.approx(expected, rel=1e-9)
+    assert predicted["100 Mbit/s", 2]["communication_s"] == pytest.approx(expected + overhead, rel=1e-9)
     assert predicted["100 Mbit/s", 2]["compute_s"] == pytest.approx(two["compute_s"], rel=1e-9)
     # 4 workers: 6 latency steps instead of 2, 1.5 of the message per rank instead of 1
     alpha = link["alpha_s"]
     beta = (expected - 2 * alpha) / 8000
-    assert predicted["100 Mbit/s", 4]["communication_s"] == pytest.approx(6 * alpha + 1.5 * 8000 * beta, rel=1e-9)
+    assert predicted["100 Mbit/s", 4]["communication_s"] == pytest.approx(
+        6 * alpha + 1.5 * 8000 * beta + overhead, rel=1e-9)
     assert predicted["100 Mbit/s", 4]["steps_to_goal"] is None     # synthetic data: no goal, never guessed
 
     mlbench("run", "task2a", "2", *SHORT, "--bandwidth", "100mbit", check=True)
