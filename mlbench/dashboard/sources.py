@@ -15,12 +15,15 @@ import threading
 import time
 from dataclasses import dataclass
 from collections.abc import Callable
+from typing import TypeVar
 
 from mlbench.cloud.config import ClusterRecord
 from mlbench.errors import MlbenchError, RunNotFound
 from mlbench.launch.base import Launcher
 from mlbench.launch.registry import launcher_of
 from mlbench.results.store import RunRecord, RunStore
+
+T = TypeVar("T")
 
 LOCAL = "local"
 CLUSTER = "cluster"
@@ -107,19 +110,27 @@ class Sources:
         (as `status` does); cluster runs are brought up to date only when asked."""
         out = []
         for source in self.all():
-            if source.store is None:
-                continue
-            try:
-                records = source.store.list()
+            def listed(store: RunStore, source: Source = source) -> list[RunRecord]:
+                records = store.list()
                 if source.key == LOCAL or reconcile_cluster:
                     records = [source.launcher(r).reconcile(r) if r.active else r for r in records]
-            except Exception as err:
-                if source.key == LOCAL:
-                    raise
-                source.error = f"cannot read the cluster's runs ({err})"
-                continue
-            out += [(source, r) for r in records]
+                return records
+            out += [(source, r) for r in self._read(source, listed) or []]
         return out
+
+    @staticmethod
+    def _read(source: Source, read: Callable[[RunStore], T]) -> T | None:
+        """``read(source.store)``; None for a source without a store, and for a cluster's store
+        that cannot be read (its error is noted on the source; this machine's raises)."""
+        if source.store is None:
+            return None
+        try:
+            return read(source.store)
+        except Exception as err:
+            if source.key == LOCAL:
+                raise
+            source.error = f"cannot read the cluster's runs ({err})"
+            return None
 
     def page(self, limit: int, before: tuple[float, str] | None = None,
              words: tuple[str, ...] = ()) -> Page:
@@ -129,19 +140,17 @@ class Sources:
         (:meth:`RunStore.newest`, one indexed query), and only those runs are reconciled."""
         found, total, matching = [], 0, 0
         for source in self.all():
-            if source.store is None:
-                continue
-            try:
-                records = source.store.newest(limit + 1, before, words)
-                count = source.store.count()
-                hits = source.store.count(words) if words else count
+            def newest(store: RunStore, source: Source = source) -> tuple[list[RunRecord], int, int]:
+                records = store.newest(limit + 1, before, words)
+                count = store.count()
+                hits = store.count(words) if words else count
                 if source.key == LOCAL:
                     records = [source.launcher(r).reconcile(r) if r.active else r for r in records]
-            except Exception as err:
-                if source.key == LOCAL:
-                    raise
-                source.error = f"cannot read the cluster's runs ({err})"
+                return records, count, hits
+            read = self._read(source, newest)
+            if read is None:
                 continue
+            records, count, hits = read
             found += [(source, r) for r in records]
             total, matching = total + count, matching + hits
         found.sort(key=lambda pair: (pair[1].created_at, pair[1].id), reverse=True)
