@@ -14,6 +14,7 @@ launchers must reproduce.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -117,6 +118,12 @@ def job_story(cluster: SlurmCluster, run_dir: Path, lines: int = 15) -> str:
     and reason, and the last lines of every log in the run's ``logs`` folder."""
     queue = cluster.command("squeue", "--all", "--format=%i %j %T %r %M", check=False)
     story = [f"squeue:\n{queue.stdout.strip()}{queue.stderr.strip()}"]
+    try:   # the injected faults as the job's supervisor recorded them (a stall's SIGCONT, say)
+        story.append(f"faults: {json.loads((run_dir / 'run.json').read_text()).get('faults')}")
+    except (OSError, ValueError) as err:
+        story.append(f"faults: run.json unreadable ({err})")
+    for beat in sorted((run_dir / "heartbeats").glob("*")):
+        story.append(f"{beat.name}: {beat.read_text(errors='replace')[:300]}")
     for log in sorted((run_dir / "logs").glob("*")):
         tail = log.read_text(errors="replace").splitlines()[-lines:]
         story.append(f"{log.name}:\n" + "\n".join(tail))
