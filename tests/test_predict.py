@@ -179,3 +179,20 @@ def test_the_communication_phase_the_link_does_not_explain_is_carried_to_every_c
         "powersgd", 8, link()).communication_s == pytest.approx(0.1204)
     assert Calibration("task1a", runs={"powersgd": [run]}).predict("powersgd", 8, link()).communication_s == \
         pytest.approx(0.1204)
+
+
+def test_a_task_with_a_fixed_global_batch_scales_compute_by_its_micro_batches_and_refuses_counts_it_cannot_run():
+    """Task 5a's step is the global batch whatever the count: each of N workers accumulates
+    global / (batch_per_worker x N) micro-batches, so compute per step halves from 2 to 4."""
+    from mlbench.tasks.task5a.settings import GPTSettings
+
+    settings = GPTSettings(global_batch=16, batch_per_worker=2)
+    traffic = Traffic("allreduce", 2, 8e6, 2.0)
+    run = Measured("two", 2, 0.4, (0.3, 0.5), 0.0, 0.5, 16.0, traffic, "not emulated", False, None, 0.0, "lab")
+    calibration = Calibration("task5a", runs={"centralized-adamw": [run]}, settings={"centralized-adamw": settings})
+    at_four = calibration.predict("centralized-adamw", 4, link())
+    assert at_four.compute_s == pytest.approx(0.4 * 2 / 4)          # 4 micro-batches at 2 workers, 2 at 4
+    assert at_four.samples_per_step == 16.0                          # the global batch, not 4 x 8
+    assert calibration.predict("centralized-adamw", 1, link()).compute_s == pytest.approx(0.4 * 8 / 4)
+    with pytest.raises(UsageError, match="task5a on 16 workers: a global batch of 16 sequences is not a whole"):
+        calibration.predict("centralized-adamw", 16, link())

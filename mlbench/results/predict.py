@@ -368,6 +368,10 @@ class Calibration:
             raise UsageError(f"no finished run of {self.task} with --optimizer {optimizer} to calibrate from: run "
                              f"`mlbench run {self.task} 2 --optimizer {optimizer} --max-steps 100` "
                              "(or `mlbench predict ... --calibrate`)")
+        settings = self.settings.get(optimizer)
+        problem = settings.check(workers) if settings is not None and hasattr(settings, "check") else None
+        if problem:
+            raise UsageError(f"{self.task} on {workers} workers: {problem}", option="workers")
         notes: list[str] = []
         at = [m for m in measured if m.workers == workers]
         below = sorted((m for m in measured if m.workers < workers and not m.shared_cores),
@@ -376,7 +380,6 @@ class Calibration:
         at.sort(key=lambda m: (m.network != "not emulated", -m.created_at))
         compute_run = at[0] if at else (below[0] if below else min(measured, key=lambda m: m.workers))
         compute_s, (low, high) = compute_run.compute_s, compute_run.compute_range
-        settings = self.settings.get(optimizer)
         scale = _accumulation(settings, workers) / _accumulation(settings, compute_run.workers) if settings else 1.0
         compute_s, low, high = compute_s * scale, low * scale, high * scale
         if compute_run.workers == workers and compute_run.shared_cores:
@@ -395,7 +398,7 @@ class Calibration:
         peers = _peers(optimizer, self._options(optimizer), workers) if traffic.collective == "gossip" else 2
         communication = traffic.seconds(link, workers, peers)
         slowest = traffic.seconds(link, workers, peers, slowest=True)
-        overhead = self._overhead(optimizer, traffic_run)
+        overhead = self._overhead(optimizer, traffic_run) if workers > 1 else 0.0
         if overhead > 0:
             notes.append(f"{format_time(overhead)} a step of {traffic_run.run_id}'s communication phase is not its "
                          "link's (encoding, decoding, copies): added at every count")
