@@ -99,6 +99,11 @@ def test_a_prediction_adds_compute_and_communication_and_knows_steps_only_where_
     assert at_two.range_s == pytest.approx((0.04 + 2 * 0.0341, 0.06 + 2 * 0.0441))
     at_one = calibration.predict("centralized-sgd", 1, link())
     assert at_one.step_s == 0.04 and at_one.communication_s == 0.0
+    from mlbench.cli.predict import _cost
+
+    # cost to goal: a node per worker for the time to goal, at USD per node-hour
+    assert _cost(at_two, 3.6) == pytest.approx(1000 * at_two.step_s * 2 * 3.6 / 3600)
+    assert _cost(at_eight, 3.6) is None and _cost(at_two, None) is None
 
 
 def test_compute_at_a_count_whose_workers_shared_the_cores_is_that_counts_own_and_said_so():

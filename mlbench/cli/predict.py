@@ -12,11 +12,13 @@ import click
 from mlbench.cli import cli
 from mlbench.cli.completion import complete_tasks
 from mlbench.cli.output import emit, output_option, tabulate
+from mlbench.cli.results import pricing_options
 from mlbench.errors import UsageError
 from mlbench.launch.session import open_store
 from mlbench.network.settings import NetworkSettings, network_options
 from mlbench.results.predict import (Calibration, Prediction, calibration_from, crossovers, describe_link,
                                      predict_run)
+from mlbench.results.cost import cost_usd, node_hour_price
 from mlbench.results.outcome import fmt_duration
 from mlbench.tasks.registry import get_task
 from mlbench.tasks.spec import TaskSpec
@@ -52,7 +54,13 @@ def _seconds(value: float | None) -> str:
     return fmt_duration(value)
 
 
-def _table(predictions: list[Prediction]) -> str:
+def _cost(prediction: Prediction, usd: float | None) -> float | None:
+    """USD to the goal: one node per worker for the predicted time to goal (None: unknown)."""
+    seconds = prediction.time_to_goal_s
+    return None if usd is None or seconds is None else cost_usd(seconds, prediction.workers, usd)
+
+
+def _table(predictions: list[Prediction], usd: float | None = None) -> str:
     base: dict[tuple[str, str], Prediction] = {}
     for p in predictions:
         key = (p.optimizer, p.link.network)
@@ -66,9 +74,14 @@ def _table(predictions: list[Prediction]) -> str:
         rows.append([p.optimizer, p.link.network, p.workers, _seconds(p.step_s),
                      f"{_seconds(max(low, 0))}..{_seconds(high)}", _seconds(p.compute_s), _seconds(p.communication_s),
                      f"{p.throughput:.4g}", "-" if speedup is None else f"{speedup:.2f}x",
-                     _seconds(p.time_to_goal_s)])
-    return tabulate(rows, headers=["OPTIMIZER", "NETWORK", "WORKERS", "STEP", "RANGE", "COMPUTE", "COMMUNICATION",
-                                   "SAMPLES/S", "SPEEDUP", "TIME TO GOAL"])
+                     _seconds(p.time_to_goal_s)] + ([_usd(_cost(p, usd))] if usd is not None else []))
+    headers = ["OPTIMIZER", "NETWORK", "WORKERS", "STEP", "RANGE", "COMPUTE", "COMMUNICATION", "SAMPLES/S",
+               "SPEEDUP", "TIME TO GOAL"]
+    return tabulate(rows, headers=headers + (["COST TO GOAL"] if usd is not None else []))
+
+
+def _usd(value: float | None) -> str:
+    return "unknown" if value is None else f"${value:,.2f}"
 
 
 def _busy(busy_ok: bool) -> None:
@@ -191,9 +204,11 @@ def _validate(run_refs: tuple[str, ...], output: str) -> None:
               "that disagree).")
 @click.option("--validate", is_flag=True, help="The arguments are runs: show each one's predicted step time "
               "beside its measured one.")
+@pricing_options
 @output_option
 def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, calibration_workers,
-            calibration_steps, max_size, data_dir, data, busy_ok, validate, output) -> None:
+            calibration_steps, max_size, data_dir, data, busy_ok, validate, instance, price_per_hour, prices_file,
+            output) -> None:
     """Predict step time, throughput, speedup and time to the goal at any worker count and
     network, from measured runs: task 0a's sweeps fit each link's latency and bandwidth, each
     optimizer's runs give its compute per step, bytes and collectives (docs/predict.md).
@@ -215,6 +230,7 @@ def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, 
         raise UsageError(f"{task} is the sweep a prediction is calibrated with; predict a training task")
     counts = _counts(workers_text)
     networks = _networks(bandwidth, latency)
+    usd = node_hour_price(instance, price_per_hour, prices_file)
     optimizers = [o.strip() for o in (optimizers_text or spec.optimizer).split(",") if o.strip()]
     if calibrate:
         options = {k: v for k, v in {"data_dir": data_dir, "data": data}.items() if v}
@@ -225,10 +241,11 @@ def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, 
                    for settings in networks for o in optimizers for n in counts]
     notes = crossovers(predictions)
     if output != "table":
-        emit({"task": task, "predictions": [p.to_dict() for p in predictions], "crossovers": notes,
+        emit({"task": task, "predictions": [{**p.to_dict(), "cost_usd": _cost(p, usd)} for p in predictions],
+              "usd_per_node_hour": usd, "crossovers": notes,
               "calibration": _calibration_document(calibration, optimizers)}, output)
         return
-    click.echo(_table(predictions))
+    click.echo(_table(predictions, usd))
     for line in sorted({describe_link(p.link) for p in predictions}):
         click.echo(f"link  {line}")
     for optimizer in optimizers:

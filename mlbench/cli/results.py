@@ -42,7 +42,7 @@ def _pooling(command: Callable) -> Callable:
                              "everything that changes what they compute is equal.")(command)
 
 
-def _pricing(command: Callable) -> Callable:
+def pricing_options(command: Callable) -> Callable:
     """How runs are priced: a price per node-hour, directly or from the price table."""
     command = click.option("--prices", "prices_file", type=click.Path(dir_okay=False),
                            help="A price file (CSV or YAML) that adds to or replaces the shipped "
@@ -64,7 +64,7 @@ def _comparison(run_refs, task, group, instance, price_per_hour, prices_file, po
 
 @cli.command()
 @_selection
-@_pricing
+@pricing_options
 @_pooling
 @output_option
 def compare(run_refs, task, group, instance, price_per_hour, prices_file, pool, score, output) -> None:
@@ -108,7 +108,7 @@ def compare(run_refs, task, group, instance, price_per_hour, prices_file, pool, 
 
 @cli.command()
 @_selection
-@_pricing
+@pricing_options
 @_pooling
 @click.option("--out-dir", "-d", "out_dir", type=click.Path(file_okay=False),
               help="Folder for the charts [charts].")

@@ -29,7 +29,7 @@ from typing import Any, TypedDict
 
 from mlbench.errors import UsageError
 from mlbench.plugins import plugin_label
-from mlbench.results.cost import PriceTable, cost_usd
+from mlbench.results.cost import cost_usd, node_hour_price
 from mlbench.network.settings import network_label
 from mlbench.results.division import run_division
 from mlbench.results.events import read_run_events
@@ -341,13 +341,7 @@ def comparison_of(store: RunStore, refs: tuple[str, ...] = (), task: str | None 
     """The comparison `compare` and `charts` show: runs chosen as :func:`select_runs` chooses
     them, priced by an instance type of the price table or a price per node-hour, pooled across
     the fingerprint keys ``pool`` names, each row's time scored by ``score``."""
-    if instance and price_per_hour is not None:
-        raise UsageError("give --instance or --price-per-hour, not both")
-    if price_per_hour is not None and not (math.isfinite(price_per_hour) and price_per_hour >= 0):
-        raise UsageError(f"--price-per-hour {price_per_hour}: give a price in USD >= 0")
-    if prices_file and not instance:
-        raise UsageError("--prices FILE: say which of its prices applies with --instance NAME")
-    usd = PriceTable.load(prices_file).hourly(instance) if instance else price_per_hour
+    usd = node_hour_price(instance, price_per_hour, prices_file)
     return compare_runs(select_runs(store, tuple(refs), task, group), usd, pool, score)
 
 

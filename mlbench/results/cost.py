@@ -80,6 +80,19 @@ class PriceTable:
         return total
 
 
+def node_hour_price(instance: str | None, price_per_hour: float | None, prices_file: str | None) -> float | None:
+    """USD per node-hour as `compare`, `charts` and `predict` take it: an instance type of the
+    price table (``--instance``, from ``--prices`` or the shipped table) or a price given as is
+    (``--price-per-hour``); None for neither."""
+    if instance and price_per_hour is not None:
+        raise UsageError("give --instance or --price-per-hour, not both")
+    if price_per_hour is not None and not (math.isfinite(price_per_hour) and price_per_hour >= 0):
+        raise UsageError(f"--price-per-hour {price_per_hour}: give a price in USD >= 0")
+    if prices_file and not instance:
+        raise UsageError("--prices FILE: say which of its prices applies with --instance NAME")
+    return PriceTable.load(prices_file).hourly(instance) if instance else price_per_hour
+
+
 def cost_usd(seconds: float, nodes: int, usd_per_node_hour: float) -> float:
     """Node-seconds times the price per node-hour."""
     return nodes * seconds * usd_per_node_hour / 3600.0
