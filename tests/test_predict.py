@@ -58,6 +58,16 @@ def test_the_link_is_the_sweep_at_its_sizes_and_its_per_byte_cost_carries_to_n_w
         14 * ALPHA + 1.75 * 4e6 * (0.0441 - 2 * ALPHA) / 4e6)
 
 
+def test_the_repeats_of_a_sweep_give_each_size_the_median_of_their_times():
+    slower = [{**r, "time_s": 3 * r["time_s"]} for r in ROWS]
+    faster = [{**r, "time_s": 0.5 * r["time_s"], "time_max_s": 0.5 * r["time_s"]} for r in ROWS]
+    repeated = fit_link(ROWS + slower + faster, 2, "1 Gbit/s", "a, b, c")
+    assert repeated.times == link().times and repeated.alpha_s == pytest.approx(ALPHA)
+    # the slowest rank's too, each repeat's no faster than its mean: at 4 MB the median of
+    # 44.1 ms, 102.3 ms (a mean above the recorded max) and 17.05 ms
+    assert repeated.slowest == pytest.approx((100e-6, 0.0441))
+
+
 def test_a_network_no_sweep_measured_adds_its_nominal_rate_and_latency_to_the_machines_own():
     nominal = nominal_link(link(), NetworkSettings(bandwidth_bps=1e9, latency_s=1e-3))
     assert nominal.network == "1 Gbit/s, 1 ms" and nominal.source == "nominal, with sweep1"
@@ -155,7 +165,7 @@ def test_two_sweeps_that_disagree_and_a_busy_machine_refuse_to_calibrate(monkeyp
     steady = [dict(r) for r in ROWS]
     predict._check_sweeps([ROWS, steady], "1 Gbit/s")                  # equal: accepted
     shaky = [{**r, "time_s": r["time_s"] * 2} for r in ROWS]
-    with pytest.raises(UsageError, match=r"the two sweeps at 1 Gbit/s differ by 2\.00x in the median"):
+    with pytest.raises(UsageError, match=r"the 2 sweeps at 1 Gbit/s differ by 2\.00x in the median"):
         predict._check_sweeps([ROWS, shaky], "1 Gbit/s")
     predict._check_sweeps([ROWS, shaky], "1 Gbit/s", busy_ok=True)    # said, and accepted
     monkeypatch.setattr(predict.os, "getloadavg", lambda: (7.5, 7.0, 6.0))

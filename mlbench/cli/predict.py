@@ -25,9 +25,11 @@ from mlbench.tasks.spec import TaskSpec
 
 #: The load per core above which a calibration is refused: its runs would measure the others.
 BUSY_LOAD_PER_CORE = 0.5
-#: Two sweeps of one network whose times differ by more than this (the median over message
-#: sizes of slower / faster) are too unsteady to fit a link to.
-SWEEP_SPREAD = 1.3
+#: Sweeps of one network per calibration: the link takes the median of their times per size.
+SWEEPS = 3
+#: Sweeps of one network whose times differ by more than this (the median over message sizes
+#: of slowest / fastest) are too unsteady to fit a link to.
+SWEEP_SPREAD = 1.5
 
 
 def _counts(text: str) -> list[int]:
@@ -95,21 +97,23 @@ def _busy(busy_ok: bool) -> None:
 
 
 def _check_sweeps(rows: list[list[dict[str, Any]]], label: str, busy_ok: bool = False) -> None:
-    """Refuse two sweeps of one network that disagree: the machine was too busy to measure it
+    """Refuse sweeps of one network that disagree: the machine was too busy to measure it
     (``busy_ok``: say so and go on)."""
-    first = {r["bytes"]: r["time_s"] for r in rows[0] if r.get("dtype") == "fp32"}
-    second = {r["bytes"]: r["time_s"] for r in rows[1] if r.get("dtype") == "fp32"}
-    ratios = {size: max(first[size], second[size]) / min(first[size], second[size])
-              for size in first if size in second and min(first[size], second[size]) > 0}
+    times: dict[Any, list[float]] = {}
+    for sweep in rows:
+        for r in sweep:
+            if r.get("dtype") == "fp32" and r.get("time_s", 0) > 0:
+                times.setdefault(r["bytes"], []).append(r["time_s"])
+    ratios = {size: max(ts) / min(ts) for size, ts in times.items() if len(ts) > 1}
     if not ratios:
         return
     spread = statistics.median(ratios.values())
     if spread > SWEEP_SPREAD:
         worst = max(ratios, key=lambda s: ratios[s])
-        problem = (f"the two sweeps at {label} differ by {spread:.2f}x in the median (up to {ratios[worst]:.2f}x "
-                   f"at {worst} bytes), more than {SWEEP_SPREAD}x")
+        problem = (f"the {len(rows)} sweeps at {label} differ by {spread:.2f}x in the median (up to "
+                   f"{ratios[worst]:.2f}x at {worst} bytes), more than {SWEEP_SPREAD}x")
         if busy_ok:
-            click.echo(f"warning: {problem}; the newer one is used (--busy-ok)", err=True)
+            click.echo(f"warning: {problem}; their median is used (--busy-ok)", err=True)
             return
         raise UsageError(f"{problem}: the machine is too busy to calibrate; try again when it is idle, "
                          "or give --busy-ok", option="calibrate")
@@ -117,8 +121,8 @@ def _check_sweeps(rows: list[list[dict[str, Any]]], label: str, busy_ok: bool = 
 
 def _calibrate(task: str, optimizers: list[str], networks: list[NetworkSettings | None], workers: list[int],
                steps: int, max_size: int, options: dict[str, Any], busy_ok: bool) -> None:
-    """The calibration's runs: two task-0a sweeps on 2 workers per network (and on the machine's
-    own), then each optimizer's run of the task at each calibration worker count."""
+    """The calibration's runs: :data:`SWEEPS` task-0a sweeps on 2 workers per network (and on the
+    machine's own), then each optimizer's run of the task at each calibration worker count."""
     from mlbench import api
 
     _busy(busy_ok)
@@ -129,10 +133,11 @@ def _calibrate(task: str, optimizers: list[str], networks: list[NetworkSettings 
         if settings is not None and settings.latency_s:
             network_args["latency"] = f"{settings.latency_s * 1e6:.6g}us"
         label = settings.label() if settings else "the machine's own network"
+        click.echo(f"calibrating the link at {label}: mlbench run task0a 2 --max-size {max_size} --repeat {SWEEPS}",
+                   err=True)
+        started = api.start(api.plan("task0a", [2], max_size=max_size, repeat=SWEEPS, **network_args))
         sweeps = []
-        for _ in range(2):
-            click.echo(f"calibrating the link at {label}: mlbench run task0a 2 --max-size {max_size}", err=True)
-            run = api.run("task0a", 2, max_size=max_size, **network_args)
+        for run in started.runs:
             if run.state != "finished" or not run.result:
                 raise UsageError(f"the task0a sweep at {label} ({run.id}) {run.state}: {run.reason}",
                                  option="calibrate")

@@ -140,17 +140,23 @@ class Link:
 
 
 def fit_link(rows: Iterable[dict[str, Any]], workers: int, network: str, source: str) -> Link:
-    """The link of task 0a's ``rows`` on ``workers`` ranks (its fp32 rows): ``alpha`` is the
-    median of the messages of 1 KB or less over the latency steps of a ring all-reduce, 2 (N - 1)."""
-    points = sorted((float(r["bytes"]), float(r["time_s"]), float(r.get("time_max_s") or r["time_s"]))
-                    for r in rows if r.get("dtype") == FIT_DTYPE and float(r.get("time_s", 0)) > 0)
+    """The link of task 0a's ``rows`` on ``workers`` ranks (their fp32 rows; the rows of
+    several sweeps give each size the median of their times): ``alpha`` is the median of the
+    messages of 1 KB or less over the latency steps of a ring all-reduce, 2 (N - 1)."""
+    by_size: dict[float, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r.get("dtype") == FIT_DTYPE and float(r.get("time_s", 0)) > 0:
+            by_size.setdefault(float(r["bytes"]), []).append(
+                (float(r["time_s"]), float(r.get("time_max_s") or r["time_s"])))
+    points = sorted((size, statistics.median(t for t, _ in times), statistics.median(max(t, m) for t, m in times))
+                    for size, times in by_size.items())
     if len(points) < 2 or workers < 2:
         raise UsageError(f"the sweep {source} has {len(points)} timed {FIT_DTYPE} sizes on {workers} worker(s): "
                          "a link needs two or more sizes on two or more workers")
     small = [t for size, t, _ in points if size <= SMALL_MESSAGE] or [points[0][1]]
     alpha = statistics.median(small) / hops("allreduce", workers)
     return Link(network, workers, tuple(p[0] for p in points), tuple(p[1] for p in points),
-                tuple(max(p[1], p[2]) for p in points), alpha, source)
+                tuple(p[2] for p in points), alpha, source)
 
 
 def nominal_link(host: Link, settings: NetworkSettings) -> Link:
@@ -450,22 +456,30 @@ def calibration_from(store: RunStore, task: str, optimizers: Iterable[str],
                      exclude: Iterable[str] = ()) -> Calibration:
     """The calibration of ``task`` from the store's finished runs: for each optimizer, the runs
     of its newest run's configuration (so that two configurations never mix); the links from
-    every finished task-0a sweep on 2 or more workers, the newest per network. ``exclude``: run
-    ids left out (the runs a validation predicts)."""
+    the finished task-0a sweeps on 2 or more workers, the newest per network with the repeats
+    of its group (`--repeat`: the median of their times). ``exclude``: run ids left out (the
+    runs a validation predicts)."""
     from mlbench.results.events import read_run_events
 
     skip = set(exclude)
     calibration = Calibration(task)
     records = [r for r in store.list() if r.state == FINISHED and r.id not in skip]
+    sweeps: dict[str, list[tuple[RunRecord, RunResult]]] = {}
     for record in sorted((r for r in records if r.task == "task0a" and r.workers >= 2),
                          key=lambda r: r.created_at):
         result = RunResult.load(record)
-        sweep = result.sweep
-        if sweep is None:
+        if result.sweep is None:
             continue
         label = network_label(result.network) or "not emulated"
+        group = sweeps.get(label, [])
+        same_group = bool(group) and record.group_id is not None and group[-1][0].group_id == record.group_id \
+            and group[-1][0].workers == record.workers
+        sweeps[label] = [*group, (record, result)] if same_group else [(record, result)]
+    for label, repeats in sweeps.items():   # the newest sweep of each network, with its repeats
+        rows = [row for _, result in repeats if result.sweep is not None for row in result.sweep.rows]
         try:
-            calibration.links[label] = fit_link(sweep.rows, record.workers, label, record.id)
+            calibration.links[label] = fit_link(rows, repeats[0][0].workers, label,
+                                                ", ".join(record.id for record, _ in repeats))
         except UsageError:
             continue
     wanted = set(optimizers)
