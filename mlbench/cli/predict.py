@@ -144,8 +144,7 @@ def _calibrate(task: str, optimizers: list[str], networks: list[NetworkSettings 
             sweeps.append(run.result.get("rows", []))
         _check_sweeps(sweeps, label, busy_ok)
     for optimizer in optimizers:
-        for count in workers:
-            _busy(busy_ok)
+        for count in workers:   # the load is checked once, before: these runs raise it themselves
             click.echo(f"calibrating {optimizer}: mlbench run {task} {count} --optimizer {optimizer} "
                        f"--max-steps {steps}", err=True)
             run = api.run(task, count, optimizer=optimizer, max_steps=steps, log_every=max(1, steps // 6),
