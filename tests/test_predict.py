@@ -58,6 +58,19 @@ def test_the_link_is_the_sweep_at_its_sizes_and_its_per_byte_cost_carries_to_n_w
         14 * ALPHA + 1.75 * 4e6 * (0.0441 - 2 * ALPHA) / 4e6)
 
 
+def test_a_size_the_noise_timed_below_the_latency_costs_the_latency_and_no_bytes():
+    """Three small sizes (median 100 us) and a 4 KB one timed at 80 us: at 4 KB the link gives
+    its two latency steps, never less, so a run's communication beyond the link is measured
+    from that floor."""
+    rows = [{"dtype": "fp32", "bytes": b, "time_s": t} for b, t in
+            ((4, 90e-6), (64, 100e-6), (1024, 110e-6), (4096, 80e-6), (4_000_000, 0.0341))]
+    noisy = fit_link(rows, 2, "not emulated", "sweep")
+    assert noisy.alpha_s == pytest.approx(50e-6)
+    assert noisy.per_byte(4096) == 0.0
+    assert noisy.seconds("allreduce", 2, 4096) == pytest.approx(100e-6)
+    assert noisy.seconds("allreduce", 4, 4096) == pytest.approx(6 * 50e-6)
+
+
 def test_the_repeats_of_a_sweep_give_each_size_the_median_of_their_times():
     slower = [{**r, "time_s": 3 * r["time_s"]} for r in ROWS]
     faster = [{**r, "time_s": 0.5 * r["time_s"], "time_max_s": 0.5 * r["time_s"]} for r in ROWS]
