@@ -14,8 +14,9 @@ clock with its faults and restarts marked. Task 0a's runs (the all-reduce sweep)
 instead: bandwidth against message size. Every value and target is labelled by the task's metric
 (:mod:`mlbench.tasks.metrics`): a perplexity is never drawn as a percentage.
 Figures are drawn on matplotlib's Agg canvas without pyplot: no display, no global state between
-calls. A figure's legend stands to the right of its plots and the figure widens to hold it; titles
-wrap to the width of their plots; each family has a colour of :data:`COLOURS`.
+calls. A figure's legend stands below its plots, in as many columns as the figure's width holds,
+and the figure grows taller to hold it; titles and legend entries wrap, so none is clipped; each
+family has a colour of :data:`COLOURS` and, past twelve, another line style (or hatch) in it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from mlbench.safefile import replacing
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
+    from matplotlib.transforms import Bbox
 
 CHART_NAMES = ("speedup", "cost", "loss-accuracy", "communication")
 #: Task 0a's figure: bandwidth against message size, a line per worker count, network and dtype.
@@ -53,13 +55,16 @@ MAX_TIMELINES = 6
 #: publishes it ("Safe", https://carto.com/carto-colors), the strongest first.
 COLOURS = ("#332288", "#cc6677", "#117733", "#88ccee", "#aa4499", "#ddcc77", "#44aa99", "#882255",
            "#999933", "#661100", "#6699cc", "#888888")
-#: The markers and hatches that tell apart the families that share a colour, one per round of COLOURS.
+#: The line styles, markers and hatches that tell apart the families that share a colour, one per
+#: round of COLOURS (the markers also tell worker counts apart in the loss and accuracy figure).
+_STYLES: tuple[Literal["-", "--", ":", "-."], ...] = ("-", "--", ":", "-.")
 _MARKERS = ("o", "s", "^", "D")
 _HATCHES = ("", "//", "..", "xx")
-_STYLES: tuple[Literal["-", "--", ":", "-."], ...] = ("-", "--", ":", "-.")
-#: Legend text: its size (points) and the characters of a line before it wraps.
+#: The ideal (linear) speedup's line: grey, apart from every family's colour.
+_IDEAL: dict[str, Any] = {"linestyle": (0, (5, 2)), "color": "#444444", "alpha": 0.6, "lw": 1.0}
+#: Legend text: its size (points) and the characters of a line before it wraps, the narrowest first.
 _LEGEND_FONTSIZE = 8
-_LEGEND_LINE = 40
+_LEGEND_LINES = (40, 60, 90)
 
 
 def write_charts(comparison: Comparison, out_dir: str | Path,
@@ -142,12 +147,12 @@ def speedup_chart(comparison: Comparison) -> Figure:
         y = [s for _, s, _ in points]
         low = [s - r[0] for _, s, r in points]
         high = [r[1] - s for _, s, r in points]
-        ax.errorbar(x, y, yerr=[low, high], marker=_marker(i), capsize=4, color=_colour(i),
+        ax.errorbar(x, y, yerr=[low, high], marker=_marker(i), linestyle=_style(i), capsize=4, color=_colour(i),
                     label=f"{labels[family]} ({family.metric})")
-        base = min(g.workers for g in groups)
-        bases.add(base)
+        bases.add(min(g.workers for g in groups))
+    for base in sorted(bases):  # one line per base, not per family: twelve would hide the data
         ideal_x = [k for k in counts if k >= base]
-        ax.plot(ideal_x, [k / base for k in ideal_x], linestyle="--", color=_colour(i), alpha=0.4)
+        ax.plot(ideal_x, [k / base for k in ideal_x], **_IDEAL)
     _worker_axis(ax, counts, log=True)
     ax.set_ylabel("speedup (x)")
     _title(fig, ax, f"{comparison.task}: speedup relative to the fewest workers")
@@ -158,7 +163,7 @@ def speedup_chart(comparison: Comparison) -> Figure:
         start = (f"from {base} worker{'s' if base > 1 else ''}" if len(bases) == 1
                  else "from each line's fewest workers")
         handles, texts = ax.get_legend_handles_labels()
-        _legend(fig, [*handles, Line2D([], [], linestyle="--", color="#555555", alpha=0.6)],
+        _legend(fig, [*handles, Line2D([], [], **_IDEAL)],
                 [*texts, f"ideal (linear) {start}"])
         _footnote(fig, "median of the repeats; bars: slowest to fastest run")
     else:
@@ -203,8 +208,12 @@ def cost_chart(comparison: Comparison) -> Figure:
 
 def loss_accuracy_chart(comparison: Comparison) -> Figure:
     """Training loss and the goal metric (test accuracy, perplexity, BLEU: the task's) over
-    training time, with the goal as the target line. Of several families, the colour is the
-    family's and the line style the worker count's; of one, the colour is the worker count's."""
+    training time, with the goal as the target line. Of several families, the colour and line
+    style are the family's and the marker the worker count's, and the legend names each once
+    (36 entries of family and worker count would not fit); of one, the colour is the worker
+    count's."""
+    from matplotlib.lines import Line2D
+
     fig = _new_figure(figsize=(10, 4.2))
     loss_ax, acc_ax = fig.subplots(1, 2)
     metric = task_metric(comparison.task)
@@ -213,28 +222,36 @@ def loss_accuracy_chart(comparison: Comparison) -> Figure:
     multi = len(families) > 1 or not only_pytorch(list(families))
     counts = sorted({g.workers for groups in families.values() for g in groups})
     goals = set()
+    keys: dict[str, Line2D] = {}  # legend entries of several families: each family, then each worker count
     for f_index, (family, groups) in enumerate(families.items()):
         for g in groups:
             w_index = counts.index(g.workers)
             colour = _colour(f_index if multi else w_index)
-            style = _STYLES[w_index % len(_STYLES)] if multi else "-"
+            style = _style(f_index) if multi else "-"
+            marker = _MARKERS[w_index % len(_MARKERS)] if multi else _marker(f_index)
             label = f"{g.workers} worker{'s' if g.workers > 1 else ''}"
-            label = f"{label}, {labels[family]}" if multi else label
+            if multi:
+                keys.setdefault(labels[family], Line2D([], [], color=colour, linestyle=style, lw=1.6))
             lead = representative(g)
             for run in g.runs:
                 alpha, lw = (1.0, 1.6) if run is lead else (0.35, 0.9)
-                name = label if run is lead else None
+                name = label if run is lead and not multi else None
                 if run.losses:
                     t, loss = zip(*run.losses)
-                    loss_ax.plot(t, loss, style, color=colour, alpha=alpha, lw=lw, label=name)
+                    loss_ax.plot(t, loss, style, color=colour, alpha=alpha, lw=lw, label=name,
+                                 marker=marker if multi else "", ms=3, markevery=max(1, len(t) // 8))
                 evals = [(e["time"], e[metric.name]) for e in run.summary.evaluations
                          if "time" in e and metric.name in e]
                 if evals:
                     t, acc = zip(*evals)
-                    acc_ax.plot(t, [metric.display(a) for a in acc], style, marker=_marker(f_index), ms=3,
+                    acc_ax.plot(t, [metric.display(a) for a in acc], style, marker=marker, ms=3,
                                 color=colour, alpha=alpha, lw=lw, label=name)
         if family.goal is not None:
             goals.add(family.goal)
+    if multi:
+        for w_index, k in enumerate(counts):
+            keys[f"{k} worker{'s' if k > 1 else ''}"] = Line2D([], [], color="#444444", linestyle="",
+                                                               marker=_MARKERS[w_index % len(_MARKERS)], ms=5)
     for goal in sorted(goals):
         acc_ax.axhline(metric.display(goal), color="black", lw=1.0, label=f"target {metric.format(goal)}")
     loss_ax.set_title("training loss vs training time")
@@ -245,8 +262,9 @@ def loss_accuracy_chart(comparison: Comparison) -> Figure:
     acc_ax.set_ylabel(metric.axis_label)
     for ax in (loss_ax, acc_ax):
         ax.grid(alpha=0.3)
-    # in the loss axes' order, the target last; with the metric's markers
-    entries = {text: handle for ax in (loss_ax, acc_ax) for handle, text in zip(*ax.get_legend_handles_labels())}
+    # the families and worker counts (or the worker counts' lines, with the metric's markers), the target last
+    entries = {**keys, **{text: handle for ax in (loss_ax, acc_ax)
+                          for handle, text in zip(*ax.get_legend_handles_labels())}}
     if entries:
         _legend(fig, list(entries.values()), list(entries))
     _suptitle(fig, f"{comparison.task}: loss and {metric.title} over time per worker count "
@@ -348,12 +366,13 @@ def network_chart(comparison: Comparison) -> Figure:
         if any(math.isfinite(t) for t in tta):
             tta_ax.plot([a for a, t in zip(x, tta, strict=True) if math.isfinite(t)],
                         [t for t in tta if math.isfinite(t)],
-                        marker=_marker(i), color=_colour(i), label=label)
+                        marker=_marker(i), linestyle=_style(i), color=_colour(i), label=label)
         for ax, series in ((epoch_ax, [_median_epoch_seconds(g) for g in groups]),
                            (bytes_ax, [g.bytes_per_step for g in groups])):
             if any(v is not None for v in series):
                 ax.plot([a for a, v in zip(x, series, strict=True) if v is not None],
-                        [v for v in series if v is not None], marker=_marker(i), color=_colour(i), label=label)
+                        [v for v in series if v is not None], marker=_marker(i), linestyle=_style(i),
+                        color=_colour(i), label=label)
     values = sorted({value for points in lines.values() for value, _ in points})
     for ax, title, ylabel in ((tta_ax, f"time to goal vs {axis}", "time to goal (s)"),
                               (epoch_ax, f"time per epoch vs {axis}", "training seconds per epoch"),
@@ -481,12 +500,13 @@ def fault_chart(comparison: Comparison) -> Figure:
         goodput = f"goodput {100 * faults['goodput']:.1f}%" if faults.get("goodput") is not None else "no goodput"
         title = (f"run {run.record.id}, {run.record.workers} workers: {goodput}, {recoveries(faults)}, "
                  f"{faults.get('lost_steps', 0)} steps lost")
-        ax.set_title(_wrapped(title, fig.get_figwidth() - 2.6, 9), fontsize=9)   # less the legend beside
+        ax.set_title(_wrapped(title, fig.get_figwidth() - 1.0, 9), fontsize=9)
         ax.set_ylabel("training loss")
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # beside: the marks own the plot
     axes[-1].set_xlabel("wall time since the workers' start (s)")
+    entries = {text: handle for ax in axes for handle, text in zip(*ax.get_legend_handles_labels())}
+    if entries:  # one legend for every timeline: their marks are the same
+        _legend(fig, list(entries.values()), list(entries))
     if not shown:
         _empty(axes[0], "no run with faults")
     if len(runs) > len(shown):
@@ -525,6 +545,11 @@ def _colour(i: int) -> str:
     return COLOURS[i % len(COLOURS)]
 
 
+def _style(i: int) -> Literal["-", "--", ":", "-."]:
+    """The line style of line ``i``: solid for the first len(COLOURS), another for each round after."""
+    return _STYLES[i // len(COLOURS) % len(_STYLES)]
+
+
 def _marker(i: int) -> str:
     """The marker of line ``i``: the same for the first len(COLOURS), another for each round after."""
     return _MARKERS[i // len(COLOURS) % len(_MARKERS)]
@@ -544,20 +569,35 @@ def _light(colour: str) -> tuple[float, float, float]:
 
 
 def _legend(fig: Figure, handles: Sequence[Any], texts: Sequence[str]) -> None:
-    """The figure's legend to the right of its axes, its entries wrapped at :data:`_LEGEND_LINE`
-    characters, in as many columns as its height needs. The figure widens by the legend's width,
-    so the plots keep theirs."""
+    """The figure's legend below its plots, in as many columns as the figure's width holds, its
+    entries wrapped at the line of :data:`_LEGEND_LINES` that makes it the shortest (long labels
+    in one wide column, short ones in many). The figure grows by the legend's height, so the
+    plots keep theirs: twelve families' entries beside the plots once made a figure wider than a
+    screen."""
+    room = fig.bbox.width - 0.2 * fig.dpi
+    best: tuple[float, int, list[str]] | None = None
+    for line in _LEGEND_LINES:
+        wrapped = [textwrap.fill(text, line, break_long_words=False, break_on_hyphens=False) for text in texts]
+        one = _legend_box(fig, handles, wrapped, 1)
+        columns = max(1, min(len(wrapped), int(room // one.width)))   # from the widest entry's column
+        while columns > 1 and _legend_box(fig, handles, wrapped, columns).width > room:
+            columns -= 1
+        height = _legend_box(fig, handles, wrapped, columns).height
+        if best is None or height < best[0]:
+            best = (height, columns, wrapped)
+    assert best is not None
+    height, columns, wrapped = best
+    fig.legend(handles, wrapped, loc="outside lower center", ncols=columns, fontsize=_LEGEND_FONTSIZE)
+    fig.set_figheight(fig.get_figheight() + height / fig.dpi)
+
+
+def _legend_box(fig: Figure, handles: Sequence[Any], texts: Sequence[str], columns: int) -> Bbox:
+    """The box (pixels) of the figure's legend of ``texts`` in ``columns``, measured and removed."""
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas of _new_figure
-    wrapped = [textwrap.fill(text, _LEGEND_LINE, break_long_words=False, break_on_hyphens=False)
-               for text in texts]
-    room = 0.9 * fig.bbox.height
-    for columns in range(1, len(wrapped) + 1):
-        legend = fig.legend(handles, wrapped, loc="outside right upper", ncols=columns, fontsize=_LEGEND_FONTSIZE)
-        box = legend.get_window_extent(renderer)
-        if box.height <= room or columns == len(wrapped):
-            break
-        legend.remove()
-    fig.set_figwidth(fig.get_figwidth() + box.width / fig.dpi)
+    legend = fig.legend(handles, texts, loc="outside lower center", ncols=columns, fontsize=_LEGEND_FONTSIZE)
+    box = legend.get_window_extent(renderer)
+    legend.remove()
+    return box
 
 
 def _title(fig: Figure, ax: Axes, text: str, columns: int = 1) -> None:
@@ -566,10 +606,8 @@ def _title(fig: Figure, ax: Axes, text: str, columns: int = 1) -> None:
 
 
 def _suptitle(fig: Figure, text: str) -> None:
-    """The figure's title, centred over its plots: left of the legend beside them, if any."""
-    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas of _new_figure
-    plots = fig.get_figwidth() - sum(legend.get_window_extent(renderer).width / fig.dpi for legend in fig.legends)
-    fig.suptitle(_wrapped(text, plots - 0.4, 11), x=plots / 2 / fig.get_figwidth(), fontsize=11)
+    """The figure's title, centred over its plots, wrapped to their width."""
+    fig.suptitle(_wrapped(text, fig.get_figwidth() - 0.4, 11), fontsize=11)
 
 
 def _wrapped(text: str, inches: float, points: float) -> str:
@@ -586,8 +624,11 @@ def _worker_axis(ax: Axes, counts: list[int], log: bool) -> None:
 
 
 def _footnote(fig: Figure, text: str) -> None:
-    """A note under the axes; as the figure's x-label, the layout makes room for it."""
-    fig.supxlabel(text, fontsize=7, color="#555555")
+    """A note under the last axes' x-label: part of the axes, so the layout keeps it above the
+    legend below them (as the figure's x-label, the legend covered it)."""
+    ax = fig.axes[-1]
+    ax.annotate(text, xy=(0.5, 0.0), xycoords=ax.xaxis.label, xytext=(0, -3), textcoords="offset points",
+                ha="center", va="top", fontsize=7, color="#555555")
 
 
 def _empty(ax: Axes, text: str) -> None:

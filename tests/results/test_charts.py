@@ -1,9 +1,10 @@
 """`mlbench charts` of twelve families, measured with matplotlib's own geometry.
 
 Every figure that `charts` writes is drawn on the Agg canvas and measured in pixels: each legend
-and title lies wholly inside the figure, no legend covers a plotting area or a title, every plot
-keeps a legible size, no two tick labels touch, and each of the twelve families has a colour of
-its own.
+lies wholly inside the figure and below every plot, each title lies wholly inside the figure, no
+legend covers a plotting area, a title or a text (the footnote), every plot keeps a legible size, no two
+tick labels touch, and each family has a legend entry of its own colour and style (line style,
+or hatch of a bar): twelve colours, then the same colours in other styles.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.legend import Legend
+from matplotlib.lines import Line2D
 from matplotlib.transforms import Bbox
 
 from mlbench.network.settings import NetworkSettings
@@ -63,6 +65,20 @@ def optimizers_at_two_bandwidths(store: RunStore) -> list[RunRecord]:
             for i in range(FAMILIES) for rate in (100, 1000)]
 
 
+def long_labels(store: RunStore) -> list[RunRecord]:
+    """Twelve `--set` variants of four settings each on 1, 2 and 4 workers: labels of 80-odd
+    characters."""
+    def config(i: int) -> dict:
+        task = spec_to_dict(TASKS["task1a"])
+        task["settings"].update(batch_per_worker=(32, 64, 128)[i % 3], momentum=(0.0, 0.5, 0.9, 0.99)[i // 3],
+                                weight_decay=1e-4 * (i + 1), nesterov=bool(i % 2))
+        return {"task": task}
+
+    return [record_run(store, workers=k, tta=5.0 / k, wall=6.0 / k, config=config(i),
+                       communication=tuple(0.2 * (i + 1) for _ in range(k)))
+            for i in range(FAMILIES) for k in (1, 2, 4)]
+
+
 def faults(store: RunStore) -> list[RunRecord]:
     """Twelve fault schedules on 2 and 4 workers: the figure of fault timelines too."""
     return [record_run(store, workers=k, tta=20.0 / k, wall=40.0 / k, train_time=60.0,
@@ -98,8 +114,8 @@ def record_sweep(store: RunStore, network: dict) -> RunRecord:
 
 
 def twelve(comparison: Comparison, kind: str) -> list[str]:
-    """The texts that name the twelve in legend entries: the families' labels, the groups' (task
-    0a's lines) or the optimizers (the network figure's lines)."""
+    """The texts that name the twelve (or more) in legend entries: the families' labels, the
+    groups' (task 0a's lines) or the optimizers (the network figure's lines)."""
     if kind == "group":
         return [group_label(g, emulated=True) for g in comparison.groups]
     if kind == "optimizer":
@@ -150,14 +166,24 @@ def ticks_apart(ax, renderer) -> bool:
     return all((b - a) * sine >= height for a, b in pairwise(x))
 
 
-def entry_colours(fig: Figure) -> dict[str, set[str]]:
-    """Each legend entry's text and the colours of its keys, as hex."""
-    colours: dict[str, set[str]] = {}
+def entry_styles(fig: Figure) -> dict[str, set[tuple[str, str]]]:
+    """Each legend entry's text and the (colour as hex, style) of its key: a line's line style (of
+    an error bar's key, its line's, not its bars'), or a bar's hatch."""
+    styles: dict[str, set[tuple[str, str]]] = {}
     for legend in legends(fig):
-        for text, handle in zip(legend.get_texts(), legend.legend_handles, strict=True):
-            colour = handle.get_color() if hasattr(handle, "get_color") else handle.get_facecolor()
-            colours.setdefault(text.get_text().replace("\n", " "), set()).add(to_hex(colour))
-    return colours
+        # matplotlib keeps an entry's drawn key private: columns of (key, text) rows
+        for row in (row for column in legend._legend_handle_box.get_children() for row in column.get_children()):
+            key, text = row.get_children()
+            artists = key.get_children()
+            lines = [a for a in artists if isinstance(a, Line2D)]
+            drawn = [a for a in lines if a.get_linestyle() not in ("None", "none", "")] or lines
+            if drawn:
+                style = (to_hex(drawn[0].get_color()), str(drawn[0].get_linestyle()))
+            else:  # a bar's patch
+                patch = artists[0]
+                style = (to_hex(patch.get_facecolor()), patch.get_hatch() or "")
+            styles.setdefault(text.get_text().replace("\n", " "), set()).add(style)
+    return styles
 
 
 #: per scenario: the figures `charts` draws and, per figure, what names the twelve that have a colour
@@ -167,8 +193,11 @@ SCENARIOS = {
                                 "communication": "family"}),
     "networks": (networks, {"speedup": "family", "cost": "family", "loss-accuracy": "family",
                             "communication": "family", "network": None}),
-    "optimizers at two bandwidths": (optimizers_at_two_bandwidths, {
-        "speedup": None, "cost": None, "loss-accuracy": None, "communication": None, "network": "optimizer"}),
+    "long labels": (long_labels, {"speedup": "family", "cost": "family", "loss-accuracy": "family",
+                                  "communication": "family"}),
+    "optimizers at two bandwidths": (optimizers_at_two_bandwidths, {  # 24 families: a colour and a style each
+        "speedup": "family", "cost": "family", "loss-accuracy": "family", "communication": "family",
+        "network": "optimizer"}),
     "faults": (faults, {"speedup": "family", "cost": "family", "loss-accuracy": "family",
                         "communication": "family", "faults": None}),
     "sweeps": (sweeps, {"bandwidth": "group"}),
@@ -176,7 +205,7 @@ SCENARIOS = {
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_charts_of_twelve_families_keep_legends_beside_the_plots_titles_whole_and_a_colour_each(
+def test_charts_of_twelve_families_keep_legends_below_the_plots_titles_whole_and_a_style_each(
         store, scenario):
     recorded, charts = SCENARIOS[scenario]
     comparison = compare_runs(recorded(store))
@@ -186,29 +215,33 @@ def test_charts_of_twelve_families_keep_legends_beside_the_plots_titles_whole_an
         renderer = drawn(fig)
         where = f"{name}: "
         boxes = [legend.get_window_extent(renderer) for legend in legends(fig)]
+        plots = [ax.get_window_extent(renderer) for ax in fig.axes]
         for title in titles(fig):
             box = title.get_window_extent(renderer)
             assert inside(box, fig.bbox), where + f"title {title.get_text()!r} is clipped"
             assert not any(overlap(box, legend) for legend in boxes), where + f"a legend covers {title.get_text()!r}"
+        for text in [*fig.texts, *(t for ax in fig.axes for t in ax.texts)]:  # footnotes, ratios, faults' names
+            box = text.get_window_extent(renderer)
+            assert not any(overlap(box, legend) for legend in boxes), where + f"a legend covers {text.get_text()!r}"
         for legend, box in zip(legends(fig), boxes, strict=True):
             assert inside(box, fig.bbox), where + f"a legend runs off the figure: {box} in {fig.bbox}"
+            assert box.y1 <= min(plot.y0 for plot in plots) + 0.5, where + f"a legend is not below the plots: {box}"
             assert min(t.get_fontsize() for t in legend.get_texts()) >= 7, where + "legend text too small"
-            for ax in fig.axes:
-                assert overlap(box, ax.get_window_extent(renderer)) == 0, where + "a legend covers a plot"
-        for ax in fig.axes:
-            plot = ax.get_window_extent(renderer)
+            for plot in plots:
+                assert overlap(box, plot) == 0, where + "a legend covers a plot"
+        for ax, plot in zip(fig.axes, plots, strict=True):
             assert plot.width / fig.dpi >= MIN_PLOT[0] and plot.height / fig.dpi >= MIN_PLOT[1], \
                 where + f"a plot of {plot.size} px"
             assert ticks_apart(ax, renderer), where + f"tick labels collide: {ax.get_xticklabels()}"
         if charts[name] is None:
             continue
         keys = twelve(comparison, charts[name])
-        assert len(keys) == FAMILIES
-        colours = entry_colours(fig)
-        family_colours = []
+        assert len(keys) >= FAMILIES
+        styles = entry_styles(fig)
+        family_styles = []
         for key in keys:
-            named = [c for text, cs in colours.items() if key in text for c in cs]
-            assert named, where + f"no legend entry names {key!r}: {sorted(colours)}"
-            assert len(set(named)) == 1, where + f"{key!r} has several colours: {named}"
-            family_colours.append(named[0])
-        assert len(set(family_colours)) == FAMILIES, where + f"families share colours: {family_colours}"
+            named = [style for text, ss in styles.items() if key in text for style in ss]
+            assert named, where + f"no legend entry names {key!r}: {sorted(styles)}"
+            assert len(set(named)) == 1, where + f"{key!r} has several colours or styles: {named}"
+            family_styles.append(named[0])
+        assert len(set(family_styles)) == len(keys), where + f"families share a colour and style: {family_styles}"
