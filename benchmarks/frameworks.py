@@ -13,7 +13,7 @@ for every framework the script measures, round by round (benchmarks/measure.py):
   TensorFlow's ``tf.function`` around ``tf.GradientTape``. Task 1a (ResNet-20, batch 32,
   Nesterov SGD): PyTorch's tutorial loop (benchmarks/throughput.py); for JAX and TensorFlow,
   which ship no ResNet-20 for CIFAR, the port's own model and jitted (``tf.function``) step
-  called in a bare loop (mlbench/worker/jax_resnet.py, tf_resnet.py): the framework's cost of
+  called in a bare loop (mlbench/tasks/task1a/jax_model.py, tf_model.py): the framework's cost of
   the step without mlbench's worker around it;
 * **mlbench**: ``mlbench run TASK 1 --framework F --data synthetic --max-steps N``, the real
   launcher and the worker users get, its seconds per step read from rank 0's training clock
@@ -112,11 +112,11 @@ def _port_resnet_step(x, y, framework):
         import jax
 
         jax.config.update("jax_platforms", "cpu")
-        from mlbench.worker.jax_resnet import ResNetPort as JaxResNet
+        from mlbench.tasks.task1a.jax_model import ResNetPort as JaxResNet
 
         port = JaxResNet(settings, 20, 1, state)
     else:
-        from mlbench.worker.tf_resnet import ResNetPort as TfResNet
+        from mlbench.tasks.task1a.tf_model import ResNetPort as TfResNet
 
         port = TfResNet(settings, 20, 1, state)
     return lambda idx: port.step(x[idx], y[idx], LR)

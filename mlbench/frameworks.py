@@ -62,7 +62,10 @@ class Framework:
     the supervisor picks and passes to all of them, instead of one rendezvous at rank 0;
     ``listens_everywhere``: those servers bind every interface whatever address they are given
     (TensorFlow's gRPC servers bind ``0.0.0.0``), so the local supervisor runs the workers in a
-    network namespace of their own (:class:`mlbench.network.emulation.PrivateLoopback`)."""
+    network namespace of their own (:class:`mlbench.network.emulation.PrivateLoopback`);
+    ``model_module``: the name of a port's module in each of its tasks' packages
+    (``mlbench/tasks/task1a/jax_model.py``), which builds the task's model in the framework
+    (its ``make_port``): the PyTorch, JAX and TensorFlow parts of a task sit side by side."""
 
     name: str
     title: str
@@ -74,11 +77,18 @@ class Framework:
     supports: frozenset[str] = frozenset()
     peers: bool = False
     listens_everywhere: bool = False
+    model_module: str | None = None
 
     def __post_init__(self) -> None:
         unknown = self.supports - set(FEATURES)
         if unknown:
             raise ValueError(f"{self.name} supports unknown features: {', '.join(sorted(unknown))}")
+
+    def port_module(self, task: str) -> str:
+        """The module of this framework's port of ``task`` (a task it has a port of)."""
+        if self.model_module is None or (self.tasks is not None and task not in self.tasks):
+            raise ValueError(f"{self.title} has no port of {task}")
+        return f"mlbench.tasks.{task}.{self.model_module}"
 
     def installed(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in self.modules)
@@ -91,11 +101,11 @@ class Framework:
 
 PYTORCH = Framework("pytorch", "PyTorch", "mlbench.worker", "torch", supports=frozenset(FEATURES))
 JAX = Framework("jax", "JAX", "mlbench.worker.jax_worker", "jax", modules=("jax", "optax"), extra="jax",
-                tasks=("task1a", "task2a"))
+                tasks=("task1a", "task2a"), model_module="jax_model", supports=frozenset({"save-model"}))
 
 TENSORFLOW = Framework("tensorflow", "TensorFlow", "mlbench.worker.tf_worker", "tensorflow",
                        modules=("tensorflow",), extra="tensorflow", tasks=("task1a", "task2a"), peers=True,
-                       listens_everywhere=True)
+                       listens_everywhere=True, model_module="tf_model", supports=frozenset({"save-model"}))
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (PYTORCH, JAX, TENSORFLOW)}
 DEFAULT_FRAMEWORK = PYTORCH.name

@@ -26,7 +26,7 @@ from mlbench.tasks.flops import (ANALYTIC, FLOP_COUNTER, counted_flops, logistic
                                  preload_flop_counter)
 from mlbench.tasks.losses import get_loss, regulariser
 from mlbench.tasks.models import build_model
-from mlbench.tasks.models.logreg import LogisticRegression
+from mlbench.tasks.task2a.model import LogisticRegression
 from mlbench.tasks.models.plugins import build_plugin_model
 from mlbench.tasks.pipeline import Pipeline
 from mlbench.tasks.runtime import RunView, StepOptimizer, all_reduce_sum

@@ -21,14 +21,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 
 from mlbench.results.events import EventWriter
 from mlbench.run_config import RunConfig
-from mlbench.tasks.classification import ClassificationSettings
 from mlbench.worker.heartbeat import Heartbeat
-from mlbench.worker.port_trainer import PortModel, PortTrainer, run_trainer, worker_main
+from mlbench.worker.port_trainer import PortTrainer, import_ports, run_trainer, worker_main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +39,7 @@ def preload() -> None:
     """Import JAX, Optax and the port's models (:func:`mlbench.launch.forked.preload_port`: the
     local supervisor, before it forks the ranks). Importing starts no backend: each rank
     configures and starts its own (:func:`_join`)."""
-    import mlbench.worker.jax_logreg
-    import mlbench.worker.jax_resnet  # noqa: F401
+    import_ports("jax")
 
 
 def _join(config: RunConfig, rank: int, coordinator: str) -> None:
@@ -76,30 +75,21 @@ def coordinator_bind_address(coordinator: str) -> str | None:
 
 
 def run_worker(config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None,
-               group: None = None) -> int:
+               group: None = None, run_dir: Path | None = None) -> int:
     """Train as rank ``rank`` (after :func:`_join`); record the result (rank 0); return 0.
 
     Also what the tests call in-process for one worker."""
     import jax
 
-    return run_trainer(JaxTrainer(config, rank, events, heartbeat), {"framework": "jax", "jax": jax.__version__})
+    return run_trainer(JaxTrainer(config, rank, events, heartbeat), {"framework": "jax", "jax": jax.__version__},
+                       run_dir)
 
 
 class JaxTrainer(PortTrainer):
-    """The ports' training loop around :class:`mlbench.worker.jax_logreg.LogisticRegressionPort`
-    (task 2a) or :class:`mlbench.worker.jax_resnet.ResNetPort` (task 1a)."""
+    """The ports' training loop around the JAX model of the run's task (its package's
+    ``jax_model``: task 2a's logistic regression, task 1a's ResNet)."""
 
-    def make_model(self, settings: ClassificationSettings, in_features: int) -> PortModel:
-        from mlbench.tasks.models import resnet_layout
-
-        layout = resnet_layout(settings.model)
-        if layout is not None:
-            from mlbench.worker.jax_resnet import ResNetPort
-
-            return ResNetPort(settings, *layout, self.reference_state())
-        from mlbench.worker.jax_logreg import LogisticRegressionPort
-
-        return LogisticRegressionPort(settings, in_features)
+    framework = "jax"
 
     def sum_over_processes(self, totals: np.ndarray) -> np.ndarray:
         """JAX computes in float32 here (x64 is off), so each value travels as a float32 pair

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -59,6 +59,11 @@ class PortModel(Protocol):
 
     def weights(self) -> np.ndarray:
         """This process's copy of the parameters (every process holds the same)."""
+        ...
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """This process's parameters and running statistics under the PyTorch model's names, in
+        its layouts (what its ``load_state_dict`` takes, less ``num_batches_tracked``)."""
         ...
 
     def logits(self, x: np.ndarray) -> np.ndarray:
@@ -107,7 +112,7 @@ class HoldsTrainingSet(Protocol):
 
 
 def worker_main(module: str, join: Callable[[RunConfig, int, str], Any],
-                train: Callable[[RunConfig, int, EventWriter, Heartbeat, Any], int],
+                train: Callable[[RunConfig, int, EventWriter, Heartbeat, Any, Path], int],
                 argv: list[str] | None = None) -> int:
     """``python -m MODULE RUN_DIR [--rank R]``: the worker contract's start and end around a
     port's ``join`` (meet the other processes at rank 0's ``host:port``; it returns what
@@ -142,7 +147,7 @@ def worker_main(module: str, join: Callable[[RunConfig, int, str], Any],
     try:
         check_installed(module)
         group = join(config, launch.rank, f"{addr}:{port}")
-        return train(config, launch.rank, events, heartbeat, group)
+        return train(config, launch.rank, events, heartbeat, group, args.run_dir)
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as err:
@@ -166,10 +171,25 @@ def check_installed(module: str) -> None:
                            "builds, or pass --image with one that has it")
 
 
+def import_ports(framework: str) -> None:
+    """Import the framework's port of every task it has one of (a supervisor's preload, before
+    it forks the ranks)."""
+    import importlib
+
+    from mlbench.frameworks import FRAMEWORKS
+
+    record = FRAMEWORKS[framework]
+    for task in record.tasks or ():
+        importlib.import_module(record.port_module(task))
+
+
 class PortTrainer:
     """The training loop of a port: the PyTorch trainer's epochs, step cap, log intervals,
     evaluation and goal, around the framework's model (:meth:`make_model`); a framework's
     subclass says how its processes add up the evaluation's sums and how they part."""
+
+    #: the framework's name (:data:`mlbench.frameworks.FRAMEWORKS`), whose port of the task trains
+    framework: ClassVar[str]
 
     def __init__(self, config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None):
         import torch  # mlbench's data loaders, augmentation, sample order and initial weights (CPU only)
@@ -238,7 +258,7 @@ class PortTrainer:
         as the PyTorch worker counts them for the same model: task 2a's logistic regression
         ``4 B D`` analytic, another model by torch's flop counter on the PyTorch model."""
         from mlbench.tasks.flops import ANALYTIC, FLOP_COUNTER, counted_flops, logistic_regression_flops
-        from mlbench.tasks.models.logreg import LogisticRegression
+        from mlbench.tasks.task2a.model import LogisticRegression
 
         batch = self.settings.batch_per_worker
         if isinstance(self.reference, LogisticRegression):
@@ -247,12 +267,43 @@ class PortTrainer:
         return counted_flops(self.reference, sample, batch), FLOP_COUNTER
 
     def make_model(self, settings: ClassificationSettings, in_features: int) -> PortModel:
-        """The framework's model, its optimizer state and its synchronous step."""
-        raise NotImplementedError
+        """The framework's model, its optimizer state and its synchronous step: the ``make_port``
+        of the framework's module in the task's package (:meth:`Framework.port_module`)."""
+        import importlib
+
+        from mlbench.frameworks import FRAMEWORKS
+
+        module = importlib.import_module(FRAMEWORKS[self.framework].port_module(self.cfg.task.name))
+        port: PortModel = module.make_port(settings, in_features, self.reference_state, **self.port_context())
+        return port
+
+    def port_context(self) -> dict[str, Any]:
+        """What the framework's ``make_port`` takes besides the settings (TensorFlow: the strategy)."""
+        return {}
 
     def sum_over_processes(self, totals: np.ndarray) -> np.ndarray:
         """The element-wise float64 sum of every process's ``totals``, the same on every process."""
         raise NotImplementedError
+
+    def save_model(self, run_dir: Path) -> Path:
+        """``--save-model``: this rank's final weights as the PyTorch worker saves its own, a
+        state dict of torch tensors in ``RUN_DIR/checkpoints/rank-<r>.pt`` under the PyTorch
+        model's names, layouts and order, so that ``load_state_dict`` of mlbench's model takes
+        it; BatchNorm's ``num_batches_tracked`` counts the training steps, as PyTorch's would."""
+        import torch
+
+        state = self.port.state_dict()
+        whole: dict[str, torch.Tensor] = {}
+        for name, reference in self.reference.state_dict().items():
+            if name.endswith(".num_batches_tracked"):
+                whole[name] = torch.tensor(self.step, dtype=reference.dtype)
+            else:
+                whole[name] = torch.from_numpy(np.array(state[name], copy=True)).to(reference.dtype)
+        folder = run_dir / "checkpoints"
+        folder.mkdir(exist_ok=True)
+        path = folder / f"rank-{self.rank}.pt"
+        torch.save(whole, path)
+        return path
 
     def leave(self) -> None:
         """Wait for the other processes and leave the framework's group (several workers)."""
@@ -319,8 +370,9 @@ class PortTrainer:
                 break
         if evaluated_at != self.step:
             self.evaluate()
-        self._record_system()
-        return self._result(stop_reason)
+        result = self._result(stop_reason)   # before the CPU's last probe, which is no training
+        self._record_system(final=True)
+        return result
 
     def compile_step(self, rows: HoldsTrainingSet | None, minibatches: TakesMinibatches | None) -> float:
         """Compile the port's training step before the training clock starts, and return its
@@ -342,17 +394,21 @@ class PortTrainer:
         self.events.emit("setup/compile", seconds, epoch=0, step=0)
         return seconds
 
-    def _record_system(self) -> None:
+    def _record_system(self, final: bool = False) -> None:
         """This rank's ``system`` event, the PyTorch worker's: peak memory, the CPU's probed peak,
         the FLOPs of a step, as of now (with every logging interval and at the end, as the PyTorch
-        worker writes it). No phase times: a port's step is one compiled program whose all-reduce
-        cannot be timed apart, so its step time is the wall clock's."""
+        worker writes it; at the end the CPU is probed again, off the training clock). No phase
+        times: a port's step is one compiled program whose all-reduce cannot be timed apart, so
+        its step time is the wall clock's."""
         import torch
 
         from mlbench.worker.sysmetrics import system_record
 
+        train_time = self.train_time()
+        if final:
+            self.device_peak = self.device_peak.merged(self._probe_peak(self.cfg.threads_per_worker))
         self.events.emit("system", system_record(torch.device("cpu"), self.device_peak, self.step_flops,
-                                                 steps=self.step, train_time=self.train_time()),
+                                                 steps=self.step, train_time=train_time),
                          epoch=self._epoch(), step=self.step)
 
     def _epoch(self) -> float:
@@ -422,16 +478,19 @@ class PortTrainer:
             train_samples=self.data.num_train, test_samples=self.data.num_test)
 
 
-def run_trainer(trainer: PortTrainer, environment: dict[str, Any]) -> int:
+def run_trainer(trainer: PortTrainer, environment: dict[str, Any], run_dir: Path | None = None) -> int:
     """Train (after the port's ``join``); record the environment (with ``environment``: the
     framework and its version, and the threads it computes with where it can tell them, else
-    None) first and the result, with the machine's load at its end, last (rank 0); part; return 0."""
+    None) first and the result, with the machine's load at its end, last (rank 0); save the
+    weights in ``run_dir`` with ``--save-model``; part; return 0."""
     from mlbench.results.environment import describe_environment, load_average, runnable_tasks
 
     if trainer.rank == 0:
         threads = {"threads_per_worker": None, "interop_threads": None}   # a framework's own, unless it says
         trainer.events.emit("environment", {**describe_environment(), **threads, **environment}, epoch=0, step=0)
     result = trainer.train()
+    if trainer.cfg.save_model and run_dir is not None:
+        trainer.save_model(run_dir)
     if trainer.heartbeat is not None:
         trainer.heartbeat.phase("finishing")
     if trainer.rank == 0:

@@ -9,7 +9,7 @@ needs an address, which the local supervisor picks on 127.0.0.1 and passes to ev
 them from the step's variables (:func:`mlbench.worker.launcher_env.slurm_peers`); a ``TF_CONFIG`` already in the
 environment (another launcher's) is used as it is. The data, their order, the training loop and
 the evaluation are those of every port (:mod:`mlbench.worker.port_trainer`); the model and its
-update are :mod:`mlbench.worker.tf_logreg`'s (task 2a) or :mod:`mlbench.worker.tf_resnet`'s
+update are :mod:`mlbench.tasks.task2a.tf_model`'s (task 2a) or :mod:`mlbench.tasks.task1a.tf_model`'s
 (task 1a). The local supervisor forks it from itself (torch and TensorFlow imported: :func:`preload`);
 other launchers start it as a fresh interpreter. Exit codes are the PyTorch worker's: 0 done, 1 failed,
 143 stopped.
@@ -24,6 +24,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,10 +32,9 @@ import numpy as np
 from mlbench.errors import MlbenchError
 from mlbench.results.events import EventWriter
 from mlbench.run_config import RunConfig
-from mlbench.tasks.classification import ClassificationSettings
 from mlbench.worker.heartbeat import Heartbeat
 from mlbench.worker.launcher_env import PEERS_ENV, slurm_peers
-from mlbench.worker.port_trainer import PortModel, PortTrainer, run_trainer, worker_main
+from mlbench.worker.port_trainer import PortTrainer, import_ports, run_trainer, worker_main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,8 +89,7 @@ def preload() -> None:
 
     load_flop_counter()   # before TensorFlow (see join)
     with native_stderr_filtered():
-        import mlbench.worker.tf_logreg
-        import mlbench.worker.tf_resnet  # noqa: F401
+        import_ports("tensorflow")
 
 
 def join(config: RunConfig, rank: int, coordinator: str) -> Any:
@@ -122,7 +121,7 @@ def join(config: RunConfig, rank: int, coordinator: str) -> Any:
 
 
 def run_worker(config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None,
-               strategy: Any = None) -> int:
+               strategy: Any = None, run_dir: Path | None = None) -> int:
     """Train as rank ``rank`` (after :func:`join`, with the strategy it made); record the result
     (rank 0); return 0. Also what the tests call in-process for one worker."""
     import tensorflow as tf
@@ -132,29 +131,22 @@ def run_worker(config: RunConfig, rank: int, events: EventWriter, heartbeat: Hea
     threads = {"threads_per_worker": tf.config.threading.get_intra_op_parallelism_threads() or None,
                "interop_threads": tf.config.threading.get_inter_op_parallelism_threads() or None}
     return run_trainer(TfTrainer(config, rank, events, heartbeat, strategy),
-                       {"framework": "tensorflow", "tensorflow": tf.__version__, **threads})
+                       {"framework": "tensorflow", "tensorflow": tf.__version__, **threads}, run_dir)
 
 
 class TfTrainer(PortTrainer):
-    """The ports' training loop around :class:`mlbench.worker.tf_logreg.LogisticRegressionPort`
-    (task 2a) or :class:`mlbench.worker.tf_resnet.ResNetPort` (task 1a)."""
+    """The ports' training loop around the TensorFlow model of the run's task (its package's
+    ``tf_model``: task 2a's logistic regression, task 1a's ResNet), in ``strategy``."""
+
+    framework = "tensorflow"
 
     def __init__(self, config: RunConfig, rank: int, events: EventWriter, heartbeat: Heartbeat | None = None,
                  strategy: Any = None):
         self.strategy = strategy
         super().__init__(config, rank, events, heartbeat)
 
-    def make_model(self, settings: ClassificationSettings, in_features: int) -> PortModel:
-        from mlbench.tasks.models import resnet_layout
-
-        layout = resnet_layout(settings.model)
-        if layout is not None:
-            from mlbench.worker.tf_resnet import ResNetPort
-
-            return ResNetPort(settings, *layout, self.reference_state(), self.strategy)
-        from mlbench.worker.tf_logreg import LogisticRegressionPort
-
-        return LogisticRegressionPort(settings, in_features, self.strategy)
+    def port_context(self) -> dict[str, Any]:
+        return {"strategy": self.strategy}
 
     def sum_over_processes(self, totals: np.ndarray) -> np.ndarray:
         """Every process's float64 ``totals`` gathered (the replica context's all-gather), then

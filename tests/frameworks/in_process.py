@@ -92,3 +92,22 @@ def check_port_system(port_events, torch_events, steps):
     assert metrics.step_median == port["train_time"] / steps
     assert metrics.achieved_flops == port["flops_per_step"] * steps / port["train_time"]
     assert metrics.utilisation == metrics.achieved_flops / port["peak_flops"]
+
+
+def check_saved_weights(trainer, folder) -> None:
+    """A port's ``--save-model`` file after training: mlbench's PyTorch model takes it (strict:
+    every name, every shape) and then computes the port's logits on the test set's first 64
+    samples, to float32 rounding."""
+    import torch
+
+    from mlbench.tasks.models import build_model
+
+    path = trainer.save_model(folder)
+    assert path == folder / "checkpoints" / f"rank-{trainer.rank}.pt"
+    model = build_model(trainer.settings.model, in_features=trainer.data.num_features)
+    model.load_state_dict(torch.load(path), strict=True)
+    x, _ = trainer.data.test_batch(0, 64)
+    with torch.no_grad():
+        expected = model.eval()(x).numpy()
+    assert np.abs(expected).max() > 0   # trained: zero weights give zero logits
+    np.testing.assert_allclose(trainer.port.logits(x.numpy()), expected, rtol=1e-5, atol=1e-6)

@@ -45,7 +45,6 @@ JAX_REFUSALS = {
     "cuda": "--framework jax: --device cuda is not in this port yet (it runs on CPUs, over gloo)",
     "time-budget": "--framework jax: --time-budget is not in this port yet (it runs on CPUs, over gloo)",
     "bf16": "--framework jax: --precision is not in this port yet (it runs on CPUs, over gloo)",
-    "save-model": "--framework jax: --save-model is not in this port yet (it runs on CPUs, over gloo)",
     "channels-last": "--framework jax: --channels-last is not in this port yet (it runs on CPUs, over gloo)",
     "network": "--framework jax: an emulated network is not in this port yet (it runs on CPUs, over gloo)",
     "faults": "--framework jax: --inject is not in this port yet (it runs on CPUs, over gloo)",
@@ -74,9 +73,9 @@ def refusal(config, request, framework) -> str | None:
     return None
 
 
-def test_every_feature_is_one_of_pytorchs_and_none_of_the_ports():
+def test_every_feature_is_one_of_pytorchs_and_the_ports_save_their_models_only():
     assert PYTORCH.supports == frozenset(FEATURES)
-    assert JAX.supports == TENSORFLOW.supports == frozenset()
+    assert JAX.supports == TENSORFLOW.supports == frozenset({"save-model"})
     with pytest.raises(ValueError, match="unknown features: gpus"):
         dataclasses.replace(JAX, supports=frozenset({"gpus"}))
 
@@ -90,6 +89,9 @@ def test_a_run_is_refused_the_first_feature_its_frameworks_record_lacks(tmp_path
         expected = framework.refusal(lacking[0], used[lacking[0]]) if lacking else None
         assert refusal(config, request, framework) == expected, framework.name
     first = next(iter(used))
+    if first in JAX.supports:
+        assert refusal(config, request, JAX) is None and refusal(config, request, TENSORFLOW) is None
+        return
     assert refusal(config, request, JAX) == JAX_REFUSALS[first]
     assert refusal(config, request, TENSORFLOW) == JAX_REFUSALS[first].replace("--framework jax",
                                                                                "--framework tensorflow")
@@ -135,3 +137,27 @@ def test_every_task_plans_with_pytorch_whose_record_supports_everything(task):
     0a (a sweep, no optimizer) is planned like every training task."""
     config, _ = build_config(RunRequest(task=task, workers=2, data="synthetic"), WorkerResources(threads=1, gpus=0))
     assert config.framework == "pytorch"
+
+
+def test_each_port_sits_in_its_tasks_package_beside_the_pytorch_model():
+    """A port framework's model of each task it declares is ``mlbench/tasks/TASK/MODULE.py``
+    with a ``make_port``, beside the task's PyTorch ``model.py``; no task package holds a port
+    its framework does not declare, and no framework's model is left in ``mlbench/worker``."""
+    import ast
+    from pathlib import Path
+
+    from mlbench.frameworks import PORTS
+
+    tasks = Path(__file__).resolve().parents[2] / "mlbench" / "tasks"
+    for framework in PORTS.values():
+        assert framework.model_module and framework.tasks
+        for task in framework.tasks:
+            module = tasks / task / f"{framework.model_module}.py"
+            assert module.is_file(), f"{framework.name}'s port of {task} is not at {module}"
+            functions = {n.name for n in ast.parse(module.read_text()).body if isinstance(n, ast.FunctionDef)}
+            assert "make_port" in functions, module
+            assert (tasks / task / "model.py").is_file()
+        stray = {p.parent.name for p in tasks.glob(f"*/{framework.model_module}.py")} - set(framework.tasks)
+        assert not stray, f"{framework.name} ports in {stray} that its record does not declare"
+    worker = tasks.parent / "worker"
+    assert not [p.name for p in worker.glob("*.py") if p.stem.endswith(("_resnet", "_logreg", "_model"))]

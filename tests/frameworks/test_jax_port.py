@@ -31,6 +31,7 @@ from tests.frameworks.in_process import (
     ATOL,
     RTOL,
     check_port_system,
+    check_saved_weights,
     train_jax_in_process,
     train_pytorch_in_process,
     values,
@@ -129,3 +130,35 @@ def test_a_local_runs_coordinator_listens_on_the_loopback_address_only():
         assert coordinator_bind_address("mlbench-r-0.mlbench-r:4000") == "[fd00::5]:4000"
     finally:
         del os.environ["MLBENCH_BIND_ADDR"]
+
+
+def test_the_saved_weights_load_into_the_pytorch_model_and_give_the_ports_logits(libsvm_dir, tmp_path):
+    from mlbench.results.events import EventWriter
+    from mlbench.worker.jax_worker import JaxTrainer, _join
+    from tests.helpers import ListSink
+
+    spec, _ = resolve(TASK2A, {})
+    config = RunConfig(task=spec, workers=1, data_dir=str(libsvm_dir), max_steps=10, log_every=5,
+                       stop_at_goal=False, save_model=True)
+    _join(config, 0, "")
+    trainer = JaxTrainer(config, 0, EventWriter(ListSink(), 0))
+    trainer.train()
+    check_saved_weights(trainer, tmp_path)
+
+
+def test_a_two_worker_jax_run_saves_each_ranks_weights_in_its_run_folder():
+    """`--save-model` through the worker's entry: each rank's file, the same weights on both (the
+    ranks hold one model), which mlbench's PyTorch model takes."""
+    import torch
+
+    from mlbench.tasks.models import build_model
+    from tests.helpers import last_run, mlbench
+
+    mlbench("run", "task2a", "2", "--framework", "jax", "--data", "synthetic", "--max-steps", "3", "--save-model",
+            check=True)
+    folder = Path(last_run().run_dir) / "checkpoints"
+    saved = [torch.load(folder / f"rank-{rank}.pt") for rank in (0, 1)]
+    assert list(saved[0]) == ["linear.weight"] and torch.equal(saved[0]["linear.weight"], saved[1]["linear.weight"])
+    model = build_model("logreg", in_features=saved[0]["linear.weight"].shape[1])
+    model.load_state_dict(saved[0], strict=True)
+    assert model.linear.weight.abs().max() > 0

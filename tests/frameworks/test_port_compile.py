@@ -52,7 +52,7 @@ def test_a_ports_first_step_no_longer_holds_its_compilation(train):
 
 
 def resnet8_state() -> dict[str, np.ndarray]:
-    from mlbench.tasks.models.resnet import ResNetCIFAR
+    from mlbench.tasks.task1a.model import ResNetCIFAR
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -84,8 +84,8 @@ def logreg_steps(port, batch: int) -> tuple[list[float], np.ndarray]:
 def test_the_jax_warm_up_leaves_the_port_as_it_was():
     import jax
 
-    from mlbench.worker.jax_logreg import LogisticRegressionPort
-    from mlbench.worker.jax_resnet import ResNetPort
+    from mlbench.tasks.task2a.jax_model import LogisticRegressionPort
+    from mlbench.tasks.task1a.jax_model import ResNetPort
 
     def state(*trees):
         return [np.asarray(leaf.addressable_data(0)) for tree in trees for leaf in jax.tree.leaves(tree)]
@@ -111,8 +111,8 @@ def test_the_jax_warm_up_leaves_the_port_as_it_was():
 @requires("tensorflow")
 def test_the_tensorflow_warm_up_leaves_the_port_as_it_was_and_traces_once():
     tensorflow()
-    from mlbench.worker.tf_logreg import LogisticRegressionPort
-    from mlbench.worker.tf_resnet import ResNetPort
+    from mlbench.tasks.task2a.tf_model import LogisticRegressionPort
+    from mlbench.tasks.task1a.tf_model import ResNetPort
 
     settings = TASK2A.settings
     warmed, cold = LogisticRegressionPort(settings, FEATURES), LogisticRegressionPort(settings, FEATURES)

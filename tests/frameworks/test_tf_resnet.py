@@ -1,4 +1,4 @@
-"""The TensorFlow ResNet of task 1a (mlbench/worker/tf_resnet.py) trains as mlbench's PyTorch ResNet.
+"""The TensorFlow ResNet of task 1a (mlbench/tasks/task1a/tf_model.py) trains as mlbench's PyTorch ResNet.
 
 Both start from the weights mlbench's reference draws (``ResNetPort.from_reference``) and train
 on the same arrays: real CIFAR-10 images (the suite's subset), the task's sample order
@@ -109,7 +109,7 @@ def assert_close_per_tensor(actual: dict, expected: dict, rtol: float) -> None:
 
 @pytest.mark.parametrize("model, parameters", [("resnet20-v1", 272_474), ("resnet20-v2", 272_378)])
 def test_the_port_starts_from_the_reference_weights_and_computes_its_logits(model, parameters, one_thread):
-    from mlbench.worker.tf_resnet import ResNetPort
+    from mlbench.tasks.task1a.tf_model import ResNetPort
 
     spec, _ = resolve(TASK1A, {"model": model})
     port = ResNetPort.from_reference(spec.settings, SEED)
@@ -117,7 +117,7 @@ def test_the_port_starts_from_the_reference_weights_and_computes_its_logits(mode
     reference = build_model(model).eval()
     state = {k: v.numpy() for k, v in reference.state_dict().items() if not k.endswith("num_batches_tracked")}
     converted = port.state_dict()
-    assert converted.keys() == state.keys()
+    assert list(converted) == list(state)   # and in its order
     for name, value in state.items():   # OIHW <-> HWIO and the transposed classifier, losslessly
         assert np.array_equal(converted[name], value), name
     assert port.num_parameters == parameters == sum(p.numel() for p in reference.parameters())
@@ -134,7 +134,7 @@ def test_batch_norm_keeps_pytorchs_unbiased_running_variance(one_thread):
     """PyTorch's rule, not Keras' (which takes the biased variance into the running one)."""
     import tensorflow as tf
 
-    from mlbench.worker.tf_resnet import BN_MOMENTUM, batch_norm_train, running_update
+    from mlbench.tasks.task1a.tf_model import BN_MOMENTUM, batch_norm_train, running_update
 
     x = np.random.default_rng(1).normal(2.0, 3.0, size=(2, 3, 1, 1)).astype(np.float32)   # n = 2 per channel
     bn = torch.nn.BatchNorm2d(3)
@@ -171,7 +171,7 @@ def test_the_first_50_float32_losses_of_the_tensorflow_resnet_follow_pytorchs(ci
 
 def test_in_float64_the_tensorflow_resnet_trains_exactly_as_pytorchs(cifar_dir, pytorch_float64_resnet, one_thread):
     """Losses, parameters, running statistics and test logits after training (eval mode)."""
-    from mlbench.worker.tf_resnet import ResNetPort
+    from mlbench.tasks.task1a.tf_model import ResNetPort
 
     spec, (torch_losses, model, _, batches, spe) = pytorch_float64_resnet
     settings = spec.settings

@@ -17,8 +17,8 @@ from mlbench.errors import UsageError
 if TYPE_CHECKING:
     from torch import nn
 
-    from mlbench.tasks.models.logreg import LogisticRegression
-    from mlbench.tasks.models.resnet import ResNetCIFAR
+    from mlbench.tasks.task2a.model import LogisticRegression
+    from mlbench.tasks.task1a.model import ResNetCIFAR
 
 #: The depths of task 1a (6n+2 with n = 3, 5, 7, 9).
 RESNET_DEPTHS: tuple[int, ...] = (20, 32, 44, 56)
@@ -50,11 +50,11 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """The model classes, imported on first use (PEP 562)."""
     if name == "LogisticRegression":
-        from mlbench.tasks.models.logreg import LogisticRegression
+        from mlbench.tasks.task2a.model import LogisticRegression
 
         return LogisticRegression
     if name == "ResNetCIFAR":
-        from mlbench.tasks.models.resnet import ResNetCIFAR
+        from mlbench.tasks.task1a.model import ResNetCIFAR
 
         return ResNetCIFAR
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -81,14 +81,14 @@ def build_model(name: str, num_classes: int = 10, in_features: int | None = None
                 f"Model 'logreg' needs the number of input features as a positive integer "
                 f"(in_features), got {in_features!r}."
             )
-        from mlbench.tasks.models.logreg import LogisticRegression
+        from mlbench.tasks.task2a.model import LogisticRegression
 
         return LogisticRegression(in_features)
     if key in _RESNETS:
         if num_classes < 1:
             raise UsageError(f"num_classes must be a positive integer, got {num_classes!r}.")
         depth, version = _RESNETS[key]
-        from mlbench.tasks.models.resnet import ResNetCIFAR
+        from mlbench.tasks.task1a.model import ResNetCIFAR
 
         return ResNetCIFAR(depth, version=version, num_classes=num_classes)
     raise UsageError(

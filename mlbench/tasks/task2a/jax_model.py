@@ -12,6 +12,7 @@ step. One device per process: rank r's minibatch is the r-th shard of the global
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -110,6 +111,10 @@ class LogisticRegressionPort:
         """This process's copy of ``w`` (every process holds the same)."""
         return np.asarray(self.params.addressable_data(0))
 
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The weights under the PyTorch model's name and in its layout (``linear.weight``, 1 x D)."""
+        return {"linear.weight": self.weights()[None, :]}
+
     def logits(self, x: np.ndarray) -> np.ndarray:
         """The logits of ``x`` with this process's copy of the weights (no collective)."""
         w = self.params.addressable_data(0)
@@ -126,3 +131,10 @@ class LogisticRegressionPort:
     @property
     def num_parameters(self) -> int:
         return int(self.params.shape[0])
+
+
+def make_port(settings: ClassificationSettings, in_features: int,
+              reference_state: Callable[[], dict[str, np.ndarray]]) -> LogisticRegressionPort:
+    """Task 2a's JAX port (:meth:`mlbench.frameworks.Framework.port_module`); its weights start
+    at zero, as the PyTorch model's, so it takes no ``reference_state``."""
+    return LogisticRegressionPort(settings, in_features)

@@ -1,4 +1,4 @@
-"""Task 1a in JAX: ResNet-20 (any ResNet-CIFAR of :mod:`mlbench.tasks.models.resnet`, v1 or v2),
+"""Task 1a in JAX: ResNet-20 (any ResNet-CIFAR of :mod:`mlbench.tasks.task1a.model`, v1 or v2),
 trained by synchronous data-parallel SGD over processes.
 
 The closed division's algorithm as the PyTorch worker trains it (docs/tasks.md, task 1a), in
@@ -141,6 +141,8 @@ class ResNetPort:
                  dtype: Any = np.float32):
         self.settings = settings
         params, stats = to_jax_layout(state, dtype)
+        #: PyTorch's state_dict order of the parameters and running statistics (:meth:`state_dict`)
+        self.order = [k for k in state if k in params or k in stats]
         self.forward = ResNetForward(depth, version, set(params))
         self.mesh = Mesh(np.array(jax.devices()), (AXIS,))
         self.replicated = NamedSharding(self.mesh, P())
@@ -220,6 +222,22 @@ class ResNetPort:
         does, compiles a program per shape, which the first logging interval paid for."""
         return np.concatenate([np.asarray(p.addressable_data(0)).ravel() for p in self.params.values()])
 
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """This process's parameters and running statistics under PyTorch's names, in its
+        layouts and its order (what ``ResNetCIFAR.load_state_dict`` takes, less
+        ``num_batches_tracked``): HWIO -> OIHW, the classifier's [in, out] -> [out, in]."""
+        values = {n: np.asarray(p.addressable_data(0)) for n, p in self.params.items()}
+        values.update({n: np.asarray(s.addressable_data(0))[0] for n, s in self.stats.items()})
+        out: dict[str, np.ndarray] = {}
+        for name in self.order:
+            value = values[name]
+            if value.ndim == 4:
+                value = value.transpose(3, 2, 0, 1)
+            elif value.ndim == 2:
+                value = value.T
+            out[name] = np.ascontiguousarray(value)
+        return out
+
     def logits(self, x: np.ndarray) -> np.ndarray:
         """The logits of ``x`` with this process's parameters and running statistics (no collective)."""
         params, stats = self._local()
@@ -236,3 +254,21 @@ class ResNetPort:
     @property
     def num_parameters(self) -> int:
         return int(sum(p.size for p in self.params.values()))
+
+
+def make_port(settings: ClassificationSettings, in_features: int,
+              reference_state: Callable[[], dict[str, np.ndarray]]) -> ResNetPort:
+    """Task 1a's JAX port (:meth:`mlbench.frameworks.Framework.port_module`): the ResNet of the
+    run's settings, from the PyTorch model's weights for the run's seed (``reference_state``)."""
+    return ResNetPort(settings, *_layout(settings.model), reference_state())
+
+
+def _layout(model: str) -> tuple[int, int]:
+    """The depth and version of the ResNet ``model`` names; a port builds only ResNets."""
+    from mlbench.errors import UsageError
+    from mlbench.tasks.models import resnet_layout
+
+    layout = resnet_layout(model)
+    if layout is None:
+        raise UsageError(f"task1a's port builds mlbench's ResNets (resnet20-v1, ...), not {model}", option="set")
+    return layout

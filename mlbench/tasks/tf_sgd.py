@@ -1,4 +1,4 @@
-"""What the TensorFlow ports share (:mod:`mlbench.worker.tf_logreg`, :mod:`mlbench.worker.tf_resnet`):
+"""What the TensorFlow ports share (:mod:`mlbench.tasks.task2a.tf_model`, :mod:`mlbench.tasks.task1a.tf_model`):
 the gradients' mean over the processes, torch.optim.SGD's update, a step run on every replica, and
 a warm-up step whose effects are undone.
 

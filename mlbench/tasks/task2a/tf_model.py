@@ -15,13 +15,14 @@ momentum buffer, which stay equal because every process applies the same average
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from mlbench.tasks.classification import ClassificationSettings
-from mlbench.worker.tf_sgd import mean_over_processes, on_every_replica, restore_after, sgd_update
+from mlbench.tasks.tf_sgd import mean_over_processes, on_every_replica, restore_after, sgd_update
 
 
 def objective(w: tf.Tensor, x: tf.Tensor, y: tf.Tensor, l2: float) -> tf.Tensor:
@@ -85,6 +86,10 @@ class LogisticRegressionPort:
         """This process's copy of ``w`` (every process holds the same)."""
         return self.w.numpy()
 
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The weights under the PyTorch model's name and in its layout (``linear.weight``, 1 x D)."""
+        return {"linear.weight": self.weights()[None, :]}
+
     def logits(self, x: np.ndarray) -> np.ndarray:
         """The logits of ``x`` with this process's copy of the weights (no collective)."""
         return self._forward(self.w, tf.constant(x)).numpy()
@@ -100,3 +105,10 @@ class LogisticRegressionPort:
     @property
     def num_parameters(self) -> int:
         return int(self.w.shape[0])
+
+
+def make_port(settings: ClassificationSettings, in_features: int,
+              reference_state: Callable[[], dict[str, np.ndarray]], strategy: Any = None) -> LogisticRegressionPort:
+    """Task 2a's TensorFlow port (:meth:`mlbench.frameworks.Framework.port_module`), in the run's
+    ``strategy``; its weights start at zero, as the PyTorch model's (no ``reference_state``)."""
+    return LogisticRegressionPort(settings, in_features, strategy)

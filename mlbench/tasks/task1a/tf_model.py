@@ -1,6 +1,6 @@
-"""Task 1a in TensorFlow 2: mlbench's ResNet for CIFAR-10 (:mod:`mlbench.tasks.models.resnet`,
+"""Task 1a in TensorFlow 2: mlbench's ResNet for CIFAR-10 (:mod:`mlbench.tasks.task1a.model`,
 v1 or v2, any depth 6n+2), trained by synchronous data-parallel SGD over processes with
-``tf.distribute.MultiWorkerMirroredStrategy``, as :mod:`mlbench.worker.tf_logreg` trains task 2a.
+``tf.distribute.MultiWorkerMirroredStrategy``, as :mod:`mlbench.tasks.task2a.tf_model` trains task 2a.
 
 The port computes what the PyTorch worker computes, so that the two train the same from the same
 weights (tests/frameworks/test_tf_resnet.py):
@@ -28,7 +28,7 @@ weights (tests/frameworks/test_tf_resnet.py):
   dampening 0, Nesterov when the settings say so, ``p -= lr d``): Keras' SGD folds the rate into
   its momentum buffer, which differs once the rate changes.
 
-No XLA (``jit_compile``), as in :mod:`mlbench.worker.tf_logreg`: the step is a plain
+No XLA (``jit_compile``), as in :mod:`mlbench.tasks.task2a.tf_model`: the step is a plain
 ``tf.function``, so both TensorFlow ports run the same kind of program. ``dtype="float64"`` runs
 the same code in double precision: float32 training of a ReLU net is chaotic (a pre-activation
 within rounding of 0 switches), so the exact comparison with PyTorch is made in float64
@@ -37,18 +37,19 @@ within rounding of 0 switches), so the exact comparison with PyTorch is made in 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from mlbench.tasks.classification import ClassificationSettings
-from mlbench.worker.tf_sgd import mean_over_processes, on_every_replica, restore_after, sgd_update
+from mlbench.tasks.tf_sgd import mean_over_processes, on_every_replica, restore_after, sgd_update
 
 #: PyTorch's BatchNorm2d defaults: the running statistics' momentum and the epsilon.
 BN_MOMENTUM = 0.1
 BN_EPS = 1e-5
-#: Output channels of the three stages (:data:`mlbench.tasks.models.resnet.STAGE_CHANNELS`).
+#: Output channels of the three stages (:data:`mlbench.tasks.task1a.model.STAGE_CHANNELS`).
 STAGE_CHANNELS = (16, 32, 64)
 
 
@@ -69,7 +70,7 @@ def running_update(running: tf.Variable, batch: tf.Tensor) -> None:
 
 def layer_names(depth: int, version: int) -> tuple[list[str], list[str]]:
     """The PyTorch model's convolutions and BatchNorms, by their state_dict prefixes, in the order
-    of its ``state_dict`` (:class:`mlbench.tasks.models.resnet.ResNetCIFAR`)."""
+    of its ``state_dict`` (:class:`mlbench.tasks.task1a.model.ResNetCIFAR`)."""
     convs, norms = ["stem.0"], ["stem.1"]
     in_channels = STAGE_CHANNELS[0]
     for stage, channels in enumerate(STAGE_CHANNELS):
@@ -111,8 +112,9 @@ class ResNetPort:
                 self.stats[f"{name}.{field}"] = self._variable(f"{name}.{field}", state, trainable=False)
         self.params["classifier.weight"] = self._variable("classifier.weight", state, (1, 0))
         self.params["classifier.bias"] = self._variable("classifier.bias", state)
-        # PyTorch's state_dict order, which weights() and the L2 term follow
-        order = [k for k in state if k in self.params]
+        # PyTorch's state_dict order, which weights(), state_dict() and the L2 term follow
+        self.order = [k for k in state if k in self.params or k in self.stats]
+        order = [k for k in self.order if k in self.params]
         self.params = {k: self.params[k] for k in order}
         self._trainable = list(self.params.values())
         self._decayed = [v for k, v in self.params.items() if k.endswith("weight")]
@@ -133,7 +135,7 @@ class ResNetPort:
         import torch
 
         from mlbench.tasks.models import build_model
-        from mlbench.tasks.models.resnet import ResNetCIFAR
+        from mlbench.tasks.task1a.model import ResNetCIFAR
 
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -262,9 +264,10 @@ class ResNetPort:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters and running statistics under PyTorch's names and in its layouts (what
-        ``ResNetCIFAR.load_state_dict`` takes, less ``num_batches_tracked``)."""
+        ``ResNetCIFAR.load_state_dict`` takes, less ``num_batches_tracked``), in its order."""
         out: dict[str, np.ndarray] = {}
-        for name, v in {**self.params, **self.stats}.items():
+        variables = {**self.params, **self.stats}
+        for name, v in sorted(variables.items(), key=lambda item: self.order.index(item[0])):
             value = v.numpy()
             if value.ndim == 4:
                 value = value.transpose(3, 2, 0, 1)   # HWIO -> OIHW
@@ -283,3 +286,22 @@ class ResNetPort:
     @property
     def num_parameters(self) -> int:
         return int(sum(int(np.prod(v.shape)) for v in self._trainable))
+
+
+def make_port(settings: ClassificationSettings, in_features: int,
+              reference_state: Callable[[], dict[str, np.ndarray]], strategy: Any = None) -> ResNetPort:
+    """Task 1a's TensorFlow port (:meth:`mlbench.frameworks.Framework.port_module`): the ResNet
+    of the run's settings, from the PyTorch model's weights for the run's seed
+    (``reference_state``), in the run's ``strategy``."""
+    return ResNetPort(settings, *_layout(settings.model), reference_state(), strategy)
+
+
+def _layout(model: str) -> tuple[int, int]:
+    """The depth and version of the ResNet ``model`` names; a port builds only ResNets."""
+    from mlbench.errors import UsageError
+    from mlbench.tasks.models import resnet_layout
+
+    layout = resnet_layout(model)
+    if layout is None:
+        raise UsageError(f"task1a's port builds mlbench's ResNets (resnet20-v1, ...), not {model}", option="set")
+    return layout
