@@ -54,6 +54,7 @@ from mlbench.tasks.task5a.model import GPT, flops_per_token, parameter_count
 from mlbench.tasks.task5a.runtime import GPTRuntime
 from mlbench.tasks.task5a.settings import GPTSettings
 from mlbench.timing import PhaseTimer
+from mlbench.worker.hyper import task_hyper
 
 #: Model sizes: a GPT that trains in seconds per step on a few cores, and task 5a's GPT-2 small
 #: with a step of 64 sequences (the closed division's is 512) for a GPU.
@@ -94,8 +95,8 @@ def mlbench_step(spec: TaskSpec, device: torch.device, seed: int) -> tuple[Step,
     assert isinstance(settings, GPTSettings)
     timer = PhaseTimer(device)
     runtime = GPTRuntime(settings, synthetic=True, device=device, seed=seed, timer=timer)
-    optimizer = build_optimizer(spec.optimizer, OptimizerContext(model=runtime.model, spec=spec, world_size=1,
-                                                                 rank=0, timer=timer))
+    optimizer = build_optimizer(spec.optimizer, OptimizerContext(model=runtime.model, hyper=task_hyper(spec, 1),
+                                                                 world_size=1, rank=0, timer=timer))
     batches = itertools.chain.from_iterable(runtime.batches(epoch) for epoch in itertools.count())
 
     def step() -> torch.Tensor:

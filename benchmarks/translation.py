@@ -54,6 +54,7 @@ from mlbench.tasks.task4b.bpe import PAD
 from mlbench.tasks.task4b.runtime import TranslationRuntime
 from mlbench.tasks.task4b.settings import TranslationSettings
 from mlbench.timing import PhaseTimer
+from mlbench.worker.hyper import task_hyper
 
 SIZES = {  # dim, ffn, heads, layers per stack
     "big": (1024, 4096, 16, 6),      # task 4b's model (about 210 M parameters with 32k words)
@@ -104,7 +105,8 @@ def worker(rank: int, world: int, mode: str, args: argparse.Namespace, port: int
     runtime = TranslationRuntime(settings(args), synthetic=True, rank=rank, world=world, device=device)
     if mode == "mlbench":
         opt = build_optimizer("centralized-adam", OptimizerContext(
-            model=runtime.model, spec=SPEC, world_size=world, rank=rank, timer=PhaseTimer(device, enabled=False)))
+            model=runtime.model, hyper=task_hyper(SPEC, world), world_size=world, rank=rank,
+            timer=PhaseTimer(device, enabled=False)))
         step = lambda batch, lr: runtime.train_step(batch, lr, opt)
     else:
         step = plain_step(runtime, world, device)

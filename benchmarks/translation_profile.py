@@ -54,6 +54,7 @@ from mlbench.tasks.task4b import model as model_module
 from mlbench.tasks.task4b.bpe import PAD
 from mlbench.tasks.task4b.runtime import MicroBatch, TranslationRuntime, TranslationStep
 from mlbench.timing import PhaseTimer
+from mlbench.worker.hyper import task_hyper
 
 
 def sync(device: torch.device) -> None:
@@ -204,7 +205,8 @@ def main() -> None:
     print(machine_line(f"{machine} | torch {torch.__version__} | world 1"), flush=True)
     runtime = TranslationRuntime(settings(args), synthetic=True, device=device)
     opt = build_optimizer("centralized-adam", OptimizerContext(
-        model=runtime.model, spec=SPEC, world_size=1, rank=0, timer=PhaseTimer(device, enabled=False)))
+        model=runtime.model, hyper=task_hyper(SPEC, 1), world_size=1, rank=0,
+        timer=PhaseTimer(device, enabled=False)))
     params = sum(p.numel() for p in runtime.model.parameters())
     print(f"transformer {args.size}: {params / 1e6:.1f} M parameters, {runtime.precision}, "
           f"{args.global_tokens} tokens per step in micro-batches of <= {args.max_tokens}", flush=True)

@@ -29,6 +29,8 @@ UNIT_MODULES: tuple[str, ...] = (
     "tests/language/test_data.py",
     "tests/language/test_models.py",
     "tests/language/test_training_pieces.py",
+    "tests/optim/test_hyper.py",
+    "tests/optim/test_optim_knows_no_task.py",
     "tests/results/test_charts.py",
     "tests/results/test_cli_results.py",
     "tests/results/test_compare.py",

@@ -7,6 +7,7 @@ from mlbench.optim.centralized import sgd_update_
 from mlbench.tasks.data.augment import crop_flip, draw_augmentation
 from mlbench.tasks.losses import logistic_gradients_
 from mlbench.tasks.models import build_model
+from mlbench.worker.hyper import task_hyper
 
 
 def test_closed_form_logistic_gradient_equals_autograd():
@@ -102,7 +103,8 @@ def test_reference_step_equals_autograd_and_torch_sgd_in_float64():
         batches = [data.train_batch(torch.arange(i * 32, (i + 1) * 32)) for i in range(3)]
         batches = [(x.double(), y) for x, y in batches]
         if fast:
-            ctx = OptimizerContext(model=model, spec=TASK1A, world_size=1, rank=0, timer=PhaseTimer(cpu))
+            ctx = OptimizerContext(model=model, hyper=task_hyper(TASK1A, 1), world_size=1, rank=0,
+                                   timer=PhaseTimer(cpu))
             optimizer = build_optimizer("centralized-sgd", ctx)
 
             def gradients(i, model=model, batches=batches):

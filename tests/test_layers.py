@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"optim"},
     {"run_config"},
     {"results"},
-    {"worker"},
+    {"worker", "checks"},
     {"cloud", "launch"},
     {"api"},
     {"server", "dashboard"},

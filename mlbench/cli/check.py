@@ -57,7 +57,7 @@ def check_optimizer(ctx: click.Context, specs: tuple[str, ...], opts: tuple[str,
     alone, determinism, no NaN. One line per check and a last line naming the failed ones; exit
     code 1 when one fails (docs/plugins.md)."""
     from mlbench.launch.forked import forking_allowed
-    from mlbench.optim.check import CHECKED, describe_settings, run_checks
+    from mlbench.checks.optimizer import CHECKED, describe_settings, run_checks
 
     if opts and len(specs) > 1:
         raise UsageError("--opt applies to one optimizer: give one SPEC with --opt")
@@ -104,7 +104,7 @@ def _plan(spec: str, options: dict[str, str], chosen: tuple[int, ...] | None, st
     its options refuse is the refusal; of the default counts, one they refuse (a topology of
     edges among 2 ranks) is the line that says so instead of its run, and only none left is a
     refusal."""
-    from mlbench.optim.check import DEFAULT_WORKERS, prepare, settings_for
+    from mlbench.checks.optimizer import DEFAULT_WORKERS, prepare, settings_for
 
     counts = chosen or DEFAULT_WORKERS
     refusals: list[UsageError] = []

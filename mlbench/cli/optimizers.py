@@ -12,6 +12,8 @@ from mlbench.results.summary import RunSummary
 
 
 def _default(value: Any) -> str:
+    if value is None:   # an option that is unset unless given (an absolute rate)
+        return "-"
     if isinstance(value, bool):
         return "true" if value else "false"
     return f"{value:g}" if isinstance(value, float) else str(value)
@@ -26,8 +28,10 @@ def optimizers(name: str | None, output) -> None:
     show its options: a plug-in is code that runs as you)."""
     from mlbench.optim.descriptors import describe_optimizers
     from mlbench.optim.plugins import describe_one, describe_plugins
+    from mlbench.tasks.registry import reference_optimizers
 
-    described = [describe_one(name)] if name else describe_optimizers() + describe_plugins()
+    references = reference_optimizers()
+    described = [describe_one(name, references)] if name else describe_optimizers(references) + describe_plugins()
     if output != "table":
         emit({"optimizers": described}, output)
         return

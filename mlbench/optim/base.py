@@ -24,15 +24,16 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from mlbench.errors import UsageError
 from mlbench.optim.descriptors import OptimizerInfo, with_grad_hook
-from mlbench.tasks.spec import TaskSpec
+from mlbench.optim.hyper import Hyper
 from mlbench.timing import PhaseTimer
 
 @dataclass
 class OptimizerContext:
-    """What an optimizer may use: the model, the task's hyper-parameters, the process group."""
+    """What an optimizer may use: the model, the task's hyper-parameters as numbers
+    (:class:`~mlbench.optim.hyper.Hyper`: no task), the process group."""
 
     model: torch.nn.Module
-    spec: TaskSpec
+    hyper: Hyper
     world_size: int
     rank: int
     timer: PhaseTimer
@@ -138,9 +139,9 @@ class ConsensusEvaluation:
 
 def local_sgd(ctx: OptimizerContext, params: list[torch.nn.Parameter]) -> torch.optim.SGD:
     """torch's SGD with the task's momentum, Nesterov and weight decay (lr set per step)."""
-    settings = ctx.spec.settings
-    return torch.optim.SGD(params, lr=0.0, momentum=settings.momentum, nesterov=settings.nesterov,
-                           weight_decay=settings.weight_decay)
+    hyper = ctx.hyper
+    return torch.optim.SGD(params, lr=0.0, momentum=hyper.momentum, nesterov=hyper.nesterov,
+                           weight_decay=hyper.weight_decay)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -123,9 +123,9 @@ class CentralizedSGD(DistributedOptimizer):
         self.ctx.timer.mark("communication")
         if self.grad_hook_allows_update():
             params = cast("list[torch.Tensor]", self.params)  # Parameters are Tensors; lists are invariant
-            sgd_update_(params, self.grads, self.bufs, lr, momentum=self.ctx.spec.settings.momentum,
-                        nesterov=self.ctx.spec.settings.nesterov,
-                        weight_decay=self.ctx.spec.settings.weight_decay)
+            hyper = self.ctx.hyper
+            sgd_update_(params, self.grads, self.bufs, lr, momentum=hyper.momentum, nesterov=hyper.nesterov,
+                        weight_decay=hyper.weight_decay)
         self.ctx.timer.mark("optimizer")
 
     def make_step(self, gradients: Callable[[torch.Tensor], torch.Tensor], *,
@@ -236,11 +236,11 @@ class CentralizedAdam(DistributedOptimizer):
         super().__init__(ctx)
         # A task whose reference optimizer is Adam (4b) or AdamW (5a) states its own values in
         # its settings; they replace the defaults, not what the user set.
-        task_values = {k: v for k, v in ctx.spec.settings.optimizer_values().items()
+        task_values = {k: v for k, v in ctx.hyper.reference_options().items()
                        if k not in ctx.options and k in self.opts}
         o = self.opts = {**self.opts, **task_values}
         self.by = o["by"]
-        self.local = self._update(o, ctx.spec.settings.weight_decay)
+        self.local = self._update(o, ctx.hyper.weight_decay)
 
     def _update(self, o: dict[str, Any], decay: float) -> torch.optim.Optimizer:
         return adam_update(self.params, o, decay)
@@ -249,7 +249,7 @@ class CentralizedAdam(DistributedOptimizer):
         self.bytes_sent += average_gradients(self.params, self.ctx.world_size, self.by, self.ctx.group)
         self.ctx.timer.mark("communication")
         if self.grad_hook_allows_update():
-            set_lr(self.local, lr * self.opts["lr_scale"])
+            set_lr(self.local, lr * self.ctx.hyper.rate_factor(self.opts))
             self.local.step()
         self.ctx.timer.mark("optimizer")
 

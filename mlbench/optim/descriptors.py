@@ -31,7 +31,8 @@ class Option:
     ``applies_with`` ``(OTHER, VALUE)``: the option means something only while option OTHER is
     VALUE (AdamW's rate scale while the inner optimizer is AdamW). Otherwise it is left out of
     the parsed options, and given, it is refused: it would change nothing a run computes yet
-    make its runs a family of their own."""
+    make its runs a family of their own. ``replaced_by`` OTHER: likewise, the option means
+    nothing once option OTHER is set (a rate scale beside an absolute rate ``lr``)."""
 
     help: str
     default: Any
@@ -40,6 +41,7 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     applies_with: tuple[str, Any] | None = None
+    replaced_by: str | None = None
 
     def parse(self, key: str, raw: str) -> Any:
         raw = raw.strip()
@@ -86,7 +88,7 @@ class OptimizerInfo:
     that gradient, as those methods' inner loops do.
     ``check``: checks across options or against the worker count (None: none).
 
-    What the optimizer claims, which ``mlbench check-optimizer`` (:mod:`mlbench.optim.check`)
+    What the optimizer claims, which ``mlbench check-optimizer`` (:mod:`mlbench.checks.optimizer`)
     holds it to, as a bool or a function of the parsed options: ``exact``, that k workers with
     batch b compute the parameters of one process with batch k*b (up to float rounding);
     ``ranks_differ``, that the ranks' models differ between synchronisations by design (local
@@ -168,6 +170,14 @@ class OptimizerInfo:
                                  f"{other}={values[other]} it changes nothing, leave it out",
                                  option=f"optimizer_options.{key}")
             del values[key]
+        for key, opt in self.options.items():
+            if opt.replaced_by is None or key not in values or values.get(opt.replaced_by) is None:
+                continue
+            if key in raw and strict:
+                raise UsageError(f"optimizer {self.name}: option {key} changes nothing once {opt.replaced_by} is "
+                                 f"set ({opt.replaced_by}={values[opt.replaced_by]:g}); give one of them",
+                                 option=f"optimizer_options.{key}")
+            del values[key]
         if self.check is not None and world_size is not None:
             self.check(values, world_size)
         return values
@@ -199,7 +209,10 @@ INNER = {
     "inner": Option("the inner optimizer: adamw, or sgd (the task's SGD: its rate, momentum and weight decay)",
                     "adamw", kind="choice", choices=("adamw", "sgd")),
     "inner_lr_scale": Option("inner=adamw: AdamW's rate = the task's rate x inner_lr_scale", 0.08,
-                             kind="float", minimum=0.0, applies_with=("inner", "adamw")),
+                             kind="float", minimum=0.0, applies_with=("inner", "adamw"), replaced_by="inner_lr"),
+    "inner_lr": Option("inner=adamw: AdamW's peak rate, absolute (the task's schedule's shape with this peak; "
+                       "unset: the task's rate x inner_lr_scale)", None, kind="float", minimum=0.0,
+                       applies_with=("inner", "adamw")),
     "inner_weight_decay": Option("inner=adamw: AdamW's decoupled weight decay", 0.1, kind="float",
                                  minimum=0.0, applies_with=("inner", "adamw")),
 }
@@ -208,6 +221,10 @@ OUTER = {
     "outer_lr": Option("the outer SGD's learning rate", 0.7, kind="float", minimum=0.0),
     "outer_momentum": Option("the outer SGD's Nesterov momentum", 0.9, kind="float", minimum=0.0, maximum=1.0),
 }
+
+#: An absolute peak rate in place of a scale of the task's (Hyper.rate_factor).
+ABSOLUTE_LR = Option("the peak rate, absolute: the task's schedule's shape (warm-up, decays) with this peak, "
+                     "the same on every task (unset: the task's rate x lr_scale)", None, kind="float", minimum=0.0)
 
 BY = Option("model (one all-reduce of all tensors) or layer (one all-reduce per tensor)", "model",
             kind="choice", choices=("model", "layer"))
@@ -226,7 +243,8 @@ _ALL = (
         options={
             "by": BY,
             "lr_scale": Option("Adam's rate = the task's rate x lr_scale (Adam wants ~1e-3, not SGD's 0.1)",
-                               0.08, kind="float", minimum=0.0),
+                               0.08, kind="float", minimum=0.0, replaced_by="lr"),
+            "lr": ABSOLUTE_LR,
             "beta1": Option("first-moment decay", 0.9, kind="float", minimum=0.0, maximum=1.0),
             "beta2": Option("second-moment decay", 0.999, kind="float", minimum=0.0, maximum=1.0),
             "eps": Option("denominator term", 1e-8, kind="float", minimum=0.0),
@@ -241,7 +259,8 @@ _ALL = (
         options={
             "by": BY,
             "lr_scale": Option("AdamW's rate = the task's rate x lr_scale (task 5a's own rate is AdamW's: 1 there)",
-                               0.08, kind="float", minimum=0.0),
+                               0.08, kind="float", minimum=0.0, replaced_by="lr"),
+            "lr": ABSOLUTE_LR,
             "beta1": Option("first-moment decay", 0.9, kind="float", minimum=0.0, maximum=1.0),
             "beta2": Option("second-moment decay", 0.999, kind="float", minimum=0.0, maximum=1.0),
             "eps": Option("denominator term", 1e-8, kind="float", minimum=0.0),
@@ -293,7 +312,9 @@ _ALL = (
             "error_feedback": Option("EF-SignSGD: scaled signs with an error memory, averaged instead of voted",
                                      False, kind="bool"),
             "lr_scale": Option("majority vote only: step = the task's rate x lr_scale per coordinate", 0.01,
-                               kind="float", minimum=0.0),
+                               kind="float", minimum=0.0, replaced_by="lr"),
+            "lr": Option("majority vote only: the step's peak, absolute (the task's schedule's shape with this "
+                         "peak; unset: the task's rate x lr_scale)", None, kind="float", minimum=0.0),
         },
         period=1, collective="allgather"),
     OptimizerInfo(
@@ -414,22 +435,18 @@ def with_grad_hook() -> list[str]:
     return sorted(name for name, info in INFO.items() if info.takes_grad_hook)
 
 
-def describe_optimizers() -> list[dict[str, Any]]:
-    """Every optimizer with its division, summary, reference and options (for the CLI and docs/optimizers.md)."""
-    return [describe(info) for info in _ALL]
+def describe_optimizers(references: dict[str, str]) -> list[dict[str, Any]]:
+    """Every optimizer with its division, summary, reference and options (for the CLI and
+    docs/optimizers.md); ``references``: each task's reference optimizer, by task (the task
+    registry's ``reference_optimizers``: this layer knows no task)."""
+    return [describe(info, references) for info in _ALL]
 
 
-def reference_of(name: str) -> list[str]:
-    """The tasks whose closed division runs optimizer ``name`` (their reference optimizer)."""
-    from mlbench.tasks.registry import TASKS
-
-    return [task for task, spec in TASKS.items() if getattr(spec, "optimizer", None) == name]
-
-
-def describe(info: OptimizerInfo) -> dict[str, Any]:
+def describe(info: OptimizerInfo, references: dict[str, str]) -> dict[str, Any]:
     """One optimizer's division, summary, reference and options (a built-in or a plug-in);
-    ``reference_of``: the tasks whose closed division it is."""
-    tasks = reference_of(info.name)
+    ``reference_of``: the tasks whose closed division it is, from ``references`` (task ->
+    its reference optimizer)."""
+    tasks = [task for task, name in references.items() if name == info.name]
     return {"name": info.name, "closed_division": bool(tasks), "reference_of": tasks, "summary": info.summary,
             "reference": info.reference,
             "options": [{"name": key, "default": opt.default, "help": opt.help}

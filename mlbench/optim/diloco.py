@@ -98,22 +98,27 @@ class _LocalSteps(DistributedOptimizer):
         if o["inner"] == "adamw":
             self.inner: torch.optim.Optimizer = torch.optim.AdamW(
                 self.params, lr=0.0, weight_decay=o["inner_weight_decay"])
-            self.inner_lr_scale = float(o["inner_lr_scale"])
         else:
             self.inner = local_sgd(ctx, self.params)
-            self.inner_lr_scale = 1.0
         self.buffers = [b for b in ctx.model.buffers() if b.is_floating_point()]
         self.global_model = GlobalModel(self.params, self.buffers)
         self.local_step = 0
 
     def step(self, lr: float) -> None:
         if self.grad_hook_allows_update():
-            set_lr(self.inner, lr * self.inner_lr_scale)
+            set_lr(self.inner, lr * self.inner_rate_factor())
             self.inner.step()
         self.ctx.timer.mark("optimizer")
         self.local_step += 1
         self.synchronise()
         self.ctx.timer.mark("communication")
+
+    def inner_rate_factor(self) -> float:
+        """The inner step's rate over the task's: AdamW's ``inner_lr`` (absolute) or
+        ``inner_lr_scale``; the task's own SGD takes the task's rate as is."""
+        if self.opts["inner"] != "adamw":
+            return 1.0
+        return self.ctx.hyper.rate_factor(self.opts, lr="inner_lr", scale="inner_lr_scale")
 
     def synchronise(self) -> None:
         """What follows the inner step ``self.local_step``: a round's synchronisation, when due."""

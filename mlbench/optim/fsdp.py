@@ -29,6 +29,7 @@ from torch import nn
 from mlbench.optim.base import DistributedOptimizer, OptimizerContext, local_sgd, set_lr
 from mlbench.optim.centralized import adam_update, adamw_update
 from mlbench.optim.descriptors import INFO, optimizer_info
+from mlbench.optim.hyper import Hyper
 from mlbench.optim.registry import register
 
 
@@ -37,17 +38,29 @@ def _units(model: nn.Module) -> list[nn.Module]:
     return [child for module in model.modules() if isinstance(module, nn.ModuleList) for child in module]
 
 
-def _task_update(ctx: OptimizerContext, params: list[nn.Parameter]) -> tuple[torch.optim.Optimizer, float]:
-    """The task's reference update on ``params`` and its rate scale: what the task's reference
-    optimizer applies after its all-reduce, with its defaults and the task's values of its options."""
-    settings = ctx.spec.settings
-    reference = ctx.spec.optimizer
-    if reference not in ("centralized-adam", "centralized-adamw"):
-        return local_sgd(ctx, params), 1.0
-    info = optimizer_info(reference)
-    o = {**{k: opt.default for k, opt in info.options.items()}, **settings.optimizer_values()}
-    update = adam_update if reference == "centralized-adam" else adamw_update
-    return update(params, o, settings.weight_decay), o["lr_scale"]
+def _reference_options(hyper: Hyper) -> dict[str, Any] | None:
+    """The options of the task's reference optimizer where it is Adam or AdamW: its defaults with
+    the task's values (None: the task's reference is SGD)."""
+    if hyper.reference not in ("centralized-adam", "centralized-adamw"):
+        return None
+    return {**optimizer_info(hyper.reference).parse_options({}, None), **hyper.reference_options()}
+
+
+def _task_update(ctx: OptimizerContext, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    """The task's reference update on ``params``: what the task's reference optimizer applies
+    after its all-reduce, with its defaults and the task's values of its options."""
+    o = _reference_options(ctx.hyper)
+    if o is None:
+        return local_sgd(ctx, params)
+    update = adam_update if ctx.hyper.reference == "centralized-adam" else adamw_update
+    return update(params, o, ctx.hyper.weight_decay)
+
+
+def _rate_factor(hyper: Hyper) -> float:
+    """The reference update's rate over the task's (computed from the context, not kept: a
+    resumed run on another worker count has another ``peak_lr``)."""
+    o = _reference_options(hyper)
+    return 1.0 if o is None else hyper.rate_factor(o)
 
 
 @register
@@ -76,7 +89,7 @@ class FullyShardedDataParallel(DistributedOptimizer):
         self.unit_sizes.append((sum(p.numel() * p.element_size() for p in rest), False))
         fully_shard(model, mesh=mesh, reshard_after_forward=None if reshard else False)   # None: FSDP2's own
         super().__init__(ctx)   # the parameters are the sharded ones from here on
-        self.local, self.lr_scale = _task_update(ctx, self.params)
+        self.local = _task_update(ctx, self.params)
         self.micro_batches = 0
         model.register_forward_pre_hook(self._count)
         import torch.distributed as dist
@@ -103,6 +116,6 @@ class FullyShardedDataParallel(DistributedOptimizer):
         self.micro_batches = 0
         self.ctx.timer.mark("communication")
         if self.grad_hook_allows_update():
-            set_lr(self.local, lr * self.lr_scale)
+            set_lr(self.local, lr * _rate_factor(self.ctx.hyper))
             self.local.step()
         self.ctx.timer.mark("optimizer")

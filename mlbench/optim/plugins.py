@@ -178,16 +178,17 @@ def describe_plugins() -> list[dict[str, Any]]:
     return described
 
 
-def describe_one(spec: str) -> dict[str, Any]:
+def describe_one(spec: str, references: dict[str, str]) -> dict[str, Any]:
     """One optimizer as ``mlbench optimizers NAME`` shows it: a built-in's description, or the
     plug-in ``spec`` names (an entry point, ``FILE.py:CLASS``, ``package.module:CLASS``) imported
-    and checked, with its options and where its source came from; a UsageError in one line."""
+    and checked, with its options and where its source came from; a UsageError in one line.
+    ``references``: each task's reference optimizer, by task."""
     plugin = resolve_optimizer(spec)
     if plugin is None:
-        return describe(INFO[spec])
+        return describe(INFO[spec], references)
     source = {"spec": spec, "kind": plugin.kind, "origin": plugin.origin, "sha256": plugin.sha256,
               "distribution": plugin.distribution}
-    return {**describe(plugin.info), "closed_division": False, "reference_of": [], "plugin": source}
+    return {**describe(plugin.info, {}), "closed_division": False, "reference_of": [], "plugin": source}
 
 
 def load_recorded(run_dir: Path, record: dict[str, Any]) -> type[DistributedOptimizer]:

@@ -6,7 +6,8 @@ momentum, i.e. Signum): each worker sends the signs of its momentum, packed 8 pe
 exchanged by all-gather; every rank then computes the same vote and steps
 ``x <- x - lr * lr_scale * sign(sum_i sign(m_i))`` (a tie, possible with an even number of
 workers, leaves the coordinate unchanged). The step moves every coordinate by the same amount,
-so it needs a rate far below SGD's: ``lr_scale`` maps the task's schedule onto it.
+so it needs a rate far below SGD's: ``lr_scale`` maps the task's schedule onto it (or ``lr``,
+an absolute peak: the schedule's shape with that peak).
 
 Error feedback (``error_feedback=true``; Karimireddy, Rebjock, Stich & Jaggi 2019, "Error
 Feedback Fixes SignSGD and other Gradient Compression Schemes", arXiv:1901.09847, Algorithm 1,
@@ -48,7 +49,7 @@ class SignSGD(DistributedOptimizer):
     def __init__(self, ctx: OptimizerContext):
         super().__init__(ctx)
         self.error_feedback = self.opts["error_feedback"]
-        self.momentum = LocalMomentum(ctx.spec.settings.momentum, ctx.spec.settings.weight_decay)
+        self.momentum = LocalMomentum(ctx.hyper.momentum, ctx.hyper.weight_decay)
         self.segments = Segments(self.params)
         self.numel = sum(p.numel() for p in self.params)
         self.memory: torch.Tensor | None = None
@@ -64,7 +65,7 @@ class SignSGD(DistributedOptimizer):
             packed = pack_signs(m)
             votes = 2 * count_positive(all_gather(packed, world, group), self.numel) - world
             self.bytes_sent += allgather_bytes(packed.numel(), world)
-            update = torch.sign(votes).to(x.dtype).mul_(lr * self.opts["lr_scale"])
+            update = torch.sign(votes).to(x.dtype).mul_(lr * self.ctx.hyper.rate_factor(self.opts))
         self.ctx.timer.mark("communication")
         assign_flat_(self.params, x.sub_(update))
         self.ctx.timer.mark("optimizer")

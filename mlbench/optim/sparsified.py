@@ -40,7 +40,7 @@ class SparsifiedSGD(DistributedOptimizer):
         self.method = self.opts["method"]
         self.numel = sum(p.numel() for p in self.params)
         self.k = max(1, int(self.opts["ratio"] * self.numel))
-        self.momentum = LocalMomentum(ctx.spec.settings.momentum, ctx.spec.settings.weight_decay)
+        self.momentum = LocalMomentum(ctx.hyper.momentum, ctx.hyper.weight_decay)
         self.generator = torch.Generator().manual_seed(self.opts["seed"] + ctx.rank)
         self.memory: torch.Tensor | None = None
 

@@ -130,6 +130,12 @@ class ClassificationSettings(TrainingSettings):
         table = ", ".join(f"{a:g} (k>={k})" for k, a in lr.alpha_by_workers)
         return f"alpha / sqrt(t), alpha = {table}"
 
+    def peak_lr(self, workers: int) -> float:
+        """``eta*b*k`` (the rate after warm-up) or ``alpha(k)`` (inverse-sqrt's first step)."""
+        if self.lr.kind == "warmup-multistep":
+            return self.lr.eta_per_sample * self.batch_per_worker * workers
+        return self.lr.alpha(workers)
+
     def describe_rows(self) -> list[list[Any]]:
         return [["model", self.model], ["L2 regularisation", f"{self.l2:g}"]]
 

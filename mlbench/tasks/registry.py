@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from types import ModuleType
 
 from mlbench.errors import UsageError
-from mlbench.tasks.spec import AnySpec
+from mlbench.tasks.spec import AnySpec, TaskSpec
 
 #: The task packages, in the order ``mlbench tasks`` lists them (the one list of tasks).
 TASK_PACKAGES: tuple[str, ...] = ("task0a", "task1a", "task2a", "task3a", "task4b", "task5a")
@@ -67,6 +67,12 @@ def get_task(name: str) -> AnySpec:
     except KeyError:
         raise UsageError(f"unknown task {name!r}; choose one of: {', '.join(TASKS)} "
                          "(see `mlbench tasks`)", option="task") from None
+
+
+def reference_optimizers() -> dict[str, str]:
+    """Each training task's reference optimizer (its closed division's), by task: what
+    ``mlbench optimizers`` and the dashboard's form say of each optimizer."""
+    return {name: spec.optimizer for name, spec in TASKS.items() if isinstance(spec, TaskSpec)}
 
 
 def runtime_module(spec: AnySpec) -> ModuleType:

@@ -82,6 +82,12 @@ class TrainingSettings(ABC):
     def describe_rate(self) -> str:
         """The learning-rate rule in words, as ``mlbench tasks`` shows it."""
 
+    @abstractmethod
+    def peak_lr(self, workers: int) -> float:
+        """The peak of the rate rule on ``workers`` workers (after warm-up, or at the first step of
+        a rule that only decays): what an optimizer's absolute rate (``--opt lr=``) replaces,
+        keeping the rule's shape."""
+
     def describe_rows(self) -> list[list[Any]]:
         """The task's own numbers as (name, value) rows after the rule (``mlbench tasks``), named
         as ``--set`` spells them."""

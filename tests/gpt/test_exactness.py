@@ -34,6 +34,7 @@ from mlbench.tasks.task5a.runtime import GPTRuntime
 from mlbench.tasks.task5a.settings import GPTSettings
 from mlbench.tasks.task5a.shards import write_shard
 from mlbench.timing import PhaseTimer
+from mlbench.worker.hyper import task_hyper
 
 CPU = torch.device("cpu")
 TINY = dataclasses.replace(GPTSettings(), layers=2, width=32, head_dim=16, context=16, vocab_size=100,
@@ -60,7 +61,8 @@ def train(rank: int, world: int, data_dir: str, batch_per_worker: int, name: str
     if wide:
         runtime.model.double()
     spec = dataclasses.replace(TASK5A, settings=settings)
-    opt = build_optimizer(name, OptimizerContext(model=runtime.model, spec=spec, world_size=world, rank=rank,
+    opt = build_optimizer(name, OptimizerContext(model=runtime.model, hyper=task_hyper(spec, world),
+                                                 world_size=world, rank=rank,
                                                  timer=PhaseTimer(CPU, enabled=False)))
     micro, rates = [], []
     for batch in runtime.batches(0):

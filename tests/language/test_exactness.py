@@ -31,6 +31,7 @@ from mlbench.tasks.task3a.settings import LanguageModelSettings
 from mlbench.tasks.task4b.runtime import TranslationRuntime
 from mlbench.tasks.task4b.settings import TranslationSettings
 from mlbench.timing import PhaseTimer
+from mlbench.worker.hyper import task_hyper
 
 CPU = torch.device("cpu")
 SGD_3A = TASK1A.with_settings(momentum=0.0, nesterov=False, weight_decay=1.2e-6)
@@ -43,7 +44,8 @@ STEPS = 5
 
 
 def optimizer(name: str, model: nn.Module, spec, rank: int, world: int):
-    return build_optimizer(name, OptimizerContext(model=model, spec=spec, world_size=world, rank=rank,
+    return build_optimizer(name, OptimizerContext(model=model, hyper=task_hyper(spec, world),
+                                                  world_size=world, rank=rank,
                                                   timer=PhaseTimer(CPU, enabled=False)))
 
 

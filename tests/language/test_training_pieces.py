@@ -25,6 +25,7 @@ from mlbench.tasks.task4b.model import Transformer
 from mlbench.tasks.task4b.runtime import TranslationRuntime
 from mlbench.tasks.task4b.settings import TranslationSettings
 from mlbench.timing import PhaseTimer
+from mlbench.worker.hyper import task_hyper
 
 CPU = torch.device("cpu")
 TINY_LM = LanguageModelSettings(batch_per_worker=4, eval_batch=2, bptt=10, embedding=8, hidden=12, layers=3,
@@ -35,7 +36,7 @@ SGD_3A = TASK1A.with_settings(momentum=0.0, nesterov=False, weight_decay=1.2e-6)
 
 
 def sgd(model: torch.nn.Module, name: str = "centralized-sgd"):
-    return build_optimizer(name, OptimizerContext(model=model, spec=SGD_3A, world_size=1, rank=0,
+    return build_optimizer(name, OptimizerContext(model=model, hyper=task_hyper(SGD_3A, 1), world_size=1, rank=0,
                                                   timer=PhaseTimer(CPU, enabled=False)))
 
 
@@ -207,7 +208,8 @@ def test_centralized_adam_takes_the_tasks_adam_values_unless_the_user_set_them()
 
     def adam(options):
         return build_optimizer("centralized-adam", OptimizerContext(
-            model=model, spec=spec, world_size=1, rank=0, timer=PhaseTimer(CPU, enabled=False), options=options))
+            model=model, hyper=task_hyper(spec, 1), world_size=1, rank=0, timer=PhaseTimer(CPU, enabled=False),
+            options=options))
 
     group = adam({}).local.param_groups[0]
     assert (group["betas"], group["eps"]) == ((0.9, 0.98), 1e-9)
@@ -242,7 +244,8 @@ def test_4b_casts_its_weights_once_per_step_with_the_numbers_of_one_cast_per_mic
         runtime = TranslationRuntime(settings, synthetic=True)
         assert runtime.precision == "bf16"
         opt = build_optimizer("centralized-adam", OptimizerContext(
-            model=runtime.model, spec=TASK4B, world_size=1, rank=0, timer=PhaseTimer(CPU, enabled=False)))
+            model=runtime.model, hyper=task_hyper(TASK4B, 1), world_size=1, rank=0,
+            timer=PhaseTimer(CPU, enabled=False)))
         batch = next(runtime.batches(0))
         assert len(batch.micro) == 4
         with profile(activities=[ProfilerActivity.CPU]) as prof:

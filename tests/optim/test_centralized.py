@@ -15,6 +15,7 @@ from mlbench.optim.catalog import build_optimizer
 from mlbench.tasks.task1a import TASK1A
 from mlbench.tasks.task5a import TASK5A
 from mlbench.timing import PhaseTimer
+from mlbench.worker.hyper import task_hyper
 from tests.optim.support import PLAIN, loss_on, params_of, run_on_ranks, tiny_data, tiny_model
 
 WORLD, BATCH = 2, 4
@@ -40,7 +41,7 @@ def train_tiny(rank: int, world: int, runs: dict) -> dict[str, list[list[torch.T
     history = {}
     for key, (name, options, spec) in runs.items():
         model = tiny_model()
-        ctx = OptimizerContext(model=model, spec=spec, world_size=world, rank=rank,
+        ctx = OptimizerContext(model=model, hyper=task_hyper(spec, world), world_size=world, rank=rank,
                                timer=PhaseTimer(torch.device("cpu")), options=options)
         opt = build_optimizer(name, ctx)
         history[key] = []

@@ -203,7 +203,7 @@ def test_the_descriptors_declare_the_builtins_periods():
 WIRE_BYTES = """
 import socket, struct, sys, threading
 sys.path.insert(0, sys.argv[1])
-from mlbench.optim.check import _TCPI_BYTES_SENT, wire_bytes_sent
+from mlbench.checks.optimizer import _TCPI_BYTES_SENT, wire_bytes_sent
 from tests.optim.test_check import _read
 server = socket.create_server(("127.0.0.1", 0))
 client = socket.create_connection(server.getsockname())

@@ -11,13 +11,14 @@ from mlbench.cli import (
 )
 from mlbench.optim.descriptors import describe_optimizers
 from mlbench.optim.catalog import OPTIMIZERS  # imports every optimizer module, which registers it
+from mlbench.tasks.registry import reference_optimizers
 from tests.helpers import events, last_run, mlbench, run_ids, run_json
 
 
 def test_optimizers_lists_every_optimizer_with_its_options_defaults_and_paper():
     result = CliRunner().invoke(cli, ["optimizers"])
     assert result.exit_code == 0, result.output
-    described = describe_optimizers()
+    described = describe_optimizers(reference_optimizers())
     assert {d["name"] for d in described} == set(OPTIMIZERS) and len(described) == 13
     for info in described:
         assert f"{info['name']} (" in result.output

@@ -9,6 +9,7 @@ from mlbench.optim.base import OptimizerContext, flat_params
 from mlbench.optim.catalog import build_optimizer
 from mlbench.optim.compression import pack_signs, unpack_signs
 from mlbench.timing import PhaseTimer
+from mlbench.worker.hyper import task_hyper
 from tests.optim.support import PLAIN, loss_on, tiny_data, tiny_model
 
 LR = 0.5
@@ -28,7 +29,7 @@ def set_flat_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None
 
 def sign_step(rank: int, world: int) -> dict:
     model = tiny_model()
-    ctx = OptimizerContext(model=model, spec=PLAIN, world_size=world, rank=rank,
+    ctx = OptimizerContext(model=model, hyper=task_hyper(PLAIN, world), world_size=world, rank=rank,
                            timer=PhaseTimer(torch.device("cpu")), options={"lr_scale": "0.1"})
     opt = build_optimizer("signsgd", ctx)
     before = flat_params(opt.params)
@@ -58,7 +59,7 @@ def test_sign_bits_round_trip():
 def error_feedback_run(rank: int, world: int, name: str, options: dict) -> dict:
     """STEPS steps on given gradients; what each rank put in (lr * g) and what it kept."""
     model = tiny_model()
-    ctx = OptimizerContext(model=model, spec=PLAIN, world_size=world, rank=rank,
+    ctx = OptimizerContext(model=model, hyper=task_hyper(PLAIN, world), world_size=world, rank=rank,
                            timer=PhaseTimer(torch.device("cpu")), options=options)
     opt = build_optimizer(name, ctx)
     start = flat_params(opt.params)
@@ -112,7 +113,7 @@ def train_tiny_losses(rank: int, world: int) -> dict:
     for name, options in (("signsgd", {}), ("signsgd", {"error_feedback": "true"}),
                           ("sparsified-sgd", {"ratio": "0.1"})):
         model = tiny_model()
-        ctx = OptimizerContext(model=model, spec=PLAIN, world_size=world, rank=rank,
+        ctx = OptimizerContext(model=model, hyper=task_hyper(PLAIN, world), world_size=world, rank=rank,
                                timer=PhaseTimer(torch.device("cpu")), options=options)
         opt = build_optimizer(name, ctx)
         first = float(loss_on(model, x, y))

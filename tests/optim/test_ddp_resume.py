@@ -17,6 +17,7 @@ import torch
 from mlbench.optim.base import OptimizerContext
 from mlbench.optim.catalog import build_optimizer
 from mlbench.timing import PhaseTimer
+from mlbench.worker.hyper import task_hyper
 from tests.optim.support import PLAIN, loss_on, params_of, tiny_data, tiny_model
 
 N, M, BATCH = 4, 3, 8
@@ -24,7 +25,7 @@ OPTIONS = {"hook": "powersgd", "rank": "1", "start_iter": "2"}
 
 
 def _ddp(rank: int, world: int, model: torch.nn.Module):
-    ctx = OptimizerContext(model=model, spec=PLAIN, world_size=world, rank=rank,
+    ctx = OptimizerContext(model=model, hyper=task_hyper(PLAIN, world), world_size=world, rank=rank,
                            timer=PhaseTimer(torch.device("cpu")), options=OPTIONS)
     return build_optimizer("ddp", ctx)
 

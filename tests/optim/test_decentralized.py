@@ -12,6 +12,7 @@ from mlbench.optim.descriptors import check_optimizer
 from mlbench.optim.decentralized import gossip_
 from mlbench.optim.topology import parse_topology
 from mlbench.timing import PhaseTimer
+from mlbench.worker.hyper import task_hyper
 from tests.optim.support import PLAIN
 
 CASES = {2: ("ring", "complete"), 3: ("ring", "0-1,1-2"), 4: ("ring", "torus", "complete", "0-1,0-2,0-3")}
@@ -34,7 +35,7 @@ def gossip_and_consensus(rank: int, world: int, topologies: tuple[str, ...]) -> 
             for p in model.parameters():
                 p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(10 + rank)))
         initial = [p.detach().clone() for p in model.parameters()]
-        ctx = OptimizerContext(model=model, spec=PLAIN, world_size=world, rank=rank,
+        ctx = OptimizerContext(model=model, hyper=task_hyper(PLAIN, world), world_size=world, rank=rank,
                                timer=PhaseTimer(torch.device("cpu")), options={"topology": text})
         opt = build_optimizer("decentralized-sgd", ctx)
         restore = opt.state_for_eval()

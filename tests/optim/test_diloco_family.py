@@ -13,6 +13,7 @@ from mlbench.optim.base import OptimizerContext, allgather_bytes, allreduce_byte
 from mlbench.optim.catalog import build_optimizer
 from mlbench.tasks.task1a import TASK1A
 from mlbench.timing import PhaseTimer
+from mlbench.worker.hyper import task_hyper
 from tests.helpers import mlbench
 from tests.optim.support import loss_on, tiny_data, tiny_model
 
@@ -29,7 +30,7 @@ def train(rank: int, world: int, name: str, options: dict[str, str], steps: int)
     """``steps`` steps of the optimizer on rank ``rank``'s batches; its own model, the model its
     evaluation sees, whether evaluation gave its own back, and the bytes it reports."""
     model = tiny_model()
-    ctx = OptimizerContext(model=model, spec=TASK1A, world_size=world, rank=rank,
+    ctx = OptimizerContext(model=model, hyper=task_hyper(TASK1A, world), world_size=world, rank=rank,
                            timer=PhaseTimer(torch.device("cpu")), options=options)
     opt = build_optimizer(name, ctx)
     x, y = tiny_data(steps * world * BATCH)

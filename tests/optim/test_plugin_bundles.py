@@ -24,6 +24,7 @@ from mlbench.optim.plugins import PluginError, load_recorded, resolve_optimizer
 from mlbench.plugins import bundle_sha256
 from mlbench.tasks.registry import get_task
 from mlbench.timing import PhaseTimer
+from mlbench.worker.hyper import task_hyper
 from tests.helpers import install_plugin_package, last_run, mlbench, mount_plugin_configmap, run_json
 
 #: A plug-in of several files: a helper module beside it, a subpackage, a module found through a
@@ -81,7 +82,7 @@ def context() -> OptimizerContext:
     model = torch.nn.Linear(2, 1, bias=False)
     model.weight.data.fill_(1.0)
     model.weight.grad = torch.ones_like(model.weight)
-    return OptimizerContext(model=model, spec=get_task("task2a"), world_size=1, rank=0,
+    return OptimizerContext(model=model, hyper=task_hyper(get_task("task2a"), 1), world_size=1, rank=0,
                             timer=PhaseTimer(torch.device("cpu"), enabled=False), options={})
 
 

@@ -35,6 +35,7 @@ from mlbench.plugins import bundle_sha256
 from mlbench.results.summary import summarize
 from mlbench.tasks.registry import get_task
 from mlbench.timing import PhaseTimer
+from mlbench.worker.hyper import task_hyper
 from tests.helpers import install_plugin_package, last_run, mlbench, mount_plugin_configmap, run_ids, run_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,7 +67,7 @@ def context(options: dict[str, str] | None = None) -> OptimizerContext:
     model = torch.nn.Linear(2, 1, bias=False)
     model.weight.data.fill_(1.0)
     model.weight.grad = torch.ones_like(model.weight)
-    return OptimizerContext(model=model, spec=get_task("task2a"), world_size=1, rank=0,
+    return OptimizerContext(model=model, hyper=task_hyper(get_task("task2a"), 1), world_size=1, rank=0,
                             timer=PhaseTimer(torch.device("cpu"), enabled=False), options=options or {})
 
 

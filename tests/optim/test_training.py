@@ -22,6 +22,7 @@ from mlbench.tasks.data.sharding import epoch_batches, eval_shard
 from mlbench.tasks.pipeline import Pipeline
 from mlbench.tasks.task1a import TASK1A
 from mlbench.timing import PhaseTimer
+from mlbench.worker.hyper import task_hyper
 from tests.optim.support import run_on_ranks
 
 STEPS, BATCH, LR = 30, 32, 0.1
@@ -80,7 +81,7 @@ def train_all(rank: int, world: int, data_dir: str) -> dict[str, dict]:
     out = {}
     for key, options in CONFIGS.items():
         model = small_cnn()
-        ctx = OptimizerContext(model=model, spec=TASK1A, world_size=world, rank=rank,
+        ctx = OptimizerContext(model=model, hyper=task_hyper(TASK1A, world), world_size=world, rank=rank,
                                timer=PhaseTimer(torch.device("cpu")), options=options)
         opt = build_optimizer(key.removesuffix("-ef").removesuffix("-powersgd"), ctx)
         for step in range(STEPS):              # STEPS fit in one epoch of the subset

@@ -50,6 +50,10 @@ class LanguageModelSettings(TrainingSettings):
         return (f"{self.lr:g} x sqrt(k), x seq_len / bptt per batch; "
                 f"{self.asgd_lr:g} x seq_len / bptt once averaging")
 
+    def peak_lr(self, workers: int) -> float:
+        """The SGD phase's ``lr x sqrt(k)``, at a batch of ``bptt`` tokens."""
+        return self.lr * math.sqrt(workers)
+
     def mllog_hyperparameters(self, workers: int) -> dict[str, Any]:
         return {**super().mllog_hyperparameters(workers), "opt_base_learning_rate": self.lr * math.sqrt(workers),
                 "opt_learning_rate_schedule": "base * sqrt(k) * seq_len / bptt"}

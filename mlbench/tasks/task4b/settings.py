@@ -59,6 +59,10 @@ class TranslationSettings(TrainingSettings):
         return (f"{self.lr:g}, warmed up linearly from 0 over {self.warmup_steps} steps, then "
                 f"x sqrt({self.warmup_steps} / step)")
 
+    def peak_lr(self, workers: int) -> float:
+        """``lr``, reached at the end of the warm-up."""
+        return self.lr
+
     def check(self, workers: int) -> str | None:
         if self.max_len > self.batch_per_worker:
             return (f"max_len {self.max_len} exceeds batch_per_worker {self.batch_per_worker}: a pair that long fits "

@@ -104,6 +104,10 @@ class GPTSettings(TrainingSettings):
         ratio = (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps)
         return self.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (self.lr - self.min_lr)
 
+    def peak_lr(self, workers: int) -> float:
+        """``lr``, reached at the end of the warm-up."""
+        return self.lr
+
     def describe_rate(self) -> str:
         return (f"{self.lr:g}, warmed up linearly over {self.warmup_steps} steps, then a cosine to "
                 f"{self.min_lr:g} at step {self.steps}")

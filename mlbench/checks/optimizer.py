@@ -52,6 +52,7 @@ waiting for it.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import os
@@ -67,7 +68,9 @@ from typing import Any
 
 from mlbench.errors import peer_consequence
 from mlbench.optim.descriptors import OptimizerInfo, optimizer_info
+from mlbench.optim.hyper import Hyper
 from mlbench.optim.plugins import Plugin, resolve_optimizer
+from mlbench.worker.hyper import task_hyper
 
 #: The MLP: inputs, hidden units, classes (71,178 parameters: payload dominates gloo's headers).
 FEATURES, HIDDEN, CLASSES = 128, 512, 10
@@ -519,7 +522,6 @@ def _train(job: Job, settings: Settings, world: int, rank: int, batch: int, meas
 
     from mlbench.optim.base import OptimizerContext, flat_params
     from mlbench.optim.catalog import build_optimizer
-    from mlbench.tasks.task1a import TASK1A
     from mlbench.timing import PhaseTimer
 
     torch.manual_seed(settings.seed)   # as every worker seeds it: the same stream on every rank
@@ -529,7 +531,7 @@ def _train(job: Job, settings: Settings, world: int, rank: int, batch: int, meas
     if dtype is not None:   # the same fp32 draws, widened
         model.to(dtype)
         x = x.to(dtype)
-    ctx = OptimizerContext(model=model, spec=TASK1A, world_size=world, rank=rank,
+    ctx = OptimizerContext(model=model, hyper=bed_hyper(), world_size=world, rank=rank,
                            timer=PhaseTimer(torch.device("cpu")), options=job.options)
     optimizer = build_optimizer(job.name, ctx, job.record, Path(job.folder) if job.folder else None)
     out = _Trained(initial_loss=_loss(model, x, y))
@@ -570,6 +572,15 @@ def _train(job: Job, settings: Settings, world: int, rank: int, batch: int, meas
     out.stream_kept = torch.equal(torch.get_rng_state(), stream)
     out.seed_now = int(torch.initial_seed())
     return out
+
+
+def bed_hyper() -> Hyper:
+    """Task 1a's momentum, Nesterov and weight decay (:data:`CHECKED`), with the bed's constant
+    rate :data:`LR` as the schedule's peak: the same for the ranks and the one-process reference,
+    so that an absolute rate (``--opt lr=``) means the same in both."""
+    from mlbench.tasks.task1a import TASK1A
+
+    return dataclasses.replace(task_hyper(TASK1A, 1), peak_lr=LR)
 
 
 def _memory_now() -> tuple[int | None, int | None]:
