@@ -1,7 +1,7 @@
 """mlbench: benchmarks for distributed machine-learning training.
 
-The package's front door: ``mlbench.run``, ``mlbench.runs`` and ``mlbench.get`` (docs/python-api.md)
-are :mod:`mlbench.api`'s, imported on first use (PEP 562), so that ``import mlbench`` costs
+The package's front door: ``mlbench.run``, ``mlbench.runs``, ``mlbench.get`` and ``mlbench.compare``
+(docs/python-api.md) are :mod:`mlbench.api`'s, imported on first use (PEP 562), so that ``import mlbench`` costs
 nothing: the CLI's start-up and every worker import this package, and a script that only asks
 for ``mlbench.__version__`` should not pay for the launchers and the run store.
 """
@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 from mlbench.version import __version__
 
 if TYPE_CHECKING:
-    from mlbench.api import EVENT_COLUMNS, Run, RunInfo, get, run, runs
+    from mlbench.api import EVENT_COLUMNS, Run, RunInfo, compare, get, run, runs
 
 #: The names ``mlbench.NAME`` gives, each from :mod:`mlbench.api`.
-_API = ("run", "runs", "get", "Run", "RunInfo", "EVENT_COLUMNS")
+_API = ("run", "runs", "get", "compare", "Run", "RunInfo", "EVENT_COLUMNS")
 
-__all__ = ["EVENT_COLUMNS", "Run", "RunInfo", "__version__", "get", "run", "runs"]
+__all__ = ["EVENT_COLUMNS", "Run", "RunInfo", "__version__", "compare", "get", "run", "runs"]
 
 
 def __getattr__(name: str) -> Any:

@@ -536,6 +536,41 @@ def wait(runs: Sequence[str], *, timeout: float | None = None, on_end: Callable[
     return outcome.exit_code, [_overview(store, r) for r in outcome.records]
 
 
+def compare(runs: Sequence[str] = (), *, task: str | None = None, group: str | None = None,
+            pool: Sequence[str] = (), score: str = "median", instance: str | None = None,
+            price_per_hour: float | None = None, home: Home = None) -> dict[str, Any]:
+    """The comparison of finished runs of one task, as `mlbench compare -o json` prints it (less
+    its ``schema_version``): the families (runs equal in everything that changes what they
+    compute), each with its rows per worker count (repeats' median and range of time to goal,
+    speedup, efficiency, compute vs communication, cost) and the settings in which families
+    differ. The runs are chosen as `compare` chooses them: ids, id prefixes or names
+    (``runs``), every finished run of ``task``, or the runs of ``group`` (one `--repeat` or
+    sweep); ``pool`` names fingerprint keys to pool on purpose; ``score`` is ``"median"`` or
+    ``"mlperf"``; ``instance`` or ``price_per_hour`` prices them."""
+    from mlbench.results.compare import comparison_of
+    from mlbench.results.report import comparison_document
+
+    if not isinstance(runs, (list, tuple)):
+        raise _refuse("runs", runs, "a list of run ids, id prefixes or names (one run: [RUN])")
+    if not isinstance(pool, (list, tuple)) or not all(isinstance(key, str) for key in pool):
+        raise _refuse("pool", pool, 'a list of fingerprint keys as text, e.g. ["seed"]')
+    for name, value in (("task", task), ("group", group), ("instance", instance)):
+        if value is not None and not isinstance(value, str):
+            raise _refuse(name, value, "text, or None")
+    if not isinstance(score, str):
+        raise _refuse("score", score, '"median" or "mlperf"')
+    if price_per_hour is not None and (isinstance(price_per_hour, bool)
+                                       or not isinstance(price_per_hour, (int, float))):
+        raise _refuse("price_per_hour", price_per_hour, "US dollars per node-hour as a number, or None")
+    refs = tuple(_ref(ref) for ref in runs)
+    comparison = comparison_of(_store(home, read_only=True), refs, task, group, instance,
+                               None if price_per_hour is None else float(price_per_hour), None,
+                               pool=tuple(pool), score=score)
+    document = comparison_document(comparison)
+    document.pop("schema_version", None)
+    return document
+
+
 run.__signature__ = api_signature(  # type: ignore[attr-defined]
     inspect.Parameter("task", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="str"),
     inspect.Parameter("workers", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="int"),

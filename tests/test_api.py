@@ -69,7 +69,8 @@ def _status_json(env: dict, *args: str) -> dict:
 
 def test_the_page_has_examples_of_every_call():
     code = "\n".join(python_blocks(PAGE.read_text(encoding="utf-8")))
-    for call in ("mlbench.run(", "mlbench.runs(", "mlbench.get(", ".events(", ".wait(", "detach=True"):
+    for call in ("mlbench.run(", "mlbench.runs(", "mlbench.get(", "mlbench.compare(", ".events(", ".wait(",
+                 "detach=True", "repeat="):
         assert call in code
 
 
@@ -84,7 +85,8 @@ def test_a_real_run_is_what_status_json_says_of_it(page):
     # and every run of the store is the list of `status -o json`, in its order
     listed = _status_json(env)["runs"]
     assert [info.to_dict() for info in api.runs(home=env["MLBENCH_HOME"])] == listed
-    assert [r["id"] for r in listed] == [namespace["done"].id, run.id]  # newest first
+    repeated = [r.id for r in namespace["repeated"].runs][::-1]
+    assert [r["id"] for r in listed] == [*repeated, namespace["done"].id, run.id]  # newest first
 
 
 def test_a_run_reports_rank_0s_events_as_they_come_and_its_rows_are_its_files(page):
@@ -136,6 +138,32 @@ def test_runs_and_get_read_a_store_as_status_does(tmp_path):
         assert {**run.to_dict(), "schema_version": SCHEMA_VERSION} == json.loads(result.output)
     assert run.workers == 4 and run.goal_reached is True and run.time_to_accuracy == 8.0
     assert api.get(four, home=home) == run and api.runs(home=home, limit=1)[0] != run
+
+
+def test_compare_is_what_compare_json_prints_and_keeps_two_optimizers_apart(tmp_path):
+    """Two repeats of each of two optimizers on 1 and 2 workers: two families of two rows each,
+    the document `mlbench compare -o json` prints, key for key."""
+    home = tmp_path / "store"
+    store = RunStore(home)
+    for optimizer in ("centralized-sgd", "model-averaging"):
+        for seed in (0, 1):
+            for k, tta in ((1, 20.0), (2, 11.0 + seed)):
+                record_run(store, workers=k, tta=tta, seed=seed, optimizer=optimizer)
+    document = mlbench.compare(task="task1a", home=home)
+    result = CliRunner().invoke(cli, ["compare", "--task", "task1a", "-o", "json"], env={"MLBENCH_HOME": str(home)})
+    assert result.exit_code == 0, result.output
+    assert {**document, "schema_version": SCHEMA_VERSION} == json.loads(result.output)
+    families = document["families"]
+    assert sorted(f["optimizer"] for f in families) == ["centralized-sgd", "model-averaging"]
+    assert all([row["workers"] for row in f["groups"]] == [1, 2] for f in families)
+    assert all(row["runs"] == 2 for f in families for row in f["groups"])
+    # the seed is pooled as repeats; pooling the optimizer too makes one family of four repeats
+    pooled = mlbench.compare(task="task1a", pool=["optimizer"], home=home)
+    assert len(pooled["families"]) == 1 and pooled["pooled"] == ["optimizer"]
+    with pytest.raises(UsageError, match=r"^runs='abc': give a list"):
+        mlbench.compare("abc", home=home)
+    with pytest.raises(UsageError, match=r"^pool='seed': give a list"):
+        mlbench.compare(task="task1a", pool="seed", home=home)
 
 
 def test_without_home_the_api_reads_the_current_store(isolated_home):
