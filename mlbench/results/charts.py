@@ -147,8 +147,9 @@ def speedup_chart(comparison: Comparison) -> Figure:
         y = [s for _, s, _ in points]
         low = [s - r[0] for _, s, r in points]
         high = [r[1] - s for _, s, r in points]
+        measure = "time to goal" if family.metric == TIME_TO_ACCURACY else family.metric
         ax.errorbar(x, y, yerr=[low, high], marker=_marker(i), linestyle=_style(i), capsize=4, color=_colour(i),
-                    label=f"{labels[family]} ({family.metric})")
+                    label=f"{labels[family]} ({measure})")
         bases.add(min(g.workers for g in groups))
     for base in sorted(bases):  # one line per base, not per family: twelve would hide the data
         ideal_x = [k for k in counts if k >= base]

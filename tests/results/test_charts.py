@@ -238,6 +238,7 @@ def test_charts_of_twelve_families_keep_legends_below_the_plots_titles_whole_and
         keys = twelve(comparison, charts[name])
         assert len(keys) >= FAMILIES
         styles = entry_styles(fig)
+        assert not [t for t in styles if "time to accuracy" in t], where + "a legend says time to accuracy, not goal"
         family_styles = []
         for key in keys:
             named = [style for text, ss in styles.items() if key in text for style in ss]
