@@ -116,3 +116,15 @@ def test_more_local_workers_than_gpus_default_to_gloo_and_refuse_nccl(monkeypatc
     refusal = rf"{gpus + 1} workers on this machine's {gpus} GPU.*NCCL needs a GPU per worker"
     with pytest.raises(UsageError, match=refusal):
         build_config(RunRequest(task="task2a", workers=gpus + 1, device="cuda", backend="nccl", data="synthetic"))
+
+
+@pytest.mark.parametrize("name", ["task1a", "task2a", "task3a", "task4b", "task5a"])
+def test_each_tasks_light_goal_is_strictly_easier_than_its_full_one(name):
+    """`--light` is the quick check of a task: a goal the curve reaches earlier, in the metric's
+    direction (task 5a's: llm.c's published curve at step 2,000, 3.8585, over the full 3.28)."""
+    from mlbench.tasks.metrics import get_metric
+
+    spec = get_task(name)
+    metric = get_metric(spec.metric)
+    assert spec.goal_light != spec.goal_full
+    assert metric.reached(spec.goal_full, spec.goal_light) and not metric.reached(spec.goal_light, spec.goal_full)

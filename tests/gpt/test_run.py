@@ -12,28 +12,16 @@ from __future__ import annotations
 import json
 import re
 
-import numpy as np
 import pytest
 import torch
 
-from mlbench.tasks.task5a.shards import write_shard
+from tests.gpt.tiny import TINY, write_tiny_shards
 from tests.helpers import mlbench
-
-TINY = ("--set", "layers=2", "--set", "width=64", "--set", "context=64", "--set", "global_batch=8",
-        "--set", "batch_per_worker=2", "--set", "steps=20", "--set", "eval_every=10", "--set", "warmup_steps=5",
-        "--set", "eval_tokens=2048", "--set", "lr=3e-3")
 
 
 @pytest.fixture
 def shards(tmp_path):
-    rng = np.random.default_rng(0)
-    pattern = np.tile(rng.integers(0, 500, 257), 200)
-    tokens = np.where(rng.random(pattern.size) < 0.1, rng.integers(0, 500, pattern.size), pattern)
-    folder = tmp_path / "shards"
-    folder.mkdir()
-    write_shard(folder / "fineweb_val_000000.bin", tokens[:10_000])
-    write_shard(folder / "fineweb_train_000001.bin", tokens[10_000:])
-    return folder
+    return write_tiny_shards(tmp_path / "shards")
 
 
 def test_settings_that_do_not_fit_the_workers_are_refused_in_one_line_before_a_run_exists():

@@ -13,7 +13,10 @@ TASK5A = TaskSpec(
     title="Language-model pretraining: GPT-2 small on FineWeb-10B",
     settings=GPTSettings(),
     goal_full=3.28,
-    goal_light=3.28,
+    # llm.c's published curve of this recipe (modded-nanogpt records/track_1_short/2024-10-13_llmc/
+    # main.log, llm.c as of 2024-10-13 on 8 H100s): 3.8585 at step 2,000, 1.05B tokens, a tenth
+    # of the run; rounded up to the second decimal, as the other tasks' goals are stated
+    goal_light=3.86,
     metric="val_loss",
     optimizer="centralized-adamw",
     notes="mean cross-entropy of the first 10,485,760 validation tokens, lower is better; "
