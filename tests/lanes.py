@@ -40,6 +40,7 @@ UNIT_MODULES: tuple[str, ...] = (
     "tests/results/test_events.py",
     "tests/results/test_families.py",
     "tests/results/test_link_down.py",
+    "tests/results/test_rank_curves.py",
     "tests/results/test_repeat_stats.py",
     "tests/results/test_repeats.py",
     "tests/results/test_result_model.py",

@@ -38,6 +38,7 @@ from mlbench.results.compare import comparison_of
 from mlbench.results.events import read_events_from, read_run_events
 from mlbench.results.mllog import write_mllog
 from mlbench.results.offsets import parse_offset, whole_lines_within
+from mlbench.results.rank_curves import rank_curves
 from mlbench.results.store import StoreError
 from mlbench.results.summary import summarize
 
@@ -112,6 +113,8 @@ def parse_cursor(text: str) -> dict[int, int]:
     return cursor
 
 
+#: The most metrics one request of /api/runs/RUN/ranks asks for.
+MAX_RANK_METRICS = 8
 #: The runs of one page of /api/runs unless ``limit`` says otherwise, and the most it may say.
 PAGE_RUNS = 100
 MAX_PAGE_RUNS = 1000
@@ -156,6 +159,7 @@ class Api:
             Route("/api/runs/{run_id}", self.delete, methods=["DELETE"]),
             Route("/api/runs/{run_id}/cancel", self.cancel, methods=["POST"]),
             Route("/api/runs/{run_id}/events", self.events, methods=["GET"]),
+            Route("/api/runs/{run_id}/ranks", self.ranks, methods=["GET"]),
             Route("/api/runs/{run_id}/logs", self.logs, methods=["GET"]),
             Route("/api/runs/{run_id}/logs/{name}", self.log, methods=["GET"]),
             Route("/api/runs/{run_id}/download", self.download, methods=["GET"]),
@@ -189,6 +193,21 @@ class Api:
             events += new
         events.sort(key=lambda e: (e.get("time", 0), e.get("rank", 0)))
         return Json({"events": events, "next": ",".join(f"{r}:{o}" for r, o in sorted(after.items()))})
+
+    @_errors_as_json
+    def ranks(self, request: Request) -> Response:
+        """``metric=NAME[,NAME...]`` (at most :data:`MAX_RANK_METRICS`) against training time:
+        ``lines=each`` one line per rank, else one over all ranks (their mean)."""
+        _, record = self.sources.find(request.path_params["run_id"])
+        q = request.query_params
+        names = [n for n in q.get("metric", "train/loss").split(",") if n.strip()]
+        if not names or len(names) > MAX_RANK_METRICS or any(len(n) > 200 for n in names):
+            raise UsageError(f"metric={q.get('metric', '')[:80]!r}: give 1 to {MAX_RANK_METRICS} metric names, "
+                             "separated by commas (the answer's 'metrics' lists the run's)")
+        lines = q.get("lines", "all")
+        if lines not in ("all", "each"):
+            raise UsageError(f"lines={lines[:40]!r}: give all (one line over all ranks) or each (one per rank)")
+        return Json(rank_curves(read_run_events(record.run_dir), [n.strip() for n in names], lines == "each"))
 
     @_errors_as_json
     def logs(self, request: Request) -> Response:

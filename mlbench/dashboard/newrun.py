@@ -23,15 +23,22 @@ from typing import Any
 from mlbench import api
 from mlbench.dashboard.sources import CLUSTER, LOCAL, Source, Sources
 from mlbench.errors import DataError, MlbenchError
+from mlbench.launch.options import OPTIONS_BY_NAME, RUN_OPTIONS, RunOption
 from mlbench.results.store import CANCELLED, PENDING, RunRecord
 from mlbench.tasks.metrics import get_metric
 from mlbench.tasks.registry import TASKS, get_task
 from mlbench.tasks.spec import AnySpec, TaskSpec
 
-#: The form's fields, by the name of the `mlbench run` option each sets
-#: (:data:`mlbench.launch.options.RUN_OPTIONS`); ``task``, ``workers`` and ``where`` besides.
-FORM_OPTIONS = ("light", "stop_at_goal", "time_budget", "max_steps", "data", "data_dir", "optimizer",
-                "optimizer_options", "overrides", "seed")
+#: The form's fields, by the name of the `mlbench run` option each sets: every option of
+#: :data:`mlbench.launch.options.RUN_OPTIONS` but those of how the CLI follows its runs
+#: (``--detach``, ``--log-to``: the dashboard starts them detached and shows them itself);
+#: ``task``, ``workers`` and ``where`` besides.
+FORM_OPTIONS = tuple(option.name for option in RUN_OPTIONS if option.target != "follow")
+#: The options new.html lays out itself (the light goal names the task's, the optimizer's
+#: options are a box each, the data a choice of two); new.js makes every other one's field
+#: from its declaration (:func:`form_fields`), so that a new option is in the form at once.
+OWN_FIELDS = ("light", "stop_at_goal", "time_budget", "max_steps", "data", "data_dir", "optimizer",
+              "optimizer_options", "overrides", "seed")
 
 
 class FormError(MlbenchError):
@@ -56,15 +63,29 @@ def field_of(err: MlbenchError) -> str:
 def form_choices(sources: Sources) -> dict[str, Any]:
     """What the form offers: the tasks, the optimizers with their options, where to run."""
     from mlbench.optim.descriptors import describe_optimizers
+    from mlbench.tasks.registry import reference_optimizers
 
     where = [{"key": LOCAL, "label": "this machine"}]
     if sources.cluster is not None:
         where.append({"key": CLUSTER, "label": sources.cluster.label})
     return {
         "tasks": [_task_choice(t) for t in TASKS.values()],
-        "optimizers": describe_optimizers(),
+        "optimizers": describe_optimizers(reference_optimizers()),
         "where": where,
+        "options": form_fields(),
     }
+
+
+def form_fields() -> list[dict[str, Any]]:
+    """The form's options as declared (name, flag, label, kind, help, default, choices, whether
+    it takes several values one a line, whether its box says "no"), in their order;
+    ``own_field``: new.html lays it out itself."""
+    kinds = {bool: "bool", int: "int", float: "float", str: "str"}
+    return [{"name": o.name, "flag": o.flag, "label": o.flag.lstrip("-").replace("-", " ").capitalize(),
+             "kind": kinds.get(o.kind, "str"), "help": o.description, "default": o.default,
+             "choices": list(o.choices) if o.choices else None, "metavar": o.metavar,
+             "multiple": o.multiple, "negated": o.negated, "own_field": o.name in OWN_FIELDS}
+            for o in RUN_OPTIONS if o.name in FORM_OPTIONS]
 
 
 def _task_choice(task: AnySpec) -> dict[str, Any]:
@@ -118,9 +139,34 @@ def form_options(form: dict[str, Any]) -> tuple[str, list[int], dict[str, Any]]:
         "overrides": [line.strip() for line in re.split(r"[\n;]+", str(form.get("overrides") or ""))
                       if line.strip()],
     }
+    for name in FORM_OPTIONS:
+        if name not in OWN_FIELDS and name in form:
+            options[name] = _declared_value(OPTIONS_BY_NAME[name], form[name], errors)
     if errors:
         raise FormError(errors)
     return task, [k for k in counts if k is not None], options
+
+
+def _declared_value(option: RunOption, given: Any, errors: dict[str, str]) -> Any:
+    """A field new.js made from the option's declaration, read as the option's value (an empty
+    one: its default); what the value means is :func:`mlbench.api.plan`'s to check."""
+    if option.kind is bool:
+        return given if isinstance(given, bool) else option.default
+    if option.multiple:
+        values = given if isinstance(given, list) else re.split(r"[\n;]+", str(given or ""))
+        return [str(v).strip() for v in values if str(v).strip()] or option.default
+    text = str(given if given is not None else "").strip()
+    if not text:
+        return option.default
+    if option.kind is int:
+        return _integer(text, option.name, errors)
+    if option.kind is float:
+        try:
+            return float(text)
+        except ValueError:
+            errors.setdefault(option.name, f"{text!r} is not a number")
+            return None
+    return text
 
 
 def _refused(err: MlbenchError) -> FormError:

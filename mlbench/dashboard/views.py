@@ -125,7 +125,7 @@ def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -
         "light": config.get("light"), "goal": goal,
         "metric": metric_view(run_metric(record), goal),
         "stop_at_goal": config.get("stop_at_goal"), "time_budget_s": config.get("time_budget_s"),
-        "max_steps": config.get("max_steps"), "seed": record.seed,
+        "max_steps": config.get("max_steps"), "log_every": config.get("log_every"), "seed": record.seed,
         "network": run_network(run_json), "placement": run_json.get("placement"),
         "host": environment.get("host"), "cpu": environment.get("cpu"),
         "cores": environment.get("cores"), "gpus": environment.get("gpus") or [],

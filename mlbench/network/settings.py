@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mlbench.errors import UsageError
+from mlbench.errors import UsageError, about_option
 
 #: How a run's settings are applied. ``tc``: real qdiscs on every worker's link (network
 #: namespaces locally, an init container on Kubernetes); ``cni``: the CNI bandwidth plugin's pod
@@ -135,6 +136,16 @@ def parse_loss(text: str) -> float:
     return percent
 
 
+def _parsed(parse: Callable[[str, str], float], text: str | None, option: str) -> float:
+    """``parse(text, its flag)`` (0 for no text); a mistake names the option it concerns."""
+    if text is None:
+        return 0.0
+    try:
+        return parse(text, f"--{option}")
+    except UsageError as err:
+        raise about_option(err, option) from None
+
+
 def network_options(bandwidth: str | None, latency: str | None, jitter: str | None,
                     loss: str | None, shaping: str = "tc") -> list[NetworkSettings] | list[None]:
     """The networks `mlbench run` was asked for: one per ``--bandwidth`` item, or ``[None]``.
@@ -146,15 +157,15 @@ def network_options(bandwidth: str | None, latency: str | None, jitter: str | No
         raise UsageError(f"--shaping {shaping}: choose tc or cni", option="shaping")
     if bandwidth is None and latency is None and jitter is None and loss is None:
         return [None]
-    delay = parse_time(latency, "--latency") if latency is not None else 0.0
-    spread = parse_time(jitter, "--jitter") if jitter is not None else 0.0
+    delay = _parsed(parse_time, latency, "latency")
+    spread = _parsed(parse_time, jitter, "jitter")
     if spread and not delay:
         raise UsageError(f"--jitter {jitter} varies the latency: give --latency too (e.g. --latency 1ms)",
                          option="jitter")
     if spread > delay:
         raise UsageError(f"--jitter {jitter} is more than the latency ({format_time(delay)}): a "
                          "packet cannot arrive before it was sent; give a larger --latency", option="jitter")
-    dropped = parse_loss(loss) if loss is not None else 0.0
+    dropped = _parsed(lambda text, _flag: parse_loss(text), loss, "loss")
     items = [b for b in (bandwidth.split(",") if bandwidth is not None else [None])]
     if bandwidth is not None and not all(b and b.strip() for b in items):
         raise UsageError(f"--bandwidth {bandwidth!r}: expected rates separated by commas, e.g. 100mbit,1gbit",

@@ -23,8 +23,9 @@ from typing import Any, Protocol
 from collections.abc import Iterable, Iterator
 
 EVENTS_DIR = "events"
-#: names whose value is a number (phase seconds, training and evaluation metrics, bytes sent)
-NUMERIC_PREFIXES = ("time/", "train/", "eval/", "comm/")
+#: names whose value is a number (phase seconds, training and evaluation metrics, bytes sent,
+#: the system metrics of each interval)
+NUMERIC_PREFIXES = ("time/", "train/", "eval/", "comm/", "sys/")
 #: names whose value is an object
 OBJECT_NAMES = ("result", "environment", "allreduce", "system")
 

@@ -26,6 +26,8 @@ from mlbench.results.summary import RunSummary
 
 BUSY = "busy"
 WALL = "wall"
+#: Probes of a CPU's peak that differ by more than this make its utilisation approximate.
+PROBE_SPREAD = 1.25
 
 
 @dataclass
@@ -40,9 +42,10 @@ class RankSystem:
     achieved_flops: float | None        # FLOP/s
     peak_flops: float | None
     utilisation: float | None           # achieved / peak, between 0 and 1 (a probe may be beaten)
+    peak_probes: tuple[float, ...] = ()   # a CPU's probes (FLOP/s): at start and after training
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "peak_probes": list(self.peak_probes)}
 
 
 @dataclass
@@ -93,12 +96,41 @@ class SystemMetrics:
 
     @property
     def utilisation(self) -> float | None:
-        """All ranks' achieved FLOP/s over all their peaks."""
+        """All ranks' achieved FLOP/s over all their peaks; None where a rank beat its own
+        peak (:attr:`utilisation_note` says why)."""
         pairs = [(r.achieved_flops, r.peak_flops) for r in self.ranks
                  if r.achieved_flops is not None and r.peak_flops]
-        if not pairs:
+        if not pairs or self._beaten() is not None:
             return None
         return sum(a for a, _ in pairs) / sum(p for _, p in pairs)
+
+    def _beaten(self) -> RankSystem | None:
+        """The rank whose training beat its peak by most, if one did: its peak is wrong."""
+        over = [r for r in self.ranks if r.utilisation is not None and r.utilisation > 1.0]
+        return max(over, key=lambda r: (r.utilisation or 0.0, -r.rank)) if over else None
+
+    @property
+    def probe_spread(self) -> float | None:
+        """How far a CPU's probes differ, over every rank and probe: the fastest over the
+        slowest (1.0: they agree); None without probes."""
+        probes = [p for r in self.ranks for p in r.peak_probes if p > 0]
+        return max(probes) / min(probes) if probes else None
+
+    @property
+    def utilisation_note(self) -> str | None:
+        """Why the utilisation is not shown, or what bounds it; None when nothing does. A CPU's
+        peak is its own probe's, which a busy machine slows: a rank that beat it makes the
+        utilisation meaningless, and probes that differ make it approximate."""
+        beaten = self._beaten()
+        if beaten is not None:
+            return (f"not shown: rank {beaten.rank} reached {format_flops(beaten.achieved_flops)}, above its "
+                    f"{self.peak_source} peak of {format_flops(beaten.peak_flops)} (other processes slowed the "
+                    "probe)")
+        spread = self.probe_spread
+        if spread is not None and spread > PROBE_SPREAD:
+            return (f"approximate: the CPU's probes differ {spread:.1f}x over the ranks and the run (other "
+                    "processes slowed some)")
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         """The keys of ``status RUN -o json``'s ``system`` (an interface: keys are only added)."""
@@ -107,6 +139,7 @@ class SystemMetrics:
                 "step_basis": self.step_basis, "step_min": self.step_min, "step_median": self.step_median,
                 "step_max": self.step_max, "slowest_rank": self.slowest_rank,
                 "achieved_flops": self.achieved_flops, "utilisation": self.utilisation,
+                "utilisation_note": self.utilisation_note, "probe_spread": self.probe_spread,
                 "ranks": [r.to_dict() for r in self.ranks]}
 
 
@@ -133,10 +166,13 @@ def system_metrics(summary: RunSummary) -> SystemMetrics | None:
         if steps:
             seconds = summary.compute_seconds(rank) / steps if busy else (train_time or 0.0) / steps
         achieved = flops * steps / train_time if flops is not None and steps and train_time else None
+        probes = record.get("peak_probes")
         ranks.append(RankSystem(rank=rank, peak_rss_bytes=_integer(record.get("peak_rss_bytes")),
                                 cuda_peak_bytes=_integer(record.get("cuda_peak_bytes")), step_seconds=seconds,
                                 flops_per_step=flops, achieved_flops=achieved, peak_flops=peak,
-                                utilisation=achieved / peak if achieved is not None and peak else None))
+                                utilisation=achieved / peak if achieved is not None and peak else None,
+                                peak_probes=tuple(v for v in (_number(p) for p in probes) if v is not None)
+                                if isinstance(probes, list) else ()))
     first = summary.systems[min(summary.systems)]
     method = first.get("flops_method")
     return SystemMetrics(ranks=ranks, device=str(first.get("device", "")),
@@ -195,7 +231,12 @@ def describe_system(system: dict[str, Any] | None) -> list[tuple[str, str]]:
     if method is None:
         rows.append(("achieved", "not counted for this task's model"))
     else:
-        rows.append(("achieved", f"{format_flops(system['achieved_flops'])} all ranks "
-                                 f"({method} FLOPs per step), {format_fraction(system['utilisation'])} of peak"))
+        note = system.get("utilisation_note")
+        if system["utilisation"] is None and note:
+            share = f"utilisation {note}"
+        else:
+            share = f"{format_fraction(system['utilisation'])} of peak{f' ({note})' if note else ''}"
+        rows.append(("achieved", f"{format_flops(system['achieved_flops'])} all ranks ({method} FLOPs per step), "
+                                 f"{share}"))
     rows.append(("device peak", peak))
     return rows

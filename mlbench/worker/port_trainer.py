@@ -312,7 +312,10 @@ class PortTrainer:
         return time.perf_counter() - self.train_start - self.eval_time
 
     def train(self) -> TrainingResult:
+        import torch
+
         from mlbench.tasks.data.sharding import epoch_batches
+        from mlbench.worker.sysmetrics import IntervalSampler
 
         stop_reason, evaluated_at = "max-epochs", -1
         num_train = self.data.num_train
@@ -326,6 +329,7 @@ class PortTrainer:
             raise TypeError(f"{type(self.port).__name__} takes neither minibatches nor row indices")
         self.compile_step(rows, minibatches)
         self.train_start = time.perf_counter()
+        self.sys_sampler = IntervalSampler(torch.device("cpu"))  # the sys/ events of each interval, as PyTorch's
         losses: list[Any] = []   # floats, or the framework's scalars, read when logged
         samples = 0
         for epoch in range(self.settings.max_epochs):
@@ -429,6 +433,8 @@ class PortTrainer:
         emit("train/time", self.train_time(), epoch=epoch, step=step)
         emit("comm/bytes", len(losses) * self.bytes_per_step, epoch=epoch, step=step)
         emit("comm/dense_bytes", len(losses) * self.bytes_per_step, epoch=epoch, step=step)
+        for name, value in self.sys_sampler.sample().items():
+            emit(name, value, epoch=epoch, step=step)
         self._record_system()
 
     def evaluate(self) -> bool:

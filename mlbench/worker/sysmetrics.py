@@ -1,6 +1,7 @@
 """What a worker measures about the machine it trains on: peak memory, the device's peak FLOP/s
-and the FLOPs of its step, recorded once per rank as the ``system`` event at the end of training
-(docs/system-metrics.md).
+and the FLOPs of its step, recorded per rank as the ``system`` event (docs/system-metrics.md);
+and, with every logging interval, its memory and CPU use then (:class:`IntervalSampler`, the
+``sys/`` events: the run page's System chart).
 
 The peak FLOP/s is the denominator of the utilisation. A GPU's comes from its data sheet
 (:data:`GPU_PEAKS`, dense, without sparsity, for the run's precision); a CPU has no data sheet
@@ -11,6 +12,7 @@ utilisation is then against what this machine reached with the run's threads, no
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
@@ -38,6 +40,8 @@ GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
 #: The probe's square matrices: big enough for the BLAS to reach its speed, small enough for
 #: a few tens of milliseconds per worker.
 PROBE_SIZE = 512
+#: The source of a CPU's peak: the worker's own probes (at start and after training).
+PROBED = "gemm probe"
 PROBE_TRIALS = 3
 PROBE_PRODUCTS = 4
 
@@ -81,13 +85,65 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
+def current_rss_bytes() -> int | None:
+    """The process's resident memory now (``/proc/self/statm``'s resident pages); None where
+    there is no /proc (macOS)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cpu_seconds() -> float:
+    """The CPU seconds this process has used, in user and kernel mode, over all its threads."""
+    times = os.times()
+    return times.user + times.system
+
+
+class IntervalSampler:
+    """A worker's ``sys/`` events of one logging interval (docs/system-metrics.md): its resident
+    memory at the interval's end, the CPU it used over the interval in percent of one core (all
+    its threads: above 100 with several), and on a GPU the memory torch has allocated there."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._cpu, self._wall = _cpu_seconds(), time.monotonic()
+
+    def sample(self) -> dict[str, float]:
+        """The interval's values by event name; the next interval starts now."""
+        cpu, wall = _cpu_seconds(), time.monotonic()
+        values: dict[str, float] = {}
+        rss = current_rss_bytes()
+        if rss is not None:
+            values["sys/rss_bytes"] = rss
+        if wall > self._wall:
+            values["sys/cpu_percent"] = round(100 * (cpu - self._cpu) / (wall - self._wall), 2)
+        if self.device.type == "cuda":
+            values["sys/cuda_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
+        self._cpu, self._wall = cpu, wall
+        return values
+
+
 @dataclass
 class DevicePeak:
-    """The device a worker trains on and its peak FLOP/s (None: unknown), and where that came from."""
+    """The device a worker trains on and its peak FLOP/s (None: unknown), and where that came
+    from; ``probes``: a CPU's probe results (FLOP/s), the peak being the best of them."""
 
     device: str
     peak_flops: float | None
     source: str          # "data sheet", "gemm probe" or "unknown"
+    probes: tuple[float, ...] = ()
+
+    def merged(self, again: DevicePeak) -> DevicePeak:
+        """This peak and a later measurement of it (``again``): a CPU's peak is the best of its
+        probes, since a probe that other processes slowed is too low (a rank once beat its own
+        start probe by 14%); a data sheet's peak stays as it is."""
+        if self.source != PROBED or again.source != PROBED:
+            return self
+        probes = self.probes + again.probes
+        return DevicePeak(self.device, max(probes), PROBED, probes)
 
     @classmethod
     def of(cls, device: torch.device, precision: str, model: torch.nn.Module | None = None) -> DevicePeak:
@@ -98,7 +154,8 @@ class DevicePeak:
                                                       for m in model.modules())
             peak = gpu_peak_flops(name, precision, convolutional)
             return cls(name, peak, "data sheet" if peak is not None else "unknown")
-        return cls("cpu", cpu_peak_flops(precision), "gemm probe")
+        probed = cpu_peak_flops(precision)
+        return cls("cpu", probed, PROBED, (probed,))
 
 
 def system_record(device: torch.device, peak: DevicePeak, flops: tuple[int, str] | None, *,
@@ -106,6 +163,6 @@ def system_record(device: torch.device, peak: DevicePeak, flops: tuple[int, str]
     """The value of one rank's ``system`` event (docs/worker-contract.md)."""
     cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     return {"device": peak.device, "peak_rss_bytes": peak_rss_bytes(), "cuda_peak_bytes": cuda_peak,
-            "peak_flops": peak.peak_flops, "peak_source": peak.source,
+            "peak_flops": peak.peak_flops, "peak_source": peak.source, "peak_probes": list(peak.probes),
             "flops_per_step": flops[0] if flops else None, "flops_method": flops[1] if flops else None,
             "steps": steps, "train_time": train_time}

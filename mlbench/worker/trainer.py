@@ -45,8 +45,9 @@ from mlbench.tasks.runtime import TaskRuntime
 from mlbench.timing import PhaseTimer
 from mlbench.worker import checkpoint
 from mlbench.worker.heartbeat import Heartbeat
+from mlbench.worker.hyper import task_hyper
 from mlbench.worker.straggler import Straggler
-from mlbench.worker.sysmetrics import DevicePeak, system_record
+from mlbench.worker.sysmetrics import DevicePeak, IntervalSampler, system_record
 
 #: Target seconds between two checks of the time budget, the time-based checkpoint and a stop
 #: request (the workers agree on the step count).
@@ -172,7 +173,7 @@ class Trainer:
         # this group: the epochs a run reports count its epochs trained, also after a shrink,
         # when the steps of an epoch change with the group's size (_epoch_float)
         self._epoch_began = 0
-        ctx = OptimizerContext(model=self.model, spec=self.spec, world_size=self.world,
+        ctx = OptimizerContext(model=self.model, hyper=task_hyper(self.spec, self.world), world_size=self.world,
                                rank=self.rank, timer=self.timer,
                                options=dict(self.cfg.optimizer_options))
         self.optimizer: DistributedOptimizer = build_optimizer(self.cfg.optimizer, ctx, self.cfg.optimizer_plugin,
@@ -182,8 +183,8 @@ class Trainer:
         # The peak is that of the precision the task computes in: task 4b's runtime chooses its
         # own mixed precision (bf16 autocast on a GPU whatever the run's --precision), the others
         # compute in the run's.
-        computed_in = getattr(self.runtime, "precision", self.cfg.precision)
-        self.device_peak = DevicePeak.of(self.device, computed_in, self.model)
+        self.computed_in = getattr(self.runtime, "precision", self.cfg.precision)
+        self.device_peak = DevicePeak.of(self.device, self.computed_in, self.model)
         count_flops = getattr(self.runtime, "flops_per_step", None)
         self.step_flops: tuple[int, str] | None = count_flops() if count_flops is not None else None
         if self.cfg.resume_step is not None:
@@ -253,6 +254,7 @@ class Trainer:
         else:
             p.train_start = time.perf_counter()
         self._checkpoint_clock = time.perf_counter()
+        self.sys_sampler = IntervalSampler(self.device)  # the sys/ events of each interval
         loss_sum = torch.zeros((), device=self.device)
         losses = torch.zeros(self.cfg.log_every, device=self.device)  # this interval's, per step
         interval_steps = interval_samples = 0
@@ -329,16 +331,21 @@ class Trainer:
                 break
         if evaluated_at != p.step:
             self.evaluate()
-        self._record_system()
-        return self._result(stop_reason)
+        result = self._result(stop_reason)   # before the CPU's last probe, which is no training
+        self._record_system(final=True)
+        return result
 
-    def _record_system(self) -> None:
+    def _record_system(self, final: bool = False) -> None:
         """This rank's ``system`` event as of now: written with every logging interval, so that
         the peak memory and FLOP/s of a run so far are readable while it trains and after it
-        was cancelled or failed, and once more at the end (after the last evaluation)."""
+        was cancelled or failed, and once more at the end (after the last evaluation), when a
+        CPU's peak is probed again (:meth:`DevicePeak.merged`), off the training clock."""
         p = self.progress
+        train_time = p.train_time()
+        if final:
+            self.device_peak = self.device_peak.merged(DevicePeak.of(self.device, self.computed_in, self.model))
         self.events.emit("system", system_record(self.device, self.device_peak, self.step_flops, steps=p.step,
-                                                 train_time=p.train_time()),
+                                                 train_time=train_time),
                          epoch=self._epoch_float(), step=p.step)
 
     def _agree(self) -> tuple[bool, bool, bool]:
@@ -410,6 +417,8 @@ class Trainer:
             self._collectives = 0
         if self.straggler is not None:
             emit("fault/slowed", self.straggler.take_slowed(), epoch=epoch, step=step)
+        for name, value in self.sys_sampler.sample().items():
+            emit(name, value, epoch=epoch, step=step)
         self._record_system()
 
     def _check_finite(self, loss_sum: torch.Tensor, losses: torch.Tensor) -> float:

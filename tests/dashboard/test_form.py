@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from mlbench.dashboard.newrun import FormError, create_runs
+from mlbench.dashboard.newrun import FormError, create_runs, form_fields
+from mlbench.launch.options import RUN_OPTIONS
 from mlbench.dashboard.sources import Sources
 from mlbench.results.store import RunStore
+from mlbench.run_config import RunDocument
 
 
 def refused(form: dict) -> dict[str, str]:
@@ -37,6 +39,17 @@ def refused(form: dict) -> dict[str, str]:
     ({"where": "cluster"}, "where", "where 'cluster': runs can be started on 'local'"),
     ({"optimizer": "powersgd", "optimizer_options": "rank=2"}, "optimizer_options",
      "optimizer_options 'rank=2': send the optimizer's options "),
+    # the fields made from the options' declaration (new.js), each refused beside itself
+    ({"log_every": "0"}, "log_every", "--log-every must be at least 1"),
+    ({"log_every": "often"}, "log_every", "'often' is not a valid integer"),
+    ({"repeat": "0"}, "repeat", "--repeat must be at least 1, not 0"),
+    ({"framework": "caffe"}, "framework", "--framework caffe: choose one of pytorch, jax, tensorflow"),
+    ({"bandwidth": "fast"}, "bandwidth", "--bandwidth 'fast': expected a number and a unit"),
+    ({"latency": "soon"}, "latency", "--latency 'soon': expected a number and a unit"),
+    ({"jitter": "x", "latency": "1ms"}, "jitter", "--jitter 'x': expected a number and a unit"),
+    ({"loss": "lots"}, "loss", "--loss 'lots': expected a percentage"),
+    ({"inject": "boom:rank=0"}, "inject", "--inject boom:rank=0: the kind is one of kill, stall, slow"),
+    ({"max_size": "big"}, "max_size", "'big' is not a number"),
 ])
 def test_a_wrong_field_is_refused_with_the_cli_sentence_beside_it(form, field, sentence, libsvm_dir):
     form.setdefault("data_dir", str(libsvm_dir))
@@ -59,3 +72,29 @@ def test_the_form_offers_every_task_with_its_goal_metric():
     assert (tasks["task3a"]["metric"], tasks["task3a"]["goal_full"]) == ("perplexity", 70.0)
     assert (tasks["task4b"]["metric"], tasks["task4b"]["goal_light"]) == ("bleu", 20.0)
     assert (tasks["task5a"]["metric"], tasks["task5a"]["goal_full"]) == ("val_loss", 3.28)
+
+
+def test_the_form_offers_every_declared_option_but_how_the_cli_follows_its_runs():
+    """/api/form's fields are RUN_OPTIONS themselves (new.js draws a field for each that
+    new.html does not lay out): a newly declared option is in the form without a change here."""
+    fields = {f["name"]: f for f in form_fields()}
+    assert list(fields) == [o.name for o in RUN_OPTIONS if o.name not in ("detach", "log_to")]
+    assert fields["framework"]["choices"] == ["pytorch", "jax", "tensorflow"]
+    assert (fields["framework"]["default"], fields["framework"]["own_field"]) == ("pytorch", False)
+    assert (fields["repeat"]["kind"], fields["repeat"]["default"]) == ("int", 1)
+    assert fields["inject"]["multiple"] and fields["timing"]["negated"] and fields["timing"]["label"] == "No timing"
+    assert fields["seed"]["own_field"] and fields["optimizer_options"]["own_field"]
+
+
+def test_the_declared_fields_make_the_runs_the_cli_would(libsvm_dir):
+    """Repeats, the log interval, the framework and faults from the form's fields: planned as
+    `mlbench run task2a 1 --repeat 2 --log-every 5 --framework pytorch --inject ...` plans them."""
+    store = RunStore()
+    _, records = create_runs(Sources(store), {
+        "task": "task2a", "workers": "1", "data_dir": str(libsvm_dir), "repeat": "2", "log_every": "5",
+        "framework": "pytorch", "inject": "kill:rank=0,at=30s\nslow:rank=0,at=1s,factor=2", "timing": False,
+        "bandwidth": "", "name": ""})
+    assert [r.seed for r in records] == [0, 1] and len({r.group_id for r in records}) == 1
+    config = RunDocument.load(records[0].run_dir).config
+    assert (config.log_every, config.framework, config.timing) == (5, "pytorch", False)
+    assert [fault["kind"] for fault in config.faults] == ["kill", "slow"]

@@ -87,6 +87,14 @@ def check_port_system(port_events, torch_events, steps):
     assert (port["flops_method"], port["peak_source"], port["device"], port["steps"]) == \
         ("analytic", "gemm probe", "cpu", steps)
     assert port["peak_flops"] > 0 and port["peak_rss_bytes"] > 0 and port["cuda_peak_bytes"] is None
+    # probed at start and after training, the better one the peak
+    assert len(port["peak_probes"]) == len(torch_record["peak_probes"]) == 2
+    assert port["peak_flops"] == max(port["peak_probes"])
+    # each logging interval's memory and CPU, as the PyTorch worker records them
+    for name in ("sys/rss_bytes", "sys/cpu_percent"):
+        logged = [e["step"] for e in port_events if e["name"] == "train/loss"]
+        assert [e["step"] for e in port_events if e["name"] == name] == logged, name
+        assert [e["step"] for e in torch_events if e["name"] == name] == logged, name
     metrics = system_metrics(summarize(port_events))
     assert metrics is not None and metrics.step_basis == WALL and metrics.slowest_rank == 0
     assert metrics.step_median == port["train_time"] / steps

@@ -29,6 +29,7 @@ BAD = [
     {**GOOD, "value": "0.3"},
     {**GOOD, "name": "eval/accuracy", "value": None},
     {**GOOD, "name": "time/forward", "value": {"s": 1}},
+    {**GOOD, "name": "sys/rss_bytes", "value": "1 GB"},
     {**GOOD, "name": "result", "value": None},
     {**GOOD, "name": "environment", "value": "a laptop"},
     {key: value for key, value in GOOD.items() if key != "step"},

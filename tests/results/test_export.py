@@ -78,7 +78,7 @@ def expected_series(record: RunRecord) -> dict[str, list[tuple[int, float]]]:
     series = defaultdict(list)
     for e in read_run_events(record.run_dir):
         name = e["name"]
-        if name.split("/")[0] in ("train", "time", "eval", "comm"):
+        if name.split("/")[0] in ("train", "time", "eval", "comm", "sys"):
             series[name if e["rank"] == 0 else f"rank{e['rank']}/{name}"].append((e["step"], e["value"]))
         elif name == "allreduce":
             row = e["value"]
@@ -107,6 +107,7 @@ def check_names(record: RunRecord, series: dict) -> None:
         assert "eval/perplexity" in series and not any("accuracy" in tag for tag in series)
     if record.task == "task2a":
         assert "eval/accuracy" in series and "rank1/time/communication" in series and "rank1/comm/bytes" in series
+        assert "sys/rss_bytes" in series and "rank1/sys/cpu_percent" in series  # each interval's memory and CPU
     if record.task == "task0a":
         assert [s for s, _ in series["allreduce/fp32/busbw_gbps"]] == [4, 4000]
 

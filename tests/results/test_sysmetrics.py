@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from mlbench.results.events import read_run_events
+from mlbench.results.store import RunStore
 from mlbench.results.summary import summarize
 from mlbench.results.sysmetrics import BUSY, WALL, describe_system, system_metrics
 from mlbench.tasks.datasets import EPSILON_FEATURES
 from mlbench.tasks.registry import get_task
 from mlbench.tasks.flops import counted_flops, logistic_regression_flops
-from mlbench.worker.sysmetrics import cpu_peak_flops, gpu_peak_flops
+from mlbench.worker.sysmetrics import DevicePeak, IntervalSampler, cpu_peak_flops, current_rss_bytes, gpu_peak_flops
 from tests.helpers import mlbench
 
 
@@ -188,6 +192,49 @@ def test_a_model_whose_flops_are_not_counted_says_so():
     assert ("achieved", "not counted for this task's model") in describe_system(metrics.to_dict())
 
 
+def test_a_rank_that_beats_its_cpu_probe_shows_no_utilisation_and_says_why():
+    """Rank 1's probe was slowed (0.5 GFLOP/s against rank 0's 1.0): its training's 0.57 GFLOP/s
+    is 114% of that peak, so the run's utilisation is not shown, and compare leaves it out."""
+    events = [_event(0, "system", {**_system(1e9, train_time=1.0, flops=100_000_000), "peak_probes": [0.9e9, 1e9]}),
+              _event(1, "system", {**_system(0.5e9, train_time=0.7, flops=100_000_000), "peak_probes": [0.5e9]})]
+    metrics = system_metrics(summarize(events))
+    assert metrics is not None and metrics.ranks[1].utilisation == pytest.approx(4e8 / 0.7 / 0.5e9)
+    assert metrics.utilisation is None and metrics.probe_spread == 2.0
+    note = metrics.utilisation_note
+    assert note == ("not shown: rank 1 reached 571.4 MFLOP/s, above its gemm probe peak of 500.0 MFLOP/s "
+                    "(other processes slowed the probe)")
+    achieved = dict(describe_system(metrics.to_dict()))["achieved"]
+    assert achieved.endswith(f"(analytic FLOPs per step), utilisation {note}")
+    assert metrics.to_dict()["ranks"][0]["peak_probes"] == [0.9e9, 1e9]
+
+
+def test_cpu_probes_that_differ_make_the_utilisation_approximate_and_ones_that_agree_do_not():
+    def metrics(*probes):
+        record = {**_system(2e9), "peak_probes": list(probes)}
+        found = system_metrics(summarize([_event(0, "system", record)]))
+        assert found is not None
+        return found
+
+    agreed = metrics(1.9e9, 2e9)
+    assert agreed.utilisation == pytest.approx(2e6 / 2e9) and agreed.utilisation_note is None
+    apart = metrics(1.2e9, 2e9)
+    assert apart.utilisation == pytest.approx(2e6 / 2e9)
+    assert apart.utilisation_note == ("approximate: the CPU's probes differ 1.7x over the ranks and the run "
+                                      "(other processes slowed some)")
+    assert dict(describe_system(apart.to_dict()))["achieved"].endswith(f"0.1% of peak ({apart.utilisation_note})")
+    # a record written before the probes were kept has none, and no note
+    assert system_metrics(summarize([_event(0, "system", _system())])).utilisation_note is None
+
+
+def test_a_cpu_peak_is_the_best_of_its_probes_and_a_data_sheet_stays():
+    start = DevicePeak("cpu", 1e9, "gemm probe", (1e9,))
+    assert start.merged(DevicePeak("cpu", 1.5e9, "gemm probe", (1.5e9,))) == DevicePeak(
+        "cpu", 1.5e9, "gemm probe", (1e9, 1.5e9))
+    assert start.merged(DevicePeak("cpu", 0.5e9, "gemm probe", (0.5e9,))).peak_flops == 1e9
+    sheet = DevicePeak("NVIDIA H200", 989e12, "data sheet")
+    assert sheet.merged(DevicePeak("NVIDIA H200", 989e12, "data sheet")) is sheet
+
+
 STRAGGLER = textwrap.dedent('''
     import time
 
@@ -218,6 +265,25 @@ STRAGGLER = textwrap.dedent('''
 ''')
 
 
+def test_each_interval_samples_the_resident_memory_and_the_cpu_used_since_the_last():
+    sampler = IntervalSampler(torch.device("cpu"))
+    held = bytearray(64 << 20)  # 64 MiB, touched: resident
+    held[::4096] = b"x" * len(held[::4096])
+    began = time.process_time()
+    while time.process_time() - began < 0.3:  # busy: about one core
+        pass
+    busy = sampler.sample()
+    time.sleep(0.3)  # idle
+    idle = sampler.sample()
+    assert set(busy) == {"sys/rss_bytes", "sys/cpu_percent"}  # no CUDA memory on a CPU
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    assert busy["sys/rss_bytes"] > 64 << 20
+    assert busy["sys/rss_bytes"] == pytest.approx(int(status["VmRSS"].split()[0]) * 1024, rel=0.05)  # the kernel's
+    assert busy["sys/cpu_percent"] > 50 and idle["sys/cpu_percent"] < 30, (busy, idle)
+    del held
+    assert current_rss_bytes() is not None
+
+
 def test_a_real_run_records_memory_flops_and_its_straggler(tmp_path):
     plugin = tmp_path / "straggler.py"
     plugin.write_text(STRAGGLER)
@@ -239,6 +305,11 @@ def test_a_real_run_records_memory_flops_and_its_straggler(tmp_path):
     assert "slowest rank 1" in table and "analytic FLOPs per step" in table
     compared = mlbench("compare", run_id, check=True).stdout
     assert "PEAK MEM" in compared and "MFU" in compared
+    # and with every logging interval, each rank's memory and CPU then (docs/system-metrics.md)
+    events = read_run_events(RunStore().get(run_id).run_dir)
+    sampled = {(e["rank"], e["step"], e["name"]) for e in events if e["name"].startswith("sys/")}
+    assert sampled == {(rank, step, name) for rank in (0, 1) for step in (1, 2, 3)
+                       for name in ("sys/rss_bytes", "sys/cpu_percent")}
 
 
 def test_the_dashboards_run_page_shows_the_rows_of_status_run():
@@ -266,6 +337,9 @@ def test_a_gpu_run_records_its_cuda_peak_memory_and_the_data_sheet_peak():
     assert system["ranks"][0]["flops_per_step"] == logistic_regression_flops(batch, EPSILON_FEATURES)
     table = mlbench("status", run_id, check=True).stdout
     assert "peak GPU memory" in table and "data sheet" in table
+    events = read_run_events(RunStore().get(run_id).run_dir)
+    allocated = [e["value"] for e in events if e["name"] == "sys/cuda_allocated_bytes"]
+    assert len(allocated) == 3 and all(v > 40_000 * EPSILON_FEATURES * 4 for v in allocated)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
@@ -286,7 +360,6 @@ def test_systems_metrics_show_while_a_run_trains_and_stay_after_it_is_cancelled(
     """Each logging interval brings a ``system`` event: `status RUN` has memory and FLOP/s of an
     active run; cancelled, the run keeps them and its table row says how far it got (the epoch,
     the last test accuracy), which once was '-' in every view but `status RUN`."""
-    from mlbench.results.store import RunStore
     from tests.helpers import wait_for
 
     proc = mlbench("run", "task2a", "2", "--data-dir", str(libsvm_dir), "--no-stop", "--set", "max_epochs=100000",

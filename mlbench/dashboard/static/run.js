@@ -112,6 +112,78 @@
     }), "nothing sent yet (one worker sends nothing)"),
   };
 
+  // -- per worker: a metric's line per rank (or their mean), and the System chart -----------------
+  // both from /api/runs/RUN/ranks, asked again whenever the run's events grew (one request at a time)
+  const MEMORY = "sys/rss_bytes", CPU = "sys/cpu_percent";
+  const ranks = { metric: "train/loss", mode: "all", lines: [], system: [], busy: false, again: false };
+  const rankColour = (line, i) => MB.COLOURS[(line.rank === null ? i : line.rank) % MB.COLOURS.length];
+  const valueOf = (name) => (u, v) => (v === null || v === undefined ? "-" : name.includes("bytes") ? fmt.bytes(v)
+    : name.endsWith("_percent") ? `${v.toFixed(1)}%` : name.startsWith("time/") ? `${Number(v.toPrecision(3))} s`
+    : String(Number(v.toPrecision(4))));
+  const ticksOf = (name) => (u, vals) => vals.map((v) => valueOf(name)(u, v));
+  const linesData = (lines) => (lines.length
+    ? uPlot.join(lines.map((line) => [line.points.map((p) => p[0]), line.points.map((p) => p[1])])) : null);
+  const shape = (lines) => lines.map((line) => `${line.metric}/${line.rank}`).join(",");
+  charts.ranks = new MB.Chart(document.getElementById("chart-ranks"), (width) => ({
+    width, height: 220, scales: { x: fromZero },
+    axes: [axis("training time (s)"), axis((ranks.lines[0] || ranks).metric, ticksOf((ranks.lines[0] || ranks).metric), 70)],
+    series: [{ label: "training time", value: seconds }, ...ranks.lines.map((line, i) => ({
+      label: line.label, stroke: rankColour(line, i), width: 1.5, spanGaps: true, value: valueOf(line.metric) }))],
+  }), "no measurement yet");
+  charts.system = new MB.Chart(document.getElementById("chart-system"), (width) => ({
+    width, height: 220,
+    scales: { x: fromZero, memory: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] },
+              cpu: { range: (u, min, max) => [0, Math.max(100, max * 1.1)] } },
+    axes: [axis("training time (s)"), { ...axis("resident memory", ticksOf(MEMORY), 84), scale: "memory" },
+           { ...axis("CPU (% of one core)", ticksOf(CPU), 60), scale: "cpu", side: 1, grid: { show: false } }],
+    series: [{ label: "training time", value: seconds }, ...ranks.system.map((line, i) => ({
+      label: `${line.metric === MEMORY ? "memory" : "CPU"}, ${line.label}`, scale: line.metric === MEMORY ? "memory" : "cpu",
+      stroke: rankColour(line, i), width: 1.5, spanGaps: true, ...(line.metric === CPU ? { dash: [5, 4] } : {}),
+      value: valueOf(line.metric) }))],
+  }), "no system metrics yet (they come with each logging interval; an older mlbench recorded none)");
+
+  function showLines(chart, lines, previous) {
+    const box = document.getElementById(`chart-${chart}`);
+    charts[chart].update(linesData(lines), shape(lines) !== previous);
+    box.dataset.lines = lines.length;
+    box.dataset.points = lines.reduce((n, line) => n + line.points.length, 0);
+  }
+
+  async function drawRanks() {
+    if (ranks.busy) { ranks.again = true; return; }
+    ranks.busy = true;
+    try {
+      do {
+        ranks.again = false;
+        const ask = (metrics, mode) => MB.api(`/api/runs/${encodeURIComponent(runId)}/ranks?${new URLSearchParams({ metric: metrics, lines: mode })}`);
+        const { metric, mode } = ranks;
+        const [perRank, system] = await Promise.all([ask(metric, mode), ask(`${MEMORY},${CPU}`, "each")]);
+        const select = document.getElementById("rank-metric");
+        const names = perRank.metrics.length ? perRank.metrics : [ranks.metric];
+        if ([...select.options].map((o) => o.value).join() !== names.join()) {
+          select.replaceChildren(...names.map((name) => el("option", { value: name }, name)));
+          select.value = ranks.metric;
+        }
+        const before = [shape(ranks.lines), shape(ranks.system)];
+        ranks.lines = perRank.lines; ranks.system = system.lines;
+        showLines("ranks", ranks.lines, before[0]);
+        showLines("system", ranks.system, before[1]);
+        Object.assign(document.getElementById("chart-ranks").dataset, { metric, mode });
+      } while (ranks.again);
+    } catch (err) {
+      // the next update of the run asks again
+    } finally {
+      ranks.busy = false;
+    }
+  }
+  for (const [id, key] of [["rank-metric", "metric"], ["rank-lines", "mode"]]) {
+    document.getElementById(id).addEventListener("change", (event) => {
+      ranks[key] = event.target.value;
+      ranks.lines = [];  // its axis and series change: drawn afresh
+      drawRanks();
+    });
+  }
+
   function accuracyLossData(key) {
     const goal = state.doc && state.doc.spec.metric.goal_display;
     const train = state.training.filter((p) => p[key] !== null && p.loss !== null);
@@ -186,6 +258,7 @@
       ["stop at goal", spec.stop_at_goal === false ? "no (--no-stop)" : null],
       ["time budget", spec.time_budget_s ? fmt.dur(spec.time_budget_s) : null],
       ["max steps", spec.max_steps],
+      ["log every", doc.sweep || !spec.log_every ? null : `${spec.log_every} steps`],
       ["checkpoints", spec.checkpoints],
       ["resumes", spec.resumes],
       ...(spec.faults || []),
@@ -304,6 +377,7 @@
       state.doc = message;
       showRun(message);
       drawCharts();
+      if (!message.sweep) drawRanks();
     },
     log(message) {
       let text = (message.reset ? "" : state.logs.get(message.name) || "") + message.text;

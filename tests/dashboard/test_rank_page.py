@@ -1,0 +1,106 @@
+"""A run's page in Debian's Chromium: a metric per worker (one line per rank, or their mean) and
+the System chart (each worker's memory and CPU over time), for a real 2-worker run.
+
+The run is a real `mlbench run task2a 2` on synthetic data (40 steps, an interval every 5), served
+by the real `mlbench dashboard`. What is checked is what the page draws: the uPlot series of each
+chart (their labels and colours, from the legend), that the System chart has the points the
+workers recorded (the ``sys/`` events of every interval), and, on a screenshot, that each
+line's colour is drawn inside its plot.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mlbench.results.charts import COLOURS
+from mlbench.results.events import read_run_events
+from tests.dashboard.browsing import LEGEND, box, in_viewport, rgb, screenshot
+from tests.dashboard.conftest import serving
+from tests.helpers import mlbench
+
+STEPS, EVERY = 40, 5
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("rank-page")) as lab:
+        mlbench("run", "task2a", "2", "--data", "synthetic", "--max-steps", str(STEPS), "--log-every", str(EVERY),
+                env=lab.env, check=True)
+        lab.run = lab.store().list()[0]
+        yield lab
+
+
+def _open(lab, page) -> None:
+    page.set_viewport_size({"width": 1360, "height": 900})
+    page.goto(f"{lab.base}/runs/{lab.run.id}")
+    page.wait_for_selector('#state .badge[data-state="finished"]')
+    page.wait_for_selector("#chart-ranks .uplot")
+
+
+def _series(page, chart: str) -> list[dict]:
+    """The chart's uPlot series (their legend entries: label, colour, marker box), x excepted."""
+    return page.evaluate(LEGEND, chart)
+
+
+def _drawn(image, area: dict, colour: str) -> bool:
+    """Whether the screenshot has pixels of ``colour`` (within anti-aliasing) inside ``area``."""
+    want = tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    crop = image.crop((round(area["left"]) + 1, round(area["top"]) + 1, round(area["right"]) - 1,
+                       round(area["bottom"]) - 1))
+    data = crop.tobytes()
+    return any(abs(r - want[0]) + abs(g - want[1]) + abs(b - want[2]) < 40
+               for r, g, b in zip(data[0::3], data[1::3], data[2::3]))
+
+
+def test_a_metric_is_drawn_as_one_line_per_rank_or_as_their_mean(lab, page, tmp_path):
+    """"all ranks" draws one line; "per rank" one per worker of the 2-worker run, labelled by
+    rank in the palette's colours, each with a point per logging interval; another metric
+    (a phase's seconds) keeps the lines per rank."""
+    _open(lab, page)
+    page.wait_for_selector('#chart-ranks[data-lines="1"]')
+    assert [s["label"] for s in _series(page, "chart-ranks")] == ["all ranks"]
+    page.select_option("#rank-lines", "each")
+    page.wait_for_selector('#chart-ranks[data-mode="each"][data-lines="2"]')
+    series = _series(page, "chart-ranks")
+    assert [s["label"] for s in series] == ["rank 0", "rank 1"]
+    assert [s["colour"] for s in series] == [rgb(COLOURS[0]), rgb(COLOURS[1])]
+    intervals = STEPS // EVERY
+    assert page.get_attribute("#chart-ranks", "data-points") == str(2 * intervals)
+
+    page.locator("#chart-ranks").scroll_into_view_if_needed()
+    plot = box(page, "#chart-ranks .u-over")
+    assert in_viewport(page, plot) and in_viewport(page, box(page, "#rank-lines"))
+    shot = screenshot(page, tmp_path / "per-rank.png")
+    for colour in COLOURS[:2]:
+        assert _drawn(shot, plot, colour), colour
+
+    assert "time/forward" in page.eval_on_selector_all("#rank-metric option", "os => os.map((o) => o.value)")
+    page.select_option("#rank-metric", "time/forward")
+    page.wait_for_selector('#chart-ranks[data-metric="time/forward"][data-mode="each"][data-lines="2"]')
+    assert page.get_attribute("#chart-ranks", "data-points") == str(2 * intervals)
+    assert [s["label"] for s in _series(page, "chart-ranks")] == ["rank 0", "rank 1"]
+
+
+def test_the_system_chart_shows_each_workers_memory_and_cpu_over_time(lab, page, tmp_path):
+    """The System chart has a memory and a CPU line per worker, with a point per logging
+    interval each (what the workers recorded as sys/rss_bytes and sys/cpu_percent), drawn in
+    its rank's colour."""
+    events = read_run_events(lab.run.run_dir)
+    recorded = [e for e in events if e["name"] in ("sys/rss_bytes", "sys/cpu_percent")]
+    assert {(e["rank"], e["name"]) for e in recorded} == {(r, n) for r in (0, 1)
+                                                         for n in ("sys/rss_bytes", "sys/cpu_percent")}
+    assert all(e["value"] > 0 for e in recorded if e["name"] == "sys/rss_bytes")
+    _open(lab, page)
+    page.wait_for_selector("#chart-system .uplot")
+    page.wait_for_function(f"document.getElementById('chart-system').dataset.points == {len(recorded)}")
+    series = _series(page, "chart-system")
+    assert sorted(s["label"] for s in series) == ["CPU, rank 0", "CPU, rank 1", "memory, rank 0", "memory, rank 1"]
+    for entry in series:
+        rank = int(entry["label"][-1])
+        assert entry["colour"] == rgb(COLOURS[rank]), entry
+    page.locator("#chart-system").scroll_into_view_if_needed()
+    plot = box(page, "#chart-system .u-over")
+    assert in_viewport(page, plot)
+    shot = screenshot(page, tmp_path / "system.png")
+    for colour in COLOURS[:2]:
+        assert _drawn(shot, plot, colour), colour
