@@ -58,8 +58,6 @@ import math
 import os
 import pickle
 import queue
-import socket
-import struct
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -71,6 +69,7 @@ from mlbench.optim.descriptors import OptimizerInfo, optimizer_info
 from mlbench.optim.hyper import Hyper
 from mlbench.optim.plugins import Plugin, resolve_optimizer
 from mlbench.worker.hyper import task_hyper
+from mlbench.worker.wire import wire_bytes_sent
 
 #: The MLP: inputs, hidden units, classes (71,178 parameters: payload dominates gloo's headers).
 FEATURES, HIDDEN, CLASSES = 128, 512, 10
@@ -98,8 +97,6 @@ MEMORY_PER_STEP = PARAMETERS * 4 // 4
 #: After a rank's error, how long past the group's timeout its peers get to report theirs
 #: (they wait in a collective that times out too); a rank silent after that is stuck.
 GRACE_S = 5.0
-#: Where struct tcp_info (linux/tcp.h) holds tcpi_bytes_sent (Linux >= 4.19).
-_TCPI_BYTES_SENT = 200
 REFERENCE = -1  # the role of the one-process reference
 
 
@@ -215,35 +212,6 @@ def describe_settings(settings: Settings, subject: Subject) -> str:
         name = subject.info.period if isinstance(subject.info.period, str) else "period"
         periods = f" ({settings.steps // settings.period} periods of {name}={settings.period})"
     return f"{settings.workers} workers x batch {settings.batch}, {settings.steps} steps{periods}"
-
-
-def wire_bytes_sent() -> int | None:
-    """TCP payload bytes this process has sent on its open TCP sockets (retransmissions
-    included), or None where the system does not say (not Linux, a kernel before 4.19)."""
-    total = 0
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return None
-    for fd in fds:
-        try:
-            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                continue
-            sock = socket.socket(fileno=os.dup(int(fd)))
-        except OSError:
-            continue
-        try:
-            if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
-                continue
-            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
-            if len(info) < _TCPI_BYTES_SENT + 8:
-                return None
-            total += struct.unpack_from("Q", info, _TCPI_BYTES_SENT)[0]
-        except OSError:
-            continue
-        finally:
-            sock.close()
-    return total
 
 
 def resident_bytes() -> int | None:

@@ -223,8 +223,13 @@ class PortTrainer:
             raise MlbenchError(f"the training set has {self.data.num_train} samples, fewer than one global "
                                f"batch ({self.world} workers x {settings.batch_per_worker})")
         self.metric = get_metric("accuracy")
-        #: bytes one rank sends per step in a ring all-reduce of the fp32 gradient
+        #: bytes one rank sends per step in a ring all-reduce of the fp32 gradient: the reference's
+        #: (comm/dense_bytes); what the port sent is measured on its sockets (comm/bytes, :attr:`wire`)
         self.bytes_per_step = int(2 * (self.world - 1) * self.port.num_parameters * 4 / self.world)
+        from mlbench.worker.wire import WireCounter
+
+        self.wire = WireCounter()
+        self.bytes_sent = 0
         self.step = 0
         self.train_start = 0.0
         self.eval_time = 0.0
@@ -329,6 +334,7 @@ class PortTrainer:
             raise TypeError(f"{type(self.port).__name__} takes neither minibatches nor row indices")
         self.compile_step(rows, minibatches)
         self.train_start = time.perf_counter()
+        self.wire.restart()   # the warm-up step's all-reduce and the processes' meeting are no training
         self.sys_sampler = IntervalSampler(torch.device("cpu"))  # the sys/ events of each interval, as PyTorch's
         losses: list[Any] = []   # floats, or the framework's scalars, read when logged
         samples = 0
@@ -431,7 +437,12 @@ class PortTrainer:
         emit("train/steps", len(losses), epoch=epoch, step=step)
         emit("train/samples", samples, epoch=epoch, step=step)
         emit("train/time", self.train_time(), epoch=epoch, step=step)
-        emit("comm/bytes", len(losses) * self.bytes_per_step, epoch=epoch, step=step)
+        # what this process's sockets sent in the interval (the framework's collectives: no count
+        # of ours sees inside them); the reference all-reduce's bytes where the system does not say
+        measured = self.wire.take()
+        sent = measured if measured is not None else len(losses) * self.bytes_per_step
+        self.bytes_sent += sent
+        emit("comm/bytes", sent, epoch=epoch, step=step)
         emit("comm/dense_bytes", len(losses) * self.bytes_per_step, epoch=epoch, step=step)
         for name, value in self.sys_sampler.sample().items():
             emit(name, value, epoch=epoch, step=step)
@@ -443,6 +454,7 @@ class PortTrainer:
         from mlbench.tasks.data.sharding import eval_shard
 
         begin = time.perf_counter()
+        self.wire.pause()   # the statistics' average and the sums' all-gather: no training traffic
         if self.heartbeat is not None:
             self.heartbeat.phase("evaluation")
         if self.world > 1:
@@ -453,6 +465,7 @@ class PortTrainer:
             x, y = self.data.test_batch(lo, min(stop, lo + self.cfg.eval_batch_size))
             totals += score_outputs(self.settings.loss, self.port.logits(x.numpy()), y.numpy())
         summed = totals if self.world == 1 else self.sum_over_processes(totals)
+        self.wire.resume()
         metrics = metrics_of(summed, self.port.regulariser())
         elapsed = time.perf_counter() - begin
         self.eval_time += elapsed
@@ -480,7 +493,7 @@ class PortTrainer:
             epochs_to_accuracy=goal[1] if goal else None, steps_to_accuracy=goal[0] if goal else None,
             final_accuracy=self.last.get("accuracy"), final_loss=self.last.get("loss"), best_accuracy=self.best,
             train_time=self.train_time(), eval_time=self.eval_time, epochs=self._epoch(), steps=self.step,
-            stop_reason=stop_reason, bytes_sent=self.step * self.bytes_per_step,
+            stop_reason=stop_reason, bytes_sent=self.bytes_sent,
             train_samples=self.data.num_train, test_samples=self.data.num_test)
 
 

@@ -30,6 +30,7 @@ from mlbench.tasks.task2a import TASK2A
 from tests.frameworks.in_process import (
     ATOL,
     RTOL,
+    check_measured_bytes,
     check_port_system,
     check_saved_weights,
     train_jax_in_process,
@@ -76,6 +77,7 @@ def test_two_jax_workers_equal_one_jax_process_with_the_doubled_batch(libsvm_dir
                                          log_every=1, stop_at_goal=False))
     np.testing.assert_allclose(two, values(one, "train/loss"), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(values(recorded, "eval/loss"), values(one, "eval/loss"), rtol=RTOL, atol=ATOL)
+    check_measured_bytes(recorded, run)
 
 
 def listening_addresses(port: int) -> set[str]:

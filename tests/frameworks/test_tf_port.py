@@ -29,6 +29,7 @@ from mlbench.tasks.task2a import TASK2A
 from tests.frameworks.in_process import (
     ATOL,
     RTOL,
+    check_measured_bytes,
     check_port_system,
     check_saved_weights,
     one_tensorflow_thread,
@@ -83,6 +84,7 @@ def test_two_tensorflow_workers_equal_one_tensorflow_process_with_the_doubled_ba
                                         log_every=1, stop_at_goal=False))
     np.testing.assert_allclose(two, values(one, "train/loss"), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(values(recorded, "eval/loss"), values(one, "eval/loss"), rtol=RTOL, atol=ATOL)
+    check_measured_bytes(recorded, run)
 
 
 def _listening_inodes(table_dir: Path) -> dict[int, str]:

@@ -203,7 +203,7 @@ def test_the_descriptors_declare_the_builtins_periods():
 WIRE_BYTES = """
 import socket, struct, sys, threading
 sys.path.insert(0, sys.argv[1])
-from mlbench.checks.optimizer import _TCPI_BYTES_SENT, wire_bytes_sent
+from mlbench.worker.wire import TCPI_BYTES_SENT, wire_bytes_sent
 from tests.optim.test_check import _read
 server = socket.create_server(("127.0.0.1", 0))
 client = socket.create_connection(server.getsockname())
@@ -217,7 +217,7 @@ reader.join(timeout=30)
 after = wire_bytes_sent()
 # what TCP sent again (tcpi_bytes_retrans, right after tcpi_bytes_sent): on a loaded box a tail
 # loss probe may resend the last segment before the starved receiver's ACK is processed
-retrans = struct.unpack_from("Q", client.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256), _TCPI_BYTES_SENT + 8)[0]
+retrans = struct.unpack_from("Q", client.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256), TCPI_BYTES_SENT + 8)[0]
 print(len(received), before is not None and after is not None and after - before - retrans)
 """
 
