@@ -213,7 +213,7 @@ def test_mistakes_raise_one_sentence_and_record_nothing(isolated_home):
     cases = [(dict(workers=0), "the number of workers must be at least 1, not 0"),
              (dict(time_budget="soon"), "invalid duration 'soon'"),
              (dict(time_budget=-5), "--time-budget -5: give a duration above 0 seconds"),
-             (dict(overrides={"no_such_key": 1}), "--set 'no_such_key=1': expected KEY=VALUE"),
+             (dict(overrides={"no_such_key": 1}), "--set 'no_such_key=1': no task has a setting 'no_such_key'"),
              (dict(watchdog="1s"), "--watchdog 1s: at least 5s"),
              (dict(bandwidth="1gbit,10gbit"), "mlbench.run makes one run"),
              (dict(launch={"partition": "gpu"}), "--partition is an option of Slurm runs")]

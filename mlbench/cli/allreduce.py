@@ -71,5 +71,6 @@ def task_rows(params: dict[str, Any]) -> list[list[str]]:
     return [["messages", f"1 .. {_elements(params['max_size'])} elements, a power of 10 each (--max-size caps)"],
             ["types", ", ".join(params["dtypes"])],
             ["repetitions", f"up to {params['warmup']} warm-up and {params['iterations']} timed per size, "
-                            f"about {params['seconds_per_size']:g} s each"],
+                            f"about {params['seconds_per_size']:g} s each (--set warmup, iterations, "
+                            "seconds_per_size)"],
             ["reports", "time per all-reduce, algorithm and bus bandwidth per size (nccl-tests)"]]

@@ -10,6 +10,7 @@ and reports which closed-division values changed, which is what makes a run "ope
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from typing import Any
 
@@ -20,6 +21,8 @@ from mlbench.tasks.spec import AllreduceSpec, AnySpec, TaskSpec, TrainingSetting
 
 #: Keys of the spec itself (the settings' keys come from each task).
 SPEC_KEYS: dict[str, type] = {"goal_full": float, "goal_light": float}
+#: Task 0a's keys: how long each message size is measured (its largest message is --max-size).
+ALLREDUCE_KEYS: dict[str, type] = {"iterations": int, "warmup": int, "seconds_per_size": float}
 
 #: The values some numbers may take: (lowest, highest, whether the lowest itself is allowed,
 #: whether the highest is). A value outside its range would crash the workers or train nothing,
@@ -34,6 +37,9 @@ RANGES: dict[str, tuple[float, float, bool, bool]] = {
     "lr.warmup_epochs": (0.0, 10_000, True, True),
     "lr.decay_factor": (0.0, 1e6, False, True),
     "lr.alpha": (0.0, 1e3, False, True),
+    "iterations": (1, 1_000_000, True, True),
+    "warmup": (0, 1_000_000, True, True),
+    "seconds_per_size": (0.0, 3600.0, False, True),
 }
 
 #: The keys of the settings every training task has (their ranges are :data:`RANGES`).
@@ -46,6 +52,8 @@ def overridable() -> dict[str, type]:
     for spec in TASKS.values():
         if isinstance(spec, TaskSpec):
             keys.update({k: v for k, v in spec.settings.override_keys().items() if k not in keys})
+        else:
+            keys.update({k: v for k, v in ALLREDUCE_KEYS.items() if k not in keys})
     return keys
 
 
@@ -64,9 +72,13 @@ def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:
         if sep and key.startswith("extra.") and len(key) > 6:
             result[key] = raw.strip()  # typed by resolve(), which knows the task's settings
             continue
-        if not sep or key not in keys:
-            raise UsageError(f"--set {pair!r}: expected KEY=VALUE with KEY one of "
-                             f"{', '.join(keys)}, or extra.NAME for a task's own setting", option="overrides")
+        if not sep or not key:
+            raise UsageError(f"--set {pair!r}: expected KEY=VALUE, e.g. --set momentum=0", option="overrides")
+        if key not in keys:
+            near = difflib.get_close_matches(key, list(keys), n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            raise UsageError(f"--set {pair!r}: no task has a setting {key!r}{hint} (`mlbench tasks` lists each "
+                             "task's)", option="overrides")
         result[key] = _typed(key, raw.strip(), keys[key])
         _check_range(key, key, result[key])
     return result
@@ -144,13 +156,29 @@ def _own_setting(task: TaskSpec, key: str, value: Any) -> tuple[str, Any]:
     return name, value
 
 
+def _resolve_sweep(task: AllreduceSpec, overrides: dict[str, Any]) -> tuple[AllreduceSpec, list[str]]:
+    """Task 0a with its ``--set`` values (:data:`ALLREDUCE_KEYS`): each size's timed and warm-up
+    operations and its time budget. Any other key is refused in one line that names the three."""
+    values: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key not in ALLREDUCE_KEYS:
+            raise UsageError(f"--set {key}: {task.name} measures the all-reduce itself; its keys are "
+                             f"{', '.join(ALLREDUCE_KEYS)} (the largest message is --max-size)", option="overrides")
+        kind = ALLREDUCE_KEYS[key]
+        if isinstance(value, str):
+            value = _typed(key, value, kind)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+            raise UsageError(f"--set {key}={value}: expected a {kind.__name__}", option="overrides")
+        values[key] = kind(value)
+        _check_range(key, key, values[key])
+    changed = [key for key, value in values.items() if value != getattr(task, key)]
+    return dataclasses.replace(task, **values), changed
+
+
 def resolve(task: AnySpec, overrides: dict[str, Any]) -> tuple[AnySpec, list[str]]:
     """Apply overrides; return the new spec and the closed-division keys that changed."""
     if isinstance(task, AllreduceSpec):
-        if overrides:
-            raise UsageError(f"{task.name} measures the all-reduce itself and takes no --set or "
-                             "--model; use --max-size to cap the messages")
-        return task, []
+        return _resolve_sweep(task, overrides)
     changed: list[str] = []
     goals: dict[str, Any] = {}
     values: dict[str, Any] = {}

@@ -48,11 +48,37 @@ def test_sweep_has_every_size_and_bus_bandwidth_matches_the_measured_time(worker
     (("run", "task0a", "2", "--max-size", "0"), "expected a whole number of elements"),
     (("run", "task0a", "2", "--max-size", "2.5"), "expected a whole number of elements"),
     (("run", "task0a", "2", "--optimizer", "powersgd"), "takes no --optimizer"),
+    (("run", "task0a", "2", "--set", "momentum=0"),
+     "--set momentum: task0a measures the all-reduce itself; its keys are iterations, warmup, seconds_per_size"),
+    (("run", "task0a", "2", "--set", "iterations=0"), "--set iterations=0: must be at least 1"),
+    (("run", "task0a", "2", "--set", "iterations=2.5"), "--set iterations=2.5: expected a int"),
+    (("run", "task2a", "2", "--set", "iterations=5"), "task2a has no setting 'iterations'"),
+    (("run", "task2a", "2", "--set", "momentun=0"), "no task has a setting 'momentun'; did you mean momentum?"),
 ])
 def test_wrong_benchmark_arguments_are_usage_errors(args, message):
     result = CliRunner().invoke(cli, list(args))
     assert result.exit_code == 2, result.output
     assert message in result.stderr
+
+
+def test_a_sweep_with_its_own_repetitions_is_open_and_compared_apart_from_the_default():
+    """`--set iterations=3 --set warmup=1`: every size timed 2 or 3 times (at least 2, within the
+    budget) instead of up to 20; the run is open division for it, and `compare` puts it in a
+    family of its own beside the default sweep."""
+    import json
+
+    mlbench("run", "task0a", "2", "--max-size", "100", check=True)
+    default = last_run()
+    mlbench("run", "task0a", "2", "--max-size", "100", "--set", "iterations=3", "--set", "warmup=1", check=True)
+    fewer = last_run()
+    assert run_json(fewer)["changed"] == ["iterations=3", "warmup=1", "max_size=100"] and fewer.division == "open"
+    assert run_json(fewer)["config"]["task"]["iterations"] == 3
+    assert all(2 <= row["iterations"] <= 3 for row in fewer.result["rows"])
+    assert max(row["iterations"] for row in default.result["rows"]) > 3
+    compared = json.loads(mlbench("compare", default.id, fewer.id, "-o", "json", check=True).stdout)
+    assert len(compared["families"]) == 2
+    assert {d["key"]: d["values"] for d in compared["differences"]} == {
+        "set.iterations": ["20", "3"], "set.warmup": ["5", "1"]}, compared["differences"]
 
 
 def test_tasks_lists_the_benchmark():
