@@ -121,12 +121,23 @@ def _check_sweeps(rows: list[list[dict[str, Any]]], label: str, busy_ok: bool = 
 
 
 def _calibrate(task: str, optimizers: list[str], networks: list[NetworkSettings | None], workers: list[int],
-               steps: int, max_size: int, options: dict[str, Any], busy_ok: bool) -> None:
+               steps: int, max_size: int, options: dict[str, Any], busy_ok: bool,
+               sweep_iterations: int | None = None) -> None:
     """The calibration's runs: :data:`SWEEPS` task-0a sweeps on 2 workers per network (and on the
-    machine's own), then each optimizer's run of the task at each calibration worker count."""
+    machine's own), then each optimizer's run of the task at each calibration worker count.
+    ``sweep_iterations``: the timed all-reduces per size (task 0a's ``--set iterations``), its
+    time budget per size grown in proportion, so that the budget does not cut them short."""
     from mlbench import api
+    from mlbench.tasks.task0a import TASK0A
 
     _busy(busy_ok)
+    sweep_set: dict[str, Any] = {}
+    if sweep_iterations is not None:
+        if sweep_iterations < 2:
+            raise UsageError(f"--sweep-iterations {sweep_iterations}: give at least 2", option="sweep_iterations")
+        sweep_set = {"iterations": sweep_iterations,
+                     "seconds_per_size": TASK0A.seconds_per_size * max(1.0, sweep_iterations / TASK0A.iterations)}
+    shown_set = "".join(f" --set {k}={v:g}" for k, v in sweep_set.items())
     for settings in ([None] + [n for n in networks if n is not None]):
         network_args: dict[str, Any] = {}
         if settings is not None and settings.bandwidth_bps:
@@ -134,9 +145,10 @@ def _calibrate(task: str, optimizers: list[str], networks: list[NetworkSettings 
         if settings is not None and settings.latency_s:
             network_args["latency"] = f"{settings.latency_s * 1e6:.6g}us"
         label = settings.label() if settings else "the machine's own network"
-        click.echo(f"calibrating the link at {label}: mlbench run task0a 2 --max-size {max_size} --repeat {SWEEPS}",
-                   err=True)
-        started = api.start(api.plan("task0a", [2], max_size=max_size, repeat=SWEEPS, **network_args))
+        click.echo(f"calibrating the link at {label}: mlbench run task0a 2 --max-size {max_size} --repeat {SWEEPS}"
+                   f"{shown_set}", err=True)
+        started = api.start(api.plan("task0a", [2], max_size=max_size, repeat=SWEEPS, overrides=sweep_set,
+                                     **network_args))
         sweeps = []
         for run in started.runs:
             if run.state != "finished" or not run.result:
@@ -203,6 +215,8 @@ def _validate(run_refs: tuple[str, ...], output: str) -> None:
 @click.option("--calibration-steps", default=60, show_default=True, help="Steps of each calibration run.")
 @click.option("--max-size", default=1_000_000, show_default=True, help="Largest message of the calibration's sweeps, "
               "in elements.")
+@click.option("--sweep-iterations", type=int, help="Timed all-reduces per message size in the calibration's "
+              "sweeps [task0a's 20]; more make the link's times steadier.")
 @click.option("--data-dir", help="The task's data for the calibration's runs (as mlbench run --data-dir).")
 @click.option("--data", type=click.Choice(["real", "synthetic"]), help="synthetic: calibrate on random data.")
 @click.option("--busy-ok", is_flag=True, help="Calibrate even though the machine is busy (its load, or two sweeps "
@@ -212,8 +226,8 @@ def _validate(run_refs: tuple[str, ...], output: str) -> None:
 @pricing_options
 @output_option
 def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, calibration_workers,
-            calibration_steps, max_size, data_dir, data, busy_ok, validate, instance, price_per_hour, prices_file,
-            output) -> None:
+            calibration_steps, max_size, sweep_iterations, data_dir, data, busy_ok, validate, instance, price_per_hour,
+            prices_file, output) -> None:
     """Predict step time, throughput, speedup and time to the goal at any worker count and
     network, from measured runs: task 0a's sweeps fit each link's latency and bandwidth, each
     optimizer's runs give its compute per step, bytes and collectives (docs/predict.md).
@@ -240,7 +254,7 @@ def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, 
     if calibrate:
         options = {k: v for k, v in {"data_dir": data_dir, "data": data}.items() if v}
         _calibrate(task, optimizers, networks, _counts(calibration_workers), calibration_steps, max_size, options,
-                   busy_ok)
+                   busy_ok, sweep_iterations)
     calibration = calibration_from(open_store(read_only=True), task, optimizers)
     predictions = [calibration.predict(o, n, calibration.link(settings))
                    for settings in networks for o in optimizers for n in counts]

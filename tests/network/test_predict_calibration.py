@@ -10,7 +10,8 @@ import math
 
 import pytest
 
-from tests.helpers import events, last_run, mlbench
+from mlbench.results.store import RunStore
+from tests.helpers import events, last_run, mlbench, run_json
 
 SHORT = ("--data", "synthetic", "--max-steps", "20", "--log-every", "5")
 
@@ -47,7 +48,8 @@ def _two_worker_time(link: dict, size: float) -> float:
 @pytest.mark.timeout(600)   # four sweeps and two training runs, then one more run to validate
 def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_later_one(shaping):
     made = mlbench("predict", "task2a", "--calibrate", "--busy-ok", "--data", "synthetic", "--calibration-steps", "20",
-                   "--max-size", "100000", "--workers", "2,4", "--bandwidth", "100mbit", "-o", "json", timeout=540)
+                   "--max-size", "100000", "--sweep-iterations", "30", "--workers", "2,4", "--bandwidth", "100mbit",
+                   "-o", "json", timeout=540)
     assert made.returncode == 0, made.stderr
     answer = json.loads(made.stdout)
     links = answer["calibration"]["links"]
@@ -56,6 +58,9 @@ def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_late
     listed = json.loads(mlbench("status", "-o", "json", check=True).stdout)["runs"]
     sweeps = {r["id"]: r for r in listed if r["task"] == "task0a"}
     assert len(sweeps) == 6
+    for sweep in sweeps.values():   # --sweep-iterations 30: task0a's --set, its budget grown to match
+        task_spec = run_json(RunStore().get(sweep["id"]))["config"]["task"]
+        assert (task_spec["iterations"], task_spec["seconds_per_size"]) == (30, 0.75), task_spec
     sources = [link["source"].split(", ") for link in links.values()]
     assert all(len(ids) == 3 for ids in sources) and {i for ids in sources for i in ids} == set(sweeps)
     runs = answer["calibration"]["runs"]["centralized-sgd"]
