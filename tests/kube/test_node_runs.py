@@ -302,6 +302,30 @@ def test_the_jax_and_tensorflow_ports_train_alike_in_pods_of_their_image_variant
     np.testing.assert_allclose(losses["tensorflow"], losses["jax"], rtol=2 * RTOL, atol=2 * ATOL)
 
 
+def test_task_5a_trains_in_two_pods_and_every_surface_speaks_of_validation_loss(on_node):
+    """Task 5a on the cluster: the CPU-sized GPT-2 (tests/gpt/tiny.py) on synthetic tokens in two
+    pods of the cluster image. Both ranks train the 20 steps, rank 0 reports the two evaluations'
+    validation loss (all-reduced over the pods), and `status` speaks of validation loss, lower is
+    better, never of accuracy."""
+    from tests.gpt.tiny import TINY
+
+    ns = on_node
+    result = mlbench_cli("run", "task5a", "2", *TINY, "--data", "synthetic")
+    assert result.exit_code == 0, explain(ns, result)
+    run_id = run_id_of(result.output)
+    record = kubernetes.open_store(ns.record).sync_run(run_id)
+    assert record.state == "finished" and record.result["steps"] == 20, (record.reason, kept_logs(record))
+    recorded = read_run_events(record.run_dir)
+    environment = next(e["value"] for e in recorded if e["name"] == "environment")
+    assert environment["host"] == pod_name(run_id, 0)                  # it ran in the pod
+    losses = values(recorded, "eval/val_loss", 0)
+    assert len(losses) == 2 and np.isfinite(losses).all(), losses
+    assert [values(recorded, "train/steps", rank).sum() for rank in (0, 1)] == [20, 20]
+    shown = mlbench_cli("status", run_id).output
+    assert re.search(r"last validation loss\s+\d\.\d{4}", shown) and "accuracy" not in shown.lower(), shown
+    wait_gone(ns, run_id)
+
+
 def running_worker(ns, run_id: str, rank: int) -> str:
     """The running container of rank ``rank``'s worker (an earlier group's may still be listed, exited)."""
     names = ns.node.docker("ps", "--format", "{{.Names}}").stdout.split()
