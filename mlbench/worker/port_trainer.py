@@ -508,7 +508,7 @@ def run_trainer(trainer: PortTrainer, environment: dict[str, Any], run_dir: Path
         threads = {"threads_per_worker": None, "interop_threads": None}   # a framework's own, unless it says
         trainer.events.emit("environment", {**describe_environment(), **threads, **environment}, epoch=0, step=0)
     result = trainer.train()
-    if trainer.cfg.save_model and run_dir is not None:
+    if run_dir is not None and trainer.cfg.save_model:
         trainer.save_model(run_dir)
     if trainer.heartbeat is not None:
         trainer.heartbeat.phase("finishing")
