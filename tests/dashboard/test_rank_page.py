@@ -104,3 +104,49 @@ def test_the_system_chart_shows_each_workers_memory_and_cpu_over_time(lab, page,
     shot = screenshot(page, tmp_path / "system.png")
     for colour in COLOURS[:2]:
         assert _drawn(shot, plot, colour), colour
+
+
+#: The per-worker chart's plot area and the value its legend shows for its first line.
+RANK_CURSOR = """() => {
+  const chart = document.getElementById('chart-ranks');
+  const rows = [...chart.querySelectorAll('.u-legend .u-series')];
+  const over = chart.querySelector('.u-over').getBoundingClientRect();
+  return {value: rows[1].querySelector('.u-value').textContent,
+          over: {left: over.left, top: over.top, width: over.width, height: over.height}};
+}"""
+
+
+def _ema(values: list[float], weight: float) -> list[float]:
+    """TensorBoard's smoothing, as the run page's other charts apply it (test_run_page.py)."""
+    out, last = [], 0.0
+    for i, value in enumerate(values):
+        last = last * weight + (1 - weight) * value
+        out.append(last / (1 - weight ** (i + 1)))
+    return out
+
+
+def test_the_per_worker_chart_follows_the_smoothing_and_the_log_scale(lab, page):
+    """Set above the curves, the smoothing weight applies to the per-worker chart too: under the
+    cursor at its last point, the legend shows the smoothed mean loss of the ranks; the log-scale
+    box redraws it on a log axis (its tick labels then change)."""
+    import json
+
+    _open(lab, page)
+    answer = page.evaluate(f"fetch('/api/runs/{lab.run.id}/ranks?metric=train/loss&lines=all').then((r) => r.json())")
+    values = [v for _, v in answer["lines"][0]["points"]]
+    page.wait_for_selector('#chart-ranks[data-lines="1"]')
+    slider = page.locator("#smoothing")
+    slider.scroll_into_view_if_needed()
+    slider.focus()
+    for _ in range(60):
+        page.keyboard.press("ArrowRight")
+    assert slider.input_value() == "0.6"
+    page.locator("#chart-ranks").scroll_into_view_if_needed()
+    over = page.evaluate(RANK_CURSOR)["over"]
+    page.mouse.move(over["left"] + over["width"] - 2, over["top"] + over["height"] / 2)
+    expected = format(float(f"{_ema(values, 0.6)[-1]:.4g}"), "g")
+    assert page.evaluate(RANK_CURSOR)["value"] == expected != format(float(f"{values[-1]:.4g}"), "g")
+    ticks = page.eval_on_selector_all("#chart-ranks .u-axis", "axes => axes.map((a) => a.textContent)")
+    page.locator("#log-scale").check()
+    page.wait_for_function(f"JSON.stringify([...document.querySelectorAll('#chart-ranks .u-axis')]"
+                           f".map((a) => a.textContent)) != {json.dumps(json.dumps(ticks))}")

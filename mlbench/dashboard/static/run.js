@@ -121,11 +121,13 @@
     : name.endsWith("_percent") ? `${v.toFixed(1)}%` : name.startsWith("time/") ? `${Number(v.toPrecision(3))} s`
     : String(Number(v.toPrecision(4))));
   const ticksOf = (name) => (u, vals) => vals.map((v) => valueOf(name)(u, v));
-  const linesData = (lines) => (lines.length
-    ? uPlot.join(lines.map((line) => [line.points.map((p) => p[0]), line.points.map((p) => p[1])])) : null);
+  // each line's values as the view draws them: smoothed, and (a metric's chart) on the log scale
+  const linesData = (lines, draw) => (lines.length
+    ? uPlot.join(lines.map((line) => [line.points.map((p) => p[0]), draw(line.points.map((p) => p[1]))])) : null);
+  const drawers = { ranks: drawn, system: (values) => smooth(values, view.smoothing) };
   const shape = (lines) => lines.map((line) => `${line.metric}/${line.rank}`).join(",");
   charts.ranks = new MB.Chart(document.getElementById("chart-ranks"), (width) => ({
-    width, height: 220, scales: { x: fromZero },
+    width, height: 220, scales: { x: fromZero, y: yScale() },
     axes: [axis("training time (s)"), axis((ranks.lines[0] || ranks).metric, ticksOf((ranks.lines[0] || ranks).metric), 70)],
     series: [{ label: "training time", value: seconds }, ...ranks.lines.map((line, i) => ({
       label: line.label, stroke: rankColour(line, i), width: 1.5, spanGaps: true, value: valueOf(line.metric) }))],
@@ -142,9 +144,9 @@
       value: valueOf(line.metric) }))],
   }), "no system metrics yet (they come with each logging interval; an older mlbench recorded none)");
 
-  function showLines(chart, lines, previous) {
+  function showLines(chart, lines, previous, restyle = false) {
     const box = document.getElementById(`chart-${chart}`);
-    charts[chart].update(linesData(lines), shape(lines) !== previous);
+    charts[chart].update(linesData(lines, drawers[chart]), restyle || shape(lines) !== previous);
     box.dataset.lines = lines.length;
     box.dataset.points = lines.reduce((n, line) => n + line.points.length, 0);
   }
@@ -222,8 +224,14 @@
     view.smoothing = Number(smoothing.value);
     document.getElementById("smoothing-value").textContent = view.smoothing.toFixed(2);
     drawCharts();
+    showLines("ranks", ranks.lines, shape(ranks.lines));
+    showLines("system", ranks.system, shape(ranks.system));
   });
-  logScale.addEventListener("change", () => { view.log = logScale.checked; drawCharts(true); });
+  logScale.addEventListener("change", () => {
+    view.log = logScale.checked;
+    drawCharts(true);
+    showLines("ranks", ranks.lines, shape(ranks.lines), true);   // the system chart's scales stay linear
+  });
 
   // -- facts -----------------------------------------------------------------------------------
   function facts(target, pairs) {
