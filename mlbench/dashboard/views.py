@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mlbench.network.settings import network_label
+from mlbench.network.settings import describe_network, network_label
 from mlbench.results.charts import family_labels, network_axis, representative
 from mlbench.results.compare import Comparison, Group, sweep_bandwidth, training_curve
 from mlbench.results.outcome import AllreduceResult, read_result
@@ -126,7 +126,8 @@ def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -
         "metric": metric_view(run_metric(record), goal),
         "stop_at_goal": config.get("stop_at_goal"), "time_budget_s": config.get("time_budget_s"),
         "max_steps": config.get("max_steps"), "log_every": config.get("log_every"), "seed": record.seed,
-        "network": run_network(run_json), "placement": run_json.get("placement"),
+        "network": run_network(run_json), "network_text": describe_network(run_json.get("network")),
+        "placement": run_json.get("placement"),
         "host": environment.get("host"), "cpu": environment.get("cpu"),
         "cores": environment.get("cores"), "gpus": environment.get("gpus") or [],
         "command": run_json.get("command"),

@@ -258,7 +258,9 @@ def test_runs_on_two_networks_read_apart_everywhere(lab, page, tmp_path):
 
     page.goto(f"{lab.base}/runs/{slow.id}")
     page.wait_for_selector('#spec dd[data-fact="network"]')
-    assert page.inner_text('#spec dd[data-fact="network"]') == "10 Mbit/s"
+    status_row = next(line for line in invoke(lab, "status", slow.id).splitlines() if line.startswith("network "))
+    assert page.inner_text('#spec dd[data-fact="network"]') == status_row.split(None, 1)[1].strip() \
+        == "10 Mbit/s, emulated (tc)"   # status RUN's words
     page.goto(f"{lab.base}/compare?runs={slow.id},{fast.id}")
     page.wait_for_selector('table.compare td[data-col="NETWORK"]')
     shown = [h.inner_text() for h in page.locator("#tables h3.family").all()]   # a family's heading each

@@ -260,7 +260,7 @@
       ["model plug-in", spec.model_plugin ? `${spec.model_plugin}; sha256 ${spec.model_plugin_sha256}` : null],
       ["division", spec.changed.length ? `${spec.division} (${spec.changed.join(", ")})` : spec.division],
       ["device", [spec.device, spec.backend].filter(Boolean).join(" / ")],
-      ["network", spec.network || "not shaped"],
+      ["network", spec.network_text || spec.network || "as it is (not emulated)"],   // status RUN's words
       ["data", doc.sweep ? null : spec.data_dir ? `${spec.data} (${spec.data_dir})` : spec.data],
       ["goal", doc.sweep ? "none (a benchmark of the all-reduce)" : spec.metric.goal_text === null ? "none (synthetic data)" : `${spec.metric.goal_text}${spec.light ? " (light)" : ""}`],
       ["stop at goal", spec.stop_at_goal === false ? "no (--no-stop)" : null],
