@@ -160,6 +160,37 @@ def test_the_crossover_is_named_where_one_optimizer_overtakes_another():
     assert not crossovers([predictions["centralized-sgd", 2], predictions["powersgd", 2]])
 
 
+def test_the_chart_draws_each_optimizer_and_network_as_predicted(tmp_path):
+    """Two optimizers on two links at 2..64 workers: a line each in the step-time plot, with the
+    predictions' step times and throughputs, the optimizer's colour and the link's line style,
+    a legend entry each below the plots; written as PNG and SVG."""
+    from mlbench.results.charts import COLOURS, prediction_chart, save_figure
+    from matplotlib.colors import to_hex
+
+    calibration = Calibration("task1a", runs={
+        "centralized-sgd": [measured(2, Traffic("allreduce", 2, 4e6, 1.0), compute=0.001)],
+        "powersgd": [measured(2, Traffic("allreduce", 2, 4e3, 1.0), compute=0.05)]})
+    slow = nominal_link(link(), NetworkSettings(bandwidth_bps=1e8))
+    predictions = [calibration.predict(o, n, each) for each in (link(), slow)
+                   for o in ("centralized-sgd", "powersgd") for n in (2, 8, 64)]
+    fig = prediction_chart("task1a", predictions)
+    step_ax, rate_ax = fig.axes
+    lines = {line.get_label(): line for line in step_ax.get_lines()}
+    assert set(lines) == {f"{o}, {n}" for o in ("centralized-sgd", "powersgd") for n in ("1 Gbit/s", "100 Mbit/s")}
+    for p in predictions:
+        line = lines[f"{p.optimizer}, {p.link.network}"]
+        assert p.step_s == pytest.approx(dict(zip(line.get_xdata(), line.get_ydata()))[p.workers])
+        assert to_hex(line.get_color()) == COLOURS[("centralized-sgd", "powersgd").index(p.optimizer)]
+        assert line.get_linestyle() == ("-" if p.link.network == "1 Gbit/s" else "--")
+    rates = {tuple(line.get_xdata()): line for line in rate_ax.get_lines()}
+    assert len(rate_ax.get_lines()) == 4 and all(len(x) == 3 for x in rates)
+    assert step_ax.get_yscale() == "log" and rate_ax.get_ylabel() == "predicted images/s"
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == list(lines)
+    written = save_figure(fig, tmp_path, "task1a-predicted")
+    assert [p.name for p in written] == ["task1a-predicted.png", "task1a-predicted.svg"]
+    assert all(p.stat().st_size > 1000 for p in written)
+
+
 def test_what_cannot_be_predicted_is_refused_in_one_line():
     with pytest.raises(UsageError, match="no finished run of task1a with --optimizer powersgd"):
         Calibration("task1a").predict("powersgd", 8, link())

@@ -223,11 +223,13 @@ def _validate(run_refs: tuple[str, ...], output: str) -> None:
               "that disagree).")
 @click.option("--validate", is_flag=True, help="The arguments are runs: show each one's predicted step time "
               "beside its measured one.")
+@click.option("--chart", "chart_dir", type=click.Path(file_okay=False),
+              help="Also draw the predictions: DIR/TASK-predicted.png and .svg (the charts extra).")
 @pricing_options
 @output_option
 def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, calibration_workers,
-            calibration_steps, max_size, sweep_iterations, data_dir, data, busy_ok, validate, instance, price_per_hour,
-            prices_file, output) -> None:
+            calibration_steps, max_size, sweep_iterations, data_dir, data, busy_ok, validate, chart_dir, instance,
+            price_per_hour, prices_file, output) -> None:
     """Predict step time, throughput, speedup and time to the goal at any worker count and
     network, from measured runs: task 0a's sweeps fit each link's latency and bandwidth, each
     optimizer's runs give its compute per step, bytes and collectives (docs/predict.md).
@@ -237,6 +239,7 @@ def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, 
       mlbench predict task1a --workers 2,8,64 --bandwidth 1gbit,10gbit --optimizer centralized-sgd,powersgd
       mlbench predict task2a --calibrate --data-dir ~/data/epsilon --bandwidth 100mbit
       mlbench predict --validate 3f2a9c1d 7b0e44aa
+      mlbench predict task2a --bandwidth 100mbit,1gbit --workers 2,4,8,16 --chart charts/
     """
     if validate:
         _validate(tuple(args), output)
@@ -259,6 +262,11 @@ def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, 
     predictions = [calibration.predict(o, n, calibration.link(settings))
                    for settings in networks for o in optimizers for n in counts]
     notes = crossovers(predictions)
+    if chart_dir is not None:
+        from mlbench.results.charts import prediction_chart, save_figure
+
+        for path in save_figure(prediction_chart(task, predictions), chart_dir, f"{task}-predicted"):
+            click.echo(f"Wrote {path}", err=True)   # stdout stays the table, or the -o document
     if output != "table":
         emit({"task": task, "predictions": [{**p.to_dict(), "cost_usd": _cost(p, usd)} for p in predictions],
               "usd_per_node_hour": usd, "crossovers": notes,

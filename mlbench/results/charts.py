@@ -36,11 +36,13 @@ from mlbench.results.compare import (TIME_TO_ACCURACY, Comparison, Family, Group
 from mlbench.results.fingerprint import NAMED_KEYS, differing_keys
 from mlbench.results.events import read_run_events
 from mlbench.results.goodput import FAULTS_SECTION, recoveries
-from mlbench.results.report import differs_in_network, group_label, had_faults, is_sweep, task_metric
+from mlbench.results.report import (differs_in_network, group_label, had_faults, is_sweep, task_metric,
+                                    throughput_unit)
 from mlbench.run_config import RunDocument
 from mlbench.safefile import replacing
 
 if TYPE_CHECKING:
+    from mlbench.results.predict import Prediction
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
     from matplotlib.transforms import Bbox
@@ -73,16 +75,66 @@ def write_charts(comparison: Comparison, out_dir: str | Path,
     with needs("charts"):  # before anything is written
         import matplotlib  # noqa: F401
 
+    written = []
+    for name, fig in chart_figures(comparison).items():
+        written += save_figure(fig, out_dir, f"{comparison.task}-{name}", formats)
+    return written
+
+
+def save_figure(fig: Figure, out_dir: str | Path, stem: str, formats: Sequence[str] = FORMATS) -> list[Path]:
+    """``fig`` as ``OUT_DIR/STEM.FORMAT`` in each format (the folder made if need be); the files."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, fig in chart_figures(comparison).items():
-        for fmt in formats:
-            path = out / f"{comparison.task}-{name}.{fmt}"
-            with replacing(path) as f:  # whole, and never through a link planted at its name
-                fig.savefig(f, format=fmt, dpi=100, metadata=_metadata(fmt))
-            written.append(path)
+    for fmt in formats:
+        path = out / f"{stem}.{fmt}"
+        with replacing(path) as f:  # whole, and never through a link planted at its name
+            fig.savefig(f, format=fmt, dpi=100, metadata=_metadata(fmt))
+        written.append(path)
     return written
+
+
+def prediction_chart(task: str, predictions: Sequence[Prediction]) -> Figure:
+    """`mlbench predict --chart`: the predicted step time (its range shaded) and throughput
+    against the worker count, a line per optimizer and network: the optimizer's colour, the
+    network's line style (docs/predict.md). Step times on a log axis: a ring's latency steps
+    and a slow link differ by orders of magnitude."""
+    with needs("charts"):
+        import matplotlib  # noqa: F401
+
+    fig = _new_figure(figsize=(10, 4.2))
+    step_ax, rate_ax = fig.subplots(1, 2)
+    optimizers = list(dict.fromkeys(p.optimizer for p in predictions))
+    networks = list(dict.fromkeys(p.link.network for p in predictions))
+    counts = sorted({p.workers for p in predictions})
+    unit = throughput_unit(task)
+    for p_index, optimizer in enumerate(optimizers):
+        for n_index, network in enumerate(networks):
+            line = sorted((p for p in predictions if p.optimizer == optimizer and p.link.network == network),
+                          key=lambda p: p.workers)
+            if not line:
+                continue
+            label = optimizer if len(networks) == 1 else f"{optimizer}, {network}"
+            style = dict(color=_colour(p_index), linestyle=_STYLES[n_index % len(_STYLES)], marker=_MARKERS[0], ms=4)
+            x = [p.workers for p in line]
+            step_ax.plot(x, [p.step_s for p in line], label=label, **style)
+            step_ax.fill_between(x, [p.range_s[0] for p in line], [p.range_s[1] for p in line],
+                                 color=_colour(p_index), alpha=0.12, lw=0)
+            rate_ax.plot(x, [p.throughput for p in line], **style)
+    step_ax.set_yscale("log")
+    step_ax.set_ylabel("predicted seconds per step")
+    step_ax.set_title("step time (shaded: the compute's quartiles to the slowest rank)", fontsize=9)
+    rate_ax.set_ylabel(f"predicted {unit}")
+    rate_ax.set_title("throughput, all workers", fontsize=9)
+    for ax in (step_ax, rate_ax):
+        _worker_axis(ax, counts, log=True)
+        ax.grid(alpha=0.3)
+    handles, texts = step_ax.get_legend_handles_labels()
+    if handles:
+        _legend(fig, handles, texts)
+    _suptitle(fig, f"{task}: predicted step time and throughput per worker count "
+                   f"({', '.join(networks)})")
+    return fig
 
 
 def chart_names(comparison: Comparison) -> tuple[str, ...]:

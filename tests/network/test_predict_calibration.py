@@ -46,12 +46,15 @@ def _two_worker_time(link: dict, size: float) -> float:
 
 
 @pytest.mark.timeout(600)   # four sweeps and two training runs, then one more run to validate
-def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_later_one(shaping):
+def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_later_one(shaping, tmp_path):
     made = mlbench("predict", "task2a", "--calibrate", "--busy-ok", "--data", "synthetic", "--calibration-steps", "20",
                    "--max-size", "100000", "--sweep-iterations", "30", "--workers", "2,4", "--bandwidth", "100mbit",
-                   "-o", "json", timeout=540)
+                   "--chart", str(tmp_path / "charts"), "-o", "json", timeout=540)
     assert made.returncode == 0, made.stderr
-    answer = json.loads(made.stdout)
+    answer = json.loads(made.stdout)   # the chart's lines went to stderr
+    for suffix in ("png", "svg"):
+        drawn = tmp_path / "charts" / f"task2a-predicted.{suffix}"
+        assert drawn.stat().st_size > 1000 and f"Wrote {drawn}" in made.stderr
     links = answer["calibration"]["links"]
     assert set(links) == {"not emulated", "100 Mbit/s"}
     # each network's link is the median of its three sweeps, task0a runs of 2 workers
