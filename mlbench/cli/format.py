@@ -17,6 +17,7 @@ from mlbench.results.report import (
     fmt_duration,
     framework_of,
     no_time_to_goal,
+    phases_not_measured,
     run_plugins,
     run_recovery,
     task_metric,
@@ -203,7 +204,10 @@ def print_run_details(run: RunRecord, summary: RunSummary, events: list[dict[str
     if run.result:
         rows.append(["result", describe_result(run.result)])
     click.echo(tabulate(rows, tablefmt="plain"))
-    if summary.ranks and any(summary.phase_seconds.values()):
+    untimed = phases_not_measured(run, summary)
+    if untimed:
+        click.echo(f"\nTime per phase: {untimed}.")
+    elif summary.ranks and any(summary.phase_seconds.values()):
         click.echo("\nTime per phase over all workers (seconds):")
         table = [[p, f"{m:.2f}", f"{mx:.2f}", f"{100 * share:.1f}%"] for p, m, mx, share in phase_table(summary)]
         eval_mean = sum(summary.eval_seconds.values()) / max(1, len(summary.eval_seconds))

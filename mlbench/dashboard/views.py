@@ -22,7 +22,7 @@ from mlbench.results.outcome import AllreduceResult, read_result
 from mlbench.results.report import (bandwidth_matrix, compare_headers, compare_notes, compare_row, describe_checkpoints,
                                     describe_plugin, describe_result, describe_resumes, run_recovery,
                                     framework_of, difference_lines, differs_in_network, family_heading, group_label,
-                                    had_faults, is_sweep, no_time_to_goal,
+                                    had_faults, is_sweep, no_time_to_goal, phases_not_measured,
                                     run_progress, sweep_table, task_metric, throughput_unit)
 from mlbench.results.division import run_division
 from mlbench.results.fairness import group_flags
@@ -180,7 +180,7 @@ def run_summary(record: RunRecord, summary: RunSummary) -> dict[str, Any]:
         "last_metric_text": metric.format(last.get(metric.name)) if summary.evaluations else None,
         "throughput": summary.throughput, "throughput_unit": throughput_unit(task),
         "communication_ratio": summary.communication_ratio,
-        "phases": phases,
+        "phases": phases, "phases_note": phases_not_measured(record, summary),
         "evaluation": {"mean": sum(evals) / len(evals) if evals else 0.0,
                        "max": max(evals, default=0.0), "ranks": evals},
         "bytes_sent": sent, "bytes_sent_mean": sum(sent) / len(sent) if sent else 0.0,

@@ -19,6 +19,7 @@ from statistics import median
 from typing import Any, TypeGuard
 
 from mlbench.errors import UsageError
+from mlbench.frameworks import DEFAULT_FRAMEWORK, get_framework
 from mlbench.results.compare import (MEDIAN, MLPERF, TIME_TO_ACCURACY, Comparison, Family, Group,
                                      sweep_bandwidth, sweep_latency)
 from mlbench.results.checkpoints import checkpoint_root
@@ -446,6 +447,22 @@ def framework_of(record: RunRecord) -> str:
     return document.config.framework if document is not None else "pytorch"
 
 
+def phases_not_measured(record: RunRecord, summary: RunSummary) -> str | None:
+    """Why a run that has trained shows no time per phase, in one sentence; None when it has
+    phase times (or has not trained yet). The one text of `status RUN`, its JSON and the
+    dashboard's run page, so that no surface shows a table of zeros."""
+    if not summary.ranks or not summary.steps or any(any(t.values()) for t in summary.phase_seconds.values()):
+        return None
+    document = RunDocument.load_or_none(record.run_dir)
+    framework = document.config.framework if document is not None else "pytorch"
+    if framework != DEFAULT_FRAMEWORK:
+        return (f"not measured: a {get_framework(framework).title} step is one compiled program, whose "
+                "all-reduce cannot be timed apart (the step time is the wall clock's)")
+    if document is not None and not document.config.timing:
+        return "not measured: the run was started with --no-timing"
+    return "not measured: the workers recorded no phase times"
+
+
 def _model_plugin_label(record: RunRecord) -> str | None:
     """``NAME@SHA12`` of the run's model plug-in (as ``optimizer`` names an optimizer plug-in),
     None for the task's own model. Only an open-division run can have one, so only its run.json
@@ -590,7 +607,7 @@ def run_details(record: RunRecord, summary: RunSummary,
             "throughput_unit": throughput_unit(record.task),
             "last_train_loss": summary.last_train_loss, "last_lr": summary.last_lr,
             "evaluations": [dict(e) for e in summary.evaluations],
-            "phases": phases,
+            "phases": phases, "phases_note": phases_not_measured(record, summary),
             "evaluation_seconds": ({"mean": sum(evals) / len(evals), "max": max(evals)}
                                    if evals else None),
             "communication_ratio": summary.communication_ratio,

@@ -386,6 +386,12 @@ def test_every_surface_names_the_framework_and_never_merges_two(lab, jax_pair, r
         page.goto(f"{lab.base}/runs/{run.id}")
         page.wait_for_selector('#spec dd[data-fact="framework"]')
         assert page.inner_text('#spec dd[data-fact="framework"]') == "jax"
+        # no table of zeros: the phases are said not to be measured, in status RUN's words
+        page.wait_for_selector('#phases[data-note^="not measured"]')
+        said = next(line for line in invoke(lab, "status", run.id).splitlines() if line.startswith("Time per phase"))
+        assert page.inner_text("#phases").strip() == said == (
+            "Time per phase: not measured: a JAX step is one compiled program, whose all-reduce cannot be timed "
+            "apart (the step time is the wall clock's).")
     elif name == "dashboard compare":
         page.goto(f"{lab.base}/compare?runs={run.id},{torch_run.id}")
         page.wait_for_selector("#tables h3.family")

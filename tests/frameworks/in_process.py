@@ -135,3 +135,21 @@ def check_measured_bytes(recorded, run) -> None:
         assert all(d <= s <= 2 * d + 2048 * k for s, d, k in zip(sent, dense, steps, strict=True)), (sent, dense)
         assert sent != dense, "comm/bytes is the formula's, not measured"
     assert run.result["bytes_sent"] == sum(e["value"] for e in recorded if e["name"] == "comm/bytes" and e["rank"] == 0)
+
+
+def check_phases_said(run, title: str) -> None:
+    """A port's run says in `status RUN` and its JSON that its phases are not measured, instead
+    of a table of zeros (its step is one compiled program)."""
+    import json
+    import os
+    from pathlib import Path
+
+    from tests.helpers import mlbench
+
+    env = dict(os.environ, MLBENCH_HOME=str(Path(run.run_dir).parent.parent))   # the run's own store
+    note = (f"not measured: a {title} step is one compiled program, whose all-reduce cannot be timed apart "
+            "(the step time is the wall clock's)")
+    shown = mlbench("status", run.id, env=env, check=True).stdout
+    assert f"Time per phase: {note}." in shown and "share of step" not in shown, shown
+    document = json.loads(mlbench("status", run.id, "-o", "json", env=env, check=True).stdout)
+    assert document["summary"]["phases_note"] == note

@@ -31,6 +31,7 @@ from tests.frameworks.in_process import (
     ATOL,
     RTOL,
     check_measured_bytes,
+    check_phases_said,
     check_port_system,
     check_saved_weights,
     train_jax_in_process,
@@ -78,6 +79,7 @@ def test_two_jax_workers_equal_one_jax_process_with_the_doubled_batch(libsvm_dir
     np.testing.assert_allclose(two, values(one, "train/loss"), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(values(recorded, "eval/loss"), values(one, "eval/loss"), rtol=RTOL, atol=ATOL)
     check_measured_bytes(recorded, run)
+    check_phases_said(run, "JAX")
 
 
 def listening_addresses(port: int) -> set[str]:

@@ -30,6 +30,7 @@ from tests.frameworks.in_process import (
     ATOL,
     RTOL,
     check_measured_bytes,
+    check_phases_said,
     check_port_system,
     check_saved_weights,
     one_tensorflow_thread,
@@ -85,6 +86,7 @@ def test_two_tensorflow_workers_equal_one_tensorflow_process_with_the_doubled_ba
     np.testing.assert_allclose(two, values(one, "train/loss"), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(values(recorded, "eval/loss"), values(one, "eval/loss"), rtol=RTOL, atol=ATOL)
     check_measured_bytes(recorded, run)
+    check_phases_said(run, "TensorFlow")
 
 
 def _listening_inodes(table_dir: Path) -> dict[int, str]:

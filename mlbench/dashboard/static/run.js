@@ -335,6 +335,12 @@
 
   function showPhases(s) {
     const table = document.getElementById("phases");
+    table.dataset.note = s.phases_note || "";
+    if (s.phases_note) {  // a port's compiled step, --no-timing: said, never a table of zeros
+      table.replaceChildren(el("tbody", {}, el("tr", {}, el("td", { class: "note" }, `Time per phase: ${s.phases_note}.`))));
+      document.getElementById("comm").textContent = "";
+      return;
+    }
     const ranks = s.ranks || [];
     const head = el("tr", {}, el("th", {}, "phase"), el("th", { class: "num" }, "mean"), el("th", { class: "num" }, "max"),
       el("th", { class: "num" }, "share of step"), ...ranks.map((r) => el("th", { class: "num" }, `worker ${r}`)));
