@@ -63,7 +63,9 @@ class Framework:
     ``listens_everywhere``: those servers bind every interface whatever address they are given
     (TensorFlow's gRPC servers bind ``0.0.0.0``), so the local supervisor runs the workers in a
     network namespace of their own (:class:`mlbench.network.emulation.PrivateLoopback`);
-    ``model_module``: the name of a port's module in each of its tasks' packages
+    ``transport``: what its workers' collectives travel over whatever the run's ``--backend``
+    (None: the run's backend; TensorFlow's ring all-reduce goes over gRPC, JAX's CPU
+    collectives over gloo); ``model_module``: the name of a port's module in each of its tasks' packages
     (``mlbench/tasks/task1a/jax_model.py``), which builds the task's model in the framework
     (its ``make_port``): the PyTorch, JAX and TensorFlow parts of a task sit side by side."""
 
@@ -78,6 +80,7 @@ class Framework:
     peers: bool = False
     listens_everywhere: bool = False
     model_module: str | None = None
+    transport: str | None = None
 
     def __post_init__(self) -> None:
         unknown = self.supports - set(FEATURES)
@@ -101,16 +104,25 @@ class Framework:
 
 PYTORCH = Framework("pytorch", "PyTorch", "mlbench.worker", "torch", supports=frozenset(FEATURES))
 JAX = Framework("jax", "JAX", "mlbench.worker.jax_worker", "jax", modules=("jax", "optax"), extra="jax",
-                tasks=("task1a", "task2a"), model_module="jax_model", supports=frozenset({"save-model"}))
+                tasks=("task1a", "task2a"), model_module="jax_model", supports=frozenset({"save-model"}),
+                transport="gloo")
 
 TENSORFLOW = Framework("tensorflow", "TensorFlow", "mlbench.worker.tf_worker", "tensorflow",
                        modules=("tensorflow",), extra="tensorflow", tasks=("task1a", "task2a"), peers=True,
-                       listens_everywhere=True, model_module="tf_model", supports=frozenset({"save-model"}))
+                       listens_everywhere=True, model_module="tf_model", supports=frozenset({"save-model"}),
+                       transport="grpc")
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (PYTORCH, JAX, TENSORFLOW)}
 DEFAULT_FRAMEWORK = PYTORCH.name
 #: the frameworks whose workers are ports (a pip extra and an image variant of their own)
 PORTS: dict[str, Framework] = {name: f for name, f in FRAMEWORKS.items() if f.extra}
+
+
+def transport_of(framework: str, backend: str) -> str:
+    """What a run's collectives travel over: its framework's own transport, else ``backend``
+    (a run's header says ``cpu/grpc`` for TensorFlow, never the gloo it does not use)."""
+    record = FRAMEWORKS.get(framework)
+    return record.transport if record is not None and record.transport else backend
 
 
 def get_framework(name: str) -> Framework:

@@ -9,6 +9,7 @@ import click
 
 from mlbench.cli.output import tabulate
 from mlbench.launch.plan import RunRequest
+from mlbench.frameworks import transport_of
 from mlbench.results.report import (
     describe_checkpoints,
     describe_plugin,
@@ -112,7 +113,8 @@ class ProgressPrinter:
                      else f"goal {metric.describe_goal(goal)}")
         budget = f", time budget {fmt_duration(config.time_budget_s)}" if config.time_budget_s else ""
         click.echo(f"Run {self.run.id} ({self.run.name}): {self.run.task}, {self.run.workers} worker(s) "
-                   f"x {config.threads_per_worker} thread(s), {config.device}/{config.backend}, "
+                   f"x {config.threads_per_worker} thread(s), {config.device}/"
+                   f"{transport_of(config.framework, config.backend)}, "
                    f"{division_words(run_division(self.run))}, {goal_text}{budget}{network_note(self.run)}")
 
     def __call__(self, event: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from mlbench.frameworks import DEFAULT_FRAMEWORK, transport_of
 from mlbench.network.settings import describe_network, network_label
 from mlbench.results.charts import family_labels, network_axis, representative
 from mlbench.results.compare import Comparison, Group, sweep_bandwidth, training_curve
@@ -120,7 +121,8 @@ def run_spec(record: RunRecord, run_json: dict[str, Any], summary: RunSummary) -
         "model_plugin": describe_plugin(config.get("model_plugin")),
         "model_plugin_sha256": (config.get("model_plugin") or {}).get("sha256"),
         "division": run_division(record).name, "changed": list(run_division(record).reasons),
-        "device": config.get("device"), "backend": config.get("backend"),
+        "device": config.get("device"),
+        "backend": transport_of(config.get("framework") or DEFAULT_FRAMEWORK, config.get("backend") or ""),
         "data": config.get("data"), "data_dir": config.get("data_dir"),
         "light": config.get("light"), "goal": goal,
         "metric": metric_view(run_metric(record), goal),

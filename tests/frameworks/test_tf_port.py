@@ -79,6 +79,8 @@ def test_two_tensorflow_workers_equal_one_tensorflow_process_with_the_doubled_ba
     assert environment["framework"] == "tensorflow" and environment["tensorflow"]
     # TensorFlow's native import lines (absl before its set-up, oneDNN's notice) stay off the terminal
     assert shared.stderr == "", shared.stderr
+    # its collectives go over gRPC, whatever the run's --backend: the header says what they use
+    assert "2 worker(s) x 1 thread(s), cpu/grpc, " in shared.stdout.splitlines()[0], shared.stdout
 
     spec, _ = resolve(TASK2A, {"batch_per_worker": 200, "lr.alpha": 400})
     one = train_tf_in_process(RunConfig(task=spec, workers=1, data_dir=str(libsvm_dir), max_steps=steps,
