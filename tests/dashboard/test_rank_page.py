@@ -16,6 +16,7 @@ from mlbench.results.charts import COLOURS
 from mlbench.results.events import read_run_events
 from tests.dashboard.browsing import LEGEND, box, in_viewport, rgb, screenshot
 from tests.dashboard.conftest import serving
+from tests.dashboard.test_run_page import _ema
 from tests.helpers import mlbench
 
 STEPS, EVERY = 40, 5
@@ -114,15 +115,6 @@ RANK_CURSOR = """() => {
   return {value: rows[1].querySelector('.u-value').textContent,
           over: {left: over.left, top: over.top, width: over.width, height: over.height}};
 }"""
-
-
-def _ema(values: list[float], weight: float) -> list[float]:
-    """TensorBoard's smoothing, as the run page's other charts apply it (test_run_page.py)."""
-    out, last = [], 0.0
-    for i, value in enumerate(values):
-        last = last * weight + (1 - weight) * value
-        out.append(last / (1 - weight ** (i + 1)))
-    return out
 
 
 def test_the_per_worker_chart_follows_the_smoothing_and_the_log_scale(lab, page):

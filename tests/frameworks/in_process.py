@@ -102,13 +102,23 @@ def check_port_system(port_events, torch_events, steps):
     assert metrics.utilisation == metrics.achieved_flops / port["peak_flops"]
 
 
-def check_saved_weights(trainer, folder) -> None:
-    """A port's ``--save-model`` file after training: mlbench's PyTorch model takes it (strict:
-    every name, every shape) and then computes the port's logits on the test set's first 64
-    samples, to float32 rounding."""
+def check_saved_weights(trainer_class, join, data_dir, folder) -> None:
+    """A port's ``--save-model`` file after 10 steps of task 2a on one process (``trainer_class``
+    after the framework's ``join``): mlbench's PyTorch model takes it (strict: every name, every
+    shape) and then computes the port's logits on the test set's first 64 samples, to float32
+    rounding."""
     import torch
 
     from mlbench.tasks.models import build_model
+    from mlbench.tasks.overrides import resolve
+    from mlbench.tasks.task2a import TASK2A
+
+    spec, _ = resolve(TASK2A, {})
+    config = RunConfig(task=spec, workers=1, data_dir=str(data_dir), max_steps=10, log_every=5,
+                       stop_at_goal=False, save_model=True)
+    join(config, 0, "")
+    trainer = trainer_class(config, 0, EventWriter(ListSink(), 0))
+    trainer.train()
 
     path = trainer.save_model(folder)
     assert path == folder / "checkpoints" / f"rank-{trainer.rank}.pt"

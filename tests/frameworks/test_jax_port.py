@@ -137,17 +137,9 @@ def test_a_local_runs_coordinator_listens_on_the_loopback_address_only():
 
 
 def test_the_saved_weights_load_into_the_pytorch_model_and_give_the_ports_logits(libsvm_dir, tmp_path):
-    from mlbench.results.events import EventWriter
     from mlbench.worker.jax_worker import JaxTrainer, _join
-    from tests.helpers import ListSink
 
-    spec, _ = resolve(TASK2A, {})
-    config = RunConfig(task=spec, workers=1, data_dir=str(libsvm_dir), max_steps=10, log_every=5,
-                       stop_at_goal=False, save_model=True)
-    _join(config, 0, "")
-    trainer = JaxTrainer(config, 0, EventWriter(ListSink(), 0))
-    trainer.train()
-    check_saved_weights(trainer, tmp_path)
+    check_saved_weights(JaxTrainer, _join, libsvm_dir, tmp_path)
 
 
 def test_a_two_worker_jax_run_saves_each_ranks_weights_in_its_run_folder():

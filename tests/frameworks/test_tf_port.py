@@ -150,14 +150,6 @@ def test_a_local_tensorflow_runs_grpc_servers_cannot_be_reached_from_outside_its
 
 
 def test_the_saved_weights_load_into_the_pytorch_model_and_give_the_ports_logits(libsvm_dir, tmp_path):
-    from mlbench.results.events import EventWriter
     from mlbench.worker.tf_worker import TfTrainer, join
-    from tests.helpers import ListSink
 
-    spec, _ = resolve(TASK2A, {})
-    config = RunConfig(task=spec, workers=1, data_dir=str(libsvm_dir), max_steps=10, log_every=5,
-                       stop_at_goal=False, save_model=True)
-    join(config, 0, "")
-    trainer = TfTrainer(config, 0, EventWriter(ListSink(), 0))
-    trainer.train()
-    check_saved_weights(trainer, tmp_path)
+    check_saved_weights(TfTrainer, join, libsvm_dir, tmp_path)

@@ -23,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mlbench.tasks.classification import ClassificationSettings
+from mlbench.tasks.task2a.port_base import LogisticRegressionWeights
 
 AXIS = "workers"
 
@@ -33,7 +34,7 @@ def objective(w: jax.Array, x: jax.Array, y: jax.Array, l2: float) -> jax.Array:
     return jnp.mean(jax.nn.softplus(margin)) + 0.5 * l2 * jnp.sum(w * w)
 
 
-class LogisticRegressionPort:
+class LogisticRegressionPort(LogisticRegressionWeights):
     """The model's parameters, the optimizer's state and the jitted step, on a mesh of one
     device per process (a single process: a mesh of one)."""
 
@@ -111,22 +112,10 @@ class LogisticRegressionPort:
         """This process's copy of ``w`` (every process holds the same)."""
         return np.asarray(self.params.addressable_data(0))
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """The weights under the PyTorch model's name and in its layout (``linear.weight``, 1 x D)."""
-        return {"linear.weight": self.weights()[None, :]}
-
     def logits(self, x: np.ndarray) -> np.ndarray:
         """The logits of ``x`` with this process's copy of the weights (no collective)."""
         w = self.params.addressable_data(0)
         return np.asarray(self._forward(w, jnp.asarray(x)))
-
-    def sync_statistics(self) -> None:
-        """Nothing: the logistic regression has no running statistics."""
-
-    def regulariser(self) -> float:
-        """l2/2 |w|^2, in float64 (the evaluation's L2 term)."""
-        w = self.weights().astype(np.float64)
-        return 0.5 * self.settings.l2 * float(w @ w)
 
     @property
     def num_parameters(self) -> int:

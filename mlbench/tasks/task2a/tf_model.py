@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from mlbench.tasks.classification import ClassificationSettings
+from mlbench.tasks.task2a.port_base import LogisticRegressionWeights
 from mlbench.tasks.tf_sgd import mean_over_processes, on_every_replica, restore_after, sgd_update
 
 
@@ -31,7 +32,7 @@ def objective(w: tf.Tensor, x: tf.Tensor, y: tf.Tensor, l2: float) -> tf.Tensor:
     return tf.reduce_mean(tf.nn.softplus(margin)) + 0.5 * l2 * tf.reduce_sum(w * w)
 
 
-class LogisticRegressionPort:
+class LogisticRegressionPort(LogisticRegressionWeights):
     """The model's parameters, the momentum buffer and the compiled step (``strategy``: the
     run's MultiWorkerMirroredStrategy; None for a single process, which reduces nothing)."""
 
@@ -86,21 +87,9 @@ class LogisticRegressionPort:
         """This process's copy of ``w`` (every process holds the same)."""
         return self.w.numpy()
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """The weights under the PyTorch model's name and in its layout (``linear.weight``, 1 x D)."""
-        return {"linear.weight": self.weights()[None, :]}
-
     def logits(self, x: np.ndarray) -> np.ndarray:
         """The logits of ``x`` with this process's copy of the weights (no collective)."""
         return self._forward(self.w, tf.constant(x)).numpy()
-
-    def sync_statistics(self) -> None:
-        """Nothing: the logistic regression has no running statistics."""
-
-    def regulariser(self) -> float:
-        """l2/2 |w|^2, in float64 (the evaluation's L2 term)."""
-        w = self.weights().astype(np.float64)
-        return 0.5 * self.settings.l2 * float(w @ w)
 
     @property
     def num_parameters(self) -> int:
