@@ -214,16 +214,6 @@ def describe_settings(settings: Settings, subject: Subject) -> str:
     return f"{settings.workers} workers x batch {settings.batch}, {settings.steps} steps{periods}"
 
 
-def resident_bytes() -> int | None:
-    """This process's resident memory (Linux's /proc/self/statm), or None where there is none:
-    reported beside the allocated bytes, not judged (see :func:`allocated_bytes`)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def allocated_bytes() -> int | None:
     """The bytes this process holds from malloc (glibc's ``mallinfo2``: the heap's chunks in use
     plus the mapped ones), or None without glibc 2.33. What a CPU tensor takes, and no more:
@@ -552,7 +542,11 @@ def bed_hyper() -> Hyper:
 
 
 def _memory_now() -> tuple[int | None, int | None]:
-    return allocated_bytes(), resident_bytes()
+    """The allocated bytes and the resident memory (reported beside them, not judged: see
+    :func:`allocated_bytes`)."""
+    from mlbench.worker.sysmetrics import current_rss_bytes
+
+    return allocated_bytes(), current_rss_bytes()
 
 
 def _loss(model: Any, x: Any, y: Any) -> float:

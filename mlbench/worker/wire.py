@@ -19,16 +19,16 @@ import socket
 import struct
 from urllib.parse import urlsplit
 
+from mlbench.results.http_sink import URL_ENV
+
 #: Where struct tcp_info (linux/tcp.h) holds tcpi_bytes_sent (Linux >= 4.19).
 TCPI_BYTES_SENT = 200
-#: The environment variable that names a pod's results service (mlbench.results.http_sink).
-RESULTS_URL_ENV = "MLBENCH_RESULTS_URL"
 
 
 def service_peers(url: str | None = None) -> set[tuple[str, int]]:
     """The (address, port) pairs of the results service a pod's worker reports to (``url``, else
     the environment's), whose sockets are not training traffic; empty without one."""
-    url = url if url is not None else os.environ.get(RESULTS_URL_ENV)
+    url = url if url is not None else os.environ.get(URL_ENV)
     if not url:
         return set()
     parts = urlsplit(url)
