@@ -23,6 +23,7 @@ UNIT_MODULES: tuple[str, ...] = (
     "tests/frameworks/test_data_order.py",
     "tests/frameworks/test_framework_features.py",
     "tests/frameworks/test_scoring.py",
+    "tests/frameworks/test_step_runs.py",
     "tests/gpt/test_data_cli.py",
     "tests/gpt/test_model.py",
     "tests/gpt/test_shards.py",

@@ -105,11 +105,12 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def stepped(self, step: int) -> None:
-        """The main thread finished training step ``step`` (cheap: called on every step)."""
+    def stepped(self, step: int, steps: int = 1) -> None:
+        """The main thread finished training step ``step`` (cheap: called on every step), or a
+        run of ``steps`` steps ending with it in one call (each counted as the run's mean)."""
         now = time.time()
         if self._previous is not None:
-            self._durations.append(now - self._previous)
+            self._durations.extend([(now - self._previous) / steps] * steps)
         self._previous = self.stepped_at = now
         self.step = step
         self._phase = "training"

@@ -95,20 +95,33 @@ class TakesMinibatches(Protocol):
 @runtime_checkable
 class HoldsTrainingSet(Protocol):
     """A port of a task without augmentation (task 2a) that holds the training set and is
-    handed only each step's row indices, gathered inside its compiled step (the JAX and the
-    TensorFlow port)."""
+    handed only each step's row indices, gathered inside its compiled program (the JAX and the
+    TensorFlow port). One call runs several steps: the steps up to the next log line (see
+    :func:`step_runs`), as JAX's ``lax.scan`` and Keras' ``steps_per_execution`` run them, since
+    a call's dispatch costs more than a step of this size."""
 
     def hold_training_set(self, x: np.ndarray, y: np.ndarray) -> None: ...
 
-    def step_rows(self, idx: np.ndarray, lr: float) -> Any:
-        """One synchronous step on the rows ``idx``; this process's loss (a float, or the
-        framework's scalar, read when it is logged)."""
+    def step_rows(self, idx: np.ndarray, lrs: np.ndarray) -> Any:
+        """``len(lrs)`` synchronous steps, step ``s`` on the rows ``idx[s]`` (int [steps, batch])
+        at the rate ``lrs[s]``; this process's ``steps`` losses (the framework's array of them,
+        any shape, read when they are logged), bit for bit those of one call per step."""
         ...
 
-    def warm_up_rows(self, idx: np.ndarray) -> None:
-        """Compile :meth:`step_rows` for minibatches of ``len(idx)`` rows: a step whose results
+    def warm_up_rows(self, steps: int, batch: int) -> None:
+        """Compile :meth:`step_rows` for ``steps`` steps of ``batch`` rows: a call whose results
         are dropped, as :meth:`TakesMinibatches.warm_up`'s."""
         ...
+
+
+def step_runs(first_step: int, steps_in_epoch: int, log_every: int, max_steps: int | None) -> list[int]:
+    """The lengths of the runs of steps one epoch is trained in, from the run's step
+    ``first_step`` on: a run ends where a log line is written (every ``log_every`` steps of the
+    epoch, and at its end) and at ``max_steps``. What the run logs and computes is as with one
+    step at a time; only the calls are fewer."""
+    left = steps_in_epoch if max_steps is None else min(steps_in_epoch, max(0, max_steps - first_step))
+    runs = [log_every] * (left // log_every)
+    return runs + [left % log_every] if left % log_every else runs
 
 
 def worker_main(module: str, join: Callable[[RunConfig, int, str], Any],
@@ -336,37 +349,39 @@ class PortTrainer:
         self.train_start = time.perf_counter()
         self.wire.restart()   # the warm-up step's all-reduce and the processes' meeting are no training
         self.sys_sampler = IntervalSampler(torch.device("cpu"))  # the sys/ events of each interval, as PyTorch's
-        losses: list[Any] = []   # floats, or the framework's scalars, read when logged
-        samples = 0
+        losses: list[Any] = []   # floats, or the framework's scalars or vectors, read when logged
+        samples = pending = 0
         for epoch in range(self.settings.max_epochs):
             self.data.begin_epoch(self.cfg.seed, epoch)
             order = epoch_batches(num_train, workers=self.world, rank=self.rank,
                                   batch_per_worker=self.settings.batch_per_worker, seed=self.cfg.seed,
                                   epoch=epoch)
-            stop = None
-            for idx in order:
-                if self.cfg.max_steps is not None and self.step >= self.cfg.max_steps:
-                    stop = "max-steps"
-                    break
-                lr = learning_rate(self.settings.lr, workers=self.world,
-                                   batch_per_worker=self.settings.batch_per_worker, step=self.step,
-                                   steps_per_epoch=self.steps_per_epoch)
+            runs = step_runs(self.step, len(order), self.cfg.log_every, self.cfg.max_steps)
+            if rows is None:
+                runs = [1] * sum(runs)   # a minibatch port: one call a step
+            begin = 0
+            for steps in runs:
+                idx = order[begin:begin + steps]
+                lrs = np.array([self.learning_rate(self.step + s) for s in range(steps)])
                 if rows is not None:
-                    losses.append(rows.step_rows(idx.numpy(), lr))
+                    losses.append(rows.step_rows(idx.numpy(), lrs))
                 else:
                     assert minibatches is not None
-                    x, y = self.data.train_batch(idx)
-                    losses.append(minibatches.step(x.numpy(), y.numpy(), lr))
-                samples += len(idx)
-                self.step += 1
+                    x, y = self.data.train_batch(idx[0])
+                    losses.append(minibatches.step(x.numpy(), y.numpy(), float(lrs[0])))
+                begin += steps
+                pending += steps
+                samples += idx.numel()
+                self.step += steps
                 if self.heartbeat is not None:
-                    self.heartbeat.stepped(self.step)
-                if len(losses) == self.cfg.log_every:
-                    self._log_interval(losses, samples, lr)
-                    losses, samples = [], 0
+                    self.heartbeat.stepped(self.step, steps=steps)
+                if pending == self.cfg.log_every:
+                    self._log_interval(losses, samples, float(lrs[-1]))
+                    losses, samples, pending = [], 0, 0
+            stop = "max-steps" if begin < len(order) else None   # stopped inside the epoch
             if losses:
-                self._log_interval(losses, samples, lr)
-                losses, samples = [], 0
+                self._log_interval(losses, samples, self.learning_rate(self.step - 1))
+                losses, samples, pending = [], 0, 0
             if stop is not None and evaluated_at == self.step:
                 stop_reason = stop
                 break
@@ -384,17 +399,24 @@ class PortTrainer:
         self._record_system(final=True)
         return result
 
+    def learning_rate(self, step: int) -> float:
+        """The rate of step ``step`` (counted from 0), by mlbench's rule for the task."""
+        return learning_rate(self.settings.lr, workers=self.world, batch_per_worker=self.settings.batch_per_worker,
+                             step=step, steps_per_epoch=self.steps_per_epoch)
+
     def compile_step(self, rows: HoldsTrainingSet | None, minibatches: TakesMinibatches | None) -> float:
         """Compile the port's training step before the training clock starts, and return its
         seconds, recorded as this rank's ``setup/compile`` event. Left to the first step, XLA's
         compilation or tf.function's tracing was 62-79% of the training time of a 10-epoch run of
         task 2a. The warm-up step runs on zeros of the run's minibatch shape (task 2a's port:
-        row 0 of its training set, ``batch_per_worker`` times), and the port drops its results:
-        the run trains bit for bit as without it."""
+        row 0 of its training set, ``batch_per_worker`` times, once for each length of the runs
+        of steps the run will call: :meth:`run_lengths`), and the port drops its results: the
+        run trains bit for bit as without it."""
         batch = self.settings.batch_per_worker
         begin = time.perf_counter()
         if rows is not None:
-            rows.warm_up_rows(np.zeros(batch, np.int64))
+            for steps in self.run_lengths():
+                rows.warm_up_rows(steps, batch)
         else:
             assert minibatches is not None
             x, y = self.data.test_batch(0, 1)   # a sample's shape and types, as train_batch's
@@ -403,6 +425,16 @@ class PortTrainer:
         seconds = time.perf_counter() - begin
         self.events.emit("setup/compile", seconds, epoch=0, step=0)
         return seconds
+
+    def run_lengths(self) -> list[int]:
+        """Every length of the runs of steps (:func:`step_runs`) this run's epochs are trained in,
+        longest first: the programs a port that holds the training set compiles before training."""
+        per_epoch = self.steps_per_epoch
+        planned = per_epoch * self.settings.max_epochs
+        whole, last = divmod(planned if self.cfg.max_steps is None else min(planned, self.cfg.max_steps), per_epoch)
+        lengths = set(step_runs(0, per_epoch, self.cfg.log_every, None)) if whole else set()
+        lengths.update(step_runs(0, last, self.cfg.log_every, None))   # the epoch max_steps ends in
+        return sorted(lengths, reverse=True)
 
     def _record_system(self, final: bool = False) -> None:
         """This rank's ``system`` event, the PyTorch worker's: peak memory, the CPU's probed peak,
@@ -425,7 +457,7 @@ class PortTrainer:
         return self.step / self.steps_per_epoch
 
     def _log_interval(self, losses: list[Any], samples: int, lr: float) -> None:
-        losses = [float(v) for v in losses]
+        losses = [float(v) for run in losses for v in np.asarray(run, np.float64).ravel()]
         bad = [i for i, v in enumerate(losses) if not np.isfinite(v)]
         if bad or not np.isfinite(self.port.weights()).all():
             at = self.step - len(losses) + (bad[0] + 1 if bad else len(losses))

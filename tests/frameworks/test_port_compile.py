@@ -76,7 +76,8 @@ def assert_same(before: list[np.ndarray], after: list[np.ndarray]) -> None:
 
 
 def logreg_steps(port, batch: int) -> tuple[list[float], np.ndarray]:
-    losses = [float(port.step_rows(np.arange(s * batch, (s + 1) * batch), 0.05)) for s in range(3)]
+    rows = [np.arange(s * batch, (s + 1) * batch)[None] for s in range(3)]   # one step a call
+    losses = [float(np.asarray(port.step_rows(idx, np.array([0.05]))).ravel()[0]) for idx in rows]
     return losses, port.weights()
 
 
@@ -96,7 +97,7 @@ def test_the_jax_warm_up_leaves_the_port_as_it_was():
     for port in (warmed, cold):
         port.hold_training_set(*training_set())
     before = state(warmed.params, warmed.opt_state)
-    warmed.warm_up_rows(np.zeros(settings.batch_per_worker, np.int64))
+    warmed.warm_up_rows(1, settings.batch_per_worker)
     assert_same(before, state(warmed.params, warmed.opt_state))
     warm_losses, warm_w = logreg_steps(warmed, settings.batch_per_worker)
     cold_losses, cold_w = logreg_steps(cold, settings.batch_per_worker)
@@ -119,7 +120,7 @@ def test_the_tensorflow_warm_up_leaves_the_port_as_it_was_and_traces_once():
     for port in (warmed, cold):
         port.hold_training_set(*training_set())
     before = [warmed.w.numpy(), warmed.buffer.numpy()]
-    warmed.warm_up_rows(np.zeros(settings.batch_per_worker, np.int64))
+    warmed.warm_up_rows(1, settings.batch_per_worker)
     assert_same(before, [warmed.w.numpy(), warmed.buffer.numpy()])
     warm_losses, warm_w = logreg_steps(warmed, settings.batch_per_worker)
     cold_losses, cold_w = logreg_steps(cold, settings.batch_per_worker)

@@ -42,7 +42,7 @@ class LogisticRegressionPort(LogisticRegressionWeights):
         self.settings = settings
         self.mesh = Mesh(np.array(jax.devices()), (AXIS,))
         self.replicated = NamedSharding(self.mesh, P())
-        self.sharded = NamedSharding(self.mesh, P(AXIS))
+        self.sharded_steps = NamedSharding(self.mesh, P(None, AXIS))   # [steps, rows of each worker]
         self.tx = optax.chain(optax.add_decayed_weights(settings.weight_decay),
                               optax.trace(decay=settings.momentum, nesterov=settings.nesterov))
         w = np.zeros(in_features, np.float32)   # the PyTorch model's start: zero weights
@@ -57,12 +57,17 @@ class LogisticRegressionPort(LogisticRegressionWeights):
         return jax.make_array_from_process_local_data(self.replicated, np.asarray(value))
 
     def _make_step(self) -> Any:
-        """The step on the rows of the held training set whose indices each worker hands over
-        (the indices sharded over the workers, the set replicated)."""
+        """The program of a run of steps: ``lax.scan`` of the step over the rows of the held
+        training set whose indices each worker hands over for each step (the indices sharded
+        over the workers, the set replicated), with each step's rate. One call runs a logging
+        interval's steps: with one call per step, the host's dispatch and the two transfers onto
+        the mesh took 0.5 ms around a 0.3 ms step (docs/performance.md)."""
         l2, tx = self.settings.l2, self.tx
 
-        def local_step(w: jax.Array, state: Any, x: jax.Array, y: jax.Array,
-                       lr: jax.Array) -> tuple[jax.Array, Any, jax.Array]:
+        def local_step(carry: tuple[jax.Array, Any], step: tuple[jax.Array, jax.Array], xs: jax.Array,
+                       ys: jax.Array) -> tuple[tuple[jax.Array, Any], jax.Array]:
+            (w, state), (idx, lr) = carry, step
+            x, y = jnp.take(xs, idx, axis=0), jnp.take(ys, idx, axis=0)
             # the gradient of this worker's own minibatch: taken with respect to a per-device
             # ("varying") copy of w, since the gradient with respect to the replicated w itself
             # would be summed over the workers by shard_map's autodiff already
@@ -70,15 +75,16 @@ class LogisticRegressionPort(LogisticRegressionWeights):
             loss, grad = jax.value_and_grad(objective)(local_w, x, y, l2)
             grad = jax.lax.pmean(grad, AXIS)   # the all-reduce of the gradients
             direction, state = tx.update(grad, state, w)
-            return w - lr * direction, state, loss[None]
+            return (w - lr * direction, state), loss[None]
 
-        def rows_step(w: jax.Array, state: Any, xs: jax.Array, ys: jax.Array, idx: jax.Array,
-                      lr: jax.Array) -> tuple[jax.Array, Any, jax.Array]:
-            return local_step(w, state, jnp.take(xs, idx, axis=0), jnp.take(ys, idx, axis=0), lr)
+        def rows_steps(w: jax.Array, state: Any, xs: jax.Array, ys: jax.Array, idx: jax.Array,
+                       lrs: jax.Array) -> tuple[jax.Array, Any, jax.Array]:
+            (w, state), losses = jax.lax.scan(lambda c, s: local_step(c, s, xs, ys), (w, state), (idx, lrs))
+            return w, state, losses
 
-        return jax.shard_map(rows_step, mesh=self.mesh,
-                             in_specs=(P(), P(), P(), P(), P(AXIS), P()),
-                             out_specs=(P(), P(), P(AXIS)))
+        return jax.shard_map(rows_steps, mesh=self.mesh,
+                             in_specs=(P(), P(), P(), P(), P(None, AXIS), P()),
+                             out_specs=(P(), P(), P(None, AXIS)))
 
     def hold_training_set(self, x: np.ndarray, y: np.ndarray) -> None:
         """Keep the training set on this process's device, so that a step is handed only its
@@ -89,24 +95,26 @@ class LogisticRegressionPort(LogisticRegressionWeights):
         self.train_x = jax.make_array_from_process_local_data(self.replicated, x)
         self.train_y = jax.make_array_from_process_local_data(self.replicated, y)
 
-    def _run_step(self, idx: np.ndarray, lr: float) -> tuple[jax.Array, Any, jax.Array]:
-        """The compiled step on the rows ``idx``: the new weights, optimizer state and losses
-        (JAX's arrays are values: the port's own are left as they are)."""
+    def _run_steps(self, idx: np.ndarray, lrs: np.ndarray) -> tuple[jax.Array, Any, jax.Array]:
+        """The compiled steps on the rows ``idx[s]`` at the rates ``lrs[s]``: the new weights,
+        optimizer state and losses (JAX's arrays are values: the port's own are left as they are)."""
         assert self.train_x is not None and self.train_y is not None, "hold_training_set() first"
-        gidx = jax.make_array_from_process_local_data(self.sharded, idx.astype(np.int32))
-        rate = self._replicate(np.float32(lr))
-        return self._step_rows(self.params, self.opt_state, self.train_x, self.train_y, gidx, rate)
+        gidx = jax.make_array_from_process_local_data(self.sharded_steps, idx.astype(np.int32))
+        rates = self._replicate(lrs.astype(np.float32))
+        return self._step_rows(self.params, self.opt_state, self.train_x, self.train_y, gidx, rates)
 
-    def step_rows(self, idx: np.ndarray, lr: float) -> jax.Array:
-        """One synchronous step on the rows ``idx`` of the held training set (this process's
-        minibatch); this process's loss as a device array, read when it is logged."""
-        self.params, self.opt_state, losses = self._run_step(idx, lr)
-        return losses.addressable_data(0)[0]
+    def step_rows(self, idx: np.ndarray, lrs: np.ndarray) -> jax.Array:
+        """``len(lrs)`` synchronous steps, step ``s`` on the rows ``idx[s]`` of the held training
+        set (this process's minibatch) at the rate ``lrs[s]``; this process's losses as a device
+        array (``[steps, 1]``: its shard), read when they are logged."""
+        self.params, self.opt_state, losses = self._run_steps(idx, lrs)
+        return losses.addressable_data(0)
 
-    def warm_up_rows(self, idx: np.ndarray) -> None:
-        """Compile :meth:`step_rows` for ``len(idx)`` rows: one step, waited for, its results
-        dropped (and the indexing that takes this process's loss, a program of its own)."""
-        jax.block_until_ready(self._run_step(idx, 0.0)[2].addressable_data(0)[0])
+    def warm_up_rows(self, steps: int, batch: int) -> None:
+        """Compile :meth:`step_rows` for ``steps`` steps of ``batch`` rows: a call on row 0,
+        waited for, its results dropped."""
+        losses = self._run_steps(np.zeros((steps, batch), np.int32), np.zeros(steps, np.float32))[2]
+        jax.block_until_ready(losses)
 
     def weights(self) -> np.ndarray:
         """This process's copy of ``w`` (every process holds the same)."""

@@ -43,7 +43,9 @@ class LogisticRegressionPort(LogisticRegressionWeights):
         self.w = tf.Variable(tf.zeros([in_features], tf.float32), name="w")
         self.buffer = tf.Variable(tf.zeros([in_features], tf.float32), name="momentum_buffer")
         self.device = strategy.extended.worker_devices[0] if strategy is not None else "/cpu:0"
-        self._step_rows = tf.function(self._distributed_step, reduce_retracing=True)
+        # one trace for runs of any number of steps of any batch
+        self._step_rows = tf.function(self._distributed_steps, input_signature=[
+            tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None], tf.float32)])
         self._forward = tf.function(lambda w, x: tf.linalg.matvec(x, w), reduce_retracing=True)
         self.train_x: tf.Tensor | None = None
         self.train_y: tf.Tensor | None = None
@@ -60,8 +62,16 @@ class LogisticRegressionPort(LogisticRegressionWeights):
         sgd_update([w], [grad], [self.buffer], s, lr)
         return loss
 
-    def _distributed_step(self, idx: tf.Tensor, lr: tf.Tensor) -> tf.Tensor:
-        return on_every_replica(self.strategy, self._local_step, idx, lr)
+    def _distributed_steps(self, idx: tf.Tensor, lrs: tf.Tensor) -> tf.Tensor:
+        """``len(lrs)`` steps in one graph, step ``s`` on the rows ``idx[s]`` at the rate
+        ``lrs[s]``: a loop inside the compiled function, as Keras' ``steps_per_execution`` runs
+        it. One call runs a logging interval's steps: with one call per step, the function
+        call's dispatch was a sixth of the step (docs/performance.md)."""
+        steps = tf.shape(lrs)[0]
+        losses = tf.TensorArray(tf.float32, size=steps)
+        for s in tf.range(steps):
+            losses = losses.write(s, on_every_replica(self.strategy, self._local_step, idx[s], lrs[s]))
+        return losses.stack()
 
     def hold_training_set(self, x: np.ndarray, y: np.ndarray) -> None:
         """Keep the training set in this process's TensorFlow memory, so that a step is handed
@@ -73,15 +83,17 @@ class LogisticRegressionPort(LogisticRegressionWeights):
             self.train_x = tf.constant(x)
             self.train_y = tf.constant(y)
 
-    def step_rows(self, idx: np.ndarray, lr: float) -> tf.Tensor:
-        """One synchronous step on the rows ``idx`` of the held training set (this process's
-        minibatch); this process's loss as a tensor, read when it is logged."""
-        return self._step_rows(tf.constant(idx.astype(np.int32)), tf.constant(lr, tf.float32))
+    def step_rows(self, idx: np.ndarray, lrs: np.ndarray) -> tf.Tensor:
+        """``len(lrs)`` synchronous steps, step ``s`` on the rows ``idx[s]`` of the held training
+        set (this process's minibatch) at the rate ``lrs[s]``; this process's losses as a tensor,
+        read when they are logged."""
+        return self._step_rows(tf.constant(idx.astype(np.int32)), tf.constant(lrs.astype(np.float32)))
 
-    def warm_up_rows(self, idx: np.ndarray) -> None:
-        """Trace and run :meth:`step_rows` once for ``len(idx)`` rows, then put back the weights
-        and the momentum buffer as they were (bit for bit)."""
-        restore_after(lambda: self.step_rows(idx, 0.0).numpy(), [self.w, self.buffer])
+    def warm_up_rows(self, steps: int, batch: int) -> None:
+        """Trace and run :meth:`step_rows` once for ``steps`` steps of ``batch`` rows, then put
+        back the weights and the momentum buffer as they were (bit for bit)."""
+        restore_after(lambda: self.step_rows(np.zeros((steps, batch), np.int32), np.zeros(steps, np.float32)).numpy(),
+                      [self.w, self.buffer])
 
     def weights(self) -> np.ndarray:
         """This process's copy of ``w`` (every process holds the same)."""
