@@ -255,3 +255,50 @@ def test_a_task_with_a_fixed_global_batch_scales_compute_by_its_micro_batches_an
     assert calibration.predict("centralized-adamw", 1, link()).compute_s == pytest.approx(0.4 * 8 / 4)
     with pytest.raises(UsageError, match="task5a on 16 workers: a global batch of 16 sequences is not a whole"):
         calibration.predict("centralized-adamw", 16, link())
+
+
+def test_ddp_hides_all_but_its_last_bucket_behind_the_backward_pass():
+    """DDP's bucket all-reduces run beside the backward pass, the last after it: the step is
+    compute + max(communication - backward, last bucket). Its calibration run's backward phase
+    held its own last bucket (DDP's backward returns once it is reduced): that part is no compute."""
+    traffic = Traffic("allreduce", 2, 8e6, 2.0)                   # 2 buckets of 4 MB a step
+    run = dataclasses.replace(measured(2, traffic, compute=0.3, run_id="two"), network="1 Gbit/s", backward_s=0.2)
+    calibration = Calibration("task1a", runs={"ddp": [run]}, links={"1 Gbit/s": link()})
+    last_at_two = 0.0341                                           # one 4-MB bucket on the sweep's link
+    at_eight = calibration.predict("ddp", 8, link())
+    assert at_eight.compute_s == pytest.approx(0.3 - last_at_two)
+    assert at_eight.communication_s == pytest.approx(0.1204)
+    assert at_eight.hidden_s == pytest.approx(0.1204 / 2)          # all but the last bucket: the backward is longer
+    assert at_eight.step_s == pytest.approx(0.3 - last_at_two + 0.1204 / 2)
+    assert at_eight.to_dict()["hidden_s"] == pytest.approx(0.0602)
+    assert any("runs beside the backward pass" in note for note in at_eight.notes)
+    # a backward pass shorter than the communication hides only its own length
+    short = dataclasses.replace(run, compute_s=0.1, backward_s=0.05)
+    at_eight = Calibration("task1a", runs={"ddp": [short]}, links={"1 Gbit/s": link()}).predict("ddp", 8, link())
+    backward = 0.05 - last_at_two
+    assert at_eight.hidden_s == pytest.approx(backward)
+    assert at_eight.step_s == pytest.approx((0.1 - 0.05) + 0.1204)   # forward and the rest, then communication
+    # centralized SGD waits for each all-reduce where it is issued: nothing hidden
+    plain = Calibration("task1a", runs={"centralized-sgd": [run]}, links={"1 Gbit/s": link()})
+    assert plain.predict("centralized-sgd", 8, link()).hidden_s == 0.0
+
+
+def test_streaming_diloco_hides_each_fragments_all_reduce_behind_its_overlap_inner_steps():
+    """A fragment's all-reduce runs beside ``overlap`` (tau) inner steps: each collective is hidden
+    up to their compute, amortised over the steps between collectives."""
+    traffic = Traffic("allreduce", 2, 0.4e6, 0.1)                 # one 4-MB all-reduce every 10 steps
+    run = measured(2, traffic, compute=0.05, run_id="two")
+    calibration = Calibration("task1a", runs={"streaming-diloco": [run]})
+    at_two = calibration.predict("streaming-diloco", 2, link())
+    assert at_two.communication_s == pytest.approx(0.1 * 0.0341)
+    assert at_two.hidden_s == pytest.approx(0.1 * 0.0341)          # 34 ms beside one 50-ms step: all of it
+    assert at_two.step_s == pytest.approx(0.05)
+    at_eight = calibration.predict("streaming-diloco", 8, link())
+    assert at_eight.hidden_s == pytest.approx(0.1 * 0.05)          # 60 ms beside 50 ms: 10 ms left
+    assert at_eight.step_s == pytest.approx(0.05 + 0.1 * (0.0602 - 0.05))
+    waiting = Calibration("task1a", runs={"streaming-diloco": [run]},
+                          configuration={"streaming-diloco": {"opt.overlap": "0"}})
+    assert waiting.predict("streaming-diloco", 8, link()).hidden_s == 0.0     # tau = 0: waited for at once
+    twice = Calibration("task1a", runs={"streaming-diloco": [run]},
+                        configuration={"streaming-diloco": {"opt.overlap": "2"}})
+    assert twice.predict("streaming-diloco", 8, link()).step_s == pytest.approx(0.05)

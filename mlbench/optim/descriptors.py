@@ -77,6 +77,8 @@ def _bound(value: float | None) -> str:
 #: ``allreduce``, a ring all-reduce (reduce-scatter then all-gather: FSDP's pair costs the same);
 #: ``allgather``, a ring all-gather of each rank's share; ``gossip``, to a fixed set of peers.
 COLLECTIVES = ("allreduce", "allgather", "gossip")
+#: What an optimizer's communication can run beside (``OptimizerInfo.overlaps``).
+OVERLAPS = (None, "backward", "inner-steps")
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,12 @@ class OptimizerInfo:
     ``collective``: how its messages travel, one of :data:`COLLECTIVES`, which
     ``mlbench predict`` (:mod:`mlbench.results.predict`) prices at any number of workers from
     the bytes and collectives a run of it measured.
+
+    ``overlaps``: what its communication runs beside, which ``mlbench predict`` hides from the
+    step time: None (nothing: every collective is waited for where it is issued), ``"backward"``
+    (each bucket's all-reduce starts once the backward pass has made it: DDP; the last waits),
+    or ``"inner-steps"`` (each collective runs beside the inner steps its option ``overlap``
+    counts: Streaming DiLoCo's tau).
     """
 
     name: str
@@ -117,11 +125,17 @@ class OptimizerInfo:
     local_updates: bool = False
     period: int | str | None = None
     collective: str = "allreduce"
+    overlaps: str | None = None
 
     def __post_init__(self) -> None:
         if self.collective not in COLLECTIVES:
             raise ValueError(f"optimizer {self.name}: collective {self.collective!r} is not one of "
                              f"{', '.join(COLLECTIVES)}")
+        if self.overlaps not in OVERLAPS:
+            raise ValueError(f"optimizer {self.name}: overlaps {self.overlaps!r} is not one of "
+                             f"{', '.join(map(str, OVERLAPS))}")
+        if self.overlaps == "inner-steps" and "overlap" not in self.options:
+            raise ValueError(f"optimizer {self.name} overlaps inner steps but has no option overlap to count them")
 
     @property
     def takes_grad_hook(self) -> bool:
@@ -368,7 +382,7 @@ _ALL = (
                                   "the outer step is in fp32)", "fp32", kind="choice",
                                   choices=("fp32", "bf16", "fp16")),
         },
-        check=_check_streaming, local_updates=True, ranks_differ=True, period="H"),
+        check=_check_streaming, local_updates=True, ranks_differ=True, period="H", overlaps="inner-steps"),
     OptimizerInfo(
         "sparseloco",
         "Sarfi, Therien, Lidin & Belilovsky 2025, Communication Efficient LLM Pre-training with SparseLoCo "
@@ -401,7 +415,7 @@ _ALL = (
             "broadcast_buffers": Option("broadcast rank 0's buffers before each forward (DDP's default)", True,
                                         kind="bool"),
         },
-        supports_grad_hook=True, exact=lambda values: values["hook"] == "allreduce", period=1),
+        supports_grad_hook=True, exact=lambda values: values["hook"] == "allreduce", period=1, overlaps="backward"),
 )
 
 #: Every optimizer by name, in :data:`ORDER`.

@@ -24,8 +24,10 @@ exists (on a machine whose cores the workers share, compute slows with the worke
 only a measurement says by how much), else at the nearest count below (each worker then has
 resources of its own, as on a cluster), scaled by the task's micro-batches per step where it
 fixes its global batch (task 5a). Steps to the goal come from runs of the same configuration at
-that worker count that reached it; elsewhere they are unknown, never guessed. docs/predict.md
-has the formulas, their sources and the validation.
+that worker count that reached it; elsewhere they are unknown, never guessed. The step is
+compute plus the communication that does not overlap it: what an optimizer's communication
+runs beside is its declaration's (``OptimizerInfo.overlaps``: :func:`hidden_beside_backward`,
+:func:`hidden_beside_steps`). docs/predict.md has the formulas, their sources and the validation.
 """
 
 from __future__ import annotations
@@ -221,6 +223,7 @@ class Measured:
     steps_to_goal: int | None
     created_at: float
     machine: str
+    backward_s: float = 0.0          # median backward phase per step (mean over ranks), of compute_s
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -261,7 +264,7 @@ def measure_run(result: RunResult, events: list[dict[str, Any]]) -> Measured:
             continue
         point = intervals.setdefault((rank, int(e.get("step", 0))), {})
         point[name] = point.get(name, 0.0) + float(e["value"])
-    compute, communication, steps_s, wire, counted, collectives = [], [], [], [], 0, 0.0
+    compute, backward, communication, steps_s, wire, counted, collectives = [], [], [], [], [], 0, 0.0
     per_rank_steps: dict[int, int] = {}
     for (rank, _step), point in sorted(intervals.items()):
         steps = point.get("train/steps", 0.0)
@@ -269,6 +272,7 @@ def measure_run(result: RunResult, events: list[dict[str, Any]]) -> Measured:
             continue
         per_rank_steps[rank] = per_rank_steps.get(rank, 0) + int(steps)
         compute.append(sum(point.get(f"time/{p}", 0.0) for p in COMPUTE_PHASES) / steps)
+        backward.append(point.get("time/backward", 0.0) / steps)
         communication.append(point.get("time/communication", 0.0) / steps)
         wire.append(point.get("comm/bytes", 0.0) / steps)
         if "comm/collectives" in point:
@@ -301,7 +305,8 @@ def measure_run(result: RunResult, events: list[dict[str, Any]]) -> Measured:
                     samples, traffic, network_label(result.network) or "not emulated",
                     bool(cores) and workers * threads > cores,
                     outcome.steps_to_accuracy if outcome.reached else None, result.record.created_at,
-                    str(environment.get("cpu") or environment.get("host") or "unknown machine"))
+                    str(environment.get("cpu") or environment.get("host") or "unknown machine"),
+                    statistics.median(backward))
 
 
 @dataclass(frozen=True)
@@ -320,10 +325,12 @@ class Prediction:
     steps_to_goal: int | None
     notes: tuple[str, ...] = ()
     overhead_s: float = 0.0          # of communication_s: the phase's part no link explains
+    hidden_s: float = 0.0            # of communication_s: the part that runs beside compute
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.communication_s
+        """Compute plus the communication that does not overlap it."""
+        return self.compute_s + self.communication_s - self.hidden_s
 
     @property
     def throughput(self) -> float:
@@ -336,7 +343,7 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer, "workers": self.workers, "network": self.link.network,
                 "step_s": self.step_s, "step_range_s": list(self.range_s), "compute_s": self.compute_s,
-                "communication_s": self.communication_s, "throughput": self.throughput,
+                "communication_s": self.communication_s, "hidden_s": self.hidden_s, "throughput": self.throughput,
                 "steps_to_goal": self.steps_to_goal, "time_to_goal_s": self.time_to_goal_s,
                 "overhead_s": self.overhead_s, "compute_from": self.compute_from, "traffic_from": self.traffic_from,
                 "link": self.link.to_dict(), "notes": list(self.notes)}
@@ -409,14 +416,53 @@ class Calibration:
             notes.append(f"{format_time(overhead)} a step of {traffic_run.run_id}'s communication phase is not its "
                          "link's (encoding, decoding, copies): added at every count")
             communication, slowest = communication + overhead, slowest + overhead
+        info = INFO.get(optimizer)
+        overlaps = info.overlaps if info is not None else None
+        hidden = 0.0
+        if overlaps is not None and workers > 1:
+            rounds = max(traffic.rounds(), 1e-12)
+            if overlaps == "backward":
+                exposed = self._exposed_in_backward(optimizer, compute_run)
+                if exposed > 0:
+                    notes.append(f"{format_time(exposed)} a step of {compute_run.run_id}'s backward pass was its "
+                                 "own communication: left out of compute")
+                    compute_s, low, high = compute_s - exposed, low - exposed, high - exposed
+                window = max(0.0, compute_run.backward_s * scale - exposed)
+                hidden = hidden_beside_backward(communication, rounds, window)
+            else:
+                tau = int(self._parsed_options(optimizer).get("overlap", 0))
+                hidden = hidden_beside_steps(communication, rounds, tau, compute_s)
+            if hidden > 0:
+                notes.append(f"{format_time(hidden)} a step of communication runs beside "
+                             f"{'the backward pass' if overlaps == 'backward' else 'the inner steps'}: "
+                             "not in the step time")
         samples = compute_run.samples_per_step / compute_run.workers * workers
         if settings is not None and hasattr(settings, "global_batch_size"):
             samples = compute_run.samples_per_step / _global(settings, compute_run.workers) * _global(settings, workers)
         goal_runs = [m.steps_to_goal for m in at if m.steps_to_goal is not None]
         steps_to_goal = int(statistics.median(goal_runs)) if goal_runs else None
         return Prediction(optimizer, workers, link, compute_s, communication,
-                          (low + communication, high + slowest), samples,
-                          compute_run.run_id, traffic_run.run_id, steps_to_goal, tuple(notes), overhead)
+                          (low + communication - hidden, high + slowest - hidden), samples,
+                          compute_run.run_id, traffic_run.run_id, steps_to_goal, tuple(notes), overhead, hidden)
+
+    def _exposed_in_backward(self, optimizer: str, run: Measured) -> float:
+        """The seconds of ``run``'s backward phase per step that were its own bucket all-reduces
+        (a DDP run's backward returns once the last bucket is reduced, so the phase holds
+        communication): its last bucket's, on the link of its own network. 0 for a run on one
+        worker or on a network no sweep measured."""
+        link = self.links.get(run.network)
+        if link is None or run.workers < 2:
+            return 0.0
+        communication = run.traffic.seconds(link, run.workers)
+        return min(run.backward_s, communication / max(run.traffic.rounds(), 1.0))
+
+    def _parsed_options(self, optimizer: str) -> dict[str, Any]:
+        """The calibration runs' options of ``optimizer``, parsed, with its defaults."""
+        info = INFO[optimizer]
+        try:
+            return info.parse_options(self._options(optimizer), None, strict=False)
+        except UsageError:
+            return {name: option.default for name, option in info.options.items()}
 
     def _overhead(self, optimizer: str, run: Measured) -> float:
         """Seconds a step of ``run``'s communication phase spent beyond what its own network's
@@ -432,6 +478,26 @@ class Calibration:
     def _options(self, optimizer: str) -> dict[str, Any]:
         config = self.configuration.get(optimizer, {})
         return {k[4:]: v for k, v in config.items() if k.startswith("opt.")}
+
+
+def hidden_beside_backward(communication: float, rounds: float, backward: float) -> float:
+    """Of a step's ``communication`` in ``rounds`` bucket all-reduces, the seconds that run beside
+    a ``backward`` pass of that length (Li et al. 2020, DDP: a bucket's all-reduce starts when
+    the backward pass has made its gradients). The last bucket is made last, so it is never
+    hidden: the step's communication tail is ``max(communication - backward, last bucket)``."""
+    last = communication / max(rounds, 1.0)
+    return max(0.0, min(backward, communication - last))
+
+
+def hidden_beside_steps(communication: float, rounds: float, steps: int, compute: float) -> float:
+    """Of a step's ``communication`` (``rounds`` collectives a step, amortised: fewer than one
+    where they come every few steps), the seconds that run beside ``steps`` inner steps of
+    ``compute`` each (Streaming DiLoCo's tau, Douillard et al. 2025): each collective is hidden
+    up to the compute of those steps."""
+    if rounds <= 0 or steps <= 0:
+        return 0.0
+    each = communication / rounds
+    return rounds * min(each, steps * compute)
 
 
 def _accumulation(settings: Any, workers: int) -> float:
