@@ -19,7 +19,8 @@ for every framework the script measures, round by round (benchmarks/measure.py):
   steps in one call (``lax.scan``; a ``tf.range`` loop in the ``tf.function``, as Keras'
   ``steps_per_execution``), its losses read once a call. mlbench's ports of task 2a run that
   way, so this is the loop their parity is measured against;
-* **mlbench**: ``mlbench run TASK 1 --framework F --data synthetic --max-steps N``, the real
+* **mlbench**: ``mlbench run TASK 1 --framework F --data synthetic --max-steps N
+  --threads-per-worker CORES`` (every core, as the plain loop has), the real
   launcher and the worker users get, its seconds per step read from rank 0's training clock
   after the first logging interval (warm-up and compilation excluded as for the plain loop). The
   worker also gathers (task 1a: augments) each minibatch with mlbench's own code and hands it
@@ -299,7 +300,8 @@ def mlbench_case(framework: str, task: str, steps: int, env: dict[str, str]):
     def measure() -> float:
         out = subprocess.run([sys.executable, "-m", "mlbench", "run", task, "1", "--framework", framework,
                               "--data", "synthetic", "--max-steps", str(steps + log_every),
-                              "--log-every", str(log_every), "--detach", "-o", "json"],
+                              "--log-every", str(log_every), "--threads-per-worker", str(os.cpu_count() or 1),
+                              "--detach", "-o", "json"],
                              check=True, capture_output=True, text=True, env=env)
         run_id = json.loads(out.stdout)["id"]
         subprocess.run([sys.executable, "-m", "mlbench", "wait", run_id], check=True, env=env,

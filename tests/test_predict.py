@@ -10,8 +10,8 @@ import pytest
 
 from mlbench.errors import UsageError
 from mlbench.network.settings import NetworkSettings
-from mlbench.results.predict import (Calibration, Link, Measured, Traffic, crossovers, fit_link, hops,
-                                     nominal_link, wire_factor)
+from mlbench.results.predict import (Calibration, Link, Measured, Traffic, crossovers, ddp_buckets, fit_link,
+                                     hops, nominal_link, wire_factor)
 
 #: a two-worker sweep: 4 bytes in 100 us (latency only), 4 MB in 34.1 ms
 ROWS = [{"dtype": "fp32", "bytes": 4, "time_s": 100e-6, "time_max_s": 100e-6},
@@ -257,27 +257,32 @@ def test_a_task_with_a_fixed_global_batch_scales_compute_by_its_micro_batches_an
         calibration.predict("centralized-adamw", 16, link())
 
 
-def test_ddp_hides_all_but_its_last_bucket_behind_the_backward_pass():
-    """DDP's bucket all-reduces run beside the backward pass, the last after it: the step is
-    compute + max(communication - backward, last bucket). Its calibration run's backward phase
-    held its own last bucket (DDP's backward returns once it is reduced): that part is no compute."""
-    traffic = Traffic("allreduce", 2, 8e6, 2.0)                   # 2 buckets of 4 MB a step
+def test_ddp_hides_the_buckets_whose_all_reduce_ends_inside_the_backward_pass():
+    """DDP's buckets fill in backward order, the first at 1 MiB, the rest at ``bucket_mb`` MiB;
+    a bucket's all-reduce starts once the backward pass has made its bytes (at an even rate)
+    and the one before it is done. What runs past the backward pass is exposed. A DDP run's
+    backward phase held its own exposed all-reduces: that part is no compute."""
+    assert ddp_buckets(8e6, 25.0) == [2 ** 20, 8e6 - 2 ** 20]
+    assert ddp_buckets(3 * 2 ** 20, 1.0) == [2 ** 20] * 3
+    assert ddp_buckets(1000.0, 25.0) == [1000.0]
+    share = 2 ** 20 / 8e6                                          # the first bucket's share of the bytes
+    traffic = Traffic("allreduce", 2, 8e6, 2.0)                    # 8 MB a step in 2 buckets
     run = dataclasses.replace(measured(2, traffic, compute=0.3, run_id="two"), network="1 Gbit/s", backward_s=0.2)
     calibration = Calibration("task1a", runs={"ddp": [run]}, links={"1 Gbit/s": link()})
-    last_at_two = 0.0341                                           # one 4-MB bucket on the sweep's link
+    exposed_at_two = 2 * 0.0341 * (1 - share)                     # the second bucket, after the backward pass
     at_eight = calibration.predict("ddp", 8, link())
-    assert at_eight.compute_s == pytest.approx(0.3 - last_at_two)
+    assert at_eight.compute_s == pytest.approx(0.3 - exposed_at_two)
     assert at_eight.communication_s == pytest.approx(0.1204)
-    assert at_eight.hidden_s == pytest.approx(0.1204 / 2)          # all but the last bucket: the backward is longer
-    assert at_eight.step_s == pytest.approx(0.3 - last_at_two + 0.1204 / 2)
-    assert at_eight.to_dict()["hidden_s"] == pytest.approx(0.0602)
+    assert at_eight.hidden_s == pytest.approx(0.1204 * share)     # the first bucket, inside the backward pass
+    assert at_eight.step_s == pytest.approx(0.3 - exposed_at_two + 0.1204 * (1 - share))
+    assert at_eight.to_dict()["hidden_s"] == pytest.approx(0.1204 * share)
     assert any("runs beside the backward pass" in note for note in at_eight.notes)
-    # a backward pass shorter than the communication hides only its own length
-    short = dataclasses.replace(run, compute_s=0.1, backward_s=0.05)
-    at_eight = Calibration("task1a", runs={"ddp": [short]}, links={"1 Gbit/s": link()}).predict("ddp", 8, link())
-    backward = 0.05 - last_at_two
-    assert at_eight.hidden_s == pytest.approx(backward)
-    assert at_eight.step_s == pytest.approx((0.1 - 0.05) + 0.1204)   # forward and the rest, then communication
+    # a backward pass too short for the first bucket's all-reduce hides what remains of it after
+    # that bucket is made (a run on a network no sweep measured: its backward phase is taken whole)
+    short = dataclasses.replace(run, compute_s=0.1, backward_s=0.01, network="not emulated")
+    at_eight = Calibration("task1a", runs={"ddp": [short]}).predict("ddp", 8, link())
+    assert at_eight.compute_s == 0.1
+    assert at_eight.hidden_s == pytest.approx(0.01 * (1 - share))
     # centralized SGD waits for each all-reduce where it is issued: nothing hidden
     plain = Calibration("task1a", runs={"centralized-sgd": [run]}, links={"1 Gbit/s": link()})
     assert plain.predict("centralized-sgd", 8, link()).hidden_s == 0.0

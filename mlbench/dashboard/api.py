@@ -115,6 +115,15 @@ def parse_cursor(text: str) -> dict[int, int]:
 
 #: The most metrics one request of /api/runs/RUN/ranks asks for.
 MAX_RANK_METRICS = 8
+
+
+def _metric_names(query: Any, key: str, default: str) -> list[str]:
+    """The metric names of the query's ``key`` (comma-separated), or a UsageError saying how many."""
+    names = [n.strip() for n in query.get(key, default).split(",") if n.strip()]
+    if not names or len(names) > MAX_RANK_METRICS or any(len(n) > 200 for n in names):
+        raise UsageError(f"{key}={query.get(key, '')[:80]!r}: give 1 to {MAX_RANK_METRICS} metric names, "
+                         "separated by commas (the answer's 'metrics' lists the run's)")
+    return names
 #: The runs of one page of /api/runs unless ``limit`` says otherwise, and the most it may say.
 PAGE_RUNS = 100
 MAX_PAGE_RUNS = 1000
@@ -197,17 +206,17 @@ class Api:
     @_errors_as_json
     def ranks(self, request: Request) -> Response:
         """``metric=NAME[,NAME...]`` (at most :data:`MAX_RANK_METRICS`) against training time:
-        ``lines=each`` one line per rank, else one over all ranks (their mean)."""
+        ``lines=each`` one line per rank, else one over all ranks (their mean). ``each=NAME,...``:
+        more metrics, one line per rank, answered under ``"each"`` from the same reading of the
+        events (the run page asks for its System chart's so, in one request)."""
         _, record = self.sources.find(request.path_params["run_id"])
         q = request.query_params
-        names = [n for n in q.get("metric", "train/loss").split(",") if n.strip()]
-        if not names or len(names) > MAX_RANK_METRICS or any(len(n) > 200 for n in names):
-            raise UsageError(f"metric={q.get('metric', '')[:80]!r}: give 1 to {MAX_RANK_METRICS} metric names, "
-                             "separated by commas (the answer's 'metrics' lists the run's)")
+        names = _metric_names(q, "metric", "train/loss")
+        each_names = _metric_names(q, "each", "") if q.get("each") else []
         lines = q.get("lines", "all")
         if lines not in ("all", "each"):
             raise UsageError(f"lines={lines[:40]!r}: give all (one line over all ranks) or each (one per rank)")
-        return Json(rank_curves(read_run_events(record.run_dir), [n.strip() for n in names], lines == "each"))
+        return Json(rank_curves(read_run_events(record.run_dir), names, lines == "each", each_names=each_names))
 
     @_errors_as_json
     def logs(self, request: Request) -> Response:

@@ -422,13 +422,14 @@ class Calibration:
         if overlaps is not None and workers > 1:
             rounds = max(traffic.rounds(), 1e-12)
             if overlaps == "backward":
-                exposed = self._exposed_in_backward(optimizer, compute_run)
+                buckets = self._buckets(optimizer, traffic, rounds)
+                exposed = self._exposed_in_backward(compute_run, buckets)
                 if exposed > 0:
                     notes.append(f"{format_time(exposed)} a step of {compute_run.run_id}'s backward pass was its "
                                  "own communication: left out of compute")
                     compute_s, low, high = compute_s - exposed, low - exposed, high - exposed
                 window = max(0.0, compute_run.backward_s * scale - exposed)
-                hidden = hidden_beside_backward(communication, rounds, window)
+                hidden = hidden_beside_backward(communication, buckets, window)
             else:
                 tau = int(self._parsed_options(optimizer).get("overlap", 0))
                 hidden = hidden_beside_steps(communication, rounds, tau, compute_s)
@@ -445,16 +446,28 @@ class Calibration:
                           (low + communication - hidden, high + slowest - hidden), samples,
                           compute_run.run_id, traffic_run.run_id, steps_to_goal, tuple(notes), overhead, hidden)
 
-    def _exposed_in_backward(self, optimizer: str, run: Measured) -> float:
-        """The seconds of ``run``'s backward phase per step that were its own bucket all-reduces
-        (a DDP run's backward returns once the last bucket is reduced, so the phase holds
-        communication): its last bucket's, on the link of its own network. 0 for a run on one
-        worker or on a network no sweep measured."""
+    def _buckets(self, optimizer: str, traffic: Traffic, rounds: float) -> list[float]:
+        """The byte sizes of the step's gradient buckets, in the order the backward pass makes
+        them: DDP's layout (``bucket_mb``); else the step's collectives, of equal size."""
+        options = self._parsed_options(optimizer)
+        if "bucket_mb" in options:
+            return ddp_buckets(traffic.message_bytes(), float(options["bucket_mb"]))
+        count = max(1, round(rounds))
+        return [traffic.message_bytes() / count] * count
+
+    def _exposed_in_backward(self, run: Measured, buckets: list[float]) -> float:
+        """The seconds of ``run``'s backward phase per step that were its own all-reduces: a
+        DDP run's backward returns once the last bucket is reduced, so the phase holds what ran
+        past the gradients (:func:`hidden_beside_backward`), priced on the link of the run's own
+        network. 0 for a run on one worker or on a network no sweep measured."""
         link = self.links.get(run.network)
         if link is None or run.workers < 2:
             return 0.0
         communication = run.traffic.seconds(link, run.workers)
-        return min(run.backward_s, communication / max(run.traffic.rounds(), 1.0))
+        # the phase is the gradients' time plus what ran past it: solved for the gradients' time
+        # with the exposure at the phase's length (the exposure changes little with the window)
+        exposed = communication - hidden_beside_backward(communication, buckets, run.backward_s)
+        return min(run.backward_s, exposed)
 
     def _parsed_options(self, optimizer: str) -> dict[str, Any]:
         """The calibration runs' options of ``optimizer``, parsed, with its defaults."""
@@ -480,13 +493,39 @@ class Calibration:
         return {k[4:]: v for k, v in config.items() if k.startswith("opt.")}
 
 
-def hidden_beside_backward(communication: float, rounds: float, backward: float) -> float:
-    """Of a step's ``communication`` in ``rounds`` bucket all-reduces, the seconds that run beside
-    a ``backward`` pass of that length (Li et al. 2020, DDP: a bucket's all-reduce starts when
-    the backward pass has made its gradients). The last bucket is made last, so it is never
-    hidden: the step's communication tail is ``max(communication - backward, last bucket)``."""
-    last = communication / max(rounds, 1.0)
-    return max(0.0, min(backward, communication - last))
+#: DDP's first bucket (torch.distributed's ``_DEFAULT_FIRST_BUCKET_BYTES``): the gradients made
+#: first fill it, so that the first all-reduce starts early; the rest fill buckets of
+#: ``bucket_cap_mb`` MiB.
+DDP_FIRST_BUCKET_BYTES = 1 << 20
+
+
+def ddp_buckets(message_bytes: float, bucket_mb: float) -> list[float]:
+    """The sizes of DDP's gradient buckets for a message of ``message_bytes``, in the order the
+    backward pass fills them: the first of at most 1 MiB, then buckets of ``bucket_mb`` MiB."""
+    first = min(message_bytes, DDP_FIRST_BUCKET_BYTES)
+    buckets, left = [first], message_bytes - first
+    cap = max(bucket_mb * (1 << 20), 1.0)
+    while left > 0:
+        buckets.append(min(cap, left))
+        left -= buckets[-1]
+    return buckets
+
+
+def hidden_beside_backward(communication: float, buckets: list[float], backward: float) -> float:
+    """Of a step's ``communication``, the seconds that run beside a ``backward`` pass of that
+    length, the gradients in ``buckets`` (their bytes, in the order they are made; Li et al.
+    2020, DDP). A bucket's all-reduce starts once the backward pass has made its gradients, taken
+    to come at an even rate in bytes, and once the one before it is done; each takes its share
+    of the communication by bytes. The last bucket is made last, so it always waits; what runs
+    past the backward pass is exposed, the rest hidden."""
+    total = sum(buckets)
+    if communication <= 0 or total <= 0:
+        return 0.0
+    made = end = 0.0
+    for size in buckets:
+        made += size
+        end = max(end, backward * made / total) + communication * size / total
+    return max(0.0, communication - max(0.0, end - backward))
 
 
 def hidden_beside_steps(communication: float, rounds: float, steps: int, compute: float) -> float:

@@ -64,16 +64,24 @@ def thinned(points: list[Point], max_points: int = MAX_POINTS) -> list[Point]:
 
 
 def rank_curves(events: list[dict[str, Any]], names: list[str], each: bool,
-                max_points: int = MAX_POINTS) -> dict[str, Any]:
+                max_points: int = MAX_POINTS, each_names: list[str] | None = None) -> dict[str, Any]:
     """The lines of the metrics ``names``: one per rank (``each``), else one over all ranks;
     each with its metric, rank (None: all), label and [training seconds, value] points; and
-    the names of every per-rank metric the run has."""
-    lines = []
-    for name in names:
-        ranks = _per_rank(events, name)
-        parts = [(rank, f"rank {rank}", points) for rank, points in ranks.items()] if each else \
-            ([(None, "all ranks", _mean(ranks))] if ranks else [])
-        lines += [{"metric": name, "rank": rank, "label": label,
-                   "points": [[at, value] for _, at, value in thinned(points, max_points)]}
-                  for rank, label, points in parts]
-    return {"metrics": rank_metrics(events), "lines": lines}
+    the names of every per-rank metric the run has. ``each_names``: more metrics, one line per
+    rank whatever ``each`` says, under ``"each"`` (the run page's System chart, drawn from the
+    same reading of the events)."""
+    def lines_of(metrics: list[str], per_rank: bool) -> list[dict[str, Any]]:
+        lines = []
+        for name in metrics:
+            ranks = _per_rank(events, name)
+            parts = [(rank, f"rank {rank}", points) for rank, points in ranks.items()] if per_rank else \
+                ([(None, "all ranks", _mean(ranks))] if ranks else [])
+            lines += [{"metric": name, "rank": rank, "label": label,
+                       "points": [[at, value] for _, at, value in thinned(points, max_points)]}
+                      for rank, label, points in parts]
+        return lines
+
+    answer = {"metrics": rank_metrics(events), "lines": lines_of(names, each)}
+    if each_names:
+        answer["each"] = lines_of(each_names, True)
+    return answer

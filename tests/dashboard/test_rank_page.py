@@ -117,6 +117,16 @@ RANK_CURSOR = """() => {
 }"""
 
 
+def test_the_page_asks_for_both_charts_in_one_request(lab, page):
+    """Each update of the run page reads the run's events once: the per-worker chart's metric
+    and the System chart's come in one ``/ranks`` request (``each=``)."""
+    asked = []
+    page.on("request", lambda request: asked.append(request.url) if "/ranks?" in request.url else None)
+    _open(lab, page)
+    page.wait_for_selector("#chart-system .uplot")
+    assert asked and all("each=sys" in url for url in asked), asked
+
+
 def test_the_per_worker_chart_follows_the_smoothing_and_the_log_scale(lab, page):
     """Set above the curves, the smoothing weight applies to the per-worker chart too: under the
     cursor at its last point, the legend shows the smoothed mean loss of the ranks; the log-scale

@@ -48,3 +48,11 @@ def test_a_long_run_is_thinned_to_at_most_the_limit_with_its_last_point():
         assert line["points"][-1][0] == (3 * MAX_POINTS + 7) * (1.0 if line["rank"] == 0 else 1.5)
     points = [(k, float(k), float(k)) for k in range(10)]
     assert thinned(points, 10) == points and len(thinned(points, 4)) <= 4 and thinned(points, 4)[-1] == points[-1]
+
+
+def test_more_metrics_come_one_line_per_rank_under_each_from_the_same_reading():
+    curves = rank_curves(_two_ranks(1), ["train/loss"], each=False, each_names=["sys/rss_bytes"])
+    assert [line["label"] for line in curves["lines"]] == ["all ranks"]
+    assert [(line["metric"], line["rank"], line["points"]) for line in curves["each"]] == [
+        ("sys/rss_bytes", 0, [[1.0, 1000.0]]), ("sys/rss_bytes", 1, [[1.5, 2000.0]])]
+    assert "each" not in rank_curves(_two_ranks(1), ["train/loss"], each=False)

@@ -157,9 +157,10 @@
     try {
       do {
         ranks.again = false;
-        const ask = (metrics, mode) => MB.api(`/api/runs/${encodeURIComponent(runId)}/ranks?${new URLSearchParams({ metric: metrics, lines: mode })}`);
         const { metric, mode } = ranks;
-        const [perRank, system] = await Promise.all([ask(metric, mode), ask(`${MEMORY},${CPU}`, "each")]);
+        // one request for both charts: the run's events are read once
+        const query = new URLSearchParams({ metric, lines: mode, each: `${MEMORY},${CPU}` });
+        const perRank = await MB.api(`/api/runs/${encodeURIComponent(runId)}/ranks?${query}`);
         const select = document.getElementById("rank-metric");
         const names = perRank.metrics.length ? perRank.metrics : [ranks.metric];
         if ([...select.options].map((o) => o.value).join() !== names.join()) {
@@ -167,7 +168,7 @@
           select.value = ranks.metric;
         }
         const before = [shape(ranks.lines), shape(ranks.system)];
-        ranks.lines = perRank.lines; ranks.system = system.lines;
+        ranks.lines = perRank.lines; ranks.system = perRank.each;
         showLines("ranks", ranks.lines, before[0]);
         showLines("system", ranks.system, before[1]);
         Object.assign(document.getElementById("chart-ranks").dataset, { metric, mode });
