@@ -116,6 +116,10 @@ def parse_cursor(text: str) -> dict[int, int]:
 #: The most metrics one request of /api/runs/RUN/ranks asks for.
 MAX_RANK_METRICS = 8
 
+#: The runs of one page of /api/runs unless ``limit`` says otherwise, and the most it may say.
+PAGE_RUNS = 100
+MAX_PAGE_RUNS = 1000
+
 
 def _metric_names(query: Any, key: str, default: str) -> list[str]:
     """The metric names of the query's ``key`` (comma-separated), or a UsageError saying how many."""
@@ -124,9 +128,8 @@ def _metric_names(query: Any, key: str, default: str) -> list[str]:
         raise UsageError(f"{key}={query.get(key, '')[:80]!r}: give 1 to {MAX_RANK_METRICS} metric names, "
                          "separated by commas (the answer's 'metrics' lists the run's)")
     return names
-#: The runs of one page of /api/runs unless ``limit`` says otherwise, and the most it may say.
-PAGE_RUNS = 100
-MAX_PAGE_RUNS = 1000
+
+
 _RUN_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 

@@ -363,6 +363,7 @@ class PortTrainer:
             for steps in runs:
                 idx = order[begin:begin + steps]
                 lrs = np.array([self.learning_rate(self.step + s) for s in range(steps)])
+                lr = float(lrs[-1])
                 if rows is not None:
                     losses.append(rows.step_rows(idx.numpy(), lrs))
                 else:
@@ -376,11 +377,11 @@ class PortTrainer:
                 if self.heartbeat is not None:
                     self.heartbeat.stepped(self.step, steps=steps)
                 if pending == self.cfg.log_every:
-                    self._log_interval(losses, samples, float(lrs[-1]))
+                    self._log_interval(losses, samples, lr)
                     losses, samples, pending = [], 0, 0
             stop = "max-steps" if begin < len(order) else None   # stopped inside the epoch
             if losses:
-                self._log_interval(losses, samples, self.learning_rate(self.step - 1))
+                self._log_interval(losses, samples, lr)
                 losses, samples, pending = [], 0, 0
             if stop is not None and evaluated_at == self.step:
                 stop_reason = stop
