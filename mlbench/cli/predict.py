@@ -178,13 +178,14 @@ def predicted_line(store: Any, record: Any) -> str:
 
 
 def _validate(run_refs: tuple[str, ...], output: str) -> None:
-    """Each run's predicted step time beside its measured one, from a calibration without it."""
+    """Each run's predicted step time beside its measured one, from a calibration without any of
+    the runs given (one validated run never calibrates another)."""
     store = open_store(read_only=True)
     rows, out = [], []
     errors = []
-    for ref in run_refs:
-        record = store.get(ref)
-        prediction, measured = predict_run(store, record)
+    records = [store.get(ref) for ref in run_refs]
+    for record in records:
+        prediction, measured = predict_run(store, record, exclude=[r.id for r in records])
         optimizer = prediction.optimizer
         error = prediction.step_s / measured.step_s - 1
         errors.append(abs(error))

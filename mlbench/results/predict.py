@@ -608,16 +608,18 @@ def calibration_from(store: RunStore, task: str, optimizers: Iterable[str],
     return calibration
 
 
-def predict_run(store: RunStore, record: RunRecord) -> tuple[Prediction, Measured]:
-    """A finished training run's predicted step time, from the store's calibration without it,
-    and its own measurement: what ``mlbench predict --validate`` and ``status --predicted`` show."""
+def predict_run(store: RunStore, record: RunRecord, exclude: Iterable[str] = ()) -> tuple[Prediction, Measured]:
+    """A finished training run's predicted step time, from the store's calibration without it
+    (nor the runs in ``exclude``: the others a validation checks, so that none is predicted from
+    another), and its own measurement: what ``mlbench predict --validate`` and ``status
+    --predicted`` show."""
     from mlbench.results.events import read_run_events
 
     result = RunResult.load(record)
     if result.config is None or result.sweep is not None or not hasattr(result.config.task, "settings"):
         raise UsageError(f"run {record.id}: only training runs have a step time to predict")
     measured = measure_run(result, read_run_events(record.run_dir))
-    calibration = calibration_from(store, record.task, [result.config.optimizer], exclude=(record.id,))
+    calibration = calibration_from(store, record.task, [result.config.optimizer], exclude={record.id, *exclude})
     settings = NetworkSettings.from_dict(result.network) if result.network else None
     return calibration.predict(result.config.optimizer, record.workers, calibration.link(settings)), measured
 

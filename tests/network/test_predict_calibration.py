@@ -1,7 +1,7 @@
 """`mlbench predict` from a calibration made here: the collectives a worker counts, the
 calibration's real runs (task 0a's sweeps on the machine's own and an emulated network, each
 optimizer's short runs), its prediction at the calibration's own worker count held to the
-sweep it was read from, and --validate of a run made after it."""
+sweep it was read from, and --validate of runs made after it."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def _two_worker_time(link: dict, size: float) -> float:
     return max(_loglog(link["sizes"], link["times_s"], size), 2 * link["alpha_s"])
 
 
-@pytest.mark.timeout(600)   # four sweeps and two training runs, then one more run to validate
+@pytest.mark.timeout(600)   # six sweeps and two training runs, then two more runs to validate
 def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_later_one(shaping, tmp_path):
     made = mlbench("predict", "task2a", "--calibrate", "--busy-ok", "--data", "synthetic", "--calibration-steps", "20",
                    "--max-size", "100000", "--sweep-iterations", "30", "--workers", "2,4", "--bandwidth", "100mbit",
@@ -91,6 +91,15 @@ def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_late
 
     mlbench("run", "task2a", "2", *SHORT, "--bandwidth", "100mbit", check=True)
     later = last_run()
+    mlbench("run", "task2a", "2", *SHORT, "--bandwidth", "100mbit", check=True)
+    second = last_run()
+    # a validation predicts each run from the calibration alone: never from another run it validates
+    validated = json.loads(mlbench("predict", "--validate", later.id, second.id, "-o", "json",
+                                   check=True).stdout)["validation"]
+    assert [v["run"] for v in validated] == [later.id, second.id]
+    for checked in validated:
+        assert checked["predicted"]["traffic_from"] == two["run"], checked["predicted"]
+        assert checked["predicted"]["overhead_s"] == pytest.approx(overhead, rel=1e-9, abs=1e-12)
     shown = mlbench("predict", "--validate", later.id, check=True).stdout
     row = next(line for line in shown.splitlines() if line.startswith(later.id))
     assert "centralized-sgd" in row and "100 Mbit/s" in row and "%" in row
