@@ -5,6 +5,7 @@
     python benchmarks/predict.py --optimizers centralized-sgd powersgd --steps 40
     python benchmarks/predict.py --tasks task1a --optimizers centralized-sgd powersgd model-averaging ddp
     python benchmarks/predict.py --tasks task2a --repeat 5 --keep /tmp/predict-2a  # keep the runs
+    python benchmarks/predict.py --from /tmp/predict-2a            # score the model on them again
 
 As the simulators are validated (ASTRA-sim, SimAI: predicted against measured per case): one
 calibration per task (`mlbench predict TASK --calibrate`: two task-0a sweeps per emulated rate
@@ -83,6 +84,27 @@ def validate_task(home: Path, task: str, optimizers: list[str], workers: list[in
                     "--bandwidth", cell["rate_arg"], "--data", "synthetic", "--max-steps", str(steps),
                     "--log-every", log_every)
             cell["runs"].append(newest_run(home))
+    return score(home, cells)
+
+
+def kept_cells(home: Path, tasks: list[str]) -> list[dict]:
+    """The cells of a store that ``--keep`` kept: its runs on an emulated network (the
+    calibration's ran without), by task, optimizer, workers and rate, in the order they ran."""
+    listed = json.loads(mlbench(home, "status", "--all", "-o", "json"))["runs"]
+    cells: dict[tuple, dict] = {}
+    for run in sorted(listed, key=lambda r: r["created_at"]):
+        if run["task"] in tasks and run["state"] == "finished" and run.get("network") not in (None, "not emulated"):
+            key = (run["task"], run["optimizer"], run["workers"], run["network"])
+            cells.setdefault(key, {"task": key[0], "optimizer": key[1], "workers": key[2], "rate": key[3],
+                                   "runs": []})["runs"].append(run["id"])
+    if not cells:
+        raise SystemExit(f"--from {home}: no finished run of {', '.join(tasks)} on an emulated network there")
+    return list(cells.values())
+
+
+def score(home: Path, cells: list[dict]) -> list[dict]:
+    """Each cell's median measured and predicted step time (`mlbench predict --validate` of
+    all the cells' runs together: none of them calibrates another) and its error."""
     runs = [run for cell in cells for run in cell["runs"]]
     answer = json.loads(mlbench(home, "predict", "--validate", *runs, "-o", "json"))
     checked = dict(zip(runs, answer["validation"], strict=True))
@@ -114,18 +136,28 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, metavar="HOME", help="make and keep the runs in this new store "
                         "(`MLBENCH_HOME=HOME mlbench predict --validate` checks the model on them again) "
                         "[a temporary one]")
+    parser.add_argument("--from", dest="kept", type=Path, metavar="HOME", help="make no runs: score the model "
+                        "on the runs a --keep store holds (the same runs after a change to the model)")
     args = parser.parse_args()
-    print(machine_line(f"{', '.join(args.tasks)}; {', '.join(args.optimizers)}; {args.workers} workers; "
-                       f"{args.bandwidth}"))
-    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
-        raise SystemExit(f"--keep {args.keep}: give a new or empty folder (a calibration reads every run there)")
-    with tempfile.TemporaryDirectory(prefix="mlbench-predict-") as folder:
-        home = args.keep or Path(folder)
-        cells = []
-        for task in args.tasks:
-            cells += validate_task(home, task, args.optimizers, args.workers, args.bandwidth,
-                                   args.steps or STEPS.get(task, 30), args.busy_ok, args.repeat,
-                                   args.sweep_iterations)
+    if args.kept is not None:
+        print(machine_line(f"the runs kept in {args.kept}"))
+        cells = kept_cells(args.kept, args.tasks)
+        if not cells:
+            raise SystemExit(f"--from {args.kept}: no finished run of {', '.join(args.tasks)} on an emulated network")
+        args.tasks = list(dict.fromkeys(c["task"] for c in cells))
+        cells = [scored for task in args.tasks for scored in score(args.kept, [c for c in cells if c["task"] == task])]
+    else:
+        print(machine_line(f"{', '.join(args.tasks)}; {', '.join(args.optimizers)}; {args.workers} workers; "
+                           f"{args.bandwidth}"))
+        if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+            raise SystemExit(f"--keep {args.keep}: give a new or empty folder (a calibration reads every run there)")
+        with tempfile.TemporaryDirectory(prefix="mlbench-predict-") as folder:
+            home = args.keep or Path(folder)
+            cells = []
+            for task in args.tasks:
+                cells += validate_task(home, task, args.optimizers, args.workers, args.bandwidth,
+                                       args.steps or STEPS.get(task, 30), args.busy_ok, args.repeat,
+                                       args.sweep_iterations)
     rows = [[c["task"], c["optimizer"], c["workers"], c["rate"], f"{1e3 * c['measured']:.2f}",
              f"{c['spread']:.2f}x", f"{1e3 * c['predicted']:.2f}", f"{100 * c['error']:+.1f}%",
              f"{1e3 * c['measured_comm']:.2f}", f"{1e3 * c['predicted_comm']:.2f}"] for c in cells]

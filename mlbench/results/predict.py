@@ -14,9 +14,10 @@ Each term's bytes are what a rank sends, so one formula prices all three:
 collectives per step and the wire bytes per step measured by a run of the optimizer
 (``comm/collectives``, ``comm/bytes``) at its worker count and carried to ``N`` by the
 optimizer's declared collective (:data:`mlbench.optim.descriptors.COLLECTIVES`). ``alpha`` and
-``beta`` come from task 0a's sweep at the network asked for (a least-squares fit of its fp32
-times, weighted to relative error), or, where no sweep at that rate exists, from the link's
-nominal rate and latency added to the sweep of the machine's own network.
+``beta`` come from task 0a's sweep at the network asked for (:func:`fit_link`: ``alpha`` from its
+small messages, ``beta`` at each size from its fp32 times interpolated in log-log), or, where no
+sweep at that rate exists, from the link's nominal rate and latency added to the sweep of the
+machine's own network.
 
 Compute per step is measured too: the median over logging intervals of a run's compute phases
 (data, forward, backward, optimizer) per step, at the worker count asked for where a run of it
@@ -52,7 +53,7 @@ from mlbench.results.summary import COMPUTE_PHASES
 CARRIED_KEYS = ("workers", "network", "stop", "checkpoint_every", "faults", "resumed", "hardware", "seed")
 #: Task 0a's rows the link is read from.
 FIT_DTYPE = "fp32"
-#: Messages up to this many bytes cost their latency only: their median time gives alpha.
+#: Messages up to this many bytes cost their latency only: their mean time gives alpha.
 SMALL_MESSAGE = 1024
 
 
@@ -87,10 +88,11 @@ def wire_factor(collective: str, workers: int, peers: int = 2) -> float:
 class Link:
     """One network as the model sees it, from task 0a's sweep on ``workers`` ranks: the time of
     an all-reduce of each message size (``sizes``, ``times``; ``slowest``: the slowest rank's),
-    and ``alpha_s``, the latency of one message step (half of the smallest messages' time on
-    two workers). The rest of a size's time is its per-byte cost there, which the model carries
-    to other worker counts; ``extra_beta_s`` and ``extra_alpha_s`` add a link's nominal rate
-    and latency to the machine's own (a network no sweep measured). ``source`` names the sweep."""
+    and ``alpha_s``, the latency of one message step (half of the small messages' mean time on
+    two workers; in a calibration, one for all links of a rate only). The rest of a size's time
+    is its per-byte cost there, which the model carries to other worker counts; ``extra_beta_s``
+    and ``extra_alpha_s`` add a link's nominal rate and latency to the machine's own (a network
+    no sweep measured). ``source`` names the sweep."""
 
     network: str
     workers: int
@@ -141,10 +143,19 @@ class Link:
                 "sizes": list(self.sizes), "times_s": list(self.times)}
 
 
+def latency_steps(rows: Iterable[dict[str, Any]], workers: int) -> list[float]:
+    """The latency step of each of task 0a's fp32 ``rows`` of 1 KB or less on ``workers``
+    ranks: its time over the 2 (N - 1) steps of a ring all-reduce."""
+    return [float(r["time_s"]) / hops("allreduce", workers) for r in rows
+            if r.get("dtype") == FIT_DTYPE and 0 < float(r["bytes"]) <= SMALL_MESSAGE and float(r.get("time_s", 0)) > 0]
+
+
 def fit_link(rows: Iterable[dict[str, Any]], workers: int, network: str, source: str) -> Link:
     """The link of task 0a's ``rows`` on ``workers`` ranks (their fp32 rows; the rows of
-    several sweeps give each size the median of their times): ``alpha`` is the median of the
-    messages of 1 KB or less over the latency steps of a ring all-reduce, 2 (N - 1)."""
+    several sweeps give each size the median of their times): ``alpha`` is the mean of
+    :func:`latency_steps`, the expected latency (a step's collectives add up, so their mean
+    counts: a few slow ones cost what they cost)."""
+    rows = list(rows)
     by_size: dict[float, list[tuple[float, float]]] = {}
     for r in rows:
         if r.get("dtype") == FIT_DTYPE and float(r.get("time_s", 0)) > 0:
@@ -155,8 +166,8 @@ def fit_link(rows: Iterable[dict[str, Any]], workers: int, network: str, source:
     if len(points) < 2 or workers < 2:
         raise UsageError(f"the sweep {source} has {len(points)} timed {FIT_DTYPE} sizes on {workers} worker(s): "
                          "a link needs two or more sizes on two or more workers")
-    small = [t for size, t, _ in points if size <= SMALL_MESSAGE] or [points[0][1]]
-    alpha = statistics.median(small) / hops("allreduce", workers)
+    steps = latency_steps(rows, workers)
+    alpha = statistics.mean(steps) if steps else points[0][1] / hops("allreduce", workers)
     return Link(network, workers, tuple(p[0] for p in points), tuple(p[1] for p in points),
                 tuple(p[2] for p in points), alpha, source)
 
@@ -233,6 +244,19 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
     return q[0], statistics.median(values), q[2]
 
 
+def parsed_options(optimizer: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``optimizer``'s options as a run stored them (strings or values), parsed, with its
+    defaults: what the model reads its topology, overlap and buckets from. A stored run's
+    options that no longer parse (an optimizer changed since) read as the defaults."""
+    info = INFO.get(optimizer)
+    if info is None:
+        return dict(options)
+    try:
+        return info.parse_options(dict(options), None, strict=False)
+    except UsageError:
+        return {name: option.default for name, option in info.options.items()}
+
+
 def _peers(optimizer: str, options: dict[str, Any], workers: int) -> int:
     """The most neighbours a rank has in a gossip optimizer's topology at ``workers`` ranks."""
     if workers < 2:
@@ -285,12 +309,7 @@ def measure_run(result: RunResult, events: list[dict[str, Any]]) -> Measured:
     if not compute:
         raise UsageError(f"run {result.record.id} recorded no timed training steps to calibrate from")
     low, median, high = _quartiles(compute)
-    options = dict(config.optimizer_options)
-    if info is not None:
-        try:
-            options = info.parse_options(options, None, strict=False)
-        except UsageError:
-            pass
+    options = parsed_options(config.optimizer, config.optimizer_options)
     workers = result.record.workers
     traffic = Traffic(collective, workers, statistics.mean(wire), collectives / counted if counted else None,
                       _peers(config.optimizer, options, workers))
@@ -408,7 +427,7 @@ class Calibration:
         traffic = traffic_run.traffic
         if traffic.collectives is None:
             notes.append(f"{traffic_run.run_id} did not count its collectives: one per step is assumed")
-        peers = _peers(optimizer, self._options(optimizer), workers) if traffic.collective == "gossip" else 2
+        peers = _peers(optimizer, self._parsed_options(optimizer), workers) if traffic.collective == "gossip" else 2
         communication = traffic.seconds(link, workers, peers)
         slowest = traffic.seconds(link, workers, peers, slowest=True)
         overhead = self._overhead(optimizer, traffic_run) if workers > 1 else 0.0
@@ -471,11 +490,7 @@ class Calibration:
 
     def _parsed_options(self, optimizer: str) -> dict[str, Any]:
         """The calibration runs' options of ``optimizer``, parsed, with its defaults."""
-        info = INFO[optimizer]
-        try:
-            return info.parse_options(self._options(optimizer), None, strict=False)
-        except UsageError:
-            return {name: option.default for name, option in info.options.items()}
+        return parsed_options(optimizer, self._options(optimizer))
 
     def _overhead(self, optimizer: str, run: Measured) -> float:
         """Seconds a step of ``run``'s communication phase spent beyond what its own network's
@@ -485,7 +500,8 @@ class Calibration:
         link = self.links.get(run.network)
         if link is None:
             return 0.0
-        peers = _peers(optimizer, self._options(optimizer), run.workers) if run.traffic.collective == "gossip" else 2
+        gossip = run.traffic.collective == "gossip"
+        peers = _peers(optimizer, self._parsed_options(optimizer), run.workers) if gossip else 2
         return max(0.0, run.communication_s - run.traffic.seconds(link, run.workers, peers))
 
     def _options(self, optimizer: str) -> dict[str, Any]:
@@ -553,6 +569,13 @@ def _global(settings: Any, workers: int) -> float:
         return float(workers)
 
 
+def _rate_only(repeats: list[tuple[RunRecord, RunResult]]) -> bool:
+    """Whether the sweeps ran on emulated links with a rate and no netem (latency, jitter,
+    loss): the same path (network namespaces, veth, a rate limiter) at any rate."""
+    network = repeats[0][1].network
+    return network is not None and bool(network) and not NetworkSettings.from_dict(network).needs_netem
+
+
 def _configuration(result: RunResult) -> dict[str, str]:
     return {k: v for k, v in result.fingerprint.items() if k not in CARRIED_KEYS}
 
@@ -580,6 +603,7 @@ def calibration_from(store: RunStore, task: str, optimizers: Iterable[str],
         same_group = bool(group) and record.group_id is not None and group[-1][0].group_id == record.group_id \
             and group[-1][0].workers == record.workers
         sweeps[label] = [*group, (record, result)] if same_group else [(record, result)]
+    shared: list[float] = []    # the latency steps of every sweep of :func:`_rate_only` links
     for label, repeats in sweeps.items():   # the newest sweep of each network, with its repeats
         rows = [row for _, result in repeats if result.sweep is not None for row in result.sweep.rows]
         try:
@@ -587,6 +611,12 @@ def calibration_from(store: RunStore, task: str, optimizers: Iterable[str],
                                                 ", ".join(record.id for record, _ in repeats))
         except UsageError:
             continue
+        if _rate_only(repeats):
+            shared += latency_steps(rows, repeats[0][0].workers)
+    if shared:   # a rate limit delays no small message: each such sweep sampled the same latency
+        alpha = statistics.mean(shared)
+        calibration.links = {label: dataclasses.replace(link, alpha_s=alpha) if _rate_only(sweeps[label]) else link
+                             for label, link in calibration.links.items()}
     wanted = set(optimizers)
     newest: dict[str, tuple[RunRecord, RunResult]] = {}
     loaded: list[tuple[RunRecord, RunResult]] = []

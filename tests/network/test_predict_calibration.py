@@ -10,6 +10,7 @@ import math
 
 import pytest
 
+from mlbench.results.compare import RunResult
 from mlbench.results.store import RunStore
 from tests.helpers import events, last_run, mlbench, run_json
 
@@ -45,10 +46,11 @@ def _two_worker_time(link: dict, size: float) -> float:
     return max(_loglog(link["sizes"], link["times_s"], size), 2 * link["alpha_s"])
 
 
-@pytest.mark.timeout(600)   # six sweeps and two training runs, then two more runs to validate
+@pytest.mark.timeout(600)   # nine sweeps and two training runs, then two more runs to validate
 def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_later_one(shaping, tmp_path):
     made = mlbench("predict", "task2a", "--calibrate", "--busy-ok", "--data", "synthetic", "--calibration-steps", "20",
-                   "--max-size", "100000", "--sweep-iterations", "30", "--workers", "2,4", "--bandwidth", "100mbit",
+                   "--max-size", "100000", "--sweep-iterations", "30", "--workers", "2,4",
+                   "--bandwidth", "100mbit,30mbit",
                    "--chart", str(tmp_path / "charts"), "-o", "json", timeout=540)
     assert made.returncode == 0, made.stderr
     answer = json.loads(made.stdout)   # the chart's lines went to stderr
@@ -56,22 +58,37 @@ def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_late
         drawn = tmp_path / "charts" / f"task2a-predicted.{suffix}"
         assert drawn.stat().st_size > 1000 and f"Wrote {drawn}" in made.stderr
     links = answer["calibration"]["links"]
-    assert set(links) == {"not emulated", "100 Mbit/s"}
+    assert set(links) == {"not emulated", "100 Mbit/s", "30 Mbit/s"}
     # each network's link is the median of its three sweeps, task0a runs of 2 workers
     listed = json.loads(mlbench("status", "-o", "json", check=True).stdout)["runs"]
     sweeps = {r["id"]: r for r in listed if r["task"] == "task0a"}
-    assert len(sweeps) == 6
+    assert len(sweeps) == 9
     for sweep in sweeps.values():   # --sweep-iterations 30: task0a's --set, its budget grown to match
         task_spec = run_json(RunStore().get(sweep["id"]))["config"]["task"]
         assert (task_spec["iterations"], task_spec["seconds_per_size"]) == (30, 0.75), task_spec
     sources = [link["source"].split(", ") for link in links.values()]
     assert all(len(ids) == 3 for ids in sources) and {i for ids in sources for i in ids} == set(sweeps)
+    # alpha: the mean over sweeps' messages of 1 KB or less (4, 40 and 400 bytes) of their time
+    # over a 2-worker ring's 2 steps; a rate limit delays no small message, so the two rates
+    # share one, from their six sweeps, and the machine's own network keeps its three sweeps'
+    steps = {}
+    for link in links.values():
+        for sweep in link["source"].split(", "):
+            rows = RunResult.load(RunStore().get(sweep)).sweep.rows
+            steps[link["network"], sweep] = [row["time_s"] / 2 for row in rows
+                                             if row["dtype"] == "fp32" and row["bytes"] <= 1024]
+    assert all(len(times) == 3 for times in steps.values())
+    shared = [t for (network, _), times in steps.items() if network != "not emulated" for t in times]
+    own = [t for (network, _), times in steps.items() if network == "not emulated" for t in times]
+    assert links["100 Mbit/s"]["alpha_s"] == pytest.approx(sum(shared) / 18, rel=1e-12)
+    assert links["30 Mbit/s"]["alpha_s"] == pytest.approx(sum(shared) / 18, rel=1e-12)
+    assert links["not emulated"]["alpha_s"] == pytest.approx(sum(own) / 9, rel=1e-12)
     runs = answer["calibration"]["runs"]["centralized-sgd"]
     assert sorted(r["workers"] for r in runs) == [1, 2]
     two = next(r for r in runs if r["workers"] == 2)
     assert two["collectives_per_step"] == 1.0 and two["wire_bytes_per_step"] == 8000   # 2000 fp32 weights
     predicted = {(p["network"], p["workers"]): p for p in answer["predictions"]}
-    assert set(predicted) == {("100 Mbit/s", 2), ("100 Mbit/s", 4)}
+    assert set(predicted) == {(rate, n) for rate in ("100 Mbit/s", "30 Mbit/s") for n in (2, 4)}
     # the calibration run's communication phase beyond its own link's sweep is carried as is
     own = links["not emulated"]
     assert two["network"] == "not emulated"
