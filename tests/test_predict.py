@@ -71,6 +71,17 @@ def test_a_size_the_noise_timed_below_the_latency_costs_the_latency_and_no_bytes
     assert noisy.seconds("allreduce", 4, 4096) == pytest.approx(6 * 50e-6)
 
 
+def test_a_message_of_fewer_elements_than_ranks_is_no_latency_sample():
+    """One fp32 element over 2 ranks leaves one rank's chunk empty: fewer steps than a ring's, so
+    its 20 us is left out of alpha, the mean of the 10- and 100-element messages' steps."""
+    rows = [{"dtype": "fp32", "elements": n, "bytes": 4 * n, "time_s": t} for n, t in
+            ((1, 20e-6), (10, 100e-6), (100, 140e-6), (1_000_000, 0.0341))]
+    fitted = fit_link(rows, 2, "not emulated", "sweep")
+    assert fitted.alpha_s == pytest.approx((100e-6 + 140e-6) / 2 / 2)
+    # on 16 ranks, 10 elements leave chunks empty too: only the 100-element message's steps count
+    assert fit_link(rows, 16, "not emulated", "sweep").alpha_s == pytest.approx(140e-6 / 30)
+
+
 def test_the_repeats_of_a_sweep_give_each_size_the_median_of_their_times_and_the_latency_their_mean():
     slower = [{**r, "time_s": 3 * r["time_s"]} for r in ROWS]
     faster = [{**r, "time_s": 0.5 * r["time_s"], "time_max_s": 0.5 * r["time_s"]} for r in ROWS]
