@@ -11,7 +11,7 @@ import pytest
 from mlbench.errors import UsageError
 from mlbench.network.settings import NetworkSettings
 from mlbench.results.predict import (Calibration, Link, Measured, Traffic, crossovers, ddp_buckets, fit_link,
-                                     hops, nominal_link, wire_factor)
+                                     hops, nominal_link, whole_run_slowdown, wire_factor)
 
 #: a two-worker sweep: 4 bytes in 100 us (latency only), 4 MB in 34.1 ms
 ROWS = [{"dtype": "fp32", "bytes": 4, "time_s": 100e-6, "time_max_s": 100e-6},
@@ -152,6 +152,34 @@ def test_compute_at_a_count_whose_workers_shared_the_cores_is_that_counts_own_an
     assert at_four.notes[0] == "compute measured at 4 workers sharing the machine's cores (four)"
     # at 8 the oversubscribed count is not carried: each worker of a cluster has its own cores
     assert calibration.predict("centralized-sgd", 8, link()).compute_s == 0.05
+
+
+def test_a_straggler_multiplies_the_step_and_a_checkpoint_adds_its_measured_cost_over_its_interval():
+    """--inject slow:rank=R,factor=F sleeps (F - 1) x the slowed rank's step after each step, so
+    every peer waits for it: the step is F times the step without it. A checkpoint every N steps
+    adds its measured seconds over N, outside that factor (it is written between steps)."""
+    traffic = Traffic("allreduce", 2, 8e6, 2.0)
+    writes = dataclasses.replace(measured(2, traffic, compute=0.05, run_id="two"), checkpoint_s=0.3)
+    calibration = Calibration("task1a", runs={"centralized-sgd": [writes]})
+    plain = calibration.predict("centralized-sgd", 2, link())
+    slowed = calibration.predict("centralized-sgd", 2, link(), straggler=3.0, checkpoint_every=10)
+    assert slowed.step_s == pytest.approx(3 * (0.05 + 2 * 0.0341) + 0.3 / 10)
+    assert slowed.range_s == pytest.approx((3 * plain.range_s[0] + 0.03, 3 * plain.range_s[1] + 0.03))
+    assert slowed.to_dict()["straggler_factor"] == 3.0 and slowed.to_dict()["checkpoint_s"] == pytest.approx(0.03)
+    assert "one worker 3x slower: every step waits for it" in slowed.notes
+    # no run of the configuration wrote a checkpoint: its cost is unknown, left out, and said so
+    none = Calibration("task1a", runs={"centralized-sgd": [measured(2, traffic, compute=0.05)]})
+    unknown = none.predict("centralized-sgd", 2, link(), checkpoint_every=10)
+    assert unknown.step_s == pytest.approx(plain.step_s)
+    assert any(n.startswith("checkpoint cost unknown: no run of this configuration wrote one") for n in unknown.notes)
+
+
+def test_only_a_straggler_for_the_whole_run_has_one_step_time():
+    slow = {"kind": "slow", "rank": 1, "factor": 2.0}
+    assert whole_run_slowdown([]) == 1.0
+    assert whole_run_slowdown([slow, {**slow, "rank": 0, "factor": 3.0}, {"kind": "kill", "rank": 0, "at": 5}]) == 3.0
+    for part in ({"at": 10.0}, {"for": 30.0}, {"every": 60.0}):
+        assert whole_run_slowdown([{**slow, **part}]) is None
 
 
 def test_the_crossover_is_named_where_one_optimizer_overtakes_another():

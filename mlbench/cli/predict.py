@@ -33,6 +33,17 @@ SWEEPS = 3
 SWEEP_SPREAD = 2.5
 
 
+def _checkpoint_steps(text: str | None) -> int | None:
+    """``--checkpoint-every``'s steps: ``500steps`` or ``500``. A duration has no fixed step count."""
+    if text is None:
+        return None
+    digits = text.strip().removesuffix("steps").removesuffix("step")
+    if not digits.isdigit() or int(digits) < 1:
+        raise UsageError(f"--checkpoint-every {text}: give a number of steps (500steps); a checkpoint by "
+                         "duration has no step count to predict", option="checkpoint_every")
+    return int(digits)
+
+
 def _counts(text: str) -> list[int]:
     try:
         counts = sorted({int(part) for part in text.split(",") if part.strip()})
@@ -224,13 +235,18 @@ def _validate(run_refs: tuple[str, ...], output: str) -> None:
               "that disagree).")
 @click.option("--validate", is_flag=True, help="The arguments are runs: show each one's predicted step time "
               "beside its measured one.")
+@click.option("--straggler", type=click.FloatRange(min=1.0), default=1.0, show_default=True,
+              help="One worker this many times slower for the whole run (as --inject slow:rank=R,factor=F).")
+@click.option("--checkpoint-every", metavar="Nsteps", callback=lambda _c, _p, v: _checkpoint_steps(v),
+              help="A checkpoint every N steps (500steps, as mlbench run --checkpoint-every), at the cost the "
+              "configuration's runs measured.")
 @click.option("--chart", "chart_dir", type=click.Path(file_okay=False),
               help="Also draw the predictions: DIR/TASK-predicted.png and .svg (the charts extra).")
 @pricing_options
 @output_option
 def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, calibration_workers,
-            calibration_steps, max_size, sweep_iterations, data_dir, data, busy_ok, validate, chart_dir, instance,
-            price_per_hour, prices_file, output) -> None:
+            calibration_steps, max_size, sweep_iterations, data_dir, data, busy_ok, validate, straggler,
+            checkpoint_every, chart_dir, instance, price_per_hour, prices_file, output) -> None:
     """Predict step time, throughput, speedup and time to the goal at any worker count and
     network, from measured runs: task 0a's sweeps fit each link's latency and bandwidth, each
     optimizer's runs give its compute per step, bytes and collectives (docs/predict.md).
@@ -243,6 +259,9 @@ def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, 
       mlbench predict task2a --bandwidth 100mbit,1gbit --workers 2,4,8,16 --chart charts/
     """
     if validate:
+        if straggler != 1.0 or checkpoint_every:
+            raise UsageError("--validate reads each run's own stragglers and checkpoints; drop --straggler "
+                             "and --checkpoint-every")
         _validate(tuple(args), output)
         return
     if len(args) != 1:
@@ -260,7 +279,7 @@ def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, 
         _calibrate(task, optimizers, networks, _counts(calibration_workers), calibration_steps, max_size, options,
                    busy_ok, sweep_iterations)
     calibration = calibration_from(open_store(read_only=True), task, optimizers)
-    predictions = [calibration.predict(o, n, calibration.link(settings))
+    predictions = [calibration.predict(o, n, calibration.link(settings), straggler, checkpoint_every)
                    for settings in networks for o in optimizers for n in counts]
     notes = crossovers(predictions)
     if chart_dir is not None:

@@ -45,6 +45,7 @@ from mlbench.network.settings import NetworkSettings, format_rate, format_time, 
 from mlbench.optim.descriptors import COLLECTIVES, INFO
 from mlbench.optim.topology import parse_topology
 from mlbench.results.compare import RunResult
+from mlbench.results.faults import SLOW, periodic
 from mlbench.results.store import FINISHED, RunRecord, RunStore
 from mlbench.results.summary import COMPUTE_PHASES
 
@@ -238,6 +239,7 @@ class Measured:
     created_at: float
     machine: str
     backward_s: float = 0.0          # median backward phase per step (mean over ranks), of compute_s
+    checkpoint_s: float | None = None    # median seconds of one checkpoint it wrote; None: it wrote none
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -285,8 +287,12 @@ def measure_run(result: RunResult, events: list[dict[str, Any]]) -> Measured:
     collective = info.collective if info is not None else "allreduce"
     intervals: dict[tuple[int, int], dict[str, float]] = {}
     last_time: dict[int, float] = {}
+    written: dict[int, float] = {}   # checkpoint step -> rank 0's seconds to write it
     for e in events:
         name, rank = e.get("name", ""), int(e.get("rank", 0))
+        if name == "checkpoint" and isinstance(e.get("value"), dict):
+            written[int(e["value"].get("step", e.get("step", 0)))] = float(e["value"].get("seconds") or 0.0)
+            continue
         if not (name.startswith(("time/", "comm/")) or name in ("train/steps", "train/time")):
             continue
         point = intervals.setdefault((rank, int(e.get("step", 0))), {})
@@ -306,7 +312,10 @@ def measure_run(result: RunResult, events: list[dict[str, Any]]) -> Measured:
             collectives += point["comm/collectives"]
             counted += int(steps)
         if "train/time" in point:
-            if rank in last_time:
+            # a checkpoint after step c is written before step c + 1: an interval that holds it is
+            # no step time (the checkpoint is its own term, checkpoint_s / every)
+            holds = any(_step - steps <= c < _step for c in written)
+            if rank in last_time and not holds:
                 steps_s.append((point["train/time"] - last_time[rank]) / steps)
             last_time[rank] = point["train/time"]
     if not compute:
@@ -328,7 +337,7 @@ def measure_run(result: RunResult, events: list[dict[str, Any]]) -> Measured:
                     bool(cores) and workers * threads > cores,
                     outcome.steps_to_accuracy if outcome.reached else None, result.record.created_at,
                     str(environment.get("cpu") or environment.get("host") or "unknown machine"),
-                    statistics.median(backward))
+                    statistics.median(backward), statistics.median(written.values()) if written else None)
 
 
 @dataclass(frozen=True)
@@ -348,11 +357,14 @@ class Prediction:
     notes: tuple[str, ...] = ()
     overhead_s: float = 0.0          # of communication_s: the phase's part no link explains
     hidden_s: float = 0.0            # of communication_s: the part that runs beside compute
+    straggler_factor: float = 1.0    # one worker this many times slower (--inject slow): all wait
+    checkpoint_s: float = 0.0        # a checkpoint's seconds over the steps between two
 
     @property
     def step_s(self) -> float:
-        """Compute plus the communication that does not overlap it."""
-        return self.compute_s + self.communication_s - self.hidden_s
+        """Compute plus the communication that does not overlap it, times the straggler's
+        factor (the others wait for it at every collective), plus the checkpoints' share."""
+        return (self.compute_s + self.communication_s - self.hidden_s) * self.straggler_factor + self.checkpoint_s
 
     @property
     def throughput(self) -> float:
@@ -367,7 +379,8 @@ class Prediction:
                 "step_s": self.step_s, "step_range_s": list(self.range_s), "compute_s": self.compute_s,
                 "communication_s": self.communication_s, "hidden_s": self.hidden_s, "throughput": self.throughput,
                 "steps_to_goal": self.steps_to_goal, "time_to_goal_s": self.time_to_goal_s,
-                "overhead_s": self.overhead_s, "compute_from": self.compute_from, "traffic_from": self.traffic_from,
+                "overhead_s": self.overhead_s, "straggler_factor": self.straggler_factor,
+                "checkpoint_s": self.checkpoint_s, "compute_from": self.compute_from, "traffic_from": self.traffic_from,
                 "link": self.link.to_dict(), "notes": list(self.notes)}
 
 
@@ -396,8 +409,11 @@ class Calibration:
                              "(or `mlbench predict ... --calibrate`)")
         return nominal_link(host, settings)
 
-    def predict(self, optimizer: str, workers: int, link: Link) -> Prediction:
-        """Step time of ``optimizer`` at ``workers`` on ``link``; see the module's docstring."""
+    def predict(self, optimizer: str, workers: int, link: Link, straggler: float = 1.0,
+                checkpoint_every: int | None = None) -> Prediction:
+        """Step time of ``optimizer`` at ``workers`` on ``link``; see the module's docstring.
+        ``straggler``: one worker that many times slower for the whole run; ``checkpoint_every``:
+        a checkpoint every that many steps, at the cost the configuration's runs measured."""
         measured = self.runs.get(optimizer)
         if not measured:
             raise UsageError(f"no finished run of {self.task} with --optimizer {optimizer} to calibrate from: run "
@@ -464,9 +480,31 @@ class Calibration:
             samples = compute_run.samples_per_step / _global(settings, compute_run.workers) * _global(settings, workers)
         goal_runs = [m.steps_to_goal for m in at if m.steps_to_goal is not None]
         steps_to_goal = int(statistics.median(goal_runs)) if goal_runs else None
+        if straggler != 1.0:
+            notes.append(f"one worker {straggler:g}x slower: every step waits for it")
+        checkpoint_s = self._checkpoint_share(optimizer, workers, checkpoint_every, notes)
+        low_s, high_s = (low + communication - hidden) * straggler, (high + slowest - hidden) * straggler
         return Prediction(optimizer, workers, link, compute_s, communication,
-                          (low + communication - hidden, high + slowest - hidden), samples,
-                          compute_run.run_id, traffic_run.run_id, steps_to_goal, tuple(notes), overhead, hidden)
+                          (low_s + checkpoint_s, high_s + checkpoint_s), samples,
+                          compute_run.run_id, traffic_run.run_id, steps_to_goal, tuple(notes), overhead, hidden,
+                          straggler, checkpoint_s)
+
+    def _checkpoint_share(self, optimizer: str, workers: int, every: int | None, notes: list[str]) -> float:
+        """A checkpoint's seconds over ``every`` steps: the median of what the configuration's
+        runs at ``workers`` measured (at any count where none did); 0, said in ``notes``, where
+        no run of it wrote one: a cost no run measured is not guessed."""
+        if not every:
+            return 0.0
+        measured = self.runs.get(optimizer, [])
+        costs = [m.checkpoint_s for m in measured if m.workers == workers and m.checkpoint_s is not None] \
+            or [m.checkpoint_s for m in measured if m.checkpoint_s is not None]
+        if not costs:
+            notes.append(f"checkpoint cost unknown: no run of this configuration wrote one (mlbench run "
+                         f"{self.task} {workers} --optimizer {optimizer} --checkpoint-every {every}steps); left out")
+            return 0.0
+        cost = statistics.median(costs)
+        notes.append(f"a checkpoint every {every} steps, {format_time(cost)} each as measured")
+        return cost / every
 
     def _buckets(self, optimizer: str, traffic: Traffic, rounds: float) -> list[float]:
         """The byte sizes of the step's gradient buckets, in the order the backward pass makes
@@ -625,8 +663,8 @@ def calibration_from(store: RunStore, task: str, optimizers: Iterable[str],
     loaded: list[tuple[RunRecord, RunResult]] = []
     for record in sorted((r for r in records if r.task == task), key=lambda r: r.created_at):
         result = RunResult.load(record)
-        if result.config is None or result.config.optimizer not in wanted:
-            continue
+        if result.config is None or result.config.optimizer not in wanted or result.config.faults:
+            continue   # a run with faults measures them: its peers' phases hold the waits
         loaded.append((record, result))
         newest[result.config.optimizer] = (record, result)
     for optimizer, (_, lead) in newest.items():
@@ -654,7 +692,26 @@ def predict_run(store: RunStore, record: RunRecord, exclude: Iterable[str] = ())
     measured = measure_run(result, read_run_events(record.run_dir))
     calibration = calibration_from(store, record.task, [result.config.optimizer], exclude={record.id, *exclude})
     settings = NetworkSettings.from_dict(result.network) if result.network else None
-    return calibration.predict(result.config.optimizer, record.workers, calibration.link(settings)), measured
+    straggler = whole_run_slowdown(result.config.faults)
+    if straggler is None:
+        raise UsageError(f"run {record.id}: its slow faults apply for part of the run, which the model "
+                         "does not predict (a straggler for the whole run, it does)")
+    return calibration.predict(result.config.optimizer, record.workers, calibration.link(settings), straggler,
+                               result.config.checkpoint_every_steps), measured
+
+
+def whole_run_slowdown(faults: Iterable[dict[str, Any]]) -> float | None:
+    """The factor of the slowest worker of ``--inject slow`` schedules that hold from the start
+    for ever (1: none); None where one holds for part of the run only (a start, a length, a
+    period), which no one step time describes. Other fault kinds are the goodput's, not the step's."""
+    factor = 1.0
+    for spec in faults:
+        if spec.get("kind") != SLOW:
+            continue
+        if spec.get("at") or spec.get("for") is not None or periodic(spec):
+            return None
+        factor = max(factor, float(spec.get("factor") or 1.0))
+    return factor
 
 
 def crossovers(predictions: list[Prediction]) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 
@@ -46,7 +47,7 @@ def _two_worker_time(link: dict, size: float) -> float:
     return max(_loglog(link["sizes"], link["times_s"], size), 2 * link["alpha_s"])
 
 
-@pytest.mark.timeout(600)   # nine sweeps and two training runs, then two more runs to validate
+@pytest.mark.timeout(600)   # nine sweeps and two training runs, then five more runs to validate
 def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_later_one(shaping, tmp_path):
     made = mlbench("predict", "task2a", "--calibrate", "--busy-ok", "--data", "synthetic", "--calibration-steps", "20",
                    "--max-size", "100000", "--sweep-iterations", "30", "--workers", "2,4",
@@ -127,6 +128,25 @@ def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_late
     assert beside.startswith("Predicted step ") and "; measured " in beside and "100 Mbit/s" in beside, beside
     as_json = json.loads(mlbench("status", later.id, "--predicted", "-o", "json", check=True).stdout)["predicted"]
     assert as_json["workers"] == 2 and as_json["measured_step_s"] > 0 and as_json["step_s"] > 0
+    # a straggler for the whole run: every step waits for it, so the step is 10x the one without
+    # it, predicted (one calibration for both) and measured (within the 2x the plain step varies by)
+    mlbench("run", "task2a", "2", *SHORT, "--bandwidth", "100mbit", "--inject", "slow:rank=1,factor=10", check=True)
+    slowed = last_run()
+    plain, checked = json.loads(mlbench("predict", "--validate", second.id, slowed.id, "-o", "json",
+                                        check=True).stdout)["validation"]
+    guess = checked["predicted"]
+    assert guess["straggler_factor"] == 10.0 and guess["checkpoint_s"] == 0.0
+    assert guess["step_s"] == pytest.approx(10 * plain["predicted"]["step_s"], rel=1e-9)
+    assert 4 < checked["measured_step_s"] / plain["measured_step_s"] < 25, (checked, plain)
+    # a checkpoint every 10 steps: the other checkpointing run's measured cost over 10 steps; the
+    # run's own step time leaves out the interval that held its checkpoint
+    for _ in range(2):
+        mlbench("run", "task2a", "2", *SHORT, "--bandwidth", "100mbit", "--checkpoint-every", "10steps", check=True)
+    other, kept = RunStore().list()[-2:]
+    checked = json.loads(mlbench("predict", "--validate", kept.id, "-o", "json", check=True).stdout)["validation"][0]
+    written = [e["value"]["seconds"] for e in events(other) if e["name"] == "checkpoint"]
+    assert written, "the other run wrote no checkpoint"
+    assert checked["predicted"]["checkpoint_s"] == pytest.approx(statistics.median(written) / 10, rel=1e-9)
     refused = mlbench("predict", "task2a", "--bandwidth", "10gbit", "--optimizer", "powersgd")
     assert refused.returncode == 2
     last = refused.stderr.strip().splitlines()[-1]
