@@ -14,6 +14,7 @@ from mlbench.cli.completion import complete_tasks
 from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.cli.results import pricing_options
 from mlbench.errors import UsageError
+from mlbench.launch.plan import parse_checkpoint_every
 from mlbench.launch.session import open_store
 from mlbench.network.settings import NetworkSettings, network_options
 from mlbench.results.predict import (Calibration, Prediction, calibration_from, crossovers, describe_link,
@@ -34,14 +35,15 @@ SWEEP_SPREAD = 2.5
 
 
 def _checkpoint_steps(text: str | None) -> int | None:
-    """``--checkpoint-every``'s steps: ``500steps`` or ``500``. A duration has no fixed step count."""
+    """``--checkpoint-every``'s steps, spelled as `mlbench run` spells them (``500steps``); a
+    duration has no fixed step count to predict."""
     if text is None:
         return None
-    digits = text.strip().removesuffix("steps").removesuffix("step")
-    if not digits.isdigit() or int(digits) < 1:
+    _, steps = parse_checkpoint_every(text)
+    if steps is None:
         raise UsageError(f"--checkpoint-every {text}: give a number of steps (500steps); a checkpoint by "
                          "duration has no step count to predict", option="checkpoint_every")
-    return int(digits)
+    return steps
 
 
 def _counts(text: str) -> list[int]:

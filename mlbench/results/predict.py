@@ -299,7 +299,7 @@ def measure_run(result: RunResult, events: list[dict[str, Any]]) -> Measured:
         point[name] = point.get(name, 0.0) + float(e["value"])
     compute, backward, communication, steps_s, wire, counted, collectives = [], [], [], [], [], 0, 0.0
     per_rank_steps: dict[int, int] = {}
-    for (rank, _step), point in sorted(intervals.items()):
+    for (rank, end), point in sorted(intervals.items()):
         steps = point.get("train/steps", 0.0)
         if steps <= 0:
             continue
@@ -314,7 +314,7 @@ def measure_run(result: RunResult, events: list[dict[str, Any]]) -> Measured:
         if "train/time" in point:
             # a checkpoint after step c is written before step c + 1: an interval that holds it is
             # no step time (the checkpoint is its own term, checkpoint_s / every)
-            holds = any(_step - steps <= c < _step for c in written)
+            holds = any(end - steps <= c < end for c in written)
             if rank in last_time and not holds:
                 steps_s.append((point["train/time"] - last_time[rank]) / steps)
             last_time[rank] = point["train/time"]
