@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="steps of each run [task2a 300, task1a 24]")
     parser.add_argument("--repeat", type=int, default=3, help="runs per cell, interleaved; a cell is their median")
     parser.add_argument("--sweep-iterations", type=int, help="timed all-reduces per message size in the "
-                        "calibration's sweeps [task0a's 20]")
+                        "calibration's sweeps [mlbench predict's]")
     parser.add_argument("--busy-ok", action="store_true", help="calibrate even on a busy machine")
     parser.add_argument("--keep", type=Path, metavar="HOME", help="make and keep the runs in this new store "
                         "(`MLBENCH_HOME=HOME mlbench predict --validate` checks the model on them again) "

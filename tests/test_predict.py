@@ -21,6 +21,11 @@ ALPHA = 100e-6 / 2                                        # the smallest message
 BETA = (0.0341 - 2 * ALPHA) / 4e6                         # 8.5e-9 s per byte a rank sends
 
 
+def scaled_rows(factor: float) -> list[dict]:
+    """:data:`ROWS` with every time ``factor`` times longer: ``alpha`` and ``beta`` times ``factor``."""
+    return [{**row, **{k: factor * row[k] for k in ("time_s", "time_max_s") if k in row}} for row in ROWS]
+
+
 def link() -> Link:
     return fit_link(ROWS, 2, "1 Gbit/s", "sweep1")
 
@@ -279,6 +284,50 @@ def test_the_communication_phase_the_link_does_not_explain_is_carried_to_every_c
         "powersgd", 8, link()).communication_s == pytest.approx(0.1204)
     assert Calibration("task1a", runs={"powersgd": [run]}).predict("powersgd", 8, link()).communication_s == \
         pytest.approx(0.1204)
+
+
+def test_where_the_workers_shared_the_cores_their_measured_communication_is_the_floor_at_their_count():
+    """4 workers on 2 cores: a message step waits for the receiving rank to get a core, and a
+    link's own latency passes within that wait. The run's communication phase beyond its link
+    plus the optimizer's own cost (from the run with cores of its own) is that wait: at that
+    count the phase is a floor, not an overhead to add to a slower link; at a count no run
+    shared cores at, only the optimizer's own cost is carried."""
+    two_traffic, four_traffic = Traffic("allreduce", 2, 8e6, 2.0), Traffic("allreduce", 4, 12e6, 2.0)
+    on_two, on_four = 2 * 0.0341, 2 * (6 * ALPHA + 1.5 * 4e6 * BETA)   # 0.0682 s, 0.1026 s on link()
+    two = Measured("two", 2, 0.05, (0.04, 0.06), on_two + 0.012, 0.2, 64.0, two_traffic, "1 Gbit/s", False,
+                   None, 0.0, "lab")
+    four = Measured("four", 4, 0.05, (0.04, 0.06), 0.5, 0.6, 128.0, four_traffic, "1 Gbit/s", True, None, 0.0,
+                    "lab")
+    calibration = Calibration("task1a", runs={"powersgd": [two, four]}, links={"1 Gbit/s": link()})
+    twice = fit_link(scaled_rows(2),
+                     2, "300 Mbit/s", "sweep2")                          # alpha and beta doubled
+    assert calibration.predict("powersgd", 4, link()).communication_s == pytest.approx(0.5)
+    at_four = calibration.predict("powersgd", 4, twice)   # 2 x 0.1026 + 0.012 = 0.2172 s is under the wait
+    assert at_four.communication_s == pytest.approx(0.5)
+    assert at_four.overhead_s == pytest.approx(0.012)    # two's, not four's 0.5 - 0.1026
+    assert any("four's 4 workers shared the machine's cores" in n for n in at_four.notes)
+    tenfold = fit_link(scaled_rows(10),
+                       2, "30 Mbit/s", "sweep3")
+    assert calibration.predict("powersgd", 4, tenfold).communication_s == pytest.approx(10 * on_four + 0.012)
+    at_eight = calibration.predict("powersgd", 8, link())     # the traffic of four, the own cost of two
+    assert at_eight.traffic_from == "four"
+    assert at_eight.communication_s == pytest.approx(0.1204 + 0.012)
+    # a run that shared cores but whose phase its link explains sets no floor
+    steady = dataclasses.replace(four, communication_s=on_four + 0.012)
+    assert Calibration("task1a", runs={"powersgd": [two, steady]}, links={"1 Gbit/s": link()}).predict(
+        "powersgd", 4, twice).communication_s == pytest.approx(2 * on_four + 0.012)
+
+
+def test_a_calibrations_sweeps_time_200_small_all_reduces_a_size_unless_told():
+    """A small all-reduce here takes under 1 ms most times and a 4-ms scheduler tick about one
+    time in four: the mean of task 0a's own 20 is off by about 20%, of 200 by about 7%."""
+    from mlbench.cli.predict import sweep_overrides
+
+    assert sweep_overrides(None) == {"iterations": 200, "seconds_per_size": 1.0}
+    assert sweep_overrides(30) == {"iterations": 30, "seconds_per_size": 1.0}
+    assert sweep_overrides(800) == {"iterations": 800, "seconds_per_size": 4.0}
+    with pytest.raises(UsageError, match="--sweep-iterations 1: give at least 2"):
+        sweep_overrides(1)
 
 
 def test_a_task_with_a_fixed_global_batch_scales_compute_by_its_micro_batches_and_refuses_counts_it_cannot_run():

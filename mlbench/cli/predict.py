@@ -32,6 +32,13 @@ SWEEPS = 3
 #: of slowest / fastest) are too unsteady to fit a link to. Three sweeps of 20 operations a
 #: size on the idle 2-core machine differ by 1.4-1.7x; at a load of 2 or more, by up to 5x.
 SWEEP_SPREAD = 2.5
+#: Timed all-reduces per message size in a calibration's sweeps (task 0a's own default is 20).
+#: A small all-reduce here takes 0.3-0.9 ms most times and a scheduler tick (4 ms) more about
+#: one time in four, so the mean of 20 is off by about 20%, the mean of 200 by about 7%.
+CALIBRATION_ITERATIONS = 200
+#: Seconds per message size in a calibration's sweeps: room for all of a small message's
+#: iterations; a large one's few take the same time, and its bandwidth term needs no more.
+CALIBRATION_SECONDS_PER_SIZE = 1.0
 
 
 def _checkpoint_steps(text: str | None) -> int | None:
@@ -133,23 +140,29 @@ def _check_sweeps(rows: list[list[dict[str, Any]]], label: str, busy_ok: bool = 
                          "or give --busy-ok", option="calibrate")
 
 
+def sweep_overrides(sweep_iterations: int | None) -> dict[str, float]:
+    """Task 0a's ``--set`` for a calibration's sweeps: ``sweep_iterations`` timed all-reduces
+    per size (:data:`CALIBRATION_ITERATIONS` if None) in a time budget per size that lets a
+    small message run them all (:data:`CALIBRATION_SECONDS_PER_SIZE`, grown with more)."""
+    iterations = CALIBRATION_ITERATIONS if sweep_iterations is None else sweep_iterations
+    if iterations < 2:
+        raise UsageError(f"--sweep-iterations {iterations}: give at least 2", option="sweep_iterations")
+    return {"iterations": iterations,
+            "seconds_per_size": CALIBRATION_SECONDS_PER_SIZE * max(1.0, iterations / CALIBRATION_ITERATIONS)}
+
+
 def _calibrate(task: str, optimizers: list[str], networks: list[NetworkSettings | None], workers: list[int],
                steps: int, max_size: int, options: dict[str, Any], busy_ok: bool,
                sweep_iterations: int | None = None) -> None:
     """The calibration's runs: :data:`SWEEPS` task-0a sweeps on 2 workers per network (and on the
     machine's own), then each optimizer's run of the task at each calibration worker count.
-    ``sweep_iterations``: the timed all-reduces per size (task 0a's ``--set iterations``), its
-    time budget per size grown in proportion, so that the budget does not cut them short."""
+    ``sweep_iterations``: the timed all-reduces per size (task 0a's ``--set iterations``;
+    :data:`CALIBRATION_ITERATIONS` if None), with a time budget per size that lets a small
+    message run them all."""
     from mlbench import api
-    from mlbench.tasks.task0a import TASK0A
 
     _busy(busy_ok)
-    sweep_set: dict[str, Any] = {}
-    if sweep_iterations is not None:
-        if sweep_iterations < 2:
-            raise UsageError(f"--sweep-iterations {sweep_iterations}: give at least 2", option="sweep_iterations")
-        sweep_set = {"iterations": sweep_iterations,
-                     "seconds_per_size": TASK0A.seconds_per_size * max(1.0, sweep_iterations / TASK0A.iterations)}
+    sweep_set = sweep_overrides(sweep_iterations)
     shown_set = "".join(f" --set {k}={v:g}" for k, v in sweep_set.items())
     for settings in ([None] + [n for n in networks if n is not None]):
         network_args: dict[str, Any] = {}
@@ -230,7 +243,7 @@ def _validate(run_refs: tuple[str, ...], output: str) -> None:
 @click.option("--max-size", default=1_000_000, show_default=True, help="Largest message of the calibration's sweeps, "
               "in elements.")
 @click.option("--sweep-iterations", type=int, help="Timed all-reduces per message size in the calibration's "
-              "sweeps [task0a's 20]; more make the link's times steadier.")
+              f"sweeps [{CALIBRATION_ITERATIONS}]; more make the link's times steadier.")
 @click.option("--data-dir", help="The task's data for the calibration's runs (as mlbench run --data-dir).")
 @click.option("--data", type=click.Choice(["real", "synthetic"]), help="synthetic: calibrate on random data.")
 @click.option("--busy-ok", is_flag=True, help="Calibrate even though the machine is busy (its load, or two sweeps "

@@ -64,9 +64,9 @@ def test_a_calibration_made_here_predicts_from_its_own_runs_and_validates_a_late
     listed = json.loads(mlbench("status", "-o", "json", check=True).stdout)["runs"]
     sweeps = {r["id"]: r for r in listed if r["task"] == "task0a"}
     assert len(sweeps) == 9
-    for sweep in sweeps.values():   # --sweep-iterations 30: task0a's --set, its budget grown to match
+    for sweep in sweeps.values():   # --sweep-iterations 30: task0a's --set, in the calibration's budget
         task_spec = run_json(RunStore().get(sweep["id"]))["config"]["task"]
-        assert (task_spec["iterations"], task_spec["seconds_per_size"]) == (30, 0.75), task_spec
+        assert (task_spec["iterations"], task_spec["seconds_per_size"]) == (30, 1.0), task_spec
     sources = [link["source"].split(", ") for link in links.values()]
     assert all(len(ids) == 3 for ids in sources) and {i for ids in sources for i in ids} == set(sweeps)
     # alpha: the mean over sweeps' messages of 1 KB or less of at least one element a rank (40
