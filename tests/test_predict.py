@@ -286,36 +286,41 @@ def test_the_communication_phase_the_link_does_not_explain_is_carried_to_every_c
         pytest.approx(0.1204)
 
 
-def test_where_the_workers_shared_the_cores_their_measured_communication_is_the_floor_at_their_count():
+def test_where_the_workers_shared_the_cores_a_links_latency_passes_within_their_wait_for_a_core():
     """4 workers on 2 cores: a message step waits for the receiving rank to get a core, and a
-    link's own latency passes within that wait. The run's communication phase beyond its link
-    plus the optimizer's own cost (from the run with cores of its own) is that wait: at that
-    count the phase is a floor, not an overhead to add to a slower link; at a count no run
-    shared cores at, only the optimizer's own cost is carried."""
+    link's own latency passes within that wait; moving the bytes takes their time besides. The
+    run's communication phase less the optimizer's own cost (from the run with cores of its
+    own) and less its bytes' time on its link is what its message steps took: at that count it
+    replaces a link's latency terms where it is longer. At a count no run shared cores at,
+    only the optimizer's own cost is carried."""
     two_traffic, four_traffic = Traffic("allreduce", 2, 8e6, 2.0), Traffic("allreduce", 4, 12e6, 2.0)
-    on_two, on_four = 2 * 0.0341, 2 * (6 * ALPHA + 1.5 * 4e6 * BETA)   # 0.0682 s, 0.1026 s on link()
-    two = Measured("two", 2, 0.05, (0.04, 0.06), on_two + 0.012, 0.2, 64.0, two_traffic, "1 Gbit/s", False,
+    latency_four, bytes_four = 2 * 6 * ALPHA, 2 * 1.5 * 4e6 * BETA      # 0.6 ms and 102 ms on link()
+    two = Measured("two", 2, 0.05, (0.04, 0.06), 2 * 0.0341 + 0.012, 0.2, 64.0, two_traffic, "1 Gbit/s", False,
                    None, 0.0, "lab")
     four = Measured("four", 4, 0.05, (0.04, 0.06), 0.5, 0.6, 128.0, four_traffic, "1 Gbit/s", True, None, 0.0,
                     "lab")
     calibration = Calibration("task1a", runs={"powersgd": [two, four]}, links={"1 Gbit/s": link()})
-    twice = fit_link(scaled_rows(2),
-                     2, "300 Mbit/s", "sweep2")                          # alpha and beta doubled
+    waited = 0.5 - 0.012 - bytes_four                                   # 0.386 s of message steps
     assert calibration.predict("powersgd", 4, link()).communication_s == pytest.approx(0.5)
-    at_four = calibration.predict("powersgd", 4, twice)   # 2 x 0.1026 + 0.012 = 0.2172 s is under the wait
-    assert at_four.communication_s == pytest.approx(0.5)
-    assert at_four.overhead_s == pytest.approx(0.012)    # two's, not four's 0.5 - 0.1026
-    assert any("four's 4 workers shared the machine's cores" in n for n in at_four.notes)
-    tenfold = fit_link(scaled_rows(10),
-                       2, "30 Mbit/s", "sweep3")
-    assert calibration.predict("powersgd", 4, tenfold).communication_s == pytest.approx(10 * on_four + 0.012)
+
+    def with_alpha(alpha: float) -> Link:   # link()'s bytes, a latency step of ``alpha`` (as nominal_link)
+        return dataclasses.replace(link(), extra_alpha_s=alpha - ALPHA)
+
+    slower = calibration.predict("powersgd", 4, with_alpha(5e-3))   # 60 ms of latency: within the wait
+    assert slower.communication_s == pytest.approx(0.012 + bytes_four + waited)
+    assert slower.overhead_s == pytest.approx(0.012)        # two's, not four's 0.5 - 0.1026
+    assert any("four's 4 workers shared the machine's cores" in n for n in slower.notes)
+    far = calibration.predict("powersgd", 4, with_alpha(50e-3))     # 600 ms of latency: longer than the wait
+    assert far.communication_s == pytest.approx(0.012 + bytes_four + 2 * 6 * 50e-3)
+    twice = fit_link(scaled_rows(2), 2, "300 Mbit/s", "sweep2")    # alpha and beta doubled: the bytes add
+    assert calibration.predict("powersgd", 4, twice).communication_s == pytest.approx(0.012 + 2 * bytes_four + waited)
     at_eight = calibration.predict("powersgd", 8, link())     # the traffic of four, the own cost of two
     assert at_eight.traffic_from == "four"
     assert at_eight.communication_s == pytest.approx(0.1204 + 0.012)
-    # a run that shared cores but whose phase its link explains sets no floor
-    steady = dataclasses.replace(four, communication_s=on_four + 0.012)
+    # a run that shared cores but whose phase its link explains has no wait to carry
+    steady = dataclasses.replace(four, communication_s=latency_four + bytes_four + 0.012)
     assert Calibration("task1a", runs={"powersgd": [two, steady]}, links={"1 Gbit/s": link()}).predict(
-        "powersgd", 4, twice).communication_s == pytest.approx(2 * on_four + 0.012)
+        "powersgd", 4, with_alpha(5e-3)).communication_s == pytest.approx(0.012 + bytes_four + 2 * 6 * 5e-3)
 
 
 def test_a_calibrations_sweeps_time_200_small_all_reduces_a_size_unless_told():

@@ -211,6 +211,12 @@ class Traffic:
             return count / (2 * max(self.peers, 1))
         return count
 
+    def latency_seconds(self, link: Link, workers: int, peers: int = 2) -> float:
+        """The latency steps' part of :meth:`seconds`: its collectives' ``hops x alpha``."""
+        if workers <= 1:
+            return 0.0
+        return self.rounds() * hops(self.collective, workers) * (link.alpha_s + link.extra_alpha_s)
+
     def seconds(self, link: Link, workers: int, peers: int = 2, slowest: bool = False) -> float:
         """Communication per step on ``workers`` ranks over ``link`` (gossip: ``peers`` each):
         its collectives, each of an equal share of the step's message."""
@@ -455,13 +461,14 @@ class Calibration:
             notes.append(f"{format_time(overhead)} a step of {encoding_run.run_id}'s communication phase is not its "
                          "link's (encoding, decoding, copies): added at every count")
             communication, slowest = communication + overhead, slowest + overhead
-        floor = self._core_wait_floor(optimizer, traffic_run, overhead) \
+        waited = self._latency_waited(optimizer, traffic_run, overhead) \
             if workers > 1 and traffic_run.workers == workers else 0.0
-        if floor > communication:
-            notes.append(f"{traffic_run.run_id}'s {workers} workers shared the machine's cores: its communication "
-                         f"({format_time(floor)} a step) waited for a core beyond its link, and a link's latency "
-                         "passes within that wait, so the communication is at least that")
-            communication, slowest = floor, max(slowest, floor)
+        latency = traffic.latency_seconds(link, workers, peers)
+        if waited > latency:
+            notes.append(f"{traffic_run.run_id}'s {workers} workers shared the machine's cores: its message steps "
+                         f"took {format_time(waited)} a step, waiting for a core, and a link's latency passes "
+                         "within that wait: its bytes are added to that")
+            communication, slowest = communication + waited - latency, slowest + waited - latency
         info = INFO.get(optimizer)
         overlaps = info.overlaps if info is not None else None
         hidden = 0.0
@@ -554,19 +561,22 @@ class Calibration:
             return traffic_run
         return min(own, key=lambda m: (abs(m.workers - traffic_run.workers), -m.created_at))
 
-    def _core_wait_floor(self, optimizer: str, run: Measured, overhead: float) -> float:
-        """The least communication a step of ``run``'s configuration can take at its worker
-        count, where its workers shared the machine's cores: its measured communication phase
-        if that exceeds its own network's link plus ``overhead`` (a message step there waited
-        for the receiving rank to get a core, and the link's own latency passes within the
-        wait); 0 where the run had cores of its own, or its link explains its phase."""
+    def _latency_waited(self, optimizer: str, run: Measured, overhead: float) -> float:
+        """The seconds per step that ``run``'s message steps took, where its workers shared the
+        machine's cores and its communication phase is longer than its own network's link plus
+        ``overhead`` explain: the phase less ``overhead`` and less its bytes' time on that link.
+        A message step there also waited for the receiving rank to get a core, and a link's
+        latency passes within that wait; moving the bytes takes the cores' time besides. 0 where
+        the run had cores of its own, or its link explains its phase."""
         link = self.links.get(run.network)
         if not run.shared_cores or link is None:
             return 0.0
         gossip = run.traffic.collective == "gossip"
         peers = _peers(optimizer, self._parsed_options(optimizer), run.workers) if gossip else 2
-        explained = run.traffic.seconds(link, run.workers, peers) + overhead
-        return run.communication_s if run.communication_s > explained else 0.0
+        explained = run.traffic.seconds(link, run.workers, peers)
+        if run.communication_s <= explained + overhead:
+            return 0.0
+        return run.communication_s - overhead - (explained - run.traffic.latency_seconds(link, run.workers, peers))
 
     def _overhead(self, optimizer: str, run: Measured) -> float:
         """Seconds a step of ``run``'s communication phase spent beyond what its own network's
