@@ -8,9 +8,9 @@
     python benchmarks/predict.py --from /tmp/predict-2a            # score the model on them again
 
 As the simulators are validated (ASTRA-sim, SimAI: predicted against measured per case): one
-calibration per task (`mlbench predict TASK --calibrate`: two task-0a sweeps per emulated rate
-and on the machine's own network, and each optimizer's short run at every worker count without
-emulation), then real runs per cell (optimizer x workers x rate, `mlbench run TASK N
+calibration per task (`mlbench predict TASK --calibrate`: three task-0a sweeps per emulated rate
+and on the machine's own network, and three short runs of each optimizer at every worker count
+without emulation), then real runs per cell (optimizer x workers x rate, `mlbench run TASK N
 --bandwidth RATE`), --repeat of them, interleaved: one round of every cell, then the next, so
 that a slow minute of the machine spreads over the cells instead of falling on one. Every run is
 predicted from the calibration alone (`mlbench predict --validate` leaves every run it checks out
@@ -63,7 +63,8 @@ def newest_run(home: Path) -> str:
 
 
 def validate_task(home: Path, task: str, optimizers: list[str], workers: list[int], bandwidth: str,
-                  steps: int, busy_ok: bool, repeat: int, sweep_iterations: int | None) -> list[dict]:
+                  steps: int, busy_ok: bool, repeat: int, sweep_iterations: int | None,
+                  calibration_repeat: int | None = None) -> list[dict]:
     """The calibration of ``task``, then ``repeat`` runs per cell (the cells interleaved: one round
     of every cell, then the next) and its prediction; a cell's measurement is its runs' median."""
     rates = [n.label() for n in network_options(bandwidth, None, None, None) if n is not None]
@@ -71,7 +72,8 @@ def validate_task(home: Path, task: str, optimizers: list[str], workers: list[in
     calibrate = ["predict", task, "--calibrate", "--optimizer", ",".join(optimizers), "--bandwidth", bandwidth,
                  "--calibration-workers", ",".join(map(str, workers)), "--calibration-steps", str(steps),
                  "--data", "synthetic", "--workers", ",".join(map(str, workers)),
-                 *(["--sweep-iterations", str(sweep_iterations)] if sweep_iterations else [])]
+                 *(["--sweep-iterations", str(sweep_iterations)] if sweep_iterations else []),
+                 *(["--calibration-repeat", str(calibration_repeat)] if calibration_repeat else [])]
     print(f"calibrating {task}: mlbench {' '.join(calibrate)}", file=sys.stderr, flush=True)
     mlbench(home, *calibrate, *(["--busy-ok"] if busy_ok else []))
     cells = [{"task": task, "optimizer": optimizer, "workers": count, "rate": rate, "rate_arg": rate_arg, "runs": []}
@@ -132,6 +134,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per cell, interleaved; a cell is their median")
     parser.add_argument("--sweep-iterations", type=int, help="timed all-reduces per message size in the "
                         "calibration's sweeps [mlbench predict's]")
+    parser.add_argument("--calibration-repeat", type=int, help="calibration runs per optimizer and worker "
+                        "count [mlbench predict's]")
     parser.add_argument("--busy-ok", action="store_true", help="calibrate even on a busy machine")
     parser.add_argument("--keep", type=Path, metavar="HOME", help="make and keep the runs in this new store "
                         "(`MLBENCH_HOME=HOME mlbench predict --validate` checks the model on them again) "
@@ -155,7 +159,7 @@ def main() -> None:
             for task in args.tasks:
                 cells += validate_task(home, task, args.optimizers, args.workers, args.bandwidth,
                                        args.steps or STEPS.get(task, 30), args.busy_ok, args.repeat,
-                                       args.sweep_iterations)
+                                       args.sweep_iterations, args.calibration_repeat)
     rows = [[c["task"], c["optimizer"], c["workers"], c["rate"], f"{1e3 * c['measured']:.2f}",
              f"{c['spread']:.2f}x", f"{1e3 * c['predicted']:.2f}", f"{100 * c['error']:+.1f}%",
              f"{1e3 * c['measured_comm']:.2f}", f"{1e3 * c['predicted_comm']:.2f}"] for c in cells]

@@ -323,6 +323,31 @@ def test_where_the_workers_shared_the_cores_a_links_latency_passes_within_their_
         "powersgd", 4, with_alpha(5e-3)).communication_s == pytest.approx(0.012 + bytes_four + 2 * 6 * 5e-3)
 
 
+def test_a_calibration_run_counts_as_the_median_of_its_repeats():
+    """`predict --calibrate` makes 3 runs per optimizer and count (one `mlbench run --repeat 3`
+    group): each per-step figure is their median, so that one noisy run does not carry into
+    every prediction of its optimizer. A run of another group, count or network is not mixed in."""
+    from mlbench.results.predict import median_of_repeats
+
+    traffic, explained = Traffic("allreduce", 2, 8e6, 2.0), 2 * 0.0341
+    base = Measured("a", 2, 0.05, (0.04, 0.06), explained + 0.010, 0.2, 64.0, traffic, "1 Gbit/s", False, None,
+                    1.0, "lab", group="g")
+    runs = [base,
+            dataclasses.replace(base, run_id="b", compute_s=0.07, communication_s=explained + 0.030, created_at=2.0),
+            dataclasses.replace(base, run_id="c", compute_s=0.06, communication_s=explained + 0.002, created_at=3.0),
+            dataclasses.replace(base, run_id="d", compute_s=0.5, communication_s=1.0, created_at=4.0, group="h"),
+            dataclasses.replace(base, run_id="e", compute_s=0.5, communication_s=1.0, created_at=5.0,
+                                network="30 Mbit/s")]
+    median = median_of_repeats(runs[2], runs)
+    assert median.run_id == "a, b, c"
+    assert median.compute_s == pytest.approx(0.06) and median.communication_s == pytest.approx(explained + 0.010)
+    assert median_of_repeats(runs[3], runs) == runs[3]          # alone in its group
+    calibration = Calibration("task1a", runs={"powersgd": runs[:3]}, links={"1 Gbit/s": link()})
+    at_two = calibration.predict("powersgd", 2, link())
+    assert at_two.overhead_s == pytest.approx(0.010)            # not the newest run's 0.002
+    assert at_two.compute_s == pytest.approx(0.06) and at_two.compute_from == "a, b, c"
+
+
 def test_a_calibrations_sweeps_time_200_small_all_reduces_a_size_unless_told():
     """A small all-reduce here takes under 1 ms most times and a 4-ms scheduler tick about one
     time in four: the mean of task 0a's own 20 is off by about 20%, of 200 by about 7%."""

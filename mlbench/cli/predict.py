@@ -32,6 +32,9 @@ SWEEPS = 3
 #: of slowest / fastest) are too unsteady to fit a link to. Three sweeps of 20 operations a
 #: size on the idle 2-core machine differ by 1.4-1.7x; at a load of 2 or more, by up to 5x.
 SWEEP_SPREAD = 2.5
+#: Calibration runs per optimizer and worker count: one run carries its noise into every
+#: prediction of its optimizer; the model takes the median of these repeats.
+CALIBRATION_REPEATS = 3
 #: Timed all-reduces per message size in a calibration's sweeps (task 0a's own default is 20).
 #: A small all-reduce here takes 0.3-0.9 ms most times and a scheduler tick (4 ms) more about
 #: one time in four, so the mean of 20 is off by about 20%, the mean of 200 by about 7%.
@@ -153,9 +156,10 @@ def sweep_overrides(sweep_iterations: int | None) -> dict[str, float]:
 
 def _calibrate(task: str, optimizers: list[str], networks: list[NetworkSettings | None], workers: list[int],
                steps: int, max_size: int, options: dict[str, Any], busy_ok: bool,
-               sweep_iterations: int | None = None) -> None:
+               sweep_iterations: int | None = None, repeat: int = 1) -> None:
     """The calibration's runs: :data:`SWEEPS` task-0a sweeps on 2 workers per network (and on the
-    machine's own), then each optimizer's run of the task at each calibration worker count.
+    machine's own), then ``repeat`` runs of each optimizer's task at each calibration worker
+    count (the model takes their median).
     ``sweep_iterations``: the timed all-reduces per size (task 0a's ``--set iterations``;
     :data:`CALIBRATION_ITERATIONS` if None), with a time budget per size that lets a small
     message run them all."""
@@ -185,12 +189,13 @@ def _calibrate(task: str, optimizers: list[str], networks: list[NetworkSettings 
     for optimizer in optimizers:
         for count in workers:   # the load is checked once, before: these runs raise it themselves
             click.echo(f"calibrating {optimizer}: mlbench run {task} {count} --optimizer {optimizer} "
-                       f"--max-steps {steps}", err=True)
-            run = api.run(task, count, optimizer=optimizer, max_steps=steps, log_every=max(1, steps // 6),
-                          **options)
-            if run.state != "finished":
-                raise UsageError(f"the calibration run {run.id} of {optimizer} {run.state}: {run.reason}",
-                                 option="calibrate")
+                       f"--max-steps {steps}{f' --repeat {repeat}' if repeat > 1 else ''}", err=True)
+            started = api.start(api.plan(task, [count], optimizer=optimizer, max_steps=steps,
+                                         log_every=max(1, steps // 6), repeat=repeat, **options))
+            for run in started.runs:
+                if run.state != "finished":
+                    raise UsageError(f"the calibration run {run.id} of {optimizer} {run.state}: {run.reason}",
+                                     option="calibrate")
 
 
 def predicted_line(store: Any, record: Any) -> str:
@@ -240,6 +245,8 @@ def _validate(run_refs: tuple[str, ...], output: str) -> None:
 @click.option("--calibration-workers", default="1,2", show_default=True,
               help="Worker counts of the calibration's training runs.")
 @click.option("--calibration-steps", default=60, show_default=True, help="Steps of each calibration run.")
+@click.option("--calibration-repeat", type=click.IntRange(min=1), default=CALIBRATION_REPEATS, show_default=True,
+              help="Calibration runs per optimizer and worker count; the model takes their median.")
 @click.option("--max-size", default=1_000_000, show_default=True, help="Largest message of the calibration's sweeps, "
               "in elements.")
 @click.option("--sweep-iterations", type=int, help="Timed all-reduces per message size in the calibration's "
@@ -260,8 +267,8 @@ def _validate(run_refs: tuple[str, ...], output: str) -> None:
 @pricing_options
 @output_option
 def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, calibration_workers,
-            calibration_steps, max_size, sweep_iterations, data_dir, data, busy_ok, validate, straggler,
-            checkpoint_every, chart_dir, instance, price_per_hour, prices_file, output) -> None:
+            calibration_steps, calibration_repeat, max_size, sweep_iterations, data_dir, data, busy_ok, validate,
+            straggler, checkpoint_every, chart_dir, instance, price_per_hour, prices_file, output) -> None:
     """Predict step time, throughput, speedup and time to the goal at any worker count and
     network, from measured runs: task 0a's sweeps fit each link's latency and bandwidth, each
     optimizer's runs give its compute per step, bytes and collectives (docs/predict.md).
@@ -292,7 +299,7 @@ def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, 
     if calibrate:
         options = {k: v for k, v in {"data_dir": data_dir, "data": data}.items() if v}
         _calibrate(task, optimizers, networks, _counts(calibration_workers), calibration_steps, max_size, options,
-                   busy_ok, sweep_iterations)
+                   busy_ok, sweep_iterations, calibration_repeat)
     calibration = calibration_from(open_store(read_only=True), task, optimizers)
     predictions = [calibration.predict(o, n, calibration.link(settings), straggler, checkpoint_every)
                    for settings in networks for o in optimizers for n in counts]
