@@ -63,7 +63,8 @@ def main() -> None:
                    MLBENCH_DATA=str(Path(scratch) / "data"))
         for workers in args.workers:
             samples: dict[str, list[tuple[float, float]]] = {way: [] for way in WAYS}
-            one_run(workers, args.steps, env, args.framework, args.task)  # warm the page cache once, outside the samples
+            # warm the page cache once, outside the samples
+            one_run(workers, args.steps, env, args.framework, args.task)
             for _ in range(args.repeat):
                 for way, extra in WAYS.items():
                     samples[way].append(one_run(workers, args.steps, {**env, **extra}, args.framework, args.task))
