@@ -29,8 +29,9 @@ BUSY_LOAD_PER_CORE = 0.5
 #: Sweeps of one network per calibration: the link takes the median of their times per size.
 SWEEPS = 3
 #: Sweeps of one network whose times differ by more than this (the median over message sizes
-#: of slowest / fastest) are too unsteady to fit a link to. Three sweeps of 20 operations a
-#: size on the idle 2-core machine differ by 1.4-1.7x; at a load of 2 or more, by up to 5x.
+#: of slowest / fastest) are too unsteady to fit a link to. Three sweeps of 200 operations a
+#: size on the 2-core machine, at a load of 1-2, differed by 1.06-1.82x; of 20 operations at a
+#: load of 2 or more, by up to 5x.
 SWEEP_SPREAD = 2.5
 #: Calibration runs per optimizer and worker count: one run carries its noise into every
 #: prediction of its optimizer; the model takes the median of these repeats.

@@ -211,7 +211,7 @@ class Traffic:
             return count / (2 * max(self.peers, 1))
         return count
 
-    def latency_seconds(self, link: Link, workers: int, peers: int = 2) -> float:
+    def latency_seconds(self, link: Link, workers: int) -> float:
         """The latency steps' part of :meth:`seconds`: its collectives' ``hops x alpha``."""
         if workers <= 1:
             return 0.0
@@ -467,7 +467,7 @@ class Calibration:
             communication, slowest = communication + overhead, slowest + overhead
         waited = self._latency_waited(optimizer, traffic_run, overhead) \
             if workers > 1 and traffic_run.workers == workers else 0.0
-        latency = traffic.latency_seconds(link, workers, peers)
+        latency = traffic.latency_seconds(link, workers)
         if waited > latency:
             notes.append(f"{traffic_run.run_id}'s {workers} workers shared the machine's cores: its message steps "
                          f"took {format_time(waited)} a step, waiting for a core, and a link's latency passes "
@@ -576,12 +576,10 @@ class Calibration:
         link = self.links.get(run.network)
         if not run.shared_cores or link is None:
             return 0.0
-        gossip = run.traffic.collective == "gossip"
-        peers = _peers(optimizer, self._parsed_options(optimizer), run.workers) if gossip else 2
-        explained = run.traffic.seconds(link, run.workers, peers)
+        explained = self._on_own_link(optimizer, run, link)
         if run.communication_s <= explained + overhead:
             return 0.0
-        return run.communication_s - overhead - (explained - run.traffic.latency_seconds(link, run.workers, peers))
+        return run.communication_s - overhead - (explained - run.traffic.latency_seconds(link, run.workers))
 
     def _overhead(self, optimizer: str, run: Measured) -> float:
         """Seconds a step of ``run``'s communication phase spent beyond what its own network's
@@ -591,9 +589,13 @@ class Calibration:
         link = self.links.get(run.network)
         if link is None:
             return 0.0
+        return max(0.0, run.communication_s - self._on_own_link(optimizer, run, link))
+
+    def _on_own_link(self, optimizer: str, run: Measured, link: Link) -> float:
+        """What ``run``'s traffic costs a step on ``link``, the link of its own network."""
         gossip = run.traffic.collective == "gossip"
         peers = _peers(optimizer, self._parsed_options(optimizer), run.workers) if gossip else 2
-        return max(0.0, run.communication_s - run.traffic.seconds(link, run.workers, peers))
+        return run.traffic.seconds(link, run.workers, peers)
 
     def _options(self, optimizer: str) -> dict[str, Any]:
         config = self.configuration.get(optimizer, {})
