@@ -85,7 +85,7 @@ class RunConfig:
     checkpoint_every_s: float | None = None
     checkpoint_every_steps: int | None = None
     #: ``--checkpoint-every auto[:MTBF]``: the mean time between failures Young/Daly's interval is
-    #: made from, with each checkpoint's measured cost (:func:`mlbench.worker.checkpoint.daly_interval`).
+    #: made from, with each checkpoint's measured cost (:func:`mlbench.checkpoint_schedule.daly_interval`).
     checkpoint_auto_mtbf_s: float | None = None
     #: ``--checkpoint-dir``: the checkpoints go to DIR/RUN_ID instead of RUN_DIR/checkpoints.
     checkpoint_dir: str | None = None

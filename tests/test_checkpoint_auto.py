@@ -16,7 +16,7 @@ from mlbench.errors import UsageError
 from mlbench.launch.faults import parse_inject
 from mlbench.launch.plan import RunRequest, build_config
 from mlbench.results.store import RunStore
-from mlbench.worker.checkpoint import daly_interval
+from mlbench.checkpoint_schedule import daly_interval
 from tests.helpers import events, mlbench, run_json
 
 

@@ -3,7 +3,7 @@
 import json
 import zipfile
 
-from mlbench.worker.trainer import BUDGET_CHECK_SECONDS
+from mlbench.checkpoint_schedule import BUDGET_CHECK_SECONDS
 from tests.helpers import events, last_run, mlbench, run_json
 
 

@@ -8,6 +8,8 @@ import math
 
 import pytest
 
+from mlbench.checkpoint_schedule import CheckpointRule
+from mlbench.cli.predict import _checkpoint_rule
 from mlbench.errors import UsageError
 from mlbench.network.settings import NetworkSettings
 from mlbench.results.predict import (Calibration, Link, Measured, Traffic, crossovers, ddp_buckets, fit_link,
@@ -157,6 +159,12 @@ def test_compute_at_a_count_whose_workers_shared_the_cores_is_that_counts_own_an
     assert at_four.notes[0] == "compute measured at 4 workers sharing the machine's cores (four)"
     # at 8 the oversubscribed count is not carried: each worker of a cluster has its own cores
     assert calibration.predict("centralized-sgd", 8, link()).compute_s == 0.05
+    # below the count asked for too, a run without emulation first, however old: tc's shaping
+    # costs the cores as well
+    shaped = dataclasses.replace(measured(2, traffic, compute=0.07, run_id="shaped"), network="30 Mbit/s",
+                                 created_at=1.0)
+    calibration.runs["centralized-sgd"].append(shaped)
+    assert calibration.predict("centralized-sgd", 8, link()).compute_s == 0.05
 
 
 def test_a_straggler_multiplies_the_step_and_a_checkpoint_adds_its_measured_cost_over_its_interval():
@@ -167,16 +175,50 @@ def test_a_straggler_multiplies_the_step_and_a_checkpoint_adds_its_measured_cost
     writes = dataclasses.replace(measured(2, traffic, compute=0.05, run_id="two"), checkpoint_s=0.3)
     calibration = Calibration("task1a", runs={"centralized-sgd": [writes]})
     plain = calibration.predict("centralized-sgd", 2, link())
-    slowed = calibration.predict("centralized-sgd", 2, link(), straggler=3.0, checkpoint_every=10)
+    slowed = calibration.predict("centralized-sgd", 2, link(), straggler=3.0, checkpoints=CheckpointRule(steps=10))
     assert slowed.step_s == pytest.approx(3 * (0.05 + 2 * 0.0341) + 0.3 / 10)
     assert slowed.range_s == pytest.approx((3 * plain.range_s[0] + 0.03, 3 * plain.range_s[1] + 0.03))
     assert slowed.to_dict()["straggler_factor"] == 3.0 and slowed.to_dict()["checkpoint_s"] == pytest.approx(0.03)
     assert "one worker 3x slower: every step waits for it" in slowed.notes
     # no run of the configuration wrote a checkpoint: its cost is unknown, left out, and said so
     none = Calibration("task1a", runs={"centralized-sgd": [measured(2, traffic, compute=0.05)]})
-    unknown = none.predict("centralized-sgd", 2, link(), checkpoint_every=10)
+    unknown = none.predict("centralized-sgd", 2, link(), checkpoints=CheckpointRule(steps=10))
     assert unknown.step_s == pytest.approx(plain.step_s)
     assert any(n.startswith("checkpoint cost unknown: no run of this configuration wrote one") for n in unknown.notes)
+
+
+def test_a_checkpoint_by_duration_or_auto_shares_its_cost_among_the_steps_of_its_interval():
+    """By duration T: a checkpoint is due T after the last ended and written at the first clock
+    check after that (every c = max(1, min(1000, floor(0.25 s / step))) steps), so T plus half a
+    check passes between two, and its steps share the cost. auto:MTBF: T is Daly's optimum for
+    the measured cost, as the workers choose it."""
+    traffic = Traffic("allreduce", 2, 8e6, 2.0)
+    writes = dataclasses.replace(measured(2, traffic, compute=0.05, run_id="two"), checkpoint_s=0.3)
+    calibration = Calibration("task1a", runs={"centralized-sgd": [writes]})
+    step = 0.05 + 2 * 0.0341          # the plain step (compute, two all-reduces): 0.1182 s, so c = 2
+    every_minute = calibration.predict("centralized-sgd", 2, link(), checkpoints=CheckpointRule(seconds=60.0))
+    assert every_minute.checkpoint_s == pytest.approx(0.3 * step / (60 + 2 * step / 2))
+    assert every_minute.step_s == pytest.approx(step + 0.3 * step / (60 + step))
+    assert "a checkpoint every 60s, 300 ms each as measured" in every_minute.notes
+    # a step longer than the check's 0.25 s: the workers check at every step (c = 1)
+    slowed = calibration.predict("centralized-sgd", 2, link(), straggler=4.0, checkpoints=CheckpointRule(seconds=2.0))
+    assert slowed.checkpoint_s == pytest.approx(0.3 * 4 * step / (2 + 4 * step / 2))
+    # auto:2h: Daly's interval for d = 0.3 s, M = 7200 s, by hand
+    daly = math.sqrt(2 * 0.3 * 7200) * (1 + math.sqrt(0.3 / 14400) / 3 + 0.3 / 14400 / 9) - 0.3
+    auto = calibration.predict("centralized-sgd", 2, link(), checkpoints=CheckpointRule(auto_mtbf_s=7200.0))
+    assert auto.checkpoint_s == pytest.approx(0.3 * step / (daly + step))
+    assert any(n.startswith(f"a checkpoint every {daly:.3g}s (auto: Daly's optimum for an MTBF of 7200s)")
+               for n in auto.notes), auto.notes
+    # as `mlbench predict --checkpoint-every` reads them; auto alone has no --inject schedule here
+    assert _checkpoint_rule("500steps") == CheckpointRule(steps=500)
+    assert _checkpoint_rule("2m") == CheckpointRule(seconds=120.0)
+    assert _checkpoint_rule("auto:2h") == CheckpointRule(auto_mtbf_s=7200.0)
+    with pytest.raises(UsageError, match="give the mean time between failures"):
+        _checkpoint_rule("auto")
+    none = Calibration("task1a", runs={"centralized-sgd": [measured(2, traffic, compute=0.05)]})
+    unknown = none.predict("centralized-sgd", 2, link(), checkpoints=CheckpointRule(auto_mtbf_s=7200.0))
+    assert unknown.checkpoint_s == 0.0
+    assert any("--checkpoint-every auto:7200s); left out" in n for n in unknown.notes), unknown.notes
 
 
 def test_only_a_straggler_for_the_whole_run_has_one_step_time():

@@ -9,12 +9,13 @@ from typing import Any
 
 import click
 
+from mlbench.checkpoint_schedule import CheckpointRule
 from mlbench.cli import cli
 from mlbench.cli.completion import complete_tasks
 from mlbench.cli.output import emit, output_option, tabulate
 from mlbench.cli.results import pricing_options
 from mlbench.errors import UsageError
-from mlbench.launch.plan import parse_checkpoint_every
+from mlbench.launch.plan import parse_checkpoint_auto, parse_checkpoint_every
 from mlbench.launch.session import open_store
 from mlbench.network.settings import NetworkSettings, network_options
 from mlbench.results.predict import (Calibration, Prediction, calibration_from, crossovers, describe_link,
@@ -45,16 +46,20 @@ CALIBRATION_ITERATIONS = 200
 CALIBRATION_SECONDS_PER_SIZE = 1.0
 
 
-def _checkpoint_steps(text: str | None) -> int | None:
-    """``--checkpoint-every``'s steps, spelled as `mlbench run` spells them (``500steps``); a
-    duration has no fixed step count to predict."""
+def _checkpoint_rule(text: str | None) -> CheckpointRule | None:
+    """``--checkpoint-every`` as `mlbench run` spells it: ``500steps``, a duration (``2m``) or
+    ``auto:MTBF``. ``auto`` alone takes its MTBF from a run's --inject schedule, which a
+    prediction has none of."""
     if text is None:
         return None
-    _, steps = parse_checkpoint_every(text)
-    if steps is None:
-        raise UsageError(f"--checkpoint-every {text}: give a number of steps (500steps); a checkpoint by "
-                         "duration has no step count to predict", option="checkpoint_every")
-    return steps
+    mtbf = parse_checkpoint_auto(text)
+    if mtbf is not None:
+        if not mtbf:
+            raise UsageError(f"--checkpoint-every {text}: give the mean time between failures (auto:2h); a "
+                             "prediction has no --inject schedule to take it from", option="checkpoint_every")
+        return CheckpointRule(auto_mtbf_s=mtbf)
+    seconds, steps = parse_checkpoint_every(text)
+    return CheckpointRule(steps=steps) if steps is not None else CheckpointRule(seconds=seconds)
 
 
 def _counts(text: str) -> list[int]:
@@ -260,16 +265,17 @@ def _validate(run_refs: tuple[str, ...], output: str) -> None:
               "beside its measured one.")
 @click.option("--straggler", type=click.FloatRange(min=1.0), default=1.0, show_default=True,
               help="One worker this many times slower for the whole run (as --inject slow:rank=R,factor=F).")
-@click.option("--checkpoint-every", metavar="Nsteps", callback=lambda _c, _p, v: _checkpoint_steps(v),
-              help="A checkpoint every N steps (500steps, as mlbench run --checkpoint-every), at the cost the "
-              "configuration's runs measured.")
+@click.option("--checkpoint-every", "checkpoints", metavar="Nsteps|DURATION|auto:MTBF",
+              callback=lambda _c, _p, v: _checkpoint_rule(v),
+              help="Checkpoints as mlbench run --checkpoint-every writes them (500steps, 2m, auto:2h), each at "
+              "the cost the configuration's runs measured.")
 @click.option("--chart", "chart_dir", type=click.Path(file_okay=False),
               help="Also draw the predictions: DIR/TASK-predicted.png and .svg (the charts extra).")
 @pricing_options
 @output_option
 def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, calibration_workers,
             calibration_steps, calibration_repeat, max_size, sweep_iterations, data_dir, data, busy_ok, validate,
-            straggler, checkpoint_every, chart_dir, instance, price_per_hour, prices_file, output) -> None:
+            straggler, checkpoints, chart_dir, instance, price_per_hour, prices_file, output) -> None:
     """Predict step time, throughput, speedup and time to the goal at any worker count and
     network, from measured runs: task 0a's sweeps fit each link's latency and bandwidth, each
     optimizer's runs give its compute per step, bytes and collectives (docs/predict.md).
@@ -282,7 +288,7 @@ def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, 
       mlbench predict task2a --bandwidth 100mbit,1gbit --workers 2,4,8,16 --chart charts/
     """
     if validate:
-        if straggler != 1.0 or checkpoint_every:
+        if straggler != 1.0 or checkpoints:
             raise UsageError("--validate reads each run's own stragglers and checkpoints; drop --straggler "
                              "and --checkpoint-every")
         _validate(tuple(args), output)
@@ -302,7 +308,7 @@ def predict(args, workers_text, bandwidth, latency, optimizers_text, calibrate, 
         _calibrate(task, optimizers, networks, _counts(calibration_workers), calibration_steps, max_size, options,
                    busy_ok, sweep_iterations, calibration_repeat)
     calibration = calibration_from(open_store(read_only=True), task, optimizers)
-    predictions = [calibration.predict(o, n, calibration.link(settings), straggler, checkpoint_every)
+    predictions = [calibration.predict(o, n, calibration.link(settings), straggler, checkpoints)
                    for settings in networks for o in optimizers for n in counts]
     notes = crossovers(predictions)
     if chart_dir is not None:

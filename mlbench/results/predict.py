@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlbench.checkpoint_schedule import CheckpointRule
 from mlbench.errors import UsageError
 from mlbench.network.settings import NetworkSettings, format_rate, format_time, network_label
 from mlbench.optim.descriptors import COLLECTIVES, INFO
@@ -418,10 +419,10 @@ class Calibration:
         return nominal_link(host, settings)
 
     def predict(self, optimizer: str, workers: int, link: Link, straggler: float = 1.0,
-                checkpoint_every: int | None = None) -> Prediction:
+                checkpoints: CheckpointRule | None = None) -> Prediction:
         """Step time of ``optimizer`` at ``workers`` on ``link``; see the module's docstring.
-        ``straggler``: one worker that many times slower for the whole run; ``checkpoint_every``:
-        a checkpoint every that many steps, at the cost the configuration's runs measured."""
+        ``straggler``: one worker that many times slower for the whole run; ``checkpoints``:
+        the run's ``--checkpoint-every``, each at the cost the configuration's runs measured."""
         measured = self.runs.get(optimizer)
         if not measured:
             raise UsageError(f"no finished run of {self.task} with --optimizer {optimizer} to calibrate from: run "
@@ -432,11 +433,12 @@ class Calibration:
         if problem:
             raise UsageError(f"{self.task} on {workers} workers: {problem}", option="workers")
         notes: list[str] = []
-        at = [m for m in measured if m.workers == workers]
+        # a run without emulation first, at the count asked for as below it: tc's shaping costs
+        # the cores too
+        at = sorted((m for m in measured if m.workers == workers),
+                    key=lambda m: (m.network != "not emulated", -m.created_at))
         below = sorted((m for m in measured if m.workers < workers and not m.shared_cores),
-                       key=lambda m: (-m.workers, -m.created_at))
-        # at the count asked for, a run without emulation first: tc's shaping costs the cores too
-        at.sort(key=lambda m: (m.network != "not emulated", -m.created_at))
+                       key=lambda m: (-m.workers, m.network != "not emulated", -m.created_at))
         compute_run = at[0] if at else (below[0] if below else min(measured, key=lambda m: m.workers))
         compute_run = median_of_repeats(compute_run, measured)
         compute_s, (low, high) = compute_run.compute_s, compute_run.compute_range
@@ -501,29 +503,33 @@ class Calibration:
         steps_to_goal = int(statistics.median(goal_runs)) if goal_runs else None
         if straggler != 1.0:
             notes.append(f"one worker {straggler:g}x slower: every step waits for it")
-        checkpoint_s = self._checkpoint_share(optimizer, workers, checkpoint_every, notes)
+        step_s = (compute_s + communication - hidden) * straggler
+        checkpoint_s = self._checkpoint_share(optimizer, workers, checkpoints, step_s, notes)
         low_s, high_s = (low + communication - hidden) * straggler, (high + slowest - hidden) * straggler
         return Prediction(optimizer, workers, link, compute_s, communication,
                           (low_s + checkpoint_s, high_s + checkpoint_s), samples,
                           compute_run.run_id, traffic_run.run_id, steps_to_goal, tuple(notes), overhead, hidden,
                           straggler, checkpoint_s)
 
-    def _checkpoint_share(self, optimizer: str, workers: int, every: int | None, notes: list[str]) -> float:
-        """A checkpoint's seconds over ``every`` steps: the median of what the configuration's
-        runs at ``workers`` measured (at any count where none did); 0, said in ``notes``, where
-        no run of it wrote one: a cost no run measured is not guessed."""
-        if not every:
+    def _checkpoint_share(self, optimizer: str, workers: int, rule: CheckpointRule | None, step_s: float,
+                          notes: list[str]) -> float:
+        """What ``rule``'s checkpoints add to a step of ``step_s`` seconds
+        (:meth:`CheckpointRule.seconds_per_step`), each at the median of what the configuration's
+        runs at ``workers`` measured (at any count where none did); 0, said in ``notes``, where no
+        run of it wrote one: a cost no run measured is not guessed."""
+        if rule is None:
             return 0.0
         measured = self.runs.get(optimizer, [])
         costs = [m.checkpoint_s for m in measured if m.workers == workers and m.checkpoint_s is not None] \
             or [m.checkpoint_s for m in measured if m.checkpoint_s is not None]
         if not costs:
             notes.append(f"checkpoint cost unknown: no run of this configuration wrote one (mlbench run "
-                         f"{self.task} {workers} --optimizer {optimizer} --checkpoint-every {every}steps); left out")
+                         f"{self.task} {workers} --optimizer {optimizer} --checkpoint-every {rule.argument()}); "
+                         "left out")
             return 0.0
         cost = statistics.median(costs)
-        notes.append(f"a checkpoint every {every} steps, {format_time(cost)} each as measured")
-        return cost / every
+        notes.append(f"a checkpoint {rule.describe(cost)}, {format_time(cost)} each as measured")
+        return rule.seconds_per_step(cost, step_s)
 
     def _buckets(self, optimizer: str, traffic: Traffic, rounds: float) -> list[float]:
         """The byte sizes of the step's gradient buckets, in the order the backward pass makes
@@ -774,7 +780,7 @@ def predict_run(store: RunStore, record: RunRecord, exclude: Iterable[str] = ())
         raise UsageError(f"run {record.id}: its slow faults apply for part of the run, which the model "
                          "does not predict (a straggler for the whole run, it does)")
     return calibration.predict(result.config.optimizer, record.workers, calibration.link(settings), straggler,
-                               result.config.checkpoint_every_steps), measured
+                               CheckpointRule.of_config(result.config)), measured
 
 
 def whole_run_slowdown(faults: Iterable[dict[str, Any]]) -> float | None:

@@ -21,7 +21,6 @@ The files load with ``torch.load(weights_only=True)``: plain tensors, numbers, l
 
 from __future__ import annotations
 
-import math
 import random
 import shutil
 import time
@@ -76,19 +75,6 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
     random.setstate((p["version"], tuple(p["internal"]), p["gauss"]))
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def daly_interval(cost_s: float, mtbf_s: float) -> float:
-    """The training time between checkpoints that loses the least to checkpoints and failures,
-    for a checkpoint that costs ``cost_s`` and a mean time between failures ``mtbf_s``: Daly's
-    higher-order optimum (J. T. Daly, "A higher order estimate of the optimum checkpoint
-    interval for restart dumps", FGCS 22, 2006), sqrt(2dM) [1 + sqrt(d/2M)/3 + (d/2M)/9] - d for
-    d < 2M, else M; its first term is Young's (1974) sqrt(2dM)."""
-    d, m = max(cost_s, 0.0), mtbf_s
-    if d >= 2 * m:
-        return m
-    ratio = d / (2 * m)
-    return math.sqrt(2 * d * m) * (1 + math.sqrt(ratio) / 3 + ratio / 9) - d
 
 
 def write(root: Path, rank: int, world: int, state: dict[str, Any]) -> float:

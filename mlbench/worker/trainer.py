@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mlbench.checkpoint_schedule import daly_interval, steps_between_checks
 from mlbench.errors import DivergedError
 from mlbench.optim.base import DistributedOptimizer, OptimizerContext, allreduce_bytes, collectives_issued, local_part
 from mlbench.optim.catalog import build_optimizer
@@ -49,9 +50,6 @@ from mlbench.worker.hyper import task_hyper
 from mlbench.worker.straggler import Straggler
 from mlbench.worker.sysmetrics import DevicePeak, IntervalSampler, system_record
 
-#: Target seconds between two checks of the time budget, the time-based checkpoint and a stop
-#: request (the workers agree on the step count).
-BUDGET_CHECK_SECONDS = 0.25
 #: Why the loop ended, for the stops after which a checkpoint is written.
 CHECKPOINTED_STOPS = ("max-steps", "time-budget", "stopped")
 
@@ -221,7 +219,7 @@ class Trainer:
         if mtbf is not None:
             self._checkpoint_costs.append(seconds)
             cost = statistics.median(self._checkpoint_costs)
-            self._every_s = checkpoint.daly_interval(cost, mtbf)
+            self._every_s = daly_interval(cost, mtbf)
             if self.rank == 0:
                 self.events.emit("checkpoint/interval", {"seconds": self._every_s, "cost_s": cost, "mtbf_s": mtbf,
                                                          "rule": "Daly 2006"}, epoch=self._epoch_float(), step=p.step)
@@ -353,7 +351,7 @@ class Trainer:
         checkpoint is due, whether a stop was asked for, and on the next check.
 
         One small all-reduce (MAX) carries the three flags and minus each worker's proposal of
-        how many steps to wait until the next check (about BUDGET_CHECK_SECONDS of training), so
+        how many steps to wait until the next check (:func:`steps_between_checks`), so
         the slowest worker's pace sets the interval and the overshoot stays a fraction of a
         second without a collective on every step; a stop asked of any worker stops them all at
         the same step.
@@ -361,7 +359,7 @@ class Trainer:
         p = self.progress
         elapsed = p.train_time()
         per_step = elapsed / p.step if p.step else 0.0
-        proposal = max(1, min(1000, int(BUDGET_CHECK_SECONDS / per_step))) if per_step > 0 else 1
+        proposal = steps_between_checks(per_step)
         budget = self.cfg.time_budget_s
         every = self._every_s
         spent = budget is not None and elapsed >= budget
