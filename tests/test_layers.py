@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mlbench"
 
 #: Lowest first. A module may import its own layer's packages and any lower layer's.
 LAYERS: list[set[str]] = [
-    {"errors", "extras", "frameworks", "timing", "progress", "jsonfile", "safefile", "plugins", "version"},
+    {"errors", "extras", "frameworks", "timing", "progress", "jsonfile", "safefile", "plugins", "version",
+     "checkpoint_schedule"},
     {"tasks", "network"},
     {"optim"},
     {"run_config"},
